@@ -1,0 +1,339 @@
+"""Datasets in standard IDX files, the validation split, and worker partitions.
+
+Files are looked up in ``data_dir`` (``--data-dir``), then ``$EVOMERGE_DATA_DIR``,
+then the user cache (``$XDG_CACHE_HOME/evomerge`` or ``~/.cache/evomerge``), then
+system places (Debian's ``/usr/share/datasets``). In each directory ``D`` a dataset
+``name`` is read from ``D/name/`` or, when ``D`` itself is called ``name``, from
+``D``. Missing files are downloaded into the user cache with checksum checks when the
+network allows; otherwise a one-line error says which files to put where.
+
+Everything is preloaded once as uint8 tensors; the test set is only reachable
+through :meth:`Data.test`, which counts its uses, so a search can assert it never
+looked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import struct
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, DataNotFoundError
+
+SPLITS = ("train", "test")
+PARTS = ("images", "labels")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    files: dict[tuple[str, str], str]  # (split, part) -> file name (gzip)
+    checksums: dict[str, str] = field(default_factory=dict)  # file name -> "algo:hexdigest", for downloads
+    urls: tuple[str, ...] = ()  # base URLs tried in order
+    system_dirs: tuple[str, ...] = ()
+    mean: float = 0.1307
+    std: float = 0.3081
+    n_classes: int = 10
+
+
+def _mnist_files(prefix: str = "") -> dict[tuple[str, str], str]:
+    return {
+        ("train", "images"): f"{prefix}train-images-idx3-ubyte.gz",
+        ("train", "labels"): f"{prefix}train-labels-idx1-ubyte.gz",
+        ("test", "images"): f"{prefix}t10k-images-idx3-ubyte.gz",
+        ("test", "labels"): f"{prefix}t10k-labels-idx1-ubyte.gz",
+    }
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "mnist": DatasetSpec(
+        name="mnist",
+        files=_mnist_files(),
+        # Digests of the canonical files, as torchvision checks them.
+        checksums={
+            "train-images-idx3-ubyte.gz": "md5:f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte.gz": "md5:d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte.gz": "md5:9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte.gz": "md5:ec29112dd5afa0611ce80d1b7f02629c",
+        },
+        urls=("https://ossci-datasets.s3.amazonaws.com/mnist/",),
+        mean=0.1307, std=0.3081,
+    ),
+    "fashion-mnist": DatasetSpec(
+        name="fashion-mnist",
+        files=_mnist_files(),
+        checksums={
+            "train-images-idx3-ubyte.gz": "md5:8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "md5:25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "md5:bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "md5:bb300cfdad3c16e7a12a480ee83cd310",
+        },
+        urls=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+        system_dirs=("/usr/share/datasets/fashion-mnist",),
+        mean=0.2860, std=0.3530,
+    ),
+}
+
+
+def get_spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ConfigError("study.data.dataset", f"unknown {name!r}; allowed: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+# -- IDX ----------------------------------------------------------------------
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an IDX file (gzip or plain) into a numpy array."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError) as e:
+        raise ConfigError(str(path), f"cannot read IDX file: {e}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise ConfigError(str(path), "not an IDX file (bad magic number)")
+    ndim = raw[3]
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    count = int(np.prod(dims)) if dims else 1
+    body = raw[4 + 4 * ndim:]
+    if len(body) != count * dtype.itemsize:
+        raise ConfigError(str(path), f"IDX file is truncated: expected {count * dtype.itemsize} bytes of data, found {len(body)}")
+    return np.frombuffer(body, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="), copy=False)
+
+
+# -- locating and downloading ------------------------------------------------
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "evomerge"
+
+
+def candidate_dirs(spec: DatasetSpec, data_dir: str | Path | None = None) -> list[Path]:
+    roots: list[Path] = []
+    if data_dir:
+        roots.append(Path(data_dir))
+    if os.environ.get("EVOMERGE_DATA_DIR"):
+        roots.append(Path(os.environ["EVOMERGE_DATA_DIR"]))
+    roots.append(user_cache_dir())
+    out: list[Path] = []
+    for r in roots:
+        out.append(r / spec.name)
+        if r.name == spec.name:
+            out.append(r)
+    out.extend(Path(d) for d in spec.system_dirs)
+    return out
+
+
+def _find(spec: DatasetSpec, dirs: list[Path]) -> Path | None:
+    for d in dirs:
+        if all(_file_in(d, f) for f in spec.files.values()):
+            return d
+    return None
+
+
+def _file_in(d: Path, gz_name: str) -> Path | None:
+    """The file or its uncompressed twin, if present."""
+    for name in (gz_name, gz_name.removesuffix(".gz")):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def digest_of(path: Path, algo: str = "sha256") -> str:
+    h = hashlib.new(algo)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(spec: DatasetSpec, dest: Path, timeout: float = 20.0) -> Path:
+    """Fetch the dataset's files into ``dest``, each checked against its checksum.
+
+    A file whose digest does not match is deleted and reported; nothing half
+    written is left behind.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for fname in spec.files.values():
+        target = dest / fname
+        if target.is_file():
+            continue
+        last_error = "no download address"
+        for base in spec.urls:
+            url = base + fname
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as resp, tempfile.NamedTemporaryFile(
+                    dir=dest, delete=False, suffix=".part"
+                ) as tmp:
+                    shutil.copyfileobj(resp, tmp)
+                    tmp_path = Path(tmp.name)
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                last_error = f"{url}: {getattr(e, 'reason', e)}"
+                continue
+            want = spec.checksums.get(fname)
+            if want:
+                algo, _, hexdigest = want.partition(":")
+                got = digest_of(tmp_path, algo)
+                if got != hexdigest:
+                    tmp_path.unlink(missing_ok=True)
+                    raise DataNotFoundError(
+                        f"data.{spec.name}", f"checksum mismatch for {fname} from {url}: got {algo} {got}, expected {hexdigest}")
+            tmp_path.replace(target)
+            break
+        else:
+            raise DataNotFoundError(f"data.{spec.name}", f"cannot download {fname} ({last_error})")
+    return dest
+
+
+def locate(spec: DatasetSpec, data_dir: str | Path | None = None, allow_download: bool = True) -> Path:
+    dirs = candidate_dirs(spec, data_dir)
+    found = _find(spec, dirs)
+    if found is not None:
+        return found
+    names = ", ".join(spec.files.values())
+    if allow_download and spec.urls:
+        try:
+            return download(spec, user_cache_dir() / spec.name)
+        except DataNotFoundError as e:
+            reason = e.message
+    else:
+        reason = "download disabled"
+    raise DataNotFoundError(
+        f"data.{spec.name}",
+        f"files not found ({names}); put them in {dirs[0]} or pass --data-dir DIR / set EVOMERGE_DATA_DIR "
+        f"(looked in: {', '.join(str(d) for d in dirs)}; {reason})",
+    )
+
+
+# -- the loaded data ----------------------------------------------------------
+class Data:
+    """A dataset preloaded as uint8 tensors, with a validation split carved from
+    the training set. The test set is reachable only through :meth:`test`."""
+
+    def __init__(self, spec: DatasetSpec, train_x, train_y, val_x, val_y, test_x, test_y, train_index):
+        self.spec = spec
+        self.train_x, self.train_y = train_x, train_y  # uint8 [N, 28, 28], int64 [N]
+        self.val_x, self.val_y = val_x, val_y
+        self._test = (test_x, test_y)
+        self.train_index = train_index  # positions in the original training file
+        self.test_accesses = 0
+
+    @property
+    def n_classes(self) -> int:
+        return self.spec.n_classes
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    def test(self):
+        """The test set (images, labels). Each call is counted in ``test_accesses``."""
+        self.test_accesses += 1
+        return self._test
+
+
+def load(
+    name: str = "mnist",
+    data_dir: str | Path | None = None,
+    *,
+    val_size: int = 5000,
+    train_size: int = 0,
+    split_seed: int = 0,
+    allow_download: bool = True,
+) -> Data:
+    """Load a dataset and carve a validation split from its training set.
+
+    ``train_size`` > 0 keeps only that many training samples (after the split),
+    for small studies; the choice is seeded by ``split_seed``.
+    """
+    import torch
+
+    spec = get_spec(name)
+    d = locate(spec, data_dir, allow_download)
+    arrays = {}
+    for (split, part), fname in spec.files.items():
+        arrays[split, part] = read_idx(_file_in(d, fname))
+    for split in SPLITS:
+        n_img, n_lab = len(arrays[split, "images"]), len(arrays[split, "labels"])
+        if n_img != n_lab:
+            raise ConfigError(str(d), f"{split}: {n_img} images but {n_lab} labels")
+    n = len(arrays["train", "labels"])
+    if not 0 < val_size < n:
+        raise ConfigError("study.data.val_size", f"{val_size} is out of range; allowed: [1, {n - 1}]")
+    perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([split_seed, 0x5EED]))).permutation(n)
+    val_idx, train_idx = np.sort(perm[:val_size]), perm[val_size:]
+    if train_size:
+        if not 0 < train_size <= len(train_idx):
+            raise ConfigError("study.data.train_size", f"{train_size} is out of range; allowed: [0, {len(train_idx)}]")
+        train_idx = train_idx[:train_size]
+    train_idx = np.sort(train_idx)
+    tx, ty = arrays["train", "images"], arrays["train", "labels"].astype(np.int64)
+
+    def t(a):
+        return torch.from_numpy(np.array(a, copy=True, order="C"))
+
+    return Data(
+        spec,
+        t(tx[train_idx]), t(ty[train_idx]),
+        t(tx[val_idx]), t(ty[val_idx]),
+        t(arrays["test", "images"]), t(arrays["test", "labels"].astype(np.int64)),
+        train_idx,
+    )
+
+
+# -- partitions ---------------------------------------------------------------
+PARTITIONS = ("iid", "dirichlet")
+
+
+def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: float = 0.5, seed: int = 0,
+              min_size: int = 1) -> list[np.ndarray]:
+    """Split sample positions over workers: ``iid`` (equal shards, shuffled) or
+    ``dirichlet`` (label-skewed: each class is divided by proportions drawn from
+    Dirichlet(alpha); smaller alpha, more skew). Seeded; every sample is used once."""
+    labels = np.asarray(labels)
+    n = len(labels)
+    if workers < 1 or workers > n:
+        raise ConfigError("study.run.workers", f"{workers} is out of range; allowed: [1, {n}] for {n} samples")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xDA7A])))
+    if kind == "iid":
+        return [np.sort(s) for s in np.array_split(rng.permutation(n), workers)]
+    if kind != "dirichlet":
+        raise ConfigError("study.data.partition", f"unknown {kind!r}; allowed: {', '.join(PARTITIONS)}")
+    if not alpha > 0:
+        raise ConfigError("study.data.alpha", f"{alpha} is out of range; allowed: (0, inf)")
+    classes = np.unique(labels)
+    for _attempt in range(100):
+        shards: list[list[np.ndarray]] = [[] for _ in range(workers)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            props = rng.dirichlet(np.full(workers, alpha))
+            cuts = (np.cumsum(props)[:-1] * len(idx)).astype(int)
+            for w, part in enumerate(np.split(idx, cuts)):
+                shards[w].append(part)
+        out = [np.sort(np.concatenate(s)) for s in shards]
+        if min(len(s) for s in out) >= min_size:
+            return out
+    raise ConfigError("study.data.alpha", f"{alpha}: could not give every one of {workers} workers at least {min_size} samples; raise alpha or lower workers")
+
+
+def label_skew(labels: np.ndarray, shards: list[np.ndarray], n_classes: int) -> float:
+    """Mean total-variation distance between each shard's label histogram and the global one (0 = IID)."""
+    labels = np.asarray(labels)
+    glob = np.bincount(labels, minlength=n_classes) / len(labels)
+    tv = [0.5 * np.abs(np.bincount(labels[s], minlength=n_classes) / max(len(s), 1) - glob).sum() for s in shards]
+    return float(np.mean(tv))

@@ -1,0 +1,174 @@
+"""Merge operators: pure functions on tensors.
+
+No process groups, no topology, no schedule: the in-process backend applies them
+to rows of the stacked ``[W, P]`` parameter tensor and a distributed backend to
+tensors it received. Random choices take an explicit ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+# -- mixing weights -------------------------------------------------------------
+def scheduled_weight(start: float, final: float, kind: str, progress: float) -> float:
+    """Mixing weight at ``progress`` in [0, 1] of the run: constant, linear or cosine from start to final."""
+    progress = min(max(progress, 0.0), 1.0)
+    if kind == "constant":
+        return start
+    if kind == "linear":
+        return start + (final - start) * progress
+    if kind == "cosine":
+        return final + (start - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"mixing_schedule: unknown {kind!r}; allowed: constant, linear, cosine")
+
+
+def pair_moves(a: float, u: float, winner_bias: float, random_lerp: bool, winner: int | None) -> tuple[float, float]:
+    """How far (initiator, peer) each move towards the other in one merge event.
+
+    ``m = u * a`` for a random lerp, ``a`` otherwise. The loser moves ``m``, the winner
+    ``(1 - winner_bias) * m``; ``winner`` is 0 (initiator), 1 (peer) or None (no comparison).
+    """
+    m = a * u if random_lerp else a
+    moves = [m, m]
+    if winner is not None:
+        moves[winner] = m * (1.0 - winner_bias)
+    return moves[0], moves[1]
+
+
+def incoming_weight(a, support_own=None, support_in=None):
+    """Weight on the incoming model for a receiver that moves ``a`` towards it.
+
+    With supports (examples seen, or per-coordinate accumulators) the two sides are
+    weighted ``(1 - a) * s_own`` and ``a * s_in``, normalised; ``a = 1/2`` gives the
+    weighted average by support, equal supports give plain ``a``. Zero supports on
+    both sides fall back to ``a``.
+    """
+    if support_own is None:
+        return a
+    num = a * support_in
+    den = num + (1.0 - a) * support_own
+    if isinstance(den, torch.Tensor):
+        return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), torch.full_like(den, a))
+    return num / den if den > 0 else a
+
+
+def lerp_(own: torch.Tensor, incoming: torch.Tensor, weight) -> torch.Tensor:
+    """In place: ``own <- (1 - weight) * own + weight * incoming`` (weight scalar or per coordinate)."""
+    return own.lerp_(incoming, weight)
+
+
+def weighted_average(params: torch.Tensor, support: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Average ``params`` ``[k, ...]`` weighted by ``support`` (``[k]`` counts or ``[k, ...]`` per coordinate).
+
+    Returns the average and the merged support: counters are summed, not averaged
+    (VW's merge). Without support it is the plain mean.
+    """
+    if support is None:
+        return params.mean(0), None
+    s = support.to(params.dtype)
+    while s.dim() < params.dim():
+        s = s.unsqueeze(-1)
+    total = s.sum(0)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    avg = torch.where(total > 0, (s * params).sum(0) / safe, params.mean(0))
+    return avg, support.sum(0)
+
+
+def consensus(params: torch.Tensor) -> torch.Tensor:
+    """The consensus model: the mean over the leading worker dimension."""
+    return params.mean(0)
+
+
+def consensus_distance(params: torch.Tensor, center: torch.Tensor | None = None) -> float:
+    """Mean over workers of the squared L2 distance to the consensus model."""
+    center = consensus(params) if center is None else center
+    return float((params - center).pow(2).sum(dim=tuple(range(1, params.dim()))).mean())
+
+
+# -- deltas (VW's model_delta) ----------------------------------------------------
+def delta(current: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``current - base``: what changed since the last synchronised state."""
+    return current - base
+
+
+def apply_delta(base: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``base + delta``: the model the delta describes."""
+    return base + d
+
+
+def merge_deltas(deltas: torch.Tensor, support: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted average of deltas ``[k, ...]`` (merging deltas is merging the models they describe from one base)."""
+    return weighted_average(deltas, support)[0]
+
+
+# -- compression ------------------------------------------------------------------
+def topk_mask_count(n: int, fraction: float) -> int:
+    return max(1, min(n, int(math.ceil(fraction * n))))
+
+
+def topk_with_feedback(x: torch.Tensor, residual: torch.Tensor | None, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k sparsification with error feedback.
+
+    ``v = x + residual``; the ``ceil(fraction * n)`` largest-magnitude entries of ``v``
+    are sent (returned dense, zeros elsewhere); the rest is the new residual, so
+    ``sent + new_residual == x + residual`` exactly: nothing is lost for good.
+    """
+    v = x if residual is None else x + residual
+    flat = v.reshape(-1)
+    k = topk_mask_count(flat.numel(), fraction)
+    sent = torch.zeros_like(flat)
+    if k >= flat.numel():
+        sent.copy_(flat)
+    else:
+        idx = flat.abs().topk(k, sorted=False).indices
+        sent[idx] = flat[idx]
+    sent = sent.view_as(v)
+    return sent, v - sent
+
+
+def quantize_stochastic(x: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Unbiased stochastic rounding to ``2**(bits-1) - 1`` magnitude levels of ``max|x|`` (QSGD).
+
+    Returns the dequantised tensor; ``E[result] == x``. Noise comes from ``generator``
+    (on the CPU, so every backend draws the same numbers).
+    """
+    if bits < 2:
+        raise ValueError(f"bits: {bits} is out of range; allowed: 2..16")
+    levels = 2 ** (bits - 1) - 1
+    scale = x.abs().max()
+    if scale == 0 or not torch.isfinite(scale):
+        return x.clone()
+    y = x.abs() / scale * levels
+    noise = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+    q = torch.floor(y + noise).clamp_(max=levels)
+    return torch.sign(x) * q * (scale / levels)
+
+
+def compress(x: torch.Tensor, fraction: float, bits: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """What goes on the wire for ``x``: its top-k entries, stochastically quantised when ``bits`` > 0.
+
+    The caller keeps ``x - compress(x)`` as error feedback.
+    """
+    sent = x if fraction >= 1.0 else topk_with_feedback(x, None, fraction)[0]
+    if bits:
+        sent = quantize_stochastic(sent, bits, generator)
+    return sent
+
+
+def payload_bytes(n: int, fraction: float = 1.0, bits: int = 0) -> int:
+    """Bytes on the wire for ``n`` float32 values sent as top-``fraction`` with ``bits``-bit values.
+
+    Sparse payloads pay for positions too: 4 bytes each or an ``n``-bit mask, whichever is
+    smaller. Quantised payloads add one float32 scale.
+    """
+    k = n if fraction >= 1.0 else topk_mask_count(n, fraction)
+    value_bits = bits if bits else 32
+    size = math.ceil(k * value_bits / 8)
+    if k < n:
+        size += min(4 * k, math.ceil(n / 8))
+    if bits:
+        size += 4
+    return size

@@ -1,0 +1,76 @@
+"""The event schedule: every random choice about merging, drawn from the seed alone.
+
+Gossip: each worker's timer draws ``K = 1 + Poisson(mean_interval - 1)`` local steps
+until its next merge; at each firing the topology picks a peer and a uniform ``u``
+is drawn for the random lerp. Allreduce: every worker averages with all every
+``round(mean_interval)`` steps. Any backend that replays a schedule performs exactly
+the same merges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import topology as topo_mod
+
+
+def rng_for(seed: int, *tags: int) -> np.random.Generator:
+    """A numpy generator for one purpose of one run: ``seed`` plus fixed tags."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *tags])))
+
+
+TAG_TOPOLOGY, TAG_TIMERS, TAG_PEERS, TAG_LERP = 11, 12, 13, 14
+
+
+@dataclass(frozen=True)
+class Schedule:
+    scheme: str
+    total_steps: int
+    step: np.ndarray  # [E] events happen after this many completed local steps (1..total_steps)
+    initiator: np.ndarray  # [E]
+    peer: np.ndarray  # [E] (-1 for an allreduce: everybody)
+    u: np.ndarray  # [E] uniform draws for the random lerp
+    topology: topo_mod.Topology | None
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def events_at(self, step: int) -> range:
+        lo, hi = np.searchsorted(self.step, [step, step + 1])
+        return range(int(lo), int(hi))
+
+
+def build(policy, workers: int, total_steps: int, seed: int) -> Schedule:
+    empty = np.zeros(0, dtype=np.int64)
+    if policy.scheme == "none" or workers < 2:
+        return Schedule(policy.scheme, total_steps, empty, empty, empty, np.zeros(0), None)
+    if policy.scheme == "allreduce":
+        every = max(1, round(policy.mean_interval))
+        steps = np.arange(every, total_steps + 1, every, dtype=np.int64)
+        u = rng_for(seed, TAG_LERP).random(len(steps))
+        return Schedule("allreduce", total_steps, steps, np.zeros_like(steps), np.full_like(steps, -1), u, None)
+
+    topology = topo_mod.build(policy, workers, rng_for(seed, TAG_TOPOLOGY))
+    timers = rng_for(seed, TAG_TIMERS)
+    steps, inits = [], []
+    lam = policy.mean_interval - 1.0
+    for w in range(workers):
+        # enough gaps to pass the end, drawn in blocks; each worker's draws are in order
+        t, fired = 0, []
+        while t <= total_steps:
+            gaps = 1 + timers.poisson(lam, size=max(16, int(2 * total_steps / policy.mean_interval) + 1))
+            times = t + np.cumsum(gaps)
+            fired.append(times[times <= total_steps])
+            t = int(times[-1])
+        f = np.concatenate(fired)
+        steps.append(f)
+        inits.append(np.full(len(f), w, dtype=np.int64))
+    step = np.concatenate(steps).astype(np.int64)
+    init = np.concatenate(inits)
+    order = np.lexsort((init, step))  # by step, then initiator
+    step, init = step[order], init[order]
+    peer = topology.sample(init, rng_for(seed, TAG_PEERS)).astype(np.int64)
+    u = rng_for(seed, TAG_LERP).random(len(step))
+    return Schedule("gossip", total_steps, step, init, peer, u, topology)

@@ -1,0 +1,376 @@
+"""The in-process backend: all workers' parameters stacked as one ``[W, P]`` tensor.
+
+One batched forward/backward per local step for all workers, merges applied as
+tensor ops on rows, in the order of the seed's event schedule. Every round it
+evaluates, reports to ``callback`` (the search prunes through it), and stops with
+status ``diverged`` if the loss goes non-finite.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import data as data_mod
+from . import models as models_mod
+from . import ops
+from . import schedule as schedule_mod
+from .policy import MergePolicy
+from .study import Study
+
+TAG_INIT, TAG_BATCHES, TAG_SLICES, TAG_QUANT = 21, 22, 23, 24
+
+
+@dataclass
+class RoundMetrics:
+    round: int
+    step: int  # local steps done by each worker
+    val_accuracy: float  # consensus model on the validation split
+    val_loss: float
+    mean_worker_accuracy: float
+    worst_worker_accuracy: float
+    consensus_distance: float
+    bytes: int  # cumulative bytes on the wire
+    update_norm: float  # norm of the consensus model's change per local step in this round
+    train_loss: float  # mean local minibatch loss over the round
+    merges: int  # cumulative merge events
+    wall_time: float
+
+
+@dataclass
+class RunResult:
+    status: str  # "ok" or "diverged"
+    seed: int
+    policy: dict
+    history: list[RoundMetrics]
+    total_steps: int
+    wall_time: float
+    label_skew: float
+    workers: int
+    test_accuracy: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def final(self) -> RoundMetrics:
+        return self.history[-1]
+
+    def metrics(self) -> dict[str, Any]:
+        """Final metrics, flat: what tables, MLflow and the search read."""
+        out = asdict(self.final)
+        out.update(status=self.status, wall_time=self.wall_time, local_steps=self.final.step)
+        if self.test_accuracy is not None:
+            out["test_accuracy"] = self.test_accuracy
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "seed": self.seed, "policy": self.policy, "workers": self.workers,
+            "total_steps": self.total_steps, "wall_time": self.wall_time, "label_skew": self.label_skew,
+            "final": self.metrics(), "history": [asdict(h) for h in self.history],
+        }
+
+
+def total_steps(study: Study, shard_sizes: list[int]) -> int:
+    """The budget in local steps: ``run.steps``, or ``run.epochs`` passes over the mean shard."""
+    if study.run.steps:
+        return study.run.steps
+    return max(1, round(study.run.epochs * float(np.mean(shard_sizes)) / study.run.batch_size))
+
+
+@dataclass
+class Setup:
+    """What a run needs besides the policy and the seed; built once per study and reused."""
+
+    study: Study
+    data: data_mod.Data
+    model: models_mod.StackedModel
+    shards: list[np.ndarray]  # training positions per worker
+    slices: list[np.ndarray]  # local validation slices per worker (for the winner-biased lerp)
+    total_steps: int
+    label_skew: float
+
+
+def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> Setup:
+    if data is None:
+        d = study.data
+        data = data_mod.load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
+    model = models_mod.build(study.model.name, data.input_shape, data.n_classes, **study.model.options)
+    labels = data.train_y.numpy()
+    run = study.run
+    parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha,
+                               seed=study.data.seed, min_size=run.score_samples + 1)
+    rng = schedule_mod.rng_for(study.data.seed, TAG_SLICES)
+    shards, slices = [], []
+    for p in parts:
+        p = rng.permutation(p)
+        slices.append(np.sort(p[:run.score_samples]))
+        shards.append(np.sort(p[run.score_samples:]))
+    skew = data_mod.label_skew(labels, shards, data.n_classes)
+    return Setup(study, data, model, shards, slices, total_steps(study, [len(s) for s in shards]), skew)
+
+
+def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed: int, worker: int) -> np.ndarray:
+    """Positions ``[n_steps, batch]`` of worker ``worker``'s minibatches for local steps ``start..start+n_steps``.
+
+    The worker walks through its shard in passes, each a fresh permutation drawn from
+    ``(seed, worker, pass)``; a pure function of its arguments, so any backend (or a
+    reference model in a test) draws the same samples.
+    """
+    n = len(shard)
+    lo, hi = start * batch, (start + n_steps) * batch
+    out = []
+    for e in range(lo // n, (hi - 1) // n + 1):
+        perm = shard[schedule_mod.rng_for(seed, TAG_BATCHES, worker, e).permutation(n)]
+        a, b = max(lo - e * n, 0), min(hi - e * n, n)
+        out.append(perm[a:b])
+    return np.concatenate(out).reshape(n_steps, batch)
+
+
+def normalise(x_uint8: torch.Tensor, spec: data_mod.DatasetSpec) -> torch.Tensor:
+    return x_uint8.float().mul_(1.0 / (255.0 * spec.std)).sub_(spec.mean / spec.std)
+
+
+def round_bounds(total: int, rounds: int) -> list[int]:
+    rounds = min(rounds, total)
+    return [round(total * (r + 1) / rounds) for r in range(rounds)]
+
+
+class _Workers:
+    """Mutable state of W workers during one run."""
+
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, device: torch.device):
+        m, run = setup.model, setup.study.run
+        self.W, self.P = run.workers, m.n_params
+        g = torch.Generator().manual_seed(int(schedule_mod.rng_for(seed, TAG_INIT).integers(2**62)))
+        row = m.init(g)
+        self.params = row.to(device).unsqueeze(0).repeat(self.W, 1)
+        self.grad = torch.zeros_like(self.params)
+        self.momentum = torch.zeros_like(self.params) if run.momentum else None
+        self.accum = torch.zeros_like(self.params) if policy.weighting == "adaptive" else None
+        self.examples = torch.zeros(self.W, dtype=torch.float64, device=device)
+        self.base = self.params.clone() if policy.payload == "delta" else None
+
+
+def simulate(
+    setup: Setup,
+    policy: MergePolicy,
+    seed: int = 0,
+    *,
+    callback: Callable[[RoundMetrics], None] | None = None,
+    device: str | torch.device | None = None,
+    evaluate_test: bool = False,
+) -> RunResult:
+    """Run one merge run; ``callback`` gets each round's metrics (it may raise to stop the run)."""
+    t0 = time.perf_counter()
+    study, model, data = setup.study, setup.model, setup.data
+    run = study.run
+    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    W, B, T = run.workers, run.batch_size, setup.total_steps
+    sched = schedule_mod.build(policy, W, T, seed)
+    st = _Workers(setup, policy, seed, dev)
+
+    train_x, train_y = data.train_x.to(dev), data.train_y.to(dev)
+    val_x = normalise(data.val_x.to(dev), data.spec)
+    val_y = data.val_y.to(dev)
+    n_eval = run.eval_samples or len(val_y)
+    slice_idx = [torch.as_tensor(s, device=dev) for s in setup.slices]
+    neighbours = None
+    if sched.topology is not None:
+        neighbours = [len(sched.topology.neighbours(i)) for i in range(W)]
+
+    merger = _Merger(st, policy, sched, model, data.spec, train_x, train_y, slice_idx, neighbours, seed, T)
+    history: list[RoundMetrics] = []
+    prev_center = st.params.mean(0)
+    status, start, ev = "ok", 0, 0
+    for r, end in enumerate(round_bounds(T, run.rounds)):
+        idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in range(W)], axis=1)
+        idx_t = torch.as_tensor(idx, device=dev)  # [steps, W, B]
+        loss_sum = torch.zeros((), device=dev)
+        for i in range(end - start):
+            bi = idx_t[i]
+            x = normalise(train_x[bi], data.spec)
+            losses = model.loss_and_grad(st.params, x, train_y[bi], st.grad)
+            loss_sum += losses.sum()
+            _sgd_step(st, run)
+            st.examples += B
+            step = start + i + 1
+            while ev < len(sched) and sched.step[ev] == step:
+                merger.apply(ev, step)
+                ev += 1
+        steps_here = end - start
+        start = end
+        train_loss = float(loss_sum) / (W * steps_here)
+        finite = math.isfinite(train_loss) and bool(torch.isfinite(st.params).all())
+        center = st.params.mean(0)
+        metrics = _evaluate(model, st.params, center, val_x, val_y, n_eval, finite)
+        update = float((center - prev_center).norm()) / steps_here if finite else float("nan")
+        prev_center = center
+        rm = RoundMetrics(
+            round=r + 1, step=end, train_loss=train_loss, update_norm=update,
+            bytes=merger.bytes, merges=merger.count, wall_time=time.perf_counter() - t0, **metrics,
+        )
+        history.append(rm)
+        if not finite:
+            status = "diverged"
+            break
+        if callback is not None:
+            callback(rm)
+    test_acc = None
+    if evaluate_test and status == "ok":
+        tx, ty = data.test()
+        test_acc = _accuracy(model, st.params.mean(0, keepdim=True), normalise(tx.to(dev), data.spec), ty.to(dev))[0]
+    return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc)
+
+
+def _sgd_step(st: _Workers, run) -> None:
+    g = st.grad
+    if run.weight_decay:
+        g.add_(st.params, alpha=run.weight_decay)
+    if st.accum is not None:
+        st.accum.addcmul_(g, g)
+    if st.momentum is not None:
+        st.momentum.mul_(run.momentum).add_(g)
+        g = st.momentum
+    st.params.add_(g, alpha=-run.lr)
+
+
+@torch.no_grad()
+def _accuracy(model, params, x, y) -> tuple[list[float], list[float]]:
+    logits = model.logits(params, x)
+    acc = (logits.argmax(-1) == y).float().mean(1)
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(params), -1), reduction="none").mean(1)
+    return acc.tolist(), loss.tolist()
+
+
+def _evaluate(model, params, center, val_x, val_y, n_eval, finite) -> dict[str, float]:
+    if not finite:
+        return dict(val_accuracy=0.0, val_loss=float("nan"), mean_worker_accuracy=0.0,
+                    worst_worker_accuracy=0.0, consensus_distance=float("nan"))
+    acc, loss = _accuracy(model, center.unsqueeze(0), val_x, val_y)
+    wacc, _ = _accuracy(model, params, val_x[:n_eval], val_y[:n_eval])
+    return dict(val_accuracy=acc[0], val_loss=loss[0], mean_worker_accuracy=float(np.mean(wacc)),
+                worst_worker_accuracy=float(np.min(wacc)), consensus_distance=ops.consensus_distance(params, center))
+
+
+class _Merger:
+    """Applies the schedule's merge events to the stacked workers and charges their bytes."""
+
+    def __init__(self, st, policy, sched, model, spec, train_x, train_y, slice_idx, neighbours, seed, total):
+        self.st, self.p, self.sched, self.model, self.spec = st, policy, sched, model, spec
+        self.train_x, self.train_y, self.slice_idx = train_x, train_y, slice_idx
+        self.neighbours, self.seed, self.total = neighbours, seed, total
+        self.bytes = 0
+        self.count = 0
+        P = st.P
+        self.dense_bytes = ops.payload_bytes(P)
+        self.sent_bytes = ops.payload_bytes(P, policy.topk_fraction, policy.quantize_bits) if policy.payload == "delta" else self.dense_bytes
+
+    def weight(self, step: int) -> float:
+        p = self.p
+        return ops.scheduled_weight(p.mixing_weight, p.mixing_weight_final, p.mixing_schedule, step / self.total)
+
+    def apply(self, ev: int, step: int) -> None:
+        self.count += 1
+        if self.sched.scheme == "allreduce":
+            self._allreduce(ev, step)
+        else:
+            self._pair(ev, step)
+        self._rescale_supports()
+
+    # what a worker puts on the wire, and what the receiver reconstructs from it
+    def _outgoing(self, w: int, ev: int, side: int) -> torch.Tensor:
+        st, p = self.st, self.p
+        if p.payload == "weights":
+            return st.params[w].clone()
+        d = ops.delta(st.params[w], st.base[w])
+        gen = None
+        if p.quantize_bits:
+            gen = torch.Generator().manual_seed(int(schedule_mod.rng_for(self.seed, TAG_QUANT, ev, side).integers(2**62)))
+        sent = ops.compress(d, p.topk_fraction, p.quantize_bits, gen)
+        # the base is the public copy peers hold: what was not sent stays in params - base (error feedback)
+        st.base[w] += sent
+        return st.base[w].clone()
+
+    def _support(self, w: int):
+        if self.p.weighting == "examples":
+            return self.st.examples[w]
+        if self.p.weighting == "adaptive":
+            return self.st.accum[w]
+        return None
+
+    def _pair(self, ev: int, step: int) -> None:
+        st, p, s = self.st, self.p, self.sched
+        a_i, b_i = int(s.initiator[ev]), int(s.peer[ev])
+        winner = self._winner(a_i, b_i) if p.winner_bias > 0 else None
+        move_a, move_b = ops.pair_moves(self.weight(step), float(s.u[ev]), p.winner_bias, p.lerp == "random", winner)
+        push_pull = p.exchange == "push_pull"
+        from_a = self._outgoing(a_i, ev, 0)
+        from_b = self._outgoing(b_i, ev, 1) if push_pull else None
+        fan = self.neighbours[a_i] if p.payload == "delta" else 1
+        self.bytes += self.sent_bytes * fan
+        sa, sb = self._support(a_i), self._support(b_i)
+        sa = sa.clone() if isinstance(sa, torch.Tensor) else sa
+        sb = sb.clone() if isinstance(sb, torch.Tensor) else sb
+        ops.lerp_(st.params[b_i], from_a, ops.incoming_weight(move_b, sb, sa) if sa is not None else move_b)
+        if push_pull:
+            self.bytes += self.sent_bytes * (self.neighbours[b_i] if p.payload == "delta" else 1)
+            ops.lerp_(st.params[a_i], from_b, ops.incoming_weight(move_a, sa, sb) if sa is not None else move_a)
+        self._merge_supports(a_i, b_i, push_pull)
+
+    def _merge_supports(self, a: int, b: int, push_pull: bool) -> None:
+        """Counters and accumulators are summed, not averaged (VW's merge)."""
+        st = self.st
+        total = st.examples[a] + st.examples[b]
+        st.examples[b] = total
+        if push_pull:
+            st.examples[a] = total
+        if st.accum is not None:
+            acc = st.accum[a] + st.accum[b]
+            st.accum[b] = acc
+            if push_pull:
+                st.accum[a] = acc
+
+    def _rescale_supports(self) -> None:
+        """Merges only use ratios of supports; keep them far from overflow by a common factor."""
+        st = self.st
+        if float(st.examples.max()) > 1e200:
+            st.examples.mul_(1e-200)
+        if st.accum is not None and float(st.accum.max()) > 1e30:
+            st.accum.mul_(1e-30)
+
+    @torch.no_grad()
+    def _winner(self, a: int, b: int) -> int:
+        """0 if the initiator has the lower loss on both workers' validation slices, else 1."""
+        idx = torch.cat([self.slice_idx[a], self.slice_idx[b]])
+        x = normalise(self.train_x[idx], self.spec)
+        y = self.train_y[idx]
+        pair = self.st.params[[a, b]]
+        logits = self.model.forward(self.model.views(pair), x.unsqueeze(0).expand(2, *x.shape))
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(2, -1), reduction="none").mean(1)
+        return 0 if float(loss[0]) <= float(loss[1]) else 1
+
+    def _allreduce(self, ev: int, step: int) -> None:
+        st, p, W = self.st, self.p, self.st.W
+        a = self.weight(step) * (float(self.sched.u[ev]) if p.lerp == "random" else 1.0)
+        models = torch.stack([self._outgoing(w, ev, w) for w in range(W)]) if p.payload == "delta" else st.params
+        support = None
+        if p.weighting == "examples":
+            support = st.examples
+        elif p.weighting == "adaptive":
+            support = st.accum
+        avg, merged = ops.weighted_average(models, support)
+        st.params.lerp_(avg.unsqueeze(0).expand_as(st.params), a)
+        if merged is not None:
+            if p.weighting == "examples":
+                st.examples.copy_(merged.expand_as(st.examples))
+            else:
+                st.accum.copy_(merged.unsqueeze(0).expand_as(st.accum))
+        else:
+            st.examples.fill_(float(st.examples.sum()))
+        # each worker uploads its payload and downloads the dense average (parameter-server accounting)
+        self.bytes += W * (self.sent_bytes + self.dense_bytes)

@@ -1,0 +1,139 @@
+"""Who may be a peer: topologies by name.
+
+A topology is built for ``n`` workers from a policy and a seeded numpy generator;
+it gives each worker's peer distribution (rows of a matrix that sum to one, zero
+on the diagonal) and draws peers from it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+class Topology:
+    name = "base"
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def probabilities(self) -> np.ndarray:
+        """``[n, n]``: row i is the distribution of worker i's peer (zero diagonal, rows sum to 1)."""
+        raise NotImplementedError
+
+    def neighbours(self, i: int) -> np.ndarray:
+        return np.flatnonzero(self.probabilities()[i] > 0)
+
+    def sample(self, initiators: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One peer for each initiator."""
+        p = self.probabilities()
+        cum = np.cumsum(p, axis=1)
+        u = rng.random(len(initiators))
+        rows = cum[initiators]
+        peers = (u[:, None] >= rows).sum(axis=1)
+        return np.minimum(peers, self.n - 1)
+
+
+class Ring(Topology):
+    name = "ring"
+
+    def probabilities(self):
+        p = np.zeros((self.n, self.n))
+        for i in range(self.n):
+            p[i, (i - 1) % self.n] += 0.5
+            p[i, (i + 1) % self.n] += 0.5
+        np.fill_diagonal(p, 0.0)
+        return _normalise(p)
+
+
+class Complete(Topology):
+    name = "complete"
+
+    def probabilities(self):
+        p = np.ones((self.n, self.n))
+        np.fill_diagonal(p, 0.0)
+        return _normalise(p)
+
+
+class RandomRegular(Topology):
+    """A random ``degree``-regular graph drawn once per run from the seed."""
+
+    name = "random_regular"
+
+    def __init__(self, n: int, degree: int, rng: np.random.Generator):
+        super().__init__(n)
+        if n > 1 and (degree >= n or (n * degree) % 2):
+            raise ConfigError("policy.degree", f"{degree} with {n} workers is impossible; allowed: degree < workers and degree * workers even")
+        self.degree = degree
+        self.adjacency = _random_regular(n, degree, rng) if n > 1 else np.zeros((n, n))
+
+    def probabilities(self):
+        return _normalise(self.adjacency.astype(float))
+
+
+class Communities(Topology):
+    """Workers in ``c`` contiguous groups; the peer is from the own group with probability ``p_intra``."""
+
+    name = "communities"
+
+    def __init__(self, n: int, n_communities: int, p_intra: float, groups: np.ndarray | None = None):
+        super().__init__(n)
+        if n_communities > n:
+            raise ConfigError("policy.n_communities", f"{n_communities} is out of range; allowed: [1, {n}] for {n} workers")
+        self.groups = groups if groups is not None else np.concatenate(
+            [np.full(len(s), g) for g, s in enumerate(np.array_split(np.arange(n), n_communities))])
+        self.p_intra = p_intra
+
+    def probabilities(self):
+        same = self.groups[:, None] == self.groups[None, :]
+        np.fill_diagonal(same, False)
+        other = self.groups[:, None] != self.groups[None, :]
+        intra, inter = _normalise(same.astype(float)), _normalise(other.astype(float))
+        has_intra, has_inter = same.any(1, keepdims=True), other.any(1, keepdims=True)
+        w_in = np.where(has_inter, self.p_intra, 1.0) * has_intra
+        w_out = np.where(has_intra, 1.0 - self.p_intra, 1.0) * has_inter
+        return _normalise(w_in * intra + w_out * inter)
+
+
+def _normalise(p: np.ndarray) -> np.ndarray:
+    s = p.sum(axis=1, keepdims=True)
+    return np.divide(p, s, out=np.zeros_like(p), where=s > 0)
+
+
+def _random_regular(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Pairing model with repair (Steger-Wormald style): shuffle stubs, keep valid pairs, retry the rest."""
+    for _ in range(200):
+        adj = np.zeros((n, n), dtype=bool)
+        stubs = np.repeat(np.arange(n), k)
+        for _ in range(50 * k + 50):
+            if len(stubs) == 0:
+                return adj
+            stubs = rng.permutation(stubs)
+            a, b = stubs[0::2], stubs[1::2]
+            left = []
+            for x, y in zip(a.tolist(), b.tolist()):
+                if x != y and not adj[x, y]:
+                    adj[x, y] = adj[y, x] = True
+                else:
+                    left += [x, y]
+            stubs = np.array(left, dtype=int)
+            if len(stubs) and all(x == stubs[0] for x in stubs):
+                break
+    raise ConfigError("policy.degree", f"could not draw a random {k}-regular graph on {n} workers")
+
+
+TOPOLOGIES: dict[str, Callable[..., Topology]] = {
+    "ring": lambda n, policy, rng: Ring(n),
+    "complete": lambda n, policy, rng: Complete(n),
+    "random_regular": lambda n, policy, rng: RandomRegular(n, policy.degree, rng),
+    "communities": lambda n, policy, rng: Communities(n, policy.n_communities, policy.p_intra),
+}
+
+
+def build(policy, n: int, rng: np.random.Generator) -> Topology:
+    if policy.topology not in TOPOLOGIES:
+        raise ConfigError("policy.topology", f"unknown {policy.topology!r}; allowed: {', '.join(TOPOLOGIES)}")
+    return TOPOLOGIES[policy.topology](n, policy, rng)
