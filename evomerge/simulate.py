@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -53,7 +53,7 @@ class RunResult:
     label_skew: float
     workers: int
     test_accuracy: float | None = None
-    extra: dict = field(default_factory=dict)
+    params: torch.Tensor | None = None  # final [W, P] parameters, with keep_params=True
 
     @property
     def final(self) -> RoundMetrics:
@@ -140,15 +140,18 @@ def round_bounds(total: int, rounds: int) -> list[int]:
     return [round(total * (r + 1) / rounds) for r in range(rounds)]
 
 
+def initial_row(model: models_mod.StackedModel, seed: int) -> torch.Tensor:
+    """The parameters every worker starts from (one flat row), drawn from the run seed."""
+    return model.init(torch.Generator().manual_seed(int(schedule_mod.rng_for(seed, TAG_INIT).integers(2**62))))
+
+
 class _Workers:
     """Mutable state of W workers during one run."""
 
     def __init__(self, setup: Setup, policy: MergePolicy, seed: int, device: torch.device):
         m, run = setup.model, setup.study.run
         self.W, self.P = run.workers, m.n_params
-        g = torch.Generator().manual_seed(int(schedule_mod.rng_for(seed, TAG_INIT).integers(2**62)))
-        row = m.init(g)
-        self.params = row.to(device).unsqueeze(0).repeat(self.W, 1)
+        self.params = initial_row(m, seed).to(device).unsqueeze(0).repeat(self.W, 1)
         self.grad = torch.zeros_like(self.params)
         self.momentum = torch.zeros_like(self.params) if run.momentum else None
         self.accum = torch.zeros_like(self.params) if policy.weighting == "adaptive" else None
@@ -164,8 +167,13 @@ def simulate(
     callback: Callable[[RoundMetrics], None] | None = None,
     device: str | torch.device | None = None,
     evaluate_test: bool = False,
+    keep_params: bool = False,
 ) -> RunResult:
-    """Run one merge run; ``callback`` gets each round's metrics (it may raise to stop the run)."""
+    """Run one merge run; ``callback`` gets each round's metrics (it may raise to stop the run).
+
+    ``evaluate_test`` also scores the consensus model on the test set (never during a
+    search); ``keep_params`` returns the workers' final ``[W, P]`` parameters.
+    """
     t0 = time.perf_counter()
     study, model, data = setup.study, setup.model, setup.data
     run = study.run
@@ -223,8 +231,9 @@ def simulate(
     test_acc = None
     if evaluate_test and status == "ok":
         tx, ty = data.test()
-        test_acc = _accuracy(model, st.params.mean(0, keepdim=True), normalise(tx.to(dev), data.spec), ty.to(dev))[0]
-    return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc)
+        test_acc = _accuracy(model, st.params.mean(0, keepdim=True), normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
+    return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc,
+                     st.params.cpu() if keep_params else None)
 
 
 def _sgd_step(st: _Workers, run) -> None:

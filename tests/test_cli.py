@@ -1,0 +1,155 @@
+"""The evomerge command as a user runs it: a real subprocess for exit codes and output."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from evomerge import cli
+
+
+def evomerge(*args, data_dir=None, cwd=ROOT):
+    env = dict(os.environ)
+    if data_dir is not None:
+        env["EVOMERGE_DATA_DIR"] = str(data_dir)
+    return subprocess.run([sys.executable, "-m", "evomerge.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_study_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("studies")
+    (d / "policies").mkdir()
+    (d / "tiny.toml").write_text("""
+[study]
+name = "tiny"
+[data]
+dataset = "mnist"
+val_size = 500
+train_size = 2000
+[model]
+name = "mlp"
+hidden = [16]
+[run]
+workers = 4
+batch_size = 16
+steps = 40
+rounds = 2
+score_samples = 8
+[baselines]
+policies = ["gossip", "none"]
+""")
+    (d / "policies" / "gossip.json").write_text(json.dumps({"name": "gossip", "mean_interval": 4}))
+    (d / "policies" / "none.json").write_text(json.dumps({"name": "none", "scheme": "none"}))
+    return d / "tiny.toml"
+
+
+def test_run_prints_the_table_and_writes_json(tmp_path, data_dir, tiny_study_file):
+    out = tmp_path / "r.json"
+    p = evomerge("run", "--study", str(tiny_study_file), "--policy", "gossip", "--json", str(out), data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    for words in ("consensus val accuracy", "mean worker accuracy", "worst worker accuracy", "consensus distance",
+                  "bytes sent", "local steps", "wall time"):
+        assert words in p.stdout
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok" and len(r["history"]) == 2 and r["final"]["step"] == 40
+    assert r["policy"]["mean_interval"] == 4.0
+
+
+def test_same_command_same_numbers(tmp_path, data_dir, tiny_study_file):
+    outs = []
+    for i in range(2):
+        f = tmp_path / f"{i}.json"
+        assert evomerge("run", "--study", str(tiny_study_file), "--policy", "gossip", "--seed", "5", "--json", str(f),
+                        "--quiet", data_dir=data_dir).returncode == 0
+        outs.append(json.loads(f.read_text())["history"])
+    strip = [[{k: v for k, v in h.items() if k != "wall_time"} for h in o] for o in outs]
+    assert strip[0] == strip[1]
+
+
+def test_baselines_prints_one_row_each(data_dir, tiny_study_file):
+    p = evomerge("baselines", "--study", str(tiny_study_file), "--quiet", data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["gossip", "none"]
+
+
+def test_shipped_policy_runs_on_the_shipped_study_from_any_directory(tmp_path, data_dir):
+    p = evomerge("run", "--study", "mnist-gossip", "--policy", "ring-gossip", "--quiet", data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    acc = float(next(l for l in p.stdout.splitlines() if "consensus val accuracy" in l).split("│")[2])
+    assert acc > 0.85
+
+
+def test_policy_schema_is_json():
+    p = evomerge("policy", "schema")
+    assert p.returncode == 0 and json.loads(p.stdout)["title"] == "evomerge merge policy"
+
+
+BAD_POLICIES = {
+    "wrong type": ('{"mean_interval": "often"}', "policy.mean_interval"),
+    "out of range": ('{"mixing_weight": 1.5}', "policy.mixing_weight"),
+    "unknown key": ('{"speed": 1}', "policy.speed"),
+    "unknown topology": ('{"topology": "star"}', "policy.topology"),
+    "truncated": ('{"topology": "ri', "invalid JSON"),
+    "empty": ("", "empty file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_POLICIES))
+def test_bad_policy_files_exit_2_with_one_line(tmp_path, tiny_study_file, case):
+    text, words = BAD_POLICIES[case]
+    f = tmp_path / "bad.json"
+    f.write_text(text)
+    p = evomerge("run", "--study", str(tiny_study_file), "--policy", str(f))
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: ") and words in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+BAD_STUDIES = {
+    "wrong type": ("[run]\nworkers = 'eight'\n", "study.run.workers"),
+    "out of range": ("[run]\nlr = -1\n", "study.run.lr"),
+    "unknown key": ("[run]\nwokers = 8\n", "study.run.wokers"),
+    "unknown topology": ("[policy]\ntopology = 'star'\n", "policy.topology"),
+    "truncated": ("[run\nworkers = 8", "invalid TOML"),
+    "empty": ("", "empty file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STUDIES))
+def test_bad_study_files_exit_2_with_one_line(tmp_path, case):
+    text, words = BAD_STUDIES[case]
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    p = evomerge("run", "--study", str(f), "--policy", "ring-gossip")
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and words in p.stderr and "Traceback" not in p.stderr
+
+
+def test_missing_data_exits_2_naming_the_files(tmp_path, tiny_study_file):
+    env_dir = tmp_path / "no-data"
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", str(tiny_study_file), "--policy", "gossip",
+                        "--data-dir", str(env_dir)], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "EVOMERGE_DATA_DIR"} | {
+                           "XDG_CACHE_HOME": str(tmp_path / "cache"), "http_proxy": "http://127.0.0.1:9",
+                           "https_proxy": "http://127.0.0.1:9"})
+    assert p.returncode == 2 and "train-images-idx3-ubyte.gz" in p.stderr and str(env_dir) in p.stderr
+
+
+def test_validate_describes_a_good_policy(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text('{"topology": "communities", "n_communities": 3}')
+    assert cli.main(["policy", "validate", str(f)]) == 0
+
+
+def test_cli_does_not_import_torch_for_help_or_bad_input(tmp_path):
+    f = tmp_path / "bad.json"
+    f.write_text("{")
+    code = ("import sys; from evomerge import cli; rc = cli.main(['policy', 'validate', %r]); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)" % str(f))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "invalid JSON" in p.stderr

@@ -1,0 +1,66 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from evomerge import models
+from evomerge.errors import ConfigError
+
+
+@pytest.mark.parametrize("name, options", [("mlp", {"hidden": [32]}), ("mlp", {"hidden": [24, 16]}), ("mlp", {"hidden": []}),
+                                           ("cnn", {"channels": [4, 8]})])
+def test_batched_loss_and_gradients_equal_each_workers_nn_module(name, options):
+    m = models.build(name, (28, 28), 10, **options)
+    g = torch.Generator().manual_seed(0)
+    W, B = 3, 7
+    flat = torch.stack([m.init(g) for _ in range(W)])
+    x = torch.randn(W, B, 28, 28, generator=g)
+    y = torch.randint(0, 10, (W, B), generator=g)
+    grad = torch.zeros_like(flat)
+    losses = m.loss_and_grad(flat, x, y, grad)
+    for w in range(W):
+        mod = models.load_row(m.module(), flat[w])
+        inp = x[w].unsqueeze(1) if name == "cnn" else x[w]
+        loss = F.cross_entropy(mod(inp), y[w])
+        loss.backward()
+        ref = torch.cat([p.grad.reshape(-1) for p in mod.parameters()])
+        assert torch.allclose(losses[w], loss.detach(), atol=1e-6)
+        assert torch.allclose(grad[w], ref, atol=1e-6, rtol=1e-5)
+        assert torch.allclose(models.module_row(mod), flat[w])
+
+
+def test_hand_written_mlp_gradients_match_autograd_path():
+    m = models.build("mlp", (28, 28), 10, hidden=[16, 8])
+    g = torch.Generator().manual_seed(1)
+    flat = torch.stack([m.init(g) for _ in range(4)])
+    x, y = torch.randn(4, 5, 28, 28, generator=g), torch.randint(0, 10, (4, 5), generator=g)
+    g1, g2 = torch.zeros_like(flat), torch.zeros_like(flat)
+    l1 = m.loss_and_grad(flat, x, y, g1)
+    l2 = models.StackedModel.loss_and_grad(m, flat, x, y, g2)
+    assert torch.allclose(l1, l2, atol=1e-6) and torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_logits_on_shared_inputs_match_the_module():
+    m = models.build("cnn", (28, 28), 10)
+    flat = torch.stack([m.init(torch.Generator().manual_seed(s)) for s in range(2)])
+    x = torch.randn(5, 28, 28)
+    out = m.logits(flat, x, chunk=2)
+    assert out.shape == (2, 5, 10)
+    assert torch.allclose(out[1], models.load_row(m.module(), flat[1])(x.unsqueeze(1)), atol=1e-5)
+
+
+def test_init_is_seeded_and_follows_fan_in():
+    m = models.build("mlp", (28, 28), 10, hidden=[64])
+    a, b = m.init(torch.Generator().manual_seed(5)), m.init(torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+    w0 = m.views(a)[0]
+    assert w0.shape == (64, 784) and float(w0.abs().max()) <= 1 / 784 ** 0.5
+
+
+@pytest.mark.parametrize("name, options, field", [("resnet", {}, "study.model.name"),
+                                                  ("mlp", {"hidden": [0]}, "study.model.hidden"),
+                                                  ("cnn", {"channels": [4]}, "study.model.channels"),
+                                                  ("mlp", {"width": 3}, "study.model")])
+def test_bad_model_options(name, options, field):
+    with pytest.raises(ConfigError) as e:
+        models.build(name, (28, 28), 10, **options)
+    assert e.value.field == field
