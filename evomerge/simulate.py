@@ -146,17 +146,20 @@ def initial_row(model: models_mod.StackedModel, seed: int) -> torch.Tensor:
 
 
 class _Workers:
-    """Mutable state of W workers during one run."""
+    """Mutable state of W workers during one run (each a :class:`models.Stack` in block layout)."""
 
     def __init__(self, setup: Setup, policy: MergePolicy, seed: int, device: torch.device):
         m, run = setup.model, setup.study.run
         self.W, self.P = run.workers, m.n_params
-        self.params = initial_row(m, seed).to(device).unsqueeze(0).repeat(self.W, 1)
-        self.grad = torch.zeros_like(self.params)
-        self.momentum = torch.zeros_like(self.params) if run.momentum else None
-        self.accum = torch.zeros_like(self.params) if policy.weighting == "adaptive" else None
+        self.params = m.stack(self.W, device)
+        self.params.set_rows(initial_row(m, seed).to(device).unsqueeze(0).expand(self.W, -1))
+        self.grad = self.params.like()
+        self.momentum = self.params.like() if run.momentum else None
+        self.accum = self.params.like() if policy.weighting == "adaptive" else None
         self.examples = torch.zeros(self.W, dtype=torch.float64, device=device)
         self.base = self.params.clone() if policy.payload == "delta" else None
+        # plain SGD is fused into the backward pass where the model offers it
+        self.fused = not run.momentum and not run.weight_decay and self.accum is None
 
 
 def simulate(
@@ -193,7 +196,7 @@ def simulate(
 
     merger = _Merger(st, policy, sched, model, data.spec, train_x, train_y, slice_idx, neighbours, seed, T)
     history: list[RoundMetrics] = []
-    prev_center = st.params.mean(0)
+    prev_center = st.params.mean()
     status, start, ev = "ok", 0, 0
     for r, end in enumerate(round_bounds(T, run.rounds)):
         idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in range(W)], axis=1)
@@ -201,10 +204,12 @@ def simulate(
         loss_sum = torch.zeros((), device=dev)
         for i in range(end - start):
             bi = idx_t[i]
-            x = normalise(train_x[bi], data.spec)
-            losses = model.loss_and_grad(st.params, x, train_y[bi], st.grad)
+            x, y = normalise(train_x[bi], data.spec), train_y[bi]
+            losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
+            if losses is None:
+                losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
+                _sgd_step(st, run)
             loss_sum += losses.sum()
-            _sgd_step(st, run)
             st.examples += B
             step = start + i + 1
             while ev < len(sched) and sched.step[ev] == step:
@@ -213,8 +218,8 @@ def simulate(
         steps_here = end - start
         start = end
         train_loss = float(loss_sum) / (W * steps_here)
-        finite = math.isfinite(train_loss) and bool(torch.isfinite(st.params).all())
-        center = st.params.mean(0)
+        finite = math.isfinite(train_loss) and bool(torch.isfinite(st.params.buf).all())
+        center = st.params.mean()
         metrics = _evaluate(model, st.params, center, val_x, val_y, n_eval, finite)
         update = float((center - prev_center).norm()) / steps_here if finite else float("nan")
         prev_center = center
@@ -231,39 +236,39 @@ def simulate(
     test_acc = None
     if evaluate_test and status == "ok":
         tx, ty = data.test()
-        test_acc = _accuracy(model, st.params.mean(0, keepdim=True), normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
+        test_acc = _accuracy(model, model.views(st.params.mean().unsqueeze(0)), normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
     return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc,
-                     st.params.cpu() if keep_params else None)
+                     st.params.rows().cpu() if keep_params else None)
 
 
 def _sgd_step(st: _Workers, run) -> None:
-    g = st.grad
+    """torch.optim.SGD's update (weight decay, then momentum), on the whole buffer at once."""
+    g, p = st.grad.buf, st.params.buf
     if run.weight_decay:
-        g.add_(st.params, alpha=run.weight_decay)
+        g.add_(p, alpha=run.weight_decay)
     if st.accum is not None:
-        st.accum.addcmul_(g, g)
+        st.accum.buf.addcmul_(g, g)
     if st.momentum is not None:
-        st.momentum.mul_(run.momentum).add_(g)
-        g = st.momentum
-    st.params.add_(g, alpha=-run.lr)
+        g = st.momentum.buf.mul_(run.momentum).add_(g)
+    p.add_(g, alpha=-run.lr)
 
 
 @torch.no_grad()
-def _accuracy(model, params, x, y) -> tuple[list[float], list[float]]:
+def _accuracy(model, params: list[torch.Tensor], x, y) -> tuple[list[float], list[float]]:
     logits = model.logits(params, x)
     acc = (logits.argmax(-1) == y).float().mean(1)
-    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(params), -1), reduction="none").mean(1)
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(logits), -1), reduction="none").mean(1)
     return acc.tolist(), loss.tolist()
 
 
-def _evaluate(model, params, center, val_x, val_y, n_eval, finite) -> dict[str, float]:
+def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, float]:
     if not finite:
         return dict(val_accuracy=0.0, val_loss=float("nan"), mean_worker_accuracy=0.0,
                     worst_worker_accuracy=0.0, consensus_distance=float("nan"))
-    acc, loss = _accuracy(model, center.unsqueeze(0), val_x, val_y)
-    wacc, _ = _accuracy(model, params, val_x[:n_eval], val_y[:n_eval])
+    acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
+    wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
     return dict(val_accuracy=acc[0], val_loss=loss[0], mean_worker_accuracy=float(np.mean(wacc)),
-                worst_worker_accuracy=float(np.min(wacc)), consensus_distance=ops.consensus_distance(params, center))
+                worst_worker_accuracy=float(np.min(wacc)), consensus_distance=ops.consensus_distance(stack.rows(), center))
 
 
 class _Merger:
@@ -295,21 +300,23 @@ class _Merger:
     def _outgoing(self, w: int, ev: int, side: int) -> torch.Tensor:
         st, p = self.st, self.p
         if p.payload == "weights":
-            return st.params[w].clone()
-        d = ops.delta(st.params[w], st.base[w])
+            return st.params.row(w)
+        base = st.base.row(w)
+        d = ops.delta(st.params.row(w), base)
         gen = None
         if p.quantize_bits:
             gen = torch.Generator().manual_seed(int(schedule_mod.rng_for(self.seed, TAG_QUANT, ev, side).integers(2**62)))
         sent = ops.compress(d, p.topk_fraction, p.quantize_bits, gen)
         # the base is the public copy peers hold: what was not sent stays in params - base (error feedback)
-        st.base[w] += sent
-        return st.base[w].clone()
+        public = ops.apply_delta(base, sent)
+        st.base.set_row(w, public)
+        return public
 
     def _support(self, w: int):
         if self.p.weighting == "examples":
-            return self.st.examples[w]
+            return float(self.st.examples[w])
         if self.p.weighting == "adaptive":
-            return self.st.accum[w]
+            return self.st.accum.row(w)
         return None
 
     def _pair(self, ev: int, step: int) -> None:
@@ -325,10 +332,10 @@ class _Merger:
         sa, sb = self._support(a_i), self._support(b_i)
         sa = sa.clone() if isinstance(sa, torch.Tensor) else sa
         sb = sb.clone() if isinstance(sb, torch.Tensor) else sb
-        ops.lerp_(st.params[b_i], from_a, ops.incoming_weight(move_b, sb, sa) if sa is not None else move_b)
+        st.params.lerp_row_(b_i, from_a, ops.incoming_weight(move_b, sb, sa))
         if push_pull:
             self.bytes += self.sent_bytes * (self.neighbours[b_i] if p.payload == "delta" else 1)
-            ops.lerp_(st.params[a_i], from_b, ops.incoming_weight(move_a, sa, sb) if sa is not None else move_a)
+            st.params.lerp_row_(a_i, from_b, ops.incoming_weight(move_a, sa, sb))
         self._merge_supports(a_i, b_i, push_pull)
 
     def _merge_supports(self, a: int, b: int, push_pull: bool) -> None:
@@ -339,18 +346,18 @@ class _Merger:
         if push_pull:
             st.examples[a] = total
         if st.accum is not None:
-            acc = st.accum[a] + st.accum[b]
-            st.accum[b] = acc
+            acc = st.accum.row(a) + st.accum.row(b)
+            st.accum.set_row(b, acc)
             if push_pull:
-                st.accum[a] = acc
+                st.accum.set_row(a, acc)
 
     def _rescale_supports(self) -> None:
         """Merges only use ratios of supports; keep them far from overflow by a common factor."""
         st = self.st
         if float(st.examples.max()) > 1e200:
             st.examples.mul_(1e-200)
-        if st.accum is not None and float(st.accum.max()) > 1e30:
-            st.accum.mul_(1e-30)
+        if st.accum is not None and float(st.accum.buf.max()) > 1e30:
+            st.accum.buf.mul_(1e-30)
 
     @torch.no_grad()
     def _winner(self, a: int, b: int) -> int:
@@ -358,28 +365,26 @@ class _Merger:
         idx = torch.cat([self.slice_idx[a], self.slice_idx[b]])
         x = normalise(self.train_x[idx], self.spec)
         y = self.train_y[idx]
-        pair = self.st.params[[a, b]]
-        logits = self.model.forward(self.model.views(pair), x.unsqueeze(0).expand(2, *x.shape))
+        pair = [p[[a, b]] for p in self.st.params.params]
+        logits = self.model.forward(pair, x.unsqueeze(0).expand(2, *x.shape))
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(2, -1), reduction="none").mean(1)
         return 0 if float(loss[0]) <= float(loss[1]) else 1
 
     def _allreduce(self, ev: int, step: int) -> None:
         st, p, W = self.st, self.p, self.st.W
         a = self.weight(step) * (float(self.sched.u[ev]) if p.lerp == "random" else 1.0)
-        models = torch.stack([self._outgoing(w, ev, w) for w in range(W)]) if p.payload == "delta" else st.params
-        support = None
-        if p.weighting == "examples":
-            support = st.examples
-        elif p.weighting == "adaptive":
-            support = st.accum
-        avg, merged = ops.weighted_average(models, support)
-        st.params.lerp_(avg.unsqueeze(0).expand_as(st.params), a)
-        if merged is not None:
-            if p.weighting == "examples":
-                st.examples.copy_(merged.expand_as(st.examples))
-            else:
-                st.accum.copy_(merged.unsqueeze(0).expand_as(st.accum))
+        if p.payload == "delta":
+            sent = torch.stack([self._outgoing(w, ev, w) for w in range(W)])
+            blocks = [sent[:, o:o + n] for o, n in self.model.offsets]
         else:
-            st.examples.fill_(float(st.examples.sum()))
+            blocks = st.params.blocks
+        supports: list = [st.examples] * len(blocks) if p.weighting == "examples" else (
+            st.accum.blocks if p.weighting == "adaptive" else [None] * len(blocks))
+        for own, models, support in zip(st.params.blocks, blocks, supports):
+            avg, merged = ops.weighted_average(models, support)
+            own.lerp_(avg.unsqueeze(0).expand_as(own), a)
+            if p.weighting == "adaptive":
+                support.copy_(merged.unsqueeze(0).expand_as(support))
+        st.examples.fill_(float(st.examples.sum()))  # counters are summed, not averaged
         # each worker uploads its payload and downloads the dense average (parameter-server accounting)
         self.bytes += W * (self.sent_bytes + self.dense_bytes)

@@ -16,7 +16,7 @@ def test_batched_loss_and_gradients_equal_each_workers_nn_module(name, options):
     x = torch.randn(W, B, 28, 28, generator=g)
     y = torch.randint(0, 10, (W, B), generator=g)
     grad = torch.zeros_like(flat)
-    losses = m.loss_and_grad(flat, x, y, grad)
+    losses = m.loss_and_grad(m.views(flat), x, y, m.views(grad))
     for w in range(W):
         mod = models.load_row(m.module(), flat[w])
         inp = x[w].unsqueeze(1) if name == "cnn" else x[w]
@@ -34,16 +34,43 @@ def test_hand_written_mlp_gradients_match_autograd_path():
     flat = torch.stack([m.init(g) for _ in range(4)])
     x, y = torch.randn(4, 5, 28, 28, generator=g), torch.randint(0, 10, (4, 5), generator=g)
     g1, g2 = torch.zeros_like(flat), torch.zeros_like(flat)
-    l1 = m.loss_and_grad(flat, x, y, g1)
-    l2 = models.StackedModel.loss_and_grad(m, flat, x, y, g2)
+    l1 = m.loss_and_grad(m.views(flat), x, y, m.views(g1))
+    l2 = models.StackedModel.loss_and_grad(m, m.views(flat), x, y, m.views(g2))
     assert torch.allclose(l1, l2, atol=1e-6) and torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_fused_sgd_step_equals_gradient_then_update():
+    m = models.build("mlp", (28, 28), 10, hidden=[16, 8])
+    g = torch.Generator().manual_seed(2)
+    rows = torch.stack([m.init(g) for _ in range(3)])
+    x, y = torch.randn(3, 5, 28, 28, generator=g), torch.randint(0, 10, (3, 5), generator=g)
+    fused = models.Stack.from_rows(m, rows)
+    l1 = m.sgd_step_(fused.params, x, y, lr=0.1)
+    grad = torch.zeros_like(rows)
+    l2 = m.loss_and_grad(m.views(rows), x, y, m.views(grad))
+    assert torch.allclose(l1, l2) and torch.allclose(fused.rows(), rows - 0.1 * grad, atol=1e-6)
+    assert models.build("cnn", (28, 28), 10).sgd_step_([], x, y, 0.1) is None  # no fused path: caller falls back
+
+
+def test_stack_rows_round_trip_and_row_ops():
+    m = models.build("mlp", (28, 28), 10, hidden=[4])
+    rows = torch.randn(3, m.n_params)
+    st = models.Stack.from_rows(m, rows)
+    assert torch.equal(st.rows(), rows) and torch.equal(st.row(1), rows[1])
+    for p, v in zip(st.params, m.views(rows)):
+        assert p.is_contiguous() and torch.equal(p, v)
+    assert torch.allclose(st.mean(), rows.mean(0))
+    st.lerp_row_(2, rows[0], 0.25)
+    assert torch.allclose(st.row(2), 0.75 * rows[2] + 0.25 * rows[0], atol=1e-6)
+    st.set_row(0, torch.zeros(m.n_params))
+    assert torch.equal(st.row(0), torch.zeros(m.n_params)) and torch.equal(st.row(1), rows[1])
 
 
 def test_logits_on_shared_inputs_match_the_module():
     m = models.build("cnn", (28, 28), 10)
     flat = torch.stack([m.init(torch.Generator().manual_seed(s)) for s in range(2)])
     x = torch.randn(5, 28, 28)
-    out = m.logits(flat, x, chunk=2)
+    out = m.logits(m.views(flat), x, chunk=2)
     assert out.shape == (2, 5, 10)
     assert torch.allclose(out[1], models.load_row(m.module(), flat[1])(x.unsqueeze(1)), atol=1e-5)
 
