@@ -3,7 +3,8 @@
 For W workers (default 8 and 64) and one epoch-equivalent of mnist-gossip (every
 training sample seen once across all workers), times, interleaved and repeated:
 
-  inprocess   evomerge's stacked backend (a full run: ring gossip, one round)
+  inprocess   evomerge's stacked backend: a full run (ring gossip, one round), timed
+              without and with its evaluation (the references do not evaluate)
   central     (a) one nn.Module trained with the combined batch W x B, same steps
   loop        (b) a Python loop over W nn.Module workers, batch B each, same steps
   matmul      (c) a large float32 matmul, for the machine's own multiply rate
@@ -42,9 +43,12 @@ def make_setup(base: study.Study, data, workers: int) -> simulate.Setup:
 
 
 def time_inprocess(setup, policy):
+    """(training and merging time, whole run time): the run's evaluation is excluded from the first,
+    since the references do not evaluate."""
     t = time.perf_counter()
-    simulate.simulate(setup, policy, seed=0, device="cpu")
-    return time.perf_counter() - t
+    r = simulate.simulate(setup, policy, seed=0, device="cpu")
+    total = time.perf_counter() - t
+    return total - r.eval_time, total
 
 
 def _indices(setup):
@@ -121,6 +125,7 @@ def main(argv=None):
           f"{args.repeats} interleaved repeats, medians")
 
     kinds = ["inprocess", "central", "loop"]
+    whole = {w: [] for w in args.workers}
     times = {(w, k): [] for w in args.workers for k in kinds}
     rates = []
     for w in args.workers:  # warm-up: first calls allocate and load kernels
@@ -131,11 +136,17 @@ def main(argv=None):
             order = kinds if r % 2 == 0 else kinds[::-1]
             for k in order:
                 s = setups[w]
-                times[w, k].append(time_inprocess(s, policy) if k == "inprocess" else time_central(s) if k == "central" else time_loop(s))
+                if k == "inprocess":
+                    train, total = time_inprocess(s, policy)
+                    times[w, k].append(train)
+                    whole[w].append(total)
+                else:
+                    times[w, k].append(time_central(s) if k == "central" else time_loop(s))
     rate = statistics.median(rates)
 
     print(f"\nmatmul rate (c): {rate / 1e9:.1f} GFLOP/s (2048 x 2048 float32)\n")
-    head = f"{'W':>4} {'steps':>6} {'inprocess s':>12} {'central s (a)':>14} {'loop s (b)':>11} {'in/(a)':>7} {'(b)/in':>7} {'us/sample':>10} {'% of (c)':>9}"
+    head = (f"{'W':>4} {'steps':>6} {'inprocess s':>12} {'(with eval)':>12} {'central s (a)':>14} {'loop s (b)':>11} "
+            f"{'in/(a)':>7} {'(b)/in':>7} {'us/sample':>10} {'% of (c)':>9}")
     print(head)
     print("-" * len(head))
     per_sample = {}
@@ -145,7 +156,8 @@ def main(argv=None):
         samples = s.total_steps * w * base.run.batch_size
         per_sample[w] = med["inprocess"] / samples
         achieved = samples * mlp_flops_per_sample(s.model.sizes) / med["inprocess"]
-        print(f"{w:>4} {s.total_steps:>6} {med['inprocess']:>12.3f} {med['central']:>14.3f} {med['loop']:>11.3f} "
+        print(f"{w:>4} {s.total_steps:>6} {med['inprocess']:>12.3f} {statistics.median(whole[w]):>12.3f} "
+              f"{med['central']:>14.3f} {med['loop']:>11.3f} "
               f"{med['inprocess'] / med['central']:>7.2f} {med['loop'] / med['inprocess']:>7.2f} "
               f"{per_sample[w] * 1e6:>10.2f} {100 * achieved / rate:>8.0f}%")
     if len(args.workers) > 1:
