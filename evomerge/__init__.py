@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 from .errors import ConfigError  # noqa: E402
 from .policy import MergePolicy  # noqa: E402
 
-__all__ = ["ConfigError", "MergePolicy", "__version__", "run"]
+__all__ = ["ConfigError", "MergePolicy", "__version__", "run", "search"]
 
 
 def run(study, policy, seed: int = 0, *, data_dir=None, device=None, callback=None, evaluate_test: bool = False):
@@ -20,3 +20,23 @@ def run(study, policy, seed: int = 0, *, data_dir=None, device=None, callback=No
     pol = policy if isinstance(policy, MergePolicy) else st.resolve_policy(policy)
     setup = simulate.prepare(st, data_dir=data_dir)
     return simulate.simulate(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test)
+
+
+def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=None, runs_dir="runs", jobs: int = 1,
+           seed: int = 0, data_dir=None, device=None, prune: bool = True, cmaes_categoricals: str = "independent",
+           cmaes_restarts: int = 0, cmaes_popsize: int = 0, data=None):
+    """Search merge policies for ``study`` (a name, path or Study) and return a :class:`SearchResult`.
+
+    Defaults follow the study file and the CLI: SQLite at ``runs/<study>/optuna.db``, MLflow at
+    ``runs/<study>/mlflow.db`` (or ``$MLFLOW_TRACKING_URI``). Calling it again resumes the study;
+    ``n_trials`` is the total of finished trials the study should hold.
+    """
+    from . import search as search_mod
+    from .study import Study, load
+
+    st = study if isinstance(study, Study) else load(study)
+    cfg = search_mod.make_config(st, n_trials=n_trials, sampler=sampler, storage=storage, tracking_uri=tracking_uri,
+                                 runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
+                                 cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
+                                 cmaes_popsize=cmaes_popsize, prune=prune)
+    return search_mod.run_search(cfg, data=data)

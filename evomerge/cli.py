@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -31,12 +32,67 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _store(p: argparse.ArgumentParser, tracking: bool = True) -> None:
+    p.add_argument("--runs-dir", default=os.environ.get("EVOMERGE_RUNS_DIR", "runs"),
+                   help="where default stores live: RUNS_DIR/STUDY/optuna.db and mlflow.db (default: ./runs)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///RUNS_DIR/STUDY/optuna.db)")
+    if tracking:
+        p.add_argument("--tracking-uri", default=None,
+                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///RUNS_DIR/STUDY/mlflow.db)")
+
+
+@command
+def add_search(sub):
+    p = sub.add_parser("search", help="search merge policies with Optuna or CMA-ES, tracked in MLflow")
+    _common(p)
+    _store(p)
+    p.add_argument("--sampler", default=None, help="tpe (default), random, nsga2 or cmaes (default: the study's)")
+    p.add_argument("--n-trials", type=int, default=None, help="total finished trials the study should hold (default: the study's)")
+    p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
+    p.add_argument("--cmaes-categoricals", default="independent", help="cmaes: 'independent' (sampled at random) or 'fixed' (study values)")
+    p.add_argument("--cmaes-restarts", type=int, default=0, help="cmaes: IPOP restarts with doubled population")
+    p.add_argument("--cmaes-popsize", type=int, default=0, help="cmaes: population size (default 4 + 3 ln d)")
+    p.set_defaults(handler=cmd_search)
+
+
+@command
+def add_status(sub):
+    p = sub.add_parser("status", help="a study's trials by state, best so far, top 5")
+    p.add_argument("--study", required=True)
+    _store(p, tracking=False)
+    p.set_defaults(handler=cmd_status)
+
+
+@command
+def add_export(sub):
+    p = sub.add_parser("export", help="write the best policy (or the Pareto set) as replayable JSON")
+    p.add_argument("--study", required=True)
+    _store(p, tracking=False)
+    p.add_argument("-o", "--output", required=True, help="a file (best policy) or, with --pareto, a folder")
+    p.add_argument("--pareto", action="store_true", help="one file per Pareto-optimal trial")
+    p.set_defaults(handler=cmd_export)
+
+
+@command
+def add_ui(sub):
+    p = sub.add_parser("ui", help="the MLflow UI on the study's tracking store, on 127.0.0.1")
+    p.add_argument("--study", required=True)
+    _store(p)
+    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.set_defaults(handler=cmd_ui)
+
+
 @command
 def add_run(sub):
     p = sub.add_parser("run", help="run one policy on a study and print its metrics")
     _common(p)
     p.add_argument("--policy", required=True, help="policy JSON file (or exported file), or a named policy of the study")
-    p.add_argument("--seed", type=int, default=None, help="run seed (default: the study's first seed)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="run seed (default: an exported file's first seed, else the study's first seed)")
+    p.add_argument("--reevaluate", type=int, default=0, metavar="N",
+                   help="run N fresh seeds and report test-set accuracy with mean and spread")
     p.set_defaults(handler=cmd_run)
 
 
@@ -135,12 +191,18 @@ def _mb(n: int) -> str:
 
 
 def cmd_run(args) -> int:
+    from .export import read_export
     from .study import load
 
     study = load(args.study)
     policy = study.resolve_policy(args.policy)  # every input is checked before data is read
+    if args.reevaluate < 0:
+        raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
+    exported = read_export(args.policy) if Path(args.policy).is_file() else None
     setup = _prepare(study, args)
-    seed = study.run.seeds[0] if args.seed is None else args.seed
+    if args.reevaluate:
+        return _reevaluate(study, setup, policy, args)
+    seed = args.seed if args.seed is not None else (exported["seeds"][0] if exported else study.run.seeds[0])
     res = _run_with_progress(setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)
     from rich.table import Table
 
@@ -161,10 +223,167 @@ def cmd_run(args) -> int:
     ]:
         t.add_row(name, value)
     _console().print(t)
+    if exported and str(seed) in exported.get("metrics_per_seed", {}):
+        want = exported["metrics_per_seed"][str(seed)]["val_accuracy"]
+        same = "matches" if want == f.val_accuracy else "DIFFERS from"
+        print(f"validation accuracy {same} trial {exported['trial']} of {exported['study']} (seed {seed}: {want:.4f})")
     if args.json_out:
         out = res.to_dict() | {"study": study.name}
         Path(args.json_out).write_text(json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
+
+
+def fresh_seeds(study, n: int) -> list[int]:
+    """Seeds no search of this study used: past the study's own seeds."""
+    start = max(study.run.seeds) + 1000
+    return list(range(start, start + n))
+
+
+def _reevaluate(study, setup, policy, args) -> int:
+    import statistics
+
+    from . import simulate
+
+    seeds = fresh_seeds(study, args.reevaluate)
+    results = []
+    for s in seeds:
+        results.append(simulate.simulate(setup, policy, s, device=args.device, evaluate_test=True))
+    from rich.table import Table
+
+    def ms(vals):
+        return f"{statistics.fmean(vals):.4f} +- {statistics.stdev(vals) if len(vals) > 1 else 0.0:.4f}"
+
+    ok = [r for r in results if r.status == "ok"]
+    t = Table(title=f"{study.name}: {policy.name or args.policy} re-evaluated on fresh seeds {seeds}", caption=policy.describe())
+    t.add_column("metric")
+    t.add_column("mean +- sd", justify="right")
+    rows = [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
+            ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
+            ("mean worker val accuracy", ms([r.final.mean_worker_accuracy for r in results])),
+            ("bytes sent (MB)", ms([r.final.bytes / 1e6 for r in results])),
+            ("diverged runs", f"{len(results) - len(ok)} of {len(results)}")]
+    for name, v in rows:
+        t.add_row(name, v)
+    _console().print(t)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"study": study.name, "seeds": seeds, "policy": policy.to_dict(),
+                                                   "runs": [r.to_dict() | {"test_accuracy": r.test_accuracy} for r in results]}, indent=2))
+    return 0 if len(ok) == len(results) else 1
+
+
+def _storage_url(study, args) -> str:
+    from .search import default_storage
+
+    return args.storage or default_storage(Path(args.runs_dir) / study.name)
+
+
+def _quiet_libraries() -> None:
+    """The command line is the application: it sets the libraries' log levels (Optuna's INFO
+    lines repeat what evomerge prints)."""
+    import logging
+
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+
+
+def cmd_search(args) -> int:
+    from .search import make_config, run_search
+    from .study import load
+
+    _quiet_libraries()
+    study = load(args.study)
+    cfg = make_config(study, n_trials=args.n_trials, sampler=args.sampler, storage=args.storage,
+                      tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
+                      data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
+                      cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune)
+    from .search_view import SearchView
+
+    view = SearchView(cfg, quiet=args.quiet)
+    with view:
+        result = run_search(cfg, progress=view.event)
+    view.summary(result, data_dir=args.data_dir)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
+                                                   "interrupted": result.interrupted, "errors": result.errors}, indent=2))
+    if result.interrupted:
+        print("interrupted: finished trials are kept; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .export import load_study_trials
+    from .search import best_trials, count_states
+    from .search_view import best_table
+    from .study import load
+
+    _quiet_libraries()
+    study = load(args.study)
+    url = _storage_url(study, args)
+    ostudy = load_study_trials(study, url)
+    counts = count_states(ostudy.get_trials(deepcopy=False))
+    print(f"{study.name}: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())) + f"  ({url})")
+    best = best_trials(ostudy, study, 5)
+    if not best:
+        print("no completed trial yet")
+        return 0
+    _console().print(best_table(study, best, [], title=f"{study.name}: top {len(best)}"))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .export import export_best, export_pareto
+    from .study import load
+
+    study = load(args.study)
+    url = _storage_url(study, args)
+    out = Path(args.output)
+    if args.pareto:
+        paths = export_pareto(study, url, out)
+        print(f"wrote {len(paths)} Pareto-optimal policies to {out}/")
+    else:
+        doc = export_best(study, url, out)
+        values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
+        note = " (best by the first objective among the Pareto set)" if len(doc["objectives"]) > 1 else ""
+        print(f"wrote trial {doc['trial']} ({values}){note} to {out}")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from .study import load
+    from .tracking import default_tracking_uri
+
+    study = load(args.study)
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(Path(args.runs_dir) / study.name)
+    if uri.startswith(("http://", "https://")):
+        print(f"the study is tracked on a server: open {uri}")
+        return 0
+    port = args.port
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", uri]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    print(f"MLflow UI for {study.name}: http://127.0.0.1:{port}  (store {uri}; Ctrl-C stops it)", flush=True)
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+        return proc.returncode or 1
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        print("MLflow UI stopped", file=sys.stderr)
+        return 0
 
 
 def cmd_baselines(args) -> int:

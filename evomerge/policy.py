@@ -156,20 +156,20 @@ class MergePolicy:
         """The policy in words, one line."""
         if self.scheme == "none":
             return "no merging; the consensus model is the average at the end"
-        a = f"a={self.mixing_weight:g}" if self.mixing_schedule == "constant" else (
-            f"a {self.mixing_weight:g}->{self.mixing_weight_final:g} ({self.mixing_schedule})")
+        a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
+            f"a {self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
         comp = ""
         if self.payload == "delta":
-            comp = f", delta payload (top-k {self.topk_fraction:g}, {self.quantize_bits or 32} bits)"
+            comp = f", delta payload (top-k {self.topk_fraction:.3g}, {self.quantize_bits or 32} bits)"
         if self.scheme == "allreduce":
             return f"all workers average every {max(1, round(self.mean_interval))} steps, {a}, {self.weighting} weighting{comp}"
         topo = self.topology
         if topo == "communities":
-            topo = f"{self.n_communities} communities, p_intra={self.p_intra:g}"
+            topo = f"{self.n_communities} communities, p_intra={self.p_intra:.3g}"
         elif topo == "random_regular":
             topo = f"random {self.degree}-regular"
-        return (f"{self.exchange} gossip on {topo} every ~{self.mean_interval:g} steps, {self.lerp} lerp {a}, "
-                f"winner bias {self.winner_bias:g}, {self.weighting} weighting{comp}")
+        return (f"{self.exchange} gossip on {topo} every ~{self.mean_interval:.3g} steps, {self.lerp} lerp {a}, "
+                f"winner bias {self.winner_bias:.3g}, {self.weighting} weighting{comp}")
 
 
 def _check(f: dataclasses.Field, value: Any) -> Any:

@@ -14,5 +14,6 @@ py=.venv/bin/python
 if ! "$py" -c "import torch" 2>/dev/null; then
   "$py" -m pip install -q "torch==2.13.0" || "$py" -m pip install -q "torch>=2.4"
 fi
-"$py" -m pip install -q -e ".${extras}"
+# constraints.txt pins the versions known to install here; users' installs keep pyproject's open ranges
+"$py" -m pip install -q -c constraints.txt -e ".${extras}"
 echo "evomerge installed in .venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -1,0 +1,84 @@
+"""Export searched policies as JSON that ``evomerge run --policy`` replays.
+
+An exported file is the policy plus metadata: study, trial, objective values, the
+seeds it was judged on with each seed's validation metrics, and the evomerge
+version. ``MergePolicy.load`` reads the ``policy`` key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import __version__
+from .errors import ConfigError
+from .policy import MergePolicy
+from .study import Study
+
+EXPORT_FORMAT = 1
+
+
+def export_document(summary: dict, study: Study) -> dict:
+    policy = MergePolicy.from_dict(summary["policy"])  # validated again: what we write must load
+    return {
+        "format": EXPORT_FORMAT,
+        "evomerge_version": __version__,
+        "study": study.name,
+        "study_file": str(study.path) if study.path else None,
+        "trial": summary["number"],
+        "objectives": dict(zip(summary["objectives"], summary["values"])),
+        "seeds": list(study.run.seeds),
+        "metrics_per_seed": summary["metrics"],
+        "spread": summary["spread"],
+        "policy": policy.to_dict(),
+    }
+
+
+def load_study_trials(study: Study, storage_url: str):
+    import optuna
+
+    from .search import open_storage
+
+    storage = open_storage(storage_url)
+    try:
+        return optuna.load_study(study_name=study.name, storage=storage)
+    except KeyError:
+        raise ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` first") from None
+
+
+def export_best(study: Study, storage_url: str, out: Path) -> dict:
+    from .search import best_trials
+
+    ostudy = load_study_trials(study, storage_url)
+    best = best_trials(ostudy, study, 1)
+    if not best:
+        raise ConfigError("--study", f"{study.name!r} has no completed trial yet")
+    doc = export_document(best[0], study)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
+    from .search import trial_summary
+
+    ostudy = load_study_trials(study, storage_url)
+    trials = ostudy.best_trials
+    if not trials:
+        raise ConfigError("--study", f"{study.name!r} has no completed trial yet")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for t in sorted(trials, key=lambda t: t.number):
+        p = out_dir / f"trial-{t.number:04d}.json"
+        p.write_text(json.dumps(export_document(trial_summary(t, study), study), indent=2))
+        paths.append(p)
+    return paths
+
+
+def read_export(path: str | Path) -> dict | None:
+    """The metadata of an exported file, or None for a plain policy file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "policy" in data and "trial" in data else None

@@ -1,0 +1,124 @@
+"""What ``evomerge search`` shows: a start line, a progress bar (done, pruned, failed,
+best so far), and a table of the best trials next to the baselines."""
+
+from __future__ import annotations
+
+import sys
+
+from .search import SearchConfig, SearchResult, baseline_rows, objective_label
+from .study import Study
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    if stderr:
+        return Console(stderr=True)
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def _fmt(name: str, v: float) -> str:
+    return f"{v / 1e6:,.1f} MB" if name == "bytes" else f"{v:.4f}"
+
+
+def best_table(study: Study, best: list[dict], baselines: list[dict], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    t.add_column("trial / baseline")
+    for o in study.objectives:
+        t.add_column(objective_label(o), justify="right")
+    t.add_column("spread (sd)", justify="right")
+    t.add_column("policy")
+    for b in best:
+        spread = b["spread"].get(f"{study.objectives[0]}_std")
+        t.add_row(f"trial {b['number']}", *[_fmt(o, v) for o, v in zip(study.objectives, b["values"])],
+                  f"{spread:.4f}" if spread is not None else "-", _describe(b["policy"]))
+    for r in baselines:
+        spread = r.get(f"{study.objectives[0]}_std")
+        t.add_row(f"[dim]{r['name']}[/dim]", *[_fmt(o, v) for o, v in zip(study.objectives, r["values"])],
+                  f"{spread:.4f}" if spread is not None else "-", "[dim]baseline[/dim]")
+    return t
+
+
+def _describe(policy: dict) -> str:
+    from .policy import MergePolicy
+
+    try:
+        return MergePolicy.from_dict(policy).describe()
+    except Exception:
+        return "?"
+
+
+class SearchView:
+    def __init__(self, cfg: SearchConfig, quiet: bool = False):
+        self.cfg, self.quiet = cfg, quiet
+        self.err = _console(stderr=True)
+        self.bar = None
+        self.task = None
+        self.done = self.pruned = self.failed = 0
+        self.best: float | None = None
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.err)
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False
+
+    def event(self, kind: str, **info) -> None:
+        cfg = self.cfg
+        if kind == "start":
+            b = info["before"]
+            self.done = b.get("COMPLETE", 0) + b.get("PRUNED", 0)
+            self.pruned, self.failed = b.get("PRUNED", 0), b.get("FAIL", 0)
+            extra = ""
+            if cfg.sampler == "cmaes":
+                extra = (f"; cmaes searches {len([p for p in cfg.study.search.space if p.kind != 'categorical'])} numeric fields, "
+                         f"categoricals {'sampled independently at random' if cfg.cmaes_categoricals == 'independent' else 'fixed at the study values'}")
+            msg = (f"{cfg.study.name}: {self.done} of {cfg.n_trials} trials already finished; sampler {cfg.sampler}"
+                   f"{extra}; {cfg.jobs} job(s)\n  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}")
+            self.err.print(msg, highlight=False)
+            if self.bar is not None:
+                self.task = self.bar.add_task("trials", total=cfg.n_trials, completed=min(self.done, cfg.n_trials), info="")
+        elif kind == "trial":
+            r = info["record"]
+            if r["state"] in ("COMPLETE", "PRUNED"):
+                self.done += 1
+            if r["state"] == "PRUNED":
+                self.pruned += 1
+            if r["state"] == "FAIL":
+                self.failed += 1
+            if r["state"] == "COMPLETE":
+                v = r["values"][0]
+                better = self.best is None or (v > self.best if cfg.study.directions[0] == "maximize" else v < self.best)
+                self.best = v if better else self.best
+            if self.bar is not None:
+                best = f"best {self.best:.4f}" if self.best is not None else "best -"
+                self.bar.update(self.task, completed=min(self.done, cfg.n_trials),
+                                info=f"pruned {self.pruned}  failed {self.failed}  {best}")
+            elif r["state"] == "FAIL" and r.get("failure") == "error":
+                self.err.print(f"trial {r['number']} failed: {r['error'].splitlines()[0]}", highlight=False)
+
+    def summary(self, result: SearchResult, data_dir=None) -> None:
+        study = self.cfg.study
+        counts = ", ".join(f"{n} {k.lower()}" for k, n in sorted(result.counts.items()))
+        out = _console()
+        out.print(f"{study.name}: {counts}", highlight=False)
+        for e in result.errors[:3]:
+            out.print(f"  failure: {e}", highlight=False)
+        if not result.best:
+            out.print("no completed trial yet", highlight=False)
+            return
+        baselines = []
+        if not result.interrupted:
+            baselines = baseline_rows(study, data_dir=data_dir, device=self.cfg.device, storage_study=result.optuna_study)
+        kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
+        out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} (means over seeds {list(study.run.seeds)})"))
