@@ -31,7 +31,7 @@ def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=Non
     ``runs/<study>/mlflow.db`` (or ``$MLFLOW_TRACKING_URI``). Calling it again resumes the study;
     ``n_trials`` is the total of finished trials the study should hold.
     """
-    from . import search as search_mod
+    from . import searcher as search_mod
     from .study import Study, load
 
     st = study if isinstance(study, Study) else load(study)

@@ -272,7 +272,7 @@ def _reevaluate(study, setup, policy, args) -> int:
 
 
 def _storage_url(study, args) -> str:
-    from .search import default_storage
+    from .searcher import default_storage
 
     return args.storage or default_storage(Path(args.runs_dir) / study.name)
 
@@ -286,7 +286,7 @@ def _quiet_libraries() -> None:
 
 
 def cmd_search(args) -> int:
-    from .search import make_config, run_search
+    from .searcher import make_config, run_search
     from .study import load
 
     _quiet_libraries()
@@ -312,7 +312,7 @@ def cmd_search(args) -> int:
 
 def cmd_status(args) -> int:
     from .export import load_study_trials
-    from .search import best_trials, count_states
+    from .searcher import best_trials, count_states
     from .search_view import best_table
     from .study import load
 

@@ -37,7 +37,7 @@ def export_document(summary: dict, study: Study) -> dict:
 def load_study_trials(study: Study, storage_url: str):
     import optuna
 
-    from .search import open_storage
+    from .searcher import open_storage
 
     storage = open_storage(storage_url)
     try:
@@ -47,7 +47,7 @@ def load_study_trials(study: Study, storage_url: str):
 
 
 def export_best(study: Study, storage_url: str, out: Path) -> dict:
-    from .search import best_trials
+    from .searcher import best_trials
 
     ostudy = load_study_trials(study, storage_url)
     best = best_trials(ostudy, study, 1)
@@ -60,7 +60,7 @@ def export_best(study: Study, storage_url: str, out: Path) -> dict:
 
 
 def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
-    from .search import trial_summary
+    from .searcher import trial_summary
 
     ostudy = load_study_trials(study, storage_url)
     trials = ostudy.best_trials

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from .search import SearchConfig, SearchResult, baseline_rows, objective_label
+from .searcher import SearchConfig, SearchResult, baseline_rows, objective_label
 from .study import Study
 
 

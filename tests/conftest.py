@@ -36,3 +36,51 @@ def tiny_study(**run):
         "run": {"workers": 4, "batch_size": 16, "steps": 60, "lr": 0.1, "rounds": 3, "score_samples": 8} | run,
     }
     return study.from_dict(raw)
+
+
+TINY_STUDY = """
+[study]
+name = "{name}"
+[data]
+dataset = "mnist"
+val_size = 500
+train_size = 2000
+[model]
+name = "mlp"
+hidden = [16]
+[run]
+workers = {workers}
+batch_size = 16
+steps = {steps}
+rounds = 3
+score_samples = 8
+seeds = {seeds}
+[policy]
+degree = 3
+[search]
+n_trials = 6
+[search.space]
+mean_interval = {{ kind = "log-float", low = 1.0, high = 30.0 }}
+mixing_weight = {{ kind = "float", low = 0.1, high = 1.0 }}
+topology = {{ kind = "categorical", choices = {topologies} }}
+[objectives]
+metrics = {objectives}
+[baselines]
+policies = ["no-merging", "ring-gossip"]
+"""
+
+
+def write_study(directory: Path, name: str = "tiny", *, workers: int = 4, steps: int = 30, seeds=(0,),
+                topologies=("ring", "complete"), objectives=("val_accuracy",)) -> Path:
+    """A tiny study file (a few hundred samples per worker) with its policies folder, for search tests."""
+    import json
+    import shutil
+
+    directory.mkdir(parents=True, exist_ok=True)
+    f = directory / f"{name}.toml"
+    f.write_text(TINY_STUDY.format(name=name, workers=workers, steps=steps, seeds=json.dumps(list(seeds)),
+                                   topologies=json.dumps(list(topologies)), objectives=json.dumps(list(objectives))))
+    (directory / "policies").mkdir(exist_ok=True)
+    for p in ("no-merging", "ring-gossip"):
+        shutil.copy(ROOT / "studies" / "policies" / f"{p}.json", directory / "policies")
+    return f

@@ -1,0 +1,98 @@
+"""The CMA-ES driver against a real (in-memory) Optuna study and a known function."""
+
+import numpy as np
+import optuna
+import pytest
+
+from evomerge.cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def sphere(x):
+    return -float(np.sum((np.asarray(x) - 0.7) ** 2))  # maximised at 0.7
+
+
+def step(study, driver, f=sphere, state=None):
+    cand = driver.next(study.get_trials(deepcopy=False))
+    if cand is None:
+        return None
+    study.enqueue_trial({"x0": cand.x[0], "x1": cand.x[1]},
+                        user_attrs={ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
+    t = study.ask({"x0": optuna.distributions.FloatDistribution(0, 1), "x1": optuna.distributions.FloatDistribution(0, 1)})
+    if state is None:
+        study.tell(t, f([t.params["x0"], t.params["x1"]]))
+    else:
+        study.tell(t, state=state)
+    return cand
+
+
+def test_converges_on_a_known_function():
+    study = optuna.create_study(direction="maximize")
+    driver = CmaDriver(2, seed=1, popsize=6)
+    for _ in range(90):
+        step(study, driver)
+    assert study.best_value > -1e-3
+    assert driver.state(study.trials)["generation"] == 14
+
+
+def test_a_fresh_driver_continues_exactly_where_the_stored_trials_left_off():
+    a = optuna.create_study(direction="maximize")
+    for _ in range(20):
+        step(a, CmaDriver(2, seed=3, popsize=5))  # a new driver every time: the state lives in the study only
+    b = optuna.create_study(direction="maximize")
+    one = CmaDriver(2, seed=3, popsize=5)
+    for _ in range(20):
+        step(b, one)
+    xa = [(t.params["x0"], t.params["x1"]) for t in a.trials]
+    xb = [(t.params["x0"], t.params["x1"]) for t in b.trials]
+    assert xa == xb
+
+
+def test_interrupted_candidates_are_asked_again_and_running_ones_wait():
+    study = optuna.create_study(direction="maximize")
+    driver = CmaDriver(2, seed=0, popsize=4)
+    first = step(study, driver, state=optuna.trial.TrialState.FAIL)  # interrupted (no 'failure: error')
+    again = step(study, driver)
+    assert (again.generation, again.index, again.x) == (first.generation, first.index, first.x)
+    for _ in range(2):
+        step(study, driver)
+    t = study.ask()  # a candidate taken by another process, still running
+    cand = driver.next(study.get_trials(deepcopy=False))
+    study.enqueue_trial({}, user_attrs={ATTR_RESTART: 0, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
+    running = study.ask()
+    study.tell(t, 0.0)
+    assert driver.next(study.get_trials(deepcopy=False)) is None  # the generation waits for it
+    study.tell(running, -1.0)
+    assert driver.next(study.get_trials(deepcopy=False)).generation == 1
+
+
+def test_failed_with_error_gets_the_generations_worst_value():
+    study = optuna.create_study(direction="maximize")
+    driver = CmaDriver(2, seed=0, popsize=4)
+    cand = driver.next([])
+    study.enqueue_trial({}, user_attrs={ATTR_RESTART: 0, ATTR_GEN: 0, ATTR_INDEX: 0, "failure": "error"})
+    t = study.ask()
+    t.set_user_attr("failure", "error")
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    for _ in range(3):
+        step(study, driver)
+    nxt = driver.next(study.get_trials(deepcopy=False))
+    assert nxt.generation == 1 and cand.index == 0
+
+
+def test_ipop_restarts_double_the_population():
+    study = optuna.create_study(direction="maximize")
+    driver = CmaDriver(2, seed=2, popsize=4, restarts=1)
+    flat = lambda x: 0.0  # nothing to learn: CMA-ES stops on its flat-fitness rule and restarts  # noqa: E731
+    for _ in range(80):
+        step(study, driver, f=flat)
+    restarts = {t.user_attrs[ATTR_RESTART] for t in study.trials}
+    assert restarts == {0, 1}
+    gen0_of_restart1 = [t for t in study.trials if t.user_attrs[ATTR_RESTART] == 1 and t.user_attrs[ATTR_GEN] == 0]
+    assert len(gen0_of_restart1) == 8
+
+
+def test_needs_a_dimension():
+    with pytest.raises(ValueError):
+        CmaDriver(0)

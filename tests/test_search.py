@@ -1,0 +1,224 @@
+"""evomerge search end to end: real SQLite storage, real MLflow store, real processes and signals."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+import evomerge
+from conftest import ROOT, write_study
+from evomerge import searcher, study
+from evomerge.errors import ConfigError
+
+
+def states(db):
+    with sqlite3.connect(db) as c:
+        return dict(c.execute("select state, count(*) from trials group by state").fetchall())
+
+
+def cli(*args, cwd, data_dir, wait=True):
+    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, "-m", "evomerge.cli", *args]
+    if wait:
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sampler", searcher.SAMPLERS)
+def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sampler):
+    objectives = ("val_accuracy", "bytes") if sampler == "nsga2" else ("val_accuracy",)
+    s = study.load(write_study(tmp_path, objectives=objectives))
+    res = evomerge.search(s, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
+                          cmaes_popsize=4)
+    assert not res.interrupted and not res.errors
+    assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 6
+    assert "RUNNING" not in res.counts and "FAIL" not in res.counts
+    assert len(res.records) == 6 and all(r["mlflow_run_id"] for r in res.records)
+    assert res.best and 0 < res.best[0]["values"][0] <= 1
+    if sampler == "cmaes":
+        assert {r["cma"]["cma_generation"] for r in res.records} == {0, 1}  # two generations of 4 asked
+    # running it again asks nothing more: n_trials is a total
+    again = evomerge.search(s, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
+                            cmaes_popsize=4)
+    assert again.records == []
+
+
+def test_search_never_touches_the_test_set(tmp_path, mnist):
+    s = study.load(write_study(tmp_path))
+    before = mnist.test_accesses
+    evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data=mnist)
+    assert mnist.test_accesses == before
+
+
+def test_a_bad_trial_fails_alone_and_the_search_goes_on(tmp_path, data_dir):
+    # degree 3 on 5 workers is impossible: every random_regular trial fails, ring trials run
+    s = study.load(write_study(tmp_path, workers=5, topologies=("ring", "random_regular")))
+    res = evomerge.search(s, n_trials=4, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, seed=3)
+    assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 4
+    assert res.counts.get("FAIL", 0) >= 1
+    failed = [r for r in res.records if r["state"] == "FAIL"]
+    assert failed and all("policy.degree" in r["error"] for r in failed)
+
+
+def test_unreachable_tracking_server_is_reported_before_any_trial(tmp_path, data_dir):
+    s = study.load(write_study(tmp_path))
+    with pytest.raises(ConfigError, match="cannot reach the MLflow server"):
+        evomerge.search(s, n_trials=2, runs_dir=tmp_path / "runs", tracking_uri="http://127.0.0.1:9", data_dir=data_dir)
+    assert not (tmp_path / "runs" / "tiny" / "optuna.db").exists()
+
+
+@pytest.mark.parametrize("kwargs, field", [({"sampler": "annealing"}, "--sampler"), ({"n_trials": 0}, "--n-trials"),
+                                            ({"jobs": 0}, "--jobs"), ({"cmaes_categoricals": "x", "sampler": "cmaes"}, "--cmaes-categoricals")])
+def test_bad_search_options(tmp_path, kwargs, field):
+    s = study.load(write_study(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        searcher.make_config(s, **kwargs)
+    assert e.value.field == field
+
+
+def test_cmaes_refuses_multi_objective(tmp_path):
+    s = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
+    with pytest.raises(ConfigError, match="one objective"):
+        searcher.make_config(s, sampler="cmaes")
+
+
+def test_multi_objective_pruning_rule():
+    d = ["maximize", "minimize"]
+    assert searcher.dominated_count((0.5, 10.0), [(0.6, 5.0), (0.5, 10.0), (0.4, 1.0), (0.9, 10.0)], d) == 2
+    curves = [{"10": [0.8, 100.0]} for _ in range(6)]
+    assert searcher.mo_should_prune((0.7, 200.0), 10, curves, d)
+    assert not searcher.mo_should_prune((0.9, 200.0), 10, curves, d)  # better accuracy: not dominated
+    assert not searcher.mo_should_prune((0.7, 200.0), 20, curves, d)  # no completed trial reached that step
+    assert not searcher.mo_should_prune((0.7, 200.0), 10, curves[:4], d)  # too few to judge
+
+
+def wait_for(pred, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def interrupt_mid_trial(proc, db, after_complete):
+    def running_after():
+        try:
+            st = states(db)
+        except sqlite3.Error:
+            return False
+        return st.get("COMPLETE", 0) >= after_complete and st.get("RUNNING", 0) == 1
+    assert wait_for(running_after), proc.communicate(timeout=5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
+    f = write_study(tmp_path, steps=400)
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    proc = cli("search", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
+               data_dir=data_dir, wait=False)
+    rc, out, err = interrupt_mid_trial(proc, db, after_complete=2)
+    assert rc == 130 and "run the same command again to resume" in err
+    st = states(db)
+    assert st.get("RUNNING", 0) == 0 and st["FAIL"] == 1 and st["COMPLETE"] >= 2
+    p = cli("search", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", "--quiet", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    st = states(db)
+    assert st["COMPLETE"] == 5 and st["FAIL"] == 1 and "RUNNING" not in st
+    with sqlite3.connect(db) as c:
+        numbers = [n for (n,) in c.execute("select number from trials")]
+    assert len(numbers) == len(set(numbers)) == 6
+
+
+def _cma_points(db):
+    with sqlite3.connect(db) as c:
+        rows = c.execute("""select t.trial_id, a.key, a.value_json from trials t join trial_user_attributes a
+                            on a.trial_id = t.trial_id where t.state = 'COMPLETE' and a.key like 'cma_%'""").fetchall()
+        params = c.execute("""select t.trial_id, p.param_name, p.param_value from trials t join trial_params p
+                              on p.trial_id = t.trial_id where t.state = 'COMPLETE'""").fetchall()
+    keys, vals = {}, {}
+    for tid, k, v in rows:
+        keys.setdefault(tid, {})[k] = json.loads(v)
+    for tid, k, v in params:
+        vals.setdefault(tid, {})[k] = round(v, 9)
+    return {(keys[t]["cma_generation"], keys[t]["cma_index"]): vals[t] for t in keys}
+
+
+def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
+    f = write_study(tmp_path, steps=300)
+    args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "4", "--cmaes-categoricals", "fixed",
+            "--n-trials", "10", "--seed", "4"]
+    a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert a.returncode == 0, a.stderr
+    db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
+    proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False)
+    rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=5)  # inside the second generation
+    assert rc == 130
+    b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert b.returncode == 0, b.stderr
+    pa, pb = _cma_points(tmp_path / "runs-a" / "tiny" / "optuna.db"), _cma_points(db_b)
+    assert len(pa) == len(pb) == 10
+    assert pa == pb  # the third generation was proposed from the told state, as if never interrupted
+
+
+def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
+    f = write_study(tmp_path, steps=60)
+    p = cli("search", "--study", str(f), "--n-trials", "8", "--jobs", "2", "--sampler", "random", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "database is locked" not in p.stderr + p.stdout
+    st = states(tmp_path / "runs" / "tiny" / "optuna.db")
+    assert st.get("COMPLETE", 0) + st.get("PRUNED", 0) == 8 and set(st) <= {"COMPLETE", "PRUNED"}
+
+
+def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data_dir):
+    f = write_study(tmp_path, seeds=(3, 4))
+    assert cli("search", "--study", str(f), "--n-trials", "4", "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["study"] == "tiny" and doc["seeds"] == [3, 4] and doc["evomerge_version"] == evomerge.__version__
+    for seed in (3, 4):
+        p = cli("run", "--study", str(f), "--policy", "best.json", "--seed", str(seed), "--json", f"r{seed}.json",
+                "--quiet", cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 0 and f"matches trial {doc['trial']}" in p.stdout
+        final = json.loads((tmp_path / f"r{seed}.json").read_text())["final"]
+        want = doc["metrics_per_seed"][str(seed)]
+        for k in ("val_accuracy", "val_loss", "mean_worker_accuracy", "consensus_distance", "bytes"):
+            assert final[k] == want[k], k
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--reevaluate", "2", "--json", "re.json", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "test accuracy" in p.stdout
+    re = json.loads((tmp_path / "re.json").read_text())
+    assert re["seeds"] == [1004, 1005] and all(0 < r["test_accuracy"] <= 1 for r in re["runs"])
+
+
+def test_status_and_pareto_export(tmp_path, data_dir):
+    f = write_study(tmp_path, objectives=("val_accuracy", "bytes"))
+    assert cli("search", "--study", str(f), "--n-trials", "5", "--sampler", "nsga2", "--quiet", cwd=tmp_path,
+               data_dir=data_dir).returncode == 0
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "5 complete" in p.stdout
+    p = cli("export", "--study", str(f), "--pareto", "-o", "pareto", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0
+    files = sorted((tmp_path / "pareto").glob("*.json"))
+    docs = [json.loads(x.read_text()) for x in files]
+    assert docs and all(set(d["objectives"]) == {"val_accuracy", "bytes"} for d in docs)
+    pts = [(d["objectives"]["val_accuracy"], d["objectives"]["bytes"]) for d in docs]
+    for a in pts:  # no exported point is dominated by another
+        assert searcher.dominated_count(a, pts, ["maximize", "minimize"]) == 0
+
+
+def test_status_of_an_unsearched_study_is_one_line(tmp_path, data_dir):
+    f = write_study(tmp_path)
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and "run `evomerge search` first" in p.stderr and p.stderr.count("\n") == 1

@@ -1,0 +1,44 @@
+import optuna
+import pytest
+
+from conftest import write_study
+from evomerge import space, study
+from evomerge.study import Param
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return study.load(write_study(tmp_path))
+
+
+def test_trial_params_make_a_validated_policy(tiny):
+    t = optuna.trial.FixedTrial({"mean_interval": 4.0, "mixing_weight": 0.3, "topology": "complete"})
+    p = space.suggest(t, tiny)
+    assert (p.mean_interval, p.mixing_weight, p.topology) == (4.0, 0.3, "complete")
+    assert p.exchange == tiny.policy.exchange and p.degree == 3  # fixed fields keep the study's values
+
+
+def test_distributions_follow_the_kinds(tiny):
+    d = space.distributions(tiny.search.space)
+    assert d["mean_interval"].log and d["mean_interval"].low == 1.0
+    assert not d["mixing_weight"].log and d["topology"].choices == ("ring", "complete")
+
+
+def test_vectors_decode_inside_the_ranges_and_round_trip():
+    sp = (Param("mean_interval", "log-float", 1.0, 100.0), Param("degree", "int", 2, 5), Param("p_intra", "float", 0.0, 1.0),
+          Param("topology", "categorical", choices=("ring",)))
+    assert space.decode(sp, [0.0, 0.0, 0.0]) == {"mean_interval": 1.0, "degree": 2, "p_intra": 0.0}
+    assert space.decode(sp, [1.0, 1.0, 1.0]) == {"mean_interval": 100.0, "degree": 5, "p_intra": 1.0}
+    assert space.decode(sp, [-3, 7, 2]) == space.decode(sp, [0, 1, 1])  # clipped
+    assert space.decode(sp, [0.5, 0.5, 0.25])["mean_interval"] == pytest.approx(10.0)
+    ints = [space.decode(sp, [0, x / 100, 0])["degree"] for x in range(101)]
+    assert sorted(set(ints)) == [2, 3, 4, 5] and all(abs(ints.count(v) - 25) <= 2 for v in (2, 3, 4, 5))  # equal shares
+    v = {"mean_interval": 7.0, "degree": 3, "p_intra": 0.4}
+    assert space.decode(sp, space.encode(sp, v)) == pytest.approx(v)
+
+
+def test_compression_fields_sampled_with_a_weights_payload_are_switched_off(tiny):
+    p = space.policy_from_params(tiny, {"payload": "weights", "topk_fraction": 0.1, "quantize_bits": 4})
+    assert p.topk_fraction == 1.0 and p.quantize_bits == 0
+    p = space.policy_from_params(tiny, {"payload": "delta", "topk_fraction": 0.1, "quantize_bits": 4})
+    assert p.topk_fraction == 0.1 and p.quantize_bits == 4
