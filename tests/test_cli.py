@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, write_study
 from evomerge import cli
 
 
@@ -21,49 +21,26 @@ def evomerge(*args, data_dir=None, cwd=ROOT):
 
 @pytest.fixture(scope="module")
 def tiny_study_file(tmp_path_factory):
-    d = tmp_path_factory.mktemp("studies")
-    (d / "policies").mkdir()
-    (d / "tiny.toml").write_text("""
-[study]
-name = "tiny"
-[data]
-dataset = "mnist"
-val_size = 500
-train_size = 2000
-[model]
-name = "mlp"
-hidden = [16]
-[run]
-workers = 4
-batch_size = 16
-steps = 40
-rounds = 2
-score_samples = 8
-[baselines]
-policies = ["gossip", "none"]
-""")
-    (d / "policies" / "gossip.json").write_text(json.dumps({"name": "gossip", "mean_interval": 4}))
-    (d / "policies" / "none.json").write_text(json.dumps({"name": "none", "scheme": "none"}))
-    return d / "tiny.toml"
+    return write_study(tmp_path_factory.mktemp("studies"), steps=40)
 
 
 def test_run_prints_the_table_and_writes_json(tmp_path, data_dir, tiny_study_file):
     out = tmp_path / "r.json"
-    p = evomerge("run", "--study", str(tiny_study_file), "--policy", "gossip", "--json", str(out), data_dir=data_dir)
+    p = evomerge("run", "--study", str(tiny_study_file), "--policy", "ring-gossip", "--json", str(out), data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     for words in ("consensus val accuracy", "mean worker accuracy", "worst worker accuracy", "consensus distance",
                   "bytes sent", "local steps", "wall time"):
         assert words in p.stdout
     r = json.loads(out.read_text())
-    assert r["status"] == "ok" and len(r["history"]) == 2 and r["final"]["step"] == 40
-    assert r["policy"]["mean_interval"] == 4.0
+    assert r["status"] == "ok" and len(r["history"]) == 3 and r["final"]["step"] == 40
+    assert r["policy"]["name"] == "ring-gossip" and r["policy"]["mean_interval"] == 10.0
 
 
 def test_same_command_same_numbers(tmp_path, data_dir, tiny_study_file):
     outs = []
     for i in range(2):
         f = tmp_path / f"{i}.json"
-        assert evomerge("run", "--study", str(tiny_study_file), "--policy", "gossip", "--seed", "5", "--json", str(f),
+        assert evomerge("run", "--study", str(tiny_study_file), "--policy", "ring-gossip", "--seed", "5", "--json", str(f),
                         "--quiet", data_dir=data_dir).returncode == 0
         outs.append(json.loads(f.read_text())["history"])
     strip = [[{k: v for k, v in h.items() if k != "wall_time"} for h in o] for o in outs]
@@ -74,7 +51,7 @@ def test_baselines_prints_one_row_each(data_dir, tiny_study_file):
     p = evomerge("baselines", "--study", str(tiny_study_file), "--quiet", data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     rows = [line for line in p.stdout.splitlines() if line.startswith("│")]
-    assert [r.split("│")[1].strip() for r in rows] == ["gossip", "none"]
+    assert [r.split("│")[1].strip() for r in rows] == ["no-merging", "ring-gossip"]
 
 
 def test_shipped_policy_runs_on_the_shipped_study_from_any_directory(tmp_path, data_dir):
@@ -132,7 +109,7 @@ def test_bad_study_files_exit_2_with_one_line(tmp_path, case):
 
 def test_missing_data_exits_2_naming_the_files(tmp_path, tiny_study_file):
     env_dir = tmp_path / "no-data"
-    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", str(tiny_study_file), "--policy", "gossip",
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", str(tiny_study_file), "--policy", "ring-gossip",
                         "--data-dir", str(env_dir)], capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in os.environ.items() if k != "EVOMERGE_DATA_DIR"} | {
                            "XDG_CACHE_HOME": str(tmp_path / "cache"), "http_proxy": "http://127.0.0.1:9",
