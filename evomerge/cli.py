@@ -76,6 +76,18 @@ def add_export(sub):
 
 
 @command
+def add_dashboard(sub):
+    p = sub.add_parser("dashboard", help="write the study's dashboard (HTML with plots) and say where")
+    p.add_argument("--study", required=True)
+    _store(p)
+    p.add_argument("--out", default=None, help="folder for index.html (default: dashboards/STUDY)")
+    p.add_argument("--data-dir", default=None, help="for running the baselines, if the search has not yet")
+    p.add_argument("--no-baselines", action="store_true", help="leave the baselines out (no runs at all)")
+    p.add_argument("--open", action="store_true", help="open the page in the web browser")
+    p.set_defaults(handler=cmd_dashboard)
+
+
+@command
 def add_ui(sub):
     p = sub.add_parser("ui", help="the MLflow UI on the study's tracking store, on 127.0.0.1")
     p.add_argument("--study", required=True)
@@ -345,6 +357,25 @@ def cmd_export(args) -> int:
         values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
         note = " (best by the first objective among the Pareto set)" if len(doc["objectives"]) > 1 else ""
         print(f"wrote trial {doc['trial']} ({values}){note} to {out}")
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    from . import dashboard
+    from .study import load
+    from .tracking import default_tracking_uri
+
+    _quiet_libraries()
+    study = load(args.study)
+    url = _storage_url(study, args)
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(Path(args.runs_dir) / study.name)
+    out = Path(args.out) if args.out else Path("dashboards") / study.name
+    page = dashboard.build(study, url, uri, out, data_dir=args.data_dir, compute_baselines=not args.no_baselines)
+    print(f"wrote {page}")
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(page.resolve().as_uri())
     return 0
 
 

@@ -269,6 +269,14 @@ def _round_dict(h) -> dict:
     return asdict(h)
 
 
+CURVE_KEYS = ("step", "val_accuracy", "consensus_distance", "bytes")
+
+
+def curve_of(history: list[dict]) -> dict[str, list[float]]:
+    """The learning curve a dashboard draws: one list per key, one entry per round."""
+    return {k: [h[k] for h in history] for k in CURVE_KEYS}
+
+
 def _summarise(finals: list[dict]) -> dict[str, float]:
     out: dict[str, float] = {}
     keys = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
@@ -345,12 +353,14 @@ def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> 
         policy = space_mod.policy_from_params(cfg.study, trial.params)
         record["policy"] = policy.to_dict()
         trial.set_user_attr("policy", record["policy"])
+        trial.set_user_attr("sampler", cfg.sampler)
         out = evaluate(trial, ostudy, setup, policy, cfg, storage, simulate_fn)
         record.update(histories=out["histories"], final=_summarise(out["finals"]), run_status=out["status"])
         values = objective_values(cfg.study, out["finals"])
         trial.set_user_attr("metrics", {str(s): _slim(f) for s, f in zip(cfg.study.run.seeds, out["finals"])})
         trial.set_user_attr("spread", {k: v for k, v in record["final"].items() if k.endswith("_std")})
         trial.set_user_attr("run_status", out["status"])
+        trial.set_user_attr("history", curve_of(out["histories"][0]))
         if cfg.multi:
             trial.set_user_attr("curve", out["curve"])
         ostudy.tell(trial, values)
@@ -547,7 +557,7 @@ def trial_summary(t, study: Study) -> dict:
 
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None) -> list[dict]:
     """Every baseline on the study's seeds (mean over seeds); cached in the Optuna study's user attributes."""
-    key = "baselines:" + ",".join(map(str, study.run.seeds))
+    key = "baselines-v2:" + ",".join(map(str, study.run.seeds))
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
     from . import simulate
@@ -556,8 +566,10 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     rows = []
     for name in study.baselines:
         pol = study.resolve_policy(name)
-        finals = [simulate.simulate(setup, pol, s, device=device).metrics() for s in study.run.seeds]
-        rows.append({"name": name, "values": objective_values(study, finals), **_summarise(finals)})
+        results = [simulate.simulate(setup, pol, s, device=device) for s in study.run.seeds]
+        finals = [r.metrics() for r in results]
+        rows.append({"name": name, "values": objective_values(study, finals), **_summarise(finals),
+                     "history": curve_of([_round_dict(h) for h in results[0].history]), "policy": pol.to_dict()})
     if storage_study is not None:
         storage_study.set_user_attr(key, rows)
     return rows

@@ -1,0 +1,104 @@
+"""The dashboard, opened from file in a real headless Chromium (Debian's, driven by Playwright)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import evomerge
+from conftest import write_study
+from evomerge import dashboard, study
+from evomerge.searcher import default_storage
+from evomerge.tracking import default_tracking_uri
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+
+
+def open_page(path: Path, screenshot: Path):
+    """Load the page from file; return (console errors, page errors, {section: drawn?}, text, requests off disk)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        console, errors, remote = [], [], []
+        page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: remote.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
+        page.goto(path.resolve().as_uri(), wait_until="load")
+        page.wait_for_timeout(500)
+        drawn = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('section')].map(s => [s.id,
+            !!s.querySelector('.js-plotly-plot svg.main-svg, .js-plotly-plot canvas')]))""")
+        text = page.inner_text("body")
+        page.screenshot(path=str(screenshot), full_page=True)
+        browser.close()
+    return console, errors, drawn, text, remote
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, data_dir):
+    d = tmp_path_factory.mktemp("dash")
+    f = write_study(d, topologies=("ring", "complete"), seeds=(0, 1))
+    s = study.load(f)
+    evomerge.search(s, n_trials=7, sampler="tpe", runs_dir=d / "runs", data_dir=data_dir)
+    evomerge.search(s, n_trials=10, sampler="random", runs_dir=d / "runs", data_dir=data_dir)  # a second sampler
+    return d, s
+
+
+def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_path):
+    d, s = searched
+    study_dir = d / "runs" / "tiny"
+    page = dashboard.build(s, default_storage(study_dir), default_tracking_uri(study_dir), tmp_path / "dash",
+                           data_dir=data_dir)
+    assert (page.parent / "plotly.min.js").stat().st_size > 1_000_000  # plotly.js beside the page, not a CDN
+    assert "cdn" not in page.read_text().lower()
+    shot = tmp_path / "dashboard.png"
+    console, errors, drawn, text, remote = open_page(page, shot)
+    assert console == [] and errors == [] and remote == []
+    for section in ("history", "importance", "parallel", "tradeoff", "curves", "policy"):
+        assert drawn.get(section), (section, drawn)
+    assert "Top trials" in text and "ring-gossip" in text and "no-merging" in text
+    assert "tpe: best so far" in page.read_text() and "random: best so far" in page.read_text()
+    assert shot.stat().st_size > 50_000
+
+
+def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
+    s = study.load(write_study(tmp_path))
+    import optuna
+
+    from evomerge.searcher import load_or_create, make_config, open_storage
+
+    cfg = make_config(s, runs_dir=tmp_path / "runs")
+    ostudy = load_or_create(cfg, open_storage(cfg.storage))
+    ostudy.tell(ostudy.ask(), state=optuna.trial.TrialState.FAIL)  # one failed trial, none completed
+    page = dashboard.build(s, cfg.storage, default_tracking_uri(cfg.study_dir), tmp_path / "dash")
+    console, errors, drawn, text, _ = open_page(page, tmp_path / "empty.png")
+    assert console == [] and errors == []
+    assert "No completed trials yet" in text and "1 fail" in text
+
+
+def test_pareto_front_keeps_only_non_dominated_points():
+    pts = [(0.9, 100.0, "a"), (0.8, 50.0, "b"), (0.85, 120.0, "c"), (0.9, 80.0, "d"), (0.7, 10.0, "e")]
+    assert [k for _, _, k in dashboard.pareto_2d(pts)] == ["e", "b", "d"]
+
+
+def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
+    import subprocess
+    import sys
+
+    d, s = searched
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "dashboard", "--study", str(s.path), "--runs-dir",
+                        str(d / "runs"), "--out", str(tmp_path / "out"), "--no-baselines"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"wrote {tmp_path / 'out' / 'index.html'}" in p.stdout and (tmp_path / "out" / "index.html").is_file()
+
+
+def test_the_browser_check_catches_a_broken_page(tmp_path):
+    """Negative control: a script error and an undrawn plot are seen by the same check."""
+    (tmp_path / "broken.html").write_text('<html><body><section id="history"><div class="js-plotly-plot"></div></section>'
+                                          '<script>console.error("boom"); undefinedFunction();</script></body></html>')
+    console, errors, drawn, _, _ = open_page(tmp_path / "broken.html", tmp_path / "broken.png")
+    assert console == ["boom"] and len(errors) == 1 and drawn == {"history": False}
