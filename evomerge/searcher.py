@@ -318,38 +318,81 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
     while not should_stop():
-        trial = None
-        with file_lock(lock):
-            optuna.storages.fail_stale_trials(ostudy)
-            trials = ostudy.get_trials(deepcopy=False)
-            done = sum(t.state in Done for t in trials)
-            running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
-            if done >= cfg.n_trials:
-                return
-            if done + running < cfg.n_trials:
-                if driver is None:
-                    trial = ostudy.ask(fixed_distributions=dists)
-                else:
-                    cand = driver.next(trials)
-                    if cand is not None:
-                        ostudy.enqueue_trial(space_mod.decode(space, cand.x), user_attrs={
-                            ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
+        trial, n_before = None, None
+        try:
+            with file_lock(lock):
+                optuna.storages.fail_stale_trials(ostudy)
+                trials = ostudy.get_trials(deepcopy=False)
+                n_before = len(trials)
+                done = sum(t.state in Done for t in trials)
+                running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+                if done >= cfg.n_trials:
+                    return
+                if done + running < cfg.n_trials:
+                    if driver is None:
                         trial = ostudy.ask(fixed_distributions=dists)
-        if trial is None:
-            time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
-            continue
-        on_record(run_trial(trial, ostudy, setup, cfg, storage, simulate.simulate))
+                    else:
+                        cand = driver.next(trials)
+                        if cand is not None:
+                            ostudy.enqueue_trial(space_mod.decode(space, cand.x), user_attrs={
+                                ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
+                            trial = ostudy.ask(fixed_distributions=dists)
+                if trial is not None:
+                    # a heartbeat from the start: Optuna only ever fails as stale trials that have one
+                    storage.record_heartbeat(trial._trial_id)
+            if trial is None:
+                time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
+                continue
+            record = run_trial(trial, ostudy, setup, cfg, storage, simulate.simulate)
+        except KeyboardInterrupt:
+            # a Ctrl-C between ask and the trial's own handler: the asked trial must not stay RUNNING
+            if trial is not None and mark_interrupted(ostudy, trial):
+                raise _Interrupted(_bare_record(trial, cfg, setup.total_steps)) from None
+            if trial is None and n_before is not None:
+                _fail_orphans(ostudy, n_before)  # interrupted inside ask(): the trial it created is not ours to keep
+            raise
+        on_record(record)
+
+
+def _fail_orphans(ostudy, n_before: int) -> None:
+    """Fail RUNNING trials that appeared while this process held the lock and never started
+    (no ``policy`` attribute yet, which run_trial sets first)."""
+    import optuna
+
+    for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.number >= n_before and "policy" not in t.user_attrs:
+            try:
+                ostudy._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted")
+                ostudy.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
+                pass
+
+
+def mark_interrupted(ostudy, trial) -> bool:
+    """Fail ``trial`` as interrupted if it is still running; True if this call did it."""
+    import optuna
+
+    try:
+        trial.set_user_attr("failure", "interrupted")
+        ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return True
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
+        return False  # already finished
+
+
+def _bare_record(trial, cfg: SearchConfig, total_steps: int) -> dict[str, Any]:
+    now = time.time()
+    return {"number": trial.number, "study": cfg.study.name, "sampler": cfg.sampler, "seeds": list(cfg.study.run.seeds),
+            "start": now, "end": now, "histories": [], "final": {}, "total_steps": total_steps, "params": dict(trial.params),
+            "policy": {}, "cma": {}, "state": "FAIL", "failure": "interrupted"}
 
 
 def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> dict:
     import optuna
 
-    start = time.time()
-    record: dict[str, Any] = {"number": trial.number, "study": cfg.study.name, "sampler": cfg.sampler,
-                              "seeds": list(cfg.study.run.seeds), "start": start, "histories": [], "final": {},
-                              "total_steps": setup.total_steps, "params": dict(trial.params)}
-    record["cma"] = {k: v for k, v in trial.user_attrs.items() if k.startswith("cma_")}
+    record = _bare_record(trial, cfg, setup.total_steps)
     try:
+        record["cma"] = {k: v for k, v in trial.user_attrs.items() if k.startswith("cma_")}
         policy = space_mod.policy_from_params(cfg.study, trial.params)
         record["policy"] = policy.to_dict()
         trial.set_user_attr("policy", record["policy"])
@@ -372,9 +415,8 @@ def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> 
         trial.set_user_attr("pruned_at_step", step)
         ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
     except KeyboardInterrupt:
-        trial.set_user_attr("failure", "interrupted")
-        ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
-        record.update(state="FAIL", failure="interrupted", end=time.time(), policy=record.get("policy", {}))
+        mark_interrupted(ostudy, trial)
+        record.update(state="FAIL", failure="interrupted", end=time.time())
         raise _Interrupted(record) from None
     except Exception as e:  # a bad trial fails alone; the search goes on
         msg = f"{type(e).__name__}: {e}"
@@ -382,7 +424,6 @@ def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> 
         trial.set_user_attr("error", msg[:1000])
         ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
         record.update(state="FAIL", failure="error", error=msg + "\n" + traceback.format_exc(limit=5))
-    record.setdefault("policy", {})
     record["end"] = time.time()
     return record
 

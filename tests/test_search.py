@@ -107,21 +107,35 @@ def wait_for(pred, timeout=120):
     return False
 
 
+def running_number(db):
+    try:
+        with sqlite3.connect(db) as c:
+            rows = c.execute("select number from trials where state = 'RUNNING'").fetchall()
+    except sqlite3.Error:
+        return None
+    return rows[0][0] if len(rows) == 1 else None
+
+
 def interrupt_mid_trial(proc, db, after_complete):
-    def running_after():
+    """SIGINT once a trial has been running for a while (so the signal lands inside it, not between trials)."""
+    def settled_in_a_trial():
         try:
             st = states(db)
         except sqlite3.Error:
             return False
-        return st.get("COMPLETE", 0) >= after_complete and st.get("RUNNING", 0) == 1
-    assert wait_for(running_after), proc.communicate(timeout=5)
+        n = running_number(db)
+        if st.get("COMPLETE", 0) < after_complete or n is None:
+            return False
+        time.sleep(0.5)
+        return running_number(db) == n
+    assert wait_for(settled_in_a_trial), proc.communicate(timeout=5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
 
 
 def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=400)
+    f = write_study(tmp_path, steps=6000)  # trials of a few seconds: the signal lands inside one
     db = tmp_path / "runs" / "tiny" / "optuna.db"
     proc = cli("search", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
                data_dir=data_dir, wait=False)
@@ -154,7 +168,7 @@ def _cma_points(db):
 
 
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=300)
+    f = write_study(tmp_path, steps=6000)  # trials of a few seconds: the signal lands inside one
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "4", "--cmaes-categoricals", "fixed",
             "--n-trials", "10", "--seed", "4"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
