@@ -17,7 +17,7 @@ from typing import Any
 
 from . import __version__
 from .policy import MergePolicy
-from .study import OBJECTIVES, Study
+from .study import Study
 
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
 

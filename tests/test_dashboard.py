@@ -57,7 +57,7 @@ def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_pat
     shot = tmp_path / "dashboard.png"
     console, errors, drawn, text, remote = open_page(page, shot)
     assert console == [] and errors == [] and remote == []
-    for section in ("history", "importance", "parallel", "tradeoff", "curves", "policy"):
+    for section in dashboard.SECTIONS:
         assert drawn.get(section), (section, drawn)
     assert "Top trials" in text and "ring-gossip" in text and "no-merging" in text
     assert "tpe: best so far" in page.read_text() and "random: best so far" in page.read_text()

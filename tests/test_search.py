@@ -11,7 +11,7 @@ import time
 import pytest
 
 import evomerge
-from conftest import ROOT, write_study
+from conftest import write_study
 from evomerge import searcher, study
 from evomerge.errors import ConfigError
 
