@@ -347,7 +347,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
         except KeyboardInterrupt:
             # a Ctrl-C between ask and the trial's own handler: the asked trial must not stay RUNNING
             if trial is not None and mark_interrupted(ostudy, trial):
-                raise _Interrupted(_bare_record(trial, cfg, setup.total_steps)) from None
+                raise _Interrupted(_bare_record(trial, cfg, setup.total_steps, state="FAIL", failure="interrupted")) from None
             if trial is None and n_before is not None:
                 _fail_orphans(ostudy, n_before)  # interrupted inside ask(): the trial it created is not ours to keep
             raise
@@ -380,11 +380,12 @@ def mark_interrupted(ostudy, trial) -> bool:
         return False  # already finished
 
 
-def _bare_record(trial, cfg: SearchConfig, total_steps: int) -> dict[str, Any]:
+def _bare_record(trial, cfg: SearchConfig, total_steps: int, **state) -> dict[str, Any]:
+    """A trial's record before it has run; ``state`` fills in how it ended, if it already has."""
     now = time.time()
     return {"number": trial.number, "study": cfg.study.name, "sampler": cfg.sampler, "seeds": list(cfg.study.run.seeds),
             "start": now, "end": now, "histories": [], "final": {}, "total_steps": total_steps, "params": dict(trial.params),
-            "policy": {}, "cma": {}, "state": "FAIL", "failure": "interrupted"}
+            "policy": {}, "cma": {}, **state}
 
 
 def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> dict:

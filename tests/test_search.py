@@ -40,6 +40,7 @@ def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sa
     assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 6
     assert "RUNNING" not in res.counts and "FAIL" not in res.counts
     assert len(res.records) == 6 and all(r["mlflow_run_id"] for r in res.records)
+    assert all("failure" not in r for r in res.records if r["state"] != "FAIL")
     assert res.best and 0 < res.best[0]["values"][0] <= 1
     if sampler == "cmaes":
         assert {r["cma"]["cma_generation"] for r in res.records} == {0, 1}  # two generations of 4 asked
