@@ -54,6 +54,8 @@ def add_search(sub):
     p.add_argument("--cmaes-categoricals", default="independent", help="cmaes: 'independent' (sampled at random) or 'fixed' (study values)")
     p.add_argument("--cmaes-restarts", type=int, default=0, help="cmaes: IPOP restarts with doubled population")
     p.add_argument("--cmaes-popsize", type=int, default=0, help="cmaes: population size (default 4 + 3 ln d)")
+    p.add_argument("--grace-period", type=int, default=30,
+                   help="seconds without a heartbeat before another process fails a running trial and retries it")
     p.set_defaults(handler=cmd_search)
 
 
@@ -306,7 +308,8 @@ def cmd_search(args) -> int:
     cfg = make_config(study, n_trials=args.n_trials, sampler=args.sampler, storage=args.storage,
                       tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
                       data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
-                      cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune)
+                      cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune,
+                      grace_period=args.grace_period)
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)

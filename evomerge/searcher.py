@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import math
 import os
+import socket
 import statistics
 import time
 import traceback
@@ -57,6 +58,7 @@ class SearchConfig:
     cmaes_restarts: int = 0
     cmaes_popsize: int = 0
     prune: bool = True
+    grace_period: int = GRACE_PERIOD  # seconds without a heartbeat before a running trial is failed and retried
 
     @property
     def study_dir(self) -> Path:
@@ -74,7 +76,7 @@ def default_storage(study_dir: Path) -> str:
 def make_config(study: Study, *, n_trials: int | None = None, sampler: str | None = None, storage: str | None = None,
                 tracking_uri: str | None = None, runs_dir: str | Path = "runs", jobs: int = 1, seed: int = 0,
                 data_dir=None, device=None, cmaes_categoricals: str = "independent", cmaes_restarts: int = 0,
-                cmaes_popsize: int = 0, prune: bool = True) -> SearchConfig:
+                cmaes_popsize: int = 0, prune: bool = True, grace_period: int = GRACE_PERIOD) -> SearchConfig:
     """Validate everything a search needs before any trial runs."""
     sampler = sampler or study.search.sampler
     if sampler not in SAMPLERS:
@@ -84,6 +86,8 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
         raise ConfigError("--n-trials", f"{n_trials} is out of range; allowed: [1, inf)")
     if jobs < 1:
         raise ConfigError("--jobs", f"{jobs} is out of range; allowed: [1, inf)")
+    if grace_period < 2:
+        raise ConfigError("--grace-period", f"{grace_period} is out of range; allowed: [2, inf) seconds")
     if not study.search.space:
         raise ConfigError("study.search.space", "is empty: nothing to search")
     if sampler == "cmaes":
@@ -96,9 +100,20 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
             raise ConfigError("--cmaes-categoricals", f"unknown {cmaes_categoricals!r}; allowed: {', '.join(CMAES_CATEGORICALS)}")
     runs_dir = Path(runs_dir)
     study_dir = runs_dir / study.name
-    return SearchConfig(study, n_trials, sampler, storage or default_storage(study_dir),
+    return SearchConfig(study, n_trials, sampler, normalise_url(storage) if storage else default_storage(study_dir),
                         tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), runs_dir, jobs, seed,
-                        str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune)
+                        str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune,
+                        grace_period)
+
+
+def normalise_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when that is the driver installed."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+            return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
 
 
 # -- Optuna plumbing -------------------------------------------------------------------
@@ -114,19 +129,71 @@ def quiet_optuna():
         yield
 
 
-def open_storage(url: str):
+def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None = None):
+    """An Optuna RDB storage with heartbeats. With ``study``, a trial that goes stale (its process
+    died) is retried: its parameters are enqueued again, marked ``retry_of``."""
     import optuna
 
     kwargs: dict[str, Any] = {}
+    if study is not None:
+        kwargs["heartbeat_stale_trial_callback"] = _retry_stale
     if url.startswith("sqlite:"):
         path = url.split("sqlite:///", 1)[-1]
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
     try:
         with quiet_optuna():
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=GRACE_PERIOD, **kwargs)
+            return retry_setup(lambda: optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
     except Exception as e:  # bad URL, missing driver, unreachable server: one line
         raise ConfigError("--storage", f"cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def retry_setup(make, attempts: int = 8):
+    """Call ``make`` again when a database error comes from another process creating the same
+    tables at the same moment (several searches started together on a new database)."""
+    import random
+
+    import sqlalchemy.exc
+
+    for i in range(attempts):
+        try:
+            return make()
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError):
+            if i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1) + random.random() * 0.3)
+
+
+def _retry_stale(study, trial) -> None:
+    """Enqueue a dead process's trial again (CMA-ES re-asks its own candidates and needs no copy)."""
+    if any(k.startswith("cma_") for k in trial.user_attrs):
+        return
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+
+@contextlib.contextmanager
+def search_lock(cfg: SearchConfig, engine_cache: dict):
+    """Make "count the finished trials, then ask" atomic: a PostgreSQL advisory lock when the study
+    lives in PostgreSQL (every machine sharing it), else a lock file in the study's runs folder."""
+    if cfg.storage.startswith("postgresql"):
+        import hashlib
+
+        import sqlalchemy
+
+        engine = engine_cache.get("engine")
+        if engine is None:
+            engine = engine_cache["engine"] = sqlalchemy.create_engine(cfg.storage, poolclass=sqlalchemy.pool.NullPool)
+        key = int.from_bytes(hashlib.sha1(f"evomerge:{cfg.study.name}".encode()).digest()[:8], "big", signed=True)
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("select pg_advisory_lock(:k)"), {"k": key})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("select pg_advisory_unlock(:k)"), {"k": key})
+    else:
+        with file_lock(cfg.study_dir / "search.lock"):
+            yield
 
 
 def make_sampler(cfg: SearchConfig, worker: int = 0, resumed_at: int = 0):
@@ -303,7 +370,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     from . import simulate
     from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
 
-    storage = open_storage(cfg.storage)
+    storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
     ostudy = load_or_create(cfg, storage, worker)
     setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
     space = cfg.study.search.space
@@ -314,13 +381,13 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
                            restarts=cfg.cmaes_restarts, maximize=cfg.study.directions[0] == "maximize")
         if cfg.cmaes_categoricals == "fixed":
             dists = {k: v for k, v in dists.items() if k in {p.name for p in space_mod.numeric(space)}}
-    lock = cfg.study_dir / "search.lock"
+    engines: dict = {}
     Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
     while not should_stop():
         trial, n_before = None, None
         try:
-            with file_lock(lock):
+            with search_lock(cfg, engines):
                 optuna.storages.fail_stale_trials(ostudy)
                 trials = ostudy.get_trials(deepcopy=False)
                 n_before = len(trials)
@@ -388,7 +455,36 @@ def _bare_record(trial, cfg: SearchConfig, total_steps: int, **state) -> dict[st
             "policy": {}, "cma": {}, **state}
 
 
+@contextlib.contextmanager
+def heartbeat(storage, trial_id: int, every: float):
+    """Record the trial's heartbeat every ``every`` seconds while it runs, as Optuna's own optimize
+    loop does: a slow round must not make other processes take the trial for dead."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(every):
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception:  # the storage is briefly unreachable: the next beat tries again
+                pass
+
+    thread = threading.Thread(target=beat, name=f"evomerge-heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> dict:
+    with heartbeat(storage, trial._trial_id, max(0.5, cfg.grace_period / 3)):
+        return _run_trial(trial, ostudy, setup, cfg, storage, simulate_fn)
+
+
+def _run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> dict:
     import optuna
 
     record = _bare_record(trial, cfg, setup.total_steps)
@@ -398,6 +494,7 @@ def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> 
         record["policy"] = policy.to_dict()
         trial.set_user_attr("policy", record["policy"])
         trial.set_user_attr("sampler", cfg.sampler)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         out = evaluate(trial, ostudy, setup, policy, cfg, storage, simulate_fn)
         record.update(histories=out["histories"], final=_summarise(out["finals"]), run_status=out["status"])
         values = objective_values(cfg.study, out["finals"])
@@ -419,11 +516,17 @@ def run_trial(trial, ostudy, setup, cfg: SearchConfig, storage, simulate_fn) -> 
         mark_interrupted(ostudy, trial)
         record.update(state="FAIL", failure="interrupted", end=time.time())
         raise _Interrupted(record) from None
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # another process took this trial for dead (no heartbeat within the grace period) and failed it
+        record.update(state="FAIL", failure="taken over", error="failed by another process (heartbeat missed)")
     except Exception as e:  # a bad trial fails alone; the search goes on
         msg = f"{type(e).__name__}: {e}"
-        trial.set_user_attr("failure", "error")
-        trial.set_user_attr("error", msg[:1000])
-        ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
+        try:
+            trial.set_user_attr("failure", "error")
+            trial.set_user_attr("error", msg[:1000])
+            ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
         record.update(state="FAIL", failure="error", error=msg + "\n" + traceback.format_exc(limit=5))
     record["end"] = time.time()
     return record
@@ -484,7 +587,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     storage = open_storage(cfg.storage)
     ostudy = load_or_create(cfg, storage)
     before = count_states(ostudy.get_trials(deepcopy=False))
-    tracker = Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts")
+    tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts"))
     parent = tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
         {"sampler": cfg.sampler, "n_trials": cfg.n_trials, "jobs": cfg.jobs, "seed": cfg.seed, "storage": cfg.storage,

@@ -84,3 +84,46 @@ def write_study(directory: Path, name: str = "tiny", *, workers: int = 4, steps:
     for p in ("no-merging", "ring-gossip"):
         shutil.copy(ROOT / "studies" / "policies" / f"{p}.json", directory / "policies")
     return f
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A real PostgreSQL server on 127.0.0.1 and a free port, in a temporary cluster (Debian's
+    binaries; as the `postgres` user when the tests run as root); stopped at the end of the session."""
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    assert bins, "PostgreSQL binaries not found (Debian package postgresql)"
+    bindir = Path(bins[-1])
+    # pytest's own temporary folders are private to root; the server's user must reach its cluster
+    d = Path(tempfile.mkdtemp(prefix="evomerge-pg-"))
+    as_user = []
+    if os.geteuid() == 0:
+        shutil.chown(d, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    data = d / "data"
+    subprocess.run(as_user + [str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    subprocess.run(as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(d / "log"), "-w",
+                              "-o", f"-p {port} -h 127.0.0.1 -k {d}", "start"], check=True, capture_output=True)
+    try:
+        for db in ("optuna", "mlflow"):
+            subprocess.run(as_user + [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", db],
+                           check=True, capture_output=True)
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+    finally:
+        subprocess.run(as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,90 @@
+"""Several `evomerge search` processes on one PostgreSQL study, one killed with SIGKILL mid-trial."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import write_study
+
+
+def trials(url):
+    import sqlalchemy
+
+    eng = sqlalchemy.create_engine(url + "/optuna", poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with eng.connect() as c:
+            rows = c.execute(sqlalchemy.text("select trial_id, number, state from trials")).fetchall()
+            attrs = c.execute(sqlalchemy.text("select trial_id, key, value_json from trial_user_attributes")).fetchall()
+            params = c.execute(sqlalchemy.text("select trial_id, param_name, param_value from trial_params")).fetchall()
+    except sqlalchemy.exc.ProgrammingError:
+        return []  # tables not created yet
+    finally:
+        eng.dispose()
+    out = {tid: {"number": n, "state": st, "attrs": {}, "params": {}} for tid, n, st in rows}
+    for tid, k, v in attrs:
+        out[tid]["attrs"][k] = json.loads(v)
+    for tid, k, v in params:
+        out[tid]["params"][k] = v
+    return list(out.values())
+
+
+@pytest.mark.slow
+def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp_path, data_dir, postgres_url):
+    f = write_study(tmp_path, steps=3000)  # trials of a few seconds with three processes on two cores
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"EVOMERGE_DATA_DIR": str(data_dir)}
+    procs = []
+    for i in range(3):  # separate runs folders, as on separate machines: only the database is shared
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "evomerge.cli", "search", "--study", str(f), "--storage", postgres_url + "/optuna",
+             "--tracking-uri", postgres_url + "/mlflow", "--runs-dir", f"runs-{i}", "--n-trials", "6", "--no-prune",
+             "--sampler", "random", "--seed", str(i), "--grace-period", "5", "--quiet"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    victim = procs[0]
+    try:
+        deadline, killed = time.time() + 240, None
+        while time.time() < deadline and killed is None and victim.poll() is None:
+            for t in trials(postgres_url):
+                if t["state"] == "RUNNING" and t["attrs"].get("worker", "").endswith(f":{victim.pid}"):
+                    time.sleep(0.5)  # well inside the trial
+                    victim.send_signal(signal.SIGKILL)
+                    killed = t
+                    break
+            time.sleep(0.2)
+        assert killed is not None, f"the first process never ran a trial: {victim.communicate(timeout=30)[1][-2000:]}"
+        victim.wait(timeout=30)
+        outs = [p.communicate(timeout=300) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs[1:], outs):
+        assert p.returncode == 0, err
+        assert "database is locked" not in err
+    final = trials(postgres_url)
+    states = [t["state"] for t in final]
+    assert states.count("COMPLETE") == 6
+    numbers = [t["number"] for t in final]
+    assert len(numbers) == len(set(numbers))
+    dead = next(t for t in final if t["number"] == killed["number"])
+    assert dead["state"] == "FAIL"
+    retries = [t for t in final if t["attrs"].get("retry_of") == killed["number"]]
+    assert len(retries) == 1 and retries[0]["state"] == "COMPLETE" and retries[0]["params"] == dead["params"]
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=postgres_url + "/mlflow")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = {r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    nested = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 3  # one per process, all in the study's one experiment
+    complete = [r for r in nested if r.data.tags["optuna.trial_state"] == "COMPLETE"]
+    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in complete) == sorted(
+        t["number"] for t in final if t["state"] == "COMPLETE")
+    assert len({r.data.tags["mlflow.parentRunId"] for r in complete}) == 2  # both survivors ran trials
