@@ -291,12 +291,19 @@ def _storage_url(study, args) -> str:
     return args.storage or default_storage(Path(args.runs_dir) / study.name)
 
 
-def _quiet_libraries() -> None:
-    """The command line is the application: it sets the libraries' log levels (Optuna's INFO
-    lines repeat what evomerge prints)."""
+def _quiet_libraries(mlflow: bool = True) -> None:
+    """The command line is the application: it sets the libraries' log levels (Optuna's and
+    MLflow's INFO lines repeat what evomerge prints, or speak of table creation)."""
     import logging
 
-    logging.getLogger("optuna").setLevel(logging.WARNING)
+    import optuna  # each library sets its own level when imported: ours must come after
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if mlflow:  # only for commands that use it: importing mlflow takes seconds
+        import mlflow as _mlflow  # noqa: F401
+
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def cmd_search(args) -> int:
@@ -331,7 +338,7 @@ def cmd_status(args) -> int:
     from .search_view import best_table
     from .study import load
 
-    _quiet_libraries()
+    _quiet_libraries(mlflow=False)
     study = load(args.study)
     url = _storage_url(study, args)
     ostudy = load_study_trials(study, url)
