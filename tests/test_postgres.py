@@ -63,7 +63,7 @@ def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (out, err) in zip(procs[1:], outs):
+    for p, (_out, err) in zip(procs[1:], outs):
         assert p.returncode == 0, err
         assert "database is locked" not in err
     final = trials(postgres_url)
