@@ -195,13 +195,15 @@ def _run_with_progress(setup, policy, seed, device, quiet, label):
 
 
 def _console():
-    from rich.console import Console
+    from .search_view import console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return console()
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    from .search_view import mb
+
+    return mb(n)
 
 
 def cmd_run(args) -> int:
@@ -373,12 +375,12 @@ def cmd_export(args) -> int:
 def cmd_dashboard(args) -> int:
     from . import dashboard
     from .study import load
-    from .tracking import default_tracking_uri
+    from .tracking import resolve_tracking_uri
 
     _quiet_libraries()
     study = load(args.study)
     url = _storage_url(study, args)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(Path(args.runs_dir) / study.name)
+    uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir) / study.name)
     out = Path(args.out) if args.out else Path("dashboards") / study.name
     page = dashboard.build(study, url, uri, out, data_dir=args.data_dir, compute_baselines=not args.no_baselines)
     print(f"wrote {page}")
@@ -396,10 +398,10 @@ def cmd_ui(args) -> int:
     import time
 
     from .study import load
-    from .tracking import default_tracking_uri
+    from .tracking import resolve_tracking_uri
 
     study = load(args.study)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(Path(args.runs_dir) / study.name)
+    uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir) / study.name)
     if uri.startswith(("http://", "https://")):
         print(f"the study is tracked on a server: open {uri}")
         return 0

@@ -96,10 +96,10 @@ def parallel_figure(ostudy, study: Study):
 
 def pareto_2d(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
     """Non-dominated points for (accuracy up, bytes down), sorted by bytes."""
-    front = []
-    for a, b, k in points:
-        if not any((a2 >= a and b2 <= b) and (a2 > a or b2 < b) for a2, b2, _ in points):
-            front.append((a, b, k))
+    from .searcher import dominated_count
+
+    xy = [(a, b) for a, b, _ in points]
+    front = [p for p in points if dominated_count(p[:2], xy, ["maximize", "minimize"]) == 0]
     return sorted(front, key=lambda p: (p[1], -p[0]))
 
 

@@ -9,7 +9,8 @@ from .searcher import SearchConfig, SearchResult, baseline_rows, objective_label
 from .study import Study
 
 
-def _console(stderr: bool = False):
+def console(stderr: bool = False):
+    """Rich console; off a terminal, wide enough that tables are not squeezed into 80 columns."""
     from rich.console import Console
 
     if stderr:
@@ -17,8 +18,12 @@ def _console(stderr: bool = False):
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
 def _fmt(name: str, v: float) -> str:
-    return f"{v / 1e6:,.1f} MB" if name == "bytes" else f"{v:.4f}"
+    return mb(v) if name == "bytes" else f"{v:.4f}"
 
 
 def best_table(study: Study, best: list[dict], baselines: list[dict], title: str):
@@ -53,7 +58,7 @@ def _describe(policy: dict) -> str:
 class SearchView:
     def __init__(self, cfg: SearchConfig, quiet: bool = False):
         self.cfg, self.quiet = cfg, quiet
-        self.err = _console(stderr=True)
+        self.err = console(stderr=True)
         self.bar = None
         self.task = None
         self.done = self.pruned = self.failed = 0
@@ -110,7 +115,7 @@ class SearchView:
     def summary(self, result: SearchResult, data_dir=None) -> None:
         study = self.cfg.study
         counts = ", ".join(f"{n} {k.lower()}" for k, n in sorted(result.counts.items()))
-        out = _console()
+        out = console()
         out.print(f"{study.name}: {counts}", highlight=False)
         for e in result.errors[:3]:
             out.print(f"  failure: {e}", highlight=False)

@@ -48,7 +48,7 @@ class SearchConfig:
     n_trials: int
     sampler: str = "tpe"
     storage: str = ""  # Optuna storage URL; default runs/<study>/optuna.db
-    tracking_uri: str = ""  # MLflow; default runs/<study>/mlflow.db
+    tracking_uri: str = ""  # MLflow; empty: $MLFLOW_TRACKING_URI, else runs/<study>/mlflow.db (tracking.resolve_tracking_uri)
     runs_dir: Path = Path("runs")
     jobs: int = 1
     seed: int = 0
@@ -101,7 +101,7 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
     runs_dir = Path(runs_dir)
     study_dir = runs_dir / study.name
     return SearchConfig(study, n_trials, sampler, normalise_url(storage) if storage else default_storage(study_dir),
-                        tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), runs_dir, jobs, seed,
+                        tracking_uri or "", runs_dir, jobs, seed,
                         str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune,
                         grace_period)
 
@@ -579,9 +579,9 @@ class SearchResult:
 
 def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial."""
-    from .tracking import Tracker, check_reachable, default_tracking_uri
+    from .tracking import Tracker, check_reachable, resolve_tracking_uri
 
-    uri = cfg.tracking_uri or default_tracking_uri(cfg.study_dir)
+    uri = resolve_tracking_uri(cfg.tracking_uri, cfg.study_dir)
     check_reachable(uri)  # before the first trial
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(cfg.storage)

@@ -22,6 +22,13 @@ def default_tracking_uri(runs_dir: Path) -> str:
     return f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}"
 
 
+def resolve_tracking_uri(explicit: str | None, study_dir: Path) -> str:
+    """``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else the study's own SQLite store."""
+    import os
+
+    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(study_dir)
+
+
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """For an HTTP tracking server, fail now, in one line, if it does not answer."""
     if not uri.startswith(("http://", "https://")):
