@@ -150,12 +150,71 @@ def quantize_stochastic(x: torch.Tensor, bits: int, generator: torch.Generator |
 def compress(x: torch.Tensor, fraction: float, bits: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """What goes on the wire for ``x``: its top-k entries, stochastically quantised when ``bits`` > 0.
 
-    The caller keeps ``x - compress(x)`` as error feedback.
+    Returned dense (zeros where nothing was sent); the caller keeps ``x - compress(x)`` as
+    error feedback. It is ``decode(encode(x))``: the in-process backend and the distributed
+    one, which sends the encoded parts, reconstruct the same numbers.
     """
-    sent = x if fraction >= 1.0 else topk_with_feedback(x, None, fraction)[0]
+    return decode(encode(x, fraction, bits, generator), x.numel(), fraction, bits).view_as(x)
+
+
+def wire_spec(n: int, fraction: float, bits: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Shapes and dtypes of the tensors :func:`encode` puts on the wire for ``n`` values."""
+    k = n if fraction >= 1.0 else topk_mask_count(n, fraction)
+    spec: list[tuple[tuple[int, ...], torch.dtype]] = []
+    if k < n:
+        spec.append(((k,), torch.int32))  # positions
     if bits:
-        sent = quantize_stochastic(sent, bits, generator)
-    return sent
+        spec += [((k,), torch.int8 if bits <= 8 else torch.int16), ((1,), torch.float32)]  # signed levels, scale
+    else:
+        spec.append(((k,), torch.float32))
+    return spec
+
+
+def encode(x: torch.Tensor, fraction: float, bits: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """The compact form of ``compress(x)``: [positions] (top-k only), then float32 values or
+    signed integer levels and their float32 scale (QSGD, see :func:`quantize_stochastic`)."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    k = n if fraction >= 1.0 else topk_mask_count(n, fraction)
+    parts: list[torch.Tensor] = []
+    if k < n:
+        idx = flat.abs().topk(k, sorted=False).indices
+        parts.append(idx.to(torch.int32))
+        values = flat[idx]
+    else:
+        idx, values = None, flat
+    if not bits:
+        return parts + [values.clone()]
+    if bits < 2:
+        raise ValueError(f"bits: {bits} is out of range; allowed: 2..16")
+    levels = 2 ** (bits - 1) - 1
+    # the noise is drawn for all n coordinates, as quantize_stochastic does on the dense tensor
+    noise = torch.rand(n, generator=generator, dtype=flat.dtype).to(flat.device)
+    noise = noise if idx is None else noise[idx]
+    scale = values.abs().max()
+    if scale == 0 or not torch.isfinite(scale):
+        q = torch.zeros_like(values)
+    else:
+        q = torch.sign(values) * torch.floor(values.abs() / scale * levels + noise).clamp_(max=levels)
+    return parts + [q.to(torch.int8 if bits <= 8 else torch.int16), scale.reshape(1).to(torch.float32)]
+
+
+def decode(parts: list[torch.Tensor], n: int, fraction: float, bits: int) -> torch.Tensor:
+    """The dense ``[n]`` float32 tensor that :func:`encode`'s parts describe."""
+    k = n if fraction >= 1.0 else topk_mask_count(n, fraction)
+    parts = list(parts)
+    idx = parts.pop(0).long() if k < n else None
+    if bits:
+        q, scale = parts
+        levels = 2 ** (bits - 1) - 1
+        values = q.to(torch.float32) * (scale[0] / levels)
+    else:
+        values = parts[0]
+    if idx is None:
+        return values.clone()
+    out = torch.zeros(n, dtype=values.dtype, device=values.device)
+    out[idx] = values
+    return out
 
 
 def payload_bytes(n: int, fraction: float = 1.0, bits: int = 0) -> int:

@@ -149,16 +149,16 @@ def initial_row(model: models_mod.StackedModel, seed: int) -> torch.Tensor:
 class _Workers:
     """Mutable state of W workers during one run (each a :class:`models.Stack` in block layout)."""
 
-    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, device: torch.device):
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, device: torch.device, count: int | None = None):
         m, run = setup.model, setup.study.run
-        self.W, self.P = run.workers, m.n_params
+        self.W, self.P = count or run.workers, m.n_params
         self.params = m.stack(self.W, device)
         self.params.set_rows(initial_row(m, seed).to(device).unsqueeze(0).expand(self.W, -1))
         self.grad = self.params.like()
         self.momentum = self.params.like() if run.momentum else None
         self.accum = self.params.like() if policy.weighting == "adaptive" else None
         self.examples = torch.zeros(self.W, dtype=torch.float64, device=device)
-        self.base = self.params.clone() if policy.payload == "delta" else None
+        self.base = self.params.clone() if policy.payload == "delta" and count is None else None
         # plain SGD is fused into the backward pass where the model offers it
         self.fused = not run.momentum and not run.weight_decay and self.accum is None
 
@@ -200,22 +200,14 @@ def simulate(
     prev_center = st.params.mean()
     status, start, ev, eval_time = "ok", 0, 0, 0.0
     for r, end in enumerate(round_bounds(T, run.rounds)):
-        idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in range(W)], axis=1)
-        idx_t = torch.as_tensor(idx, device=dev)  # [steps, W, B]
-        loss_sum = torch.zeros((), device=dev)
-        for i in range(end - start):
-            bi = idx_t[i]
-            x, y = normalise(train_x[bi], data.spec), train_y[bi]
-            losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
-            if losses is None:
-                losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
-                _sgd_step(st, run)
-            loss_sum += losses.sum()
+        def merge_after(step: int) -> None:
+            nonlocal ev
             st.examples += B
-            step = start + i + 1
             while ev < len(sched) and sched.step[ev] == step:
                 merger.apply(ev, step)
                 ev += 1
+
+        loss_sum = train_steps(setup, st, range(W), seed, start, end, train_x, train_y, merge_after)
         steps_here = end - start
         start = end
         train_loss = float(loss_sum) / (W * steps_here)
@@ -242,6 +234,51 @@ def simulate(
         test_acc = _accuracy(model, model.views(st.params.mean().unsqueeze(0)), normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
     return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc,
                      eval_time, st.params.rows().cpu() if keep_params else None)
+
+
+def train_steps(setup: Setup, st: _Workers, workers, seed: int, start: int, end: int, train_x, train_y,
+                after_step: Callable[[int], None]) -> torch.Tensor:
+    """Local steps ``start+1..end`` for ``workers`` (the rows of ``st``, in order), each step one
+    batched forward/backward; ``after_step(step)`` applies the merges due. Returns the summed loss."""
+    model, run, B = setup.model, setup.study.run, setup.study.run.batch_size
+    dev = st.params.buf.device
+    idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in workers], axis=1)
+    idx_t = torch.as_tensor(idx, device=dev)  # [steps, rows, B]
+    loss_sum = torch.zeros((), device=dev)
+    for i in range(end - start):
+        bi = idx_t[i]
+        x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
+        losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
+        if losses is None:
+            losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
+            _sgd_step(st, run)
+        loss_sum += losses.sum()
+        after_step(start + i + 1)
+    return loss_sum
+
+
+SUPPORT_LIMIT = 2.0**64
+
+
+def rescale_supports(examples: torch.Tensor, accum: torch.Tensor | None) -> None:
+    """Merges only use ratios of supports; keep them far from overflow by a common factor.
+
+    Accumulators are summed on merge exactly as the example counters are, so the counters'
+    largest value (a function of the schedule alone, known to every rank of a distributed
+    run) decides for both; a power of two leaves every ratio exact.
+    """
+    if float(examples.max()) > SUPPORT_LIMIT:
+        examples.mul_(1.0 / SUPPORT_LIMIT)
+        if accum is not None:
+            accum.mul_(1.0 / SUPPORT_LIMIT)
+
+
+@torch.no_grad()
+def slice_losses(model, params: list[torch.Tensor], rows: list[int], x, y) -> torch.Tensor:
+    """Loss of each of the given rows of stacked ``params`` on the same examples (normalised ``x``)."""
+    views = [p[rows] for p in params]
+    logits = model.forward(views, x.unsqueeze(0).expand(len(rows), *x.shape))
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(rows), -1), reduction="none").mean(1)
 
 
 def _sgd_step(st: _Workers, run) -> None:
@@ -355,22 +392,13 @@ class _Merger:
                 st.accum.set_row(a, acc)
 
     def _rescale_supports(self) -> None:
-        """Merges only use ratios of supports; keep them far from overflow by a common factor."""
-        st = self.st
-        if float(st.examples.max()) > 1e200:
-            st.examples.mul_(1e-200)
-        if st.accum is not None and float(st.accum.buf.max()) > 1e30:
-            st.accum.buf.mul_(1e-30)
+        rescale_supports(self.st.examples, self.st.accum.buf if self.st.accum is not None else None)
 
     @torch.no_grad()
     def _winner(self, a: int, b: int) -> int:
         """0 if the initiator has the lower loss on both workers' validation slices, else 1."""
         idx = torch.cat([self.slice_idx[a], self.slice_idx[b]])
-        x = normalise(self.train_x[idx], self.spec)
-        y = self.train_y[idx]
-        pair = [p[[a, b]] for p in self.st.params.params]
-        logits = self.model.forward(pair, x.unsqueeze(0).expand(2, *x.shape))
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(2, -1), reduction="none").mean(1)
+        loss = slice_losses(self.model, self.st.params.params, [a, b], normalise(self.train_x[idx], self.spec), self.train_y[idx])
         return 0 if float(loss[0]) <= float(loss[1]) else 1
 
     def _allreduce(self, ev: int, step: int) -> None:
