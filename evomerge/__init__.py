@@ -11,20 +11,27 @@ from .policy import MergePolicy  # noqa: E402
 __all__ = ["ConfigError", "MergePolicy", "__version__", "run", "search"]
 
 
-def run(study, policy, seed: int = 0, *, data_dir=None, device=None, callback=None, evaluate_test: bool = False):
-    """Run one merge run of ``policy`` on ``study`` (names, paths or objects) and return its :class:`RunResult`."""
+def run(study, policy, seed: int = 0, *, data_dir=None, device=None, callback=None, evaluate_test: bool = False,
+        backend: str = "inprocess", procs: int | None = None):
+    """Run one merge run of ``policy`` on ``study`` (names, paths or objects) and return its :class:`RunResult`.
+
+    ``backend="distributed"`` runs it on ``procs`` processes (default one per worker) over
+    ``torch.distributed``; call it under ``if __name__ == "__main__":`` (the processes are spawned).
+    """
     from . import simulate
+    from .backends import runner
     from .study import Study, load
 
     st = study if isinstance(study, Study) else load(study)
     pol = policy if isinstance(policy, MergePolicy) else st.resolve_policy(policy)
+    run_fn = runner(backend, procs, st.run.workers)
     setup = simulate.prepare(st, data_dir=data_dir)
-    return simulate.simulate(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test)
+    return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test)
 
 
 def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=None, runs_dir="runs", jobs: int = 1,
            seed: int = 0, data_dir=None, device=None, prune: bool = True, cmaes_categoricals: str = "independent",
-           cmaes_restarts: int = 0, cmaes_popsize: int = 0, data=None):
+           cmaes_restarts: int = 0, cmaes_popsize: int = 0, data=None, backend: str = "inprocess", procs=None):
     """Search merge policies for ``study`` (a name, path or Study) and return a :class:`SearchResult`.
 
     Defaults follow the study file and the CLI: SQLite at ``runs/<study>/optuna.db``, MLflow at
@@ -38,5 +45,5 @@ def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=Non
     cfg = search_mod.make_config(st, n_trials=n_trials, sampler=sampler, storage=storage, tracking_uri=tracking_uri,
                                  runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
                                  cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
-                                 cmaes_popsize=cmaes_popsize, prune=prune)
+                                 cmaes_popsize=cmaes_popsize, prune=prune, backend=backend, procs=procs)
     return search_mod.run_search(cfg, data=data)

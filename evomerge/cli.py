@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import ConfigError
+from .errors import ConfigError, RunError
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
@@ -30,6 +30,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--backend", default="inprocess",
+                   help="inprocess (default: all workers in one process) or distributed (one process per worker, "
+                        "torch.distributed on 127.0.0.1)")
+    p.add_argument("--procs", type=int, default=None,
+                   help="distributed backend: number of processes, each running workers/procs workers (default: workers)")
 
 
 def _store(p: argparse.ArgumentParser, tracking: bool = True) -> None:
@@ -148,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -175,11 +183,15 @@ def _prepare(study, args):
     return simulate.prepare(study, data_dir=args.data_dir)
 
 
-def _run_with_progress(setup, policy, seed, device, quiet, label):
-    from . import simulate
+def _runner(args, study):
+    from .backends import runner
 
+    return runner(args.backend, args.procs, study.run.workers)
+
+
+def _run_with_progress(run_fn, setup, policy, seed, device, quiet, label):
     if quiet:
-        return simulate.simulate(setup, policy, seed, device=device)
+        return run_fn(setup, policy, seed, device=device)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -191,7 +203,7 @@ def _run_with_progress(setup, policy, seed, device, quiet, label):
         def on_round(m):
             bar.update(task, completed=m.step, acc=f"val acc {m.val_accuracy:.4f}")
 
-        return simulate.simulate(setup, policy, seed, callback=on_round, device=device)
+        return run_fn(setup, policy, seed, callback=on_round, device=device)
 
 
 def _console():
@@ -215,11 +227,12 @@ def cmd_run(args) -> int:
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     exported = read_export(args.policy) if Path(args.policy).is_file() else None
+    run_fn = _runner(args, study)
     setup = _prepare(study, args)
     if args.reevaluate:
-        return _reevaluate(study, setup, policy, args)
+        return _reevaluate(study, setup, policy, args, run_fn)
     seed = args.seed if args.seed is not None else (exported["seeds"][0] if exported else study.run.seeds[0])
-    res = _run_with_progress(setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)
+    res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)
     from rich.table import Table
 
     f = res.final
@@ -255,15 +268,13 @@ def fresh_seeds(study, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
-def _reevaluate(study, setup, policy, args) -> int:
+def _reevaluate(study, setup, policy, args, run_fn) -> int:
     import statistics
-
-    from . import simulate
 
     seeds = fresh_seeds(study, args.reevaluate)
     results = []
     for s in seeds:
-        results.append(simulate.simulate(setup, policy, s, device=args.device, evaluate_test=True))
+        results.append(run_fn(setup, policy, s, device=args.device, evaluate_test=True))
     from rich.table import Table
 
     def ms(vals):
@@ -318,7 +329,7 @@ def cmd_search(args) -> int:
                       tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
                       data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
                       cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune,
-                      grace_period=args.grace_period)
+                      grace_period=args.grace_period, backend=args.backend, procs=args.procs)
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)
@@ -435,8 +446,9 @@ def cmd_baselines(args) -> int:
     study = load(args.study)
     seed = study.run.seeds[0] if args.seed is None else args.seed
     policies = [(name, study.resolve_policy(name)) for name in study.baselines]
+    run_fn = _runner(args, study)
     setup = _prepare(study, args)
-    results = [(name, _run_with_progress(setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
+    results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
     from rich.table import Table
 
     t = Table(title=f"{study.name}: baselines (seed {seed}, {setup.total_steps} local steps, {study.run.workers} workers)")

@@ -26,7 +26,7 @@ import math
 import os
 import queue as queue_mod
 import signal
-import socket
+import tempfile
 import time
 from datetime import timedelta
 from typing import Callable
@@ -35,16 +35,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import ops
+from . import backends, ops
 from . import schedule as schedule_mod
 from . import simulate as sim
-from .errors import ConfigError
+from .errors import ConfigError, RunError
 from .policy import MergePolicy
 
 UNSUPPORTED: dict[str, tuple[str, str]] = {}  # field -> (refused value, allowed values)
 
 
-class DistributedRunError(RuntimeError):
+class DistributedRunError(RunError):
     """A rank of a distributed run died or raised; the message names the rank."""
 
     def __init__(self, rank: int, message: str):
@@ -61,9 +61,7 @@ def check_policy(policy: MergePolicy) -> None:
 
 def groups(workers: int, world: int) -> list[list[int]]:
     """Contiguous groups of workers, one per rank; every rank gets the same number."""
-    if world < 1 or workers % world:
-        raise ConfigError("--procs", f"{world} processes cannot split {workers} workers evenly; "
-                                     f"allowed: a divisor of {workers}")
+    backends.check("distributed", world, workers)
     n = workers // world
     return [list(range(r * n, (r + 1) * n)) for r in range(world)]
 
@@ -379,28 +377,38 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
 
 
 # -- local launch --------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pick_device(device: str | None) -> str:
     if device:
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _rank_main(rank: int, world: int, port: int, setup, policy, seed, up, down, device: str,
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the launcher dies, however it dies (no orphaned ranks)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the launcher died before we got here
+        os._exit(1)
+
+
+def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, down, device: str,
                evaluate_test: bool, keep_params: bool, threads: int) -> None:
     """Entry point of a spawned rank: join the group, run, send rank 0's rounds and result up."""
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a Ctrl-C reaches it too
     torch.set_num_threads(threads)
     dev = torch.device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+    # rendezvous through a file: nothing listens on a network port but gloo's own 127.0.0.1 pairs
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store,
                             rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
         def report(rm):
@@ -431,7 +439,8 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
     ctx = mp.get_context("spawn")
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // world)
-    args = (world, free_port(), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads)
+    tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
+    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads)
     pc = mp.start_processes(_entry or _rank_main, args=args, nprocs=world, join=False, start_method="spawn")
     result, error = None, None
     try:
@@ -461,6 +470,7 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
                 raise DistributedRunError(e.error_index, f"(pid {e.error_pid}) raised {last.strip()}") from None
     finally:
         _stop_all(pc)
+        tmp.cleanup()
     while result is None:  # the result may still sit in the queue after every rank exited
         try:
             kind, payload = up.get(timeout=5)

@@ -22,3 +22,7 @@ class ConfigError(ValueError):
 
 class DataNotFoundError(ConfigError):
     """Dataset files are missing and could not be downloaded."""
+
+
+class RunError(RuntimeError):
+    """A merge run could not finish (e.g. a process of a distributed run died); the message says why."""

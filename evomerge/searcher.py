@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import __version__
+from . import backends
 from . import space as space_mod
 from .errors import ConfigError
 from .study import OBJECTIVES, Study
@@ -59,6 +60,8 @@ class SearchConfig:
     cmaes_popsize: int = 0
     prune: bool = True
     grace_period: int = GRACE_PERIOD  # seconds without a heartbeat before a running trial is failed and retried
+    backend: str = "inprocess"  # how each trial's runs execute: simulate.BACKENDS
+    procs: int | None = None  # distributed backend: processes per run (default: one per worker)
 
     @property
     def study_dir(self) -> Path:
@@ -76,7 +79,8 @@ def default_storage(study_dir: Path) -> str:
 def make_config(study: Study, *, n_trials: int | None = None, sampler: str | None = None, storage: str | None = None,
                 tracking_uri: str | None = None, runs_dir: str | Path = "runs", jobs: int = 1, seed: int = 0,
                 data_dir=None, device=None, cmaes_categoricals: str = "independent", cmaes_restarts: int = 0,
-                cmaes_popsize: int = 0, prune: bool = True, grace_period: int = GRACE_PERIOD) -> SearchConfig:
+                cmaes_popsize: int = 0, prune: bool = True, grace_period: int = GRACE_PERIOD,
+                backend: str = "inprocess", procs: int | None = None) -> SearchConfig:
     """Validate everything a search needs before any trial runs."""
     sampler = sampler or study.search.sampler
     if sampler not in SAMPLERS:
@@ -90,6 +94,7 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
         raise ConfigError("--grace-period", f"{grace_period} is out of range; allowed: [2, inf) seconds")
     if not study.search.space:
         raise ConfigError("study.search.space", "is empty: nothing to search")
+    backends.check(backend, procs, study.run.workers)
     if sampler == "cmaes":
         if len(study.objectives) > 1:
             raise ConfigError("--sampler", "cmaes optimises one objective; this study has "
@@ -103,7 +108,7 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
     return SearchConfig(study, n_trials, sampler, normalise_url(storage) if storage else default_storage(study_dir),
                         tracking_uri or "", runs_dir, jobs, seed,
                         str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune,
-                        grace_period)
+                        grace_period, backend, procs)
 
 
 def normalise_url(url: str) -> str:
@@ -373,6 +378,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
     ostudy = load_or_create(cfg, storage, worker)
     setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
+    run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
     dists = space_mod.distributions(space)
     driver = None
@@ -410,7 +416,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
             if trial is None:
                 time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
                 continue
-            record = run_trial(trial, ostudy, setup, cfg, storage, simulate.simulate)
+            record = run_trial(trial, ostudy, setup, cfg, storage, run_fn)
         except KeyboardInterrupt:
             # a Ctrl-C between ask and the trial's own handler: the asked trial must not stay RUNNING
             if trial is not None and mark_interrupted(ostudy, trial):

@@ -1,0 +1,41 @@
+"""Where a merge run executes: the in-process simulator or the ``torch.distributed`` backend.
+
+Cheap to import (the CLI checks flags with it before torch is loaded).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import ConfigError
+
+BACKENDS = ("inprocess", "distributed")
+
+
+def check(backend: str, procs: int | None, workers: int) -> None:
+    """One-line errors for a bad ``--backend`` / ``--procs`` pair."""
+    if backend not in BACKENDS:
+        raise ConfigError("--backend", f"unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if procs is not None:
+        if backend != "distributed":
+            raise ConfigError("--procs", "applies to --backend distributed only")
+        if procs < 1 or workers % procs:
+            raise ConfigError("--procs", f"{procs} processes cannot split {workers} workers evenly; "
+                                         f"allowed: a divisor of {workers}")
+
+
+def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:
+    """The run function of a backend, called as ``fn(setup, policy, seed, callback=..., device=..., ...)``
+    and returning a ``RunResult``: :func:`evomerge.simulate.simulate`, or :func:`evomerge.dist.simulate`
+    on ``procs`` processes (default one per worker)."""
+    if workers is not None:
+        check(backend, procs, workers)
+    if backend == "inprocess":
+        from .simulate import simulate
+
+        return simulate
+    from functools import partial
+
+    from .dist import simulate as dist_simulate
+
+    return partial(dist_simulate, procs=procs)

@@ -1,0 +1,267 @@
+"""The torch.distributed backend: real gloo processes on 127.0.0.1, against the in-process backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_study, write_study
+from evomerge import dist, ops, simulate
+from evomerge.errors import ConfigError
+from evomerge.policy import MergePolicy
+
+EVOMERGE = [sys.executable, "-m", "evomerge.cli"]
+
+AGREEMENT = {
+    "no-merging": (MergePolicy(scheme="none"), None),
+    "fedavg": (MergePolicy(scheme="allreduce", mean_interval=10, weighting="examples"), None),
+    "ring-push-pull": (MergePolicy(scheme="gossip", topology="ring", exchange="push_pull", mean_interval=3), None),
+    "communities-winner-bias": (MergePolicy(scheme="gossip", topology="communities", n_communities=2, p_intra=0.7,
+                                            winner_bias=0.6, lerp="random", mean_interval=2), None),
+    "topk-delta": (MergePolicy(scheme="gossip", topology="ring", payload="delta", topk_fraction=0.1, quantize_bits=4,
+                               mean_interval=2), None),
+    # two workers per process: pairs inside one rank and across ranks; push only; per-coordinate supports
+    "push-adaptive-2procs": (MergePolicy(scheme="gossip", topology="complete", exchange="push", winner_bias=1.0,
+                                         weighting="adaptive", mean_interval=1.5), 2),
+    "allreduce-delta-adaptive": (MergePolicy(scheme="allreduce", weighting="adaptive", mean_interval=3, payload="delta",
+                                             topk_fraction=0.3), None),
+}
+
+
+@pytest.fixture(scope="module")
+def setup(mnist):
+    return simulate.prepare(tiny_study(), data=mnist)
+
+
+def assert_same_history(a, b, rel=1e-5):
+    assert len(a.history) == len(b.history) == len(simulate.round_bounds(a.total_steps, 3))
+    for x, y in zip(a.history, b.history):
+        x, y = asdict(x), asdict(y)
+        for key in ("round", "step", "bytes", "merges"):
+            assert x[key] == y[key], key
+        for key, v in x.items():
+            if key in ("wall_time", "round", "step", "bytes", "merges"):
+                continue
+            assert y[key] == pytest.approx(v, rel=rel, abs=1e-6), (key, x["round"])
+
+
+@pytest.mark.parametrize("name", list(AGREEMENT))
+def test_distributed_agrees_with_inprocess(setup, name):
+    policy, procs = AGREEMENT[name]
+    a = simulate.simulate(setup, policy, 3, device="cpu", keep_params=True)
+    rounds = []
+    b = dist.simulate(setup, policy, 3, device="cpu", procs=procs, callback=rounds.append, keep_params=True)
+    assert b.status == a.status == "ok"
+    assert_same_history(a, b)
+    assert [r.round for r in rounds] == [1, 2, 3]  # the callback ran here, once per round
+    torch.testing.assert_close(b.params, a.params, rtol=1e-4, atol=1e-5)
+    if policy.scheme != "none":
+        assert a.final.merges > 0 and a.final.bytes > 0
+
+
+def test_encoded_payload_is_what_compress_sends():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    for fraction, bits in [(1.0, 0), (0.05, 0), (1.0, 4), (0.1, 8), (0.1, 12)]:
+        parts = ops.encode(x, fraction, bits, torch.Generator().manual_seed(5))
+        spec = ops.wire_spec(1000, fraction, bits)
+        assert [(tuple(t.shape), t.dtype) for t in parts] == spec
+        dense = ops.decode(parts, 1000, fraction, bits)
+        assert torch.equal(dense, ops.compress(x, fraction, bits, torch.Generator().manual_seed(5)))
+        expect = ops.topk_with_feedback(x, None, fraction)[0] if fraction < 1 else x
+        if bits:  # the same numbers as quantising the dense top-k tensor
+            expect = ops.quantize_stochastic(expect, bits, torch.Generator().manual_seed(5))
+        assert torch.equal(dense, expect)
+        wire = sum(t.numel() * t.element_size() for t in parts)
+        assert wire < 4000 or (fraction == 1.0 and bits == 0)
+
+
+def test_callback_stops_the_ranks(setup):
+    seen = []
+
+    def prune_at_two(m):
+        seen.append(m.round)
+        if m.round == 2:
+            raise KeyError("pruned")
+
+    with pytest.raises(KeyError, match="pruned"):
+        dist.simulate(setup, AGREEMENT["ring-push-pull"][0], 0, device="cpu", callback=prune_at_two)
+    assert seen == [1, 2]
+    assert _spawned_children(os.getpid()) == []
+
+
+def _raise_on_rank_one(rank, *args):
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    time.sleep(60)
+
+
+def test_a_raising_rank_is_named_and_the_others_stopped(setup):
+    t = time.monotonic()
+    with pytest.raises(dist.DistributedRunError, match=r"rank 1 .*ValueError: rank one fails on purpose") as e:
+        dist.simulate(setup, MergePolicy(), 0, device="cpu", _entry=_raise_on_rank_one)
+    assert e.value.rank == 1
+    assert time.monotonic() - t < 30  # the others were terminated, not waited for
+    assert _spawned_children(os.getpid()) == []
+
+
+def test_bad_process_count_is_refused(setup):
+    with pytest.raises(ConfigError, match=r"--procs: 3 processes cannot split 4 workers evenly; allowed: a divisor of 4"):
+        dist.simulate(setup, MergePolicy(), 0, procs=3)
+
+
+def _spawned_children(ppid: int) -> list[int]:
+    """Live rank processes (multiprocessing spawn children, not the resource tracker) of ``ppid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, parent = fields[0], int(fields[1])
+        if parent == ppid and state != "Z" and "spawn_main" in cmd and "resource_tracker" not in cmd:
+            out.append(int(d.name))
+    return sorted(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_for_ranks(proc, n: int, timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = _spawned_children(proc.pid)
+        if len(kids) == n:
+            return kids
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError(f"{n} ranks did not start")
+
+
+def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
+    study = write_study(tmp_path, workers=4, steps=200000)
+    proc = subprocess.Popen([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
+                             "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _wait_for_ranks(proc, 4)
+        time.sleep(3)  # past the rendezvous: the ranks are training and merging
+        assert proc.poll() is None
+        os.kill(ranks[2], signal.SIGKILL)  # ranks start in order, so pids are in rank order
+        t = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "error: rank 2" in err and "SIGKILL" in err, err
+    assert took < 10
+    assert err.strip().count("\n") == 0, err  # one line, no traceback
+    time.sleep(0.5)
+    assert [p for p in ranks if _alive(p)] == []
+
+
+def test_cli_distributed_run_matches_inprocess(tmp_path, data_dir):
+    study = write_study(tmp_path, workers=4, steps=60)
+    outs = {}
+    for backend in ("inprocess", "distributed"):
+        r = subprocess.run([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", backend,
+                            "--data-dir", str(data_dir), "--quiet", "--json", str(tmp_path / f"{backend}.json")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs[backend] = json.loads((tmp_path / f"{backend}.json").read_text())
+    a, b = outs["inprocess"]["history"], outs["distributed"]["history"]
+    assert [h["bytes"] for h in a] == [h["bytes"] for h in b]
+    assert [h["val_accuracy"] for h in a] == pytest.approx([h["val_accuracy"] for h in b], abs=1e-6)
+
+
+def test_torchrun_launch_matches_inprocess(tmp_path, data_dir, mnist):
+    """The multi-host path (``torchrun ... -m evomerge.dist``), here with 2 processes of 2 workers on one host."""
+    from conftest import _free_port
+
+    study = write_study(tmp_path, workers=4, steps=60)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                        "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "evomerge.dist", "--study", str(study),
+                        "--policy", "ring-gossip", "--data-dir", str(data_dir), "--device", "cpu", "--json", "out.json"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    from evomerge.study import load
+
+    st = load(study)
+    ref = simulate.simulate(simulate.prepare(st, data_dir=data_dir), st.resolve_policy("ring-gossip"), st.run.seeds[0], device="cpu")
+    assert [h["bytes"] for h in got["history"]] == [h.bytes for h in ref.history]
+    assert [h["val_accuracy"] for h in got["history"]] == pytest.approx([h.val_accuracy for h in ref.history], abs=1e-6)
+    assert "round 1:" in r.stdout
+
+
+def test_torchrun_entry_refuses_without_environment(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    r = subprocess.run([sys.executable, "-m", "evomerge.dist", "--study", "mnist-gossip", "--policy", "fedavg"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: RANK: is not set; launch with torchrun (or use `evomerge run --backend distributed`)"
+
+
+def test_distributed_search_proposes_and_scores_like_inprocess(tmp_path, data_dir, mnist):
+    import evomerge
+    from evomerge import study as study_mod
+
+    s = study_mod.load(write_study(tmp_path, workers=4, steps=40))
+    res = {}
+    for backend in ("inprocess", "distributed"):
+        res[backend] = evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / backend, seed=4,
+                                       data=mnist, backend=backend, prune=False)
+    a, b = res["inprocess"].records, res["distributed"].records
+    assert [r["state"] for r in b] == ["COMPLETE"] * 3
+    assert [r["policy"] for r in a] == [r["policy"] for r in b]
+    assert [r["values"][0] for r in b] == pytest.approx([r["values"][0] for r in a], abs=1e-6)
+
+
+def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_dir):
+    import sqlite3
+
+    study = write_study(tmp_path, workers=4, steps=3000)
+    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([*EVOMERGE, "search", "--study", str(study), "--backend", "distributed", "--n-trials", "2",
+                             "--sampler", "random", "--no-prune", "--quiet"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _wait_for_ranks(proc, 4, timeout=120)
+        time.sleep(1.5)
+        os.kill(ranks[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    with sqlite3.connect(db) as c:
+        trials = c.execute("select number, state from trials order by number").fetchall()
+        errors = [json.loads(v) for (v,) in c.execute(
+            "select value_json from trial_user_attributes where key = 'error'").fetchall()]
+    assert [st for _, st in trials].count("COMPLETE") == 2
+    assert [st for _, st in trials].count("FAIL") == 1
+    assert trials[0][1] == "FAIL"
+    assert len(errors) == 1 and "DistributedRunError: rank 1" in errors[0] and "SIGKILL" in errors[0]
+    assert [p for p in ranks if _alive(p)] == []
