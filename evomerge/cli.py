@@ -249,6 +249,7 @@ def cmd_run(args) -> int:
         ("merge events", f"{f.merges}"),
         ("local steps", f"{f.step} of {res.total_steps}"),
         ("wall time", f"{res.wall_time:.2f} s"),
+        ("backend", args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")),
     ]:
         t.add_row(name, value)
     _console().print(t)

@@ -265,3 +265,18 @@ def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_
     assert trials[0][1] == "FAIL"
     assert len(errors) == 1 and "DistributedRunError: rank 1" in errors[0] and "SIGKILL" in errors[0]
     assert [p for p in ranks if _alive(p)] == []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--backend", "mpi"], "error: --backend: unknown 'mpi'; allowed: inprocess, distributed"),
+    (["--procs", "2"], "error: --procs: applies to --backend distributed only"),
+    (["--backend", "distributed", "--procs", "3"],
+     "error: --procs: 3 processes cannot split 4 workers evenly; allowed: a divisor of 4"),
+])
+def test_bad_backend_flags_get_one_line(tmp_path, data_dir, flags, message):
+    study = write_study(tmp_path, workers=4)
+    for command in (["run", "--policy", "ring-gossip"], ["search", "--n-trials", "1"]):
+        r = subprocess.run([*EVOMERGE, command[0], "--study", str(study), *command[1:], *flags, "--data-dir", str(data_dir)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.strip() == message, r.stderr
+    assert not (tmp_path / "runs").exists()  # refused before any store was made
