@@ -24,6 +24,37 @@ def check(backend: str, procs: int | None, workers: int) -> None:
                                          f"allowed: a divisor of {workers}")
 
 
+# policy fields the distributed backend refuses unless off: each needs every worker's state at every event
+DISTRIBUTED_REFUSES = {
+    "similarity_bias": "peers are chosen by similarity, which needs all workers' models at every event",
+    "regroup_every": "communities are regrouped from all workers' models",
+    "data_exchange_k": "training examples travel between workers",
+    "retire_threshold": "examples are retired by confidence (with data exchange)",
+    "swap_p": "models are swapped between workers",
+}
+
+
+def check_policy(backend: str, policy) -> None:
+    """Refuse, naming the field, a policy the backend cannot run."""
+    if backend != "distributed":
+        return
+    for field, why in DISTRIBUTED_REFUSES.items():
+        value = getattr(policy, field)
+        if value:
+            raise ConfigError(f"policy.{field}", f"{value} is not supported by the distributed backend ({why}); "
+                                                 "allowed: 0, or --backend inprocess")
+
+
+def check_space(backend: str, names) -> None:
+    """Refuse a search space that would sample fields the backend cannot run."""
+    if backend != "distributed":
+        return
+    for name in names:
+        if name in DISTRIBUTED_REFUSES:
+            raise ConfigError(f"study.search.space.{name}", f"is not supported by the distributed backend "
+                                                            f"({DISTRIBUTED_REFUSES[name]}); remove it or use --backend inprocess")
+
+
 def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:
     """The run function of a backend, called as ``fn(setup, policy, seed, callback=..., device=..., ...)``
     and returning a ``RunResult``: :func:`evomerge.simulate.simulate`, or :func:`evomerge.dist.simulate`

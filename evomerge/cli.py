@@ -228,6 +228,9 @@ def cmd_run(args) -> int:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     exported = read_export(args.policy) if Path(args.policy).is_file() else None
     run_fn = _runner(args, study)
+    from .backends import check_policy
+
+    check_policy(args.backend, policy)
     setup = _prepare(study, args)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)

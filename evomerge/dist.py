@@ -41,9 +41,6 @@ from . import simulate as sim
 from .errors import ConfigError, RunError
 from .policy import MergePolicy
 
-UNSUPPORTED: dict[str, tuple[str, str]] = {}  # field -> (refused value, allowed values)
-
-
 class DistributedRunError(RunError):
     """A rank of a distributed run died or raised; the message names the rank."""
 
@@ -54,9 +51,7 @@ class DistributedRunError(RunError):
 
 def check_policy(policy: MergePolicy) -> None:
     """Refuse, with the field named, what the distributed backend does not run."""
-    for field, (value, allowed) in UNSUPPORTED.items():
-        if getattr(policy, field) == value:
-            raise ConfigError(f"policy.{field}", f"{value!r} is not supported by the distributed backend; allowed: {allowed}")
+    backends.check_policy("distributed", policy)
 
 
 def groups(workers: int, world: int) -> list[list[int]]:
@@ -226,9 +221,9 @@ class _Rank:
             move_a, move_b = ops.pair_moves(self.weight(step), float(s.u[ev]), p.winner_bias, p.lerp == "random", winner)
             sa, sb = self._support(a, accum), self._support(b, accum)
             if r == ob:
-                self.st.params.lerp_row_(self.pos[b], incoming[a], ops.incoming_weight(move_b, sb, sa))
+                self.st.params.lerp_row_(self.pos[b], incoming[a], ops.incoming_weight(move_b, sb, sa), self.st.merge_change)
             if r == oa and push_pull:
-                self.st.params.lerp_row_(self.pos[a], incoming[b], ops.incoming_weight(move_a, sa, sb))
+                self.st.params.lerp_row_(self.pos[a], incoming[b], ops.incoming_weight(move_a, sa, sb), self.st.merge_change)
             if self.st.accum is not None:  # accumulators are summed, not averaged (VW's merge)
                 if r == ob:
                     self.st.accum.set_row(self.pos[b], sa + sb)
@@ -280,7 +275,7 @@ class _Rank:
         else:
             avg = self._average(self.st.params.rows())
         for i in range(len(own)):
-            self.st.params.lerp_row_(i, avg, a)
+            self.st.params.lerp_row_(i, avg, a, self.st.merge_change)
         self.examples.fill_(float(self.examples.sum()))
         self.bytes += len(own) * (self.sent_bytes + self.dense_bytes)
 
@@ -332,10 +327,16 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
             me.apply(ev, step)
             ev += 1
 
+    similarity = sim.Similarity(model, policy, seed, sim.initial_row(model, seed).to(dev), data, me.train_x) if rank == 0 else None
+    calm, converged = 0, None
     for r, end in enumerate(sim.round_bounds(T, run.rounds)):
+        round_start = st.params.buf.clone()
+        st.merge_change.buf.zero_()
         loss_sum = sim.train_steps(setup, st, me.own, seed, start, end, me.train_x, me.train_y, merge_after)
         steps_here, start = end - start, end
-        totals = torch.tensor([float(loss_sum), float(me.bytes)], dtype=torch.float64, device=dev)
+        local, merged = sim.update_norms(st, round_start, steps_here)  # means over this rank's workers
+        n_own = len(me.own)
+        totals = torch.tensor([float(loss_sum), float(me.bytes), local * n_own, merged * n_own], dtype=torch.float64, device=dev)
         dist.all_reduce(totals)
         local_rows = st.params.rows().contiguous()
         gathered = [torch.empty_like(local_rows) for _ in range(world)] if rank == 0 else None
@@ -350,17 +351,25 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
             stack.set_rows(rows)
             center = stack.mean()
             metrics = sim._evaluate(model, stack, center, val_x, val_y, n_eval, finite)
+            local, merged = float(totals[2]) / W, float(totals[3]) / W
+            sim_mean, sim_min = similarity.summary(stack) if finite else (float("nan"), float("nan"))
             eval_time += time.perf_counter() - te
             update = float((center - prev_center).norm()) / steps_here if finite else float("nan")
             prev_center = center
             rm = sim.RoundMetrics(round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=int(totals[1]),
-                                  merges=me.count, wall_time=time.perf_counter() - t0, **metrics)
+                                  merges=me.count, wall_time=time.perf_counter() - t0, local_update_norm=local,
+                                  merge_update_norm=merged, similarity_mean=sim_mean, similarity_min=sim_min,
+                                  label_skew=setup.label_skew, **metrics)
             history.append(rm)
+            calm = calm + 1 if policy.stop_tol and local < policy.stop_tol and merged < policy.stop_tol else 0
             if not finite:
                 status = "diverged"
                 go.zero_()
             elif report is not None and report(rm) is False:
                 status = "stopped"
+                go.zero_()
+            elif policy.stop_tol and calm >= policy.stop_patience and end < T:
+                converged = end
                 go.zero_()
         dist.broadcast(go, src=0)
         if not float(go[0]):
@@ -373,7 +382,8 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
         center = rows.mean(0, keepdim=True)
         test_acc = sim._accuracy(model, model.views(center), sim.normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
     return sim.RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W,
-                         test_acc, eval_time, rows.cpu() if keep_params and rows is not None else None)
+                         test_acc, eval_time, rows.cpu() if keep_params and rows is not None else None, converged,
+                         None, list(range(W)))
 
 
 # -- local launch --------------------------------------------------------------------------------------

@@ -75,19 +75,20 @@ class StackedModel:
 
     def loss_and_grad(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                       grads: list[torch.Tensor]) -> torch.Tensor:
-        """Mean cross-entropy per worker ``[W]``; writes d(loss_w)/d(param_w) into ``grads``.
+        """Cross-entropy per example ``[W, B]``; writes the gradient of each worker's mean loss
+        into ``grads``.
 
         The default uses autograd; models may override it with hand-written gradients.
         """
         leaves = [p.detach().requires_grad_(True) for p in params]
         logits = self.forward(leaves, x)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
-        for g, gl in zip(grads, torch.autograd.grad(losses.sum(), leaves)):
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+        for g, gl in zip(grads, torch.autograd.grad(losses.mean(1).sum(), leaves)):
             g.copy_(gl)
         return losses.detach()
 
     def sgd_step_(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor | None:
-        """Plain SGD fused into the backward pass, in place; returns the losses, or None when the
+        """Plain SGD fused into the backward pass, in place; returns the per-example losses, or None when the
         model has no fused path (the caller then uses :meth:`loss_and_grad`)."""
         return None
 
@@ -157,7 +158,7 @@ class MLP(StackedModel):
                 h = h.relu_()
                 acts.append(h.transpose(1, 2))
         logp = torch.log_softmax(h, dim=1)  # [W, C, B]
-        losses = -logp.gather(1, y.unsqueeze(1)).squeeze(1).mean(1)
+        losses = -logp.gather(1, y.unsqueeze(1)).squeeze(1)  # per example, [W, B]
         d = logp.exp_()
         d.scatter_add_(1, y.unsqueeze(1), torch.full_like(d[:, :1], -1.0))
         d.mul_(1.0 / y.shape[1])  # dL/dlogits for the per-worker mean loss
@@ -279,11 +280,23 @@ class Stack:
         for b, (o, n) in zip(self.blocks, self.model.offsets):
             b[w].copy_(row[o:o + n])
 
-    def lerp_row_(self, w: int, target: torch.Tensor, weight) -> None:
-        """``row_w <- (1 - weight) * row_w + weight * target``; ``weight`` a scalar or a ``[P]`` row."""
+    def lerp_row_(self, w: int, target: torch.Tensor, weight, change: "Stack | None" = None) -> None:
+        """``row_w <- (1 - weight) * row_w + weight * target``; ``weight`` a scalar or a ``[P]`` row.
+        ``change``, if given, accumulates what the lerp changed in its row ``w``."""
         per = isinstance(weight, torch.Tensor)
-        for b, (o, n) in zip(self.blocks, self.model.offsets):
+        for k, (b, (o, n)) in enumerate(zip(self.blocks, self.model.offsets)):
+            before = b[w].clone() if change is not None else None
             b[w].lerp_(target[o:o + n], weight[o:o + n] if per else weight)
+            if change is not None:
+                change.blocks[k][w].add_(b[w]).sub_(before)
+
+    def swap_rows_(self, a: int, b: int) -> None:
+        for blk in self.blocks:
+            blk[[a, b]] = blk[[b, a]]
+
+    def row_norms(self) -> torch.Tensor:
+        """``[W]``: the L2 norm of each worker's row."""
+        return torch.stack([blk.pow(2).sum(1) for blk in self.blocks]).sum(0).sqrt()
 
     def mean(self) -> torch.Tensor:
         """The consensus model as a row ``[P]``."""

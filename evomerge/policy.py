@@ -17,7 +17,10 @@ from typing import Any
 
 from .errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Fields added by each schema version; older files lack them and get their defaults (off).
+ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
+                "reserve_rate", "swap_p", "stop_tol", "stop_patience")}
 
 SCHEMES = ("gossip", "allreduce", "none")
 TOPOLOGIES = ("ring", "complete", "random_regular", "communities")
@@ -26,6 +29,7 @@ SCHEDULES = ("constant", "linear", "cosine")
 LERPS = ("fixed", "random")
 WEIGHTINGS = ("uniform", "examples", "adaptive")
 PAYLOADS = ("weights", "delta")
+SIMILARITIES = ("sketch", "cka")
 
 
 def _f(default, kind: str, doc: str, *, low=None, high=None, low_open=False, choices=None):
@@ -104,6 +108,41 @@ class MergePolicy:
         0, "int", "Delta payload: bits per sent value with stochastic rounding; 0 = send float32.",
         low=0, high=16,
     )
+    # -- schema 2: fields no other tool offers as searchable knobs (all off by default) --
+    similarity: str = _f(
+        "sketch", "choice",
+        "How model similarity is measured: sketch (cosine of a fixed random projection of each worker's change "
+        "since the start) or cka (linear CKA of the workers' logits on a fixed probe batch).",
+        choices=SIMILARITIES,
+    )
+    similarity_bias: float = _f(
+        0.0, "float", "Gossip peer choice: > 0 prefers similar peers, < 0 dissimilar ones, 0 is the topology's plain draw.",
+        low=-1.0, high=1.0,
+    )
+    regroup_every: int = _f(
+        0, "int", "Communities topology: every this many rounds, regroup the workers into n_communities by "
+        "agglomerative clustering of their similarity; 0 keeps the static split.", low=0, high=10_000,
+    )
+    data_exchange_k: int = _f(
+        0, "int", "Gossip: at each merge event the initiator also sends its k least confident training examples "
+        "(lowest probability of the true label) to the peer; 0 = data stays.", low=0, high=100_000,
+    )
+    retire_threshold: float = _f(
+        0.0, "float", "Examples whose true-label probability was at least this the last two times they were "
+        "trained on move to the worker's reserve; 0 = off.", low=0.0, high=1.0,
+    )
+    reserve_rate: float = _f(
+        0.1, "float", "Chance that a reserve example is included in a pass over the worker's data.", low=0.0, high=1.0,
+    )
+    swap_p: float = _f(
+        0.0, "float", "Gossip: probability that a merge event swaps the two workers' models instead of merging "
+        "(each model goes on with the other's data; charged as two full transfers).", low=0.0, high=1.0,
+    )
+    stop_tol: float = _f(
+        0.0, "float", "Stop the run once the per-step norms of local and of merge updates both stay below this "
+        "for stop_patience rounds; 0 = never.", low=0.0, high=1e6,
+    )
+    stop_patience: int = _f(2, "int", "Rounds the update norms must stay below stop_tol.", low=1, high=10_000)
     schema_version: int = _f(SCHEMA_VERSION, "int", "Version of this format.", low=1, high=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -111,6 +150,9 @@ class MergePolicy:
             object.__setattr__(self, f.name, _check(f, getattr(self, f.name)))
         if self.quantize_bits == 1:
             raise ConfigError("policy.quantize_bits", "1 is not allowed; use 0 (off) or 2..16")
+        if self.regroup_every and self.topology != "communities":
+            raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
+                                                      f"got {self.topology!r}")
         if self.payload == "weights":
             if self.topk_fraction < 1.0:
                 raise ConfigError("policy.topk_fraction", f"{self.topk_fraction} needs payload 'delta' (compression applies to deltas)")
@@ -133,8 +175,15 @@ class MergePolicy:
         if unknown:
             raise ConfigError(f"policy.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(known))}")
         version = data.get("schema_version", SCHEMA_VERSION)
-        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-            raise ConfigError("policy.schema_version", f"{version} is newer than this evomerge reads (<= {SCHEMA_VERSION})")
+        if isinstance(version, int) and not isinstance(version, bool):
+            if version > SCHEMA_VERSION:
+                raise ConfigError("policy.schema_version", f"{version} is newer than this evomerge reads (<= {SCHEMA_VERSION})")
+            for v, names in ADDED_IN.items():
+                late = sorted(n for n in names if n in data and version < v)
+                if late:
+                    raise ConfigError(f"policy.{late[0]}", f"is a schema {v} field; this file says schema_version {version}")
+            # an older file means what it always meant: the fields added since are off; read as current
+            data = {**data, "schema_version": SCHEMA_VERSION}
         return cls(**data)
 
     @classmethod
@@ -161,15 +210,35 @@ class MergePolicy:
         comp = ""
         if self.payload == "delta":
             comp = f", delta payload (top-k {self.topk_fraction:.3g}, {self.quantize_bits or 32} bits)"
+        extra = self._describe_extras()
         if self.scheme == "allreduce":
-            return f"all workers average every {max(1, round(self.mean_interval))} steps, {a}, {self.weighting} weighting{comp}"
+            return (f"all workers average every {max(1, round(self.mean_interval))} steps, {a}, "
+                    f"{self.weighting} weighting{comp}{extra}")
         topo = self.topology
         if topo == "communities":
             topo = f"{self.n_communities} communities, p_intra={self.p_intra:.3g}"
+            if self.regroup_every:
+                topo += f", regrouped by {self.similarity} similarity every {self.regroup_every} rounds"
         elif topo == "random_regular":
             topo = f"random {self.degree}-regular"
         return (f"{self.exchange} gossip on {topo} every ~{self.mean_interval:.3g} steps, {self.lerp} lerp {a}, "
-                f"winner bias {self.winner_bias:.3g}, {self.weighting} weighting{comp}")
+                f"winner bias {self.winner_bias:.3g}, {self.weighting} weighting{comp}{extra}")
+
+    def _describe_extras(self) -> str:
+        parts = []
+        if self.similarity_bias:
+            parts.append(f"prefers {'similar' if self.similarity_bias > 0 else 'dissimilar'} peers "
+                         f"({self.similarity} bias {self.similarity_bias:.3g})")
+        if self.data_exchange_k:
+            parts.append(f"sends its {self.data_exchange_k} least confident examples")
+        if self.retire_threshold:
+            parts.append(f"retires examples confident above {self.retire_threshold:.3g} "
+                         f"(reserve rate {self.reserve_rate:.3g})")
+        if self.swap_p:
+            parts.append(f"swaps models with p={self.swap_p:.3g}")
+        if self.stop_tol:
+            parts.append(f"stops when updates stay below {self.stop_tol:.3g} for {self.stop_patience} rounds")
+        return "".join(f", {p}" for p in parts)
 
 
 def _check(f: dataclasses.Field, value: Any) -> Any:

@@ -21,7 +21,7 @@ def rng_for(seed: int, *tags: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *tags])))
 
 
-TAG_TOPOLOGY, TAG_TIMERS, TAG_PEERS, TAG_LERP = 11, 12, 13, 14
+TAG_TOPOLOGY, TAG_TIMERS, TAG_PEERS, TAG_LERP, TAG_PEER_U, TAG_SWAP = 11, 12, 13, 14, 15, 16
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class Schedule:
     peer: np.ndarray  # [E] (-1 for an allreduce: everybody)
     u: np.ndarray  # [E] uniform draws for the random lerp
     topology: topo_mod.Topology | None
+    u_peer: np.ndarray | None = None  # [E] uniforms for peers drawn during the run (similarity, regrouping)
+    u_swap: np.ndarray | None = None  # [E] uniforms deciding model swaps
 
     def __len__(self) -> int:
         return len(self.step)
@@ -73,4 +75,7 @@ def build(policy, workers: int, total_steps: int, seed: int) -> Schedule:
     step, init = step[order], init[order]
     peer = topology.sample(init, rng_for(seed, TAG_PEERS)).astype(np.int64)
     u = rng_for(seed, TAG_LERP).random(len(step))
-    return Schedule("gossip", total_steps, step, init, peer, u, topology)
+    # separate streams: policies that do not use them draw exactly what they drew before
+    u_peer = rng_for(seed, TAG_PEER_U).random(len(step))
+    u_swap = rng_for(seed, TAG_SWAP).random(len(step))
+    return Schedule("gossip", total_steps, step, init, peer, u, topology, u_peer, u_swap)

@@ -95,6 +95,8 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
     if not study.search.space:
         raise ConfigError("study.search.space", "is empty: nothing to search")
     backends.check(backend, procs, study.run.workers)
+    backends.check_policy(backend, study.policy)
+    backends.check_space(backend, [p.name for p in study.search.space])
     if sampler == "cmaes":
         if len(study.objectives) > 1:
             raise ConfigError("--sampler", "cmaes optimises one objective; this study has "

@@ -17,9 +17,11 @@ import numpy as np
 import torch
 
 from . import data as data_mod
+from . import datapool
 from . import models as models_mod
 from . import ops
 from . import schedule as schedule_mod
+from . import similarity
 from .policy import MergePolicy
 from .study import Study
 
@@ -40,6 +42,12 @@ class RoundMetrics:
     train_loss: float  # mean local minibatch loss over the round
     merges: int  # cumulative merge events
     wall_time: float
+    local_update_norm: float = 0.0  # mean over workers of |change made by local steps| per step, this round
+    merge_update_norm: float = 0.0  # mean over workers of |change made by merges and swaps| per step, this round
+    similarity_mean: float = 1.0  # pairwise model similarity (policy.similarity): mean over pairs
+    similarity_min: float = 1.0
+    label_skew: float = 0.0  # of the data the workers hold now (it changes when data travels)
+    examples_moved: int = 0  # cumulative training examples sent between workers
 
 
 @dataclass
@@ -55,6 +63,9 @@ class RunResult:
     test_accuracy: float | None = None
     eval_time: float = 0.0  # seconds of wall_time spent evaluating (the rest is training and merging)
     params: torch.Tensor | None = None  # final [W, P] parameters, with keep_params=True
+    converged_step: int | None = None  # the step at which the convergence stop ended the run
+    communities: list[int] | None = None  # the last self-formed communities (policy.regroup_every)
+    model_at: list[int] | None = None  # which starting worker's model each worker holds (swaps move them)
 
     @property
     def final(self) -> RoundMetrics:
@@ -64,6 +75,8 @@ class RunResult:
         """Final metrics, flat: what tables, MLflow and the search read."""
         out = asdict(self.final)
         out.update(status=self.status, wall_time=self.wall_time, local_steps=self.final.step)
+        if self.converged_step is not None:
+            out["converged_step"] = self.converged_step
         if self.test_accuracy is not None:
             out["test_accuracy"] = self.test_accuracy
         return out
@@ -73,6 +86,7 @@ class RunResult:
             "status": self.status, "seed": self.seed, "policy": self.policy, "workers": self.workers,
             "total_steps": self.total_steps, "wall_time": self.wall_time, "label_skew": self.label_skew,
             "final": self.metrics(), "history": [asdict(h) for h in self.history],
+            "converged_step": self.converged_step, "communities": self.communities, "model_at": self.model_at,
         }
 
 
@@ -159,6 +173,8 @@ class _Workers:
         self.accum = self.params.like() if policy.weighting == "adaptive" else None
         self.examples = torch.zeros(self.W, dtype=torch.float64, device=device)
         self.base = self.params.clone() if policy.payload == "delta" and count is None else None
+        self.merge_change = self.params.like()  # what merges and swaps changed in this round
+        self.model_at = np.arange(self.W)  # swaps move models between workers
         # plain SGD is fused into the backward pass where the model offers it
         self.fused = not run.momentum and not run.weight_decay and self.accum is None
 
@@ -194,11 +210,17 @@ def simulate(
     neighbours = None
     if sched.topology is not None:
         neighbours = [len(sched.topology.neighbours(i)) for i in range(W)]
+    sim = Similarity(model, policy, seed, st.params.row(0), data, train_x)
+    pool = None
+    if policy.data_exchange_k or policy.retire_threshold:
+        pool = datapool.DataPool(setup.shards, len(train_y), seed, retire_threshold=policy.retire_threshold,
+                                 reserve_rate=policy.reserve_rate)
 
-    merger = _Merger(st, policy, sched, model, data.spec, train_x, train_y, slice_idx, neighbours, seed, T)
+    merger = _Merger(st, policy, sched, model, data.spec, train_x, train_y, slice_idx, neighbours, seed, T, sim, pool)
     history: list[RoundMetrics] = []
     prev_center = st.params.mean()
-    status, start, ev, eval_time = "ok", 0, 0, 0.0
+    status, start, ev, eval_time, calm, converged = "ok", 0, 0, 0.0, 0, None
+    labels = data.train_y.numpy()
     for r, end in enumerate(round_bounds(T, run.rounds)):
         def merge_after(step: int) -> None:
             nonlocal ev
@@ -207,7 +229,9 @@ def simulate(
                 merger.apply(ev, step)
                 ev += 1
 
-        loss_sum = train_steps(setup, st, range(W), seed, start, end, train_x, train_y, merge_after)
+        round_start = st.params.buf.clone()
+        st.merge_change.buf.zero_()
+        loss_sum = train_steps(setup, st, range(W), seed, start, end, train_x, train_y, merge_after, pool)
         steps_here = end - start
         start = end
         train_loss = float(loss_sum) / (W * steps_here)
@@ -215,12 +239,17 @@ def simulate(
         finite = math.isfinite(train_loss) and math.isfinite(float(st.params.buf.sum()))  # a sum is non-finite iff an entry is
         center = st.params.mean()
         metrics = _evaluate(model, st.params, center, val_x, val_y, n_eval, finite)
+        local, merged = update_norms(st, round_start, steps_here)
+        sim_mean, sim_min = sim.summary(st.params) if finite else (float("nan"), float("nan"))
         eval_time += time.perf_counter() - te
         update = float((center - prev_center).norm()) / steps_here if finite else float("nan")
         prev_center = center
+        skew = data_mod.label_skew(labels, pool.holdings(), data.n_classes) if pool is not None else setup.label_skew
         rm = RoundMetrics(
             round=r + 1, step=end, train_loss=train_loss, update_norm=update,
-            bytes=merger.bytes, merges=merger.count, wall_time=time.perf_counter() - t0, **metrics,
+            bytes=merger.bytes, merges=merger.count, wall_time=time.perf_counter() - t0,
+            local_update_norm=local, merge_update_norm=merged, similarity_mean=sim_mean, similarity_min=sim_min,
+            label_skew=skew, examples_moved=pool.moved if pool is not None else 0, **metrics,
         )
         history.append(rm)
         if not finite:
@@ -228,31 +257,78 @@ def simulate(
             break
         if callback is not None:
             callback(rm)
+        if policy.regroup_every and (r + 1) % policy.regroup_every == 0:
+            merger.regroup()
+        calm = calm + 1 if policy.stop_tol and local < policy.stop_tol and merged < policy.stop_tol else 0
+        if policy.stop_tol and calm >= policy.stop_patience and end < T:
+            converged = end
+            break
     test_acc = None
     if evaluate_test and status == "ok":
         tx, ty = data.test()
         test_acc = _accuracy(model, model.views(st.params.mean().unsqueeze(0)), normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
     return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc,
-                     eval_time, st.params.rows().cpu() if keep_params else None)
+                     eval_time, st.params.rows().cpu() if keep_params else None, converged,
+                     merger.groups.tolist() if policy.regroup_every else None, st.model_at.tolist())
+
+
+def update_norms(st: _Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
+    """Per-step norms of what local steps and what merges changed this round, means over workers."""
+    model, W = st.params.model, st.W
+    merged = st.merge_change.row_norms()
+    local = models_mod.Stack(model, W, buf=st.params.buf - round_start - st.merge_change.buf).row_norms()
+    return float(local.mean()) / steps, float(merged.mean()) / steps
+
+
+class Similarity:
+    """A run's model-similarity measure (``policy.similarity``): sketches or linear CKA."""
+
+    def __init__(self, model, policy: MergePolicy, seed: int, start_row: torch.Tensor, data, train_x):
+        self.model, self.kind = model, policy.similarity
+        self.sketcher = similarity.Sketcher(model.offsets, start_row, seed) if self.kind == "sketch" else None
+        self.probe = None
+        if self.kind == "cka":
+            pos = torch.as_tensor(similarity.probe_positions(len(train_x), seed), device=train_x.device)
+            self.probe = normalise(train_x[pos], data.spec)
+
+    @torch.no_grad()
+    def matrix(self, stack: models_mod.Stack) -> torch.Tensor:
+        if self.sketcher is not None:
+            return similarity.cosine_matrix(self.sketcher(stack.blocks))
+        return similarity.linear_cka(self.model.logits(stack.params, self.probe))
+
+    def summary(self, stack: models_mod.Stack) -> tuple[float, float]:
+        return similarity.summary(self.matrix(stack))
 
 
 def train_steps(setup: Setup, st: _Workers, workers, seed: int, start: int, end: int, train_x, train_y,
-                after_step: Callable[[int], None]) -> torch.Tensor:
+                after_step: Callable[[int], None], pool: datapool.DataPool | None = None) -> torch.Tensor:
     """Local steps ``start+1..end`` for ``workers`` (the rows of ``st``, in order), each step one
-    batched forward/backward; ``after_step(step)`` applies the merges due. Returns the summed loss."""
+    batched forward/backward; ``after_step(step)`` applies the merges due. Returns the summed loss.
+
+    Minibatches come from :func:`batch_indices` over the static shards, or, when data
+    travels, from ``pool``, which also records each example's true-label probability."""
     model, run, B = setup.model, setup.study.run, setup.study.run.batch_size
     dev = st.params.buf.device
-    idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in workers], axis=1)
-    idx_t = torch.as_tensor(idx, device=dev)  # [steps, rows, B]
+    idx_t = None
+    if pool is None:
+        idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in workers], axis=1)
+        idx_t = torch.as_tensor(idx, device=dev)  # [steps, rows, B]
     loss_sum = torch.zeros((), device=dev)
     for i in range(end - start):
-        bi = idx_t[i]
+        if pool is None:
+            bi = idx_t[i]
+        else:
+            pos = pool.batches(B)
+            bi = torch.as_tensor(pos, device=dev)
         x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
         losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
         if losses is None:
             losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
             _sgd_step(st, run)
-        loss_sum += losses.sum()
+        loss_sum += losses.mean(1).sum()
+        if pool is not None:
+            pool.record(pos, torch.exp(-losses).cpu().numpy())
         after_step(start + i + 1)
     return loss_sum
 
@@ -314,15 +390,23 @@ def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, f
 class _Merger:
     """Applies the schedule's merge events to the stacked workers and charges their bytes."""
 
-    def __init__(self, st, policy, sched, model, spec, train_x, train_y, slice_idx, neighbours, seed, total):
+    def __init__(self, st, policy, sched, model, spec, train_x, train_y, slice_idx, neighbours, seed, total,
+                 sim: "Similarity | None" = None, pool: datapool.DataPool | None = None):
         self.st, self.p, self.sched, self.model, self.spec = st, policy, sched, model, spec
         self.train_x, self.train_y, self.slice_idx = train_x, train_y, slice_idx
         self.neighbours, self.seed, self.total = neighbours, seed, total
+        self.sim, self.pool = sim, pool
         self.bytes = 0
         self.count = 0
         P = st.P
         self.dense_bytes = ops.payload_bytes(P)
         self.sent_bytes = ops.payload_bytes(P, policy.topk_fraction, policy.quantize_bits) if policy.payload == "delta" else self.dense_bytes
+        self.example_bytes = train_x[0].numel() * train_x.element_size() + 1  # pixels as stored, one label byte
+        # peers drawn during the run, not from the schedule: by similarity, or in regrouped communities
+        self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
+        self.groups = getattr(sched.topology, "groups", np.zeros(st.W, dtype=np.int64))
+        self.peer_p = sched.topology.probabilities() if sched.topology is not None else None
+        self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
 
     def weight(self, step: int) -> float:
         p = self.p
@@ -333,8 +417,53 @@ class _Merger:
         if self.sched.scheme == "allreduce":
             self._allreduce(ev, step)
         else:
-            self._pair(ev, step)
+            a = int(self.sched.initiator[ev])
+            b = self._peer(ev, step) if self.live_peers else int(self.sched.peer[ev])
+            if self.p.swap_p and float(self.sched.u_swap[ev]) < self.p.swap_p:
+                self._swap(a, b)
+            else:
+                self._pair(ev, step, a, b)
+            if self.pool is not None and self.p.data_exchange_k:
+                self.bytes += self.example_bytes * self.pool.send_least_confident(a, b, self.p.data_exchange_k)
         self._rescale_supports()
+
+    # -- peers drawn during the run ------------------------------------------------------------
+    def _similarities(self, step: int) -> np.ndarray:
+        """The workers' similarity matrix, recomputed at most once per step (every 10 for CKA)."""
+        every = 1 if self.p.similarity == "sketch" else 10
+        if self._sim_at is None or step - self._sim_at[0] >= every:
+            self._sim_at = (step, self.sim.matrix(self.st.params).cpu().numpy())
+        return self._sim_at[1]
+
+    def _peer(self, ev: int, step: int) -> int:
+        a = int(self.sched.initiator[ev])
+        p = self.peer_p[a]
+        if self.p.similarity_bias:
+            p = similarity.biased_peer_probabilities(p, self._similarities(step)[a], self.p.similarity_bias)
+        return similarity.draw(p, float(self.sched.u_peer[ev]))
+
+    def regroup(self) -> None:
+        """Self-forming communities: cluster the workers by similarity into ``n_communities`` groups."""
+        from .topology import Communities
+
+        self.groups = similarity.cluster(self.sim.matrix(self.st.params), self.p.n_communities)
+        self.peer_p = Communities(self.st.W, self.p.n_communities, self.p.p_intra, groups=self.groups).probabilities()
+        self._sim_at = None
+
+    # -- model swap ---------------------------------------------------------------------------
+    def _swap(self, a: int, b: int) -> None:
+        """The two workers exchange models, with everything that belongs to a model (optimiser
+        state, supports, public copy); each goes on with the other's data. Two full transfers."""
+        st = self.st
+        ra, rb = st.params.row(a), st.params.row(b)
+        for stack in (st.params, st.momentum, st.accum, st.base):
+            if stack is not None:
+                stack.swap_rows_(a, b)
+        st.merge_change.set_row(a, st.merge_change.row(a) + (rb - ra))
+        st.merge_change.set_row(b, st.merge_change.row(b) + (ra - rb))
+        st.examples[[a, b]] = st.examples[[b, a]]
+        st.model_at[[a, b]] = st.model_at[[b, a]]
+        self.bytes += 2 * self.dense_bytes
 
     # what a worker puts on the wire, and what the receiver reconstructs from it
     def _outgoing(self, w: int, ev: int, side: int) -> torch.Tensor:
@@ -359,9 +488,8 @@ class _Merger:
             return self.st.accum.row(w)
         return None
 
-    def _pair(self, ev: int, step: int) -> None:
+    def _pair(self, ev: int, step: int, a_i: int, b_i: int) -> None:
         st, p, s = self.st, self.p, self.sched
-        a_i, b_i = int(s.initiator[ev]), int(s.peer[ev])
         winner = self._winner(a_i, b_i) if p.winner_bias > 0 else None
         move_a, move_b = ops.pair_moves(self.weight(step), float(s.u[ev]), p.winner_bias, p.lerp == "random", winner)
         push_pull = p.exchange == "push_pull"
@@ -372,10 +500,10 @@ class _Merger:
         sa, sb = self._support(a_i), self._support(b_i)
         sa = sa.clone() if isinstance(sa, torch.Tensor) else sa
         sb = sb.clone() if isinstance(sb, torch.Tensor) else sb
-        st.params.lerp_row_(b_i, from_a, ops.incoming_weight(move_b, sb, sa))
+        st.params.lerp_row_(b_i, from_a, ops.incoming_weight(move_b, sb, sa), st.merge_change)
         if push_pull:
             self.bytes += self.sent_bytes * (self.neighbours[b_i] if p.payload == "delta" else 1)
-            st.params.lerp_row_(a_i, from_b, ops.incoming_weight(move_a, sa, sb))
+            st.params.lerp_row_(a_i, from_b, ops.incoming_weight(move_a, sa, sb), st.merge_change)
         self._merge_supports(a_i, b_i, push_pull)
 
     def _merge_supports(self, a: int, b: int, push_pull: bool) -> None:
@@ -411,11 +539,13 @@ class _Merger:
             blocks = st.params.blocks
         supports: list = [st.examples] * len(blocks) if p.weighting == "examples" else (
             st.accum.blocks if p.weighting == "adaptive" else [None] * len(blocks))
+        before = st.params.buf.clone()
         for own, models, support in zip(st.params.blocks, blocks, supports):
             avg, merged = ops.weighted_average(models, support)
             own.lerp_(avg.unsqueeze(0).expand_as(own), a)
             if p.weighting == "adaptive":
                 support.copy_(merged.unsqueeze(0).expand_as(support))
+        st.merge_change.buf.add_(st.params.buf).sub_(before)
         st.examples.fill_(float(st.examples.sum()))  # counters are summed, not averaged
         # each worker uploads its payload and downloads the dense average (parameter-server accounting)
         self.bytes += W * (self.sent_bytes + self.dense_bytes)

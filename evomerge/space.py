@@ -33,14 +33,17 @@ def distributions(space: tuple[Param, ...]) -> dict[str, Any]:
 def policy_from_params(study: Study, params: dict[str, Any]) -> MergePolicy:
     """The study's fixed policy with ``params`` (field -> value) applied, validated.
 
-    Compression fields sampled while the payload is 'weights' do not apply; they are
-    reset to "off" rather than failing the trial.
+    Fields sampled where they do not apply are reset to "off" rather than failing the
+    trial: compression while the payload is 'weights', regrouping on a topology other
+    than 'communities'.
     """
     values = dict(params)
     payload = values.get("payload", study.policy.payload)
     if payload == "weights":
         values["topk_fraction"] = 1.0
         values["quantize_bits"] = 0
+    if values.get("topology", study.policy.topology) != "communities":
+        values["regroup_every"] = 0
     return study.policy.replace(**values)
 
 

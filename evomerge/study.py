@@ -184,7 +184,8 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     _at_least(r.eval_samples, 0, "study.run.eval_samples")
     if r.steps == 0:
         _positive(r.epochs, "study.run.epochs")
-    _positive(r.lr, "study.run.lr")
+    if not r.lr >= 0:  # 0 freezes the models: a control run (merges alone, or the convergence stop)
+        raise ConfigError("study.run.lr", f"{r.lr} is out of range; allowed: [0, inf)")
     if not 0 <= r.momentum < 1:
         raise ConfigError("study.run.momentum", f"{r.momentum} is out of range; allowed: [0, 1)")
     if r.weight_decay < 0:

@@ -23,7 +23,10 @@ def test_batched_loss_and_gradients_equal_each_workers_nn_module(name, options):
         loss = F.cross_entropy(mod(inp), y[w])
         loss.backward()
         ref = torch.cat([p.grad.reshape(-1) for p in mod.parameters()])
-        assert torch.allclose(losses[w], loss.detach(), atol=1e-6)
+        assert losses.shape == (W, B)
+        assert torch.allclose(losses[w].mean(), loss.detach(), atol=1e-6)
+        per_example = F.cross_entropy(mod(inp), y[w], reduction="none").detach()
+        assert torch.allclose(losses[w], per_example, atol=1e-5)
         assert torch.allclose(grad[w], ref, atol=1e-6, rtol=1e-5)
         assert torch.allclose(models.module_row(mod), flat[w])
 

@@ -1,0 +1,114 @@
+"""Data that travels: which worker holds which training example, and how confident it is on it.
+
+Every training position of the partition belongs to exactly one worker at any time, in
+its active shard or its reserve. Workers walk their data in passes: each pass is a
+permutation (from the seed, the worker and the pass number) of the active shard plus
+each reserve example with probability ``reserve_rate``. An example that moved away
+during a pass is skipped by its former holder.
+
+Confidence is the probability the holder's model gave the true label when it last
+trained on the example (it comes free from the training step's forward pass). An
+example whose confidence was at least ``retire_threshold`` the last two times it was
+trained on (by whichever models) retires to its holder's reserve. On a merge event the
+initiator sends its ``k`` least confident active examples to the peer. All of this is
+numpy on index arrays; no Python loop runs over examples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import schedule as schedule_mod
+
+TAG_PASSES, TAG_RESERVE = 41, 42
+UNSEEN = 2.0  # confidence of an example no model has trained on yet: never "least confident", never retired
+
+
+class DataPool:
+    def __init__(self, shards: list[np.ndarray], n_train: int, seed: int, *, retire_threshold: float = 0.0,
+                 reserve_rate: float = 1.0):
+        self.W = len(shards)
+        self.seed = seed
+        self.retire_threshold, self.reserve_rate = retire_threshold, reserve_rate
+        self.holder = np.full(n_train, -1, dtype=np.int64)  # -1: not a training example of any worker
+        self.reserved = np.zeros(n_train, dtype=bool)
+        for w, s in enumerate(shards):
+            self.holder[s] = w
+        self.conf = np.full(n_train, UNSEEN, dtype=np.float32)
+        self.prev_conf = np.full(n_train, UNSEEN, dtype=np.float32)
+        self.queue = [np.zeros(0, dtype=np.int64) for _ in range(self.W)]
+        self.passes = [0] * self.W
+        self.moved = 0  # examples sent between workers
+        self.retired = 0
+
+    # -- what each worker holds --------------------------------------------------------
+    def active(self, w: int) -> np.ndarray:
+        return np.flatnonzero((self.holder == w) & ~self.reserved)
+
+    def reserve(self, w: int) -> np.ndarray:
+        return np.flatnonzero((self.holder == w) & self.reserved)
+
+    def holdings(self) -> list[np.ndarray]:
+        """Active shard and reserve of each worker, together (what its label skew is measured on)."""
+        order = np.argsort(self.holder, kind="stable")
+        counts = np.bincount(self.holder[self.holder >= 0], minlength=self.W)
+        start = int((self.holder < 0).sum())
+        out, pos = [], start
+        for c in counts:
+            out.append(np.sort(order[pos:pos + c]))
+            pos += c
+        return out
+
+    # -- minibatches ---------------------------------------------------------------------
+    def _new_pass(self, w: int) -> np.ndarray:
+        rng = schedule_mod.rng_for(self.seed, TAG_PASSES, w, self.passes[w])
+        self.passes[w] += 1
+        reserve = self.reserve(w)
+        if len(reserve):
+            reserve = reserve[rng.random(len(reserve)) < self.reserve_rate]
+        pool = np.concatenate([self.active(w), reserve])
+        if len(pool) == 0:  # everything retired and none drawn: the whole reserve
+            pool = self.reserve(w)
+        if len(pool) == 0:
+            raise RuntimeError(f"worker {w} holds no training example")
+        return pool[rng.permutation(len(pool))]
+
+    def batches(self, batch: int) -> np.ndarray:
+        """The next minibatch of every worker, ``[W, batch]`` training positions."""
+        out = np.empty((self.W, batch), dtype=np.int64)
+        for w in range(self.W):
+            got = np.zeros(0, dtype=np.int64)
+            while len(got) < batch:
+                if len(self.queue[w]) == 0:
+                    self.queue[w] = self._new_pass(w)
+                q = self.queue[w]
+                take = q[:batch - len(got)]
+                self.queue[w] = q[len(take):]
+                got = np.concatenate([got, take[self.holder[take] == w]])  # moved away meanwhile: skip
+            out[w] = got
+        return out
+
+    # -- confidence, retirement, exchange ------------------------------------------------------
+    def record(self, positions: np.ndarray, confidence: np.ndarray) -> None:
+        """Confidences ``[W, B]`` of the holders' models on the examples they just trained on."""
+        pos = positions.reshape(-1)
+        self.prev_conf[pos] = self.conf[pos]
+        self.conf[pos] = confidence.reshape(-1)
+        if self.retire_threshold > 0:
+            t = self.retire_threshold
+            ready = pos[(self.conf[pos] >= t) & (self.prev_conf[pos] >= t) & ~self.reserved[pos]]
+            ready = np.unique(ready)
+            self.reserved[ready] = True
+            self.retired += len(ready)
+
+    def send_least_confident(self, src: int, dst: int, k: int) -> int:
+        """Move ``src``'s ``k`` least confident active examples to ``dst``'s active shard; returns how many."""
+        act = self.active(src)
+        k = min(k, max(0, len(act) - 1))  # a worker keeps at least one example
+        if k <= 0:
+            return 0
+        c = self.conf[act]
+        chosen = act[np.argsort(c, kind="stable")[:k]]
+        self.holder[chosen] = dst
+        self.moved += len(chosen)
+        return len(chosen)
