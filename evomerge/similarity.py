@@ -56,17 +56,10 @@ def cosine_matrix(s: torch.Tensor) -> torch.Tensor:
 
 
 def linear_cka(acts: torch.Tensor) -> torch.Tensor:
-    """``[W, W]`` linear CKA (Kornblith et al. 2019) of activations ``[W, n, f]`` on the same ``n`` inputs."""
+    """``[W, W]`` linear CKA (Kornblith et al. 2019) of activations ``[W, n, f]`` on the same ``n`` inputs:
+    the cosine of the workers' centred Gram matrices."""
     x = acts - acts.mean(1, keepdim=True)
-    gram = x @ x.transpose(1, 2)  # [W, n, n]; centred features give centred Gram matrices
-    flat = gram.flatten(1)
-    norms = flat.norm(dim=1)
-    zero = norms == 0
-    unit = flat / torch.where(zero, torch.ones_like(norms), norms).unsqueeze(1)
-    m = (unit @ unit.T).clamp_(-1.0, 1.0)
-    m[zero[:, None] & zero[None, :]] = 1.0
-    m.fill_diagonal_(1.0)
-    return m
+    return cosine_matrix((x @ x.transpose(1, 2)).flatten(1))
 
 
 def probe_positions(n_train: int, seed: int, size: int = PROBE_SIZE) -> np.ndarray:

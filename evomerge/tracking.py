@@ -42,6 +42,12 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
                                             "start it or pass another --tracking-uri") from None
 
 
+# per-round metrics logged as MLflow metric histories (x axis: local steps)
+ROUND_METRICS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
+                 "bytes", "update_norm", "train_loss", "local_update_norm", "merge_update_norm", "similarity_mean",
+                 "similarity_min", "label_skew", "examples_moved")
+
+
 class Tracker:
     def __init__(self, uri: str, study_name: str, artifact_dir: Path | None = None):
         from mlflow import MlflowClient
@@ -91,8 +97,9 @@ class Tracker:
             offset = k * record["total_steps"]
             ts = int(record["start"] * 1000)
             for r in h:
-                for key in ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy",
-                            "consensus_distance", "bytes", "update_norm", "train_loss"):
+                for key in ROUND_METRICS:
+                    if key not in r:  # histories written before a metric existed
+                        continue
                     v = r[key]
                     if v == v and abs(v) != float("inf"):
                         history.append(Metric(key, float(v), ts, offset + r["step"]))

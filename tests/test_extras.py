@@ -217,3 +217,29 @@ def test_same_seed_same_run_with_every_new_field_on(setup):
     strip = [{k: v for k, v in dataclasses.asdict(h).items() if k != "wall_time"} for h in a.history]
     assert strip == [{k: v for k, v in dataclasses.asdict(h).items() if k != "wall_time"} for h in b.history]
     assert a.communities == b.communities and a.model_at == b.model_at
+
+
+def test_the_new_fields_are_searchable(tmp_path, mnist):
+    import evomerge
+    from evomerge import study as study_mod
+
+    f = write_study(tmp_path, workers=4, steps=40, topologies=("communities", "complete"))
+    text = f.read_text().replace("[objectives]", "\n".join([
+        'similarity_bias = { kind = "float", low = -1.0, high = 1.0 }',
+        'regroup_every = { kind = "int", low = 0, high = 2 }',
+        'data_exchange_k = { kind = "int", low = 0, high = 8 }',
+        'swap_p = { kind = "float", low = 0.0, high = 0.5 }',
+        'stop_tol = { kind = "float", low = 0.0, high = 0.001 }',
+        'similarity = { kind = "categorical", choices = ["sketch", "cka"] }',
+        "[objectives]"]))
+    f.write_text(text)
+    s = study_mod.load(f)
+    res = evomerge.search(s, n_trials=5, sampler="random", runs_dir=tmp_path / "runs", seed=2, data=mnist)
+    assert res.counts.get("COMPLETE", 0) == 5 and not res.errors
+    policies = [r["policy"] for r in res.records]
+    assert len({p["swap_p"] for p in policies}) == 5 and len({p["similarity_bias"] for p in policies}) == 5
+    for p in policies:  # regrouping only where it applies
+        assert p["regroup_every"] == 0 or p["topology"] == "communities"
+        assert p["schema_version"] == SCHEMA_VERSION
+    with pytest.raises(ConfigError, match=r"study.search.space.similarity_bias: is not supported by the distributed"):
+        evomerge.search(s, n_trials=1, runs_dir=tmp_path / "runs2", data=mnist, backend="distributed")
