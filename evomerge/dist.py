@@ -23,7 +23,9 @@ unfinished event always has all its ranks at it.
 from __future__ import annotations
 
 import math
+import multiprocessing.connection
 import os
+import pickle
 import queue as queue_mod
 import signal
 import tempfile
@@ -469,15 +471,11 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
                 down.put(go)
             elif kind == "result":
                 result = payload
-            try:
-                if pc.join(timeout=0 if kind else 0.05, grace_period=2):
-                    break
-            except mp.ProcessExitedException as e:
-                why = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-                raise DistributedRunError(e.error_index, f"(pid {e.error_pid}) {why}; the run was stopped") from None
-            except mp.ProcessRaisedException as e:
-                last = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
-                raise DistributedRunError(e.error_index, f"(pid {e.error_pid}) raised {last.strip()}") from None
+            if kind is None:
+                multiprocessing.connection.wait([p.sentinel for p in pc.processes], timeout=0.05)
+            _raise_if_failed(pc)
+            if all(p.exitcode == 0 for p in pc.processes):
+                break
     finally:
         _stop_all(pc)
         tmp.cleanup()
@@ -493,6 +491,29 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
     return result
 
 
+def _raise_if_failed(pc) -> None:
+    """The first rank that exited non-zero, as a one-line error naming it (the others are stopped
+    by the caller's ``finally``)."""
+    for rank, p in enumerate(pc.processes):
+        if p.exitcode is None or p.exitcode == 0:
+            continue
+        if p.exitcode < 0:
+            try:
+                why = f"was killed by {signal.Signals(-p.exitcode).name}"
+            except ValueError:
+                why = f"was killed by signal {-p.exitcode}"
+            raise DistributedRunError(rank, f"(pid {p.pid}) {why}; the run was stopped")
+        last = f"exited with code {p.exitcode}"
+        path = pc.error_files[rank]  # torch's spawn wrapper writes a raising rank's traceback here
+        if os.path.exists(path):
+            with open(path, "rb") as fh:
+                trace = pickle.load(fh)
+            lines = [ln.strip() for ln in str(trace).strip().splitlines() if ln.strip()]
+            if lines:
+                last = f"raised {lines[-1]}"
+        raise DistributedRunError(rank, f"(pid {p.pid}) {last}")
+
+
 def _stop_all(pc) -> None:
     """No rank outlives its run: terminate, then kill, whatever is still alive."""
     alive = [p for p in pc.processes if p.is_alive()]
@@ -504,6 +525,8 @@ def _stop_all(pc) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+    for p in pc.processes:  # reap the ones that had exited
+        p.join()
 
 
 # -- torchrun entry point ----------------------------------------------------------------------------------
