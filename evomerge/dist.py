@@ -448,6 +448,9 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
     world = procs or setup.study.run.workers
     groups(setup.study.run.workers, world)  # a clear error before anything starts
     device = pick_device(device)
+    if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
+        raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
+                                     f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
     ctx = mp.get_context("spawn")
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // world)
