@@ -246,7 +246,7 @@ class _Rank:
             self.examples[a] = total
 
     def _allreduce(self, ev: int, step: int) -> None:
-        p, W, own = self.p, self.W, self.own
+        p, own = self.p, self.own
         a = self.weight(step) * (float(self.sched.u[ev]) if p.lerp == "random" else 1.0)
         if self.delta:
             # each worker's compressed delta goes to every rank, which rebuilds all public copies
