@@ -280,3 +280,21 @@ def test_bad_backend_flags_get_one_line(tmp_path, data_dir, flags, message):
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and r.stderr.strip() == message, r.stderr
     assert not (tmp_path / "runs").exists()  # refused before any store was made
+
+
+def test_ctrl_c_stops_every_rank(tmp_path, data_dir):
+    study = write_study(tmp_path, workers=4, steps=200000)
+    proc = subprocess.Popen([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
+                             "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _wait_for_ranks(proc, 4)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and err.strip() == "interrupted", err
+    time.sleep(0.5)
+    assert [p for p in ranks if _alive(p)] == []
