@@ -22,7 +22,6 @@ unfinished event always has all its ranks at it.
 
 from __future__ import annotations
 
-import math
 import multiprocessing.connection
 import os
 import pickle
@@ -49,11 +48,6 @@ class DistributedRunError(RunError):
     def __init__(self, rank: int, message: str):
         super().__init__(f"rank {rank} {message}")
         self.rank = rank
-
-
-def check_policy(policy: MergePolicy) -> None:
-    """Refuse, with the field named, what the distributed backend does not run."""
-    backends.check_policy("distributed", policy)
 
 
 def groups(workers: int, world: int) -> list[list[int]]:
@@ -306,21 +300,17 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
              evaluate_test: bool = False, keep_params: bool = False) -> sim.RunResult | None:
     """This rank's part of one run, inside an initialised process group. ``report`` (rank 0 only)
     gets each round's metrics and returns False to stop the run. Rank 0 returns the result."""
-    check_policy(policy)
+    backends.check_policy("distributed", policy)
     t0 = time.perf_counter()
     dev = torch.device(device) if device else torch.device("cpu")
-    study, model, data = setup.study, setup.model, setup.data
+    study, model = setup.study, setup.model
     run = study.run
     W, B, T = run.workers, run.batch_size, setup.total_steps
     me = _Rank(setup, policy, seed, rank, world, dev)
     st, sched = me.st, me.sched
-    if rank == 0:
-        val_x = sim.normalise(data.val_x.to(dev), data.spec)
-        val_y = data.val_y.to(dev)
-        n_eval = run.eval_samples or len(val_y)
+    judge = sim.Judge(setup, policy, seed, dev, me.train_x, t0) if rank == 0 else None
     history: list[sim.RoundMetrics] = []
-    prev_center = sim.initial_row(model, seed).to(dev) if rank == 0 else None
-    status, start, ev, eval_time, rows = "ok", 0, 0, 0.0, None
+    status, start, ev, stack, converged = "ok", 0, 0, None, None
 
     def merge_after(step: int) -> None:
         nonlocal ev
@@ -329,14 +319,11 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
             me.apply(ev, step)
             ev += 1
 
-    similarity = sim.Similarity(model, policy, seed, sim.initial_row(model, seed).to(dev), data, me.train_x) if rank == 0 else None
-    calm, converged = 0, None
     for r, end in enumerate(sim.round_bounds(T, run.rounds)):
         round_start = st.params.buf.clone()
         st.merge_change.buf.zero_()
         loss_sum = sim.train_steps(setup, st, me.own, seed, start, end, me.train_x, me.train_y, merge_after)
-        steps_here, start = end - start, end
-        local, merged = sim.update_norms(st, round_start, steps_here)  # means over this rank's workers
+        local, merged = sim.update_norms(st, round_start, end - start)  # means over this rank's workers
         n_own = len(me.own)
         totals = torch.tensor([float(loss_sum), float(me.bytes), local * n_own, merged * n_own], dtype=torch.float64, device=dev)
         dist.all_reduce(totals)
@@ -345,47 +332,30 @@ def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, wor
         dist.gather(local_rows, gathered, dst=0)
         go = torch.ones(1, device=dev)
         if rank == 0:
-            te = time.perf_counter()
-            rows = torch.cat(gathered)
-            train_loss = float(totals[0]) / (W * steps_here)
-            finite = math.isfinite(train_loss) and math.isfinite(float(rows.sum()))
             stack = model.stack(W, dev)
-            stack.set_rows(rows)
-            center = stack.mean()
-            metrics = sim._evaluate(model, stack, center, val_x, val_y, n_eval, finite)
-            local, merged = float(totals[2]) / W, float(totals[3]) / W
-            sim_mean, sim_min = similarity.summary(stack) if finite else (float("nan"), float("nan"))
-            eval_time += time.perf_counter() - te
-            update = float((center - prev_center).norm()) / steps_here if finite else float("nan")
-            prev_center = center
-            rm = sim.RoundMetrics(round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=int(totals[1]),
-                                  merges=me.count, wall_time=time.perf_counter() - t0, local_update_norm=local,
-                                  merge_update_norm=merged, similarity_mean=sim_mean, similarity_min=sim_min,
-                                  label_skew=setup.label_skew, **metrics)
+            stack.set_rows(torch.cat(gathered))
+            rm = judge.round(r, end, end - start, stack, float(totals[0]), float(totals[2]) / W, float(totals[3]) / W,
+                             int(totals[1]), me.count, setup.label_skew, 0)
             history.append(rm)
-            calm = calm + 1 if policy.stop_tol and local < policy.stop_tol and merged < policy.stop_tol else 0
-            if not finite:
+            if not judge.finite:
                 status = "diverged"
                 go.zero_()
             elif report is not None and report(rm) is False:
                 status = "stopped"
                 go.zero_()
-            elif policy.stop_tol and calm >= policy.stop_patience and end < T:
+            elif judge.converged(rm, T):
                 converged = end
                 go.zero_()
+        start = end
         dist.broadcast(go, src=0)
         if not float(go[0]):
             break
     if rank != 0:
         return None
-    test_acc = None
-    if evaluate_test and status == "ok":
-        tx, ty = data.test()
-        center = rows.mean(0, keepdim=True)
-        test_acc = sim._accuracy(model, model.views(center), sim.normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
+    test_acc = judge.test_accuracy(stack) if evaluate_test and status == "ok" else None
     return sim.RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W,
-                         test_acc, eval_time, rows.cpu() if keep_params and rows is not None else None, converged,
-                         None, list(range(W)))
+                         test_acc, judge.eval_time, stack.rows().cpu() if keep_params and stack is not None else None,
+                         converged, None, list(range(W)))
 
 
 # -- local launch --------------------------------------------------------------------------------------
@@ -444,7 +414,7 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
     ends the run with :class:`DistributedRunError` naming it, and no rank is left running."""
     import torch.multiprocessing as mp
 
-    check_policy(policy)
+    backends.check_policy("distributed", policy)
     world = procs or setup.study.run.workers
     groups(setup.study.run.workers, world)  # a clear error before anything starts
     device = pick_device(device)
@@ -555,7 +525,7 @@ def main(argv=None) -> int:
                 raise _CE(var, "is not set; launch with torchrun (or use `evomerge run --backend distributed`)")
         study = load(args.study)
         policy = study.resolve_policy(args.policy)
-        check_policy(policy)
+        backends.check_policy("distributed", policy)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         groups(study.run.workers, world)
     except _CE as e:

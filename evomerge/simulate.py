@@ -203,23 +203,20 @@ def simulate(
     st = _Workers(setup, policy, seed, dev)
 
     train_x, train_y = data.train_x.to(dev), data.train_y.to(dev)
-    val_x = normalise(data.val_x.to(dev), data.spec)
-    val_y = data.val_y.to(dev)
-    n_eval = run.eval_samples or len(val_y)
     slice_idx = [torch.as_tensor(s, device=dev) for s in setup.slices]
     neighbours = None
     if sched.topology is not None:
         neighbours = [len(sched.topology.neighbours(i)) for i in range(W)]
-    sim = Similarity(model, policy, seed, st.params.row(0), data, train_x)
+    judge = Judge(setup, policy, seed, dev, train_x, t0)
     pool = None
     if policy.data_exchange_k or policy.retire_threshold:
         pool = datapool.DataPool(setup.shards, len(train_y), seed, retire_threshold=policy.retire_threshold,
                                  reserve_rate=policy.reserve_rate)
 
-    merger = _Merger(st, policy, sched, model, data.spec, train_x, train_y, slice_idx, neighbours, seed, T, sim, pool)
+    merger = _Merger(st, policy, sched, model, data.spec, train_x, train_y, slice_idx, neighbours, seed, T,
+                     judge.similarity, pool)
     history: list[RoundMetrics] = []
-    prev_center = st.params.mean()
-    status, start, ev, eval_time, calm, converged = "ok", 0, 0, 0.0, 0, None
+    status, start, ev, converged = "ok", 0, 0, None
     labels = data.train_y.numpy()
     for r, end in enumerate(round_bounds(T, run.rounds)):
         def merge_after(step: int) -> None:
@@ -232,44 +229,72 @@ def simulate(
         round_start = st.params.buf.clone()
         st.merge_change.buf.zero_()
         loss_sum = train_steps(setup, st, range(W), seed, start, end, train_x, train_y, merge_after, pool)
-        steps_here = end - start
-        start = end
-        train_loss = float(loss_sum) / (W * steps_here)
-        te = time.perf_counter()
-        finite = math.isfinite(train_loss) and math.isfinite(float(st.params.buf.sum()))  # a sum is non-finite iff an entry is
-        center = st.params.mean()
-        metrics = _evaluate(model, st.params, center, val_x, val_y, n_eval, finite)
-        local, merged = update_norms(st, round_start, steps_here)
-        sim_mean, sim_min = sim.summary(st.params) if finite else (float("nan"), float("nan"))
-        eval_time += time.perf_counter() - te
-        update = float((center - prev_center).norm()) / steps_here if finite else float("nan")
-        prev_center = center
+        local, merged = update_norms(st, round_start, end - start)
         skew = data_mod.label_skew(labels, pool.holdings(), data.n_classes) if pool is not None else setup.label_skew
-        rm = RoundMetrics(
-            round=r + 1, step=end, train_loss=train_loss, update_norm=update,
-            bytes=merger.bytes, merges=merger.count, wall_time=time.perf_counter() - t0,
-            local_update_norm=local, merge_update_norm=merged, similarity_mean=sim_mean, similarity_min=sim_min,
-            label_skew=skew, examples_moved=pool.moved if pool is not None else 0, **metrics,
-        )
+        rm = judge.round(r, end, end - start, st.params, float(loss_sum), local, merged, merger.bytes, merger.count,
+                         skew, pool.moved if pool is not None else 0)
+        start = end
         history.append(rm)
-        if not finite:
+        if not judge.finite:
             status = "diverged"
             break
         if callback is not None:
             callback(rm)
         if policy.regroup_every and (r + 1) % policy.regroup_every == 0:
             merger.regroup()
-        calm = calm + 1 if policy.stop_tol and local < policy.stop_tol and merged < policy.stop_tol else 0
-        if policy.stop_tol and calm >= policy.stop_patience and end < T:
+        if judge.converged(rm, T):
             converged = end
             break
-    test_acc = None
-    if evaluate_test and status == "ok":
-        tx, ty = data.test()
-        test_acc = _accuracy(model, model.views(st.params.mean().unsqueeze(0)), normalise(tx.to(dev), data.spec), ty.to(dev))[0][0]
+    test_acc = judge.test_accuracy(st.params) if evaluate_test and status == "ok" else None
     return RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W, test_acc,
-                     eval_time, st.params.rows().cpu() if keep_params else None, converged,
+                     judge.eval_time, st.params.rows().cpu() if keep_params else None, converged,
                      merger.groups.tolist() if policy.regroup_every else None, st.model_at.tolist())
+
+
+class Judge:
+    """What every backend does with all workers' parameters at the end of a round: evaluate
+    the consensus model and the workers on the validation split, measure similarity, build
+    the round's :class:`RoundMetrics` and apply the convergence stop; at the end, the test set."""
+
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, dev: torch.device, train_x: torch.Tensor, t0: float):
+        data, run, model = setup.data, setup.study.run, setup.model
+        self.model, self.data, self.policy, self.dev, self.t0 = model, data, policy, dev, t0
+        self.val_x = normalise(data.val_x.to(dev), data.spec)
+        self.val_y = data.val_y.to(dev)
+        self.n_eval = run.eval_samples or len(self.val_y)
+        start = initial_row(model, seed).to(dev)
+        self.similarity = Similarity(model, policy, seed, start, data, train_x)
+        self.prev_center = start
+        self.eval_time, self.calm, self.finite = 0.0, 0, True
+
+    def round(self, r: int, end: int, steps: int, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
+              sent: int, merges: int, label_skew: float, moved: int) -> RoundMetrics:
+        te = time.perf_counter()
+        train_loss = loss_sum / (stack.W * steps)
+        # a sum is non-finite iff an entry is
+        self.finite = finite = math.isfinite(train_loss) and math.isfinite(float(stack.buf.sum()))
+        center = stack.mean()
+        metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite)
+        sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
+        update = float((center - self.prev_center).norm()) / steps if finite else float("nan")
+        self.prev_center = center
+        self.eval_time += time.perf_counter() - te
+        return RoundMetrics(
+            round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=sent, merges=merges,
+            wall_time=time.perf_counter() - self.t0, local_update_norm=local, merge_update_norm=merged,
+            similarity_mean=sim_mean, similarity_min=sim_min, label_skew=label_skew, examples_moved=moved, **metrics,
+        )
+
+    def converged(self, rm: RoundMetrics, total: int) -> bool:
+        """The convergence stop: local and merge updates below ``stop_tol`` for ``stop_patience`` rounds."""
+        tol = self.policy.stop_tol
+        self.calm = self.calm + 1 if tol and rm.local_update_norm < tol and rm.merge_update_norm < tol else 0
+        return bool(tol) and self.calm >= self.policy.stop_patience and rm.step < total
+
+    def test_accuracy(self, stack: models_mod.Stack) -> float:
+        tx, ty = self.data.test()
+        center = stack.mean().unsqueeze(0)
+        return _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec), ty.to(self.dev))[0][0]
 
 
 def update_norms(st: _Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
