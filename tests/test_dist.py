@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -155,22 +156,30 @@ def _wait_for_ranks(proc, n: int, timeout: float = 60) -> list[int]:
     raise AssertionError(f"{n} ranks did not start")
 
 
-def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
+@contextlib.contextmanager
+def long_distributed_run(tmp_path, data_dir):
+    """A 4-rank ``evomerge run --backend distributed`` far from its end; yields (process, rank pids)
+    once the ranks are past the rendezvous, and kills the launcher if a test left it running."""
     study = write_study(tmp_path, workers=4, steps=200000)
     proc = subprocess.Popen([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
                              "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         ranks = _wait_for_ranks(proc, 4)
-        time.sleep(3)  # past the rendezvous: the ranks are training and merging
+        time.sleep(2)  # past the rendezvous: the ranks are training and merging
         assert proc.poll() is None
+        yield proc, ranks
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
+    with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         os.kill(ranks[2], signal.SIGKILL)  # ranks start in order, so pids are in rank order
         t = time.monotonic()
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - t
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 1, err
     assert "error: rank 2" in err and "SIGKILL" in err, err
     assert took < 10
@@ -283,18 +292,9 @@ def test_bad_backend_flags_get_one_line(tmp_path, data_dir, flags, message):
 
 
 def test_ctrl_c_stops_every_rank(tmp_path, data_dir):
-    study = write_study(tmp_path, workers=4, steps=200000)
-    proc = subprocess.Popen([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
-                             "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        ranks = _wait_for_ranks(proc, 4)
-        time.sleep(2)
+    with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130 and err.strip() == "interrupted", err
     time.sleep(0.5)
     assert [p for p in ranks if _alive(p)] == []
