@@ -218,14 +218,15 @@ def simulate(
     history: list[RoundMetrics] = []
     status, start, ev, converged = "ok", 0, 0, None
     labels = data.train_y.numpy()
-    for r, end in enumerate(round_bounds(T, run.rounds)):
-        def merge_after(step: int) -> None:
-            nonlocal ev
-            st.examples += B
-            while ev < len(sched) and sched.step[ev] == step:
-                merger.apply(ev, step)
-                ev += 1
 
+    def merge_after(step: int) -> None:
+        nonlocal ev
+        st.examples += B
+        while ev < len(sched) and sched.step[ev] == step:
+            merger.apply(ev, step)
+            ev += 1
+
+    for r, end in enumerate(round_bounds(T, run.rounds)):
         round_start = st.params.buf.clone()
         st.merge_change.buf.zero_()
         loss_sum = train_steps(setup, st, range(W), seed, start, end, train_x, train_y, merge_after, pool)
