@@ -137,24 +137,26 @@ def test_data_exchange_charges_bytes_and_changes_the_label_skew(setup):
 def test_swap_with_probability_one_applied_twice_restores_the_assignment(setup):
     pol = MergePolicy(topology="ring", swap_p=1.0, payload="delta", weighting="adaptive")
     run = setup.study.run
-    st = simulate._Workers(setup, pol, 0, torch.device("cpu"))
+    from evomerge.backends.inprocess import InProcess
+    from evomerge.engine.plan import PairSet
+    from evomerge.engine.run import StepMerger
+
+    backend = InProcess(setup, pol, 0, torch.device("cpu"))
+    st, sched = backend.state, backend.sched
     g = torch.Generator().manual_seed(1)
     st.params.set_rows(torch.randn(run.workers, setup.model.n_params, generator=g))
     st.accum.set_rows(torch.rand(run.workers, setup.model.n_params, generator=g))
     st.examples.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64))
     before = (st.params.rows(), st.accum.rows(), st.examples.clone())
-    from evomerge import schedule
-
-    sched = schedule.build(pol, run.workers, 100, 0)
-    merger = simulate._Merger(st, pol, sched, setup.model, setup.data.spec, setup.data.train_x, setup.data.train_y,
-                              None, [2] * 4, 0, 100)
+    merger = StepMerger(setup, pol, sched, backend)
     ev = 0
     a, b = int(sched.initiator[ev]), int(sched.peer[ev])
-    merger.apply(ev, 1)
+    one = PairSet(int(sched.step[ev]), np.array([ev]), np.array([a]), np.array([b]), sched.u[[ev]], np.array([True]), 0.5)
+    merger.apply_set(one)
     assert st.model_at.tolist() != [0, 1, 2, 3]
     assert torch.equal(st.params.row(a), before[0][b]) and torch.equal(st.params.row(b), before[0][a])
-    assert merger.bytes == 2 * merger.dense_bytes
-    merger.apply(ev, 1)
+    assert merger.bytes == 2 * merger.cost.dense
+    merger.apply_set(one)
     assert st.model_at.tolist() == [0, 1, 2, 3]
     assert torch.equal(st.params.rows(), before[0]) and torch.equal(st.accum.rows(), before[1])
     assert torch.equal(st.examples, before[2])

@@ -1,4 +1,10 @@
-"""Where a merge run executes: the in-process simulator or the ``torch.distributed`` backend.
+"""Where a merge run executes: backends by name.
+
+A backend holds the workers' rows and moves tensors between them; what a run means
+is the engine's (:mod:`evomerge.engine`). The interface is :class:`base.Backend`;
+``inprocess`` (:mod:`.inprocess`) and ``distributed`` (:mod:`.distributed`) are
+registered in :data:`BACKENDS`, which code outside the package can extend with
+:func:`register`.
 
 Cheap to import (the CLI checks flags with it before torch is loaded).
 """
@@ -7,9 +13,20 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
-BACKENDS = ("inprocess", "distributed")
+# name -> "module:function" of the run function, imported when used (torch is heavy)
+BACKENDS: dict[str, str] = {
+    "inprocess": "evomerge.simulate:simulate",
+    "distributed": "evomerge.backends.distributed:simulate",
+}
+
+
+def register(name: str, target: str) -> None:
+    """Add a backend: ``target`` is ``"module:function"``, a function called as
+    ``fn(setup, policy, seed, callback=..., device=..., evaluate_test=..., keep_params=...)``
+    that returns a ``RunResult`` (build it on :class:`base.Backend` and :func:`engine.run.execute`)."""
+    BACKENDS[name] = target
 
 
 def check(backend: str, procs: int | None, workers: int) -> None:
@@ -57,16 +74,14 @@ def check_space(backend: str, names) -> None:
 
 def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:
     """The run function of a backend, called as ``fn(setup, policy, seed, callback=..., device=..., ...)``
-    and returning a ``RunResult``: :func:`evomerge.simulate.simulate`, or :func:`evomerge.dist.simulate`
-    on ``procs`` processes (default one per worker)."""
-    if workers is not None:
-        check(backend, procs, workers)
-    if backend == "inprocess":
-        from .simulate import simulate
-
-        return simulate
+    and returning a ``RunResult``; the distributed one runs on ``procs`` processes (default one per worker)."""
+    import importlib
     from functools import partial
 
-    from .dist import simulate as dist_simulate
-
-    return partial(dist_simulate, procs=procs)
+    if workers is not None:
+        check(backend, procs, workers)
+    if backend not in BACKENDS:
+        raise ConfigError("--backend", f"unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+    module, name = BACKENDS[backend].split(":")
+    fn = getattr(importlib.import_module(module), name)
+    return partial(fn, procs=procs) if backend == "distributed" else fn

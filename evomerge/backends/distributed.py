@@ -1,0 +1,562 @@
+"""The distributed backend: one process per worker (or per group of workers) over ``torch.distributed``.
+
+Every rank replays the same event schedule as the in-process backend (``schedule.build``
+is a function of the policy and the seed) and draws the same minibatches
+(``simulate.batch_indices``). A gossip merge is a point-to-point exchange between the
+ranks of the two workers involved, while every other rank keeps training; a complete
+average (``scheme = "allreduce"``) is a collective. Delta payloads travel encoded
+(positions, integer levels and a scale: ``ops.encode``) to every rank that holds a
+topology neighbour of the sender, since neighbours keep the sender's public copy
+(CHOCO-style, as in the in-process backend). At the end of each round the workers'
+parameters are gathered to rank 0, which evaluates and reports through the callback
+(so a search can prune), and tells the others whether to go on.
+
+Launch: :func:`simulate` spawns the processes on this machine (gloo on CPU, NCCL on
+CUDA), rendezvous on a free 127.0.0.1 port. Across hosts, run ``python -m evomerge.dist``
+under ``torchrun``, which sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``.
+
+Deadlock freedom: all ranks walk the events in the same global order and post every
+send and receive of an event without blocking before waiting on any, so the earliest
+unfinished event always has all its ranks at it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import pickle
+import queue as queue_mod
+import signal
+import tempfile
+import time
+from datetime import timedelta
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import ops
+from . import check, check_policy
+from .. import schedule as schedule_mod
+from .. import simulate as sim
+from ..errors import ConfigError, RunError
+from ..policy import MergePolicy
+
+class DistributedRunError(RunError):
+    """A rank of a distributed run died or raised; the message names the rank."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} {message}")
+        self.rank = rank
+
+
+def groups(workers: int, world: int) -> list[list[int]]:
+    """Contiguous groups of workers, one per rank; every rank gets the same number."""
+    check("distributed", world, workers)
+    n = workers // world
+    return [list(range(r * n, (r + 1) * n)) for r in range(world)]
+
+
+# -- one rank ---------------------------------------------------------------------------------------
+class _Rank:
+    """The state of one rank: its own workers' rows, and what it knows about everyone."""
+
+    def __init__(self, setup: sim.Setup, policy: MergePolicy, seed: int, rank: int, world: int, device: torch.device):
+        study, model = setup.study, setup.model
+        self.setup, self.p, self.seed, self.rank, self.dev = setup, policy, seed, rank, device
+        self.W, self.T, self.P = study.run.workers, setup.total_steps, model.n_params
+        self.groups = groups(self.W, world)
+        self.own = self.groups[rank]
+        self.owner = np.repeat(np.arange(world), len(self.own))
+        self.pos = {w: i for i, w in enumerate(self.own)}
+        self.sched = schedule_mod.build(policy, self.W, self.T, seed)
+        self.st = sim.Workers(setup.model, study.run, policy, seed, device, rows=len(self.own), public=False)
+        # supports are a function of the schedule alone: every rank keeps all W counters
+        self.examples = torch.zeros(self.W, dtype=torch.float64)
+        self.delta = policy.payload == "delta"
+        self.public = sim.initial_row(model, seed).to(device).repeat(self.W, 1) if self.delta else None
+        self.neighbours = None
+        if self.sched.topology is not None:
+            self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(self.W)]
+        self.spec = ops.wire_spec(self.P, policy.topk_fraction, policy.quantize_bits) if self.delta else [((self.P,), torch.float32)]
+        self.dense_bytes = ops.payload_bytes(self.P)
+        self.sent_bytes = ops.payload_bytes(self.P, policy.topk_fraction, policy.quantize_bits) if self.delta else self.dense_bytes
+        self.bytes = 0  # charged by the sender's rank; summed over ranks each round
+        self.count = 0
+        data = setup.data
+        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
+        self.slice_idx = [torch.as_tensor(s, device=device) for s in setup.slices]
+
+    # -- helpers ---------------------------------------------------------------------------
+    def weight(self, step: int) -> float:
+        p = self.p
+        return ops.scheduled_weight(p.mixing_weight, p.mixing_weight_final, p.mixing_schedule, step / self.T)
+
+    def _encode(self, w: int, ev: int, side: int) -> list[torch.Tensor]:
+        """Worker ``w``'s wire tensors; for deltas also moves its public copy (error feedback stays local)."""
+        row = self.st.params.row(self.pos[w])
+        if not self.delta:
+            return [row]
+        p = self.p
+        gen = None
+        if p.quantize_bits:
+            gen = torch.Generator().manual_seed(int(schedule_mod.rng_for(self.seed, sim.TAG_QUANT, ev, side).integers(2**62)))
+        parts = ops.encode(ops.delta(row, self.public[w]), p.topk_fraction, p.quantize_bits, gen)
+        self._receive_delta(w, parts)
+        return parts
+
+    def _receive_delta(self, w: int, parts: list[torch.Tensor]) -> None:
+        p = self.p
+        self.public[w] = ops.apply_delta(self.public[w], ops.decode(parts, self.P, p.topk_fraction, p.quantize_bits))
+
+    def _empty(self) -> list[torch.Tensor]:
+        return [torch.empty(shape, dtype=dtype, device=self.dev) for shape, dtype in self.spec]
+
+    def _dests(self, w: int) -> list[int]:
+        """Ranks that keep worker ``w``'s public copy: those of its topology neighbours (delta payloads)."""
+        return sorted({int(self.owner[n]) for n in self.neighbours[w]} - {int(self.owner[w])})
+
+    def _support(self, w: int, accum: dict):
+        if self.p.weighting == "examples":
+            return float(self.examples[w])
+        return accum.get(w) if self.p.weighting == "adaptive" else None
+
+    def _rescale(self) -> None:
+        sim.rescale_supports(self.examples, self.st.accum.buf if self.st.accum is not None else None)
+
+    def _loss(self, w: int, a: int, b: int) -> torch.Tensor:
+        idx = torch.cat([self.slice_idx[a], self.slice_idx[b]])
+        x = sim.normalise(self.train_x[idx], self.setup.data.spec)
+        return sim.slice_losses(self.setup.model, self.st.params.params, [self.pos[w]], x, self.train_y[idx]).reshape(1)
+
+    # -- merge events ------------------------------------------------------------------------
+    def apply(self, ev: int, step: int) -> None:
+        self.count += 1
+        if self.sched.scheme == "allreduce":
+            self._allreduce(ev, step)
+        else:
+            self._pair(ev, step)
+        self._rescale()
+
+    def _pair(self, ev: int, step: int) -> None:
+        p, s, r = self.p, self.sched, self.rank
+        a, b = int(s.initiator[ev]), int(s.peer[ev])
+        oa, ob = int(self.owner[a]), int(self.owner[b])
+        push_pull = p.exchange == "push_pull"
+        biased = p.winner_bias > 0
+        dests_a = self._dests(a) if self.delta else ([ob] if ob != oa else [])
+        dests_b = (self._dests(b) if self.delta else ([oa] if oa != ob else [])) if push_pull else []
+        if r not in (oa, ob) and r not in dests_a and r not in dests_b:
+            self._merge_counters(a, b, push_pull)
+            return
+        # 1. what this rank's participants compute before anything moves
+        loss = {}
+        if biased:  # both on the initiator-first pair of slices, as the in-process backend scores them
+            for w, o in ((a, oa), (b, ob)):
+                if r == o:
+                    loss[w] = self._loss(w, a, b)
+        out = {}
+        if r == oa:
+            out[a] = self._encode(a, ev, 0)
+        if r == ob and push_pull:
+            out[b] = self._encode(b, ev, 1)
+        # 2. messages, in one canonical order on every rank: losses a->b, b->a, payload a, payload b
+        ops_, recv = [], {}
+        if biased and oa != ob:
+            if r == oa:
+                ops_.append(dist.P2POp(dist.isend, loss[a], ob))
+            elif r == ob:
+                loss[a] = torch.empty(1, device=self.dev)
+                ops_.append(dist.P2POp(dist.irecv, loss[a], oa))
+            if push_pull:
+                if r == ob:
+                    ops_.append(dist.P2POp(dist.isend, loss[b], oa))
+                elif r == oa:
+                    loss[b] = torch.empty(1, device=self.dev)
+                    ops_.append(dist.P2POp(dist.irecv, loss[b], ob))
+        for w, src, dests in ((a, oa, dests_a), (b, ob, dests_b)):
+            if r == src:
+                ops_ += [dist.P2POp(dist.isend, t, d) for d in dests for t in out[w]]
+            elif r in dests:
+                recv[w] = self._empty()
+                ops_ += [dist.P2POp(dist.irecv, t, src) for t in recv[w]]
+        # adaptive weighting: the movers need the other side's accumulator (before the merge)
+        accum = {}
+        if self.st.accum is not None:
+            for w, o in ((a, oa), (b, ob)):
+                if r == o:
+                    accum[w] = self.st.accum.row(self.pos[w])
+            pairs = [(a, oa, ob)] + ([(b, ob, oa)] if push_pull else [])
+            for w, src, dst in pairs:
+                if src == dst:
+                    continue
+                if r == src:
+                    ops_.append(dist.P2POp(dist.isend, accum[w], dst))
+                elif r == dst:
+                    accum[w] = torch.empty(self.P, device=self.dev)
+                    ops_.append(dist.P2POp(dist.irecv, accum[w], src))
+        if ops_:
+            for req in dist.batch_isend_irecv(ops_):
+                req.wait()
+        for w, parts in recv.items():
+            if self.delta:
+                self._receive_delta(w, parts)
+        # 3. the merge itself, on the rows this rank owns
+        incoming = {}
+        for w in (a, b):
+            if self.delta:
+                incoming[w] = self.public[w]
+            elif w in out:
+                incoming[w] = out[w][0]
+            elif w in recv:
+                incoming[w] = recv[w][0]
+        if r == ob or (r == oa and push_pull):  # push: the initiator does not move
+            winner = None
+            if biased:
+                winner = 0 if float(loss[a][0]) <= float(loss[b][0]) else 1
+            move_a, move_b = ops.pair_moves(self.weight(step), float(s.u[ev]), p.winner_bias, p.lerp == "random", winner)
+            sa, sb = self._support(a, accum), self._support(b, accum)
+            if r == ob:
+                self.st.params.lerp_row_(self.pos[b], incoming[a], ops.incoming_weight(move_b, sb, sa), self.st.merge_change)
+            if r == oa and push_pull:
+                self.st.params.lerp_row_(self.pos[a], incoming[b], ops.incoming_weight(move_a, sa, sb), self.st.merge_change)
+            if self.st.accum is not None:  # accumulators are summed, not averaged (VW's merge)
+                if r == ob:
+                    self.st.accum.set_row(self.pos[b], sa + sb)
+                if r == oa and push_pull:
+                    self.st.accum.set_row(self.pos[a], sa + sb)
+        fan_a = len(self.neighbours[a]) if self.delta else 1
+        fan_b = len(self.neighbours[b]) if self.delta else 1
+        if r == oa:
+            self.bytes += self.sent_bytes * fan_a
+        if r == ob and push_pull:
+            self.bytes += self.sent_bytes * fan_b
+        self._merge_counters(a, b, push_pull)
+
+    def _merge_counters(self, a: int, b: int, push_pull: bool) -> None:
+        total = self.examples[a] + self.examples[b]
+        self.examples[b] = total
+        if push_pull:
+            self.examples[a] = total
+
+    def _allreduce(self, ev: int, step: int) -> None:
+        p, own = self.p, self.own
+        a = self.weight(step) * (float(self.sched.u[ev]) if p.lerp == "random" else 1.0)
+        if self.delta:
+            # each worker's compressed delta goes to every rank, which rebuilds all public copies
+            mine = [self._encode(w, ev, w) for w in own]
+            parts: dict[int, list[torch.Tensor]] = {}
+            for k in range(len(self.spec)):
+                local = torch.stack([m[k] for m in mine])
+                gathered = [torch.empty_like(local) for _ in self.groups]
+                dist.all_gather(gathered, local)
+                for g, ws in zip(gathered, self.groups):
+                    for i, w in enumerate(ws):
+                        parts.setdefault(w, []).append(g[i])
+            for w, wire in parts.items():
+                if w not in self.pos:
+                    self._receive_delta(w, wire)
+            # every rank now holds all public copies: average them here, as the in-process backend does
+            support = None
+            if p.weighting == "examples":
+                support = self.examples.to(self.dev)
+            elif p.weighting == "adaptive":
+                acc = self.st.accum.rows()
+                gathered = [torch.empty_like(acc) for _ in self.groups]
+                dist.all_gather(gathered, acc)
+                support = torch.cat(gathered)
+            avg, merged = ops.weighted_average(self.public, support)
+            if merged is not None and p.weighting == "adaptive":
+                self.st.accum.set_rows(merged.unsqueeze(0).expand(len(own), -1))
+        else:
+            avg = self._average(self.st.params.rows())
+        for i in range(len(own)):
+            self.st.params.lerp_row_(i, avg, a, self.st.merge_change)
+        self.examples.fill_(float(self.examples.sum()))
+        self.bytes += len(own) * (self.sent_bytes + self.dense_bytes)
+
+    def _average(self, models: torch.Tensor) -> torch.Tensor:
+        """The weighted average over all ranks of the own workers' ``models``, by all-reduce."""
+        p, W, own = self.p, self.W, self.own
+        if p.weighting == "uniform":
+            total = models.sum(0)
+            dist.all_reduce(total)
+            avg = total / W
+        else:
+            s = self.st.accum.rows() if p.weighting == "adaptive" else \
+                self.examples[own].to(models.dtype).to(self.dev).unsqueeze(1).expand_as(models)
+            sums = torch.stack([(s * models).sum(0), s.sum(0), models.sum(0)])
+            dist.all_reduce(sums)
+            num, total, plain = sums
+            safe = torch.where(total > 0, total, torch.ones_like(total))
+            avg = torch.where(total > 0, num / safe, plain / W)
+            if p.weighting == "adaptive":  # summed, not averaged
+                self.st.accum.set_rows(total.unsqueeze(0).expand(len(own), -1))
+        return avg
+
+
+def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, world: int,
+             report: Callable[[sim.RoundMetrics], bool] | None = None, device: str | torch.device | None = None,
+             evaluate_test: bool = False, keep_params: bool = False) -> sim.RunResult | None:
+    """This rank's part of one run, inside an initialised process group. ``report`` (rank 0 only)
+    gets each round's metrics and returns False to stop the run. Rank 0 returns the result."""
+    check_policy("distributed", policy)
+    t0 = time.perf_counter()
+    dev = torch.device(device) if device else torch.device("cpu")
+    study, model = setup.study, setup.model
+    run = study.run
+    W, B, T = run.workers, run.batch_size, setup.total_steps
+    me = _Rank(setup, policy, seed, rank, world, dev)
+    st, sched = me.st, me.sched
+    judge = sim.Judge(setup, policy, seed, dev, me.train_x, t0) if rank == 0 else None
+    history: list[sim.RoundMetrics] = []
+    status, start, ev, stack, converged = "ok", 0, 0, None, None
+
+    def merge_after(step: int) -> None:
+        nonlocal ev
+        me.examples += B
+        while ev < len(sched) and sched.step[ev] == step:
+            me.apply(ev, step)
+            ev += 1
+
+    for r, end in enumerate(sim.round_bounds(T, run.rounds)):
+        round_start = st.params.buf.clone()
+        st.merge_change.buf.zero_()
+        loss_sum = sim.train_steps(setup, st, me.own, seed, start, end, me.train_x, me.train_y, merge_after)
+        local, merged = sim.update_norms(st, round_start, end - start)  # means over this rank's workers
+        n_own = len(me.own)
+        totals = torch.tensor([float(loss_sum), float(me.bytes), local * n_own, merged * n_own], dtype=torch.float64, device=dev)
+        dist.all_reduce(totals)
+        local_rows = st.params.rows().contiguous()
+        gathered = [torch.empty_like(local_rows) for _ in range(world)] if rank == 0 else None
+        dist.gather(local_rows, gathered, dst=0)
+        go = torch.ones(1, device=dev)
+        if rank == 0:
+            stack = model.stack(W, dev)
+            stack.set_rows(torch.cat(gathered))
+            rm = judge.round(r, end, end - start, stack, float(totals[0]), float(totals[2]) / W, float(totals[3]) / W,
+                             int(totals[1]), me.count, setup.label_skew, 0)
+            history.append(rm)
+            if not judge.finite:
+                status = "diverged"
+                go.zero_()
+            elif report is not None and report(rm) is False:
+                status = "stopped"
+                go.zero_()
+            elif judge.converged(rm, T):
+                converged = end
+                go.zero_()
+        start = end
+        dist.broadcast(go, src=0)
+        if not float(go[0]):
+            break
+    if rank != 0:
+        return None
+    test_acc = judge.test_accuracy(stack) if evaluate_test and status == "ok" else None
+    return sim.RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W,
+                         test_acc, judge.eval_time, stack.rows().cpu() if keep_params and stack is not None else None,
+                         converged, None, list(range(W)))
+
+
+# -- local launch --------------------------------------------------------------------------------------
+def pick_device(device: str | None) -> str:
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the launcher dies, however it dies (no orphaned ranks)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the launcher died before we got here
+        os._exit(1)
+
+
+def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, down, device: str,
+               evaluate_test: bool, keep_params: bool, threads: int) -> None:
+    """Entry point of a spawned rank: join the group, run, send rank 0's rounds and result up."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a Ctrl-C reaches it too
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    # rendezvous through a file: nothing listens on a network port but gloo's own 127.0.0.1 pairs
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    try:
+        def report(rm):
+            up.put(("round", rm))
+            return down.get()
+
+        res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None,
+                       device=dev, evaluate_test=evaluate_test, keep_params=keep_params)
+        if rank == 0:
+            up.put(("result", res))
+    finally:
+        dist.destroy_process_group()
+
+
+def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
+             evaluate_test: bool = False, keep_params: bool = False, procs: int | None = None,
+             _entry=None) -> sim.RunResult:
+    """Like :func:`evomerge.simulate.simulate`, on ``procs`` processes (default: one per worker)
+    spawned on this machine. ``callback`` runs here, in the caller's process; if it raises, the
+    ranks stop at the end of that round and the exception propagates. A rank that dies or raises
+    ends the run with :class:`DistributedRunError` naming it, and no rank is left running."""
+    import torch.multiprocessing as mp
+
+    check_policy("distributed", policy)
+    world = procs or setup.study.run.workers
+    groups(setup.study.run.workers, world)  # a clear error before anything starts
+    device = pick_device(device)
+    if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
+        raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
+                                     f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
+    ctx = mp.get_context("spawn")
+    up, down = ctx.Queue(), ctx.Queue()
+    threads = max(1, (os.cpu_count() or 1) // world)
+    tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
+    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads)
+    pc = mp.start_processes(_entry or _rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    result, error = None, None
+    try:
+        while True:
+            try:
+                kind, payload = up.get(timeout=0.05)
+            except queue_mod.Empty:
+                kind = None
+            if kind == "round":
+                go = True
+                if error is None and callback is not None:
+                    try:
+                        callback(payload)
+                    except BaseException as e:  # noqa: BLE001 - re-raised once the ranks have stopped
+                        error, go = e, False
+                down.put(go)
+            elif kind == "result":
+                result = payload
+            if kind is None:
+                multiprocessing.connection.wait([p.sentinel for p in pc.processes], timeout=0.05)
+            _raise_if_failed(pc)
+            if all(p.exitcode == 0 for p in pc.processes):
+                break
+    finally:
+        _stop_all(pc)
+        tmp.cleanup()
+    while result is None:  # the result may still sit in the queue after every rank exited
+        try:
+            kind, payload = up.get(timeout=5)
+        except queue_mod.Empty:
+            raise DistributedRunError(0, "ended without a result") from None
+        if kind == "result":
+            result = payload
+    if error is not None:
+        raise error
+    return result
+
+
+def _raise_if_failed(pc) -> None:
+    """The first rank that exited non-zero, as a one-line error naming it (the others are stopped
+    by the caller's ``finally``)."""
+    for rank, p in enumerate(pc.processes):
+        if p.exitcode is None or p.exitcode == 0:
+            continue
+        if p.exitcode < 0:
+            try:
+                why = f"was killed by {signal.Signals(-p.exitcode).name}"
+            except ValueError:
+                why = f"was killed by signal {-p.exitcode}"
+            raise DistributedRunError(rank, f"(pid {p.pid}) {why}; the run was stopped")
+        last = f"exited with code {p.exitcode}"
+        path = pc.error_files[rank]  # torch's spawn wrapper writes a raising rank's traceback here
+        if os.path.exists(path):
+            with open(path, "rb") as fh:
+                trace = pickle.load(fh)
+            lines = [ln.strip() for ln in str(trace).strip().splitlines() if ln.strip()]
+            if lines:
+                last = f"raised {lines[-1]}"
+        raise DistributedRunError(rank, f"(pid {p.pid}) {last}")
+
+
+def _stop_all(pc) -> None:
+    """No rank outlives its run: terminate, then kill, whatever is still alive."""
+    alive = [p for p in pc.processes if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + 3
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+    for p in pc.processes:  # reap the ones that had exited
+        p.join()
+
+
+# -- torchrun entry point ----------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    """``python -m evomerge.dist --study S --policy P`` under torchrun (or any launcher setting the env)."""
+    import argparse
+    import json
+
+    from ..errors import ConfigError as _CE
+    from ..study import load
+
+    ap = argparse.ArgumentParser(prog="python -m evomerge.dist", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--policy", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    ap.add_argument("--json", dest="json_out", default=None, help="rank 0 writes the result here")
+    args = ap.parse_args(argv)
+    try:
+        for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            if var not in os.environ:
+                raise _CE(var, "is not set; launch with torchrun (or use `evomerge run --backend distributed`)")
+        study = load(args.study)
+        policy = study.resolve_policy(args.policy)
+        check_policy("distributed", policy)
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        groups(study.run.workers, world)
+    except _CE as e:
+        print(f"error: {e}", file=__import__("sys").stderr)
+        return 2
+    dev = torch.device(pick_device(args.device))
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://")
+    try:
+        setup = sim.prepare(study, data_dir=args.data_dir)
+        seed = study.run.seeds[0] if args.seed is None else args.seed
+
+        def report(rm):
+            print(f"round {rm.round}: step {rm.step}, val accuracy {rm.val_accuracy:.4f}, "
+                  f"{rm.bytes / 1e6:.1f} MB", flush=True)
+            return True
+
+        res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None, device=dev)
+        if rank == 0:
+            print(f"{res.status}: val accuracy {res.final.val_accuracy:.4f}, {res.final.bytes / 1e6:.1f} MB, "
+                  f"{res.wall_time:.1f} s on {world} processes", flush=True)
+            if args.json_out:
+                with open(args.json_out, "w") as fh:
+                    json.dump(res.to_dict(), fh, indent=1)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

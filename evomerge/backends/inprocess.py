@@ -1,0 +1,231 @@
+"""The in-process backend: all workers' rows stacked in one buffer, merges by row indexing.
+
+A set of gossip events on disjoint pairs (:class:`engine.plan.PairSet`) is applied with a
+few whole-set operations per parameter block: gather both sides' rows, lerp (scalar or
+per-coordinate weights), scatter back; the winner test is one batched forward over
+every pair of the set. The same numbers come out as applying the events one by one
+(the tests keep that event-by-event reference), because each coordinate goes through
+the same operations in the same order.
+
+It also runs what needs every worker's state at every event: peers drawn by
+similarity, self-forming communities, data that travels, and model swaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import datapool, ops, similarity
+from ..engine import plan as plan_mod
+from ..engine import run as run_mod
+from ..engine.plan import PairSet
+from ..policy import MergePolicy
+from .base import Backend
+
+
+class InProcess(Backend):
+    def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device):
+        W = setup.study.run.workers
+        super().__init__(setup, policy, seed, device, list(range(W)))
+        self.W = W
+        self.slices = torch.as_tensor(np.stack(setup.slices), device=device)  # [W, score_samples]
+        self.pool = None
+        if policy.data_exchange_k or policy.retire_threshold:
+            self.pool = datapool.DataPool(setup.shards, len(self.train_y), seed, retire_threshold=policy.retire_threshold,
+                                          reserve_rate=policy.reserve_rate)
+        self.example_bytes = self.train_x[0].numel() * self.train_x.element_size() + 1  # pixels as stored, one label byte
+        # peers drawn during the run, not from the schedule: by similarity, or in regrouped communities
+        self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
+        topo = self.sched.topology
+        self.groups = getattr(topo, "groups", np.zeros(W, dtype=np.int64))
+        self.peer_p = topo.probabilities() if topo is not None else None
+        self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
+        self.sim = None
+        self.labels = setup.data.train_y.numpy()
+
+    def start(self, judge) -> None:
+        self.sim = judge.similarity
+
+    def train(self, start, end, after_step):
+        return run_mod.train_steps(self.setup, self.state, self.own, self.seed, start, end, self.train_x, self.train_y,
+                                   after_step, self.pool)
+
+    def gather(self):
+        return self.state.params
+
+    def label_skew(self) -> float:
+        if self.pool is None:
+            return self.setup.label_skew
+        from .. import data as data_mod
+
+        return data_mod.label_skew(self.labels, self.pool.holdings(), self.setup.data.n_classes)
+
+    def moved(self) -> int:
+        return self.pool.moved if self.pool is not None else 0
+
+    def communities(self):
+        return self.groups.tolist() if self.p.regroup_every else None
+
+    def model_at(self):
+        return self.state.model_at.tolist()
+
+    # -- peers drawn during the run, and regrouping -------------------------------------------------
+    def _similarities(self, step: int) -> np.ndarray:
+        """The workers' similarity matrix, recomputed at most once per step (every 10 for CKA)."""
+        every = 1 if self.p.similarity == "sketch" else 10
+        if self._sim_at is None or step - self._sim_at[0] >= every:
+            self._sim_at = (step, self.sim.matrix(self.state.params).cpu().numpy())
+        return self._sim_at[1]
+
+    def peers(self, events, step):
+        if not self.live_peers:
+            return self.sched.peer[events]
+        out = np.empty(len(events), dtype=np.int64)
+        for i, ev in enumerate(events):
+            a = int(self.sched.initiator[ev])
+            p = self.peer_p[a]
+            if self.p.similarity_bias:
+                p = similarity.biased_peer_probabilities(p, self._similarities(step)[a], self.p.similarity_bias)
+            out[i] = similarity.draw(p, float(self.sched.u_peer[ev]))
+        return out
+
+    def end_round(self, r: int) -> None:
+        if self.p.regroup_every and (r + 1) % self.p.regroup_every == 0:
+            from ..topology import Communities
+
+            self.groups = similarity.cluster(self.sim.matrix(self.state.params), self.p.n_communities)
+            self.peer_p = Communities(self.W, self.p.n_communities, self.p.p_intra, groups=self.groups).probabilities()
+            self._sim_at = None
+
+    def after_events(self, events, a, b) -> int:
+        if self.pool is None or not self.p.data_exchange_k:
+            return 0
+        sent = 0
+        for i, j in zip(a.tolist(), b.tolist()):
+            sent += self.example_bytes * self.pool.send_least_confident(i, j, self.p.data_exchange_k)
+        return sent
+
+    # -- gossip: a set of disjoint pairs at once --------------------------------------------------------
+    def pairs(self, ps: PairSet) -> None:
+        if ps.swap.any():
+            for i, j in zip(ps.a[ps.swap].tolist(), ps.b[ps.swap].tolist()):
+                self._swap(i, j)
+            ps = ps.only(~ps.swap)
+            if not len(ps):
+                return
+        p, st = self.p, self.state
+        winners = [None] * len(ps)
+        if p.winner_bias > 0:
+            loss = self._pair_losses(ps.a, ps.b)
+            winners = [plan_mod.winner(loss[2 * i], loss[2 * i + 1]) for i in range(len(ps))]
+        moves = [plan_mod.moves(p, ps.weight, float(u), w) for u, w in zip(ps.u.tolist(), winners)]
+        push_pull = p.exchange == "push_pull"
+        dev = st.params.buf.device
+        A = torch.as_tensor(ps.a, device=dev)
+        B = torch.as_tensor(ps.b, device=dev)
+        # what each side puts on the wire (delta payloads: its public copy after this send)
+        if p.payload == "delta":
+            sent_a = self._outgoing(ps.a, ps.events, 0)
+            sent_b = self._outgoing(ps.b, ps.events, 1) if push_pull else None
+        offsets = self.setup.model.offsets
+        weight_b = self._weights([m[1] for m in moves], ps.b, ps.a)
+        weight_a = self._weights([m[0] for m in moves], ps.a, ps.b) if push_pull else None
+        for k, ((o, n), blk, chg) in enumerate(zip(offsets, st.params.blocks, st.merge_change.blocks)):
+            rows_a, rows_b = blk[A], blk[B]
+            in_a = rows_a if p.payload == "weights" else sent_a[:, o:o + n]
+            wb = weight_b[k] if isinstance(weight_b, list) else weight_b
+            new_b = rows_b.lerp(in_a, wb)
+            chg[B] = chg[B].add_(new_b).sub_(rows_b)
+            if push_pull:
+                in_b = rows_b if p.payload == "weights" else sent_b[:, o:o + n]
+                wa = weight_a[k] if isinstance(weight_a, list) else weight_a
+                new_a = rows_a.lerp(in_b, wa)
+                chg[A] = chg[A].add_(new_a).sub_(rows_a)
+                blk[A] = new_a
+            blk[B] = new_b
+        if st.accum is not None:  # accumulators are summed, not averaged (VW's merge)
+            for blk in st.accum.blocks:
+                total = blk[A] + blk[B]
+                blk[B] = total
+                if push_pull:
+                    blk[A] = total
+
+    def _weights(self, move: list[float], own: np.ndarray, incoming: np.ndarray):
+        """The weight on the incoming model for each receiver (``ops.incoming_weight``): a ``[k, 1]``
+        column, or, for adaptive weighting, one ``[k, n]`` tensor per parameter block."""
+        p, st = self.p, self.state
+        dev = st.params.buf.device
+        if p.weighting == "uniform":
+            return torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
+        if p.weighting == "examples":
+            ex = st.examples
+            w = [ops.incoming_weight(m, float(ex[i]), float(ex[j])) for m, i, j in zip(move, own.tolist(), incoming.tolist())]
+            return torch.tensor(w, dtype=torch.float32, device=dev).unsqueeze(1)
+        a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
+        rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)
+        I, J = torch.as_tensor(own, device=dev), torch.as_tensor(incoming, device=dev)
+        out = []
+        for blk in st.accum.blocks:
+            s_own, s_in = blk[I], blk[J]
+            num = a * s_in
+            den = num + rest * s_own
+            out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a.expand_as(den)))
+        return out
+
+    @torch.no_grad()
+    def _pair_losses(self, a: np.ndarray, b: np.ndarray) -> list[float]:
+        """Each pair's two losses on the pair's two validation slices (initiator's first), in one
+        batched forward: ``[loss(a_0), loss(b_0), loss(a_1), ...]``."""
+        st, model = self.state, self.setup.model
+        dev = st.params.buf.device
+        rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
+        idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
+        x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)
+        y = self.train_y[idx].repeat_interleave(2, dim=0)
+        logits = model.forward([q[rows] for q in st.params.params], x)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
+        return loss.tolist()
+
+    def _outgoing(self, workers: np.ndarray, events: np.ndarray, side: int) -> torch.Tensor:
+        """Delta payloads: each worker's compressed change since its public copy, as rows ``[k, P]``;
+        the public copies move to what was sent (what was not sent stays as error feedback)."""
+        p, st = self.p, self.state
+        out = []
+        for w, ev in zip(workers.tolist(), events.tolist()):
+            base = st.base.row(w)
+            gen = plan_mod.quant_generator(self.seed, ev, side) if p.quantize_bits else None
+            sent = ops.compress(ops.delta(st.params.row(w), base), p.topk_fraction, p.quantize_bits, gen)
+            public = ops.apply_delta(base, sent)
+            st.base.set_row(w, public)
+            out.append(public)
+        return torch.stack(out)
+
+    def _swap(self, a: int, b: int) -> None:
+        """The two workers exchange models, with everything that belongs to a model (optimiser
+        state, supports, public copy); each goes on with the other's data."""
+        st = self.state
+        ra, rb = st.params.row(a), st.params.row(b)
+        for stack in st.stacks():
+            stack.swap_rows_(a, b)
+        st.merge_change.set_row(a, st.merge_change.row(a) + (rb - ra))
+        st.merge_change.set_row(b, st.merge_change.row(b) + (ra - rb))
+        st.model_at[[a, b]] = st.model_at[[b, a]]
+
+    # -- complete average ----------------------------------------------------------------------------
+    def allreduce(self, event: int, step: int, weight: float) -> None:
+        st, p, W = self.state, self.p, self.W
+        if p.payload == "delta":
+            sent = torch.cat([self._outgoing(np.array([w]), np.array([event]), w) for w in range(W)])
+            blocks = [sent[:, o:o + n] for o, n in self.setup.model.offsets]
+        else:
+            blocks = st.params.blocks
+        supports: list = [st.examples] * len(blocks) if p.weighting == "examples" else (
+            st.accum.blocks if p.weighting == "adaptive" else [None] * len(blocks))
+        before = st.params.buf.clone()
+        for own, models, support in zip(st.params.blocks, blocks, supports):
+            avg, merged = ops.weighted_average(models, support)
+            own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
+            if p.weighting == "adaptive":
+                support.copy_(merged.unsqueeze(0).expand_as(support))
+        st.merge_change.buf.add_(st.params.buf).sub_(before)

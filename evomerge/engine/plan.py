@@ -1,0 +1,126 @@
+"""The plan of a step's merges: which events, grouped how, with what weights and bytes.
+
+Pure functions of the policy, the schedule and the seed, shared by every backend, so a
+backend only decides how the tensors move.
+
+Grouping: the events due after one local step are split into *sets of disjoint pairs*.
+An event goes into the first set after the last one that already holds one of its two
+workers, so events that share a worker keep their schedule order, and events in one set
+touch different workers: applying a set all at once gives exactly what applying its
+events one by one gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import ops
+from ..policy import MergePolicy
+from ..schedule import rng_for
+
+TAG_QUANT = 24
+
+
+def group_disjoint(initiators, peers) -> list[list[int]]:
+    """Positions of the events, grouped into sets in which no worker appears twice.
+
+    Events that share a worker stay in their order (a later event lands in a later set);
+    the sets are listed in the order they must be applied.
+    """
+    last: dict[int, int] = {}  # worker -> index of the last set that touches it
+    sets: list[list[int]] = []
+    for i, (a, b) in enumerate(zip(initiators, peers)):
+        a, b = int(a), int(b)
+        k = max(last.get(a, -1), last.get(b, -1)) + 1
+        if k == len(sets):
+            sets.append([])
+        sets[k].append(i)
+        last[a] = last[b] = k
+    return sets
+
+
+@dataclass(frozen=True)
+class PairSet:
+    """Gossip events on disjoint pairs, applied together.
+
+    ``events`` index the schedule; ``a`` are the initiators and ``b`` their peers (resolved:
+    peers drawn during the run are already drawn); ``weight`` is the scheduled mixing weight
+    at this step and ``u`` the events' uniform draws for the random lerp. ``swap`` marks the
+    events that swap the two models instead of merging them.
+    """
+
+    step: int
+    events: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    u: np.ndarray
+    swap: np.ndarray
+    weight: float
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def only(self, mask: np.ndarray) -> "PairSet":
+        return PairSet(self.step, self.events[mask], self.a[mask], self.b[mask], self.u[mask], self.swap[mask], self.weight)
+
+
+def scheduled_weight(policy: MergePolicy, step: int, total: int) -> float:
+    """The mixing weight ``a`` at ``step`` of ``total`` local steps (policy.mixing_schedule)."""
+    return ops.scheduled_weight(policy.mixing_weight, policy.mixing_weight_final, policy.mixing_schedule, step / total)
+
+
+def allreduce_weight(policy: MergePolicy, step: int, total: int, u: float) -> float:
+    """How far every worker moves towards the average in an all-reduce event."""
+    return scheduled_weight(policy, step, total) * (u if policy.lerp == "random" else 1.0)
+
+
+def winner(loss_a: float, loss_b: float) -> int:
+    """The winner-biased lerp's comparison: 0 if the initiator's loss is not higher, else 1."""
+    return 0 if loss_a <= loss_b else 1
+
+
+def moves(policy: MergePolicy, weight: float, u: float, winner_: int | None) -> tuple[float, float]:
+    """How far (initiator, peer) move towards each other in one event (see :func:`ops.pair_moves`)."""
+    return ops.pair_moves(weight, u, policy.winner_bias, policy.lerp == "random", winner_)
+
+
+def quant_generator(seed: int, event: int, side: int) -> torch.Generator:
+    """The stochastic-rounding noise of one payload: side 0 is the initiator's, 1 the peer's
+    (an all-reduce uses the worker's index); every backend draws the same numbers."""
+    return torch.Generator().manual_seed(int(rng_for(seed, TAG_QUANT, event, side).integers(2**62)))
+
+
+class Bytes:
+    """What merges cost on the wire, charged by the engine for every backend.
+
+    A weights payload is 4 bytes per parameter; a delta payload is what
+    :func:`ops.payload_bytes` says for its compression, sent to every topology neighbour
+    of the sender (they all keep its public copy). An all-reduce charges each worker its
+    upload plus the dense average back; a swap two full transfers.
+    """
+
+    def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None):
+        self.p = policy
+        self.dense = ops.payload_bytes(n_params)
+        self.sent = ops.payload_bytes(n_params, policy.topk_fraction, policy.quantize_bits) \
+            if policy.payload == "delta" else self.dense
+        self.neighbours = neighbours
+
+    def fan(self, w: int) -> int:
+        return self.neighbours[w] if self.p.payload == "delta" else 1
+
+    def pair(self, a: int, b: int) -> int:
+        """A gossip merge: the initiator's payload, and the peer's too for push-pull."""
+        out = self.sent * self.fan(a)
+        if self.p.exchange == "push_pull":
+            out += self.sent * self.fan(b)
+        return out
+
+    def swap(self) -> int:
+        return 2 * self.dense
+
+    def allreduce(self, workers: int) -> int:
+        return workers * (self.sent + self.dense)

@@ -1,0 +1,65 @@
+"""The workers' training state: every piece has a merge rule (VW's rule).
+
+Rows of stacked tensors (one :class:`models.Stack` each, block layout): parameters,
+gradients, momentum, per-coordinate accumulators (adaptive weighting: summed on merge),
+public copies (delta payloads: what peers hold of each worker), and what merges changed
+in the current round; plus the example counters (summed on merge) of all workers.
+A backend holds the rows of the workers it owns (all of them in one process).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import models as models_mod
+from ..policy import MergePolicy
+from ..schedule import rng_for
+
+TAG_INIT = 21
+
+
+def initial_row(model: models_mod.StackedModel, seed: int) -> torch.Tensor:
+    """The parameters every worker starts from (one flat row), drawn from the run seed."""
+    return model.init(torch.Generator().manual_seed(int(rng_for(seed, TAG_INIT).integers(2**62))))
+
+
+class Workers:
+    """Mutable state of ``rows`` workers during one run (of ``workers`` in all)."""
+
+    def __init__(self, model: models_mod.StackedModel, run, policy: MergePolicy, seed: int, device: torch.device,
+                 rows: int | None = None, public: bool = True):
+        workers = run.workers
+        self.W, self.P = rows or workers, model.n_params
+        self.params = model.stack(self.W, device)
+        self.params.set_rows(initial_row(model, seed).to(device).unsqueeze(0).expand(self.W, -1))
+        self.grad = self.params.like()
+        self.momentum = self.params.like() if run.momentum else None
+        self.accum = self.params.like() if policy.weighting == "adaptive" else None
+        # example counters of every worker: a function of the schedule alone, so every backend keeps all of them
+        self.examples = torch.zeros(workers, dtype=torch.float64, device=device if rows is None else "cpu")
+        self.base = self.params.clone() if policy.payload == "delta" and public else None
+        self.merge_change = self.params.like()  # what merges and swaps changed in this round
+        self.model_at = np.arange(self.W)  # swaps move models between workers
+        # plain SGD is fused into the backward pass where the model offers it
+        self.fused = not run.momentum and not run.weight_decay and self.accum is None
+
+    def stacks(self):
+        """The per-model stacks a swap moves with the model."""
+        return [s for s in (self.params, self.momentum, self.accum, self.base) if s is not None]
+
+
+SUPPORT_LIMIT = 2.0**64
+
+
+def rescale_supports(examples: torch.Tensor, accum: torch.Tensor | None) -> None:
+    """Merges only use ratios of supports; keep them far from overflow by a common factor.
+
+    Accumulators are summed on merge exactly as the example counters are, so the counters'
+    largest value (a function of the schedule alone, known to every rank of a distributed
+    run) decides for both; a power of two leaves every ratio exact.
+    """
+    if float(examples.max()) > SUPPORT_LIMIT:
+        examples.mul_(1.0 / SUPPORT_LIMIT)
+        if accum is not None:
+            accum.mul_(1.0 / SUPPORT_LIMIT)
