@@ -37,11 +37,14 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from . import check, check_policy
-from .. import schedule as schedule_mod
-from .. import simulate as sim
+from ..engine import plan as plan_mod
+from ..engine.plan import PairSet
+from ..engine.run import RoundMetrics, RunResult, Setup, execute, normalise, prepare, resolve_device, slice_losses
+from ..engine.state import initial_row
 from ..errors import ConfigError, RunError
 from ..policy import MergePolicy
+from . import check, check_policy
+from .base import Backend
 
 class DistributedRunError(RunError):
     """A rank of a distributed run died or raised; the message names the rank."""
@@ -59,49 +62,37 @@ def groups(workers: int, world: int) -> list[list[int]]:
 
 
 # -- one rank ---------------------------------------------------------------------------------------
-class _Rank:
-    """The state of one rank: its own workers' rows, and what it knows about everyone."""
+class Distributed(Backend):
+    """One rank's share of a run: its own workers' rows, and what it knows about everyone
+    (every worker's example counters; for delta payloads, the public copies it must keep)."""
 
-    def __init__(self, setup: sim.Setup, policy: MergePolicy, seed: int, rank: int, world: int, device: torch.device):
-        study, model = setup.study, setup.model
-        self.setup, self.p, self.seed, self.rank, self.dev = setup, policy, seed, rank, device
-        self.W, self.T, self.P = study.run.workers, setup.total_steps, model.n_params
-        self.groups = groups(self.W, world)
-        self.own = self.groups[rank]
-        self.owner = np.repeat(np.arange(world), len(self.own))
-        self.pos = {w: i for i, w in enumerate(self.own)}
-        self.sched = schedule_mod.build(policy, self.W, self.T, seed)
-        self.st = sim.Workers(setup.model, study.run, policy, seed, device, rows=len(self.own), public=False)
-        # supports are a function of the schedule alone: every rank keeps all W counters
-        self.examples = torch.zeros(self.W, dtype=torch.float64)
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, rank: int, world: int, device: torch.device):
+        W = setup.study.run.workers
+        own = groups(W, world)[rank]
+        super().__init__(setup, policy, seed, device, own, public=False)
+        model = setup.model
+        self.rank, self.world, self.W, self.P = rank, world, W, model.n_params
+        self.judges = rank == 0
+        self.groups = groups(W, world)
+        self.owner = np.repeat(np.arange(world), len(own))
+        self.pos = {w: i for i, w in enumerate(own)}
+        self.st = self.state
         self.delta = policy.payload == "delta"
-        self.public = sim.initial_row(model, seed).to(device).repeat(self.W, 1) if self.delta else None
+        self.public = initial_row(model, seed).to(device).repeat(W, 1) if self.delta else None
         self.neighbours = None
         if self.sched.topology is not None:
-            self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(self.W)]
+            self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(W)]
         self.spec = ops.wire_spec(self.P, policy.topk_fraction, policy.quantize_bits) if self.delta else [((self.P,), torch.float32)]
-        self.dense_bytes = ops.payload_bytes(self.P)
-        self.sent_bytes = ops.payload_bytes(self.P, policy.topk_fraction, policy.quantize_bits) if self.delta else self.dense_bytes
-        self.bytes = 0  # charged by the sender's rank; summed over ranks each round
-        self.count = 0
-        data = setup.data
-        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
         self.slice_idx = [torch.as_tensor(s, device=device) for s in setup.slices]
 
     # -- helpers ---------------------------------------------------------------------------
-    def weight(self, step: int) -> float:
-        p = self.p
-        return ops.scheduled_weight(p.mixing_weight, p.mixing_weight_final, p.mixing_schedule, step / self.T)
-
     def _encode(self, w: int, ev: int, side: int) -> list[torch.Tensor]:
         """Worker ``w``'s wire tensors; for deltas also moves its public copy (error feedback stays local)."""
         row = self.st.params.row(self.pos[w])
         if not self.delta:
             return [row]
         p = self.p
-        gen = None
-        if p.quantize_bits:
-            gen = torch.Generator().manual_seed(int(schedule_mod.rng_for(self.seed, sim.TAG_QUANT, ev, side).integers(2**62)))
+        gen = plan_mod.quant_generator(self.seed, ev, side) if p.quantize_bits else None
         parts = ops.encode(ops.delta(row, self.public[w]), p.topk_fraction, p.quantize_bits, gen)
         self._receive_delta(w, parts)
         return parts
@@ -119,36 +110,29 @@ class _Rank:
 
     def _support(self, w: int, accum: dict):
         if self.p.weighting == "examples":
-            return float(self.examples[w])
+            return float(self.st.examples[w])
         return accum.get(w) if self.p.weighting == "adaptive" else None
-
-    def _rescale(self) -> None:
-        sim.rescale_supports(self.examples, self.st.accum.buf if self.st.accum is not None else None)
 
     def _loss(self, w: int, a: int, b: int) -> torch.Tensor:
         idx = torch.cat([self.slice_idx[a], self.slice_idx[b]])
-        x = sim.normalise(self.train_x[idx], self.setup.data.spec)
-        return sim.slice_losses(self.setup.model, self.st.params.params, [self.pos[w]], x, self.train_y[idx]).reshape(1)
+        x = normalise(self.train_x[idx], self.setup.data.spec)
+        return slice_losses(self.setup.model, self.st.params.params, [self.pos[w]], x, self.train_y[idx]).reshape(1)
 
-    # -- merge events ------------------------------------------------------------------------
-    def apply(self, ev: int, step: int) -> None:
-        self.count += 1
-        if self.sched.scheme == "allreduce":
-            self._allreduce(ev, step)
-        else:
-            self._pair(ev, step)
-        self._rescale()
+    # -- what the engine asks of a backend -----------------------------------------------------
+    def pairs(self, ps: PairSet) -> None:
+        """The set's events in order; each is a point-to-point exchange between the ranks involved
+        (every rank walks every event, so the earliest unfinished one has all its ranks at it)."""
+        for ev, a, b, u in zip(ps.events.tolist(), ps.a.tolist(), ps.b.tolist(), ps.u.tolist()):
+            self._pair(ev, ps.weight, a, b, u)
 
-    def _pair(self, ev: int, step: int) -> None:
-        p, s, r = self.p, self.sched, self.rank
-        a, b = int(s.initiator[ev]), int(s.peer[ev])
+    def _pair(self, ev: int, weight: float, a: int, b: int, u: float) -> None:
+        p, r = self.p, self.rank
         oa, ob = int(self.owner[a]), int(self.owner[b])
         push_pull = p.exchange == "push_pull"
         biased = p.winner_bias > 0
         dests_a = self._dests(a) if self.delta else ([ob] if ob != oa else [])
         dests_b = (self._dests(b) if self.delta else ([oa] if oa != ob else [])) if push_pull else []
         if r not in (oa, ob) and r not in dests_a and r not in dests_b:
-            self._merge_counters(a, b, push_pull)
             return
         # 1. what this rank's participants compute before anything moves
         loss = {}
@@ -212,10 +196,8 @@ class _Rank:
             elif w in recv:
                 incoming[w] = recv[w][0]
         if r == ob or (r == oa and push_pull):  # push: the initiator does not move
-            winner = None
-            if biased:
-                winner = 0 if float(loss[a][0]) <= float(loss[b][0]) else 1
-            move_a, move_b = ops.pair_moves(self.weight(step), float(s.u[ev]), p.winner_bias, p.lerp == "random", winner)
+            winner = plan_mod.winner(float(loss[a][0]), float(loss[b][0])) if biased else None
+            move_a, move_b = plan_mod.moves(p, weight, u, winner)
             sa, sb = self._support(a, accum), self._support(b, accum)
             if r == ob:
                 self.st.params.lerp_row_(self.pos[b], incoming[a], ops.incoming_weight(move_b, sb, sa), self.st.merge_change)
@@ -226,26 +208,12 @@ class _Rank:
                     self.st.accum.set_row(self.pos[b], sa + sb)
                 if r == oa and push_pull:
                     self.st.accum.set_row(self.pos[a], sa + sb)
-        fan_a = len(self.neighbours[a]) if self.delta else 1
-        fan_b = len(self.neighbours[b]) if self.delta else 1
-        if r == oa:
-            self.bytes += self.sent_bytes * fan_a
-        if r == ob and push_pull:
-            self.bytes += self.sent_bytes * fan_b
-        self._merge_counters(a, b, push_pull)
 
-    def _merge_counters(self, a: int, b: int, push_pull: bool) -> None:
-        total = self.examples[a] + self.examples[b]
-        self.examples[b] = total
-        if push_pull:
-            self.examples[a] = total
-
-    def _allreduce(self, ev: int, step: int) -> None:
+    def allreduce(self, event: int, step: int, weight: float) -> None:
         p, own = self.p, self.own
-        a = self.weight(step) * (float(self.sched.u[ev]) if p.lerp == "random" else 1.0)
         if self.delta:
             # each worker's compressed delta goes to every rank, which rebuilds all public copies
-            mine = [self._encode(w, ev, w) for w in own]
+            mine = [self._encode(w, event, w) for w in own]
             parts: dict[int, list[torch.Tensor]] = {}
             for k in range(len(self.spec)):
                 local = torch.stack([m[k] for m in mine])
@@ -260,7 +228,7 @@ class _Rank:
             # every rank now holds all public copies: average them here, as the in-process backend does
             support = None
             if p.weighting == "examples":
-                support = self.examples.to(self.dev)
+                support = self.st.examples.to(self.dev)
             elif p.weighting == "adaptive":
                 acc = self.st.accum.rows()
                 gathered = [torch.empty_like(acc) for _ in self.groups]
@@ -272,9 +240,7 @@ class _Rank:
         else:
             avg = self._average(self.st.params.rows())
         for i in range(len(own)):
-            self.st.params.lerp_row_(i, avg, a, self.st.merge_change)
-        self.examples.fill_(float(self.examples.sum()))
-        self.bytes += len(own) * (self.sent_bytes + self.dense_bytes)
+            self.st.params.lerp_row_(i, avg, weight, self.st.merge_change)
 
     def _average(self, models: torch.Tensor) -> torch.Tensor:
         """The weighted average over all ranks of the own workers' ``models``, by all-reduce."""
@@ -285,7 +251,7 @@ class _Rank:
             avg = total / W
         else:
             s = self.st.accum.rows() if p.weighting == "adaptive" else \
-                self.examples[own].to(models.dtype).to(self.dev).unsqueeze(1).expand_as(models)
+                self.st.examples[own].to(models.dtype).to(self.dev).unsqueeze(1).expand_as(models)
             sums = torch.stack([(s * models).sum(0), s.sum(0), models.sum(0)])
             dist.all_reduce(sums)
             num, total, plain = sums
@@ -295,77 +261,41 @@ class _Rank:
                 self.st.accum.set_rows(total.unsqueeze(0).expand(len(own), -1))
         return avg
 
+    def totals(self, loss_sum: float, local: float, merged: float) -> tuple[float, float, float]:
+        n = len(self.own)
+        t = torch.tensor([loss_sum, local * n, merged * n], dtype=torch.float64, device=self.dev)
+        dist.all_reduce(t)
+        return float(t[0]), float(t[1]) / self.W, float(t[2]) / self.W
 
-def run_rank(setup: sim.Setup, policy: MergePolicy, seed: int, *, rank: int, world: int,
-             report: Callable[[sim.RoundMetrics], bool] | None = None, device: str | torch.device | None = None,
-             evaluate_test: bool = False, keep_params: bool = False) -> sim.RunResult | None:
+    def gather(self):
+        rows = self.st.params.rows().contiguous()
+        gathered = [torch.empty_like(rows) for _ in range(self.world)] if self.rank == 0 else None
+        dist.gather(rows, gathered, dst=0)
+        if self.rank != 0:
+            return None
+        stack = self.setup.model.stack(self.W, self.dev)
+        stack.set_rows(torch.cat(gathered))
+        return stack
+
+    def agree(self, go: bool) -> bool:
+        flag = torch.ones(1, device=self.dev) if go else torch.zeros(1, device=self.dev)
+        dist.broadcast(flag, src=0)
+        return bool(float(flag[0]))
+
+
+def run_rank(setup: Setup, policy: MergePolicy, seed: int, *, rank: int, world: int,
+             report: Callable[[RoundMetrics], bool] | None = None, device: str | torch.device | None = None,
+             evaluate_test: bool = False, keep_params: bool = False) -> RunResult | None:
     """This rank's part of one run, inside an initialised process group. ``report`` (rank 0 only)
     gets each round's metrics and returns False to stop the run. Rank 0 returns the result."""
     check_policy("distributed", policy)
     t0 = time.perf_counter()
-    dev = torch.device(device) if device else torch.device("cpu")
-    study, model = setup.study, setup.model
-    run = study.run
-    W, B, T = run.workers, run.batch_size, setup.total_steps
-    me = _Rank(setup, policy, seed, rank, world, dev)
-    st, sched = me.st, me.sched
-    judge = sim.Judge(setup, policy, seed, dev, me.train_x, t0) if rank == 0 else None
-    history: list[sim.RoundMetrics] = []
-    status, start, ev, stack, converged = "ok", 0, 0, None, None
-
-    def merge_after(step: int) -> None:
-        nonlocal ev
-        me.examples += B
-        while ev < len(sched) and sched.step[ev] == step:
-            me.apply(ev, step)
-            ev += 1
-
-    for r, end in enumerate(sim.round_bounds(T, run.rounds)):
-        round_start = st.params.buf.clone()
-        st.merge_change.buf.zero_()
-        loss_sum = sim.train_steps(setup, st, me.own, seed, start, end, me.train_x, me.train_y, merge_after)
-        local, merged = sim.update_norms(st, round_start, end - start)  # means over this rank's workers
-        n_own = len(me.own)
-        totals = torch.tensor([float(loss_sum), float(me.bytes), local * n_own, merged * n_own], dtype=torch.float64, device=dev)
-        dist.all_reduce(totals)
-        local_rows = st.params.rows().contiguous()
-        gathered = [torch.empty_like(local_rows) for _ in range(world)] if rank == 0 else None
-        dist.gather(local_rows, gathered, dst=0)
-        go = torch.ones(1, device=dev)
-        if rank == 0:
-            stack = model.stack(W, dev)
-            stack.set_rows(torch.cat(gathered))
-            rm = judge.round(r, end, end - start, stack, float(totals[0]), float(totals[2]) / W, float(totals[3]) / W,
-                             int(totals[1]), me.count, setup.label_skew, 0)
-            history.append(rm)
-            if not judge.finite:
-                status = "diverged"
-                go.zero_()
-            elif report is not None and report(rm) is False:
-                status = "stopped"
-                go.zero_()
-            elif judge.converged(rm, T):
-                converged = end
-                go.zero_()
-        start = end
-        dist.broadcast(go, src=0)
-        if not float(go[0]):
-            break
-    if rank != 0:
-        return None
-    test_acc = judge.test_accuracy(stack) if evaluate_test and status == "ok" else None
-    return sim.RunResult(status, seed, policy.to_dict(), history, T, time.perf_counter() - t0, setup.label_skew, W,
-                         test_acc, judge.eval_time, stack.rows().cpu() if keep_params and stack is not None else None,
-                         converged, None, list(range(W)))
+    backend = Distributed(setup, policy, seed, rank, world, resolve_device(device))
+    return execute(setup, policy, seed, backend, callback=report, evaluate_test=evaluate_test, keep_params=keep_params,
+                   t0=t0)
 
 
 # -- local launch --------------------------------------------------------------------------------------
-def pick_device(device: str | None) -> str:
-    if device:
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the launcher dies, however it dies (no orphaned ranks)."""
     try:
@@ -406,9 +336,9 @@ def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, 
         dist.destroy_process_group()
 
 
-def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
+def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
              evaluate_test: bool = False, keep_params: bool = False, procs: int | None = None,
-             _entry=None) -> sim.RunResult:
+             _entry=None) -> RunResult:
     """Like :func:`evomerge.simulate.simulate`, on ``procs`` processes (default: one per worker)
     spawned on this machine. ``callback`` runs here, in the caller's process; if it raises, the
     ranks stop at the end of that round and the exception propagates. A rank that dies or raises
@@ -418,7 +348,7 @@ def simulate(setup: sim.Setup, policy: MergePolicy, seed: int = 0, *, callback=N
     check_policy("distributed", policy)
     world = procs or setup.study.run.workers
     groups(setup.study.run.workers, world)  # a clear error before anything starts
-    device = pick_device(device)
+    device = str(resolve_device(device))
     if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
         raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
                                      f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
@@ -532,13 +462,13 @@ def main(argv=None) -> int:
     except _CE as e:
         print(f"error: {e}", file=__import__("sys").stderr)
         return 2
-    dev = torch.device(pick_device(args.device))
+    dev = resolve_device(args.device)
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://")
     try:
-        setup = sim.prepare(study, data_dir=args.data_dir)
+        setup = prepare(study, data_dir=args.data_dir)
         seed = study.run.seeds[0] if args.seed is None else args.seed
 
         def report(rm):
