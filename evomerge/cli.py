@@ -219,22 +219,17 @@ def _mb(n: int) -> str:
 
 
 def cmd_run(args) -> int:
-    from .export import read_export
-    from .study import load
+    from .study import load, run_inputs
 
     study = load(args.study)
-    policy = study.resolve_policy(args.policy)  # every input is checked before data is read
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
-    exported = read_export(args.policy) if Path(args.policy).is_file() else None
+    # every input is checked before data is read (the same checks as evomerge.run())
+    policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
     run_fn = _runner(args, study)
-    from .backends import check_policy
-
-    check_policy(args.backend, policy)
     setup = _prepare(study, args)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)
-    seed = args.seed if args.seed is not None else (exported["seeds"][0] if exported else study.run.seeds[0])
     res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)
     from rich.table import Table
 
@@ -445,11 +440,11 @@ def cmd_ui(args) -> int:
 
 
 def cmd_baselines(args) -> int:
-    from .study import load
+    from .study import load, run_inputs
 
     study = load(args.study)
     seed = study.run.seeds[0] if args.seed is None else args.seed
-    policies = [(name, study.resolve_policy(name)) for name in study.baselines]
+    policies = [(name, run_inputs(study, name, seed, backend=args.backend, procs=args.procs)[0]) for name in study.baselines]
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
