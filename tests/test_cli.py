@@ -168,7 +168,8 @@ def test_schema_version_zero_is_refused(tmp_path):
 def test_a_four_worker_copy_of_the_shipped_study_runs_every_trial(tmp_path, data_dir):
     """The shipped space samples random_regular with the fixed degree 4: impossible with 4 workers
     (3 of 8 trials used to fail). The load resolves it (degree 3); every trial runs. Here the space's
-    topology is narrowed to random_regular so that every trial meets the corner."""
+    topology is narrowed to random_regular so that every trial meets the corner. The copy lives in a
+    folder without policies/, and the results table still shows the baselines."""
     import optuna
 
     text = (ROOT / "studies" / "mnist-gossip.toml").read_text()
@@ -184,6 +185,8 @@ def test_a_four_worker_copy_of_the_shipped_study_runs_every_trial(tmp_path, data
                  "--runs-dir", str(tmp_path / "runs"), "--quiet", "--json", str(out), data_dir=data_dir, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "policy.degree" not in p.stdout + p.stderr
+    for name in ("no-merging", "fedavg", "allreduce", "ring-gossip"):  # the copy has no policies/: the shipped ones
+        assert name in p.stdout
     r = json.loads(out.read_text())
     assert r["counts"] == {"COMPLETE": 5} and not r["errors"]
     trials = optuna.load_study(study_name="four", storage=f"sqlite:///{tmp_path / 'runs' / 'four' / 'optuna.db'}").trials
