@@ -71,6 +71,9 @@ BAD_POLICIES = {
     "out of range": ('{"mixing_weight": 1.5}', "policy.mixing_weight"),
     "unknown key": ('{"speed": 1}', "policy.speed"),
     "unknown topology": ('{"topology": "star"}', "policy.topology"),
+    "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',
+                                   "error: policy.degree: 4 with 4 workers is impossible; allowed: degree < workers"),
+    "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 2]"),
     "truncated": ('{"topology": "ri', "invalid JSON"),
     "empty": ("", "empty file"),
 }

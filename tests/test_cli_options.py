@@ -77,3 +77,21 @@ def test_help_answers_with_the_example_through_the_real_command():
     assert "--study STUDY" in p.stdout and "study name" in p.stdout
     assert p.stdout.rstrip().endswith("MLFLOW_TRACKING_URI the default of --tracking-uri")
     assert "example:\n  evomerge status --study mnist-gossip" in p.stdout
+
+
+def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path):
+    import pytest
+
+    from conftest import write_study
+    from evomerge.errors import ConfigError
+
+    f = write_study(tmp_path, workers=4)
+    no_data = tmp_path / "no-data"  # nothing is read: every error comes first
+    with pytest.raises(ConfigError, match=r"^--policy: nope: no such file or named policy; named: .*fedavg"):
+        evomerge.run(f, "nope", data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
+        evomerge.run(f, evomerge.MergePolicy(topology="random_regular", degree=4), data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^--procs: applies to --backend distributed only"):
+        evomerge.run(f, "ring-gossip", procs=2, data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy.swap_p: 0.5 is not supported by the distributed backend"):
+        evomerge.run(f, evomerge.MergePolicy(swap_p=0.5), backend="distributed", data_dir=no_data)
