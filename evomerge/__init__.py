@@ -6,24 +6,37 @@ Importing this package is cheap; torch is imported by the modules that need it.
 __version__ = "0.1.0"
 
 from .errors import ConfigError  # noqa: E402
-from .policy import MergePolicy  # noqa: E402
 
 __all__ = ["ConfigError", "MergePolicy", "__version__", "run", "search"]
 
 
-def run(study, policy, seed: int = 0, *, data_dir=None, device=None, callback=None, evaluate_test: bool = False,
-        backend: str = "inprocess", procs: int | None = None):
-    """Run one merge run of ``policy`` on ``study`` (names, paths or objects) and return its :class:`RunResult`.
+def __getattr__(name: str):
+    """``evomerge.MergePolicy`` on first use: the policy model imports pydantic, which the command line
+    loads only where it needs it."""
+    if name == "MergePolicy":
+        from .policy import MergePolicy
 
-    ``backend="distributed"`` runs it on ``procs`` processes (default one per worker) over
-    ``torch.distributed``; call it under ``if __name__ == "__main__":`` (the processes are spawned).
+        return MergePolicy
+    raise AttributeError(f"module 'evomerge' has no attribute {name!r}")
+
+
+def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
+        procs: int | None = None, callback=None, evaluate_test: bool = False):
+    """Run one merge run of ``policy`` on ``study`` and return its :class:`RunResult`; ``evomerge run`` in Python.
+
+    ``study`` is a name, a path or a Study; ``policy`` a MergePolicy, a policy or exported JSON file, or a
+    named policy (the study's ``policies/``, else the shipped ones). ``seed`` defaults to an exported
+    file's first seed, else the study's first seed. ``backend="distributed"`` runs it on ``procs``
+    processes (default one per worker) over ``torch.distributed``; call it under
+    ``if __name__ == "__main__":`` (the processes are spawned). The keywords are the options of
+    ``evomerge run`` with the same names and defaults (tests/test_cli.py holds them together).
     """
     from . import simulate
     from .backends import runner
-    from .study import Study, load
+    from .study import Study, load, run_inputs
 
     st = study if isinstance(study, Study) else load(study)
-    pol = policy if isinstance(policy, MergePolicy) else st.resolve_policy(policy)
+    pol, seed, _ = run_inputs(st, policy, seed, backend=backend, procs=procs)  # every input checked before data is read
     run_fn = runner(backend, procs, st.run.workers)
     setup = simulate.prepare(st, data_dir=data_dir)
     return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test)

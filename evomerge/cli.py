@@ -24,23 +24,54 @@ def command(fn):
     return fn
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help as written: every option states its default in its own words; the epilog keeps its lines."""
+
+
+STUDY_HELP = ("study name (studies/NAME.toml in the current folder, else the shipped studies) or path to a .toml "
+              "file; required")
+ENV_NOTE = """environment:
+  EVOMERGE_DATA_DIR   where the dataset files are when --data-dir is not given
+  EVOMERGE_RUNS_DIR   the default of --runs-dir (else ./runs)
+  MLFLOW_TRACKING_URI the default of --tracking-uri"""
+
+
+def _parser(sub, name: str, help: str, example: str, env: bool = True) -> argparse.ArgumentParser:
+    """A command's parser whose help ends with an example (and the environment variables it reads)."""
+    return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", formatter_class=_Help,
+                          epilog=f"example:\n  {example}" + (f"\n\n{ENV_NOTE}" if env else ""))
+
+
+def _study(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", required=True, help=STUDY_HELP)
+
+
+def _data_dir(p: argparse.ArgumentParser, why: str = "") -> None:
+    p.add_argument("--data-dir", default=None,
+                   help=f"where the dataset's IDX files are{why} (default: $EVOMERGE_DATA_DIR, else the user cache)")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--study", required=True, help="study name (studies/NAME.toml) or path to a .toml file")
-    p.add_argument("--data-dir", default=None, help="where the dataset's IDX files are (else $EVOMERGE_DATA_DIR, then the user cache)")
+    _study(p)
+    _data_dir(p)
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
-    p.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="also write the results as JSON to FILE "
+                                                                                  "(default: no file)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--backend", default="inprocess",
-                   help="inprocess (default: all workers in one process) or distributed (one process per worker, "
-                        "torch.distributed on 127.0.0.1)")
+                   help="inprocess (all workers in one process) or distributed (one process per worker, "
+                        "torch.distributed on 127.0.0.1) (default: inprocess)")
     p.add_argument("--procs", type=int, default=None,
-                   help="distributed backend: number of processes, each running workers/procs workers (default: workers)")
+                   help="distributed backend: number of processes, each running workers/procs workers "
+                        "(default: one per worker)")
 
 
 def _store(p: argparse.ArgumentParser, tracking: bool = True) -> None:
     p.add_argument("--runs-dir", default=os.environ.get("EVOMERGE_RUNS_DIR", "runs"),
-                   help="where default stores live: RUNS_DIR/STUDY/optuna.db and mlflow.db (default: ./runs)")
-    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///RUNS_DIR/STUDY/optuna.db)")
+                   help="where default stores live: RUNS_DIR/STUDY/optuna.db and mlflow.db "
+                        "(default: $EVOMERGE_RUNS_DIR, else ./runs)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql+psycopg://host/db to share "
+                                                   "a study (default: sqlite:///RUNS_DIR/STUDY/optuna.db)")
     if tracking:
         p.add_argument("--tracking-uri", default=None,
                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///RUNS_DIR/STUDY/mlflow.db)")
@@ -48,47 +79,57 @@ def _store(p: argparse.ArgumentParser, tracking: bool = True) -> None:
 
 @command
 def add_search(sub):
-    p = sub.add_parser("search", help="search merge policies with Optuna or CMA-ES, tracked in MLflow")
+    p = _parser(sub, "search", "search merge policies with Optuna or CMA-ES, tracked in MLflow",
+                "evomerge search --study mnist-gossip --n-trials 30 --jobs 2")
     _common(p)
     _store(p)
-    p.add_argument("--sampler", default=None, help="tpe (default), random, nsga2 or cmaes (default: the study's)")
-    p.add_argument("--n-trials", type=int, default=None, help="total finished trials the study should hold (default: the study's)")
-    p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--sampler", default=None,
+                   help="tpe, random, nsga2 or cmaes (default: the study's [search] sampler, which defaults to tpe)")
+    p.add_argument("--n-trials", type=int, default=None,
+                   help="total finished trials the study should hold (default: the study's [search] n_trials)")
+    p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
-    p.add_argument("--cmaes-categoricals", default="independent", help="cmaes: 'independent' (sampled at random) or 'fixed' (study values)")
-    p.add_argument("--cmaes-restarts", type=int, default=0, help="cmaes: IPOP restarts with doubled population")
-    p.add_argument("--cmaes-popsize", type=int, default=0, help="cmaes: population size (default 4 + 3 ln d)")
+    p.add_argument("--cmaes-categoricals", default="independent",
+                   help="cmaes: 'independent' (sampled at random) or 'fixed' (study values) (default: independent)")
+    p.add_argument("--cmaes-restarts", type=int, default=0,
+                   help="cmaes: IPOP restarts with doubled population (default: 0)")
+    p.add_argument("--cmaes-popsize", type=int, default=0,
+                   help="cmaes: population size (default: 0, meaning 4 + 3 ln d for d numeric fields)")
     p.add_argument("--grace-period", type=int, default=30,
-                   help="seconds without a heartbeat before another process fails a running trial and retries it")
+                   help="seconds without a heartbeat before another process fails a running trial and retries it "
+                        "(default: 30)")
     p.set_defaults(handler=cmd_search)
 
 
 @command
 def add_status(sub):
-    p = sub.add_parser("status", help="a study's trials by state, best so far, top 5")
-    p.add_argument("--study", required=True)
+    p = _parser(sub, "status", "a study's trials by state, best so far, top 5", "evomerge status --study mnist-gossip")
+    _study(p)
     _store(p, tracking=False)
     p.set_defaults(handler=cmd_status)
 
 
 @command
 def add_export(sub):
-    p = sub.add_parser("export", help="write the best policy (or the Pareto set) as replayable JSON")
-    p.add_argument("--study", required=True)
+    p = _parser(sub, "export", "write the best policy (or the Pareto set) as replayable JSON",
+                "evomerge export --study mnist-gossip -o best.json && "
+                "evomerge run --study mnist-gossip --policy best.json --reevaluate 5")
+    _study(p)
     _store(p, tracking=False)
-    p.add_argument("-o", "--output", required=True, help="a file (best policy) or, with --pareto, a folder")
+    p.add_argument("-o", "--output", required=True, help="a file (best policy) or, with --pareto, a folder; required")
     p.add_argument("--pareto", action="store_true", help="one file per Pareto-optimal trial")
     p.set_defaults(handler=cmd_export)
 
 
 @command
 def add_dashboard(sub):
-    p = sub.add_parser("dashboard", help="write the study's dashboard (HTML with plots) and say where")
-    p.add_argument("--study", required=True)
+    p = _parser(sub, "dashboard", "write the study's dashboard (HTML with plots) and say where",
+                "evomerge dashboard --study mnist-gossip --open")
+    _study(p)
     _store(p)
     p.add_argument("--out", default=None, help="folder for index.html (default: dashboards/STUDY)")
-    p.add_argument("--data-dir", default=None, help="for running the baselines, if the search has not yet")
+    _data_dir(p, " (for running the baselines, if the search has not yet)")
     p.add_argument("--no-baselines", action="store_true", help="leave the baselines out (no runs at all)")
     p.add_argument("--open", action="store_true", help="open the page in the web browser")
     p.set_defaults(handler=cmd_dashboard)
@@ -96,28 +137,33 @@ def add_dashboard(sub):
 
 @command
 def add_ui(sub):
-    p = sub.add_parser("ui", help="the MLflow UI on the study's tracking store, on 127.0.0.1")
-    p.add_argument("--study", required=True)
+    p = _parser(sub, "ui", "the MLflow UI on the study's tracking store, on 127.0.0.1",
+                "evomerge ui --study mnist-gossip --port 5000")
+    _study(p)
     _store(p)
-    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.add_argument("--port", type=int, default=0, help="port (default: 0, meaning a free one)")
     p.set_defaults(handler=cmd_ui)
 
 
 @command
 def add_run(sub):
-    p = sub.add_parser("run", help="run one policy on a study and print its metrics")
+    p = _parser(sub, "run", "run one policy on a study and print its metrics",
+                "evomerge run --study mnist-gossip --policy ring-gossip --seed 1")
     _common(p)
-    p.add_argument("--policy", required=True, help="policy JSON file (or exported file), or a named policy of the study")
+    p.add_argument("--policy", required=True,
+                   help="policy JSON file (or exported file), or a named policy: the study's policies/NAME.json, "
+                        "else a shipped one (no-merging, fedavg, allreduce, ring-gossip); required")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: an exported file's first seed, else the study's first seed)")
     p.add_argument("--reevaluate", type=int, default=0, metavar="N",
-                   help="run N fresh seeds and report test-set accuracy with mean and spread")
+                   help="run N fresh seeds and report test-set accuracy with mean and spread (default: 0, off)")
     p.set_defaults(handler=cmd_run)
 
 
 @command
 def add_baselines(sub):
-    p = sub.add_parser("baselines", help="run the study's baseline policies and print one row each")
+    p = _parser(sub, "baselines", "run the study's baseline policies and print one row each",
+                "evomerge baselines --study path/to/my-study.toml")
     _common(p)
     p.add_argument("--seed", type=int, default=None, help="run seed (default: the study's first seed)")
     p.set_defaults(handler=cmd_baselines)
@@ -125,19 +171,23 @@ def add_baselines(sub):
 
 @command
 def add_policy(sub):
-    p = sub.add_parser("policy", help="policy files: print the JSON Schema, or validate a file")
+    p = _parser(sub, "policy", "policy files: print the JSON Schema, or validate a file",
+                "evomerge policy validate best.json", env=False)
     ps = p.add_subparsers(dest="policy_command", required=True, metavar="{schema,validate}")
-    s = ps.add_parser("schema", help="print the policy JSON Schema")
+    s = _parser(ps, "schema", "print the policy JSON Schema", "evomerge policy schema > policy.schema.json", env=False)
     s.set_defaults(handler=cmd_policy_schema)
-    v = ps.add_parser("validate", help="check a policy file and describe it")
-    v.add_argument("file")
+    v = _parser(ps, "validate", "check a policy file and describe it", "evomerge policy validate best.json", env=False)
+    v.add_argument("file", help="a policy JSON file or an exported file")
     v.set_defaults(handler=cmd_policy_validate)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="evomerge", description="Search for the best way for data-parallel workers to merge their models.")
+    parser = argparse.ArgumentParser(
+        prog="evomerge", description="Search for the best way for data-parallel workers to merge their models.",
+        formatter_class=_Help, epilog="example:\n  evomerge search --study mnist-gossip && evomerge dashboard --study "
+                                      f"mnist-gossip --open\n\n{ENV_NOTE}")
     parser.add_argument("--version", action="version", version=f"evomerge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for add in COMMANDS.values():
@@ -219,22 +269,17 @@ def _mb(n: int) -> str:
 
 
 def cmd_run(args) -> int:
-    from .export import read_export
-    from .study import load
+    from .study import load, run_inputs
 
     study = load(args.study)
-    policy = study.resolve_policy(args.policy)  # every input is checked before data is read
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
-    exported = read_export(args.policy) if Path(args.policy).is_file() else None
+    # every input is checked before data is read (the same checks as evomerge.run())
+    policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
     run_fn = _runner(args, study)
-    from .backends import check_policy
-
-    check_policy(args.backend, policy)
     setup = _prepare(study, args)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)
-    seed = args.seed if args.seed is not None else (exported["seeds"][0] if exported else study.run.seeds[0])
     res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)
     from rich.table import Table
 
@@ -445,11 +490,11 @@ def cmd_ui(args) -> int:
 
 
 def cmd_baselines(args) -> int:
-    from .study import load
+    from .study import load, run_inputs
 
     study = load(args.study)
     seed = study.run.seeds[0] if args.seed is None else args.seed
-    policies = [(name, study.resolve_policy(name)) for name in study.baselines]
+    policies = [(name, run_inputs(study, name, seed, backend=args.backend, procs=args.procs)[0]) for name in study.baselines]
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]

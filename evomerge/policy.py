@@ -1,29 +1,36 @@
 """The merge policy: a small, frozen, JSON-serialisable description of how
 workers merge.
 
-Each field's type, range and meaning live once, in its metadata; validation,
-``from_dict`` and the JSON Schema (``evomerge policy schema``) are all read
-from there.
+Each field's type, range, choices and meaning are written once, on the pydantic
+model below; validation, ``from_dict``, :func:`field_specs` (what the search space
+checks against) and the JSON Schema (``evomerge policy schema``) are all read from it.
+Rules that need the study (how many workers) are :func:`check_workers` and
+:func:`fit_to_workers`, also here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field, model_validator
+from pydantic_core import ArgsKwargs
+
+from . import settings
 from .errors import ConfigError
+from .settings import Choice
+from .topology import TOPOLOGIES
 
 SCHEMA_VERSION = 2
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience")}
 
+# Names of the choices that no registry holds yet (the merge code tests them by name);
+# topologies come from the registry in topology.py.
 SCHEMES = ("gossip", "allreduce", "none")
-TOPOLOGIES = ("ring", "complete", "random_regular", "communities")
 EXCHANGES = ("push", "push_pull")
 SCHEDULES = ("constant", "linear", "cosine")
 LERPS = ("fixed", "random")
@@ -32,132 +39,132 @@ PAYLOADS = ("weights", "delta")
 SIMILARITIES = ("sketch", "cka")
 
 
-def _f(default, kind: str, doc: str, *, low=None, high=None, low_open=False, choices=None):
-    """A policy field with the facts validation and the schema are built from."""
-    meta = {"kind": kind, "doc": doc, "low": low, "high": high, "low_open": low_open, "choices": choices}
-    return field(default=default, metadata=meta)
+def _f(default, doc: str, **bounds):
+    return Field(default, description=doc, **bounds)
 
 
-@dataclass(frozen=True)
+@settings.model("policy")
 class MergePolicy:
     """How workers merge. Defaults give push-pull ring gossip every ~10 steps."""
 
-    name: str = _f("", "str", "A label for people; not used by the run.")
-    scheme: str = _f(
-        "gossip", "choice",
+    name: str = _f("", "A label for people; not used by the run.")
+    scheme: Annotated[str, Choice(SCHEMES)] = _f(
+        "gossip",
         "gossip: pairwise merge events on Poisson timers; allreduce: every worker averages with all "
         "every round(mean_interval) local steps (FedAvg / local SGD; 1 = synchronous all-reduce); "
         "none: no merging until the end (the consensus model is the final average).",
-        choices=SCHEMES,
     )
     mean_interval: float = _f(
-        10.0, "float",
+        10.0,
         "Mean number of local steps between a worker's merges. Gossip draws each gap as "
         "1 + Poisson(mean_interval - 1); allreduce uses round(mean_interval).",
-        low=1.0, high=1e6,
+        ge=1.0, le=1e6,
     )
-    topology: str = _f("ring", "choice", "Who may be a peer in a gossip merge.", choices=TOPOLOGIES)
-    degree: int = _f(4, "int", "Neighbours per worker for the random_regular topology.", low=1, high=1024)
-    n_communities: int = _f(2, "int", "Number of groups for the communities topology.", low=1, high=1024)
-    p_intra: float = _f(0.8, "float", "Communities: probability that the peer is from the own group.", low=0.0, high=1.0)
-    exchange: str = _f(
-        "push_pull", "choice",
-        "push: only the peer moves towards the initiator; push_pull: both move.",
-        choices=EXCHANGES,
-    )
+    topology: Annotated[str, Choice(TOPOLOGIES)] = _f("ring", "Who may be a peer in a gossip merge.")
+    degree: int = _f(4, "Neighbours per worker for the random_regular topology (fewer than the workers; "
+                        "degree * workers even).", ge=1, le=1024)
+    n_communities: int = _f(2, "Number of groups for the communities topology (at most the workers).", ge=1, le=1024)
+    p_intra: float = _f(0.8, "Communities: probability that the peer is from the own group.", ge=0.0, le=1.0)
+    exchange: Annotated[str, Choice(EXCHANGES)] = _f(
+        "push_pull", "push: only the peer moves towards the initiator; push_pull: both move.")
     mixing_weight: float = _f(
-        0.5, "float", "Weight a on the incoming model: w <- (1 - a) w + a w_in (at the start of the run).",
-        low=0.0, high=1.0, low_open=True,
-    )
-    mixing_schedule: str = _f(
-        "constant", "choice",
-        "How a moves from mixing_weight at the start to mixing_weight_final at the end of the run.",
-        choices=SCHEDULES,
-    )
+        0.5, "Weight a on the incoming model: w <- (1 - a) w + a w_in (at the start of the run).", gt=0.0, le=1.0)
+    mixing_schedule: Annotated[str, Choice(SCHEDULES)] = _f(
+        "constant", "How a moves from mixing_weight at the start to mixing_weight_final at the end of the run.")
     mixing_weight_final: float = _f(
-        0.5, "float", "Mixing weight at the end of the run (ignored when mixing_schedule is constant).",
-        low=0.0, high=1.0, low_open=True,
-    )
-    lerp: str = _f(
-        "fixed", "choice",
-        "fixed: move by a; random: move by u * a with u ~ U(0, 1) drawn per merge event.",
-        choices=LERPS,
-    )
+        0.5, "Mixing weight at the end of the run (ignored when mixing_schedule is constant).", gt=0.0, le=1.0)
+    lerp: Annotated[str, Choice(LERPS)] = _f(
+        "fixed", "fixed: move by a; random: move by u * a with u ~ U(0, 1) drawn per merge event.")
     winner_bias: float = _f(
-        0.0, "float",
+        0.0,
         "The worker with the lower loss on the two workers' validation slices moves (1 - winner_bias) "
         "times as far as the other: 0 symmetric, 1 the winner is not moved.",
-        low=0.0, high=1.0,
+        ge=0.0, le=1.0,
     )
-    weighting: str = _f(
-        "uniform", "choice",
+    weighting: Annotated[str, Choice(WEIGHTINGS)] = _f(
+        "uniform",
         "uniform: plain lerp; examples: weighted by examples seen (counters summed on merge); "
         "adaptive: per coordinate, weighted by the workers' squared-gradient accumulators (summed on merge).",
-        choices=WEIGHTINGS,
     )
-    payload: str = _f(
-        "weights", "choice",
-        "weights: send the model; delta: send the change since the last synchronised state.",
-        choices=PAYLOADS,
-    )
+    payload: Annotated[str, Choice(PAYLOADS)] = _f(
+        "weights", "weights: send the model; delta: send the change since the last synchronised state.")
     topk_fraction: float = _f(
-        1.0, "float", "Delta payload: fraction of coordinates sent (largest first), the rest kept as error feedback.",
-        low=0.0, high=1.0, low_open=True,
+        1.0, "Delta payload: fraction of coordinates sent (largest first), the rest kept as error feedback.",
+        gt=0.0, le=1.0,
     )
-    quantize_bits: int = _f(
-        0, "int", "Delta payload: bits per sent value with stochastic rounding; 0 = send float32.",
-        low=0, high=16,
+    quantize_bits: int = Field(
+        0, description="Delta payload: bits per sent value with stochastic rounding; 0 = send float32 (1 is not allowed).",
+        ge=0, le=16, json_schema_extra={"not": {"const": 1}},
     )
     # -- schema 2: fields no other tool offers as searchable knobs (all off by default) --
-    similarity: str = _f(
-        "sketch", "choice",
+    similarity: Annotated[str, Choice(SIMILARITIES)] = _f(
+        "sketch",
         "How model similarity is measured: sketch (cosine of a fixed random projection of each worker's change "
         "since the start) or cka (linear CKA of the workers' logits on a fixed probe batch).",
-        choices=SIMILARITIES,
     )
     similarity_bias: float = _f(
-        0.0, "float", "Gossip peer choice: > 0 prefers similar peers, < 0 dissimilar ones, 0 is the topology's plain draw.",
-        low=-1.0, high=1.0,
+        0.0, "Gossip peer choice: > 0 prefers similar peers, < 0 dissimilar ones, 0 is the topology's plain draw.",
+        ge=-1.0, le=1.0,
     )
     regroup_every: int = _f(
-        0, "int", "Communities topology: every this many rounds, regroup the workers into n_communities by "
-        "agglomerative clustering of their similarity; 0 keeps the static split.", low=0, high=10_000,
+        0, "Communities topology: every this many rounds, regroup the workers into n_communities by "
+        "agglomerative clustering of their similarity; 0 keeps the static split.", ge=0, le=10_000,
     )
     data_exchange_k: int = _f(
-        0, "int", "Gossip: at each merge event the initiator also sends its k least confident training examples "
-        "(lowest probability of the true label) to the peer; 0 = data stays.", low=0, high=100_000,
+        0, "Gossip: at each merge event the initiator also sends its k least confident training examples "
+        "(lowest probability of the true label) to the peer; 0 = data stays.", ge=0, le=100_000,
     )
     retire_threshold: float = _f(
-        0.0, "float", "Examples whose true-label probability was at least this the last two times they were "
-        "trained on move to the worker's reserve; 0 = off.", low=0.0, high=1.0,
+        0.0, "Examples whose true-label probability was at least this the last two times they were "
+        "trained on move to the worker's reserve; 0 = off.", ge=0.0, le=1.0,
     )
     reserve_rate: float = _f(
-        0.1, "float", "Chance that a reserve example is included in a pass over the worker's data.", low=0.0, high=1.0,
+        0.1, "Chance that a reserve example is included in a pass over the worker's data.", ge=0.0, le=1.0,
     )
     swap_p: float = _f(
-        0.0, "float", "Gossip: probability that a merge event swaps the two workers' models instead of merging "
-        "(each model goes on with the other's data; charged as two full transfers).", low=0.0, high=1.0,
+        0.0, "Gossip: probability that a merge event swaps the two workers' models instead of merging "
+        "(each model goes on with the other's data; charged as two full transfers).", ge=0.0, le=1.0,
     )
     stop_tol: float = _f(
-        0.0, "float", "Stop the run once the per-step norms of local and of merge updates both stay below this "
-        "for stop_patience rounds; 0 = never.", low=0.0, high=1e6,
+        0.0, "Stop the run once the per-step norms of local and of merge updates both stay below this "
+        "for stop_patience rounds; 0 = never.", ge=0.0, le=1e6,
     )
-    stop_patience: int = _f(2, "int", "Rounds the update norms must stay below stop_tol.", low=1, high=10_000)
-    schema_version: int = _f(SCHEMA_VERSION, "int", "Version of this format.", low=1, high=SCHEMA_VERSION)
+    stop_patience: int = _f(2, "Rounds the update norms must stay below stop_tol.", ge=1, le=10_000)
+    schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _check(f, getattr(self, f.name)))
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older_versions(cls, data: Any) -> Any:
+        """A file of an older schema means what it always meant: the fields added since are off,
+        and naming one is an error; it is then read as the current version."""
+        kwargs = data.kwargs if isinstance(data, ArgsKwargs) else data
+        if not isinstance(kwargs, dict):
+            return data
+        version = kwargs.get("schema_version", SCHEMA_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1 or version == SCHEMA_VERSION:
+            return data  # a bad version is the field's own error
+        if version > SCHEMA_VERSION:
+            raise ConfigError("policy.schema_version", f"{version} is newer than this evomerge reads (<= {SCHEMA_VERSION})")
+        for v, names in ADDED_IN.items():
+            late = sorted(n for n in names if n in kwargs and version < v)
+            if late:
+                raise ConfigError(f"policy.{late[0]}", f"is a schema {v} field; this file says schema_version {version}")
+        kwargs = {**kwargs, "schema_version": SCHEMA_VERSION}
+        return ArgsKwargs(data.args, kwargs) if isinstance(data, ArgsKwargs) else kwargs
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "MergePolicy":
         if self.quantize_bits == 1:
             raise ConfigError("policy.quantize_bits", "1 is not allowed; use 0 (off) or 2..16")
         if self.regroup_every and self.topology != "communities":
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
-        if self.payload == "weights":
-            if self.topk_fraction < 1.0:
-                raise ConfigError("policy.topk_fraction", f"{self.topk_fraction} needs payload 'delta' (compression applies to deltas)")
-            if self.quantize_bits:
-                raise ConfigError("policy.quantize_bits", f"{self.quantize_bits} needs payload 'delta' (compression applies to deltas)")
+        if self.payload != "delta":
+            for name, off in COMPRESSION_OFF.items():
+                if getattr(self, name) != off:
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)} needs payload 'delta' "
+                                                        "(compression applies to deltas)")
+        return self
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -170,21 +177,7 @@ class MergePolicy:
     def from_dict(cls, data: Any, where: str = "policy") -> "MergePolicy":
         if not isinstance(data, dict):
             raise ConfigError(where, f"must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"policy.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(known))}")
-        version = data.get("schema_version", SCHEMA_VERSION)
-        if isinstance(version, int) and not isinstance(version, bool):
-            if version > SCHEMA_VERSION:
-                raise ConfigError("policy.schema_version", f"{version} is newer than this evomerge reads (<= {SCHEMA_VERSION})")
-            for v, names in ADDED_IN.items():
-                late = sorted(n for n in names if n in data and version < v)
-                if late:
-                    raise ConfigError(f"policy.{late[0]}", f"is a schema {v} field; this file says schema_version {version}")
-            # an older file means what it always meant: the fields added since are off; read as current
-            data = {**data, "schema_version": SCHEMA_VERSION}
-        return cls(**data)
+        return settings.build(cls, data, where)
 
     @classmethod
     def from_json(cls, text: str, where: str = "policy") -> "MergePolicy":
@@ -199,6 +192,7 @@ class MergePolicy:
         return cls.from_dict(data, str(path))
 
     def replace(self, **changes: Any) -> "MergePolicy":
+        """A copy with ``changes``, validated (``dataclasses.replace`` does the same)."""
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
@@ -241,68 +235,92 @@ class MergePolicy:
         return "".join(f", {p}" for p in parts)
 
 
-def _check(f: dataclasses.Field, value: Any) -> Any:
-    """Validate one field's value; return it normalised (ints given for floats become floats)."""
-    meta, name = f.metadata, f"policy.{f.name}"
-    kind = meta["kind"]
-    if kind in ("str", "choice"):
-        if not isinstance(value, str):
-            raise ConfigError(name, f"must be a string, got {_show(value)}")
-        if kind == "choice" and value not in meta["choices"]:
-            raise ConfigError(name, f"unknown {_show(value)}; allowed: {', '.join(meta['choices'])}")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(name, f"must be an integer, got {_show(value)}")
-    elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(name, f"must be a number, got {_show(value)}")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ConfigError(name, f"must be finite, got {value}")
-    low, high = meta["low"], meta["high"]
-    if low is not None and (value <= low if meta["low_open"] else value < low) or high is not None and value > high:
-        raise ConfigError(name, f"{value} is out of range; allowed: {_range(meta)}")
-    return value
+# Values that mean "off" for fields that only apply with another field's value: the policy refuses
+# them switched on elsewhere, and the search space switches them off where a sampled point has them.
+COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta'
+REGROUP_OFF = {"regroup_every": 0}  # only with topology 'communities'
 
 
-def _range(meta) -> str:
-    return f"{'(' if meta['low_open'] else '['}{meta['low']}, {meta['high']}]"
+def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
+    """``values`` (field -> value, over ``fixed``) with the fields that do not apply to the resulting
+    policy set to off: compression without a delta payload, regrouping off communities."""
+    out = dict(values)
+    if out.get("payload", fixed.payload) != "delta":
+        out.update(COMPRESSION_OFF)
+    if out.get("topology", fixed.topology) != "communities":
+        out.update(REGROUP_OFF)
+    return out
 
 
-def _show(value: Any) -> str:
-    return f"{type(value).__name__} {json.dumps(value) if isinstance(value, (str, int, float, bool)) or value is None else ''}".strip()
+# -- rules that need the number of workers ------------------------------------------------
+def possible_degree(degree: int, workers: int) -> int:
+    """The random-regular degree nearest ``degree`` (from below where one exists) that ``workers`` can
+    have: fewer than the workers, and degree * workers even."""
+    if workers < 2:
+        return degree
+    d = min(degree, workers - 1)
+    if (d * workers) % 2:
+        d -= 1
+    return max(d, 1 if workers % 2 == 0 else 2)
 
 
+def possible_communities(n_communities: int, workers: int) -> int:
+    """At most one community per worker."""
+    return max(1, min(n_communities, workers))
+
+
+WORKER_BOUND = {"degree": possible_degree, "n_communities": possible_communities}
+TOPOLOGY_OF = {"degree": "random_regular", "n_communities": "communities"}  # where each bound field applies
+
+
+def fit_to_workers(values: dict[str, Any], workers: int) -> dict[str, Any]:
+    """``values`` with ``degree`` and ``n_communities`` (where present) moved to the nearest value
+    ``workers`` allow."""
+    return {k: WORKER_BOUND[k](v, workers) if k in WORKER_BOUND else v for k, v in values.items()}
+
+
+def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> None:
+    """Refuse, in one line, a policy that cannot run on ``workers`` workers (checked before any data is read)."""
+    if policy.scheme != "gossip" or workers < 2:
+        return
+    if policy.topology == "random_regular" and possible_degree(policy.degree, workers) != policy.degree:
+        raise ConfigError(f"{where}.degree", f"{policy.degree} with {workers} workers is impossible; "
+                                             "allowed: degree < workers and degree * workers even")
+    if policy.topology == "communities" and policy.n_communities > workers:
+        raise ConfigError(f"{where}.n_communities", f"{policy.n_communities} is out of range; "
+                                                    f"allowed: [1, {workers}] for {workers} workers")
+
+
+# -- what other code reads from the model ---------------------------------------------------
 def field_specs() -> dict[str, dict[str, Any]]:
-    """Name -> metadata (kind, range, choices, doc) of every searchable policy field."""
-    return {f.name: dict(f.metadata) for f in dataclasses.fields(MergePolicy) if f.name not in ("name", "schema_version")}
+    """Name -> kind (choice, int, float), range, choices and doc of every searchable policy field,
+    read from the model."""
+    out = {}
+    for name, info in MergePolicy.__pydantic_fields__.items():
+        if name in ("name", "schema_version"):
+            continue
+        choice = settings.choice_of(info)
+        low, high, low_open, _ = settings.bounds(info)
+        kind = "choice" if choice else {int: "int", float: "float"}.get(info.annotation, "str")
+        out[name] = {"kind": kind, "doc": info.description, "low": low, "high": high, "low_open": low_open,
+                     "choices": choice.names if choice else None}
+    return out
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a policy file."""
-    props: dict[str, Any] = {}
-    for f in dataclasses.fields(MergePolicy):
-        m = f.metadata
-        p: dict[str, Any] = {"description": m["doc"], "default": f.default}
-        if m["kind"] in ("str", "choice"):
-            p["type"] = "string"
-            if m["choices"]:
-                p["enum"] = list(m["choices"])
-        else:
-            p["type"] = "integer" if m["kind"] == "int" else "number"
-            if m["low"] is not None:
-                p["exclusiveMinimum" if m["low_open"] else "minimum"] = m["low"]
-            if m["high"] is not None:
-                p["maximum"] = m["high"]
-        props[f.name] = p
-    props["quantize_bits"]["not"] = {"const": 1}
+    """The JSON Schema (draft 2020-12) of a policy file, generated from the model."""
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(MergePolicy).json_schema()
+    for p in schema["properties"].values():
+        p.pop("title", None)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://evomerge.dev/schema/policy-v{SCHEMA_VERSION}.json",
         "title": "evomerge merge policy",
+        "description": MergePolicy.__doc__,
         "type": "object",
-        "properties": props,
+        "properties": schema["properties"],
         "additionalProperties": False,
     }
 

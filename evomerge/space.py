@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .policy import MergePolicy
+from .policy import WORKER_BOUND, MergePolicy, fit_to_workers, switch_off_inapplicable
 from .study import Param, Study
 
 
@@ -33,17 +33,16 @@ def distributions(space: tuple[Param, ...]) -> dict[str, Any]:
 def policy_from_params(study: Study, params: dict[str, Any]) -> MergePolicy:
     """The study's fixed policy with ``params`` (field -> value) applied, validated.
 
-    Fields sampled where they do not apply are reset to "off" rather than failing the
-    trial: compression while the payload is 'weights', regrouping on a topology other
-    than 'communities'.
+    Every point of the space makes a policy that can run on the study's workers:
+
+    - fields sampled where they do not apply are reset to "off" rather than failing the trial
+      (compression while the payload is 'weights', regrouping on a topology other than 'communities');
+    - ``degree`` and ``n_communities`` go to the nearest value the workers allow (the study's load
+      already clamped their ranges; this settles the parity of ``degree`` with an odd number of workers).
     """
-    values = dict(params)
-    payload = values.get("payload", study.policy.payload)
-    if payload == "weights":
-        values["topk_fraction"] = 1.0
-        values["quantize_bits"] = 0
-    if values.get("topology", study.policy.topology) != "communities":
-        values["regroup_every"] = 0
+    values = switch_off_inapplicable(params, study.policy)
+    bound = {k: getattr(study.policy, k) for k in WORKER_BOUND}  # fixed ones too: a study may be built in code
+    values = fit_to_workers(bound | values, study.run.workers)
     return study.policy.replace(**values)
 
 

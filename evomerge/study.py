@@ -10,13 +10,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from . import data as data_mod
+from . import policy as policy_mod
+from . import settings
 from .errors import ConfigError
 from .policy import MergePolicy, field_specs
+from .settings import Choice
 
 SPACE_KINDS = ("float", "log-float", "int", "categorical")
 MODEL_NAMES = ("mlp", "cnn")  # the keys of models.MODELS, known here without importing torch
@@ -26,56 +30,156 @@ OBJECTIVES = {  # name -> direction
     "bytes": "minimize",
     "wall_time": "minimize",
 }
+DEFAULT_BASELINES = ("no-merging", "fedavg", "allreduce", "ring-gossip")
 
 
-@dataclass(frozen=True)
+def _as_tuple(v: Any) -> Any:
+    """TOML lists become tuples (the settings are frozen); anything else is left to the type check."""
+    return tuple(v) if isinstance(v, list) else v
+
+
+Seq = BeforeValidator(_as_tuple)
+
+
+@settings.model("study.data")
 class DataSpec:
-    dataset: str = "mnist"
-    val_size: int = 5000
-    train_size: int = 0  # 0 = every training sample left after the validation split
-    partition: str = "dirichlet"
-    alpha: float = 0.5
+    dataset: Annotated[str, Choice(data_mod.DATASETS)] = "mnist"
+    val_size: int = Field(5000, ge=1)
+    train_size: int = Field(0, ge=0)  # 0 = every training sample left after the validation split
+    partition: Annotated[str, Choice(data_mod.PARTITIONS)] = "dirichlet"
+    alpha: float = Field(0.5, gt=0)
     seed: int = 0  # validation split and partition
 
 
-@dataclass(frozen=True)
+@settings.model("study.model")
 class ModelSpec:
-    name: str = "mlp"
-    options: dict = field(default_factory=lambda: {"hidden": [128]})
+    name: Annotated[str, Choice(MODEL_NAMES)] = "mlp"
+    options: dict = Field(default_factory=lambda: {"hidden": [128]})
 
 
-@dataclass(frozen=True)
+@settings.model("study.run")
 class RunSpec:
-    workers: int = 8
-    batch_size: int = 32
+    workers: int = Field(8, ge=1)
+    batch_size: int = Field(32, ge=1)
     epochs: float = 2.0  # budget in passes over the mean shard; converted to local steps
-    steps: int = 0  # budget in local steps; overrides epochs when > 0
-    lr: float = 0.05
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    rounds: int = 10
-    seeds: tuple[int, ...] = (0,)
-    score_samples: int = 32  # per-worker validation slice for the winner-biased lerp
-    eval_samples: int = 0  # validation samples for the per-worker accuracies (0 = all)
+    steps: int = Field(0, ge=0)  # budget in local steps; overrides epochs when > 0
+    lr: float = Field(0.05, ge=0)  # 0 freezes the models: a control run (merges alone, or the convergence stop)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    rounds: int = Field(10, ge=1)
+    seeds: Annotated[tuple[int, ...], Seq] = Field((0,), min_length=1)
+    score_samples: int = Field(32, ge=1)  # per-worker validation slice for the winner-biased lerp
+    eval_samples: int = Field(0, ge=0)  # validation samples for the per-worker accuracies (0 = all)
+
+    @model_validator(mode="after")
+    def _a_budget(self) -> "RunSpec":
+        if self.steps == 0 and not self.epochs > 0:
+            raise ConfigError("study.run.epochs", f"{self.epochs} is out of range; allowed: (0, inf) when steps is 0")
+        return self
 
 
-@dataclass(frozen=True)
+def _context(name: str) -> dict[str, Any]:
+    """Other policy fields that make a single field's value meaningful (compression needs a delta payload)."""
+    if name in policy_mod.COMPRESSION_OFF:
+        return {"payload": "delta"}
+    if name in policy_mod.REGROUP_OFF:
+        return {"topology": "communities"}
+    return {}
+
+
+def _excluded(info) -> list:
+    """Values inside a field's range that the field refuses (its JSON Schema's ``not: {const: ...}``)."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return [extra["not"]["const"]] if "const" in extra.get("not", {}) else []
+
+
+@settings.model(lambda kw: f"study.search.space.{kw.get('name')}")
 class Param:
+    """One searched policy field: its kind and range (or choices), checked against the policy model."""
+
     name: str
-    kind: str
+    kind: Annotated[str, Choice(SPACE_KINDS)]
     low: float | None = None
     high: float | None = None
-    choices: tuple = ()
+    choices: Annotated[tuple, Seq] = ()
+
+    @model_validator(mode="after")
+    def _fits_the_field(self) -> "Param":
+        where, specs = f"study.search.space.{self.name}", field_specs()
+        if self.name not in specs:
+            raise ConfigError(where, f"unknown policy field; allowed: {', '.join(specs)}")
+        meta = specs[self.name]
+        if self.kind == "categorical":
+            if not self.choices:
+                raise ConfigError(f"{where}.choices", "must be a non-empty list")
+            for c in self.choices:
+                try:
+                    MergePolicy(**({self.name: c} | _context(self.name)))
+                except ConfigError as e:
+                    raise ConfigError(f"{where}.choices", e.message) from None
+            return self
+        if meta["kind"] not in ("int", "float") or (self.kind == "int") != (meta["kind"] == "int"):
+            want = "categorical" if meta["kind"] in ("str", "choice") else ("int" if meta["kind"] == "int" else "float or log-float")
+            raise ConfigError(f"{where}.kind", f"{self.kind!r} does not fit this field; allowed: {want}")
+        if self.choices:
+            raise ConfigError(f"{where}.choices", f"applies to kind 'categorical' only; this is {self.kind!r}")
+        for key in ("low", "high"):
+            v = getattr(self, key)
+            if v is None:
+                raise ConfigError(f"{where}.{key}", "is required")
+            if self.kind == "int":
+                if v != int(v):
+                    raise ConfigError(f"{where}.{key}", f"must be an integer, got {v}")
+                object.__setattr__(self, key, int(v))
+        low, high = self.low, self.high
+        if not low < high:
+            raise ConfigError(where, f"impossible range [{low}, {high}]: low must be below high")
+        if self.kind == "log-float" and low <= 0:
+            raise ConfigError(f"{where}.low", f"{low}: a log-float range needs low > 0")
+        info = MergePolicy.__pydantic_fields__[self.name]
+        for v in (low, high):  # the ranges are intervals: both ends inside means every point inside
+            try:
+                MergePolicy(**({self.name: int(v) if self.kind == "int" else v} | _context(self.name)))
+            except ConfigError:
+                raise ConfigError(where, f"[{low}, {high}] leaves the field's allowed range "
+                                         f"{settings.range_text(info)}") from None
+        for v in _excluded(info):
+            if low <= v <= high:
+                raise ConfigError(where, f"[{low}, {high}] includes {v}, which the field does not allow; "
+                                         f"use a range without it or kind 'categorical'")
+        return self
 
 
-@dataclass(frozen=True)
+@settings.model("study.search")
 class SearchSpec:
-    sampler: str = "tpe"
-    n_trials: int = 30
-    space: tuple[Param, ...] = ()
+    sampler: str = "tpe"  # checked with --sampler by the search (searcher.SAMPLERS)
+    n_trials: int = Field(30, ge=1)
+    space: Annotated[tuple[Param, ...], Seq] = ()
 
 
-@dataclass(frozen=True)
+@settings.model("study.study")
+class _Meta:
+    name: str = ""
+    description: str = ""
+
+
+@settings.model("study.objectives")
+class _Objectives:
+    metrics: Annotated[tuple[Annotated[str, Choice(OBJECTIVES)], ...], Seq] = Field(("val_accuracy",), min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "_Objectives":
+        if len(set(self.metrics)) != len(self.metrics):
+            raise ConfigError("study.objectives.metrics", "must list one or more distinct metrics")
+        return self
+
+
+@settings.model("study.baselines")
+class _Baselines:
+    policies: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
+
+
+@settings.model("study")
 class Study:
     name: str
     description: str = ""
@@ -84,9 +188,19 @@ class Study:
     run: RunSpec = RunSpec()
     policy: MergePolicy = MergePolicy()
     search: SearchSpec = SearchSpec()
-    objectives: tuple[str, ...] = ("val_accuracy",)
-    baselines: tuple[str, ...] = ("no-merging", "fedavg", "allreduce", "ring-gossip")
+    objectives: Annotated[tuple[Annotated[str, Choice(OBJECTIVES)], ...], Seq] = ("val_accuracy",)
+    baselines: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
     path: Path | None = None
+    # what loading changed so that every point of the space can run on these workers (see fit_to_workers)
+    notes: Annotated[tuple[str, ...], Seq] = ()
+
+    @model_validator(mode="after")
+    def _space_fits_the_policy(self) -> "Study":
+        names = {p.name for p in self.search.space}
+        if names & set(policy_mod.COMPRESSION_OFF) and "payload" not in names and self.policy.payload != "delta":
+            raise ConfigError("study.search.space", "searching topk_fraction or quantize_bits needs payload 'delta' "
+                                                    "in [policy] or payload in the space")
+        return self
 
     @property
     def directions(self) -> list[str]:
@@ -97,19 +211,93 @@ class Study:
         base = self.path.parent if self.path else shipped_studies_dir()
         return base / "policies"
 
-    def resolve_policy(self, ref: str | Path) -> MergePolicy:
-        """A policy from a file path, or by name from the study's policies folder."""
+    def policy_dirs(self) -> list[Path]:
+        """Where named policies are looked up: the study's own ``policies/``, then the shipped ones."""
+        dirs = [self.policies_dir(), shipped_studies_dir() / "policies"]
+        return [d for i, d in enumerate(dirs) if d.resolve() not in {x.resolve() for x in dirs[:i]}]
+
+    def named_policies(self) -> list[str]:
+        return sorted({f.stem for d in self.policy_dirs() if d.is_dir() for f in d.glob("*.json")})
+
+    def resolve_policy(self, ref: str | Path, where: str = "--policy") -> MergePolicy:
+        """A policy from a file path, or by name from the study's policies folder, else the shipped ones
+        (so a study copied elsewhere still finds ``no-merging``, ``fedavg``, ...)."""
         p = Path(ref)
         if p.is_file():
             return MergePolicy.load(p)
-        named = self.policies_dir() / f"{ref}.json"
-        if named.is_file():
-            return MergePolicy.load(named)
-        known = sorted(f.stem for f in self.policies_dir().glob("*.json"))
-        raise ConfigError("--policy", f"{ref}: no such file or named policy; named: {', '.join(known) or 'none'}")
+        for d in self.policy_dirs():
+            if (d / f"{ref}.json").is_file():
+                return MergePolicy.load(d / f"{ref}.json")
+        raise ConfigError(where, f"{ref}: no such file or named policy; named: {', '.join(self.named_policies()) or 'none'}")
 
     def with_overrides(self, **run_changes: Any) -> "Study":
         return dataclasses.replace(self, run=dataclasses.replace(self.run, **run_changes))
+
+
+def fit_to_workers(policy: MergePolicy, space: tuple[Param, ...], workers: int):
+    """Resolve the corners of the space that ``workers`` make impossible (issue: ``degree`` >= workers,
+    more communities than workers), before any trial runs.
+
+    The rule: a fixed ``degree`` / ``n_communities`` the workers cannot have is moved to the nearest
+    possible value, and a searched range is clamped to the possible values; each change is a note.
+    A searched range with no possible value at all is refused in one line. (Every sampled point then
+    passes :func:`policy.fit_to_workers` as well, which settles the parity of ``degree`` for an odd
+    number of workers.) Returns (policy, space, notes).
+    """
+    topo = next((p for p in space if p.name == "topology"), None)
+    topologies = set(topo.choices) if topo else {policy.topology}
+    notes, changes, out = [], {}, []
+    for p in space:
+        fit = policy_mod.WORKER_BOUND.get(p.name)
+        if fit is None:
+            out.append(p)
+        elif p.kind == "categorical":
+            kept = tuple(dict.fromkeys(fit(c, workers) for c in p.choices))
+            out.append(Param(p.name, p.kind, choices=kept) if kept != p.choices else p)
+            if kept != p.choices:
+                notes.append(f"study.search.space.{p.name}: choices {list(p.choices)} -> {list(kept)} for {workers} workers")
+        else:
+            cap = fit(10**9, workers)  # the largest possible value
+            if p.low > cap:
+                raise ConfigError(f"study.search.space.{p.name}", f"[{p.low}, {p.high}] is impossible with {workers} "
+                                                                 f"workers; allowed: at most {cap}")
+            if p.high <= cap:
+                out.append(p)
+            elif cap > p.low:
+                out.append(dataclasses.replace(p, high=cap))
+                notes.append(f"study.search.space.{p.name}: [{p.low}, {p.high}] -> [{p.low}, {cap}] for {workers} workers")
+            else:
+                changes[p.name] = cap
+                notes.append(f"study.search.space.{p.name}: [{p.low}, {p.high}] -> fixed at {cap} for {workers} workers")
+    searched = {p.name for p in out}
+    for name, fit in policy_mod.WORKER_BOUND.items():
+        value = getattr(policy, name)
+        if name not in searched and name not in changes and fit(value, workers) != value \
+                and policy_mod.TOPOLOGY_OF[name] in topologies:
+            changes[name] = fit(value, workers)
+            notes.append(f"study.policy.{name}: {value} is impossible with {workers} workers; using {changes[name]}")
+    return (policy.replace(**changes) if changes else policy), tuple(out), tuple(notes)
+
+
+def run_inputs(study: Study, policy: MergePolicy | str | Path, seed: int | None = None, *,
+               backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
+    """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:
+    the policy (an object, a file or a named policy), the seed (given, else an exported file's first
+    seed, else the study's first seed) and the exported file's metadata (None for a plain policy);
+    the backend must be able to run the policy on the study's workers."""
+    from .backends import check, check_policy
+    from .export import read_export
+
+    exported = None
+    if not isinstance(policy, MergePolicy):
+        exported = read_export(policy) if Path(policy).is_file() else None
+        policy = study.resolve_policy(policy)
+    policy_mod.check_workers(policy, study.run.workers)
+    check(backend, procs, study.run.workers)
+    check_policy(backend, policy)
+    if seed is None:
+        seed = exported["seeds"][0] if exported and exported.get("seeds") else study.run.seeds[0]
+    return policy, seed, exported
 
 
 # -- loading -------------------------------------------------------------------
@@ -155,123 +343,41 @@ _TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "base
 
 
 def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") -> Study:
+    """A study from its TOML tables; every setting is checked here, before any data is read."""
     _no_unknown(raw, _TOP, "study")
-    meta = _table(raw, "study")
-    _no_unknown(meta, ("name", "description"), "study.study")
-    name = _typed(meta.get("name", default_name), str, "study.study.name")
-    description = _typed(meta.get("description", ""), str, "study.study.description")
-
-    d = _dataclass_from(DataSpec, _table(raw, "data"), "study.data")
-    data_mod.get_spec(d.dataset)
-    if d.partition not in data_mod.PARTITIONS:
-        raise ConfigError("study.data.partition", f"unknown {d.partition!r}; allowed: {', '.join(data_mod.PARTITIONS)}")
-    _positive(d.alpha, "study.data.alpha")
-    _at_least(d.val_size, 1, "study.data.val_size")
-    _at_least(d.train_size, 0, "study.data.train_size")
-
+    meta = settings.build(_Meta, _table(raw, "study"), "study.study")
+    d = settings.build(DataSpec, _table(raw, "data"), "study.data")
     m = dict(_table(raw, "model"))
-    model_name = _typed(m.pop("name", "mlp"), str, "study.model.name")
-    if model_name not in MODEL_NAMES:
-        raise ConfigError("study.model.name", f"unknown {model_name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    model_name = m.pop("name", "mlp")
     model = ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}))
-
-    r = _dataclass_from(RunSpec, _table(raw, "run"), "study.run")
-    _at_least(r.workers, 1, "study.run.workers")
-    _at_least(r.batch_size, 1, "study.run.batch_size")
-    _at_least(r.rounds, 1, "study.run.rounds")
-    _at_least(r.steps, 0, "study.run.steps")
-    _at_least(r.score_samples, 1, "study.run.score_samples")
-    _at_least(r.eval_samples, 0, "study.run.eval_samples")
-    if r.steps == 0:
-        _positive(r.epochs, "study.run.epochs")
-    if not r.lr >= 0:  # 0 freezes the models: a control run (merges alone, or the convergence stop)
-        raise ConfigError("study.run.lr", f"{r.lr} is out of range; allowed: [0, inf)")
-    if not 0 <= r.momentum < 1:
-        raise ConfigError("study.run.momentum", f"{r.momentum} is out of range; allowed: [0, 1)")
-    if r.weight_decay < 0:
-        raise ConfigError("study.run.weight_decay", f"{r.weight_decay} is out of range; allowed: [0, inf)")
-    if not r.seeds:
-        raise ConfigError("study.run.seeds", "must list at least one seed")
-
+    r = settings.build(RunSpec, _table(raw, "run"), "study.run")
     policy = MergePolicy.from_dict(_table(raw, "policy"), "study.policy")
 
     s = dict(_table(raw, "search"))
     space_raw = s.pop("space", {})
-    sr = _dataclass_from(SearchSpec, s, "study.search", skip=("space",))
-    _at_least(sr.n_trials, 1, "study.search.n_trials")
-    space = tuple(_param(k, v) for k, v in _typed(space_raw, dict, "study.search.space").items())
-    _check_space_point(policy, space)
-    search = dataclasses.replace(sr, space=space)
+    if not isinstance(space_raw, dict):
+        raise ConfigError("study.search.space", f"must be a table, got {type(space_raw).__name__}")
+    params = []
+    for name, spec in space_raw.items():
+        where = f"study.search.space.{name}"
+        if not isinstance(spec, dict):
+            raise ConfigError(where, f"must be a table like {{ kind = \"float\", low = 0.1, high = 1.0 }}, "
+                                     f"got {type(spec).__name__}")
+        _no_unknown(spec, [k for k in Param.__pydantic_fields__ if k != "name"], where)
+        if "kind" not in spec:
+            raise ConfigError(f"{where}.kind", f"is required; allowed: {', '.join(SPACE_KINDS)}")
+        params.append(Param(name=name, **spec))
+    policy, space, notes = fit_to_workers(policy, tuple(params), r.workers)
+    search = settings.build(SearchSpec, s, "study.search")
+    search = dataclasses.replace(search, space=space)
 
-    o = _table(raw, "objectives")
-    _no_unknown(o, ("metrics",), "study.objectives")
-    objectives = tuple(_typed(o.get("metrics", ["val_accuracy"]), list, "study.objectives.metrics"))
-    if not objectives or len(set(objectives)) != len(objectives):
-        raise ConfigError("study.objectives.metrics", "must list one or more distinct metrics")
-    for ob in objectives:
-        if ob not in OBJECTIVES:
-            raise ConfigError("study.objectives.metrics", f"unknown {ob!r}; allowed: {', '.join(OBJECTIVES)}")
-
-    b = _table(raw, "baselines")
-    _no_unknown(b, ("policies",), "study.baselines")
-    baselines = tuple(_typed(b.get("policies", list(Study.baselines)), list, "study.baselines.policies"))
-
-    return Study(name, description, d, model, r, policy, search, objectives, baselines, path)
-
-
-def _param(name: str, spec: Any) -> Param:
-    where = f"study.search.space.{name}"
-    fields = field_specs()
-    if name not in fields:
-        raise ConfigError(where, f"unknown policy field; allowed: {', '.join(fields)}")
-    spec = _typed(spec, dict, where)
-    _no_unknown(spec, ("kind", "low", "high", "choices"), where)
-    kind = spec.get("kind")
-    if kind not in SPACE_KINDS:
-        raise ConfigError(f"{where}.kind", f"unknown {kind!r}; allowed: {', '.join(SPACE_KINDS)}")
-    meta = fields[name]
-    if kind == "categorical":
-        choices = spec.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise ConfigError(f"{where}.choices", "must be a non-empty list")
-        for c in choices:
-            try:
-                MergePolicy.from_dict({name: c} | _compatible(name, c))
-            except ConfigError as e:
-                raise ConfigError(f"{where}.choices", e.message) from None
-        return Param(name, kind, choices=tuple(choices))
-    if meta["kind"] not in ("int", "float") or (kind == "int") != (meta["kind"] == "int"):
-        want = "categorical" if meta["kind"] in ("str", "choice") else ("int" if meta["kind"] == "int" else "float or log-float")
-        raise ConfigError(f"{where}.kind", f"{kind!r} does not fit this field; allowed: {want}")
-    low, high = spec.get("low"), spec.get("high")
-    for key, v in (("low", low), ("high", high)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{where}.{key}", f"must be a number, got {v!r}")
-    if not low < high:
-        raise ConfigError(where, f"impossible range [{low}, {high}]: low must be below high")
-    if kind == "log-float" and low <= 0:
-        raise ConfigError(f"{where}.low", f"{low}: a log-float range needs low > 0")
-    lo_ok = low > meta["low"] if meta["low_open"] else low >= meta["low"]
-    if not lo_ok or high > meta["high"]:
-        raise ConfigError(where, f"[{low}, {high}] leaves the field's allowed range "
-                                 f"{'(' if meta['low_open'] else '['}{meta['low']}, {meta['high']}]")
-    return Param(name, kind, float(low) if kind != "int" else int(low), float(high) if kind != "int" else int(high))
-
-
-def _compatible(name: str, value: Any) -> dict:
-    """Other fields that make a single-field check meaningful (compression needs a delta payload)."""
-    return {"payload": "delta"} if name in ("topk_fraction", "quantize_bits") else {}
-
-
-def _check_space_point(policy: MergePolicy, space: tuple[Param, ...]) -> None:
-    """The space's lower corner must make a valid policy with the fixed fields (catches impossible mixes)."""
-    point = {}
-    for p in space:
-        point[p.name] = p.choices[0] if p.kind == "categorical" else p.low
-    if any(p.name in ("topk_fraction", "quantize_bits") for p in space) and "payload" not in point:
-        if policy.payload != "delta":
-            raise ConfigError("study.search.space", "searching topk_fraction or quantize_bits needs payload 'delta' "
-                                                    "in [policy] or payload in the space")
+    objectives = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives").metrics
+    baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
+    study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
+                  policy=policy, search=search, objectives=objectives, baselines=baselines, path=path, notes=notes)
+    for ref in study.baselines:  # found now, not after the search's trials have run
+        study.resolve_policy(ref, where="study.baselines.policies")
+    return study
 
 
 # -- small checks --------------------------------------------------------------
@@ -286,46 +392,3 @@ def _no_unknown(d: dict, allowed, where: str) -> None:
     for k in d:
         if k not in allowed:
             raise ConfigError(f"{where}.{k}", f"unknown key; allowed: {', '.join(allowed)}")
-
-
-def _typed(v, t, where):
-    if t is int and isinstance(v, bool) or not isinstance(v, t):
-        names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
-        raise ConfigError(where, f"must be {names.get(t, t.__name__)}, got {type(v).__name__} {v!r}")
-    return v
-
-
-def _dataclass_from(cls, d: dict, where: str, skip=()):
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
-    _no_unknown(d, list(fields), where)
-    kwargs = {}
-    for k, v in d.items():
-        default = fields[k].default
-        if isinstance(default, bool):
-            v = _typed(v, bool, f"{where}.{k}")
-        elif isinstance(default, int):
-            v = _typed(v, int, f"{where}.{k}")
-        elif isinstance(default, float):
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ConfigError(f"{where}.{k}", f"must be a number, got {type(v).__name__} {v!r}")
-            v = float(v)
-            if not math.isfinite(v):
-                raise ConfigError(f"{where}.{k}", f"must be finite, got {v}")
-        elif isinstance(default, str):
-            v = _typed(v, str, f"{where}.{k}")
-        elif isinstance(default, tuple):
-            v = tuple(_typed(v, list, f"{where}.{k}"))
-            for x in v:
-                _typed(x, int, f"{where}.{k}")
-        kwargs[k] = v
-    return cls(**kwargs)
-
-
-def _at_least(v, low, where):
-    if v < low:
-        raise ConfigError(where, f"{v} is out of range; allowed: [{low}, inf)")
-
-
-def _positive(v, where):
-    if not v > 0:
-        raise ConfigError(where, f"{v} is out of range; allowed: (0, inf)")

@@ -71,6 +71,9 @@ BAD_POLICIES = {
     "out of range": ('{"mixing_weight": 1.5}', "policy.mixing_weight"),
     "unknown key": ('{"speed": 1}', "policy.speed"),
     "unknown topology": ('{"topology": "star"}', "policy.topology"),
+    "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',
+                                   "error: policy.degree: 4 with 4 workers is impossible; allowed: degree < workers"),
+    "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 2]"),
     "truncated": ('{"topology": "ri', "invalid JSON"),
     "empty": ("", "empty file"),
 }
@@ -130,3 +133,65 @@ def test_cli_does_not_import_torch_for_help_or_bad_input(tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)" % str(f))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "invalid JSON" in p.stderr
+
+
+# -- a new user's own study files (issue 14) -------------------------------------------------------
+def test_baselines_of_a_study_copied_out_of_its_folder_use_the_shipped_policies(tmp_path, data_dir):
+    import shutil
+
+    f = write_study(tmp_path / "copy", name="my-copy", steps=20)
+    shutil.rmtree(f.parent / "policies")  # a study file copied alone, renamed
+    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]',
+                                       'policies = ["no-merging", "fedavg", "ring-gossip"]'))
+    out = tmp_path / "b.json"
+    p = evomerge("baselines", "--study", str(f), "--quiet", "--json", str(out), data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["no-merging", "fedavg", "ring-gossip"]
+    assert json.loads(out.read_text())["baselines"]["fedavg"]["policy"]["mean_interval"] == 50.0
+
+
+def test_an_unknown_baseline_is_refused_before_any_trial(tmp_path):
+    f = write_study(tmp_path, name="typo")
+    f.write_text(f.read_text().replace('"ring-gossip"]', '"ring-gosip"]'))
+    p = evomerge("search", "--study", str(f), "--runs-dir", str(tmp_path / "runs"), "--quiet", cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.startswith("error: study.baselines.policies: ring-gosip: no such file or named policy; named: ")
+    assert p.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_schema_version_zero_is_refused(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text('{"schema_version": 0}')
+    p = evomerge("policy", "validate", str(f))
+    assert p.returncode == 2
+    assert p.stderr == "error: policy.schema_version: 0 is out of range; allowed: [1, 2]\n"
+
+
+def test_a_four_worker_copy_of_the_shipped_study_runs_every_trial(tmp_path, data_dir):
+    """The shipped space samples random_regular with the fixed degree 4: impossible with 4 workers
+    (3 of 8 trials used to fail). The load resolves it (degree 3); every trial runs. Here the space's
+    topology is narrowed to random_regular so that every trial meets the corner. The copy lives in a
+    folder without policies/, and the results table still shows the baselines."""
+    import optuna
+
+    text = (ROOT / "studies" / "mnist-gossip.toml").read_text()
+    for old, new in [("workers = 8", "workers = 4"), ("epochs = 2.0", "steps = 20"), ("eval_samples = 2000", "eval_samples = 200"),
+                     ("val_size = 5000", "val_size = 500\ntrain_size = 2000"), ('name = "mnist-gossip"', 'name = "four"'),
+                     ('choices = ["ring", "complete", "random_regular", "communities"]', 'choices = ["random_regular"]')]:
+        assert old in text
+        text = text.replace(old, new)
+    f = tmp_path / "four.toml"
+    f.write_text(text)
+    out = tmp_path / "s.json"
+    p = evomerge("search", "--study", str(f), "--n-trials", "5", "--sampler", "random", "--no-prune",
+                 "--runs-dir", str(tmp_path / "runs"), "--quiet", "--json", str(out), data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "policy.degree" not in p.stdout + p.stderr
+    for name in ("no-merging", "fedavg", "allreduce", "ring-gossip"):  # the copy has no policies/: the shipped ones
+        assert name in p.stdout
+    r = json.loads(out.read_text())
+    assert r["counts"] == {"COMPLETE": 5} and not r["errors"]
+    trials = optuna.load_study(study_name="four", storage=f"sqlite:///{tmp_path / 'runs' / 'four' / 'optuna.db'}").trials
+    assert len(trials) == 5 and all(t.state.name == "COMPLETE" for t in trials)
+    assert {(t.user_attrs["policy"]["topology"], t.user_attrs["policy"]["degree"]) for t in trials} == {("random_regular", 3)}

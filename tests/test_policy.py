@@ -35,6 +35,9 @@ def test_policy_is_frozen():
     ({"quantize_bits": 1}, "policy.quantize_bits", "0 (off) or 2..16"),
     ({"topk_fraction": 0.1}, "policy.topk_fraction", "needs payload 'delta'"),
     ({"schema_version": 99}, "policy.schema_version", "newer"),
+    ({"schema_version": 0}, "policy.schema_version", "allowed: [1, 2]"),
+    ({"schema_version": 1, "swap_p": 0.5}, "policy.swap_p", "is a schema 2 field"),
+    ({"payload": "weights", "quantize_bits": 4}, "policy.quantize_bits", "needs payload 'delta'"),
     ({"p_intra": float("nan")}, "policy.p_intra", "finite"),
 ])
 def test_bad_values_name_the_field_and_what_is_allowed(data, field, words):
@@ -83,3 +86,49 @@ def test_field_specs_cover_the_searchable_fields():
 def test_describe_mentions_the_topology():
     assert "communities" in MergePolicy(topology="communities").describe()
     assert "every 50 steps" in MergePolicy(scheme="allreduce", mean_interval=50).describe()
+
+
+def test_a_policy_is_hashable_and_replace_validates():
+    p = MergePolicy(topology="complete")
+    assert hash(p) == hash(MergePolicy(topology="complete")) and len({p, MergePolicy()}) == 2
+    assert p.replace(mean_interval=3).mean_interval == 3.0
+    with pytest.raises(ConfigError, match=r"^policy.topology: unknown 'star'; allowed: ring, complete"):
+        p.replace(topology="star")
+
+
+def test_choices_come_from_the_registries():
+    from evomerge.topology import TOPOLOGIES
+
+    assert field_specs()["topology"]["choices"] == tuple(TOPOLOGIES)
+    assert json_schema()["properties"]["topology"]["enum"] == list(TOPOLOGIES)
+
+
+def test_schema_refuses_what_the_model_refuses():
+    import jsonschema
+
+    schema = json_schema()
+    for bad in ({"schema_version": 0}, {"quantize_bits": 1}, {"mixing_weight": 0}, {"speed": 1}, {"degree": 2.5}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+        with pytest.raises(ConfigError):
+            MergePolicy.from_dict(bad)
+    assert schema["properties"]["schema_version"]["minimum"] == 1
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 8])
+def test_degree_and_communities_are_fitted_to_the_workers(workers):
+    import numpy as np
+
+    from evomerge.policy import check_workers, fit_to_workers
+    from evomerge.topology import build
+
+    for d in range(1, 12):
+        fitted = fit_to_workers({"degree": d, "n_communities": d}, workers)
+        for topology in ("random_regular", "communities"):
+            pol = MergePolicy(topology=topology, **fitted)
+            check_workers(pol, workers)  # raises if impossible
+            build(pol, workers, np.random.default_rng(0))  # and so would the run's topology
+        if workers > 1 and d < workers and (d * workers) % 2 == 0:
+            assert fitted["degree"] == d  # possible values are kept
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
+        check_workers(MergePolicy(topology="random_regular", degree=4), 4)

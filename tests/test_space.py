@@ -42,3 +42,52 @@ def test_compression_fields_sampled_with_a_weights_payload_are_switched_off(tiny
     assert p.topk_fraction == 1.0 and p.quantize_bits == 0
     p = space.policy_from_params(tiny, {"payload": "delta", "topk_fraction": 0.1, "quantize_bits": 4})
     assert p.topk_fraction == 0.1 and p.quantize_bits == 4
+
+
+def _mnist_gossip_with(folder, workers: int, extra: str = "") -> "study.Study":
+    text = (study.shipped_studies_dir() / "mnist-gossip.toml").read_text().replace("workers = 8", f"workers = {workers}")
+    f = folder / f"w{workers}.toml"
+    f.write_text(text.replace("[objectives]", extra + "\n[objectives]"))
+    return study.load(f)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4, 5])
+def test_no_point_of_the_space_makes_a_policy_the_workers_cannot_run(tmp_path, workers):
+    import dataclasses
+    import math
+    import random
+
+    import numpy as np
+
+    from evomerge.policy import check_workers
+    from evomerge.topology import build
+
+    s = _mnist_gossip_with(tmp_path, workers, 'degree = { kind = "int", low = 1, high = 6 }')
+    in_code = dataclasses.replace(study.load("mnist-gossip"), run=dataclasses.replace(s.run, workers=workers))
+    rng = random.Random(workers)
+    for st in (s, in_code):  # loaded (ranges clamped) and built in code (only the mapping resolves)
+        for _ in range(150):
+            params = {}
+            for p in st.search.space:
+                if p.kind == "categorical":
+                    params[p.name] = rng.choice(p.choices)
+                elif p.kind == "int":
+                    params[p.name] = rng.randint(p.low, p.high)
+                elif p.kind == "log-float":
+                    params[p.name] = math.exp(rng.uniform(math.log(p.low), math.log(p.high)))
+                else:
+                    params[p.name] = rng.uniform(p.low, p.high)
+            params["topology"] = rng.choice(["random_regular", "communities"])
+            pol = space.policy_from_params(st, params)
+            check_workers(pol, workers)
+            build(pol, workers, np.random.default_rng(0))  # what the run builds: raises for an impossible degree
+
+
+def test_cmaes_vectors_map_into_the_clamped_ranges(tmp_path):
+    s = _mnist_gossip_with(tmp_path, 3, 'degree = { kind = "int", low = 1, high = 6 }')
+    ranges = {p.name: (p.low, p.high) for p in s.search.space}
+    assert ranges["degree"] == (1, 2) and ranges["n_communities"] == (2, 3)
+    corner = space.decode(s.search.space, [1.0] * len(space.numeric(s.search.space)))
+    assert corner["degree"] == 2 and corner["n_communities"] == 3
+    pol = space.policy_from_params(s, corner | {"topology": "random_regular"})
+    assert pol.degree == 2

@@ -42,6 +42,15 @@ def _raw(**over):
     ({"search": {"space": {"degree": {"kind": "float", "low": 2, "high": 4}}}}, "study.search.space.degree.kind"),
     ({"search": {"space": {"topk_fraction": {"kind": "float", "low": 0.01, "high": 1}}}}, "study.search.space"),
     ({"objectives": {"metrics": ["loss"]}}, "study.objectives.metrics"),
+    ({"objectives": {"metrics": []}}, "study.objectives.metrics"),
+    ({"baselines": {"policies": ["no-merging", "no-such-policy"]}}, "study.baselines.policies"),
+    ({"run": {"seeds": [0, "1"]}}, "study.run.seeds"),
+    ({"run": {"momentum": 1.0}}, "study.run.momentum"),
+    ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}}, "study.search.space.degree"),
+    ({"search": {"space": {"degree": {"kind": "int", "low": 2, "high": 3.5}}}}, "study.search.space.degree.high"),
+    ({"search": {"space": {"degree": {"kind": "int", "low": 2, "high": 3, "step": 1}}}}, "study.search.space.degree.step"),
+    ({"search": {"space": {"quantize_bits": {"kind": "int", "low": 0, "high": 8}}}, "policy": {"payload": "delta"}},
+     "study.search.space.quantize_bits"),
     ({"unknown_table": {}}, "study.unknown_table"),
 ])
 def test_bad_studies_are_rejected_before_anything_runs(over, field):
@@ -65,3 +74,53 @@ def test_bad_study_files(tmp_path, text, words):
 def test_unknown_study_lists_the_known_ones():
     with pytest.raises(ConfigError, match="known: .*mnist-gossip"):
         study.load("no-such-study")
+
+
+def test_error_lines_name_the_field_and_what_is_allowed():
+    cases = [
+        ({"run": {"workers": "8"}}, 'study.run.workers: must be an integer, got str "8"'),
+        ({"run": {"lr": -1}}, "study.run.lr: -1 is out of range; allowed: [0, inf)"),
+        ({"data": {"partition": "zipf"}}, "study.data.partition: unknown 'zipf'; allowed: iid, dirichlet"),
+        ({"baselines": {"policies": ["nope"]}},
+         "study.baselines.policies: nope: no such file or named policy; named: allreduce, fedavg, no-merging, ring-gossip"),
+        ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}},
+         "study.search.space.degree: [4, 6] is impossible with 4 workers; allowed: at most 3"),
+    ]
+    for over, line in cases:
+        with pytest.raises(ConfigError) as e:
+            study.from_dict(_raw(**over))
+        assert str(e.value) == line
+
+
+def _copy_of_mnist_gossip(folder, workers=None):
+    """The shipped study copied into another folder under another name, as a new user does."""
+    text = (study.shipped_studies_dir() / "mnist-gossip.toml").read_text().replace('name = "mnist-gossip"', 'name = "mine"')
+    if workers:
+        text = text.replace("workers = 8", f"workers = {workers}")
+    folder.mkdir(parents=True, exist_ok=True)
+    f = folder / "my-study.toml"
+    f.write_text(text)
+    return f
+
+
+def test_a_copied_study_finds_the_shipped_named_policies(tmp_path):
+    s = study.load(_copy_of_mnist_gossip(tmp_path / "elsewhere"))
+    assert not s.policies_dir().exists()
+    assert [s.resolve_policy(b).name for b in s.baselines] == ["no-merging", "fedavg", "allreduce", "ring-gossip"]
+    own = s.policies_dir()
+    own.mkdir()
+    (own / "fedavg.json").write_text('{"name": "my-fedavg", "scheme": "allreduce", "mean_interval": 7}')
+    assert s.resolve_policy("fedavg").name == "my-fedavg"  # the study's own folder comes first
+    with pytest.raises(ConfigError, match=r"^--policy: nope: no such file or named policy; named: allreduce, fedavg"):
+        s.resolve_policy("nope")
+
+
+def test_impossible_corners_of_the_space_are_resolved_when_the_study_is_loaded(tmp_path):
+    s = study.load(_copy_of_mnist_gossip(tmp_path, workers=4))
+    assert s.policy.degree == 3  # random_regular is in the space: 4 with 4 workers is impossible
+    assert s.notes == ("study.policy.degree: 4 is impossible with 4 workers; using 3",)
+    s3 = study.load(_copy_of_mnist_gossip(tmp_path, workers=3))
+    ranges = {p.name: (p.low, p.high) for p in s3.search.space}
+    assert ranges["n_communities"] == (2, 3) and s3.policy.degree == 2
+    assert any("n_communities: [2, 4] -> [2, 3]" in n for n in s3.notes)
+    assert study.load("mnist-gossip").notes == ()  # nothing to resolve with 8 workers

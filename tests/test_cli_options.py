@@ -1,0 +1,97 @@
+"""The command line's options against the Python API and their help: one list of settings, stated defaults."""
+
+import argparse
+import inspect
+import os
+import subprocess
+import sys
+
+import evomerge
+from evomerge import cli
+
+FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction, argparse._HelpAction)
+
+
+def commands(parser, path=()):
+    """(command path, parser) of every command and sub-command, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, p in action.choices.items():
+                yield path + (name,), p
+                yield from commands(p, path + (name,))
+
+
+def options(parser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))}
+
+
+def test_run_keywords_are_the_run_command_options_with_the_same_defaults():
+    cmd = dict(commands(cli.build_parser()))[("run",)]
+    opts = options(cmd)
+    params = inspect.signature(evomerge.run).parameters
+    cli_only = {"json_out", "quiet", "reevaluate"}  # printing, and re-evaluation: a report, not one run
+    api_only = {"callback", "evaluate_test"}  # a Python callable; the test set (--reevaluate uses it)
+    assert set(opts) - cli_only == set(params) - api_only, "an option exists in `evomerge run` or in evomerge.run() only"
+    for name in set(opts) - cli_only:
+        p, a = params[name], opts[name]
+        if p.default is inspect.Parameter.empty:
+            assert a.required, f"{name}: required in evomerge.run(), optional in the command"
+        else:
+            assert not a.required and a.default == p.default, f"{name}: default {a.default!r} vs {p.default!r}"
+
+
+def test_every_option_states_its_default_and_every_command_ends_with_an_example():
+    env = os.environ.get("EVOMERGE_RUNS_DIR")
+    seen = 0
+    for path, p in commands(cli.build_parser()):
+        text = p.format_help()
+        assert f"example:\n  evomerge {' '.join(path)}" in text or f"example:\n  evomerge {path[0]}" in text, path
+        for a in options(p).values():
+            where = f"evomerge {' '.join(path)} {'/'.join(a.option_strings) or a.dest}"
+            assert a.help, f"{where}: no help"
+            if isinstance(a, FLAGS) or not a.option_strings:
+                continue
+            if a.required:
+                assert "required" in a.help, where
+                continue
+            assert "(default: " in a.help, f"{where}: the default is not stated"
+            assert a.help.count("(default") == 1, f"{where}: states two defaults"
+            if a.default not in (None, "") and a.dest != "runs_dir":
+                assert f"(default: {a.default}" in a.help, f"{where}: states a default other than {a.default!r}"
+            seen += 1
+        if "--study" in {s for a in p._actions for s in a.option_strings}:
+            assert "study name" in p.format_help()
+        if any("--runs-dir" in a.option_strings for a in p._actions):
+            assert "EVOMERGE_RUNS_DIR" in text and (env or "runs") in text
+        if any("--data-dir" in a.option_strings for a in p._actions):
+            assert "EVOMERGE_DATA_DIR" in text
+    assert seen > 20
+    top = cli.build_parser().format_help()
+    assert "EVOMERGE_DATA_DIR" in top and "EVOMERGE_RUNS_DIR" in top and "example:" in top
+
+
+def test_help_answers_with_the_example_through_the_real_command():
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "status", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0
+    assert "--study STUDY" in p.stdout and "study name" in p.stdout
+    assert p.stdout.rstrip().endswith("MLFLOW_TRACKING_URI the default of --tracking-uri")
+    assert "example:\n  evomerge status --study mnist-gossip" in p.stdout
+
+
+def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path):
+    import pytest
+
+    from conftest import write_study
+    from evomerge.errors import ConfigError
+
+    f = write_study(tmp_path, workers=4)
+    no_data = tmp_path / "no-data"  # nothing is read: every error comes first
+    with pytest.raises(ConfigError, match=r"^--policy: nope: no such file or named policy; named: .*fedavg"):
+        evomerge.run(f, "nope", data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
+        evomerge.run(f, evomerge.MergePolicy(topology="random_regular", degree=4), data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^--procs: applies to --backend distributed only"):
+        evomerge.run(f, "ring-gossip", procs=2, data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy.swap_p: 0.5 is not supported by the distributed backend"):
+        evomerge.run(f, evomerge.MergePolicy(swap_p=0.5), backend="distributed", data_dir=no_data)
