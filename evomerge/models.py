@@ -303,13 +303,12 @@ class Stack:
         return torch.cat([b.mean(0) for b in self.blocks])
 
 
-MODELS: dict[str, Callable[..., StackedModel]] = {"mlp": MLP, "cnn": CNN}
+from .registry import MODELS  # noqa: E402  (name -> model class; code outside the package may register more)
 
 
 def build(name: str, input_shape, n_classes: int, **options: Any) -> StackedModel:
-    if name not in MODELS:
-        raise ConfigError("study.model.name", f"unknown {name!r}; allowed: {', '.join(MODELS)}")
+    cls = MODELS.get_object(name)
     try:
-        return MODELS[name](input_shape, n_classes, **options)
+        return cls(input_shape, n_classes, **options)
     except TypeError as e:
         raise ConfigError("study.model", f"bad options for {name!r}: {e}") from None

@@ -34,8 +34,7 @@ SCHEMES = ("gossip", "allreduce", "none")
 EXCHANGES = ("push", "push_pull")
 SCHEDULES = ("constant", "linear", "cosine")
 LERPS = ("fixed", "random")
-WEIGHTINGS = ("uniform", "examples", "adaptive")
-PAYLOADS = ("weights", "delta")
+from .registry import PAYLOADS, WEIGHTINGS  # noqa: E402  (registries: a new rule registers its name there)
 SIMILARITIES = ("sketch", "cka")
 
 

@@ -23,7 +23,7 @@ from .policy import MergePolicy, field_specs
 from .settings import Choice
 
 SPACE_KINDS = ("float", "log-float", "int", "categorical")
-MODEL_NAMES = ("mlp", "cnn")  # the keys of models.MODELS, known here without importing torch
+from .registry import MODELS as MODEL_NAMES  # noqa: E402  (names known without importing torch)
 OBJECTIVES = {  # name -> direction
     "val_accuracy": "maximize",
     "mean_worker_accuracy": "maximize",

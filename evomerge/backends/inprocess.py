@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import datapool, ops, similarity
+from .. import datapool, ops, registry, similarity
 from ..engine import plan as plan_mod
 from ..engine import run as run_mod
 from ..engine.plan import PairSet
@@ -43,6 +43,8 @@ class InProcess(Backend):
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
         self.sim = None
         self.labels = setup.data.train_y.numpy()
+        self.weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
+        self.payload = registry.PAYLOADS.get_object(policy.payload)()
 
     def start(self, judge) -> None:
         self.sim = judge.similarity
@@ -125,20 +127,19 @@ class InProcess(Backend):
         A = torch.as_tensor(ps.a, device=dev)
         B = torch.as_tensor(ps.b, device=dev)
         # what each side puts on the wire (delta payloads: its public copy after this send)
-        if p.payload == "delta":
-            sent_a = self._outgoing(ps.a, ps.events, 0)
-            sent_b = self._outgoing(ps.b, ps.events, 1) if push_pull else None
+        sent_a = self.payload.outgoing(st, p, self.seed, ps.a, ps.events, 0)
+        sent_b = self.payload.outgoing(st, p, self.seed, ps.b, ps.events, 1) if push_pull else None
         offsets = self.setup.model.offsets
-        weight_b = self._weights([m[1] for m in moves], ps.b, ps.a)
-        weight_a = self._weights([m[0] for m in moves], ps.a, ps.b) if push_pull else None
+        weight_b = self.weighting.pair_weights(st, [m[1] for m in moves], ps.b, ps.a)
+        weight_a = self.weighting.pair_weights(st, [m[0] for m in moves], ps.a, ps.b) if push_pull else None
         for k, ((o, n), blk, chg) in enumerate(zip(offsets, st.params.blocks, st.merge_change.blocks)):
             rows_a, rows_b = blk[A], blk[B]
-            in_a = rows_a if p.payload == "weights" else sent_a[:, o:o + n]
+            in_a = rows_a if sent_a is None else sent_a[:, o:o + n]
             wb = weight_b[k] if isinstance(weight_b, list) else weight_b
             new_b = rows_b.lerp(in_a, wb)
             chg[B] = chg[B].add_(new_b).sub_(rows_b)
             if push_pull:
-                in_b = rows_b if p.payload == "weights" else sent_b[:, o:o + n]
+                in_b = rows_b if sent_b is None else sent_b[:, o:o + n]
                 wa = weight_a[k] if isinstance(weight_a, list) else weight_a
                 new_a = rows_a.lerp(in_b, wa)
                 chg[A] = chg[A].add_(new_a).sub_(rows_a)
@@ -150,28 +151,6 @@ class InProcess(Backend):
                 blk[B] = total
                 if push_pull:
                     blk[A] = total
-
-    def _weights(self, move: list[float], own: np.ndarray, incoming: np.ndarray):
-        """The weight on the incoming model for each receiver (``ops.incoming_weight``): a ``[k, 1]``
-        column, or, for adaptive weighting, one ``[k, n]`` tensor per parameter block."""
-        p, st = self.p, self.state
-        dev = st.params.buf.device
-        if p.weighting == "uniform":
-            return torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
-        if p.weighting == "examples":
-            ex = st.examples
-            w = [ops.incoming_weight(m, float(ex[i]), float(ex[j])) for m, i, j in zip(move, own.tolist(), incoming.tolist())]
-            return torch.tensor(w, dtype=torch.float32, device=dev).unsqueeze(1)
-        a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
-        rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)
-        I, J = torch.as_tensor(own, device=dev), torch.as_tensor(incoming, device=dev)
-        out = []
-        for blk in st.accum.blocks:
-            s_own, s_in = blk[I], blk[J]
-            num = a * s_in
-            den = num + rest * s_own
-            out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a.expand_as(den)))
-        return out
 
     @torch.no_grad()
     def _pair_losses(self, a: np.ndarray, b: np.ndarray) -> list[float]:
@@ -187,20 +166,6 @@ class InProcess(Backend):
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
         return loss.tolist()
 
-    def _outgoing(self, workers: np.ndarray, events: np.ndarray, side: int) -> torch.Tensor:
-        """Delta payloads: each worker's compressed change since its public copy, as rows ``[k, P]``;
-        the public copies move to what was sent (what was not sent stays as error feedback)."""
-        p, st = self.p, self.state
-        out = []
-        for w, ev in zip(workers.tolist(), events.tolist()):
-            base = st.base.row(w)
-            gen = plan_mod.quant_generator(self.seed, ev, side) if p.quantize_bits else None
-            sent = ops.compress(ops.delta(st.params.row(w), base), p.topk_fraction, p.quantize_bits, gen)
-            public = ops.apply_delta(base, sent)
-            st.base.set_row(w, public)
-            out.append(public)
-        return torch.stack(out)
-
     def _swap(self, a: int, b: int) -> None:
         """The two workers exchange models, with everything that belongs to a model (optimiser
         state, supports, public copy); each goes on with the other's data."""
@@ -215,17 +180,14 @@ class InProcess(Backend):
     # -- complete average ----------------------------------------------------------------------------
     def allreduce(self, event: int, step: int, weight: float) -> None:
         st, p, W = self.state, self.p, self.W
-        if p.payload == "delta":
-            sent = torch.cat([self._outgoing(np.array([w]), np.array([event]), w) for w in range(W)])
-            blocks = [sent[:, o:o + n] for o, n in self.setup.model.offsets]
-        else:
-            blocks = st.params.blocks
-        supports: list = [st.examples] * len(blocks) if p.weighting == "examples" else (
-            st.accum.blocks if p.weighting == "adaptive" else [None] * len(blocks))
+        every = np.arange(W)
+        sent = self.payload.outgoing(st, p, self.seed, every, np.full(W, event), list(range(W)))
+        blocks = st.params.blocks if sent is None else [sent[:, o:o + n] for o, n in self.setup.model.offsets]
+        supports = self.weighting.supports(st)
         before = st.params.buf.clone()
         for own, models, support in zip(st.params.blocks, blocks, supports):
             avg, merged = ops.weighted_average(models, support)
             own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
-            if p.weighting == "adaptive":
+            if self.weighting.accumulators:  # summed, not averaged
                 support.copy_(merged.unsqueeze(0).expand_as(support))
         st.merge_change.buf.add_(st.params.buf).sub_(before)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import models as models_mod
+from .. import registry
 from ..policy import MergePolicy
 from ..schedule import rng_for
 
@@ -35,10 +36,11 @@ class Workers:
         self.params.set_rows(initial_row(model, seed).to(device).unsqueeze(0).expand(self.W, -1))
         self.grad = self.params.like()
         self.momentum = self.params.like() if run.momentum else None
-        self.accum = self.params.like() if policy.weighting == "adaptive" else None
+        accumulators = registry.WEIGHTINGS.get_object(policy.weighting).accumulators
+        self.accum = self.params.like() if accumulators else None
         # example counters of every worker: a function of the schedule alone, so every backend keeps all of them
         self.examples = torch.zeros(workers, dtype=torch.float64, device=device if rows is None else "cpu")
-        self.base = self.params.clone() if policy.payload == "delta" and public else None
+        self.base = self.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
         # plain SGD is fused into the backward pass where the model offers it

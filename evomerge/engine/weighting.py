@@ -1,0 +1,107 @@
+"""Weightings and payloads: the registered rules (``registry.WEIGHTINGS``, ``registry.PAYLOADS``)
+the in-process backend applies to a whole set of disjoint pairs at once.
+
+A weighting turns each receiver's move ``a`` into the weight on the incoming model,
+from the two workers' supports (``ops.incoming_weight``): none, examples seen (counters
+summed on merge) or per-coordinate squared-gradient accumulators (summed on merge).
+A payload says what a worker puts on the wire: its weights, or its compressed change
+since its public copy (VW's model_delta with CHOCO's public copies). A new rule is a
+small class registered under a new name; the policy accepts the name at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import ops
+from . import plan as plan_mod
+from .state import Workers
+
+
+class Weighting:
+    """How supports weight a merge."""
+
+    #: whether workers keep per-coordinate accumulators (summed on merge)
+    accumulators = False
+
+    def pair_weights(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray):
+        """The weight on the incoming model for receivers ``own`` merging ``incoming``: a ``[k, 1]``
+        column, or one ``[k, n]`` tensor per parameter block."""
+        return torch.tensor(move, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
+
+    def supports(self, st: Workers) -> list:
+        """Per parameter block, the supports an all-reduce averages with (None: a plain mean)."""
+        return [None] * len(st.params.blocks)
+
+
+class Uniform(Weighting):
+    """A plain lerp."""
+
+
+class Examples(Weighting):
+    """Weighted by examples seen (VW's merge: counters summed, not averaged)."""
+
+    def pair_weights(self, st, move, own, incoming):
+        ex = st.examples
+        w = [ops.incoming_weight(m, float(ex[i]), float(ex[j])) for m, i, j in zip(move, own.tolist(), incoming.tolist())]
+        return torch.tensor(w, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
+
+    def supports(self, st):
+        return [st.examples] * len(st.params.blocks)
+
+
+class Adaptive(Weighting):
+    """Per coordinate, by the workers' squared-gradient accumulators (VW's save_resume merge)."""
+
+    accumulators = True
+
+    def pair_weights(self, st, move, own, incoming):
+        dev = st.params.buf.device
+        a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
+        rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)  # as ops computes it
+        I, J = torch.as_tensor(own, device=dev), torch.as_tensor(incoming, device=dev)
+        out = []
+        for blk in st.accum.blocks:
+            s_own, s_in = blk[I], blk[J]
+            num = a * s_in
+            den = num + rest * s_own
+            out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a.expand_as(den)))
+        return out
+
+    def supports(self, st):
+        return st.accum.blocks
+
+
+class Payload:
+    """What a worker sends."""
+
+    #: whether peers keep each worker's public copy (the base its deltas apply to)
+    public = False
+
+    def outgoing(self, st: Workers, policy, seed: int, workers: np.ndarray, events: np.ndarray, side) -> torch.Tensor | None:
+        """The models the receivers merge with, as rows ``[k, P]``; None: the senders' current rows."""
+        return None
+
+
+class Weights(Payload):
+    """The model itself."""
+
+
+class Delta(Payload):
+    """The change since the sender's public copy, compressed (top-k, stochastic rounding); what was
+    not sent stays in ``params - public`` (error feedback). The receiver merges with ``public + sent``."""
+
+    public = True
+
+    def outgoing(self, st, policy, seed, workers, events, side):
+        out = []
+        sides = side if isinstance(side, (list, tuple)) else [side] * len(workers)
+        for w, ev, sd in zip(workers.tolist(), events.tolist(), sides):
+            base = st.base.row(w)
+            gen = plan_mod.quant_generator(seed, ev, sd) if policy.quantize_bits else None
+            sent = ops.compress(ops.delta(st.params.row(w), base), policy.topk_fraction, policy.quantize_bits, gen)
+            public = ops.apply_delta(base, sent)
+            st.base.set_row(w, public)
+            out.append(public)
+        return torch.stack(out)

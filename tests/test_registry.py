@@ -1,0 +1,38 @@
+"""Registries: a rule registered from outside the package is accepted by the policy and used by a run."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_study
+from evomerge import registry, simulate
+from evomerge.engine.weighting import Uniform
+from evomerge.errors import ConfigError
+from evomerge.policy import MergePolicy
+
+
+class Halved(Uniform):
+    """A rule of a user's: move half as far as a plain lerp."""
+
+    def pair_weights(self, st, move, own, incoming):
+        return super().pair_weights(st, [m / 2 for m in move], own, incoming)
+
+
+def test_a_registered_weighting_is_a_valid_policy_value_and_changes_the_run(mnist):
+    with pytest.raises(ConfigError, match="policy.weighting: unknown 'halved'; allowed: uniform, examples, adaptive"):
+        MergePolicy(weighting="halved")
+    registry.WEIGHTINGS.register("halved", Halved)
+    try:
+        setup = simulate.prepare(tiny_study(), data=mnist)
+        halved = simulate.simulate(setup, MergePolicy(weighting="halved", mean_interval=2), 0, device="cpu")
+        plain = simulate.simulate(setup, MergePolicy(mean_interval=2), 0, device="cpu")
+        assert halved.final.bytes == plain.final.bytes  # the same merges...
+        assert halved.final.consensus_distance > plain.final.consensus_distance  # ...moving half as far
+    finally:
+        del registry.WEIGHTINGS["halved"]
+
+
+def test_unknown_names_are_one_line_errors_naming_the_field():
+    with pytest.raises(ConfigError, match=r"study.model.name: unknown 'resnet'; allowed: mlp, cnn"):
+        registry.MODELS.get_object("resnet")
+    assert registry.PAYLOADS.get_object("delta").public and not registry.PAYLOADS.get_object("weights").public
