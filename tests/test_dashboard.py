@@ -168,3 +168,34 @@ def test_the_browser_check_catches_a_broken_page(tmp_path):
                                           '<script>console.error("boom"); undefinedFunction();</script></body></html>')
     console, errors, drawn, _, _ = open_page(tmp_path / "broken.html", tmp_path / "broken.png")
     assert console == ["boom"] and len(errors) == 1 and drawn == {"history": False}
+
+
+@pytest.mark.slow
+def test_diverged_trials_are_marked_and_kept_off_the_pareto_front(tmp_path, data_dir):
+    """A real search whose runs blow up (lr = 1e30): Optuna stores them as complete, with accuracy 0 and few
+    bytes (a run that stops early sends little), which would look Pareto-optimal. The dashboard marks them
+    diverged and draws no front through them; MLflow names and tags their runs."""
+    from mlflow import MlflowClient
+
+    f = write_study(tmp_path, name="blowup", objectives=("val_accuracy", "bytes"))
+    f.write_text(f.read_text().replace("rounds = 3", "rounds = 3\nlr = 1e30"))
+    s = study.load(f)
+    res = evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    assert [r.get("run_status") for r in res.records] == ["diverged"] * 3
+    study_dir = tmp_path / "runs" / "blowup"
+    page = dashboard.build(s, default_storage(study_dir), default_tracking_uri(study_dir), tmp_path / "dash",
+                           data_dir=data_dir, compute_baselines=False)
+    console, errors, drawn, text, _, probed = open_page(page, tmp_path / "blowup.png", PROBE)
+    assert console == [] and errors == []
+    assert drawn["history"] and drawn["tradeoff"]
+    assert probed["history"]["diverged"] == 3 and not any(k.endswith(": complete") and v for k, v in probed["history"].items())
+    assert probed["tradeoff"]["diverged (not on the front)"] == 3
+    assert probed["tradeoff"]["Pareto front"] == 0 and probed["tradeoff"]["trials"] == 0
+    assert "3 of the complete diverged" in text
+    rows = [ln.split("\t") for ln in text.splitlines() if "gossip" in ln and "\t" in ln]  # the top trials table
+    assert rows and all(r[3] == "diverged" for r in rows), rows  # trial, accuracy, bytes, status, ...
+    client = MlflowClient(tracking_uri=default_tracking_uri(study_dir))
+    exp = client.get_experiment_by_name("blowup")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if "optuna.trial_number" in r.data.tags]
+    assert sorted(r.info.run_name for r in runs) == [f"trial-{i} (diverged)" for i in range(3)]
+    assert all(r.data.tags["evomerge.status"] == "diverged" and r.info.status == "FAILED" for r in runs)
