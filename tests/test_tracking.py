@@ -225,6 +225,17 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     trial = next(t for t in res.optuna_study.get_trials() if t.number == int(best.data.tags["optuna.trial_number"]))
     assert acc == pytest.approx(trial.user_attrs["metrics"]["0"]["val_accuracy"], abs=1e-6)
 
+    # the dashboard of a study tracked on a server links its top trials to their runs, and the study to its runs list
+    from evomerge import dashboard
+    from evomerge.searcher import default_storage
+
+    page_path = dashboard.build(s, default_storage(tmp_path / "runs" / "review"), mlflow_server, tmp_path / "dash",
+                                compute_baselines=False)
+    html_text = page_path.read_text()
+    best_link = f'href="{mlflow_server}/#/experiments/{exp.experiment_id}/runs/{best.info.run_id}?workflowType=machine_learning"'
+    assert best_link in html_text and f'href="{review_url(mlflow_server, exp.experiment_id)}"'.replace("&", "&amp;") in html_text
+    assert "evomerge ui --study" not in html_text
+
     url = review_url(mlflow_server, exp.experiment_id)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -238,7 +249,14 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
         header_visible = header.is_visible()
         box = header.bounding_box()
         cells = page.locator(".ag-row").all_inner_texts()
+        run_page = browser.new_page(viewport={"width": 1600, "height": 1000})  # the dashboard's link to the best run
+        run_page.goto(page_path.resolve().as_uri())
+        with run_page.expect_navigation():
+            run_page.click(f"a[href*='{best.info.run_id}']")
+        run_page.wait_for_selector("text=Parent run", timeout=60_000)
+        run_text = run_page.inner_text("body")
         browser.close()
+    assert best.info.run_name in run_text and "Datasets" in run_text and "mnist-training" in run_text
     import shutil
 
     shutil.copy(tmp_path / "mlflow-runs.png", "/tmp/evomerge-mlflow-runs.png")  # to look at after a run
