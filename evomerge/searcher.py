@@ -635,10 +635,10 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
         result.counts = count_states(trials)
         result.best = best_trials(ostudy, cfg.study, 5)
         best_value = result.best[0]["values"][0] if result.best else None
-        if result.best and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
-            tracker.log_best(result.best[0], data=data, data_dir=cfg.data_dir, device=cfg.device)
         tracker.end_parent(status, {"best_" + cfg.study.objectives[0]: best_value,
                                     "trials_complete": result.counts.get("COMPLETE", 0)})
+        if result.best and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
+            tracker.log_best(result.best[0], data=data, data_dir=cfg.data_dir, device=cfg.device)
     return result
 
 

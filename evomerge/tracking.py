@@ -273,6 +273,9 @@ class Tracker:
         if best_rid:
             self.client.set_tag(pid, "evomerge.best_run_id", best_rid)
         self.client.log_text(pid, json.dumps(best["policy"], indent=2), "best/policy.json")
+        if diverged(best):  # every trial diverged: its weights are not a model
+            self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
+            return None
         if not model:
             return None
         try:
