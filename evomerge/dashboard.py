@@ -4,12 +4,16 @@ and the MLflow store.
 Plots come from Optuna's visualisation module where it has them (parameter
 importances, parallel coordinates) and from plotly otherwise. plotly.js is written
 once beside the page (``plotly.min.js``), so the page works offline and never asks
-a CDN.
+a CDN. The page itself is a Jinja2 template with its style sheet, ``dashboards/page.html.j2``
+and ``dashboards/style.css`` (shipped as ``evomerge.dashboards``).
+
+Diverged trials (a run whose loss blew up: Optuna stores them as complete, with the
+objective of a broken model) are drawn and listed as ``diverged`` and kept off the
+Pareto front.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import time
 from pathlib import Path
@@ -18,13 +22,22 @@ from typing import Any
 from . import __version__
 from .policy import MergePolicy
 from .study import Study
+from .tracking import diverged
 
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
+DISTANCE_FLOOR = 1e-6  # consensus distances below this are floating-point noise (all-reduce sits at ~1e-12)
+# the parallel coordinates' colours: worst trials light grey-blue, best dark blue (never white on the white page)
+OBJECTIVE_SCALE = [[0.0, "#c9d3e3"], [0.5, "#6a8cc4"], [1.0, "#08306b"]]
 
 
-def _div(fig, div_id: str) -> str:
-    fig.update_layout(template="plotly_white", margin=dict(l=60, r=30, t=50, b=50))
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False})
+def _div(fig, div_id: str, *, toolbar: bool = True, top: int = 80) -> str:
+    """The figure as a ``<div>``: its title at the top left of a taller top margin, so that plotly's toolbar
+    (top right, on hover) covers no title and subplot titles do not crowd it; ``toolbar=False`` for small plots."""
+    fig.update_layout(template="plotly_white", margin=dict(l=60, r=40, t=top, b=50))
+    if fig.layout.title.text:
+        fig.update_layout(title=dict(x=0.01, xanchor="left", y=1.0, yanchor="top", yref="container", pad=dict(t=12)))
+    config = {"displaylogo": False, "displayModeBar": "hover" if toolbar else False}
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=config)
 
 
 def _target(study: Study):
@@ -46,7 +59,8 @@ def history_figure(ostudy, study: Study):
     fig = go.Figure()
     samplers = sorted({t.user_attrs.get("sampler", "?") for t in trials})
     for s in samplers:
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("sampler", "?") == s]
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("sampler", "?") == s
+                and not diverged(t.user_attrs)]
         fig.add_scatter(x=[t.number for t in done], y=[t.values[0] for t in done], mode="markers", name=f"{s}: complete",
                         marker=dict(size=8))
         best, bx, by = None, [], []
@@ -56,13 +70,18 @@ def history_figure(ostudy, study: Study):
             bx.append(t.number)
             by.append(best)
         fig.add_scatter(x=bx, y=by, mode="lines", line=dict(shape="hv"), name=f"{s}: best so far")
+    bad = [t for t in trials if t.state == TrialState.COMPLETE and diverged(t.user_attrs)]
+    if bad:
+        fig.add_scatter(x=[t.number for t in bad], y=[t.values[0] for t in bad], mode="markers", name="diverged",
+                        marker=dict(symbol="x-thin-open", color="#b00020", size=11, line=dict(width=2)),
+                        text=[f"trial {t.number}: diverged" for t in bad], hoverinfo="text+y")
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     if pruned:
         fig.add_scatter(x=[t.number for t in pruned], y=[t.user_attrs.get("last_value") for t in pruned], mode="markers",
                         name="pruned (last reported value)", marker=dict(symbol="x", color="gray", size=8))
     failed = [t for t in trials if t.state == TrialState.FAIL]
     if failed:
-        done_vals = [t.values[0] for t in trials if t.state == TrialState.COMPLETE]
+        done_vals = [t.values[0] for t in trials if t.state == TrialState.COMPLETE and not diverged(t.user_attrs)]
         floor = min(done_vals) if done_vals else 0.0
         fig.add_scatter(x=[t.number for t in failed], y=[floor] * len(failed), mode="markers", name="failed",
                         marker=dict(symbol="triangle-down", color="crimson", size=10),
@@ -91,7 +110,27 @@ def parallel_figure(ostudy, study: Study):
     import optuna
 
     target, name = _target(study)
-    return optuna.visualization.plot_parallel_coordinate(ostudy, target=target, target_name=name)
+    from plotly.colors import sample_colorscale
+
+    fig = optuna.visualization.plot_parallel_coordinate(ostudy, target=target, target_name=name)
+    # Optuna colours with a reversed Blues that draws the best trials near-white on the white page. Its lines
+    # are scatter traces whose first point is the objective scaled to [0, 1]: recolour them with a scale whose
+    # best end is dark, and draw the best trials last (on top).
+    minimize = study.directions[0] == "minimize"
+    lines, others = [], []
+    for tr in fig.data:
+        if tr.type == "scatter" and tr.mode == "lines" and tr.y and tr.y[0] is not None:
+            good = 1.0 - tr.y[0] if minimize else tr.y[0]
+            tr.line.color = sample_colorscale(OBJECTIVE_SCALE, [min(1.0, max(0.0, good))])[0]
+            tr.opacity = 0.6 + 0.4 * good
+            lines.append((good, tr))
+        else:
+            if tr.marker is not None and tr.marker.colorscale is not None:  # the colour bar
+                tr.marker.colorscale, tr.marker.reversescale = OBJECTIVE_SCALE, minimize
+            others.append(tr)
+    fig.data = [tr for _, tr in sorted(lines, key=lambda p: p[0])] + others
+    fig.update_layout(title=f"Searched policy fields, coloured by {name} (darker is better)")
+    return fig
 
 
 def pareto_2d(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
@@ -106,9 +145,13 @@ def pareto_2d(points: list[tuple[float, float, Any]]) -> list[tuple[float, float
 def tradeoff_figure(summaries: list[dict], baselines: list[dict]):
     import plotly.graph_objects as go
 
-    pts = [(_mean(s, "val_accuracy"), _mean(s, "bytes"), s["number"]) for s in summaries]
-    pts = [p for p in pts if p[0] is not None and p[1] is not None]
-    positive = [p[1] for p in pts if p[1] > 0] + [b["bytes"] for b in baselines if b["bytes"] > 0]
+    def points(rows):
+        pts = [(_mean(s, "val_accuracy"), _mean(s, "bytes"), s["number"]) for s in rows]
+        return [p for p in pts if p[0] is not None and p[1] is not None]
+
+    bad = points([s for s in summaries if diverged(s)])  # stopped early, few bytes: never on the front
+    pts = points([s for s in summaries if not diverged(s)])
+    positive = [p[1] for p in pts + bad if p[1] > 0] + [b["bytes"] for b in baselines if b["bytes"] > 0]
     floor = 0.5 * min(positive) / 1e6 if positive else 1e-3  # no bytes cannot sit on a log axis: drawn at a floor
 
     def mb(b):
@@ -117,6 +160,10 @@ def tradeoff_figure(summaries: list[dict], baselines: list[dict]):
     fig = go.Figure()
     fig.add_scatter(x=[mb(p[1]) for p in pts], y=[p[0] for p in pts], mode="markers", name="trials",
                     text=[f"trial {p[2]}: {p[1] / 1e6:,.2f} MB" for p in pts], marker=dict(size=8, color="steelblue", opacity=0.6))
+    if bad:
+        fig.add_scatter(x=[mb(p[1]) for p in bad], y=[p[0] for p in bad], mode="markers", name="diverged (not on the front)",
+                        text=[f"trial {p[2]}: diverged" for p in bad], marker=dict(symbol="x-thin-open", size=10,
+                                                                                     color="#b00020", line=dict(width=2)))
     front = pareto_2d(pts)
     fig.add_scatter(x=[mb(p[1]) for p in front], y=[p[0] for p in front], mode="lines+markers", name="Pareto front",
                     text=[f"trial {p[2]}: {p[1] / 1e6:,.2f} MB" for p in front], line=dict(color="darkorange", width=2),
@@ -138,20 +185,27 @@ def curves_figure(best: dict, baselines: list[dict]):
     from plotly.colors import qualitative
 
     series = [(f"best: trial {best['number']}", best["history"])] + [(b["name"], b["history"]) for b in baselines if b.get("history")]
+    series = [(n, h) for n, h in series if h]
+    positive = [b for _, h in series for b in h["bytes"] if b and b > 0]
+    mb_floor = float(f"{0.5 * min(positive) / 1e6:.1g}") if positive else 1e-3  # no bytes cannot sit on a log axis
+
+    def distance(v):
+        return None if v is None or v != v else max(float(v), DISTANCE_FLOOR)
+
     for i, (name, h) in enumerate(series):
-        if not h:
-            continue
         color = qualitative.Plotly[i % len(qualitative.Plotly)]  # one colour per policy in every panel
         common = dict(name=name, legendgroup=name, mode="lines+markers", line=dict(width=3 if i == 0 else 1.5, color=color),
                       marker=dict(color=color))
         fig.add_scatter(x=h["step"], y=h["val_accuracy"], row=1, col=1, **common)
-        fig.add_scatter(x=h["step"], y=h["consensus_distance"], row=1, col=2, showlegend=False, **common)
-        fig.add_scatter(x=[b / 1e6 for b in h["bytes"]], y=h["val_accuracy"], row=1, col=3, showlegend=False, **common)
+        fig.add_scatter(x=h["step"], y=[distance(v) for v in h["consensus_distance"]], row=1, col=2, showlegend=False,
+                        **common)
+        fig.add_scatter(x=[b / 1e6 if b > 0 else mb_floor for b in h["bytes"]], y=h["val_accuracy"], row=1, col=3,
+                        showlegend=False, text=[f"{b / 1e6:,.3f} MB" for b in h["bytes"]], **common)
     fig.update_xaxes(title_text="local steps", row=1, col=1)
     fig.update_xaxes(title_text="local steps", row=1, col=2)
-    fig.update_xaxes(title_text="MB sent", row=1, col=3)
-    fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(title="Learning curves (first seed): best policy against the baselines", height=420)
+    fig.update_xaxes(title_text=f"MB sent (log; 0 MB drawn at {mb_floor:g})", type="log", row=1, col=3)
+    fig.update_yaxes(title_text=f"log; floored at {DISTANCE_FLOOR:g}", type="log", row=1, col=2)
+    fig.update_layout(title="Learning curves (first seed): best policy against the baselines", height=460)
     return fig
 
 
@@ -193,7 +247,7 @@ def policy_figure(policy: MergePolicy, workers: int, seed: int = 0):
     fig.add_scatter(x=x, y=y, mode="markers+text", text=[str(i) for i in range(workers)], textposition="middle center",
                     marker=dict(size=28, color=[palette[int(g) % len(palette)] for g in groups], line=dict(width=1, color="black")),
                     textfont=dict(color="black"), name="workers", hovertext=[f"worker {i}, group {g}" for i, g in enumerate(groups)])
-    fig.update_layout(title=title, showlegend=False, height=420, width=460,
+    fig.update_layout(title=title, showlegend=False, height=440, width=520,
                       xaxis=dict(visible=False, scaleanchor="y"), yaxis=dict(visible=False))
     return fig
 
@@ -249,14 +303,36 @@ def mlflow_runs(tracking_uri: str, study_name: str) -> tuple[dict[int, str], str
         return {}, None
 
 
+def template_dir() -> Path:
+    """``dashboards/``: the page template and its style (the ``evomerge.dashboards`` package, or the source tree)."""
+    try:
+        import evomerge.dashboards as shipped  # mapped onto ``dashboards/`` by pyproject
+
+        return Path(shipped.__file__).resolve().parent
+    except ImportError:
+        return Path(__file__).resolve().parent.parent / "dashboards"
+
+
+def render(**context: Any) -> str:
+    """The page from ``dashboards/page.html.j2`` (autoescaped; plot divs come in as markup)."""
+    import jinja2
+
+    d = template_dir()
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(d)), autoescape=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template("page.html.j2").render(style=(d / "style.css").read_text(encoding="utf-8"), **context)
+
+
 def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, data_dir=None, device=None,
           compute_baselines: bool = True) -> Path:
     """Write ``out_dir/index.html`` and ``out_dir/plotly.min.js``; return the page's path."""
     import optuna
+    from markupsafe import Markup
     from plotly.offline import get_plotlyjs
 
     from .export import load_study_trials
     from .searcher import baseline_rows, best_trials, count_states, trial_summary
+    from .tracking import review_url
 
     ostudy = load_study_trials(study, storage_url)
     trials = ostudy.get_trials(deepcopy=False)
@@ -264,106 +340,100 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
-    sections: list[str] = []
+    sections: list[dict[str, Any]] = []
     notes: list[str] = []
+    n_diverged = sum(diverged(t.user_attrs) for t in complete)
     summary_line = ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())) or "no trials"
+    if n_diverged:
+        summary_line += f" ({n_diverged} of the complete diverged)"
+    http = tracking_uri.startswith(("http://", "https://"))
+    exp_id = None
 
-    if not complete:
-        sections.append('<section id="empty"><h2>No completed trials yet</h2><p>This study has no completed trials yet '
-                        f'({html.escape(summary_line)}). Run <code>evomerge search --study {html.escape(study.name)}</code>, '
-                        'then build this page again.</p></section>')
-    else:
+    if complete:
         baselines: list[dict] = []
         if compute_baselines:
             try:
                 baselines = baseline_rows(study, data_dir=data_dir, device=device, storage_study=ostudy)
             except Exception as e:  # data missing here: the page still shows the search
-                notes.append(f"Baselines could not be run here ({html.escape(str(e))}); they are left out.")
-        best = best_trials(ostudy, study, 10)
+                notes.append(f"Baselines could not be run here ({e}); they are left out.")
         summaries = [trial_summary(t, study) for t in complete]
+        # the best (diverged trials may be left out of it): else every complete trial, ranked by the first objective
+        best = best_trials(ostudy, study, 10) or sorted(summaries, key=lambda b: b["values"][0],
+                                                         reverse=study.directions[0] == "maximize")[:10]
         top = best[0]
         top_full = next(t for t in complete if t.number == top["number"])
         top["history"] = top_full.user_attrs.get("history")
         policy = MergePolicy.from_dict(top["policy"])
 
-        sections.append(_section("history", "Optimisation history",
-                                 "Every trial's value in the order it was asked; the line is the best so far for each sampler.",
-                                 _div(history_figure(ostudy, study), "plot-history")))
+        def section(sid, title, text, body="", **extra):
+            sections.append({"id": sid, "title": title, "text": text, "body": Markup(body), "details": None,
+                             "table": None, **extra})
+
+        section("history", "Optimisation history",
+                "Every trial's value in the order it was asked; the line is the best so far for each sampler."
+                + (" Diverged trials are marked and left out of the best so far." if n_diverged else ""),
+                _div(history_figure(ostudy, study), "plot-history"))
         for sid, title, fn, text in (
             ("importance", "Parameter importances", importance_figure,
              "How much each searched policy field explains the objective (PED-ANOVA, Optuna)."),
             ("parallel", "Searched policy fields", parallel_figure,
-             "Each line is a completed trial through its policy fields, coloured by the objective (Optuna)."),
+             "Each line is a completed trial through its policy fields, coloured by the objective: the darker, the "
+             "better (Optuna)."),
         ):
             try:
-                sections.append(_section(sid, title, text, _div(fn(ostudy, study), f"plot-{sid}")))
+                section(sid, title, text, _div(fn(ostudy, study), f"plot-{sid}"))
             except Exception as e:
-                sections.append(_section(sid, title, f"Not available yet: {html.escape(str(e))}", ""))
-        sections.append(_section("tradeoff", "Accuracy against bytes",
-                                 "Every completed trial (mean over its seeds); the Pareto front is highlighted, baselines are stars.",
-                                 _div(tradeoff_figure(summaries, baselines), "plot-tradeoff")))
+                section(sid, title, f"Not available yet: {e}")
+        section("tradeoff", "Accuracy against bytes",
+                "Every completed trial (mean over its seeds); the Pareto front is highlighted, baselines are stars"
+                + (", diverged trials are crosses and never on the front." if n_diverged else "."),
+                _div(tradeoff_figure(summaries, baselines), "plot-tradeoff"))
         if top["history"]:
-            sections.append(_section("curves", "Learning curves",
-                                     "The best policy against every baseline, on the study's first seed.",
-                                     _div(curves_figure(top, baselines), "plot-curves")))
-        words = html.escape(policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1]))
-        sections.append(_section("policy", f"The best policy: trial {top['number']}", words,
-                                 _div(policy_figure(policy, study.run.workers), "plot-policy")
-                                 + f"<details><summary>policy JSON</summary><pre>{html.escape(json.dumps(policy.to_dict(), indent=2))}</pre></details>"))
+            section("curves", "Learning curves",
+                    "The best policy against every baseline, on the study's first seed. Bytes and consensus distance "
+                    f"are on log axes: a policy that sends nothing is drawn at the left edge, and distances below "
+                    f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
+                    _div(curves_figure(top, baselines), "plot-curves", top=90))
+        words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
+        section("policy", f"The best policy: trial {top['number']}", words,
+                _div(policy_figure(policy, study.run.workers), "plot-policy", toolbar=False),
+                details_title="policy JSON", details=json.dumps(policy.to_dict(), indent=2))
         runs, exp_id = mlflow_runs(tracking_uri, study.name)
         if not runs:
-            notes.append(f"No MLflow runs found at {html.escape(tracking_uri)}.")
-        sections.append(_section("top", "Top trials", "", _top_table(study, best, runs, exp_id, tracking_uri)))
+            notes.append(f"No MLflow runs found at {tracking_uri}.")
+        section("top", "Top trials", "", table=_top_table(study, best, runs, exp_id, tracking_uri))
 
-    page = _PAGE.format(
-        title=html.escape(f"evomerge: {study.name}"), study=html.escape(study.name),
-        description=html.escape(study.description), summary=html.escape(summary_line),
-        storage=html.escape(storage_url), tracking=html.escape(tracking_uri), version=__version__,
-        when=time.strftime("%Y-%m-%d %H:%M"), notes="".join(f'<p class="note">{n}</p>' for n in notes),
-        sections="\n".join(sections))
+    page = render(study=study, summary=summary_line, storage=storage_url, tracking=tracking_uri, version=__version__,
+                  when=time.strftime("%Y-%m-%d %H:%M"), notes=notes, sections=sections,
+                  review_url=review_url(tracking_uri, exp_id) if http and exp_id else None)
     path = out_dir / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
 
 
-def _section(sid: str, title: str, text: str, body: str) -> str:
-    return f'<section id="{sid}"><h2>{html.escape(title)}</h2><p>{text}</p>{body}</section>'
+def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> dict[str, Any]:
+    """The top trials for the template: values, status (``diverged`` or ``ok``), policy, MLflow run (a link
+    for an HTTP store; for the default local store, how to open it)."""
+    from .tracking import VIEW_KEY, run_url
 
-
-def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> str:
-    head = "".join(f"<th>{html.escape(OBJECTIVES_LABEL.get(o, o))}</th>" for o in study.objectives)
+    http = tracking_uri.startswith(("http://", "https://"))
     rows = []
     for b in best:
         rid = runs.get(b["number"])
-        if rid and tracking_uri.startswith(("http://", "https://")):
-            run = f'<a href="{html.escape(tracking_uri.rstrip("/"))}/#/experiments/{exp_id}/runs/{rid}">{rid[:8]}</a>'
-        else:
-            run = f"<code>{rid[:8]}</code>" if rid else "-"
-        vals = "".join(f"<td>{v / 1e6:,.1f} MB</td>" if o == "bytes" else f"<td>{v:.4f}</td>"
-                       for o, v in zip(study.objectives, b["values"]))
-        desc = html.escape(MergePolicy.from_dict(b["policy"]).describe())
-        rows.append(f"<tr><td>{b['number']}</td>{vals}<td>{desc}</td><td>{run}</td></tr>")
-    return (f'<table class="top"><thead><tr><th>trial</th>{head}<th>policy</th><th>MLflow run</th></tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<script src="plotly.min.js"></script>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1250px; color: #222; padding: 0 1rem; }}
-header p {{ color: #555; margin: .2rem 0; }}
-section {{ margin: 2.2rem 0; border-top: 1px solid #ddd; padding-top: .6rem; }}
-h2 {{ margin-bottom: .3rem; }}
-table.top {{ border-collapse: collapse; width: 100%; font-size: .92rem; }}
-table.top th, table.top td {{ border-bottom: 1px solid #eee; padding: .35rem .5rem; text-align: left; }}
-.note {{ color: #8a5a00; }}
-code, pre {{ background: #f6f6f6; padding: .1rem .3rem; }}
-</style></head>
-<body>
-<header><h1>{study}</h1><p>{description}</p><p>Trials: {summary}.</p>
-<p>Optuna: <code>{storage}</code> · MLflow: <code>{tracking}</code> · built {when} by evomerge {version}</p>{notes}</header>
-{sections}
-</body></html>
-"""
+        rows.append({
+            "number": b["number"],
+            "cells": [f"{v / 1e6:,.1f} MB" if o == "bytes" else f"{v:.4f}" for o, v in zip(study.objectives, b["values"])],
+            "status": "diverged" if diverged(b) else "ok",
+            "policy": MergePolicy.from_dict(b["policy"]).describe(),
+            "run_id": rid,
+            "run_url": run_url(tracking_uri, exp_id, rid) if rid and http and exp_id else None,
+        })
+    command = None
+    if not http and runs:
+        command = f"evomerge ui --study {study.path or study.name}"
+        if tracking_uri.startswith("sqlite:///") and tracking_uri.endswith("/mlflow.db"):  # RUNS_DIR/STUDY/mlflow.db
+            runs_dir = Path(tracking_uri[len("sqlite:///"):]).parent.parent
+            if runs_dir.resolve() != Path("runs").resolve():
+                command += f" --runs-dir {runs_dir}"
+    return {"head": [OBJECTIVES_LABEL.get(o, o) for o in study.objectives], "rows": rows, "ui_command": command,
+            "runs_path": f"/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"}

@@ -595,7 +595,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     storage = open_storage(cfg.storage)
     ostudy = load_or_create(cfg, storage)
     before = count_states(ostudy.get_trials(deepcopy=False))
-    tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts"))
+    tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     parent = tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
         {"sampler": cfg.sampler, "n_trials": cfg.n_trials, "jobs": cfg.jobs, "seed": cfg.seed, "storage": cfg.storage,
@@ -637,6 +637,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
         best_value = result.best[0]["values"][0] if result.best else None
         tracker.end_parent(status, {"best_" + cfg.study.objectives[0]: best_value,
                                     "trials_complete": result.counts.get("COMPLETE", 0)})
+        if result.best and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
+            tracker.log_best(result.best[0], data=data, data_dir=cfg.data_dir, device=cfg.device)
     return result
 
 

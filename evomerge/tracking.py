@@ -1,10 +1,29 @@
-"""MLflow tracking, written against ``mlflow.MlflowClient`` (no fluent global run).
+"""MLflow tracking, written against ``mlflow.MlflowClient`` (no fluent global run, no global tracking URI).
 
 One experiment per study, one parent run per ``search`` invocation, one nested run
 per trial: the policy as params, per-round metrics with the step in local steps (a
 trial that averages several seeds logs seed k's rounds at ``k * total_steps + step``),
 final metrics (means over seeds, and their spread), the trial's state, the Optuna
 trial number as a tag, and ``policy.json`` as an artifact.
+
+What a person sees in the MLflow UI (MLflow 3):
+
+- the experiment is tagged as a model-training experiment (``mlflow.experimentKind`` =
+  ``custom_model_development``), its description is the study's;
+- MLflow 3.17's UI opens every experiment in its GenAI view unless the address says
+  ``workflowType=machine_learning``; :func:`review_url` is the address to hand out: the
+  runs list, flat (not collapsed under the parent), sorted by the first objective, with the
+  objectives and the searched policy fields as columns (a shared view stored as the
+  experiment tag ``mlflow.sharedViewState.evomerge``);
+- every run has the study's data as dataset inputs (training and validation splits) and a
+  source (the study file);
+- the objectives are ``final_<objective>`` on every trial run, and on the parent run the best
+  trial's values under the same names (:meth:`Tracker.log_best`);
+- a pruned trial's run is KILLED and named ``trial-N (pruned)``, a failed one FAILED and
+  ``trial-N (failed)``, a diverged one FAILED and ``trial-N (diverged)``; the tag
+  ``evomerge.status`` says the same;
+- the best trial's consensus model is an MLflow 3 logged model (pytorch flavour), output of
+  the best trial's run and of the parent run, beside ``policy.json``.
 """
 
 from __future__ import annotations
@@ -47,25 +66,134 @@ ROUND_METRICS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_work
                  "bytes", "update_norm", "train_loss", "local_update_norm", "merge_update_norm", "similarity_mean",
                  "similarity_min", "label_skew", "examples_moved")
 
+SUMMARY_METRICS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
+                   "bytes", "merges", "local_steps", "wall_time")
+# MLflow 3 reads this experiment tag; "genai_development" is the GenAI kind, this one is model training
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+VIEW_KEY = "evomerge"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # MLflow's shared-view tag prefix + our key
+
+
+def objective_metric(objective: str) -> str:
+    """The metric a trial run (and the parent run, for the best trial) holds an objective under."""
+    return f"final_{objective}"
+
+
+def review_url(server: str, experiment_id: str) -> str:
+    """The study's runs list in the MLflow UI, served at ``server``: model-training view, flat,
+    sorted by the first objective, the objective and policy columns shown (the stored shared view)."""
+    return (f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")
+
+
+def run_url(server: str, experiment_id: str, run_id: str) -> str:
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
+def _column(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"  # the MLflow UI's column ids
+
+
+def review_view(study) -> dict[str, Any]:
+    """The runs-list view stored with the experiment (MLflow's shared view state). Sorting by a
+    metric also makes the UI list nested runs flat, so the trials are not collapsed under the parent."""
+    columns = [_column("metrics", objective_metric(o)) for o in study.objectives]
+    columns += [_column("metrics", objective_metric(k)) for k in ("val_accuracy", "bytes") if k not in study.objectives]
+    columns += [_column("params", p.name) for p in study.search.space]
+    columns += [_column("attributes", a) for a in ("Models", "Dataset", "Source")]
+    return {"searchFilter": "", "orderByKey": _column("metrics", objective_metric(study.objectives[0])),
+            "orderByAsc": study.directions[0] == "minimize", "startTime": "ALL", "lifecycleFilter": "Active",
+            "modelVersionFilter": "All Runs", "datasetsFilter": [], "selectedColumns": columns,
+            "columnOrder": columns}  # the objectives first, the wide dataset column last
+
+
+def study_datasets(study) -> list:
+    """The study's data as MLflow dataset inputs: the training split the workers share and the
+    validation split the search judges on (carved from the training file; the test set is not used).
+    Meta datasets: MLflow records what the data is (source, split, digest), not the data."""
+    import hashlib
+
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    from . import data as data_mod
+
+    d = study.data
+    spec = data_mod.DATASETS.get(d.dataset)
+    url = (spec.urls[0] + spec.files[("train", "images")]) if spec and spec.urls else f"https://example.invalid/{d.dataset}"
+    out = []
+    for context, desc in (("training", f"train_size={d.train_size or 'rest'} partition={d.partition}"
+                                       + (f"(alpha={d.alpha})" if d.partition == "dirichlet" else "")
+                                       + f" workers={study.run.workers}"),
+                          ("validation", f"val_size={d.val_size}")):
+        key = json.dumps({"dataset": d.dataset, "split": context, "val_size": d.val_size, "train_size": d.train_size,
+                          "partition": d.partition, "alpha": d.alpha, "seed": d.seed, "workers": study.run.workers,
+                          "files": dict(sorted(spec.checksums.items())) if spec else {}}, sort_keys=True)
+        ds = MetaDataset(HTTPDatasetSource(url), name=f"{d.dataset}-{context}",
+                         digest=hashlib.sha256(key.encode()).hexdigest()[:10])
+        out.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context),
+                                                               InputTag("evomerge.split", f"{desc} seed={d.seed}")]))
+    return out
+
+
+def trial_status(record: dict[str, Any]) -> tuple[str, str]:
+    """(what the trial's run is called and tagged, its MLflow run status) for a search record."""
+    state = record.get("state")
+    if record.get("failure") == "interrupted":
+        return "interrupted", "KILLED"
+    if state == "PRUNED":
+        return "pruned", "KILLED"  # stopped early by the pruner: not a green FINISHED in the list
+    if state == "FAIL":
+        return "failed", "FAILED"
+    if state == "COMPLETE" and diverged(record):
+        return "diverged", "FAILED"
+    if state == "COMPLETE":
+        return "complete", "FINISHED"
+    return (state or "unknown").lower(), "KILLED"
+
+
+def diverged(record_or_attrs: dict[str, Any]) -> bool:
+    """A search record's (or an Optuna trial's user attributes') run diverged."""
+    return "diverged" in (record_or_attrs.get("status"), record_or_attrs.get("run_status"))
+
 
 class Tracker:
-    def __init__(self, uri: str, study_name: str, artifact_dir: Path | None = None):
+    def __init__(self, uri: str, study_name: str, artifact_dir: Path | None = None, study=None):
         from mlflow import MlflowClient
 
         self.uri = uri
+        self.study = study
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(study_name)
+        tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        if study is not None:
+            tags[VIEW_TAG] = json.dumps(review_view(study))
+            tags["mlflow.note.content"] = (study.description or f"evomerge study {study.name}") + (
+                "\n\nOne parent run per `evomerge search`, one nested run per trial. Objectives: "
+                + ", ".join(f"`{objective_metric(o)}` ({d})" for o, d in zip(study.objectives, study.directions)) + ".")
         if exp is None:
             location = artifact_dir.resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
-            self.experiment_id = self.client.create_experiment(study_name, artifact_location=location)
+            self.experiment_id = self.client.create_experiment(study_name, artifact_location=location, tags=tags)
         else:
             self.experiment_id = exp.experiment_id
+            for k, v in tags.items():  # an experiment made by an older evomerge, or a changed space
+                if exp.tags.get(k) != v:
+                    self.client.set_experiment_tag(self.experiment_id, k, v)
         self.parent_id: str | None = None
+        self._datasets = study_datasets(study) if study is not None else []
+
+    def _source_tags(self) -> dict[str, str]:
+        if self.study is None:
+            return {}
+        return {"mlflow.source.type": "LOCAL", "mlflow.source.name": str(self.study.path or f"{self.study.name}.toml")}
 
     def start_parent(self, name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={**self._source_tags(), **tags})
         self.parent_id = run.info.run_id
         self._params(self.parent_id, params)
+        if self._datasets:
+            self.client.log_inputs(self.parent_id, datasets=self._datasets)
         return self.parent_id
 
     def end_parent(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
@@ -79,19 +207,26 @@ class Tracker:
         """One nested run for a finished (or interrupted) trial record from the search."""
         from mlflow.entities import Metric
 
+        label, status = trial_status(record)
         tags = {
+            **self._source_tags(),
             "mlflow.parentRunId": self.parent_id or "",
             "optuna.trial_number": str(record["number"]),
             "optuna.trial_state": record["state"],
+            "evomerge.status": label,
             "evomerge.study": record["study"],
             "evomerge.sampler": record["sampler"],
         }
         if record.get("error"):
             tags["evomerge.error"] = record["error"][:5000]
-        run = self.client.create_run(self.experiment_id, run_name=f"trial-{record['number']}", tags=tags,
-                                     start_time=int(record["start"] * 1000))
+        if record.get("pruned_at") is not None:
+            tags["evomerge.pruned_at_step"] = str(record["pruned_at"])
+        name = f"trial-{record['number']}" + ("" if label == "complete" else f" ({label})")
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags, start_time=int(record["start"] * 1000))
         rid = run.info.run_id
         self._params(rid, {**record["policy"], "seeds": ",".join(map(str, record["seeds"]))})
+        if self._datasets:
+            self.client.log_inputs(rid, datasets=self._datasets)
         history = []
         for k, h in enumerate(record["histories"]):
             offset = k * record["total_steps"]
@@ -105,13 +240,99 @@ class Tracker:
                         history.append(Metric(key, float(v), ts, offset + r["step"]))
         for i in range(0, len(history), 900):
             self.client.log_batch(rid, metrics=history[i:i + 900])
-        self._metrics(rid, {f"final_{k}": v for k, v in record["final"].items()})
+        self._metrics(rid, {objective_metric(k): v for k, v in record["final"].items()})
         self.client.log_text(rid, json.dumps(record["policy"], indent=2), "policy.json")
-        status = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}.get(record["state"], "KILLED")
-        if record.get("failure") == "interrupted":
-            status = "KILLED"
         self.client.set_terminated(rid, status=status, end_time=int(record["end"] * 1000))
         return rid
+
+    def trial_run_id(self, number: int) -> str | None:
+        """The latest run logged for Optuna trial ``number`` in this experiment (any search invocation)."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`optuna.trial_number` = '{number}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def log_best(self, best: dict[str, Any], *, data=None, data_dir=None, device=None, model: bool = True) -> str | None:
+        """Put the best trial on the parent run: its objective values under the trial runs' metric names
+        (``final_<objective>``), its number and run as tags, its policy as ``best/policy.json``; and, with
+        ``model``, its consensus model as a logged pytorch model, output of the best trial's run and of the
+        parent. ``best`` is a ``searcher.trial_summary`` dict. Returns the logged model's id (or None)."""
+        if self.parent_id is None or self.study is None:
+            return None
+        study, pid = self.study, self.parent_id
+        seeds = list((best.get("metrics") or {}).values())
+        means = {}
+        for k in SUMMARY_METRICS:  # the keys a trial run's final metrics have (means over seeds)
+            vals = [float(m[k]) for m in seeds if isinstance(m.get(k), (int, float))]
+            if vals:
+                means[objective_metric(k)] = sum(vals) / len(vals)
+        means.update({objective_metric(o): v for o, v in zip(study.objectives, best["values"])})
+        means["best_trial"] = best["number"]
+        self._metrics(pid, means)
+        best_rid = self.trial_run_id(best["number"])
+        self.client.set_tag(pid, "evomerge.best_trial", str(best["number"]))
+        if best_rid:
+            self.client.set_tag(pid, "evomerge.best_run_id", best_rid)
+        self.client.log_text(pid, json.dumps(best["policy"], indent=2), "best/policy.json")
+        if diverged(best):  # every trial diverged: its weights are not a model
+            self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
+            return None
+        if not model:
+            return None
+        try:
+            return self.log_consensus_model(best, best_rid, data=data, data_dir=data_dir, device=device)
+        except Exception as e:  # data missing here, a store that refuses models: the search's results stand
+            self.client.set_tag(pid, "evomerge.model_error", f"{type(e).__name__}: {e}"[:5000])
+            return None
+
+    def log_consensus_model(self, best: dict[str, Any], run_id: str | None, *, data=None, data_dir=None,
+                            device=None) -> str:
+        """Re-run the best policy on the study's first seed, keep the workers' final parameters, and log
+        their mean (the consensus model) as an ``nn.Module`` with MLflow's pytorch flavour.
+
+        This is what ``mlflow.pytorch.log_model`` does, written against this tracker's client: the
+        fluent call would log to the process-wide tracking URI and active run instead."""
+        import tempfile
+
+        import torch
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+        from mlflow.models import Model, infer_signature
+        import mlflow.pytorch
+
+        from . import models as models_mod
+        from . import simulate
+        from .policy import MergePolicy
+
+        study = self.study
+        setup = simulate.prepare(study, data=data, data_dir=data_dir)
+        policy = MergePolicy.from_dict(best["policy"])
+        seed = study.run.seeds[0]
+        res = simulate.simulate(setup, policy, seed, keep_params=True, device=device)
+        module = models_mod.load_row(setup.model.module(), res.params.mean(0).float()).eval()
+        x = simulate.normalise(setup.data.val_x[:8], setup.data.spec).reshape(-1, *setup.model.input_shape)
+        with torch.no_grad():
+            signature = infer_signature(x.numpy(), module(x).numpy())
+        source = run_id or self.parent_id
+        logged = self.client.create_logged_model(
+            self.experiment_id, name=f"consensus-trial-{best['number']}", source_run_id=source,
+            params={k: str(v) for k, v in best["policy"].items()}, model_type="consensus",
+            tags={"evomerge.trial": str(best["number"]), "evomerge.seed": str(seed), "evomerge.study": study.name,
+                  "evomerge.val_accuracy": f"{res.final.val_accuracy:.6f}"})
+        try:
+            for rid in dict.fromkeys(r for r in (source, self.parent_id) if r):
+                self.client.log_outputs(rid, [LoggedModelOutput(logged.model_id, step=0)])
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "model"
+                mlflow.pytorch.save_model(
+                    module, str(path), signature=signature, input_example=x.numpy(), serialization_format="pt2",
+                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                    mlflow_model=Model(artifact_path=logged.artifact_location, run_id=source, model_uuid=logged.model_id,
+                                       model_id=logged.model_id))
+                self.client.log_model_artifacts(logged.model_id, str(path))
+            self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+        except BaseException:
+            self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+            raise
+        return logged.model_id
 
     def _params(self, rid: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -124,6 +345,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        ms = [Metric(k, float(v), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
+        # 7 significant digits: what float32 results hold; the runs list shows 0.738, not 0.73799997...
+        ms = [Metric(k, float(f"{float(v):.7g}"), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
         if ms:
             self.client.log_batch(rid, metrics=ms)

@@ -16,8 +16,9 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 
 
-def open_page(path: Path, screenshot: Path):
-    """Load the page from file; return (console errors, page errors, {section: drawn?}, text, requests off disk)."""
+def open_page(path: Path, screenshot: Path, probe: str | None = None):
+    """Load the page from file; return (console errors, page errors, {section: drawn?}, text, requests off disk),
+    and with ``probe`` (a JavaScript function) what it returns about the page, last."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -32,9 +33,50 @@ def open_page(path: Path, screenshot: Path):
         drawn = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('section')].map(s => [s.id,
             !!s.querySelector('.js-plotly-plot svg.main-svg, .js-plotly-plot canvas')]))""")
         text = page.inner_text("body")
+        probed = page.evaluate(probe) if probe else None
         page.screenshot(path=str(screenshot), full_page=True)
         browser.close()
+    if probe:
+        return console, errors, drawn, text, remote, probed
     return console, errors, drawn, text, remote
+
+
+# What the plots look like, read from the Plotly figures in the page (the data and layout Plotly drew)
+PROBE = """() => {
+  const fig = id => document.getElementById(id);
+  const rect = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const plots = {};
+  for (const div of document.querySelectorAll('.js-plotly-plot')) {
+    const title = div.querySelector('.gtitle'), bar = div.querySelector('.modebar');
+    plots[div.id] = {title: title ? rect(title) : null, modebar: bar ? rect(bar) : null,
+                     subtitles: [...div.querySelectorAll('.annotation')].map(rect)};
+  }
+  const curves = fig('plot-curves'), par = fig('plot-parallel'), trade = fig('plot-tradeoff'), hist = fig('plot-history');
+  return {
+    plots,
+    curves: curves && {xaxis3: curves.layout.xaxis3.type, yaxis2: curves.layout.yaxis2.type,
+                       yaxis2_title: curves.layout.yaxis2.title.text, xaxis3_title: curves.layout.xaxis3.title.text,
+                       distances: curves.data.filter(t => t.yaxis === 'y2').flatMap(t => t.y),
+                       mb: curves.data.filter(t => t.xaxis === 'x3').flatMap(t => t.x)},
+    parallel: par && {lines: par.data.filter(t => t.mode === 'lines').map(t => [t.y[0], t.line.color]),
+                      scale: (par.data.find(t => t.marker && t.marker.colorscale) || {marker: {}}).marker},
+    tradeoff: trade && Object.fromEntries(trade.data.map(t => [t.name, t.x.length])),
+    history: hist && Object.fromEntries(hist.data.map(t => [t.name, t.x.length])),
+  };
+}"""
+
+
+def luminance(color: str) -> float:
+    """Relative luminance (0 black .. 1 white) of an ``rgb(...)`` or ``#rrggbb`` colour."""
+    if color.startswith("#"):
+        rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    else:
+        rgb = [float(v) for v in color[color.index("(") + 1:color.index(")")].split(",")[:3]]
+    return (0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]) / 255
+
+
+def overlaps(a, b) -> bool:
+    return a is not None and b is not None and a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +97,37 @@ def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_pat
     assert (page.parent / "plotly.min.js").stat().st_size > 1_000_000  # plotly.js beside the page, not a CDN
     assert "cdn" not in page.read_text().lower()
     shot = tmp_path / "dashboard.png"
-    console, errors, drawn, text, remote = open_page(page, shot)
+    console, errors, drawn, text, remote, probed = open_page(page, shot, PROBE)
     assert console == [] and errors == [] and remote == []
     for section in dashboard.SECTIONS:
         assert drawn.get(section), (section, drawn)
     assert "Top trials" in text and "ring-gossip" in text and "no-merging" in text
     assert "tpe: best so far" in page.read_text() and "random: best so far" in page.read_text()
     assert shot.stat().st_size > 50_000
+    # learning curves: accuracy against MB on a log axis (nothing sent: drawn at a positive floor, said so);
+    # consensus distance floored at 1e-6 and the axis says so
+    curves = probed["curves"]
+    assert curves["xaxis3"] == "log" and "0 MB drawn at" in curves["xaxis3_title"]
+    assert min(curves["mb"]) > 0
+    assert curves["yaxis2"] == "log" and "floored at 1e-06" in curves["yaxis2_title"]
+    assert min(v for v in curves["distances"] if v is not None) >= 1e-6
+    # parallel coordinates: the best trial's line is dark on the white page, the worst is still visible
+    lines = probed["parallel"]["lines"]
+    assert len(lines) >= 5
+    best_colour = max(lines, key=lambda ln: ln[0])[1]
+    worst_colour = min(lines, key=lambda ln: ln[0])[1]
+    assert luminance(best_colour) < 0.35 < luminance(worst_colour) < 0.9, (best_colour, worst_colour)
+    scale = probed["parallel"]["scale"]
+    assert luminance(scale["colorscale"][-1][1]) < 0.35 and not scale["reversescale"]
+    # plotly's toolbar covers no title; subplot titles sit below the main title; the small peer graph has none
+    plots = probed["plots"]
+    for div_id, p in plots.items():
+        assert not overlaps(p["title"], p["modebar"]), div_id
+    assert plots["plot-policy"]["modebar"] is None and plots["plot-curves"]["modebar"] is not None
+    main = plots["plot-curves"]["title"]
+    assert all(sub[1] >= main[3] for sub in plots["plot-curves"]["subtitles"])
+    # the default (local) MLflow store: run ids are not links, and the page says how to open them
+    assert "evomerge ui --study" in text and "workflowType=machine_learning" in text
 
 
 def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
@@ -102,3 +168,34 @@ def test_the_browser_check_catches_a_broken_page(tmp_path):
                                           '<script>console.error("boom"); undefinedFunction();</script></body></html>')
     console, errors, drawn, _, _ = open_page(tmp_path / "broken.html", tmp_path / "broken.png")
     assert console == ["boom"] and len(errors) == 1 and drawn == {"history": False}
+
+
+@pytest.mark.slow
+def test_diverged_trials_are_marked_and_kept_off_the_pareto_front(tmp_path, data_dir):
+    """A real search whose runs blow up (lr = 1e30): Optuna stores them as complete, with accuracy 0 and few
+    bytes (a run that stops early sends little), which would look Pareto-optimal. The dashboard marks them
+    diverged and draws no front through them; MLflow names and tags their runs."""
+    from mlflow import MlflowClient
+
+    f = write_study(tmp_path, name="blowup", objectives=("val_accuracy", "bytes"))
+    f.write_text(f.read_text().replace("rounds = 3", "rounds = 3\nlr = 1e30"))
+    s = study.load(f)
+    res = evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    assert [r.get("run_status") for r in res.records] == ["diverged"] * 3
+    study_dir = tmp_path / "runs" / "blowup"
+    page = dashboard.build(s, default_storage(study_dir), default_tracking_uri(study_dir), tmp_path / "dash",
+                           data_dir=data_dir, compute_baselines=False)
+    console, errors, drawn, text, _, probed = open_page(page, tmp_path / "blowup.png", PROBE)
+    assert console == [] and errors == []
+    assert drawn["history"] and drawn["tradeoff"]
+    assert probed["history"]["diverged"] == 3 and not any(k.endswith(": complete") and v for k, v in probed["history"].items())
+    assert probed["tradeoff"]["diverged (not on the front)"] == 3
+    assert probed["tradeoff"]["Pareto front"] == 0 and probed["tradeoff"]["trials"] == 0
+    assert "3 of the complete diverged" in text
+    rows = [ln.split("\t") for ln in text.splitlines() if "gossip" in ln and "\t" in ln]  # the top trials table
+    assert rows and all(r[3] == "diverged" for r in rows), rows  # trial, accuracy, bytes, status, ...
+    client = MlflowClient(tracking_uri=default_tracking_uri(study_dir))
+    exp = client.get_experiment_by_name("blowup")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if "optuna.trial_number" in r.data.tags]
+    assert sorted(r.info.run_name for r in runs) == [f"trial-{i} (diverged)" for i in range(3)]
+    assert all(r.data.tags["evomerge.status"] == "diverged" and r.info.status == "FAILED" for r in runs)

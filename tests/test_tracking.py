@@ -121,3 +121,153 @@ def test_evomerge_ui_serves_the_study_store_and_stops_on_ctrl_c(tmp_path, data_d
         assert not healthy(url)
     finally:
         stop(proc)
+
+
+def _record(number, state, **extra):
+    now = time.time()
+    return {"number": number, "study": "marks", "sampler": "random", "seeds": [0], "start": now, "end": now,
+            "histories": [], "final": {}, "total_steps": 30, "params": {}, "policy": {"topology": "ring"}, "cma": {},
+            "state": state, **extra}
+
+
+def test_pruned_failed_and_diverged_trials_are_told_apart_in_the_runs_list(tmp_path):
+    """A real local MLflow store: the run status and name a person sees in the list, and the tag."""
+    from mlflow import MlflowClient
+
+    from evomerge.tracking import Tracker, default_tracking_uri
+
+    s = study.load(write_study(tmp_path, name="marks"))
+    uri = default_tracking_uri(tmp_path)
+    tracker = Tracker(uri, "marks", tmp_path / "art", study=s)
+    tracker.start_parent("search", {}, {})
+    records = [_record(0, "COMPLETE", final={"val_accuracy": 0.8}, run_status="ok"),
+               _record(1, "PRUNED", pruned_at=10),
+               _record(2, "FAIL", failure="error", error="ValueError: boom"),
+               _record(3, "COMPLETE", final={"val_accuracy": 0.0}, run_status="diverged"),
+               _record(4, "COMPLETE", final={"val_accuracy": 0.0}, status="diverged"),
+               _record(5, "FAIL", failure="interrupted")]
+    ids = [tracker.log_trial(r) for r in records]
+    client = MlflowClient(tracking_uri=uri)
+    runs = [client.get_run(i) for i in ids]
+    assert [r.info.run_name for r in runs] == ["trial-0", "trial-1 (pruned)", "trial-2 (failed)", "trial-3 (diverged)",
+                                              "trial-4 (diverged)", "trial-5 (interrupted)"]
+    assert [r.info.status for r in runs] == ["FINISHED", "KILLED", "FAILED", "FAILED", "FAILED", "KILLED"]
+    assert [r.data.tags["evomerge.status"] for r in runs] == ["complete", "pruned", "failed", "diverged", "diverged",
+                                                             "interrupted"]
+    assert runs[1].data.tags["evomerge.pruned_at_step"] == "10"
+    # every run names the study's data (training and validation splits) and its source
+    for r in runs:
+        contexts = sorted(t.value for d in r.inputs.dataset_inputs for t in d.tags if t.key == "mlflow.data.context")
+        assert contexts == ["training", "validation"]
+        assert {d.dataset.name for d in r.inputs.dataset_inputs} == {"mnist-training", "mnist-validation"}
+        assert r.data.tags["mlflow.source.name"].endswith("marks.toml")
+    exp = client.get_experiment(tracker.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(exp.tags["mlflow.sharedViewState.evomerge"])
+    assert view["orderByKey"] == "metrics.`final_val_accuracy`" and view["orderByAsc"] is False
+    assert view["selectedColumns"][0] == "metrics.`final_val_accuracy`"
+    assert "params.`mixing_weight`" in view["selectedColumns"]
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path, data_dir, mlflow_server):
+    """The review the product promises, in headless Chromium against the real server: the study's runs list
+    (not MLflow's GenAI view) shows every trial and its validation accuracy without "Show more columns"; the
+    parent carries the best trial's values; the best trial's consensus model is logged and is that model."""
+    import mlflow.artifacts
+    import mlflow.pytorch
+    import torch
+    from mlflow import MlflowClient
+    from playwright.sync_api import sync_playwright
+
+    from evomerge import data as data_mod
+    from evomerge import simulate
+    from evomerge.tracking import review_url
+    from test_dashboard import ARGS, CHROMIUM
+
+    s = study.load(write_study(tmp_path, name="review", seeds=(0,)))
+    res = evomerge.search(s, n_trials=8, sampler="random", runs_dir=tmp_path / "runs", tracking_uri=mlflow_server,
+                          data_dir=data_dir)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    exp = client.get_experiment_by_name("review")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([exp.experiment_id])
+    parent = client.get_run(res.parent_run_id)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id]
+    by_state = {}
+    for c in children:
+        by_state.setdefault(c.data.tags["optuna.trial_state"], []).append(c)
+    assert len(by_state["COMPLETE"]) >= 5 and by_state.get("PRUNED"), "this seeded search prunes a trial"
+    assert all(c.info.status == "KILLED" and c.info.run_name.endswith("(pruned)") for c in by_state["PRUNED"])
+    best = max(by_state["COMPLETE"], key=lambda c: c.data.metrics["final_val_accuracy"])
+    # the parent carries the best trial's values under the same names, and points at it
+    assert parent.data.metrics["final_val_accuracy"] == pytest.approx(best.data.metrics["final_val_accuracy"])
+    assert parent.data.metrics["final_bytes"] == pytest.approx(best.data.metrics["final_bytes"])
+    assert parent.data.tags["evomerge.best_run_id"] == best.info.run_id
+    assert parent.data.tags["evomerge.best_trial"] == best.data.tags["optuna.trial_number"]
+    assert "evomerge.model_error" not in parent.data.tags
+    # the consensus model: an output of the best trial's run and of the parent, beside its policy
+    model_ids = [m.model_id for m in best.outputs.model_outputs]
+    assert len(model_ids) == 1 and [m.model_id for m in parent.outputs.model_outputs] == model_ids
+    logged = client.get_logged_model(model_ids[0])
+    assert logged.status.to_int() == logged.status.READY.to_int() and logged.source_run_id == best.info.run_id
+    policy = json.loads(open(client.download_artifacts(best.info.run_id, "policy.json", str(tmp_path))).read())
+    assert logged.params["topology"] == policy["topology"]
+    local = mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(tmp_path / "model"),
+                                                tracking_uri=mlflow_server)
+    module = mlflow.pytorch.load_model(local)
+    d = s.data
+    data = data_mod.load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
+    x = simulate.normalise(data.val_x, data.spec).reshape(-1, *data.input_shape)
+    with torch.no_grad():
+        acc = (module(x).argmax(-1) == data.val_y).float().mean().item()
+    # the consensus of the best policy's seed-0 run is what the trial's seed-0 validation accuracy measured
+    trial = next(t for t in res.optuna_study.get_trials() if t.number == int(best.data.tags["optuna.trial_number"]))
+    assert acc == pytest.approx(trial.user_attrs["metrics"]["0"]["val_accuracy"], abs=1e-6)
+
+    # the dashboard of a study tracked on a server links its top trials to their runs, and the study to its runs list
+    from evomerge import dashboard
+    from evomerge.searcher import default_storage
+
+    page_path = dashboard.build(s, default_storage(tmp_path / "runs" / "review"), mlflow_server, tmp_path / "dash",
+                                compute_baselines=False)
+    html_text = page_path.read_text()
+    best_link = f'href="{mlflow_server}/#/experiments/{exp.experiment_id}/runs/{best.info.run_id}?workflowType=machine_learning"'
+    assert best_link in html_text and f'href="{review_url(mlflow_server, exp.experiment_id)}"'.replace("&", "&amp;") in html_text
+    assert "evomerge ui --study" not in html_text
+
+    url = review_url(mlflow_server, exp.experiment_id)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector("text=trial-", timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(tmp_path / "mlflow-runs.png"))
+        text = page.inner_text("body")
+        header = page.locator(".ag-header-cell", has_text="final_val_accuracy").first
+        header_visible = header.is_visible()
+        box = header.bounding_box()
+        cells = page.locator(".ag-row").all_inner_texts()
+        run_page = browser.new_page(viewport={"width": 1600, "height": 1000})  # the dashboard's link to the best run
+        run_page.goto(page_path.resolve().as_uri())
+        with run_page.expect_navigation():
+            run_page.click(f"a[href*='{best.info.run_id}']")
+        run_page.wait_for_selector("text=Parent run", timeout=60_000)
+        run_text = run_page.inner_text("body")
+        browser.close()
+    assert best.info.run_name in run_text and "Datasets" in run_text and "mnist-training" in run_text
+    import shutil
+
+    shutil.copy(tmp_path / "mlflow-runs.png", "/tmp/evomerge-mlflow-runs.png")  # to look at after a run
+    assert "workflowType=machine_learning" in url
+    assert "Token Usage" not in text and "Traces\n0" not in text  # not the GenAI overview
+    assert "Show more columns" not in text or header_visible
+    assert header_visible and box is not None and box["x"] + box["width"] <= 1600
+    # every trial is listed (flat, not collapsed under the parent), with its validation accuracy
+    for c in children:
+        assert c.info.run_name in text
+    shown = " ".join(cells)
+    assert str(best.data.metrics["final_val_accuracy"]) in shown  # 7 significant digits, as logged
+    worst = min(by_state["COMPLETE"], key=lambda c: c.data.metrics["final_val_accuracy"])
+    assert text.index(best.info.run_name + "\n") < text.index(worst.info.run_name + "\n")  # sorted by accuracy
