@@ -16,7 +16,7 @@ and shapes), which the tests and benchmarks use as the reference.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

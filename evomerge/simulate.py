@@ -21,6 +21,12 @@ from .engine.run import (  # noqa: F401
 from .engine.state import TAG_INIT, SUPPORT_LIMIT, Workers, initial_row, rescale_supports  # noqa: F401
 from .policy import MergePolicy
 
+__all__ = [
+    "Judge", "RoundMetrics", "RunResult", "Setup", "Similarity", "Workers", "batch_indices", "execute", "initial_row",
+    "normalise", "prepare", "rescale_supports", "resolve_device", "round_bounds", "simulate", "slice_losses",
+    "total_steps", "train_steps", "update_norms", "SUPPORT_LIMIT", "TAG_BATCHES", "TAG_INIT", "TAG_QUANT", "TAG_SLICES",
+]
+
 
 def simulate(
     setup: Setup,

@@ -8,7 +8,6 @@ studies shipped with evomerge.
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any

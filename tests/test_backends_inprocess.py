@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import tiny_study
 from evomerge import simulate
-from evomerge.engine.plan import group_disjoint
 from evomerge.policy import MergePolicy
 from merge_reference import reference_simulate
 
@@ -63,21 +61,3 @@ def test_step_batched_merges_equal_event_by_event(setup, name):
     assert batched.converged_step == ref.converged_step
     if policy.scheme == "gossip" and policy.mean_interval <= 2 and not batched.converged_step:
         assert batched.final.merges > setup.total_steps  # several events per step: sets of pairs were batched
-
-
-def test_sets_of_pairs_are_disjoint_and_keep_each_workers_order():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        n = int(rng.integers(1, 12))
-        a = rng.integers(0, 6, n)
-        b = (a + rng.integers(1, 6, n)) % 6
-        sets = group_disjoint(a, b)
-        assert sorted(i for s in sets for i in s) == list(range(n))
-        for s in sets:
-            ws = [w for i in s for w in (a[i], b[i])]
-            assert len(ws) == len(set(ws))
-        where = {i: k for k, s in enumerate(sets) for i in s}
-        for i in range(n):
-            for j in range(i + 1, n):
-                if {a[i], b[i]} & {a[j], b[j]}:
-                    assert where[i] < where[j]
