@@ -146,3 +146,36 @@ def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
     assert st.get("COMPLETE", 0) + st.get("PRUNED", 0) == 8 and set(st) <= {"COMPLETE", "PRUNED"}
 
 
+
+
+def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(tmp_path, data_dir):
+    from procutil import children, in_group, wait_gone
+
+    f = write_study(tmp_path, steps=3000)  # trials long enough that the signal lands inside both
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    proc = cli("search", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
+               "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False)
+    try:
+        def both_running():
+            try:
+                return states(db).get("RUNNING", 0) == 2
+            except sqlite3.Error:
+                return False
+        assert wait_for(both_running, timeout=900), proc.communicate(timeout=5)
+        time.sleep(1.0)
+        workers = [p for p in children(proc.pid) if in_group(p) and p in in_group(p)]  # each leads its own group
+        members = [m for w in workers for m in in_group(w)]
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "run the same command again to resume" in err
+    assert wait_gone(members, timeout=30) == []
+    st = states(db)
+    assert "RUNNING" not in st and st["FAIL"] == 2  # both running trials failed as interrupted, the rest kept
+    with sqlite3.connect(db) as c:
+        failures = [json.loads(v) for (v,) in c.execute("select value_json from trial_user_attributes where key = 'failure'")]
+    assert failures == ["interrupted", "interrupted"]
