@@ -10,9 +10,7 @@ Pareto set: a run that stopped early has sent few bytes and would look Pareto-op
 
 from __future__ import annotations
 
-import math
 import statistics
-from typing import Any
 
 from ..errors import ConfigError
 from ..study import Study
@@ -163,7 +161,3 @@ def objective_label(name: str) -> str:
     o = OBJECTIVES.get(name)
     label = o.label if o else name
     return label + (" (max)" if (o.direction if o else "maximize") == "maximize" else " (min)")
-
-
-def finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
