@@ -20,7 +20,7 @@ def cli(*args, cwd, data_dir, wait=True, env_extra=None):
     env.pop("EVOMERGE_RUNS_DIR", None)
     cmd = [sys.executable, "-m", "evomerge.cli", *args]
     if wait:
-        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)  # minutes on a loaded machine
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
