@@ -42,21 +42,31 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test)
 
 
-def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=None, runs_dir="runs", jobs: int = 1,
-           seed: int = 0, data_dir=None, device=None, prune: bool = True, cmaes_categoricals: str = "independent",
-           cmaes_restarts: int = 0, cmaes_popsize: int = 0, data=None, backend: str = "inprocess", procs=None):
-    """Search merge policies for ``study`` (a name, path or Study) and return a :class:`SearchResult`.
+# ``evomerge.search`` names the function below, not the subpackage: the subpackage is imported
+# first (it is cheap), so that defining the function afterwards wins and later imports of
+# ``evomerge.search.<module>`` find the package in sys.modules without resetting this attribute.
+from . import search as _search_package  # noqa: E402,F401
 
-    Defaults follow the study file and the CLI: SQLite at ``runs/<study>/optuna.db``, MLflow at
-    ``runs/<study>/mlflow.db`` (or ``$MLFLOW_TRACKING_URI``). Calling it again resumes the study;
-    ``n_trials`` is the total of finished trials the study should hold.
+
+def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=None, runs_dir=None, jobs: int = 1,
+           seed: int = 0, data_dir=None, device=None, prune: bool = True, cmaes_categoricals: str = "independent",
+           cmaes_restarts: int = 0, cmaes_popsize: int = 0, grace_period: int = 30, backend: str = "inprocess",
+           procs=None, data=None):
+    """Search merge policies for ``study`` (a name, path or Study) and return a ``SearchResult``.
+
+    The keywords are ``evomerge search``'s options, with the same defaults: the study's sampler
+    and ``n_trials``, SQLite at ``RUNS_DIR/<study>/optuna.db``, MLflow at ``RUNS_DIR/<study>/mlflow.db``
+    (or ``$MLFLOW_TRACKING_URI``), ``RUNS_DIR`` = ``$EVOMERGE_RUNS_DIR`` or ``runs``. ``data``: already
+    loaded data (tests). Calling it again resumes the study; ``n_trials`` is the total of finished
+    trials the study should hold. Optuna's own logging is left as the caller set it.
     """
-    from . import searcher as search_mod
+    from .search.config import make_config
+    from .search.loop import run_search
     from .study import Study, load
 
     st = study if isinstance(study, Study) else load(study)
-    cfg = search_mod.make_config(st, n_trials=n_trials, sampler=sampler, storage=storage, tracking_uri=tracking_uri,
-                                 runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
-                                 cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
-                                 cmaes_popsize=cmaes_popsize, prune=prune, backend=backend, procs=procs)
-    return search_mod.run_search(cfg, data=data)
+    cfg = make_config(st, n_trials=n_trials, sampler=sampler, storage=storage, tracking_uri=tracking_uri,
+                      runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
+                      cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
+                      cmaes_popsize=cmaes_popsize, prune=prune, grace_period=grace_period, backend=backend, procs=procs)
+    return run_search(cfg, data=data)

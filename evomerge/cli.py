@@ -348,7 +348,7 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
 
 
 def _storage_url(study, args) -> str:
-    from .searcher import default_storage
+    from .search.storage import default_storage
 
     return args.storage or default_storage(Path(args.runs_dir) / study.name)
 
@@ -369,7 +369,9 @@ def _quiet_libraries(mlflow: bool = True) -> None:
 
 
 def cmd_search(args) -> int:
-    from .searcher import make_config, run_search
+    from .procs import signals_raise
+    from .search.config import make_config
+    from .search.loop import run_search
     from .study import load
 
     _quiet_libraries()
@@ -382,7 +384,7 @@ def cmd_search(args) -> int:
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)
-    with view:
+    with view, signals_raise():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the running trial failed, the rest kept
         result = run_search(cfg, progress=view.event)
     view.summary(result, data_dir=args.data_dir)
     if args.json_out:
@@ -395,20 +397,22 @@ def cmd_search(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .export import load_study_trials
-    from .searcher import best_trials, count_states
-    from .search_view import best_table
+    from .search.results import best_trials, count_line, diverged, load_study
+    from .search_view import best_table, diverged_line, no_best_line
     from .study import load
 
     _quiet_libraries(mlflow=False)
     study = load(args.study)
     url = _storage_url(study, args)
-    ostudy = load_study_trials(study, url)
-    counts = count_states(ostudy.get_trials(deepcopy=False))
-    print(f"{study.name}: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())) + f"  ({url})")
+    ostudy = load_study(study, url)
+    trials = ostudy.get_trials(deepcopy=False)
+    print(f"{study.name}: {count_line(trials)}  ({url})")
+    gone = [t.number for t in trials if t.state.name == "COMPLETE" and diverged(t)]
+    if gone:
+        print(diverged_line(gone))
     best = best_trials(ostudy, study, 5)
     if not best:
-        print("no completed trial yet")
+        print(no_best_line(len(gone)))
         return 0
     _console().print(best_table(study, best, [], title=f"{study.name}: top {len(best)}"))
     return 0
@@ -452,41 +456,64 @@ def cmd_dashboard(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    import signal
     import socket
-    import subprocess
-    import time
 
+    from .procs import ProcessGroup, Terminated
     from .study import load
     from .tracking import resolve_tracking_uri
 
     study = load(args.study)
-    uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir) / study.name)
+    study_dir = Path(args.runs_dir) / study.name
+    uri = resolve_tracking_uri(args.tracking_uri, study_dir)
     if uri.startswith(("http://", "https://")):
         print(f"the study is tracked on a server: open {uri}")
         return 0
+    if args.port and not 0 < args.port < 65536:
+        raise ConfigError("--port", f"{args.port} is out of range; allowed: 1 to 65535, or 0 for a free one")
     port = args.port
     if not port:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
            "--backend-store-uri", uri]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    print(f"MLflow UI for {study.name}: http://127.0.0.1:{port}  (store {uri}; Ctrl-C stops it)", flush=True)
+    url = f"http://127.0.0.1:{port}"
     try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-        return proc.returncode or 1
+        # the server and its uvicorn workers run in their own session: stopped together however this command ends
+        with ProcessGroup(grace=15) as group:
+            proc = group.popen(cmd, env=env)
+            if not _wait_until_answering(url, proc, timeout=180):
+                print(f"error: mlflow server did not answer on {url} (exit status {proc.poll()})", file=sys.stderr)
+                return 1
+            print(f"MLflow UI for {study.name}: {url}  (store {uri}; Ctrl-C stops it)", flush=True)
+            return proc.wait() or 1
+    except Terminated as t:
+        print("MLflow UI stopped", file=sys.stderr)
+        return 128 + t.signum
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
         print("MLflow UI stopped", file=sys.stderr)
         return 0
+
+
+def _wait_until_answering(url: str, proc, timeout: float) -> bool:
+    """Poll ``url``/health until it answers HTTP 200; False if ``proc`` ends or ``timeout`` passes first."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    return False
 
 
 def cmd_baselines(args) -> int:

@@ -135,7 +135,7 @@ def parallel_figure(ostudy, study: Study):
 
 def pareto_2d(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
     """Non-dominated points for (accuracy up, bytes down), sorted by bytes."""
-    from .searcher import dominated_count
+    from .search.results import dominated_count
 
     xy = [(a, b) for a, b, _ in points]
     front = [p for p in points if dominated_count(p[:2], xy, ["maximize", "minimize"]) == 0]
@@ -331,7 +331,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     from plotly.offline import get_plotlyjs
 
     from .export import load_study_trials
-    from .searcher import baseline_rows, best_trials, count_states, trial_summary
+    from .search.results import baseline_rows, best_trials, count_states, trial_summary
     from .tracking import review_url
 
     ostudy = load_study_trials(study, storage_url)

@@ -35,24 +35,19 @@ def export_document(summary: dict, study: Study) -> dict:
 
 
 def load_study_trials(study: Study, storage_url: str):
-    import optuna
+    """The stored Optuna study (``evomerge.search.results.load_study``; kept here for the dashboard)."""
+    from .search.results import load_study
 
-    from .searcher import open_storage
-
-    storage = open_storage(storage_url)
-    try:
-        return optuna.load_study(study_name=study.name, storage=storage)
-    except KeyError:
-        raise ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` first") from None
+    return load_study(study, storage_url)
 
 
 def export_best(study: Study, storage_url: str, out: Path) -> dict:
-    from .searcher import best_trials
+    from .search.results import best_trials
 
     ostudy = load_study_trials(study, storage_url)
     best = best_trials(ostudy, study, 1)
     if not best:
-        raise ConfigError("--study", f"{study.name!r} has no completed trial yet")
+        raise ConfigError("--study", f"{study.name!r} has no completed trial yet{_diverged_note(ostudy)}")
     doc = export_document(best[0], study)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
@@ -60,12 +55,12 @@ def export_best(study: Study, storage_url: str, out: Path) -> dict:
 
 
 def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
-    from .searcher import trial_summary
+    from .search.results import pareto_trials, trial_summary
 
     ostudy = load_study_trials(study, storage_url)
-    trials = ostudy.best_trials
+    trials = pareto_trials(ostudy, study)  # diverged runs are never exported
     if not trials:
-        raise ConfigError("--study", f"{study.name!r} has no completed trial yet")
+        raise ConfigError("--study", f"{study.name!r} has no completed trial yet{_diverged_note(ostudy)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for t in sorted(trials, key=lambda t: t.number):
@@ -73,6 +68,13 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
         p.write_text(json.dumps(export_document(trial_summary(t, study), study), indent=2))
         paths.append(p)
     return paths
+
+
+def _diverged_note(ostudy) -> str:
+    from .search.results import diverged
+
+    n = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and diverged(t))
+    return f" that did not diverge ({n} diverged)" if n else ""
 
 
 def read_export(path: str | Path) -> dict | None:

@@ -4,9 +4,14 @@ best so far), and a table of the best trials next to the baselines."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from .searcher import SearchConfig, SearchResult, baseline_rows, objective_label
+from .search.results import DIVERGED, RUN_STATUS, baseline_rows, format_counts, objective_label
 from .study import Study
+
+if TYPE_CHECKING:
+    from .search.config import SearchConfig
+    from .search.loop import SearchResult
 
 
 def console(stderr: bool = False):
@@ -41,7 +46,8 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
                   f"{spread:.4f}" if spread is not None else "-", _describe(b["policy"]))
     for r in baselines:
         spread = r.get(f"{study.objectives[0]}_std")
-        t.add_row(f"[dim]{r['name']}[/dim]", *[_fmt(o, v) for o, v in zip(study.objectives, r["values"])],
+        name = r["name"] + (f" ({DIVERGED})" if r.get(RUN_STATUS) == DIVERGED else "")
+        t.add_row(f"[dim]{name}[/dim]", *[_fmt(o, v) for o, v in zip(study.objectives, r["values"])],
                   f"{spread:.4f}" if spread is not None else "-", "[dim]baseline[/dim]")
     return t
 
@@ -55,8 +61,17 @@ def _describe(policy: dict) -> str:
         return "?"
 
 
+def diverged_line(numbers: list[int]) -> str:
+    return (f"{DIVERGED}: trial{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} "
+            "(a loss went non-finite; kept off the best trials and the Pareto set)")
+
+
+def no_best_line(n_diverged: int) -> str:
+    return "no completed trial yet" + (f" that did not diverge ({n_diverged} {DIVERGED})" if n_diverged else "")
+
+
 class SearchView:
-    def __init__(self, cfg: SearchConfig, quiet: bool = False):
+    def __init__(self, cfg: "SearchConfig", quiet: bool = False):
         self.cfg, self.quiet = cfg, quiet
         self.err = console(stderr=True)
         self.bar = None
@@ -101,7 +116,7 @@ class SearchView:
                 self.pruned += 1
             if r["state"] == "FAIL":
                 self.failed += 1
-            if r["state"] == "COMPLETE":
+            if r["state"] == "COMPLETE" and r.get("run_status") != DIVERGED:
                 v = r["values"][0]
                 better = self.best is None or (v > self.best if cfg.study.directions[0] == "maximize" else v < self.best)
                 self.best = v if better else self.best
@@ -109,18 +124,22 @@ class SearchView:
                 best = f"best {self.best:.4f}" if self.best is not None else "best -"
                 self.bar.update(self.task, completed=min(self.done, cfg.n_trials),
                                 info=f"pruned {self.pruned}  failed {self.failed}  {best}")
+            elif r.get("run_status") == DIVERGED:
+                self.err.print(f"trial {r['number']} {DIVERGED}", highlight=False)
             elif r["state"] == "FAIL" and r.get("failure") == "error":
                 self.err.print(f"trial {r['number']} failed: {r['error'].splitlines()[0]}", highlight=False)
 
-    def summary(self, result: SearchResult, data_dir=None) -> None:
+    def summary(self, result: "SearchResult", data_dir=None) -> None:
         study = self.cfg.study
-        counts = ", ".join(f"{n} {k.lower()}" for k, n in sorted(result.counts.items()))
         out = console()
-        out.print(f"{study.name}: {counts}", highlight=False)
+        out.print(f"{study.name}: {format_counts(result.counts, result.diverged)}", highlight=False)
         for e in result.errors[:3]:
             out.print(f"  failure: {e}", highlight=False)
+        diverged = sorted(r["number"] for r in result.records if r.get("run_status") == DIVERGED)
+        if diverged:
+            out.print(diverged_line(diverged), highlight=False)
         if not result.best:
-            out.print("no completed trial yet", highlight=False)
+            out.print(no_best_line(result.diverged), highlight=False)
             return
         baselines = []
         if not result.interrupted:

@@ -151,7 +151,7 @@ class Param:
 
 @settings.model("study.search")
 class SearchSpec:
-    sampler: str = "tpe"  # checked with --sampler by the search (searcher.SAMPLERS)
+    sampler: str = "tpe"  # checked with --sampler by the search (search.config.SAMPLERS)
     n_trials: int = Field(30, ge=1)
     space: Annotated[tuple[Param, ...], Seq] = ()
 

@@ -255,7 +255,7 @@ class Tracker:
         """Put the best trial on the parent run: its objective values under the trial runs' metric names
         (``final_<objective>``), its number and run as tags, its policy as ``best/policy.json``; and, with
         ``model``, its consensus model as a logged pytorch model, output of the best trial's run and of the
-        parent. ``best`` is a ``searcher.trial_summary`` dict. Returns the logged model's id (or None)."""
+        parent. ``best`` is a ``search.results.trial_summary`` dict. Returns the logged model's id (or None)."""
         if self.parent_id is None or self.study is None:
             return None
         study, pid = self.study, self.parent_id

@@ -8,7 +8,7 @@ import pytest
 import evomerge
 from conftest import write_study
 from evomerge import dashboard, study
-from evomerge.searcher import default_storage
+from evomerge.search.storage import default_storage
 from evomerge.tracking import default_tracking_uri
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -134,7 +134,8 @@ def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
     s = study.load(write_study(tmp_path))
     import optuna
 
-    from evomerge.searcher import load_or_create, make_config, open_storage
+    from evomerge.search.config import make_config
+    from evomerge.search.storage import load_or_create, open_storage
 
     cfg = make_config(s, runs_dir=tmp_path / "runs")
     ostudy = load_or_create(cfg, open_storage(cfg.storage))

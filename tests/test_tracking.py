@@ -227,7 +227,7 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
 
     # the dashboard of a study tracked on a server links its top trials to their runs, and the study to its runs list
     from evomerge import dashboard
-    from evomerge.searcher import default_storage
+    from evomerge.search.storage import default_storage
 
     page_path = dashboard.build(s, default_storage(tmp_path / "runs" / "review"), mlflow_server, tmp_path / "dash",
                                 compute_baselines=False)

@@ -4,7 +4,7 @@ import numpy as np
 import optuna
 import pytest
 
-from evomerge.cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
+from evomerge.search.cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

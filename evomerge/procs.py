@@ -1,0 +1,204 @@
+"""Process supervision: start child processes, each in its own process group, and stop every
+one of those groups (SIGTERM, then SIGKILL after a grace period) however the parent ends:
+normal exit, an exception, Ctrl-C, SIGTERM or SIGHUP. Nothing a child started (an MLflow
+server's uvicorn workers, a worker's own ranks) is left running, reparented, holding a port.
+
+Usage::
+
+    from evomerge.procs import ProcessGroup, Terminated
+
+    try:
+        with ProcessGroup(grace=10) as group:          # SIGTERM/SIGHUP now raise Terminated here
+            server = group.popen([...])                # a command, in its own session
+            worker = group.spawn(fn, (arg,))           # a Python function, spawned, in its own group
+            ...                                        # watch them: group.alive(), group.wait(t)
+            group.send(signal.SIGINT)                  # e.g. ask them to finish politely
+    except Terminated as t:                            # leaving the block stopped every group
+        return 128 + t.signum
+
+``Terminated`` is a ``KeyboardInterrupt``, so code that already keeps its work safe on Ctrl-C
+(fails the running trial as interrupted, keeps what finished) does the same on SIGTERM and
+SIGHUP. Signal handlers are installed only from the main thread and restored on exit.
+
+Spawned Python children also ask the kernel to send them SIGTERM if the parent dies without
+cleaning up (SIGKILL; Linux ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) reached the supervising process; ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_raise(signals: Iterable[int] = STOP_SIGNALS):
+    """Within the block, the given signals raise :class:`Terminated` in the main thread (so
+    ``finally`` blocks and context managers run); the previous handlers come back after it.
+    Outside the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(signum)
+
+    previous = {}
+    try:
+        for s in signals:
+            previous[s] = signal.signal(s, raise_terminated)
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _set_pdeathsig(sig: int = signal.SIGTERM) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the parent's own cleanup is what there is
+        pass
+
+
+def _group_entry(target: Callable, args: tuple, parent: int) -> None:
+    """The start of a spawned child: its own process group, a signal if the parent dies."""
+    os.setpgid(0, 0)
+    _set_pdeathsig()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        return
+    target(*args)
+
+
+class _Handle:
+    def __init__(self, proc: Any):
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None if isinstance(self.proc, subprocess.Popen) else self.proc.is_alive()
+
+    def join(self, timeout: float) -> None:
+        if isinstance(self.proc, subprocess.Popen):
+            try:
+                self.proc.wait(timeout=max(0.0, timeout))
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            self.proc.join(max(0.0, timeout))
+
+
+class ProcessGroup:
+    """Children started here are stopped, with everything they started, when the ``with`` block
+    ends (or :meth:`stop` is called): SIGTERM to each child's process group, then SIGKILL to the
+    groups still there after ``grace`` seconds."""
+
+    def __init__(self, grace: float = 10.0, signals: Iterable[int] = STOP_SIGNALS):
+        self.grace = grace
+        self._signals = tuple(signals)
+        self._handles: list[_Handle] = []
+        self._stack: contextlib.ExitStack | None = None
+
+    # -- starting -----------------------------------------------------------------------
+    def popen(self, args, **kwargs) -> subprocess.Popen:
+        """``subprocess.Popen(args, **kwargs)`` in a new session (its own process group)."""
+        proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+        self._handles.append(_Handle(proc))
+        return proc
+
+    def spawn(self, target: Callable, args: tuple = (), *, ctx=None, name: str | None = None):
+        """Start ``target(*args)`` in a spawned Python process (a ``multiprocessing.Process``, daemonic)
+        that makes itself the leader of a new process group; return the started process."""
+        import multiprocessing as mp
+
+        ctx = ctx or mp.get_context("spawn")
+        proc = ctx.Process(target=_group_entry, args=(target, args, os.getpid()), name=name, daemon=True)
+        proc.start()
+        self._handles.append(_Handle(proc))
+        return proc
+
+    # -- watching -----------------------------------------------------------------------
+    @property
+    def processes(self) -> list:
+        return [h.proc for h in self._handles]
+
+    def alive(self) -> list:
+        return [h.proc for h in self._handles if h.running()]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every child has ended (or ``timeout`` seconds); True if they all have."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for h in self._handles:
+            while h.running():
+                left = 1.0 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                h.join(min(left, 1.0))
+        return True
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to every child's process group (and to a child not yet leading its own)."""
+        for h in self._handles:
+            try:
+                os.killpg(h.pid, sig)
+                continue
+            except (ProcessLookupError, PermissionError):
+                pass
+            if h.running():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(h.pid, sig)
+
+    # -- stopping -----------------------------------------------------------------------
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM every group, wait up to ``grace`` seconds for the children, SIGKILL the groups, reap."""
+        if not self._handles:
+            return
+        grace = self.grace if grace is None else grace
+        self.send(signal.SIGTERM)
+        self.wait(grace)
+        self.send(signal.SIGKILL)  # the groups: also what a child that exited left behind
+        for h in self._handles:
+            h.join(5.0)
+
+    def __enter__(self) -> "ProcessGroup":
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(signals_raise(self._signals))
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            self._shield(self.stop)
+        finally:
+            if self._stack is not None:
+                self._stack.close()
+        return False
+
+    def _shield(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` with the stop signals and SIGINT ignored, so a second signal cannot cut the cleanup short."""
+        if threading.current_thread() is not threading.main_thread():
+            fn()
+            return
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in {*self._signals, signal.SIGINT}}
+        try:
+            fn()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)

@@ -1,0 +1,115 @@
+"""What a study's results depend on, stored with the Optuna study (user attribute
+``fingerprint``: a hash and a readable summary), so that a changed study file under an old
+name is refused instead of silently resuming the old results.
+
+The summary is flat, ``section.field -> value``, over: ``data``, ``model``, ``run``,
+``environment`` (``none`` when the study has none), the fixed ``policy``, the searched
+``space`` and the ``objectives``. Not in it: the study's description, ``search.n_trials``
+and ``search.sampler`` (how much and how to search do not change what a trial means), the
+baselines, the policy's name.
+
+A study stored before fingerprints existed adopts the current one silently. A field that the
+stored summary lacks (added to evomerge since) is not a change: the stored fingerprint is
+brought up to date.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..study import Study
+    from .config import SearchConfig
+
+ATTR = "fingerprint"
+NOT_IN_POLICY = ("name", "description", "schema_version")
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-able values of dataclasses, pydantic models, policies, tuples."""
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return _plain(obj.to_dict())
+    if hasattr(obj, "model_dump") and callable(obj.model_dump):
+        return _plain(obj.model_dump())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}", v, out)
+    else:
+        out[prefix] = value
+
+
+def summary(study: "Study") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for section in ("data", "model", "run"):
+        _flat(section, _plain(getattr(study, section)), out)
+    env = getattr(study, "environment", None)
+    _flat("environment", _plain(env) if env is not None else "none", out)
+    policy = {k: v for k, v in _plain(study.policy).items() if k not in NOT_IN_POLICY}
+    _flat("policy", policy, out)
+    for p in study.search.space:
+        out[f"space.{p.name}"] = {k: v for k, v in _plain(p).items() if k != "name" and v not in (None, [])}
+    out["objectives"] = list(study.objectives)
+    return json.loads(json.dumps(out, sort_keys=True))  # as it reads back from the storage
+
+
+def digest(s: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
+
+
+def of(study: "Study") -> dict[str, Any]:
+    s = summary(study)
+    return {"hash": digest(s), "summary": s}
+
+
+def changes(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What changed from ``stored`` to ``now`` (keys only in ``now`` are fields added since: not changes)."""
+    out = []
+    for k in sorted(stored):
+        if k.startswith("space.") and k not in now:
+            out.append(f"search.{k} removed")
+        elif k not in now:
+            out.append(f"{k} changed ({_show(stored[k])} -> absent)")
+        elif stored[k] != now[k]:
+            out.append(f"{'search.' if k.startswith('space.') else ''}{k} changed ({_show(stored[k])} -> {_show(now[k])})")
+    for k in sorted(now):
+        if k.startswith("space.") and k not in stored and any(s.startswith("space.") for s in stored):
+            out.append(f"search.{k} added")
+    return out
+
+
+def _show(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
+    """Refuse, in one line, to search a stored study whose fingerprint differs from the study file's;
+    store the fingerprint when the stored study has none (or lacks fields added since)."""
+    current = of(cfg.study)
+    stored = ostudy.user_attrs.get(ATTR)
+    if stored and stored.get("hash") == current["hash"]:
+        return
+    if stored:
+        diff = changes(stored.get("summary", {}), current["summary"])
+        if diff:
+            shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+            afresh = "--runs-dir" if cfg.default_store else "--storage"
+            raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trials; "
+                                                         f"use another [study] name or {afresh} to start afresh")
+    ostudy.set_user_attr(ATTR, current)

@@ -1,0 +1,239 @@
+"""The search itself: one worker loop (ask, run, tell) serves every sampler; ``jobs`` > 1 runs
+that loop in separate processes on the same storage (supervised by :mod:`evomerge.procs`).
+
+``n_trials`` counts toward a total: the study ends with that many finished trials (complete or
+pruned); failed trials do not count and are asked again. Running the same search again resumes
+it. Only the main process writes to MLflow: workers send a record of every finished trial back.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ConfigError
+from .config import SearchConfig
+from .results import best_trials, count_states
+from .storage import load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
+from .trial import Interrupted, bare_record, mark_interrupted, run_trial
+
+
+# -- the worker loop ---------------------------------------------------------------------------
+def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False) -> None:
+    """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials."""
+    with quiet_optuna():
+        _work(cfg, worker, on_record, data, should_stop)
+
+
+def _work(cfg, worker, on_record, data, should_stop) -> None:
+    import optuna
+
+    from .. import backends, simulate
+    from .. import space as space_mod
+    from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
+
+    storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
+    ostudy = load_or_create(cfg, storage, worker)
+    setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
+    run_fn = backends.runner(cfg.backend, cfg.procs)
+    space = cfg.study.search.space
+    dists = space_mod.distributions(space)
+    driver = None
+    if cfg.sampler == "cmaes":
+        driver = CmaDriver(len(space_mod.numeric(space)), seed=cfg.seed, popsize=cfg.cmaes_popsize or None,
+                           restarts=cfg.cmaes_restarts, maximize=cfg.study.directions[0] == "maximize")
+        if cfg.cmaes_categoricals == "fixed":
+            dists = {k: v for k, v in dists.items() if k in {p.name for p in space_mod.numeric(space)}}
+    engines: dict = {}
+    Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+    while not should_stop():
+        trial, n_before = None, None
+        try:
+            with search_lock(cfg, engines):
+                optuna.storages.fail_stale_trials(ostudy)
+                trials = ostudy.get_trials(deepcopy=False)
+                n_before = len(trials)
+                done = sum(t.state in Done for t in trials)
+                running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+                if done >= cfg.n_trials:
+                    return
+                if done + running < cfg.n_trials:
+                    if driver is None:
+                        trial = ostudy.ask(fixed_distributions=dists)
+                    else:
+                        cand = driver.next(trials)
+                        if cand is not None:
+                            ostudy.enqueue_trial(space_mod.decode(space, cand.x), user_attrs={
+                                ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
+                            trial = ostudy.ask(fixed_distributions=dists)
+                if trial is not None:
+                    # a heartbeat from the start: Optuna only ever fails as stale trials that have one
+                    storage.record_heartbeat(trial._trial_id)
+            if trial is None:
+                time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
+                continue
+            record = run_trial(trial, ostudy, setup, cfg, storage, run_fn)
+        except KeyboardInterrupt:
+            # a Ctrl-C between ask and the trial's own handler: the asked trial must not stay RUNNING
+            if trial is not None and mark_interrupted(ostudy, trial):
+                raise Interrupted(bare_record(trial, cfg, setup.total_steps, state="FAIL", failure="interrupted")) from None
+            if trial is None and n_before is not None:
+                _fail_orphans(ostudy, n_before)  # interrupted inside ask(): the trial it created is not ours to keep
+            raise
+        on_record(record)
+
+
+def _fail_orphans(ostudy, n_before: int) -> None:
+    """Fail RUNNING trials that appeared while this process held the lock and never started
+    (no ``policy`` attribute yet, which run_trial sets first)."""
+    import optuna
+
+    for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.number >= n_before and "policy" not in t.user_attrs:
+            try:
+                ostudy._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted")
+                ostudy.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
+                pass
+
+
+# -- processes ---------------------------------------------------------------------------------
+def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
+    import optuna
+    import torch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a process of ours: its logging is ours to set
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.jobs))
+    try:
+        work(cfg, worker, queue.put)
+    except Interrupted as i:
+        queue.put(i.args[0])
+    except KeyboardInterrupt:
+        pass
+    except ConfigError as e:
+        queue.put({"fatal": str(e)})
+    finally:
+        queue.put({"worker_done": worker})
+
+
+def _run_processes(cfg: SearchConfig, on_record) -> None:
+    """``cfg.jobs`` worker processes on the study; their records come back through a queue. A Ctrl-C,
+    SIGTERM or SIGHUP asks them to stop (SIGINT: each fails its running trial as interrupted), waits
+    up to 30 s for their last records, and the process group stops whatever is left."""
+    import multiprocessing as mp
+    import queue as queue_mod
+    import signal
+
+    from ..procs import ProcessGroup
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with ProcessGroup(grace=10) as group:
+        procs = [group.spawn(_worker_main, (cfg, w, q), ctx=ctx, name=f"evomerge-search-{w}") for w in range(cfg.jobs)]
+        done = 0
+        try:
+            while done < len(procs):
+                try:
+                    rec = q.get(timeout=1.0)
+                except queue_mod.Empty:
+                    if not group.alive():
+                        break
+                    continue
+                if "worker_done" in rec:
+                    done += 1
+                else:
+                    on_record(rec)
+        except KeyboardInterrupt:
+            group.send(signal.SIGINT)  # each worker leads its own process group: a terminal's Ctrl-C reaches only us
+            deadline = time.time() + 30
+            while time.time() < deadline and group.alive():
+                try:
+                    rec = q.get(timeout=0.5)
+                    if "worker_done" not in rec:
+                        on_record(rec)
+                except queue_mod.Empty:
+                    pass
+            raise
+        group.wait(5)
+
+
+# -- the whole search ------------------------------------------------------------------------------
+@dataclass
+class SearchResult:
+    config: SearchConfig
+    records: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    diverged: int = 0  # COMPLETE trials whose runs diverged (counted in counts["COMPLETE"] too)
+    best: list[dict] = field(default_factory=list)
+    parent_run_id: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def optuna_study(self):
+        import optuna
+
+        return optuna.load_study(study_name=self.config.study.name, storage=open_storage(self.config.storage))
+
+
+def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
+    """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial."""
+    from .. import __version__
+    from ..tracking import Tracker, check_reachable, resolve_tracking_uri
+    from .results import diverged
+
+    uri = resolve_tracking_uri(cfg.tracking_uri, cfg.study_dir)
+    check_reachable(uri)  # before the first trial
+    cfg.study_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(cfg.storage)
+    ostudy = load_or_create(cfg, storage)
+    before = count_states(ostudy.get_trials(deepcopy=False))
+    tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
+    parent = tracker.start_parent(
+        f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
+        {"sampler": cfg.sampler, "n_trials": cfg.n_trials, "jobs": cfg.jobs, "seed": cfg.seed, "storage": cfg.storage,
+         "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
+         "study_file": str(cfg.study.path or "")},
+        {"evomerge.version": __version__, "evomerge.study": cfg.study.name})
+    result = SearchResult(cfg, parent_run_id=parent)
+    if progress:
+        progress("start", before=before, storage=cfg.storage, tracking_uri=uri)
+
+    def on_record(rec: dict) -> None:
+        if "fatal" in rec:
+            result.errors.append(rec["fatal"])
+            return
+        rec["mlflow_run_id"] = tracker.log_trial(rec)
+        result.records.append(rec)
+        if rec.get("failure") == "error":
+            result.errors.append(f"trial {rec['number']}: {rec['error'].splitlines()[0]}")
+        if progress:
+            progress("trial", record=rec)
+
+    status = "FINISHED"
+    try:
+        if cfg.jobs == 1:
+            try:
+                work(cfg, 0, on_record, data=data)
+            except Interrupted as i:
+                on_record(i.args[0])
+                raise KeyboardInterrupt from None
+        else:
+            _run_processes(cfg, on_record)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        status = "KILLED"
+    finally:
+        trials = ostudy.get_trials(deepcopy=False)
+        result.counts = count_states(trials)
+        result.diverged = sum(1 for t in trials if t.state.name == "COMPLETE" and diverged(t))
+        result.best = best_trials(ostudy, cfg.study, 5)
+        best_value = result.best[0]["values"][0] if result.best else None
+        tracker.end_parent(status, {"best_" + cfg.study.objectives[0]: best_value,
+                                    "trials_complete": result.counts.get("COMPLETE", 0)})
+        if result.best and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
+            tracker.log_best(result.best[0], data=data, data_dir=cfg.data_dir, device=cfg.device)
+    return result

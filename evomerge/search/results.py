@@ -1,0 +1,163 @@
+"""Reading a study's results back: counts, best trials (or the Pareto set), trial summaries,
+baseline rows and labels. Used by ``status``, ``export``, the dashboard and the search's final
+table; it imports nothing of the search loop.
+
+A trial whose run diverged (a loss went non-finite) stays COMPLETE with the values it reached,
+so samplers learn from it, and carries the user attribute ``run_status = "diverged"``
+(:data:`RUN_STATUS`). It is counted apart (``diverged``) and kept off "best" and off the
+Pareto set: a run that stopped early has sent few bytes and would look Pareto-optimal.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..errors import ConfigError
+from ..study import Study
+
+RUN_STATUS, DIVERGED = "run_status", "diverged"
+CURVE_KEYS = ("step", "val_accuracy", "consensus_distance", "bytes")
+SUMMARY_KEYS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
+                "bytes", "merges", "local_steps", "wall_time")
+
+
+def load_study(study: Study, storage_url: str):
+    """The stored Optuna study of ``study``, for reading; one line if there is none."""
+    import optuna
+
+    from .storage import open_storage
+
+    storage = open_storage(storage_url)
+    try:
+        return optuna.load_study(study_name=study.name, storage=storage)
+    except KeyError:
+        raise ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` first") from None
+
+
+def diverged(t) -> bool:
+    return t.user_attrs.get(RUN_STATUS) == DIVERGED
+
+
+def count_states(trials) -> dict[str, int]:
+    """Trials by state (COMPLETE, PRUNED, FAIL, RUNNING, ...)."""
+    out: dict[str, int] = {}
+    for t in trials:
+        out[t.state.name] = out.get(t.state.name, 0) + 1
+    return out
+
+
+def count_line(trials) -> str:
+    """``5 complete (1 diverged), 2 pruned``: the counts as tables show them."""
+    import optuna
+
+    counts = count_states(trials)
+    n_div = sum(1 for t in trials if t.state == optuna.trial.TrialState.COMPLETE and diverged(t))
+    return format_counts(counts, n_div)
+
+
+def format_counts(counts: dict[str, int], n_diverged: int = 0) -> str:
+    parts = []
+    for k, n in sorted(counts.items()):
+        parts.append(f"{n} {k.lower()}" + (f" ({n_diverged} diverged)" if k == "COMPLETE" and n_diverged else ""))
+    return ", ".join(parts)
+
+
+def dominated_count(point: tuple[float, ...], others: list[tuple[float, ...]], directions: list[str]) -> int:
+    """How many of ``others`` dominate ``point`` (no worse in every objective, better in one)."""
+    sign = [1.0 if d == "maximize" else -1.0 for d in directions]
+    p = [s * v for s, v in zip(sign, point)]
+    n = 0
+    for o in others:
+        q = [s * v for s, v in zip(sign, o)]
+        if all(a >= b for a, b in zip(q, p)) and any(a > b for a, b in zip(q, p)):
+            n += 1
+    return n
+
+
+def judged(ostudy) -> list:
+    """COMPLETE trials whose runs did not diverge: the ones "best" and the Pareto set choose from."""
+    import optuna
+
+    return [t for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if not diverged(t)]
+
+
+def pareto_trials(ostudy, study: Study) -> list:
+    """The non-dominated trials among :func:`judged` ones, by trial number."""
+    trials = judged(ostudy)
+    points = [tuple(t.values) for t in trials]
+    return [t for t, p in zip(trials, points) if dominated_count(p, points, study.directions) == 0]
+
+
+def best_trials(ostudy, study: Study, n: int = 5) -> list[dict]:
+    """The best finished trials: by the objective (single), or the Pareto set sorted by the first
+    objective. Diverged trials are never among them."""
+    rev = study.directions[0] == "maximize"
+    if len(study.objectives) == 1:
+        ranked = sorted(judged(ostudy), key=lambda t: t.values[0], reverse=rev)[:n]
+    else:
+        ranked = sorted(pareto_trials(ostudy, study), key=lambda t: t.values[0], reverse=rev)
+    return [trial_summary(t, study) for t in ranked]
+
+
+def trial_summary(t, study: Study) -> dict:
+    return {"number": t.number, "values": list(t.values), "objectives": list(study.objectives),
+            "params": dict(t.params), "policy": t.user_attrs.get("policy", {}), "metrics": t.user_attrs.get("metrics", {}),
+            "spread": t.user_attrs.get("spread", {}), "run_status": t.user_attrs.get(RUN_STATUS, "ok"),
+            "cma": {k: v for k, v in t.user_attrs.items() if k.startswith("cma_")}}
+
+
+# -- what a run's metrics become -------------------------------------------------------------
+def objective_values(study: Study, finals: list[dict]) -> list[float]:
+    return [statistics.fmean(float(f[o]) for f in finals) for o in study.objectives]
+
+
+def summarise(finals: list[dict]) -> dict[str, float]:
+    """Means over seeds of the final metrics, and their spread (``*_std``) over several seeds."""
+    out: dict[str, float] = {}
+    for k in SUMMARY_KEYS:
+        vals = [float(f[k]) for f in finals if k in f]
+        if vals:
+            out[k] = statistics.fmean(vals)
+            if len(vals) > 1:
+                out[f"{k}_std"] = statistics.stdev(vals)
+    return out
+
+
+def round_dict(h) -> dict:
+    from dataclasses import asdict
+
+    return asdict(h)
+
+
+def curve_of(history: list[dict]) -> dict[str, list[float]]:
+    """The learning curve a dashboard draws: one list per key, one entry per round."""
+    return {k: [h[k] for h in history] for k in CURVE_KEYS}
+
+
+def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None) -> list[dict]:
+    """Every baseline on the study's seeds (mean over seeds); cached in the Optuna study's user attributes."""
+    key = "baselines-v2:" + ",".join(map(str, study.run.seeds))
+    if storage_study is not None and key in storage_study.user_attrs:
+        return storage_study.user_attrs[key]
+    from .. import simulate
+
+    setup = simulate.prepare(study, data=data, data_dir=data_dir)
+    rows = []
+    for name in study.baselines:
+        pol = study.resolve_policy(name)
+        results = [simulate.simulate(setup, pol, s, device=device) for s in study.run.seeds]
+        finals = [r.metrics() for r in results]
+        rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
+                     "history": curve_of([round_dict(h) for h in results[0].history]), "policy": pol.to_dict(),
+                     RUN_STATUS: DIVERGED if any(r.status == DIVERGED for r in results) else "ok"})
+    if storage_study is not None:
+        storage_study.set_user_attr(key, rows)
+    return rows
+
+
+def objective_label(name: str) -> str:
+    from .config import OBJECTIVES
+
+    o = OBJECTIVES.get(name)
+    label = o.label if o else name
+    return label + (" (max)" if (o.direction if o else "maximize") == "maximize" else " (min)")

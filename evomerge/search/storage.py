@@ -1,0 +1,181 @@
+"""Where a study's trials live and how processes share them: storage URLs, opening an Optuna
+RDB storage with heartbeats, the cross-process lock, and opening (or creating) the study with
+its fingerprint checked.
+
+Storage: ``runs/<study>/optuna.db`` (SQLite) by default, or any Optuna storage URL. SQLite's
+busy timeout keeps concurrent writers from failing with "database is locked".
+
+The lock makes "count the finished trials, then ask" atomic, so ``n_trials`` is an exact
+total: a PostgreSQL advisory lock when the study lives in PostgreSQL (every machine sharing
+it), else a lock file (``filelock``) in the study's runs folder.
+
+Stale trials are Optuna's own business: the storage is opened with a heartbeat interval and
+``grace_period``; ``optuna.storages.fail_stale_trials`` (called under the lock) fails a trial
+whose process stopped beating, and its ``heartbeat_stale_trial_callback`` enqueues the same
+parameters again (user attribute ``retry_of``), so the dead trial does not count and its
+point is still judged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:  # config imports this module, not the other way round
+    from .config import SearchConfig
+
+HEARTBEAT_INTERVAL, GRACE_PERIOD = 5, 30  # seconds
+
+
+def default_storage(study_dir: Path) -> str:
+    return f"sqlite:///{(study_dir / 'optuna.db').resolve()}"
+
+
+def normalise_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when that is the driver installed."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+            return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
+@contextlib.contextmanager
+def quiet_optuna():
+    """Silence Optuna's notes that heartbeats and metric names are experimental and that heartbeats
+    are meant for Study.optimize: evomerge records heartbeats itself while a trial runs."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        yield
+
+
+def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None = None):
+    """An Optuna RDB storage with heartbeats. With ``study``, a trial that goes stale (its process
+    died) is retried: its parameters are enqueued again, marked ``retry_of``."""
+    import optuna
+
+    kwargs: dict[str, Any] = {}
+    if study is not None:
+        kwargs["heartbeat_stale_trial_callback"] = _retry_stale
+    try:
+        if url.startswith("sqlite:"):
+            path = url.split("sqlite:///", 1)[-1]
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
+        with quiet_optuna():
+            return retry_setup(lambda: optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
+    except Exception as e:  # bad URL, missing driver, unreachable server: one line
+        raise ConfigError("--storage", f"cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def retry_setup(make, attempts: int = 8):
+    """Call ``make`` again when a database error comes from another process creating the same
+    tables at the same moment (several searches started together on a new database)."""
+    import random
+
+    import sqlalchemy.exc
+
+    for i in range(attempts):
+        try:
+            return make()
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError):
+            if i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1) + random.random() * 0.3)
+
+
+def _retry_stale(study, trial) -> None:
+    """Enqueue a dead process's trial again (CMA-ES re-asks its own candidates and needs no copy)."""
+    if any(k.startswith("cma_") for k in trial.user_attrs):
+        return
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+
+# -- the lock ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def search_lock(cfg: "SearchConfig", engine_cache: dict):
+    """Make "count the finished trials, then ask" atomic: a PostgreSQL advisory lock when the study
+    lives in PostgreSQL (every machine sharing it), else a lock file in the study's runs folder."""
+    if cfg.storage.startswith("postgresql"):
+        with advisory_lock(cfg.storage, f"evomerge:{cfg.study.name}", engine_cache):
+            yield
+    else:
+        with file_lock(cfg.study_dir / "search.lock"):
+            yield
+
+
+@contextlib.contextmanager
+def advisory_lock(url: str, name: str, engine_cache: dict):
+    import hashlib
+
+    import sqlalchemy
+
+    engine = engine_cache.get("engine")
+    if engine is None:
+        engine = engine_cache["engine"] = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    key = int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big", signed=True)
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text("select pg_advisory_lock(:k)"), {"k": key})
+        try:
+            yield
+        finally:
+            conn.execute(sqlalchemy.text("select pg_advisory_unlock(:k)"), {"k": key})
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive lock among local processes (``filelock``; released if the holder dies)."""
+    import filelock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path)):
+        yield
+
+
+# -- the study ----------------------------------------------------------------------------------
+def load_or_create(cfg: "SearchConfig", storage, worker: int = 0):
+    """The Optuna study of ``cfg``: loaded when it exists (silently: no "Using an existing study"
+    line), else created. Its directions must match the study file's objectives and its
+    fingerprint what the study file says now (:mod:`evomerge.search.fingerprint`)."""
+    import optuna
+
+    from . import fingerprint
+
+    directions = cfg.study.directions
+    resumed_at, exists = 0, True
+    try:
+        resumed_at = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.study.name), deepcopy=False))
+    except KeyError:
+        exists = False
+    sampler, pruner = cfg.make_sampler(worker, resumed_at), cfg.make_pruner()
+    if exists:
+        study = optuna.load_study(study_name=cfg.study.name, storage=storage, sampler=sampler, pruner=pruner)
+    else:  # another process may create it at the same moment: load_if_exists
+        study = optuna.create_study(storage=storage, study_name=cfg.study.name, directions=directions,
+                                    load_if_exists=True, sampler=sampler, pruner=pruner)
+    have = [d.name.lower() for d in study.directions]
+    if have != directions:
+        raise ConfigError("study.objectives.metrics", f"the stored study {cfg.study.name!r} has directions {have}; "
+                                                      f"this study file asks {directions} (use another --storage)")
+    fingerprint.check(study, cfg, resumed_at)
+    if worker == 0:
+        attrs = study.user_attrs
+        if "objectives" not in attrs:
+            from .. import __version__
+
+            study.set_user_attr("objectives", list(cfg.study.objectives))
+            study.set_user_attr("evomerge_version", __version__)
+        if study.metric_names != list(cfg.study.objectives):  # optuna-dashboard shows them instead of "Objective 0"
+            with quiet_optuna():
+                study.set_metric_names(list(cfg.study.objectives))
+    return study

@@ -1,0 +1,123 @@
+"""evomerge.procs: every child's process group is stopped however the supervising process ends
+(normal exit, exception, Ctrl-C, SIGTERM, SIGHUP), grandchildren included. Real processes, real signals."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from procutil import alive, in_group, wait_gone
+
+# a supervising process: one command child (a shell with a background grandchild) and one spawned
+# Python child that starts its own grandchild; prints their pids, then ends as argv[1] says
+PARENT = r"""
+import os, signal, subprocess, sys, time
+from evomerge.procs import ProcessGroup, Terminated
+
+def spawned_child():
+    subprocess.Popen(["sleep", "300"])
+    time.sleep(300)
+
+if __name__ == "__main__":
+    how = sys.argv[1]
+    try:
+        with ProcessGroup(grace=3) as group:
+            sh = group.popen(["sh", "-c", "sleep 300 & sleep 300"])
+            py = group.spawn(spawned_child)
+            while os.getpgid(py.pid) != py.pid:
+                time.sleep(0.05)  # the spawned child leads its own group
+            time.sleep(1.0)  # the grandchildren have started
+            print(sh.pid, py.pid, flush=True)
+            sys.stdin.readline()  # the test has looked at the processes (or sends a signal meanwhile)
+            if how == "raise":
+                raise RuntimeError("boom")
+    except Terminated as t:
+        print("terminated", t.signum, flush=True)
+        sys.exit(128 + t.signum)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("how, sig, rc", [("exit", None, 0), ("raise", None, 1), ("wait", signal.SIGTERM, 143),
+                                          ("wait", signal.SIGHUP, 129), ("wait", signal.SIGINT, 130)])
+def test_every_group_is_stopped_however_the_parent_ends(tmp_path, how, sig, rc):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = parent.stdout.readline()
+        assert line, parent.communicate(timeout=60)[1]
+        sh, py = map(int, line.split())
+        members = in_group(sh) + in_group(py)
+        assert len(in_group(sh)) >= 2 and len(in_group(py)) >= 2, members  # each child with its grandchild(ren)
+        if sig is not None:
+            parent.send_signal(sig)
+        out, err = parent.communicate("go\n", timeout=60)
+        assert parent.returncode == rc, err
+        if sig in (signal.SIGTERM, signal.SIGHUP):
+            assert f"terminated {int(sig)}" in out
+        assert wait_gone(members, timeout=10) == []
+        assert in_group(sh) == [] and in_group(py) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_a_second_signal_does_not_cut_the_cleanup_short(tmp_path):
+    # the child ignores SIGTERM: only SIGKILL after the grace period stops it; a second SIGTERM to the
+    # parent meanwhile must not leave it running
+    script = tmp_path / "parent.py"
+    script.write_text(r"""
+import sys, time
+from evomerge.procs import ProcessGroup, Terminated
+try:
+    with ProcessGroup(grace=3) as group:
+        p = group.popen(["sh", "-c", "trap '' TERM; sleep 300 & wait"])
+        time.sleep(0.5)
+        print(p.pid, flush=True)
+        time.sleep(300)
+except Terminated:
+    sys.exit(143)
+""")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        pid = int(parent.stdout.readline())
+        members = in_group(pid)
+        parent.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert alive(pid)  # ignoring SIGTERM, within the grace period
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=60)
+        assert parent.returncode == 143
+        assert wait_gone(members, timeout=10) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_handlers_are_restored_and_untouched_outside_the_main_thread():
+    import threading
+
+    from evomerge.procs import ProcessGroup, signals_raise
+
+    before = signal.getsignal(signal.SIGTERM)
+    with ProcessGroup():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+    seen = []
+
+    def in_thread():
+        with signals_raise():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    assert seen == [before]

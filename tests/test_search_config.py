@@ -1,0 +1,121 @@
+"""search/config.py: options checked before any trial, one set of names and defaults for the API and
+the CLI, registries that code outside the package extends."""
+
+import argparse
+import inspect
+from pathlib import Path
+
+import pytest
+
+import evomerge
+from conftest import write_study
+from evomerge import cli as cli_mod
+from evomerge import study
+from evomerge.errors import ConfigError
+from evomerge.search import config
+from searchutil import cli, edit_study
+
+
+@pytest.mark.parametrize("kwargs, field", [({"sampler": "annealing"}, "--sampler"), ({"n_trials": 0}, "--n-trials"),
+                                            ({"jobs": 0}, "--jobs"), ({"cmaes_categoricals": "x", "sampler": "cmaes"}, "--cmaes-categoricals"),
+                                            ({"grace_period": 1}, "--grace-period")])
+def test_bad_search_options(tmp_path, kwargs, field):
+    s = study.load(write_study(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        config.make_config(s, **kwargs)
+    assert e.value.field == field
+
+
+def test_cmaes_refuses_multi_objective(tmp_path):
+    s = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
+    with pytest.raises(ConfigError, match="one objective"):
+        config.make_config(s, sampler="cmaes")
+
+
+def test_nsga2_on_a_single_objective_study_is_refused_in_one_line(tmp_path, data_dir):
+    f = write_study(tmp_path)
+    p = cli("search", "--study", str(f), "--sampler", "nsga2", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert p.stderr == ("error: --sampler: nsga2 is for studies with several objectives; this study has one "
+                        "(val_accuracy); allowed: tpe, random, cmaes\n")
+    assert not (tmp_path / "runs").exists()  # refused before anything was created
+    # a study file that names nsga2 with one objective is refused the same way
+    s = study.load(edit_study(f, "[search]\n", '[search]\nsampler = "nsga2"\n'))
+    with pytest.raises(ConfigError, match="nsga2 is for studies with several objectives"):
+        config.make_config(s)
+
+
+def _search_parser() -> argparse.ArgumentParser:
+    parser = cli_mod.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["search"]
+
+
+CLI_ONLY = {"study", "json_out", "quiet"}  # the API takes the study as its first argument and prints nothing
+API_ONLY = {"data"}  # already loaded data (tests, notebooks)
+
+
+def test_api_keywords_and_cli_options_are_one_set_with_equal_defaults(monkeypatch):
+    monkeypatch.delenv("EVOMERGE_RUNS_DIR", raising=False)
+    cli_opts = {a.dest: a.default for a in _search_parser()._actions if a.dest != "help"}
+    cli_opts["prune"] = not cli_opts.pop("no_prune")  # --no-prune is prune=False
+    api = {n: p.default for n, p in inspect.signature(evomerge.search).parameters.items()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    make = {n: p.default for n, p in inspect.signature(config.make_config).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(api) - API_ONLY == set(cli_opts) - CLI_ONLY == set(make) == set(config.DEFAULTS)
+    assert "grace_period" in api
+    for name in make:
+        assert api[name] == make[name] == config.DEFAULTS[name], name
+        if name == "runs_dir":  # the CLI reads $EVOMERGE_RUNS_DIR when it builds its parser; the API when it runs
+            assert Path(cli_opts[name]) == config.default_runs_dir() == Path("runs")
+        else:
+            assert cli_opts[name] == api[name], name
+
+
+def test_runs_dir_follows_the_environment_in_the_api_too(tmp_path, monkeypatch):
+    s = study.load(write_study(tmp_path))
+    monkeypatch.setenv("EVOMERGE_RUNS_DIR", str(tmp_path / "elsewhere"))
+    cfg = config.make_config(s)
+    assert cfg.runs_dir == tmp_path / "elsewhere" and "elsewhere/tiny/optuna.db" in cfg.storage
+    assert config.make_config(s, runs_dir=tmp_path / "r").runs_dir == tmp_path / "r"
+
+
+def test_a_sampler_registered_from_outside_runs_a_search(tmp_path, data_dir):
+    import optuna
+
+    made = []
+
+    def qmc(cfg, seed):
+        made.append(seed)
+        return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+
+    s = study.load(write_study(tmp_path))
+    with pytest.raises(ConfigError, match="unknown 'qmc'"):
+        config.make_config(s, sampler="qmc")
+    config.register_sampler("qmc", config.Sampler(qmc))
+    try:
+        res = evomerge.search(s, n_trials=2, sampler="qmc", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    finally:
+        del config.SAMPLERS["qmc"]
+    assert made and not res.errors
+    assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 2
+    assert {r["sampler"] for r in res.records} == {"qmc"}
+
+
+def test_an_objective_registered_from_outside_is_optimised(tmp_path, data_dir):
+    from evomerge import study as study_mod
+
+    config.register_objective("merges", config.Objective("minimize", "merges", lambda m: float(m.merges)))
+    try:
+        f = write_study(tmp_path, objectives=("val_accuracy", "merges"))
+        s = study.load(f)
+        assert s.directions == ["maximize", "minimize"]
+        res = evomerge.search(s, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
+    finally:
+        del config.OBJECTIVES["merges"]
+        del study_mod.OBJECTIVES["merges"]
+    assert not res.errors and res.best
+    for b in res.best:
+        assert b["objectives"] == ["val_accuracy", "merges"]
+        assert b["values"][1] == b["metrics"]["0"]["merges"]  # one seed: the mean is that seed's count

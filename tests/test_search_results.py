@@ -1,0 +1,91 @@
+"""search/results.py and what reads it: status, export (best and Pareto), diverged trials kept apart."""
+
+import json
+
+import optuna
+
+import evomerge
+from conftest import write_study
+from evomerge import study
+from evomerge.search import results
+from searchutil import cli
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data_dir):
+    f = write_study(tmp_path, seeds=(3, 4))
+    assert cli("search", "--study", str(f), "--n-trials", "4", "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["study"] == "tiny" and doc["seeds"] == [3, 4] and doc["evomerge_version"] == evomerge.__version__
+    for seed in (3, 4):
+        p = cli("run", "--study", str(f), "--policy", "best.json", "--seed", str(seed), "--json", f"r{seed}.json",
+                "--quiet", cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 0 and f"matches trial {doc['trial']}" in p.stdout
+        final = json.loads((tmp_path / f"r{seed}.json").read_text())["final"]
+        want = doc["metrics_per_seed"][str(seed)]
+        for k in ("val_accuracy", "val_loss", "mean_worker_accuracy", "consensus_distance", "bytes"):
+            assert final[k] == want[k], k
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--reevaluate", "2", "--json", "re.json", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "test accuracy" in p.stdout
+    re = json.loads((tmp_path / "re.json").read_text())
+    assert re["seeds"] == [1004, 1005] and all(0 < r["test_accuracy"] <= 1 for r in re["runs"])
+
+
+def test_status_and_pareto_export(tmp_path, data_dir):
+    f = write_study(tmp_path, objectives=("val_accuracy", "bytes"))
+    assert cli("search", "--study", str(f), "--n-trials", "5", "--sampler", "nsga2", "--quiet", cwd=tmp_path,
+               data_dir=data_dir).returncode == 0
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "5 complete" in p.stdout
+    p = cli("export", "--study", str(f), "--pareto", "-o", "pareto", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0
+    files = sorted((tmp_path / "pareto").glob("*.json"))
+    docs = [json.loads(x.read_text()) for x in files]
+    assert docs and all(set(d["objectives"]) == {"val_accuracy", "bytes"} for d in docs)
+    pts = [(d["objectives"]["val_accuracy"], d["objectives"]["bytes"]) for d in docs]
+    for a in pts:  # no exported point is dominated by another
+        assert results.dominated_count(a, pts, ["maximize", "minimize"]) == 0
+
+
+def test_status_of_an_unsearched_study_is_one_line(tmp_path, data_dir):
+    f = write_study(tmp_path)
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and "run `evomerge search` first" in p.stderr and p.stderr.count("\n") == 1
+
+
+def _study_with(points, diverged_at, directions):
+    """A real (in-memory) Optuna study holding COMPLETE trials at ``points``; those in ``diverged_at`` diverged."""
+    ost = optuna.create_study(directions=directions)
+    for i, values in enumerate(points):
+        t = ost.ask()
+        t.set_user_attr("run_status", "diverged" if i in diverged_at else "ok")
+        ost.tell(t, list(values))
+    return ost
+
+
+def test_diverged_trials_are_never_best_nor_pareto_optimal(tmp_path):
+    two = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
+    # trial 2 diverged after a few steps: it sent almost nothing, so it would be Pareto-optimal
+    ost = _study_with([(0.9, 100.0), (0.8, 50.0), (0.1, 1.0), (0.7, 80.0)], {2}, ["maximize", "minimize"])
+    assert [t.number for t in results.pareto_trials(ost, two)] == [0, 1]
+    assert 2 in {t.number for t in ost.best_trials}  # what Optuna alone would call Pareto-optimal
+    assert [b["number"] for b in results.best_trials(ost, two)] == [0, 1]
+    assert results.count_line(ost.get_trials()) == "4 complete (1 diverged)"
+
+    one = study.load(write_study(tmp_path / "one"))
+    ost = _study_with([(0.5,), (0.95,), (0.6,)], {1}, ["maximize"])
+    best = results.best_trials(ost, one, 5)
+    assert [b["number"] for b in best] == [2, 0] and all(b["run_status"] == "ok" for b in best)
+
+
+def test_results_do_not_import_the_search_loop():
+    import subprocess
+    import sys
+
+    code = ("import sys, evomerge.search.results, evomerge.export; "
+            "print([m for m in sys.modules if m in ('evomerge.search.loop', 'evomerge.search.trial', 'optuna', 'mlflow')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

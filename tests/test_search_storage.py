@@ -1,0 +1,180 @@
+"""search/storage.py and search/fingerprint.py: the stored study, its fingerprint, the lock, Optuna's logging."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import write_study
+from evomerge import study
+from evomerge.search import fingerprint, storage
+from searchutil import cli, edit_study, states
+
+
+def _study_attr(db, key):
+    with sqlite3.connect(db) as c:
+        row = c.execute("select value_json from study_user_attributes where key = ?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def test_a_changed_study_under_its_old_name_is_refused_in_one_line(tmp_path, data_dir):
+    f = write_study(tmp_path)
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    args = ["search", "--study", str(f), "--sampler", "random", "--quiet"]
+    assert cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    stored = _study_attr(db, "fingerprint")
+    assert stored["summary"]["run.workers"] == 4 and len(stored["hash"]) == 64
+
+    edit_study(f, "workers = 4", "workers = 2")
+    p = cli(*args, "--n-trials", "4", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert p.stderr == ("error: study tiny: run.workers changed (4 -> 2) since its 2 stored trials; "
+                        "use another [study] name or --runs-dir to start afresh\n")
+    assert states(db) == {"COMPLETE": 2}  # nothing asked, nothing lost
+
+    # a changed space is a mismatch too, and several changes are all named
+    edit_study(f, "high = 1.0 }", "high = 0.9 }")
+    p = cli(*args, "--n-trials", "4", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "run.workers changed (4 -> 2), search.space.mixing_weight changed" in p.stderr
+
+    # another runs folder starts afresh with the changed study
+    p = cli(*args, "--n-trials", "2", "--runs-dir", "runs-4", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert states(tmp_path / "runs-4" / "tiny" / "optuna.db") == {"COMPLETE": 2}
+
+
+def test_description_size_and_sampler_changes_are_not_mismatches(tmp_path, data_dir):
+    f = write_study(tmp_path)
+    args = ["search", "--study", str(f), "--quiet"]
+    assert cli(*args, "--n-trials", "2", "--sampler", "random", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    edit_study(f, '[study]\nname = "tiny"\n', '[study]\nname = "tiny"\ndescription = "now described"\n')
+    edit_study(f, "[search]\nn_trials = 6\n", '[search]\nn_trials = 9\nsampler = "tpe"\n')
+    p = cli(*args, "--n-trials", "3", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert states(tmp_path / "runs" / "tiny" / "optuna.db").get("COMPLETE", 0) + \
+        states(tmp_path / "runs" / "tiny" / "optuna.db").get("PRUNED", 0) == 3
+
+
+def test_a_study_stored_before_fingerprints_adopts_one_silently(tmp_path, data_dir):
+    f = write_study(tmp_path)
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    args = ["search", "--study", str(f), "--sampler", "random", "--quiet"]
+    assert cli(*args, "--n-trials", "1", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    with sqlite3.connect(db) as c:  # as an older evomerge left it
+        c.execute("delete from study_user_attributes where key = 'fingerprint'")
+    edit_study(f, "workers = 4", "workers = 2")  # whatever the file says now is adopted
+    p = cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert _study_attr(db, "fingerprint")["summary"]["run.workers"] == 2
+    assert states(db) == {"COMPLETE": 2}
+
+
+def test_fingerprint_summary_and_changes(tmp_path):
+    s = study.load(write_study(tmp_path))
+    fp = fingerprint.of(s)
+    summ = fp["summary"]
+    assert summ["environment"] == "none" and summ["objectives"] == ["val_accuracy"]
+    assert summ["data.dataset"] == "mnist" and summ["model.name"] == "mlp" and summ["policy.degree"] == 3
+    assert summ["space.topology"] == {"kind": "categorical", "choices": ["ring", "complete"]}
+    assert not any(k.startswith(("search.n_trials", "search.sampler", "description", "baselines")) for k in summ)
+    assert fp["hash"] == fingerprint.of(study.load(s.path))["hash"]  # stable
+    # a field added to evomerge since the study was stored is not a change
+    older = {k: v for k, v in summ.items() if k != "run.eval_samples"}
+    assert fingerprint.changes(older, summ) == []
+    assert fingerprint.changes(summ | {"run.lr": 0.5}, summ) == [f"run.lr changed (0.5 -> {summ['run.lr']})"]
+    assert fingerprint.changes({**summ, "space.swap_p": {"kind": "float"}}, summ) == ["search.space.swap_p removed"]
+
+
+API_TWICE = """
+import logging, sys
+import optuna
+import evomerge
+{setup}
+kw = dict(n_trials={n}, sampler="random", runs_dir=sys.argv[2], data_dir=sys.argv[3])
+evomerge.search(sys.argv[1], **kw)
+kw["n_trials"] += 1
+evomerge.search(sys.argv[1], **kw)
+print("verbosity", optuna.logging.get_verbosity())
+"""
+
+
+def _api(tmp_path, data_dir, setup="", n=1):
+    f = write_study(tmp_path)
+    script = tmp_path / "api.py"
+    script.write_text(API_TWICE.format(setup=setup, n=n))
+    return subprocess.run([sys.executable, str(script), str(f), str(tmp_path / "runs"), str(data_dir)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+
+def test_the_python_api_does_not_print_optunas_existing_study_line(tmp_path, data_dir):
+    p = _api(tmp_path, data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "Using an existing study" not in p.stderr + p.stdout
+    assert p.stderr.count("A new study created") == 1  # Optuna's own INFO lines are left as they are
+    assert f"verbosity {20}" in p.stdout  # INFO: the caller's (here Optuna's default) level is untouched
+
+
+def test_the_api_leaves_a_callers_optuna_logging_alone(tmp_path, data_dir):
+    p = _api(tmp_path, data_dir, setup="optuna.logging.set_verbosity(optuna.logging.DEBUG)")
+    assert p.returncode == 0, p.stderr
+    assert "verbosity 10" in p.stdout and "A new study created" in p.stderr
+
+
+def test_the_study_names_its_metrics_for_optuna_dashboard(tmp_path, data_dir):
+    import optuna
+
+    import evomerge
+
+    s = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
+    evomerge.search(s, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    ost = optuna.load_study(study_name="tiny", storage=storage.default_storage(tmp_path / "runs" / "tiny"))
+    assert ost.metric_names == ["val_accuracy", "bytes"]
+
+
+def test_the_lock_file_excludes_other_processes(tmp_path):
+    lock = tmp_path / "s" / "search.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from evomerge.search.storage import file_lock\n"
+        "with file_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(3)\n"), str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        got = []
+        t = threading.Thread(target=lambda: (storage.file_lock(lock).__enter__(), got.append(time.monotonic())))
+        t0 = time.monotonic()
+        t.start()
+        t.join(timeout=30)
+        assert got and got[0] - t0 > 1.0  # it waited for the other process to let go
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_held_by_a_killed_process_is_released(tmp_path):
+    lock = tmp_path / "search.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from evomerge.search.storage import file_lock\n"
+        "with file_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)\n"), str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    t0 = time.monotonic()
+    with storage.file_lock(lock):
+        assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "no-such-driver"])
+def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, where):
+    from evomerge.errors import ConfigError
+
+    (tmp_path / "file").write_text("")
+    url = f"sqlite:///{tmp_path}/file/optuna.db" if where == "under-a-file" else "nosuchdriver://x"
+    with pytest.raises(ConfigError) as e:
+        storage.open_storage(url)
+    assert e.value.field == "--storage" and "\n" not in str(e.value)

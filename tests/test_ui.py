@@ -1,0 +1,59 @@
+"""`evomerge ui` through the real command: the URL is printed once the MLflow server answers, and
+SIGTERM or SIGHUP leaves no process of the server's session (mlflow server, uvicorn workers) and a free port."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from conftest import write_study
+from procutil import children, in_session, port_free, wait_gone
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_ui_stops_the_whole_server_session(tmp_path, sig):
+    f = write_study(tmp_path)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
+    ui = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", str(f), "--port", str(port)],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    members = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for line in ui.stdout:  # the server's own output comes first; ours only once the server answers
+            if url in line:
+                break
+        assert url in line and line.startswith("MLflow UI for tiny:"), ui.communicate(timeout=30)[1][-3000:]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert r.status == 200
+        (server,) = children(ui.pid)
+        assert os.getsid(server) == server  # the server leads a session of its own
+        members = in_session(server)
+        assert len(members) >= 2  # mlflow server and its uvicorn process(es)
+        ui.send_signal(sig)
+        _, err = ui.communicate(timeout=90)
+        assert ui.returncode == 128 + sig and "MLflow UI stopped" in err
+        assert wait_gone(members, timeout=10) == []
+        assert in_session(server) == []
+        assert port_free(port)
+    finally:
+        members += [p for c in children(ui.pid) for p in in_session(c)] if ui.poll() is None else []
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait()
+        for p in members:  # never leave a server behind, even when an assertion failed
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
