@@ -28,6 +28,10 @@ def test_a_registered_weighting_is_a_valid_policy_value_and_changes_the_run(mnis
         plain = simulate.simulate(setup, MergePolicy(mean_interval=2), 0, device="cpu")
         assert halved.final.bytes == plain.final.bytes  # the same merges...
         assert halved.final.consensus_distance > plain.final.consensus_distance  # ...moving half as far
+        from evomerge.backends import check_policy
+
+        with pytest.raises(ConfigError, match="policy.weighting: 'halved' is not supported by the distributed backend"):
+            check_policy("distributed", MergePolicy(weighting="halved"))
     finally:
         del registry.WEIGHTINGS["halved"]
 

@@ -51,10 +51,19 @@ DISTRIBUTED_REFUSES = {
 }
 
 
+# the registered rules the distributed backend implements (its rank code names them)
+DISTRIBUTED_KNOWS = {"weighting": ("uniform", "examples", "adaptive"), "payload": ("weights", "delta")}
+
+
 def check_policy(backend: str, policy) -> None:
     """Refuse, naming the field, a policy the backend cannot run."""
     if backend != "distributed":
         return
+    for field, known in DISTRIBUTED_KNOWS.items():  # rules registered later run in-process until taught here
+        value = getattr(policy, field)
+        if value not in known:
+            raise ConfigError(f"policy.{field}", f"{value!r} is not supported by the distributed backend; "
+                                                 f"allowed: {', '.join(known)}, or --backend inprocess")
     for field, why in DISTRIBUTED_REFUSES.items():
         value = getattr(policy, field)
         if value:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
-import pickle
 import queue as queue_mod
 import signal
 import tempfile
@@ -43,6 +42,7 @@ from ..engine.run import RoundMetrics, RunResult, Setup, execute, normalise, pre
 from ..engine.state import initial_row
 from ..errors import ConfigError, RunError
 from ..policy import MergePolicy
+from ..procs import ProcessGroup
 from . import check, check_policy
 from .base import Backend
 
@@ -357,32 +357,36 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     threads = max(1, (os.cpu_count() or 1) // world)
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
     args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads)
-    pc = mp.start_processes(_entry or _rank_main, args=args, nprocs=world, join=False, start_method="spawn")
     result, error = None, None
-    try:
-        while True:
-            try:
-                kind, payload = up.get(timeout=0.05)
-            except queue_mod.Empty:
-                kind = None
-            if kind == "round":
-                go = True
-                if error is None and callback is not None:
-                    try:
-                        callback(payload)
-                    except BaseException as e:  # noqa: BLE001 - re-raised once the ranks have stopped
-                        error, go = e, False
-                down.put(go)
-            elif kind == "result":
-                result = payload
-            if kind is None:
-                multiprocessing.connection.wait([p.sentinel for p in pc.processes], timeout=0.05)
-            _raise_if_failed(pc)
-            if all(p.exitcode == 0 for p in pc.processes):
-                break
-    finally:
-        _stop_all(pc)
-        tmp.cleanup()
+    # one supervisor for every process evomerge starts: each rank leads its own process group, and
+    # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
+    with ProcessGroup(grace=3) as ranks:
+        for rank in range(world):
+            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), args), ctx=ctx)
+        try:
+            while True:
+                try:
+                    kind, payload = up.get(timeout=0.05)
+                except queue_mod.Empty:
+                    kind = None
+                if kind == "round":
+                    go = True
+                    if error is None and callback is not None:
+                        try:
+                            callback(payload)
+                        except BaseException as e:  # noqa: BLE001 - re-raised once the ranks have stopped
+                            error, go = e, False
+                    down.put(go)
+                elif kind == "result":
+                    result = payload
+                if kind is None:
+                    multiprocessing.connection.wait([p.sentinel for p in ranks.processes], timeout=0.05)
+                _raise_if_failed(ranks.processes, tmp.name)
+                if all(p.exitcode == 0 for p in ranks.processes):
+                    break
+        finally:
+            ranks.stop()
+            tmp.cleanup()
     while result is None:  # the result may still sit in the queue after every rank exited
         try:
             kind, payload = up.get(timeout=5)
@@ -395,10 +399,23 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     return result
 
 
-def _raise_if_failed(pc) -> None:
+def _rank_process(entry, rank: int, error_path: str, args: tuple) -> None:
+    """A spawned rank: ``entry(rank, *args)``; if it raises, its last traceback line goes to
+    ``error_path`` for the launcher's one-line message, and the process exits with code 1."""
+    try:
+        entry(rank, *args)
+    except BaseException:  # noqa: BLE001 - reported by the launcher
+        import traceback
+
+        with open(error_path, "w") as fh:
+            fh.write(traceback.format_exc())
+        os._exit(1)
+
+
+def _raise_if_failed(processes, error_dir: str) -> None:
     """The first rank that exited non-zero, as a one-line error naming it (the others are stopped
     by the caller's ``finally``)."""
-    for rank, p in enumerate(pc.processes):
+    for rank, p in enumerate(processes):
         if p.exitcode is None or p.exitcode == 0:
             continue
         if p.exitcode < 0:
@@ -408,29 +425,13 @@ def _raise_if_failed(pc) -> None:
                 why = f"was killed by signal {-p.exitcode}"
             raise DistributedRunError(rank, f"(pid {p.pid}) {why}; the run was stopped")
         last = f"exited with code {p.exitcode}"
-        path = pc.error_files[rank]  # torch's spawn wrapper writes a raising rank's traceback here
+        path = os.path.join(error_dir, f"error-{rank}")
         if os.path.exists(path):
-            with open(path, "rb") as fh:
-                trace = pickle.load(fh)
-            lines = [ln.strip() for ln in str(trace).strip().splitlines() if ln.strip()]
+            with open(path) as fh:
+                lines = [ln.strip() for ln in fh.read().strip().splitlines() if ln.strip()]
             if lines:
                 last = f"raised {lines[-1]}"
         raise DistributedRunError(rank, f"(pid {p.pid}) {last}")
-
-
-def _stop_all(pc) -> None:
-    """No rank outlives its run: terminate, then kill, whatever is still alive."""
-    alive = [p for p in pc.processes if p.is_alive()]
-    for p in alive:
-        p.terminate()
-    deadline = time.monotonic() + 3
-    for p in alive:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-    for p in pc.processes:  # reap the ones that had exited
-        p.join()
 
 
 # -- torchrun entry point ----------------------------------------------------------------------------------
