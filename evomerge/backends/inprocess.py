@@ -123,34 +123,32 @@ class InProcess(Backend):
             winners = [plan_mod.winner(loss[2 * i], loss[2 * i + 1]) for i in range(len(ps))]
         moves = [plan_mod.moves(p, ps.weight, float(u), w) for u, w in zip(ps.u.tolist(), winners)]
         push_pull = p.exchange == "push_pull"
-        dev = st.params.buf.device
-        A = torch.as_tensor(ps.a, device=dev)
-        B = torch.as_tensor(ps.b, device=dev)
+        a_rows, b_rows = ps.a.tolist(), ps.b.tolist()
         # what each side puts on the wire (delta payloads: its public copy after this send)
         sent_a = self.payload.outgoing(st, p, self.seed, ps.a, ps.events, 0)
         sent_b = self.payload.outgoing(st, p, self.seed, ps.b, ps.events, 1) if push_pull else None
-        offsets = self.setup.model.offsets
         weight_b = self.weighting.pair_weights(st, [m[1] for m in moves], ps.b, ps.a)
         weight_a = self.weighting.pair_weights(st, [m[0] for m in moves], ps.a, ps.b) if push_pull else None
-        for k, ((o, n), blk, chg) in enumerate(zip(offsets, st.params.blocks, st.merge_change.blocks)):
-            rows_a, rows_b = blk[A], blk[B]
-            in_a = rows_a if sent_a is None else sent_a[:, o:o + n]
+        # Rows are worked on in place through views: gathering them with advanced indexing and
+        # scattering them back was measured 2-5x slower per row on the CPU (PERFORMANCE.md).
+        for k, ((o, n), blk, chg) in enumerate(zip(self.setup.model.offsets, st.params.blocks, st.merge_change.blocks)):
             wb = weight_b[k] if isinstance(weight_b, list) else weight_b
-            new_b = rows_b.lerp(in_a, wb)
-            chg[B] = chg[B].add_(new_b).sub_(rows_b)
-            if push_pull:
-                in_b = rows_b if sent_b is None else sent_b[:, o:o + n]
-                wa = weight_a[k] if isinstance(weight_a, list) else weight_a
-                new_a = rows_a.lerp(in_b, wa)
-                chg[A] = chg[A].add_(new_a).sub_(rows_a)
-                blk[A] = new_a
-            blk[B] = new_b
+            wa = weight_a[k] if isinstance(weight_a, list) else weight_a
+            for r, (i, j) in enumerate(zip(a_rows, b_rows)):
+                old_b = blk[j].clone()
+                old_a = blk[i].clone() if push_pull else None
+                in_a = blk[i] if sent_a is None else sent_a[r, o:o + n]
+                blk[j].lerp_(in_a, wb[r])
+                chg[j].add_(blk[j]).sub_(old_b)
+                if push_pull:
+                    blk[i].lerp_(old_b if sent_b is None else sent_b[r, o:o + n], wa[r])
+                    chg[i].add_(blk[i]).sub_(old_a)
         if st.accum is not None:  # accumulators are summed, not averaged (VW's merge)
             for blk in st.accum.blocks:
-                total = blk[A] + blk[B]
-                blk[B] = total
-                if push_pull:
-                    blk[A] = total
+                for i, j in zip(a_rows, b_rows):
+                    blk[j].add_(blk[i])
+                    if push_pull:
+                        blk[i].copy_(blk[j])
 
     @torch.no_grad()
     def _pair_losses(self, a: np.ndarray, b: np.ndarray) -> list[float]:
@@ -162,7 +160,7 @@ class InProcess(Backend):
         idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
         x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)
         y = self.train_y[idx].repeat_interleave(2, dim=0)
-        logits = model.forward([q[rows] for q in st.params.params], x)
+        logits = model.forward([q.index_select(0, rows) for q in st.params.params], x)
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
         return loss.tolist()
 

@@ -63,7 +63,7 @@ class Adaptive(Weighting):
         I, J = torch.as_tensor(own, device=dev), torch.as_tensor(incoming, device=dev)
         out = []
         for blk in st.accum.blocks:
-            s_own, s_in = blk[I], blk[J]
+            s_own, s_in = blk.index_select(0, I), blk.index_select(0, J)
             num = a * s_in
             den = num + rest * s_own
             out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a.expand_as(den)))
