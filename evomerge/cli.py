@@ -33,7 +33,8 @@ STUDY_HELP = ("study name (studies/NAME.toml in the current folder, else the shi
 ENV_NOTE = """environment:
   EVOMERGE_DATA_DIR   where the dataset files are when --data-dir is not given
   EVOMERGE_RUNS_DIR   the default of --runs-dir (else ./runs)
-  MLFLOW_TRACKING_URI the default of --tracking-uri"""
+  MLFLOW_TRACKING_URI the default of --tracking-uri
+  EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command starts)"""
 
 
 def _parser(sub, name: str, help: str, example: str, env: bool = True) -> argparse.ArgumentParser:
@@ -229,7 +230,9 @@ def cmd_policy_validate(args) -> int:
 
 def _prepare(study, args):
     from . import simulate
+    from .procs import apply_threads
 
+    apply_threads()  # as many torch threads as there are idle cores, or $EVOMERGE_THREADS
     return simulate.prepare(study, data_dir=args.data_dir)
 
 
@@ -376,6 +379,9 @@ def cmd_search(args) -> int:
 
     _quiet_libraries()
     study = load(args.study)
+    from .procs import apply_threads
+
+    apply_threads()  # trials in this process (--jobs 1); --jobs N workers take a share each
     cfg = make_config(study, n_trials=args.n_trials, sampler=args.sampler, storage=args.storage,
                       tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
                       data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,

@@ -202,3 +202,54 @@ class ProcessGroup:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+
+
+# -- threads ------------------------------------------------------------------------------------
+def idle_cores(window: float = 0.25) -> float:
+    """How many cores nobody is using right now: idle time over ``window`` seconds (Linux /proc/stat;
+    elsewhere every core)."""
+    def idle_and_total():
+        with open("/proc/stat") as fh:
+            vals = [int(v) for v in fh.readline().split()[1:]]
+        return vals[3] + vals[4], sum(vals)  # idle + iowait
+
+    try:
+        i0, t0 = idle_and_total()
+        time.sleep(window)
+        i1, t1 = idle_and_total()
+    except (OSError, ValueError, IndexError):
+        return float(os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    return cores * (i1 - i0) / max(1, t1 - t0)
+
+
+def default_threads() -> int:
+    """torch threads for the training processes of one evomerge command: ``$EVOMERGE_THREADS`` if set,
+    else the cores idle when the command starts (at least one).
+
+    Why (``benchmarks/bench_threads.py``, 2 cores): on a quiet machine 2 threads run mnist-gossip
+    1.6-1.7x faster than 1; beside one busy process, 2 threads are 4.3-4.8x slower than on a quiet
+    machine while 1 thread keeps its speed (OpenMP threads wait for each other at every op, and
+    one of them waits for a core). So: as many threads as there are idle cores."""
+    env = os.environ.get("EVOMERGE_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            from .errors import ConfigError
+
+            raise ConfigError("EVOMERGE_THREADS", f"{env!r} is not a number of threads; allowed: an integer >= 1")
+    return max(1, min(os.cpu_count() or 1, round(idle_cores())))
+
+
+def apply_threads(share: int = 1) -> int:
+    """Set this process's torch threads to its share of :func:`default_threads` (``share`` processes
+    of the command train at once). Called by the command's own processes only, never on a library
+    caller's behalf; the decision goes into ``$EVOMERGE_THREADS`` so the command's children share it."""
+    import torch
+
+    total = default_threads()
+    os.environ.setdefault("EVOMERGE_THREADS", str(total))
+    n = max(1, total // max(1, share))
+    torch.set_num_threads(n)
+    return n

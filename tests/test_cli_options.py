@@ -75,7 +75,7 @@ def test_help_answers_with_the_example_through_the_real_command():
                        timeout=60)
     assert p.returncode == 0
     assert "--study STUDY" in p.stdout and "study name" in p.stdout
-    assert p.stdout.rstrip().endswith("MLFLOW_TRACKING_URI the default of --tracking-uri")
+    assert p.stdout.rstrip().endswith("EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command starts)")
     assert "example:\n  evomerge status --study mnist-gossip" in p.stdout
 
 

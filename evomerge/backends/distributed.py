@@ -354,7 +354,7 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
                                      f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
     ctx = mp.get_context("spawn")
     up, down = ctx.Queue(), ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // world)
+    threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
     args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads)
     result, error = None, None

@@ -106,7 +106,9 @@ def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
     import torch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a process of ours: its logging is ours to set
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.jobs))
+    from ..procs import apply_threads
+
+    apply_threads(share=cfg.jobs)  # the command decided its threads once; each of its jobs gets a share
     try:
         work(cfg, worker, queue.put)
     except Interrupted as i:
