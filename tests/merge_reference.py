@@ -15,10 +15,10 @@ from evomerge import data as data_mod
 from evomerge import datapool, ops, similarity
 from evomerge import schedule as schedule_mod
 from evomerge.engine.run import Judge, RoundMetrics, Similarity, RunResult, Setup, normalise, round_bounds, slice_losses, train_steps, update_norms
+from evomerge.engine.plan import TAG_QUANT
 from evomerge.engine.state import Workers, rescale_supports
 from evomerge.policy import MergePolicy
 
-TAG_QUANT = 24
 
 
 class _Workers(Workers):

@@ -74,9 +74,9 @@ class Distributed(Backend):
         self.rank, self.world, self.W, self.P = rank, world, W, model.n_params
         self.judges = rank == 0
         self.groups = groups(W, world)
+        self.st = self.state  # short: the rank code reads it on every event
         self.owner = np.repeat(np.arange(world), len(own))
         self.pos = {w: i for i, w in enumerate(own)}
-        self.st = self.state
         self.delta = policy.payload == "delta"
         self.public = initial_row(model, seed).to(device).repeat(W, 1) if self.delta else None
         self.neighbours = None
