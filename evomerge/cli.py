@@ -298,7 +298,9 @@ def cmd_run(args) -> int:
         ("consensus distance", f"{f.consensus_distance:.4g}"),
         ("bytes sent", _mb(f.bytes)),
         ("merge events", f"{f.merges}"),
-        ("local steps", f"{f.step} of {res.total_steps}"),
+        ("local steps", f"{f.step} of {res.total_steps}" if f.sim_time is None else
+         f"{f.steps_min} / {f.steps_mean:.1f} / {f.steps_max} (slowest / mean / fastest worker)"),
+        *_time_rows(study, f),
         ("wall time", f"{res.wall_time:.2f} s"),
         ("backend", args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")),
     ]:
@@ -312,6 +314,22 @@ def cmd_run(args) -> int:
         out = res.to_dict() | {"study": study.name}
         Path(args.json_out).write_text(json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
+
+
+def _time_rows(study, f) -> list[tuple[str, str]]:
+    """What a run on a simulated cluster adds to the table ([environment])."""
+    if f.sim_time is None:
+        return []
+    env = study.environment
+    rows = [("simulated time", f"{f.sim_time:.4g} s"), ("idle (last round)", f"{f.idle_fraction:.1%}"),
+            ("staleness (last round)", f"{f.staleness:.3g} s")]
+    if study.target is not None:
+        reached = f.time_to_target <= (env.time_budget or f.sim_time)
+        rows.append((f"time to {study.target:g} val acc", f"{f.time_to_target:.4g} s" if reached else
+                     f"not reached (ranked as {f.time_to_target:.4g} s)"))
+    rows.append(("accuracy at " + (f"the {env.time_budget:g} s budget" if env.time_budget else "the end"),
+                 f"{f.accuracy_at_time:.4f}"))
+    return rows
 
 
 def fresh_seeds(study, n: int) -> list[int]:
@@ -534,12 +552,22 @@ def cmd_baselines(args) -> int:
     from rich.table import Table
 
     t = Table(title=f"{study.name}: baselines (seed {seed}, {setup.total_steps} local steps, {study.run.workers} workers)")
-    for col in ("policy", "status", "val acc", "mean worker", "worst worker", "consensus dist", "bytes", "merges", "wall"):
+    timed = study.environment is not None
+    cols = ["policy", "status", "val acc", "mean worker", "worst worker", "consensus dist", "bytes", "merges"]
+    if timed:
+        cols += ["sim time", "idle"] + ([f"time to {study.target:g}"] if study.target is not None else [])
+    for col in cols + ["wall"]:
         t.add_column(col, justify="left" if col in ("policy", "status") else "right")
     for name, r in results:
         f = r.final
-        t.add_row(name, r.status, f"{f.val_accuracy:.4f}", f"{f.mean_worker_accuracy:.4f}", f"{f.worst_worker_accuracy:.4f}",
-                  f"{f.consensus_distance:.3g}", _mb(f.bytes), f"{f.merges}", f"{r.wall_time:.2f} s")
+        row = [name, r.status, f"{f.val_accuracy:.4f}", f"{f.mean_worker_accuracy:.4f}", f"{f.worst_worker_accuracy:.4f}",
+               f"{f.consensus_distance:.3g}", _mb(f.bytes), f"{f.merges}"]
+        if timed:
+            row += [f"{f.sim_time:.4g} s", f"{f.idle_fraction:.0%}"]
+            if study.target is not None:
+                budget = study.environment.time_budget or f.sim_time
+                row.append(f"{f.time_to_target:.4g} s" if f.time_to_target <= budget else "not reached")
+        t.add_row(*row, f"{r.wall_time:.2f} s")
     _console().print(t)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"study": study.name, "seed": seed,

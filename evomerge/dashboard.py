@@ -45,7 +45,8 @@ def _target(study: Study):
 
 
 OBJECTIVES_LABEL = {"val_accuracy": "validation accuracy (consensus)", "mean_worker_accuracy": "mean worker accuracy",
-                    "bytes": "bytes sent", "wall_time": "wall time (s)"}
+                    "bytes": "bytes sent", "time_to_target": "simulated seconds to the target",
+                    "accuracy_at_time": "validation accuracy at the time budget", "sim_time": "simulated seconds"}
 
 
 # -- figures ---------------------------------------------------------------------------
@@ -186,6 +187,9 @@ def curves_figure(best: dict, baselines: list[dict]):
 
     series = [(f"best: trial {best['number']}", best["history"])] + [(b["name"], b["history"]) for b in baselines if b.get("history")]
     series = [(n, h) for n, h in series if h]
+    # on a simulated cluster the curves are drawn against simulated seconds
+    timed = bool(series) and all(h.get("sim_time") for _, h in series)
+    xkey, xtitle = ("sim_time", "simulated seconds") if timed else ("step", "local steps")
     positive = [b for _, h in series for b in h["bytes"] if b and b > 0]
     mb_floor = float(f"{0.5 * min(positive) / 1e6:.1g}") if positive else 1e-3  # no bytes cannot sit on a log axis
 
@@ -196,13 +200,13 @@ def curves_figure(best: dict, baselines: list[dict]):
         color = qualitative.Plotly[i % len(qualitative.Plotly)]  # one colour per policy in every panel
         common = dict(name=name, legendgroup=name, mode="lines+markers", line=dict(width=3 if i == 0 else 1.5, color=color),
                       marker=dict(color=color))
-        fig.add_scatter(x=h["step"], y=h["val_accuracy"], row=1, col=1, **common)
-        fig.add_scatter(x=h["step"], y=[distance(v) for v in h["consensus_distance"]], row=1, col=2, showlegend=False,
+        fig.add_scatter(x=h[xkey], y=h["val_accuracy"], row=1, col=1, **common)
+        fig.add_scatter(x=h[xkey], y=[distance(v) for v in h["consensus_distance"]], row=1, col=2, showlegend=False,
                         **common)
         fig.add_scatter(x=[b / 1e6 if b > 0 else mb_floor for b in h["bytes"]], y=h["val_accuracy"], row=1, col=3,
                         showlegend=False, text=[f"{b / 1e6:,.3f} MB" for b in h["bytes"]], **common)
-    fig.update_xaxes(title_text="local steps", row=1, col=1)
-    fig.update_xaxes(title_text="local steps", row=1, col=2)
+    fig.update_xaxes(title_text=xtitle, row=1, col=1)
+    fig.update_xaxes(title_text=xtitle, row=1, col=2)
     fig.update_xaxes(title_text=f"MB sent (log; 0 MB drawn at {mb_floor:g})", type="log", row=1, col=3)
     fig.update_yaxes(title_text=f"log; floored at {DISTANCE_FLOOR:g}", type="log", row=1, col=2)
     fig.update_layout(title="Learning curves (first seed): best policy against the baselines", height=460)

@@ -278,6 +278,25 @@ def fit_to_workers(values: dict[str, Any], workers: int) -> dict[str, Any]:
     return {k: WORKER_BOUND[k](v, workers) if k in WORKER_BOUND else v for k, v in values.items()}
 
 
+# policy fields a run on a simulated cluster ([environment]) does not run yet, and why
+TIMED_UNSUPPORTED = {
+    "similarity_bias": "peers drawn from the models' similarity need every worker's state at the event",
+    "regroup_every": "regrouping needs every worker's state at the event",
+    "data_exchange_k": "data that travels is not timed yet",
+    "retire_threshold": "data that travels is not timed yet",
+    "swap_p": "model swaps are not timed yet",
+}
+
+
+def check_timed(policy: MergePolicy, where: str = "policy") -> None:
+    """One line naming a policy field the simulated clock cannot run."""
+    defaults = MergePolicy()
+    for name, why in TIMED_UNSUPPORTED.items():
+        if getattr(policy, name) != getattr(defaults, name):
+            raise ConfigError(f"{where}.{name}", f"cannot run with an [environment]: {why}; allowed: "
+                                                 f"{getattr(defaults, name)!r} (or a study without [environment])")
+
+
 def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> None:
     """Refuse, in one line, a policy that cannot run on ``workers`` workers (checked before any data is read)."""
     if policy.scheme != "gossip" or workers < 2:

@@ -27,8 +27,17 @@ OBJECTIVES = {  # name -> direction
     "val_accuracy": "maximize",
     "mean_worker_accuracy": "maximize",
     "bytes": "minimize",
-    "wall_time": "minimize",
+    "time_to_target": "minimize",  # simulated seconds to [objectives] target ([environment])
+    "accuracy_at_time": "maximize",  # consensus validation accuracy at the time budget
+    "sim_time": "minimize",
 }
+# objectives that were, and why they are not any more (named in the error line)
+RETIRED_OBJECTIVES = {
+    "wall_time": "retired as an objective: it measures how fast this machine simulates, not how fast a cluster "
+                 "trains (it is still reported); use time_to_target or accuracy_at_time with an [environment]",
+}
+SPEED_MODELS = ("equal", "lognormal", "pareto")
+OVERLAPS = ("nonblocking", "blocking")
 DEFAULT_BASELINES = ("no-merging", "fedavg", "allreduce", "ring-gossip")
 
 
@@ -156,15 +165,91 @@ class SearchSpec:
     space: Annotated[tuple[Param, ...], Seq] = ()
 
 
+def _speeds(v: Any) -> Any:
+    """``[environment] speeds``: a speed model's name, or a list of per-worker speeds."""
+    if isinstance(v, str) and v in SPEED_MODELS:
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return tuple(float(x) for x in v)
+    raise settings.Invalid(f"{settings.show(v)} is not a speed model or a list of speeds; allowed: "
+                           f"{', '.join(SPEED_MODELS)}, or one positive speed per worker")
+
+
+@settings.model("study.environment")
+class EnvSpec:
+    """The simulated cluster (``[environment]``; see :mod:`evomerge.engine.clock`). Every draw comes from
+    the run seed; absent, a run is the lockstep world of local steps, exactly."""
+
+    step_time: float = Field(0.1, gt=0)  # simulated seconds per local step of a speed-1 worker
+    speeds: Annotated[Any, BeforeValidator(_speeds)] = "equal"  # a model, or one speed per worker
+    speeds_file: str = ""  # a text file of per-worker speeds (one per line; relative to the study file)
+    sigma: float = Field(0.5, ge=0)  # lognormal speeds: exp(sigma * z)
+    alpha: float = Field(2.0, gt=0)  # pareto: step-time multipliers 1 + Pareto(alpha)
+    slow_workers: Annotated[tuple[int, ...], Seq] = ()  # these workers' step times are slow_factor times longer
+    slow_factor: float = Field(4.0, ge=1)
+    jitter: float = Field(0.0, ge=0)  # per-step lognormal noise on the step time (sigma)
+    straggle_p: float = Field(0.0, ge=0, le=1)  # chance per step of entering a slow spell
+    straggle_factor: float = Field(4.0, ge=1)
+    straggle_length: float = Field(10.0, ge=1)  # mean length of a slow spell, in steps
+    latency: float = Field(0.0, ge=0)  # seconds per message on a link inside a site
+    bandwidth: float = Field(0.0, ge=0)  # bytes per second on a link inside a site; 0 = unlimited
+    sites: int = Field(1, ge=1)  # workers in contiguous sites (racks), as topology communities split them
+    latency_inter: float | None = Field(None, ge=0)  # between sites (default: latency)
+    bandwidth_inter: float | None = Field(None, ge=0)  # between sites (default: bandwidth); 0 = unlimited
+    latency_matrix: Annotated[tuple[Annotated[tuple[float, ...], Seq], ...], Seq] = ()  # [W][W], overrides the above
+    bandwidth_matrix: Annotated[tuple[Annotated[tuple[float, ...], Seq], ...], Seq] = ()
+    overlap: Annotated[str, Choice(OVERLAPS)] = "nonblocking"  # blocking: the initiator pauses until its merge is done
+    time_budget: float = Field(0.0, ge=0)  # simulated seconds; 0 = the work of the step budget (W x steps), however long
+
+    def check(self, workers: int, base: Path | None) -> "EnvSpec":
+        """The checks that need the run's workers (and the study's folder for ``speeds_file``)."""
+        where = "study.environment"
+        if isinstance(self.speeds, tuple):
+            if len(self.speeds) != workers or not all(v > 0 for v in self.speeds):
+                raise ConfigError(f"{where}.speeds", f"a list needs {workers} positive speeds (run.workers), "
+                                                     f"got {len(self.speeds)}; or one of: {', '.join(SPEED_MODELS)}")
+        if self.speeds_file:
+            path = Path(self.speeds_file)
+            path = path if path.is_absolute() or base is None else base / path
+            try:
+                values = tuple(float(x) for x in path.read_text(encoding="utf-8").split())
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"{where}.speeds_file", f"{path}: cannot read speeds ({e})") from None
+            if len(values) != workers or not all(v > 0 and v < float("inf") for v in values):
+                raise ConfigError(f"{where}.speeds_file", f"{path}: needs {workers} positive speeds, got {len(values)}")
+            return dataclasses.replace(self, speeds=values, speeds_file="").check(workers, base)
+        bad = [w for w in self.slow_workers if not 0 <= w < workers]
+        if bad:
+            raise ConfigError(f"{where}.slow_workers", f"{bad[0]} is not a worker; allowed: 0..{workers - 1}")
+        if self.sites > workers:
+            raise ConfigError(f"{where}.sites", f"{self.sites} is out of range; allowed: [1, {workers}] for {workers} workers")
+        for key in ("latency_matrix", "bandwidth_matrix"):
+            m = getattr(self, key)
+            if m and (len(m) != workers or any(len(row) != workers for row in m)):
+                raise ConfigError(f"{where}.{key}", f"must be {workers} x {workers} (run.workers), "
+                                                    f"got {len(m)} x {len(m[0]) if m else 0}")
+            if any(v < 0 for row in m for v in row):
+                raise ConfigError(f"{where}.{key}", "entries must be >= 0")
+        return self
+
+
 @settings.model("study.study")
 class _Meta:
     name: str = ""
     description: str = ""
 
 
+def _not_retired(name: Any) -> Any:
+    if isinstance(name, str) and name in RETIRED_OBJECTIVES:
+        raise settings.Invalid(f"{name!r} is {RETIRED_OBJECTIVES[name]}")
+    return name
+
+
 @settings.model("study.objectives")
 class _Objectives:
-    metrics: Annotated[tuple[Annotated[str, Choice(OBJECTIVES)], ...], Seq] = Field(("val_accuracy",), min_length=1)
+    metrics: Annotated[tuple[Annotated[str, BeforeValidator(_not_retired), Choice(OBJECTIVES)], ...], Seq] = \
+        Field(("val_accuracy",), min_length=1)
+    target: float | None = Field(None, ge=0, le=1)  # validation accuracy that time_to_target waits for
 
     @model_validator(mode="after")
     def _distinct(self) -> "_Objectives":
@@ -188,6 +273,8 @@ class Study:
     policy: MergePolicy = MergePolicy()
     search: SearchSpec = SearchSpec()
     objectives: Annotated[tuple[Annotated[str, Choice(OBJECTIVES)], ...], Seq] = ("val_accuracy",)
+    environment: EnvSpec | None = None  # None: the lockstep world of local steps
+    target: float | None = None  # [objectives] target: the validation accuracy time_to_target waits for
     baselines: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
     path: Path | None = None
     # what loading changed so that every point of the space can run on these workers (see fit_to_workers)
@@ -199,6 +286,25 @@ class Study:
         if names & set(policy_mod.COMPRESSION_OFF) and "payload" not in names and self.policy.payload != "delta":
             raise ConfigError("study.search.space", "searching topk_fraction or quantize_bits needs payload 'delta' "
                                                     "in [policy] or payload in the space")
+        return self
+
+    @model_validator(mode="after")
+    def _time_objectives(self) -> "Study":
+        timed = {"time_to_target", "accuracy_at_time", "sim_time"} & set(self.objectives)
+        if timed and self.environment is None:
+            raise ConfigError("study.objectives.metrics", f"{sorted(timed)[0]} needs an [environment] "
+                                                          "(the simulated cluster whose time it measures)")
+        if "time_to_target" in self.objectives and self.target is None:
+            raise ConfigError("study.objectives.target", "is required by time_to_target; allowed: [0, 1]")
+        if "time_to_target" in self.objectives and not self.environment.time_budget:
+            raise ConfigError("study.environment.time_budget", "is required by time_to_target (every policy gets the "
+                                                               "same clock to reach the target in); allowed: > 0 seconds")
+        if self.environment is not None:  # what the simulated clock cannot run yet, found before any trial
+            policy_mod.check_timed(self.policy, "study.policy")
+            for p in self.search.space:
+                if p.name in policy_mod.TIMED_UNSUPPORTED:
+                    raise ConfigError(f"study.search.space.{p.name}", f"cannot be searched with an [environment]: "
+                                                                      f"{policy_mod.TIMED_UNSUPPORTED[p.name]}")
         return self
 
     @property
@@ -292,6 +398,11 @@ def run_inputs(study: Study, policy: MergePolicy | str | Path, seed: int | None 
         exported = read_export(policy) if Path(policy).is_file() else None
         policy = study.resolve_policy(policy)
     policy_mod.check_workers(policy, study.run.workers)
+    if study.environment is not None:
+        policy_mod.check_timed(policy)
+        if backend != "inprocess":
+            raise ConfigError("--backend", f"{backend} cannot run a study with an [environment] yet (the simulated "
+                                           "clock is replayed in process); allowed: inprocess")
     check(backend, procs, study.run.workers)
     check_policy(backend, policy)
     if seed is None:
@@ -338,7 +449,7 @@ def load(ref: str | Path) -> Study:
     return from_dict(raw, path=path, default_name=path.stem)
 
 
-_TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "baselines")
+_TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "baselines", "environment")
 
 
 def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") -> Study:
@@ -370,10 +481,15 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     search = settings.build(SearchSpec, s, "study.search")
     search = dataclasses.replace(search, space=space)
 
-    objectives = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives").metrics
+    obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
+    env = None
+    if "environment" in raw:
+        env = settings.build(EnvSpec, _table(raw, "environment"), "study.environment")
+        env = env.check(r.workers, path.parent if path else None)
     baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
-                  policy=policy, search=search, objectives=objectives, baselines=baselines, path=path, notes=notes)
+                  policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
+                  baselines=baselines, path=path, notes=notes)
     for ref in study.baselines:  # found now, not after the search's trials have run
         study.resolve_policy(ref, where="study.baselines.policies")
     return study

@@ -68,6 +68,15 @@ class Backend(ABC):
         """The judge's decision to go on, known everywhere."""
         return go
 
+    # -- a timed run ([environment]): one side of a merge at a time ---------------------------------
+    def snapshot(self, event: int, w: int, side: int):
+        """What worker ``w`` sends in ``event``, as it is now (side 0: the initiator; 1: a push-pull answer)."""
+        raise NotImplementedError(f"the {type(self).__name__} backend cannot run a study with an [environment]")
+
+    def land(self, event: int, r: int, payload, weight: float, u: float, initiator: int, winner: int | None = None):
+        """Worker ``r`` merges a payload from :meth:`snapshot`; returns the winner of the winner test."""
+        raise NotImplementedError(f"the {type(self).__name__} backend cannot run a study with an [environment]")
+
     # -- hooks: what a backend may add ------------------------------------------------------------
     def peers(self, events: np.ndarray, step: int) -> np.ndarray:
         """The peers of ``events`` (the schedule's, unless drawn during the run)."""

@@ -151,17 +151,59 @@ class InProcess(Backend):
                     if push_pull:
                         blk[i].copy_(blk[j])
 
+    # -- one side of a merge at a time (a timed run: payloads land after they were sent) ----------------
+    def snapshot(self, event: int, w: int, side: int) -> dict:
+        """What worker ``w`` sends in ``event`` (side 0: the initiator, 1: the push-pull answer), as it is now."""
+        st = self.state
+        sent = self.payload.outgoing(st, self.p, self.seed, np.array([w]), np.array([event]), side)
+        params = st.params.row(w)
+        return {"worker": w, "sent": params if sent is None else sent[0], "params": params,
+                "examples": float(st.examples[w]),
+                "accum": [blk[w].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None}
+
     @torch.no_grad()
-    def _pair_losses(self, a: np.ndarray, b: np.ndarray) -> list[float]:
+    def land(self, event: int, r: int, payload: dict, weight: float, u: float, initiator: int,
+             winner: int | None = None) -> int | None:
+        """Worker ``r`` merges a payload snapshotted by :meth:`snapshot`: the peer merging the initiator's
+        (the winner test is done here, on the pair's slices), or the initiator merging the answer (with
+        the winner the peer found). The same arithmetic as :meth:`pairs` on one pair. Returns the winner."""
+        p, st, model = self.p, self.state, self.setup.model
+        at_peer = r != initiator
+        if at_peer and p.winner_bias > 0 and winner is None:
+            mine = [q[r] for q in st.params.params]
+            theirs = [v[0] for v in model.views(payload["params"].unsqueeze(0))]
+            loss = self._pair_losses(np.array([initiator]), np.array([r]),
+                                     [torch.stack([t, m]) for t, m in zip(theirs, mine)])
+            winner = plan_mod.winner(loss[0], loss[1])
+        ma, mb = plan_mod.moves(p, weight, u, winner)
+        own = np.array([r])
+        w_in = self.weighting.incoming_weights(st, [mb if at_peer else ma], own, [payload["examples"]], payload["accum"])
+        sent = payload["sent"]
+        for k, ((o, n), blk, chg) in enumerate(zip(self.setup.model.offsets, st.params.blocks, st.merge_change.blocks)):
+            wk = w_in[k] if isinstance(w_in, list) else w_in
+            old = blk[r].clone()
+            blk[r].lerp_(sent[o:o + n], wk[0])
+            chg[r].add_(blk[r]).sub_(old)
+        if st.accum is not None:
+            for blk, acc in zip(st.accum.blocks, payload["accum"]):
+                blk[r].add_(acc[0])
+        st.examples[r] = st.examples[r] + payload["examples"]
+        return winner
+
+    @torch.no_grad()
+    def _pair_losses(self, a: np.ndarray, b: np.ndarray, params: list[torch.Tensor] | None = None) -> list[float]:
         """Each pair's two losses on the pair's two validation slices (initiator's first), in one
-        batched forward: ``[loss(a_0), loss(b_0), loss(a_1), ...]``."""
+        batched forward: ``[loss(a_0), loss(b_0), loss(a_1), ...]``. ``params``: the pairs' rows in
+        that order, if not the current ones."""
         st, model = self.state, self.setup.model
         dev = st.params.buf.device
         rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
         idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
         x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)
         y = self.train_y[idx].repeat_interleave(2, dim=0)
-        logits = model.forward([q.index_select(0, rows) for q in st.params.params], x)
+        if params is None:
+            params = [q.index_select(0, rows) for q in st.params.params]
+        logits = model.forward(params, x)
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
         return loss.tolist()
 

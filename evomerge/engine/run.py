@@ -55,6 +55,15 @@ class RoundMetrics:
     similarity_min: float = 1.0
     label_skew: float = 0.0  # of the data the workers hold now (it changes when data travels)
     examples_moved: int = 0  # cumulative training examples sent between workers
+    # simulated time ([environment] only; None in the lockstep world)
+    sim_time: float | None = None  # simulated seconds at the end of this round
+    steps_min: int | None = None  # local steps done by the slowest / mean / fastest worker
+    steps_mean: float | None = None
+    steps_max: int | None = None
+    idle_fraction: float | None = None  # of the workers' time in this round spent waiting (barriers, blocking merges)
+    staleness: float | None = None  # mean age (simulated seconds) of the payloads applied in this round
+    time_to_target: float | None = None  # see Judge.timing (running value: what it would be if accuracy stalled here)
+    accuracy_at_time: float | None = None  # consensus validation accuracy at this round's simulated time
 
 
 @dataclass
@@ -80,7 +89,7 @@ class RunResult:
 
     def metrics(self) -> dict[str, Any]:
         """Final metrics, flat: what tables, MLflow and the search read."""
-        out = asdict(self.final)
+        out = {k: v for k, v in asdict(self.final).items() if v is not None}
         out.update(status=self.status, wall_time=self.wall_time, local_steps=self.final.step)
         if self.converged_step is not None:
             out["converged_step"] = self.converged_step
@@ -177,9 +186,13 @@ class Judge:
         self.similarity = Similarity(model, policy, seed, start, data, train_x)
         self.prev_center = start
         self.eval_time, self.calm, self.finite = 0.0, 0, True
+        self.target = setup.study.target
+        self.reached: float | None = None  # simulated time at which the target was reached
+        self.best, self.prev_point = 0.0, None
 
-    def round(self, r: int, end: int, steps: int, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
-              sent: int, merges: int, label_skew: float, moved: int) -> RoundMetrics:
+    def round(self, r: int, end: int, steps: float, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
+              sent: int, merges: int, label_skew: float, moved: int, timing: dict | None = None,
+              horizon: float = 0.0) -> RoundMetrics:
         te = time.perf_counter()
         train_loss = loss_sum / (stack.W * steps)
         # a sum is non-finite iff an entry is
@@ -190,11 +203,40 @@ class Judge:
         update = float((center - self.prev_center).norm()) / steps if finite else float("nan")
         self.prev_center = center
         self.eval_time += time.perf_counter() - te
+        timing = dict(timing or {})
+        if timing:
+            timing.update(self.timing(timing["sim_time"], metrics["val_accuracy"], horizon))
         return RoundMetrics(
             round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=sent, merges=merges,
             wall_time=time.perf_counter() - self.t0, local_update_norm=local, merge_update_norm=merged,
             similarity_mean=sim_mean, similarity_min=sim_min, label_skew=label_skew, examples_moved=moved, **metrics,
+            **timing,
         )
+
+    def timing(self, t: float, acc: float, horizon: float) -> dict[str, float]:
+        """Time to target and accuracy at time after a round that ended at simulated time ``t``.
+
+        Time to target is the first time the consensus validation accuracy reaches the target,
+        interpolated linearly between the two rounds around the crossing (at round resolution
+        when the first round already reaches it). Not reached (yet): ``horizon x (2 - best / target)``
+        with the best accuracy so far, which ranks after every reached value (at most the
+        horizon, the time budget) and orders the runs that missed by how close they came."""
+        out = {"accuracy_at_time": acc}
+        if self.target is None:
+            return out
+        if self.reached is None and acc >= self.target:
+            if self.prev_point is None:
+                self.reached = t
+            else:
+                t0, a0 = self.prev_point
+                self.reached = t0 + (self.target - a0) / (acc - a0) * (t - t0) if acc > a0 else t
+        self.best = max(self.best, acc)
+        self.prev_point = (t, acc)
+        if self.reached is not None:
+            out["time_to_target"] = self.reached
+        else:
+            out["time_to_target"] = horizon * (2.0 - self.best / self.target) if self.target > 0 else horizon
+        return out
 
     def converged(self, rm: RoundMetrics, total: int) -> bool:
         """The convergence stop: local and merge updates below ``stop_tol`` for ``stop_patience`` rounds."""
@@ -258,15 +300,22 @@ def train_steps(setup: Setup, st: Workers, workers, seed: int, start: int, end: 
             pos = pool.batches(B)
             bi = torch.as_tensor(pos, device=dev)
         x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
-        losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
-        if losses is None:
-            losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
-            _sgd_step(st, run)
+        losses = local_step(setup, st, x, y)
         loss_sum += losses.mean(1).sum()
         if pool is not None:
             pool.record(pos, torch.exp(-losses).cpu().numpy())
         after_step(start + i + 1)
     return loss_sum
+
+
+def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One local step of every row of ``st`` on its minibatch (``x`` normalised); the per-example losses."""
+    model, run = setup.model, setup.study.run
+    losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
+    if losses is None:
+        losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
+        _sgd_step(st, run)
+    return losses
 
 
 @torch.no_grad()
@@ -373,6 +422,41 @@ class StepMerger:
 
 
 # -- the round loop -----------------------------------------------------------------------------------
+class Lockstep:
+    """The lockstep world: every worker does the same local steps, the merges drawn for a step
+    are applied after it, merges cost no time (no ``[environment]``)."""
+
+    timeline = None
+
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, backend: "Backend"):
+        self.backend = backend
+        self.merger = StepMerger(setup, policy, backend.sched, backend)
+        self.bounds = round_bounds(setup.total_steps, setup.study.run.rounds)
+        self.start = 0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.bounds)
+
+    def train_round(self, r: int) -> tuple[torch.Tensor, int, float]:
+        """Round ``r``'s local steps and merges: (summed loss, local steps done, local steps in this round)."""
+        start, end = self.start, self.bounds[r]
+        loss = self.backend.train(start, end, self.merger.after_step)
+        self.start = end
+        return loss, end, end - start
+
+    @property
+    def sent(self) -> int:
+        return self.merger.bytes
+
+    @property
+    def merges(self) -> int:
+        return self.merger.count
+
+    def timing(self, r: int) -> dict:
+        return {}
+
+
 def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
             callback: Callable[[RoundMetrics], Any] | None = None, evaluate_test: bool = False,
             keep_params: bool = False, t0: float | None = None) -> RunResult | None:
@@ -386,20 +470,26 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
     st = backend.state
     judge = Judge(setup, policy, seed, st.params.buf.device, backend.train_x, t0) if backend.judges else None
     backend.start(judge)
-    merger = StepMerger(setup, policy, backend.sched, backend)
+    if setup.study.environment is not None:
+        from .timed import Timed
+
+        driver = Timed(setup, policy, seed, backend)
+    else:
+        driver = Lockstep(setup, policy, seed, backend)
     history: list[RoundMetrics] = []
-    status, start, converged, stack = "ok", 0, None, None
-    for r, end in enumerate(round_bounds(T, run.rounds)):
+    status, converged, stack = "ok", None, None
+    for r in range(driver.rounds):
         round_start = st.params.buf.clone()
         st.merge_change.buf.zero_()
-        loss_sum = backend.train(start, end, merger.after_step)
-        local, merged = update_norms(st, round_start, end - start)
+        loss_sum, end, steps = driver.train_round(r)
+        local, merged = update_norms(st, round_start, steps)
         loss, local, merged = backend.totals(float(loss_sum), local, merged)
         stack = backend.gather()
         go = True
         if judge is not None:
-            rm = judge.round(r, end, end - start, stack, loss, local, merged, merger.bytes,
-                             merger.count, backend.label_skew(), backend.moved())
+            rm = judge.round(r, end, steps, stack, loss, local, merged, driver.sent,
+                             driver.merges, backend.label_skew(), backend.moved(), driver.timing(r),
+                             driver.horizon if driver.timeline is not None else 0.0)
             history.append(rm)
             if not judge.finite:
                 status, go = "diverged", False
@@ -409,7 +499,6 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
                 backend.end_round(r)
                 if judge.converged(rm, T):
                     converged, go = end, False
-        start = end
         if not backend.agree(go):
             break
     if judge is None:

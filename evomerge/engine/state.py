@@ -50,6 +50,33 @@ class Workers:
         """The per-model stacks a swap moves with the model."""
         return [s for s in (self.params, self.momentum, self.accum, self.base) if s is not None]
 
+    STEPPED = ("params", "momentum", "accum")  # what a local step reads and writes
+
+    def take(self, rows: list[int]) -> "Workers":
+        """The state of some rows as a smaller stacked state (copies) that a local step can run on;
+        :meth:`put` writes it back."""
+        idx = torch.as_tensor(rows, device=self.params.buf.device)
+        sub = object.__new__(Workers)
+        sub.W, sub.P, sub.fused = len(rows), self.P, self.fused
+        for name in self.STEPPED:
+            whole = getattr(self, name)
+            part = None
+            if whole is not None:
+                part = models_mod.Stack(whole.model, len(rows), whole.buf.device)
+                for b, pb in zip(whole.blocks, part.blocks):
+                    torch.index_select(b, 0, idx, out=pb)
+            setattr(sub, name, part)
+        sub.grad = sub.params.like()
+        return sub
+
+    def put(self, sub: "Workers", rows: list[int]) -> None:
+        idx = torch.as_tensor(rows, device=self.params.buf.device)
+        for name in self.STEPPED:
+            whole = getattr(self, name)
+            if whole is not None:
+                for b, pb in zip(whole.blocks, getattr(sub, name).blocks):
+                    b.index_copy_(0, idx, pb)
+
 
 SUPPORT_LIMIT = 2.0**64
 

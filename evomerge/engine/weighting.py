@@ -28,6 +28,13 @@ class Weighting:
     def pair_weights(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray):
         """The weight on the incoming model for receivers ``own`` merging ``incoming``: a ``[k, 1]``
         column, or one ``[k, n]`` tensor per parameter block."""
+        acc = [blk.index_select(0, torch.as_tensor(incoming, device=blk.device)) for blk in st.accum.blocks] \
+            if self.accumulators else None
+        return self.incoming_weights(st, move, own, [float(st.examples[j]) for j in incoming.tolist()], acc)
+
+    def incoming_weights(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float], accum):
+        """:meth:`pair_weights` with the incoming side's supports given: its example counters, and its
+        accumulators as one ``[k, n]`` tensor per block (a payload's, when it was sent)."""
         return torch.tensor(move, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
 
     def supports(self, st: Workers) -> list:
@@ -42,9 +49,9 @@ class Uniform(Weighting):
 class Examples(Weighting):
     """Weighted by examples seen (VW's merge: counters summed, not averaged)."""
 
-    def pair_weights(self, st, move, own, incoming):
+    def incoming_weights(self, st, move, own, examples, accum):
         ex = st.examples
-        w = [ops.incoming_weight(m, float(ex[i]), float(ex[j])) for m, i, j in zip(move, own.tolist(), incoming.tolist())]
+        w = [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, own.tolist(), examples)]
         return torch.tensor(w, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
 
     def supports(self, st):
@@ -56,14 +63,14 @@ class Adaptive(Weighting):
 
     accumulators = True
 
-    def pair_weights(self, st, move, own, incoming):
+    def incoming_weights(self, st, move, own, examples, accum):
         dev = st.params.buf.device
         a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
         rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)  # as ops computes it
-        I, J = torch.as_tensor(own, device=dev), torch.as_tensor(incoming, device=dev)
+        I = torch.as_tensor(own, device=dev)
         out = []
-        for blk in st.accum.blocks:
-            s_own, s_in = blk.index_select(0, I), blk.index_select(0, J)
+        for blk, s_in in zip(st.accum.blocks, accum):
+            s_own = blk.index_select(0, I)
             num = a * s_in
             den = num + rest * s_own
             out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a.expand_as(den)))

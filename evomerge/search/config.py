@@ -71,7 +71,10 @@ OBJECTIVES: dict[str, Objective] = {
     "val_accuracy": Objective("maximize", "val acc", lambda m: m.val_accuracy),
     "mean_worker_accuracy": Objective("maximize", "mean worker acc", lambda m: m.mean_worker_accuracy),
     "bytes": Objective("minimize", "bytes", lambda m: float(m.bytes)),
-    "wall_time": Objective("minimize", "wall s", lambda m: m.wall_time),
+    # simulated time ([environment]); time_to_target per round is what it would be if accuracy stalled there
+    "time_to_target": Objective("minimize", "time to target s", lambda m: m.time_to_target),
+    "accuracy_at_time": Objective("maximize", "acc at time", lambda m: m.accuracy_at_time),
+    "sim_time": Objective("minimize", "sim s", lambda m: m.sim_time),
 }
 
 

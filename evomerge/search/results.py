@@ -16,9 +16,9 @@ from ..errors import ConfigError
 from ..study import Study
 
 RUN_STATUS, DIVERGED = "run_status", "diverged"
-CURVE_KEYS = ("step", "val_accuracy", "consensus_distance", "bytes")
+CURVE_KEYS = ("step", "val_accuracy", "consensus_distance", "bytes", "sim_time")  # sim_time: [environment] only
 SUMMARY_KEYS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
-                "bytes", "merges", "local_steps", "wall_time")
+                "bytes", "merges", "local_steps", "wall_time", "sim_time", "time_to_target", "accuracy_at_time")
 
 
 def load_study(study: Study, storage_url: str):
@@ -131,7 +131,12 @@ def round_dict(h) -> dict:
 
 def curve_of(history: list[dict]) -> dict[str, list[float]]:
     """The learning curve a dashboard draws: one list per key, one entry per round."""
-    return {k: [h[k] for h in history] for k in CURVE_KEYS}
+    return {k: [h[k] for h in history] for k in CURVE_KEYS if history and h_has(history, k)}
+
+
+def h_has(history: list[dict], key: str) -> bool:
+    """Whether every round of ``history`` has ``key`` (simulated time only exists with an [environment])."""
+    return all(h.get(key) is not None for h in history)
 
 
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None) -> list[dict]:

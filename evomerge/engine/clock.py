@@ -1,0 +1,390 @@
+"""Simulated time: when each worker steps, sends, receives and waits on a modelled cluster.
+
+A pure function of (policy, study, environment, seed): :func:`build` runs a discrete-event
+simulation of the clocks alone (no tensors) and returns a :class:`Timeline` that every
+backend replays: each worker's step completion times, and per worker the *actions* at its
+step boundaries in the order they happen (sends, landings, all-reduces), with the round
+ends and the per-round time metrics.
+
+The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
+
+- **compute**: worker ``w``'s ``k``-th local step takes ``step_time x m_w x jitter x spell``
+  simulated seconds: ``m_w`` from the speed model (``1/speed``; lognormal speeds
+  ``exp(sigma z)``, Pareto multipliers ``1 + Pareto(alpha)``, or a list / file of speeds;
+  ``slow_workers`` times ``slow_factor``), per-step lognormal jitter, and slow spells (a
+  two-state chain: enter with ``straggle_p`` per step, leave with ``1/straggle_length``).
+- **merge timers count the worker's own local steps** (the schedule of :mod:`evomerge.schedule`,
+  unchanged): a policy's ``mean_interval`` keeps its meaning (merge every ~k local steps, as
+  local SGD and gossip implementations trigger), a slow worker merges less often per second
+  because its timer ticks with its work, and without heterogeneity the events are exactly the
+  lockstep ones.
+- **network**: a send of ``B`` bytes from ``i`` to ``j`` starts when ``i``'s uplink is free
+  (a node's concurrent sends share its uplink first come, first served), occupies it for
+  ``B / bandwidth[i, j]`` and lands ``latency[i, j]`` later. Links are per site (``sites``
+  contiguous groups, split as topology communities are: intra and inter values) or given as
+  matrices.
+- **staleness**: a payload is the sender's state when it was sent; the receiver applies it at
+  its first step boundary at or after the landing (at once if it is idle). In push-pull the
+  receiver answers with its state when it applies the request.
+- **overlap**: non-blocking, the initiator keeps training; blocking, it pauses until its merge
+  is done (push: its payload has landed; push-pull: the answer has landed).
+- **all-reduce**: a barrier at the slowest worker, then a ring all-reduce of
+  ``2 (W - 1) latency + (W - 1) / W (up + down bytes) / bandwidth`` (the ring's slowest link;
+  for a weights payload ``2 (W - 1) / W x bytes / bandwidth``); everyone leaves together.
+- **budget**: ``time_budget`` simulated seconds, else the work of the step budget: the run
+  ends when the workers together have done ``W x T`` local steps (the lockstep run's work,
+  in whatever time the cluster needs). Rounds end at equal shares of either.
+
+Idle time is time a worker waits on a barrier or on its own merge (blocking). A homogeneous
+environment with free links reproduces the lockstep run exactly: every worker completes step
+``k`` at the same time, events are applied at the boundary after the step they were drawn for,
+in schedule order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..schedule import Schedule, rng_for
+
+TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = 41, 42, 43
+CHUNK = 256  # step times are drawn in blocks of this many per worker (the same numbers however many are used)
+
+SEND, LAND, REPLY, ALLREDUCE = 0, 1, 2, 3  # action kinds, also their order among equal (time, event)
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something that happens to one worker's state at a step boundary (after ``boundary`` local steps)."""
+
+    worker: int
+    boundary: int
+    time: float
+    event: int  # index into the schedule
+    kind: int  # SEND (snapshot the payload), LAND (the peer merges it), REPLY (push-pull: the initiator merges the answer), ALLREDUCE
+    sent: float = 0.0  # for LAND / REPLY: when the payload was sent (staleness = time - sent)
+
+    @property
+    def key(self) -> tuple:
+        return (self.time, self.event, self.kind)
+
+
+@dataclass
+class Timeline:
+    schedule: Schedule
+    end: float  # simulated seconds of the run
+    round_ends: list[float]
+    completions: list[np.ndarray]  # per worker: the completion time of each local step it does
+    actions: list[list[Action]]  # per worker, in the order they happen
+    idle: np.ndarray  # [rounds, W] seconds waiting (barriers, blocking merges)
+    staleness: list[list[float]]  # per round: staleness of each payload applied in it
+    bytes: list[int]  # cumulative bytes sent by each round's end
+    merges: list[int]  # cumulative merge events started by each round's end
+    horizon: int  # the schedule was built for this many local steps per worker
+    steps_at: np.ndarray = field(init=False)  # [rounds, W] local steps done by each round's end
+
+    def __post_init__(self):
+        self.steps_at = np.array([[int(np.searchsorted(c, t, side="right")) for c in self.completions]
+                                  for t in self.round_ends], dtype=np.int64).reshape(len(self.round_ends), -1)
+
+    def round_metrics(self, r: int) -> dict[str, float]:
+        """Round ``r``'s time metrics (the fields of ``RoundMetrics`` that only a timed run has)."""
+        steps = self.steps_at[r]
+        length = self.round_ends[r] - (self.round_ends[r - 1] if r else 0.0)
+        W = len(steps)
+        st = self.staleness[r]
+        return dict(sim_time=float(self.round_ends[r]), steps_min=int(steps.min()), steps_mean=float(steps.mean()),
+                    steps_max=int(steps.max()),
+                    idle_fraction=float(self.idle[r].sum() / (W * length)) if length > 0 else 0.0,
+                    staleness=float(np.mean(st)) if st else 0.0)
+
+
+class Compute:
+    """Each worker's step times, drawn from the seed in blocks (:data:`CHUNK`) and kept."""
+
+    def __init__(self, env, workers: int, seed: int):
+        self.env, self.W, self.seed = env, workers, seed
+        self.factor = speed_factors(env, workers, seed)
+        self.times: list[np.ndarray] = [np.zeros(0) for _ in range(workers)]
+        self._jitter = [rng_for(seed, TAG_JITTER, w) for w in range(workers)]
+        self._spell = [rng_for(seed, TAG_SPELLS, w) for w in range(workers)]
+        self._slow = [False] * workers
+
+    def duration(self, w: int, k: int) -> float:
+        """Seconds of worker ``w``'s local step ``k`` (1-based)."""
+        while len(self.times[w]) < k:
+            self._extend(w)
+        return float(self.times[w][k - 1])
+
+    def _extend(self, w: int) -> None:
+        env = self.env
+        d = np.full(CHUNK, env.step_time * self.factor[w])
+        if env.jitter:
+            d = d * np.exp(env.jitter * self._jitter[w].standard_normal(CHUNK))
+        if env.straggle_p:
+            u = self._spell[w].random(CHUNK)
+            slow, leave = self._slow[w], 1.0 / env.straggle_length
+            mult = np.ones(CHUNK)
+            for i in range(CHUNK):
+                slow = (u[i] >= leave) if slow else (u[i] < env.straggle_p)
+                if slow:
+                    mult[i] = env.straggle_factor
+            self._slow[w] = slow
+            d = d * mult
+        self.times[w] = np.concatenate([self.times[w], d])
+
+    def free_completions(self, w: int, n: int) -> np.ndarray:
+        """Completion times of the first ``n`` steps without any waiting."""
+        self.duration(w, n)
+        return np.cumsum(self.times[w][:n])
+
+
+def speed_factors(env, workers: int, seed: int) -> np.ndarray:
+    """Per worker, the multiplier of ``step_time`` (1 / speed)."""
+    if isinstance(env.speeds, tuple):
+        m = 1.0 / np.asarray(env.speeds, dtype=np.float64)
+    elif env.speeds == "lognormal" and env.sigma:
+        m = np.exp(-env.sigma * rng_for(seed, TAG_SPEEDS).standard_normal(workers))
+    elif env.speeds == "pareto":
+        m = 1.0 + rng_for(seed, TAG_SPEEDS).pareto(env.alpha, workers)
+    else:
+        m = np.ones(workers)
+    for w in env.slow_workers:
+        m[w] *= env.slow_factor
+    return m
+
+
+class Network:
+    """Latency (s) and bandwidth (bytes/s, inf when unlimited) of every link ``i -> j``."""
+
+    def __init__(self, env, workers: int):
+        W = workers
+        sites = np.concatenate([np.full(len(s), g) for g, s in enumerate(np.array_split(np.arange(W), env.sites))])
+        same = sites[:, None] == sites[None, :]
+        lat_inter = env.latency if env.latency_inter is None else env.latency_inter
+        bw_inter = env.bandwidth if env.bandwidth_inter is None else env.bandwidth_inter
+        self.latency = np.where(same, env.latency, lat_inter).astype(np.float64)
+        bw = np.where(same, env.bandwidth, bw_inter).astype(np.float64)
+        if env.latency_matrix:
+            self.latency = np.asarray(env.latency_matrix, dtype=np.float64)
+        if env.bandwidth_matrix:
+            bw = np.asarray(env.bandwidth_matrix, dtype=np.float64)
+        self.bandwidth = np.where(bw > 0, bw, np.inf)
+        self.sites = sites
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every link is the same (then a peer drawn during the run costs what any peer costs)."""
+        off = ~np.eye(len(self.latency), dtype=bool)
+        return bool(np.ptp(self.latency[off]) == 0 and np.ptp(self.bandwidth[off]) == 0) if off.any() else True
+
+    def transmit(self, i: int, j: int, nbytes: float) -> float:
+        return nbytes / self.bandwidth[i, j] if nbytes else 0.0
+
+    def ring_allreduce(self, up: float, down: float) -> float:
+        """A ring all-reduce's time: ``2 (W-1) latency + (W-1)/W (up + down) / bandwidth`` over the ring's slowest link."""
+        W = len(self.latency)
+        if W < 2:
+            return 0.0
+        ring = [(i, (i + 1) % W) for i in range(W)]
+        lat = max(self.latency[i, j] for i, j in ring)
+        bw = min(self.bandwidth[i, j] for i, j in ring)
+        return 2 * (W - 1) * lat + (W - 1) / W * (up + down) / bw
+
+
+def free_horizon(compute: Compute, workers: int, total_steps: int, time_budget: float) -> tuple[float, int]:
+    """Without any waiting: the end time, and the most local steps one worker does by then."""
+    W = workers
+    if time_budget:
+        n = CHUNK
+        while True:
+            c = [compute.free_completions(w, n) for w in range(W)]
+            if all(x[-1] > time_budget for x in c):
+                return time_budget, max(int(np.searchsorted(x, time_budget, side="right")) for x in c)
+            n *= 2
+    need, n = W * total_steps, total_steps
+    while True:
+        c = [compute.free_completions(w, n) for w in range(W)]
+        reach = min(x[-1] for x in c)  # every worker's first n steps are known up to here
+        done = np.sort(np.concatenate([x[x <= reach] for x in c]))
+        if len(done) >= need:
+            end = float(done[need - 1])
+            return end, max(int(np.searchsorted(x, end, side="right")) for x in c)
+        n *= 2
+
+
+def build(env, policy, workers: int, total_steps: int, rounds: int, seed: int, payload_bytes,
+          make_schedule) -> Timeline:
+    """The run's timeline; ``make_schedule(horizon)`` builds the schedule for that many local steps
+    per worker, ``payload_bytes`` is the engine's :class:`plan.Bytes`."""
+    compute = Compute(env, workers, seed)
+    _, horizon = free_horizon(compute, workers, total_steps, env.time_budget)
+    while True:
+        tl = _simulate(env, policy, workers, total_steps, rounds, compute, make_schedule(horizon), payload_bytes, horizon)
+        if env.time_budget or max(len(c) for c in tl.completions) <= horizon:
+            return tl
+        horizon *= 2  # waiting let a fast worker run past the horizon (step budget only): more events
+
+
+def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched: Schedule, cost, horizon: int) -> Timeline:
+    net = Network(env, W)
+    blocking = env.overlap == "blocking"
+    push_pull = policy.exchange == "push_pull"
+    budget = env.time_budget or float("inf")
+    need = W * T  # step budget: the run's work in local steps
+    # events by (initiator, step), in schedule order
+    allreduce = sched.scheme == "allreduce"
+    fire: dict[tuple[int, int], list[int]] = {}
+    for e, (s, i) in enumerate(zip(sched.step.tolist(), sched.initiator.tolist())):
+        for w in (range(W) if allreduce else (i,)):  # an all-reduce involves everybody
+            fire.setdefault((w, s), []).append(e)
+
+    heap: list = []
+    seq = [0]
+
+    def push(t, kind, data):
+        heapq.heappush(heap, (t, seq[0], kind, data))
+        seq[0] += 1
+
+    done = [0] * W
+    completions: list[list[float]] = [[] for _ in range(W)]
+    busy = [False] * W  # in a step
+    step_end = [0.0] * W
+    waits = [0] * W  # merges this worker is blocked on
+    idle_since: list[float | None] = [None] * W
+    idle_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]
+    finished = [False] * W
+    uplink = [0.0] * W
+    actions: list[list[Action]] = [[] for _ in range(W)]
+    sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
+    barrier: dict[int, float] = {}
+    total = [0]
+    end = [budget]
+
+    def start_step(w: int, t: float) -> None:
+        d = compute.duration(w, done[w] + 1)
+        if t + d > budget:
+            finished[w] = True
+            return
+        busy[w], step_end[w] = True, t + d
+        push(t + d, "end", w)
+
+    def go_idle(w: int, t: float) -> None:
+        idle_since[w] = t
+
+    def resume(w: int, t: float) -> None:
+        waits[w] -= 1
+        if waits[w] == 0 and not busy[w] and not finished[w]:
+            if idle_since[w] is not None:
+                idle_spans[w].append((idle_since[w], t))
+                idle_since[w] = None
+            start_step(w, t)
+
+    def send(e: int, i: int, j: int, t: float, kind: int) -> None:
+        nbytes = cost.sent * cost.fan(i)
+        start = max(t, uplink[i])
+        tx = net.transmit(i, j, nbytes)
+        uplink[i] = start + tx
+        push(start + tx + net.latency[i, j], "land", (e, i, j, t, kind))
+
+    for w in range(W):
+        start_step(w, 0.0)
+    while heap:
+        t, _, kind, data = heapq.heappop(heap)
+        if t > end[0]:
+            break
+        if kind == "end":
+            w = data
+            busy[w] = False
+            done[w] += 1
+            completions[w].append(t)
+            total[0] += 1
+            if not env.time_budget and total[0] == need:
+                end[0] = t  # the step budget's work is done; what happens at this instant still counts
+            k = done[w]
+            evs = fire.get((w, k), ())
+            if allreduce and evs:
+                e = evs[0]
+                barrier[w] = t
+                sends.append((t, cost.allreduce(1)))  # this worker's share of the bytes
+                if len(barrier) == W:
+                    t_done = max(barrier.values()) + net.ring_allreduce(cost.sent, cost.dense)
+                    for v in range(W):
+                        actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
+                        idle_spans[v].append((barrier[v], t_done))
+                    barrier.clear()
+                    for v in range(W):
+                        push(t_done, "go", v)
+                continue
+            for e in evs:
+                j = int(sched.peer[e])
+                actions[w].append(Action(w, k, t, e, SEND))
+                sends.append((t, cost.pair(w, j)))
+                send(e, w, j, t, LAND)
+                if blocking:
+                    waits[w] += 1
+            if waits[w]:
+                go_idle(w, t)
+            else:
+                start_step(w, t)
+        elif kind == "go":  # leaving an all-reduce
+            start_step(data, t)
+        elif kind == "land":
+            e, i, j, t_sent, what = data
+            # applied at the receiver's first boundary at or after t (at once if it is not in a step)
+            if busy[j] and not (completions[j] and completions[j][-1] == t):
+                at, boundary = step_end[j], done[j] + 1
+            else:
+                at, boundary = t, done[j]
+            if at > end[0] or (busy[j] and at > budget):
+                continue
+            actions[j].append(Action(j, boundary, at, e, what, sent=t_sent))
+            if what == LAND and push_pull:
+                push(at, "reply", (e, j, i))
+            elif blocking:
+                push(t, "resume", i if what == LAND else j)  # the initiator: push when it lands, push-pull when the answer does
+        elif kind == "reply":
+            e, j, i = data
+            send(e, j, i, t, REPLY)
+        elif kind == "resume":
+            resume(data, t)
+    end_t = end[0] if end[0] < float("inf") else max((c[-1] for c in completions if c), default=0.0)
+    if env.time_budget:
+        round_ends = [env.time_budget * (r + 1) / rounds for r in range(rounds)]
+    else:
+        from .run import round_bounds
+
+        done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
+        round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]
+    comp = [np.asarray([x for x in c if x <= end_t]) for c in completions]
+    for w in range(W):
+        if idle_since[w] is not None:
+            idle_spans[w].append((idle_since[w], end_t))
+        if w in barrier:  # waiting at a barrier that never filled
+            idle_spans[w].append((barrier[w], end_t))
+        actions[w] = sorted((a for a in actions[w] if a.time <= end_t), key=lambda a: (a.boundary, a.key))
+    R = len(round_ends)
+    idle = np.zeros((R, W))
+    starts = [0.0, *round_ends[:-1]]
+    for w in range(W):
+        for a, b in idle_spans[w]:
+            for r in range(R):
+                idle[r, w] += max(0.0, min(b, round_ends[r]) - max(a, starts[r]))
+    stale: list[list[float]] = [[] for _ in range(R)]
+    for acts in actions:
+        for a in acts:
+            if a.kind in (LAND, REPLY):
+                r = min(int(np.searchsorted(round_ends, a.time, side="left")), R - 1)
+                stale[r].append(a.time - a.sent)
+    sends.sort()
+    times = np.asarray([s[0] for s in sends])
+    cum = np.cumsum([s[1] for s in sends]) if sends else np.zeros(0)
+    nbytes, merges = [], []
+    for t in round_ends:
+        n = int(np.searchsorted(times, t, side="right"))
+        nbytes.append(int(cum[n - 1]) if n else 0)
+        merges.append(n // W if allreduce else n)
+    return Timeline(sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, horizon)

@@ -1,0 +1,173 @@
+"""A run on a simulated cluster (``[environment]``): the timeline of :mod:`.clock` replayed on a backend.
+
+The timeline says, per worker, how many local steps it does and which actions happen at
+which of its step boundaries (snapshot a payload, merge a landed one, take part in an
+all-reduce). Each action reads or changes the state of one worker only (a landed payload
+is the snapshot its sender took when it sent it), so a worker's state depends on its own
+sequence of steps and actions alone, and workers may be advanced in any interleaving
+that respects two rules: a worker applies its actions in its own order, and a payload is
+applied only after its sender snapshotted it. That is what keeps compute batched:
+
+- *waves*: every worker that is not waiting for a payload (or for the others at an
+  all-reduce or at the round's end) does its next local step, all of them in one batched
+  step over the rows that step (all rows: the lockstep computation itself);
+- between waves, every action that can be applied is applied.
+
+Each round ends when every worker has reached the round's simulated end time; the engine
+then judges it as in the lockstep world.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import clock, plan as plan_mod
+from .run import Setup, batch_indices, local_step, normalise
+
+from ..policy import TIMED_UNSUPPORTED as UNSUPPORTED, check_timed as check_policy  # noqa: F401  (re-exported)
+
+
+class Timed:
+    """The driver of a timed run (see :class:`.run.Lockstep` for the lockstep one)."""
+
+    def __init__(self, setup: Setup, policy, seed: int, backend):
+        check_policy(policy)
+        from .. import schedule as schedule_mod
+
+        run = setup.study.run
+        self.setup, self.p, self.seed, self.backend = setup, policy, seed, backend
+        self.W, self.T = run.workers, setup.total_steps
+        neighbours = None
+        cost = None
+        if policy.scheme == "gossip":
+            from .. import topology as topo_mod
+
+            topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
+            neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
+        cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours)
+        self.timeline = clock.build(setup.study.environment, policy, run.workers, self.T, run.rounds, seed, cost,
+                                    lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed))
+        backend.sched = self.timeline.schedule  # every backend replays the timeline's schedule
+        self.horizon = setup.study.environment.time_budget or self.timeline.end
+        self.done = np.zeros(self.W, dtype=np.int64)
+        self.ptr = [0] * self.W
+        self.snaps: dict[tuple[int, int], object] = {}
+        self.winners: dict[int, int | None] = {}
+        self._batches: list[tuple[int, np.ndarray]] = [(0, np.zeros((0, run.batch_size), dtype=np.int64))] * self.W
+        self._r = -1
+
+    @property
+    def rounds(self) -> int:
+        return len(self.timeline.round_ends)
+
+    @property
+    def sent(self) -> int:
+        return self.timeline.bytes[self._r]
+
+    @property
+    def merges(self) -> int:
+        return self.timeline.merges[self._r]
+
+    def timing(self, r: int) -> dict:
+        return self.timeline.round_metrics(r)
+
+    # -- the waves of one round ---------------------------------------------------------------
+    def train_round(self, r: int) -> tuple[torch.Tensor, int, float]:
+        tl, W = self.timeline, self.W
+        self._r = r
+        t_end, target = tl.round_ends[r], tl.steps_at[r]
+        acts = tl.actions
+        before = int(self.done.sum())
+        loss_sum = torch.zeros((), device=self.backend.state.params.buf.device)
+
+        def due(w: int):
+            """Worker w's next action if it is due at its current boundary within this round, else None."""
+            k = self.ptr[w]
+            if k < len(acts[w]):
+                a = acts[w][k]
+                if a.boundary == self.done[w] and a.time <= t_end:
+                    return a
+            return None
+
+        while True:
+            progressed = True
+            while progressed:
+                progressed = False
+                for w in range(W):
+                    while (a := due(w)) is not None:
+                        if a.kind == clock.ALLREDUCE:
+                            if not all((b := due(v)) is not None and b.kind == clock.ALLREDUCE and b.event == a.event
+                                       for v in range(W)):
+                                break
+                            self._allreduce(a)
+                            for v in range(W):
+                                self.ptr[v] += 1
+                        elif a.kind in (clock.LAND, clock.REPLY) and (a.event, a.kind) not in self.snaps:
+                            break  # its sender has not sent it yet
+                        else:
+                            self._apply(a)
+                            self.ptr[w] += 1
+                        progressed = True
+            rows = [w for w in range(W) if self.done[w] < target[w] and due(w) is None]
+            if not rows:
+                if all(self.done[w] == target[w] and due(w) is None for w in range(W)):
+                    break
+                raise RuntimeError(f"simulated clock: no worker can go on in round {r + 1} (a bug in evomerge)")
+            loss_sum += self._step(rows)
+        steps = (int(self.done.sum()) - before) / W
+        return loss_sum, int(round(float(self.done.mean()))), steps if steps > 0 else 1.0
+
+    # -- actions ------------------------------------------------------------------------------------
+    def _apply(self, a: clock.Action) -> None:
+        s, b = self.timeline.schedule, self.backend
+        e = a.event
+        i, j = int(s.initiator[e]), int(s.peer[e])
+        if a.kind == clock.SEND:
+            self.snaps[(e, clock.LAND)] = b.snapshot(e, i, 0)
+            return
+        weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
+        if a.kind == clock.LAND:
+            payload = self.snaps.pop((e, clock.LAND))
+            if self.p.exchange == "push_pull":
+                self.snaps[(e, clock.REPLY)] = b.snapshot(e, j, 1)
+            winner = b.land(e, j, payload, weight, float(s.u[e]), initiator=i)
+            if self.p.exchange == "push_pull":
+                self.winners[e] = winner
+        else:  # the answer of a push-pull lands at the initiator
+            payload = self.snaps.pop((e, clock.REPLY))
+            b.land(e, i, payload, weight, float(s.u[e]), initiator=i, winner=self.winners.pop(e))
+
+    def _allreduce(self, a: clock.Action) -> None:
+        s, st = self.timeline.schedule, self.backend.state
+        step = int(s.step[a.event])
+        self.backend.allreduce(a.event, step, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event])))
+        st.examples.fill_(float(st.examples.sum()))
+
+    # -- a batched local step of some rows ---------------------------------------------------------
+    def _indices(self, w: int) -> np.ndarray:
+        """Worker w's minibatch for its next local step (drawn in blocks, as the lockstep run draws them)."""
+        start, block = self._batches[w]
+        k = int(self.done[w])
+        if not start <= k < start + len(block):
+            n = 64
+            block = batch_indices(self.setup.shards[w], self.setup.study.run.batch_size, k, n, self.seed, w)
+            self._batches[w] = (k, block)
+            start = k
+        return block[k - start]
+
+    def _step(self, rows: list[int]) -> torch.Tensor:
+        b, setup = self.backend, self.setup
+        st = b.state
+        dev = st.params.buf.device
+        idx = torch.as_tensor(np.stack([self._indices(w) for w in rows]), device=dev)
+        x, y = normalise(b.train_x[idx], setup.data.spec), b.train_y[idx]
+        if len(rows) == self.W:
+            losses = local_step(setup, st, x, y)
+        else:
+            sub = st.take(rows)
+            losses = local_step(setup, sub, x, y)
+            st.put(sub, rows)
+        st.examples[rows] += setup.study.run.batch_size
+        self.done[rows] += 1
+        return losses.mean(1).sum()
