@@ -66,6 +66,7 @@ class Action:
     event: int  # index into the schedule
     kind: int  # SEND (snapshot the payload), LAND (the peer merges it), REPLY (push-pull: the initiator merges the answer), ALLREDUCE
     sent: float = 0.0  # for LAND / REPLY: when the payload was sent (staleness = time - sent)
+    landed: float = 0.0  # for LAND / REPLY: when it arrived (applied at ``time``, the receiver's next boundary)
 
     @property
     def key(self) -> tuple:
@@ -341,7 +342,7 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
                 at, boundary = t, done[j]
             if at > end[0] or (busy[j] and at > budget):
                 continue
-            actions[j].append(Action(j, boundary, at, e, what, sent=t_sent))
+            actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t))
             if what == LAND and push_pull:
                 push(at, "reply", (e, j, i))
             elif blocking:

@@ -1,0 +1,156 @@
+"""The simulated clock alone (no tensors): hand-computed transfers, uplinks, barriers and stragglers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evomerge import schedule as schedule_mod
+from evomerge.engine import clock, plan
+from evomerge.policy import MergePolicy
+from evomerge.study import EnvSpec
+
+P_PARAMS = 1000  # a model of 1000 float32 parameters: 4000 bytes a payload
+
+
+def timeline(env, policy, workers, steps, rounds=1, seed=0, events=None):
+    """The timeline of ``policy``; ``events``: a hand-made gossip schedule [(step, initiator, peer), ...]."""
+    cost = plan.Bytes(policy, P_PARAMS, [1] * workers)
+    if events is None:
+        make = lambda horizon: schedule_mod.build(policy, workers, horizon, seed)  # noqa: E731
+    else:
+        s = np.array([e[0] for e in events]), np.array([e[1] for e in events]), np.array([e[2] for e in events])
+        sched = schedule_mod.Schedule("gossip", steps, *s, np.zeros(len(events)), None)
+        make = lambda horizon: sched  # noqa: E731
+    return clock.build(env, policy, workers, steps, rounds, seed, cost, make), cost
+
+
+def lands(tl, kind=clock.LAND):
+    return sorted((a for acts in tl.actions for a in acts if a.kind == kind), key=lambda a: a.landed)
+
+
+def test_a_transfer_lands_latency_plus_bytes_over_bandwidth_later():
+    l, b = 0.3, 16000.0
+    env = EnvSpec(step_time=1.0, latency=l, bandwidth=b)
+    tl, cost = timeline(env, MergePolicy(exchange="push"), 2, 4, events=[(1, 0, 1)])
+    (a,) = lands(tl)
+    assert a.sent == 1.0 and a.landed == pytest.approx(1.0 + l + cost.sent / b, abs=1e-12)
+    # worker 1 was in its second step when it landed: applied at the end of that step
+    assert a.worker == 1 and a.boundary == 2 and a.time == 2.0
+
+
+def test_two_concurrent_sends_from_one_node_share_its_uplink():
+    l, b = 0.1, 8000.0
+    env = EnvSpec(step_time=1.0, latency=l, bandwidth=b)
+    tl, cost = timeline(env, MergePolicy(exchange="push", topology="complete"), 3, 4, events=[(1, 0, 1), (1, 0, 2)])
+    first, second = lands(tl)
+    tx = cost.sent / b
+    assert first.landed == pytest.approx(1.0 + tx + l, abs=1e-12)
+    assert second.landed == pytest.approx(1.0 + 2 * tx + l, abs=1e-12)  # it waited for the first to leave the uplink
+
+
+def test_an_allreduce_waits_for_the_slowest_then_pays_the_ring():
+    l, b, W = 0.01, 40000.0, 4
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.5), latency=l, bandwidth=b)
+    policy = MergePolicy(scheme="allreduce", mean_interval=1.0)
+    tl, cost = timeline(env, policy, W, 2)
+    first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
+    ring = 2 * (W - 1) * l + 2 * (W - 1) / W * cost.sent / b  # a weights payload: up and down the same size
+    assert first.time == pytest.approx(2.0 + ring, abs=1e-12)  # worker 3 arrives at 2 s
+    assert all([a for a in acts if a.kind == clock.ALLREDUCE][0].time == first.time for acts in tl.actions)
+    # the second step starts when the all-reduce is done
+    assert tl.completions[0][1] == pytest.approx(first.time + 1.0)
+    assert tl.completions[3][1] == pytest.approx(first.time + 2.0)
+    # worker 0 waited from 1 s until the all-reduce was done; the straggler only for the ring
+    whole = tl.idle.sum(axis=0)
+    assert whole[0] == pytest.approx((first.time - 1.0) + (tl.end - first.time - 1.0))
+    assert whole[3] == pytest.approx(ring)
+
+
+def test_blocking_pauses_the_initiator_until_its_payload_lands():
+    l, b = 0.5, 4000.0
+    env = EnvSpec(step_time=1.0, latency=l, bandwidth=b, overlap="blocking")
+    tl, cost = timeline(env, MergePolicy(exchange="push"), 2, 3, events=[(1, 0, 1)])
+    wait = l + cost.sent / b
+    assert tl.completions[0][1] == pytest.approx(1.0 + wait + 1.0)
+    assert tl.completions[1][1] == 2.0  # the receiver does not wait
+    nonblocking, _ = timeline(EnvSpec(step_time=1.0, latency=l, bandwidth=b), MergePolicy(exchange="push"), 2, 3,
+                              events=[(1, 0, 1)])
+    assert nonblocking.completions[0][1] == 2.0
+
+
+def test_push_pull_answers_when_the_peer_applies_the_request():
+    l = 0.25
+    env = EnvSpec(step_time=1.0, latency=l, overlap="blocking")
+    tl, _ = timeline(env, MergePolicy(exchange="push_pull"), 2, 3, events=[(1, 0, 1)])
+    (req,), (ans,) = lands(tl), lands(tl, clock.REPLY)
+    assert req.landed == 1.0 + l and req.time == 2.0  # the peer was in a step: it answers at its end
+    assert ans.sent == 2.0 and ans.landed == 2.0 + l and ans.worker == 0
+    assert ans.time == ans.landed  # the initiator was paused, so it applies the answer at once
+    assert tl.completions[0][1] == pytest.approx(2.0 + l + 1.0)
+
+
+def test_one_straggler_slows_synchronous_allreduce_4x_but_not_nonblocking_gossip():
+    W, T = 8, 60
+    homo, straggler = EnvSpec(step_time=0.1), EnvSpec(step_time=0.1, slow_workers=(5,), slow_factor=4.0)
+    ar = MergePolicy(scheme="allreduce", mean_interval=1.0)
+    gossip = MergePolicy(mean_interval=3.0)
+    t_ar = [timeline(env, ar, W, T)[0].end for env in (homo, straggler)]
+    t_g = [timeline(env, gossip, W, T)[0].end for env in (homo, straggler)]
+    assert t_ar[1] / t_ar[0] == pytest.approx(4.0, rel=0.02)
+    assert t_g[1] / t_g[0] < 1.2
+    # the step budget is the same work: W x T local steps
+    tl, _ = timeline(straggler, gossip, W, T)
+    assert sum(len(c) for c in tl.completions) >= W * T and len(tl.completions[5]) < T / 3
+
+
+def test_a_homogeneous_free_cluster_is_the_lockstep_schedule():
+    policy = MergePolicy(mean_interval=2.0)
+    tl, _ = timeline(EnvSpec(step_time=0.5), policy, 6, 40, rounds=4)
+    sched = schedule_mod.build(policy, 6, 40, 0)
+    assert tl.end == pytest.approx(20.0) and all(len(c) == 40 for c in tl.completions)
+    assert tl.steps_at.tolist() == [[10] * 6, [20] * 6, [30] * 6, [40] * 6]
+    sends = sorted((a.event, a.worker, a.boundary) for acts in tl.actions for a in acts if a.kind == clock.SEND)
+    assert sends == [(e, int(sched.initiator[e]), int(sched.step[e])) for e in range(len(sched))]
+    assert all(a.boundary == sched.step[a.event] for acts in tl.actions for a in acts)  # applied after the same step
+    assert tl.idle.sum() == 0 and all(tl.round_metrics(r)["staleness"] == 0 for r in range(4))
+
+
+def test_same_seed_same_clock_and_the_seed_draws_it():
+    env = EnvSpec(step_time=0.1, speeds="lognormal", sigma=0.5, jitter=0.2, straggle_p=0.05, latency=0.01,
+                  bandwidth=1e6, overlap="blocking")
+    policy = MergePolicy(mean_interval=3.0)
+    a, b, c = (timeline(env, policy, 8, 50, rounds=3, seed=s)[0] for s in (1, 1, 2))
+    assert a.end == b.end and a.actions == b.actions and all(np.array_equal(x, y) for x, y in zip(a.completions, b.completions))
+    assert a.end != c.end
+
+
+def test_speed_models():
+    W = 400
+    lognormal = clock.speed_factors(EnvSpec(speeds="lognormal", sigma=0.5), W, 0)
+    assert np.std(np.log(lognormal)) == pytest.approx(0.5, rel=0.15)
+    pareto = clock.speed_factors(EnvSpec(speeds="pareto", alpha=3.0), W, 0)
+    assert pareto.min() >= 1.0 and np.mean(pareto) == pytest.approx(1.5, rel=0.2)  # 1 + Pareto(3): mean 1 + 1/2
+    listed = clock.speed_factors(EnvSpec(speeds=(1.0, 2.0, 0.5), slow_workers=(0,), slow_factor=3.0), 3, 0)
+    assert listed.tolist() == [3.0, 0.5, 2.0]
+
+
+def test_slow_spells_stretch_some_steps():
+    env = EnvSpec(step_time=1.0, straggle_p=0.1, straggle_factor=5.0, straggle_length=4.0)
+    c = clock.Compute(env, 1, 0)
+    d = np.array([c.duration(0, k) for k in range(1, 2001)])
+    assert set(np.unique(d)) == {1.0, 5.0}
+    slow = d == 5.0
+    assert 0.1 < slow.mean() < 0.45  # stationary share 0.1 / (0.1 + 0.25) ~ 0.29
+    runs = np.diff(np.flatnonzero(np.diff(np.r_[0, slow.astype(int), 0])))[::2]
+    assert np.mean(runs) == pytest.approx(4.0, rel=0.3)
+
+
+def test_sites_make_slow_links_between_them():
+    env = EnvSpec(latency=0.001, bandwidth=1e9, sites=2, latency_inter=0.02, bandwidth_inter=1e7)
+    net = clock.Network(env, 6)
+    assert net.sites.tolist() == [0, 0, 0, 1, 1, 1]
+    assert net.latency[0, 1] == 0.001 and net.latency[0, 4] == 0.02 and net.bandwidth[4, 0] == 1e7
+    m = EnvSpec(latency_matrix=((0, 1), (2, 0)), bandwidth_matrix=((0, 5), (0, 0)))
+    net = clock.Network(m, 2)
+    assert net.latency[1, 0] == 2 and net.bandwidth[0, 1] == 5 and net.bandwidth[1, 0] == np.inf

@@ -1,0 +1,250 @@
+"""Runs on a simulated cluster ([environment]): the lockstep world kept exactly, staleness, determinism,
+the time objectives, and what a user sees from the command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, tiny_study
+from evomerge import simulate
+from evomerge import study as study_mod
+from evomerge.backends.inprocess import InProcess
+from evomerge.policy import MergePolicy
+from evomerge.study import EnvSpec
+
+P = MergePolicy
+TIME_FIELDS = ("sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness", "time_to_target",
+               "accuracy_at_time", "wall_time")
+GOSSIP = {
+    "push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
+    "push-delta-adaptive-random": P(exchange="push", payload="delta", topk_fraction=0.2, quantize_bits=4,
+                                    weighting="adaptive", lerp="random", topology="complete", mean_interval=1.5),
+}
+
+
+@pytest.fixture(scope="module")
+def setup(mnist):
+    return simulate.prepare(tiny_study(workers=5, rounds=3, steps=40), data=mnist)
+
+
+def with_env(setup, env, target=None):
+    return dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=env, target=target))
+
+
+def lockstep_part(res):
+    return [{k: v for k, v in dataclasses.asdict(h).items() if k not in TIME_FIELDS} for h in res.history]
+
+
+@pytest.mark.parametrize("name", ["no-merging", "fedavg", "allreduce", "ring-gossip", *GOSSIP])
+def test_a_homogeneous_free_cluster_gives_the_lockstep_results_bit_for_bit(setup, name):
+    policy = GOSSIP.get(name) or setup.study.resolve_policy(name)
+    lockstep = simulate.simulate(setup, policy, 7, device="cpu", keep_params=True)
+    timed = simulate.simulate(with_env(setup, EnvSpec(step_time=0.25)), policy, 7, device="cpu", keep_params=True)
+    assert lockstep_part(timed) == lockstep_part(lockstep)
+    assert torch.equal(timed.params, lockstep.params)
+    assert timed.final.sim_time == pytest.approx(40 * 0.25) and timed.final.idle_fraction == 0
+    assert timed.final.steps_min == timed.final.steps_max == 40 and timed.final.staleness == 0
+    assert lockstep.final.sim_time is None and "sim_time" not in lockstep.metrics()
+
+
+def test_the_applied_payload_is_the_senders_state_when_it_was_sent(setup):
+    policy = P(exchange="push", mixing_weight=1.0)  # the receiver takes the incoming model whole
+    backend = InProcess(setup, policy, 0, torch.device("cpu"))
+    st = backend.state
+    st.params.set_row(0, torch.randn(st.P, generator=torch.Generator().manual_seed(1)))
+    payload = backend.snapshot(0, 0, 0)
+    at_send = st.params.row(0)
+    st.params.set_row(0, at_send + 1.0)  # the sender moves on before the payload lands
+    backend.land(0, 1, payload, 1.0, 0.5, initiator=0)
+    assert torch.equal(st.params.row(1), at_send) and not torch.equal(st.params.row(1), st.params.row(0))
+
+
+def test_latency_makes_payloads_stale_and_changes_the_run(setup):
+    policy = P(exchange="push", mean_interval=2.0)
+    free = simulate.simulate(with_env(setup, EnvSpec(step_time=0.1)), policy, 0, keep_params=True)
+    slow = simulate.simulate(with_env(setup, EnvSpec(step_time=0.1, latency=0.35)), policy, 0, keep_params=True)
+    assert free.final.staleness == 0
+    # sent at a step's end, landed 0.35 s later, applied at the receiver's next step end: 0.4 s old
+    assert all(h.staleness == pytest.approx(0.4) for h in slow.history)
+    assert not torch.equal(free.params, slow.params)
+    assert slow.final.merges == free.final.merges  # the same events, applied later
+
+
+def test_same_seed_same_times_and_results_on_an_uneven_cluster(setup):
+    env = EnvSpec(step_time=0.1, speeds="lognormal", sigma=0.5, jitter=0.1, latency=0.02, bandwidth=2e6,
+                  overlap="blocking", time_budget=3.0)
+    s = with_env(setup, env, target=0.5)
+    policy = P(exchange="push_pull", winner_bias=0.3, mean_interval=3.0)
+    a, b = (simulate.simulate(s, policy, 3, keep_params=True) for _ in range(2))
+    assert [dataclasses.asdict(h) | {"wall_time": 0} for h in a.history] == \
+           [dataclasses.asdict(h) | {"wall_time": 0} for h in b.history]
+    assert torch.equal(a.params, b.params)
+    f = a.final
+    assert f.sim_time == pytest.approx(3.0) and f.steps_min < f.steps_max and 0 < f.idle_fraction < 1
+    assert [h.sim_time for h in a.history] == pytest.approx([1.0, 2.0, 3.0])
+    assert f.accuracy_at_time == f.val_accuracy
+
+
+def test_time_to_target_interpolates_and_ranks_a_miss_after_every_hit(setup):
+    env = EnvSpec(step_time=0.1, time_budget=4.0)
+    res = simulate.simulate(with_env(setup, env, target=0.3), P(), 0)
+    acc = [h.val_accuracy for h in res.history]
+    t = [h.sim_time for h in res.history]
+    k = next(i for i, a in enumerate(acc) if a >= 0.3)
+    want = t[0] if k == 0 else t[k - 1] + (0.3 - acc[k - 1]) / (acc[k] - acc[k - 1]) * (t[k] - t[k - 1])
+    assert res.final.time_to_target == pytest.approx(want) and res.final.time_to_target <= 4.0
+    missed = simulate.simulate(with_env(setup, env, target=0.999), P(), 0)
+    best = max(h.val_accuracy for h in missed.history)
+    assert missed.final.time_to_target == pytest.approx(4.0 * (2 - best / 0.999)) and missed.final.time_to_target > 4.0
+
+
+def test_policies_the_clock_cannot_run_yet_are_refused_in_one_line(setup):
+    from evomerge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"policy\.swap_p: cannot run with an \[environment\]"):
+        simulate.simulate(with_env(setup, EnvSpec()), P(swap_p=0.5), 0)
+
+
+# -- the command -----------------------------------------------------------------------------------
+TIMED_STUDY = """
+[study]
+name = "tiny-timed"
+[data]
+dataset = "mnist"
+val_size = 500
+train_size = 2000
+[model]
+name = "mlp"
+hidden = [16]
+[run]
+workers = 4
+batch_size = 16
+steps = 30
+rounds = 3
+score_samples = 8
+[environment]
+{env}
+[search]
+n_trials = 3
+[search.space]
+mean_interval = {{ kind = "log-float", low = 1.0, high = 30.0 }}
+scheme = {{ kind = "categorical", choices = ["gossip", "allreduce"] }}
+[objectives]
+metrics = ["time_to_target"]
+target = 0.5
+[baselines]
+policies = ["no-merging", "allreduce", "ring-gossip"]
+"""
+
+
+def cli(*args, cwd, data_dir):
+    env = {"EVOMERGE_DATA_DIR": str(data_dir), "PATH": "/usr/bin:/bin", "HOME": str(cwd), "EVOMERGE_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "evomerge.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=900)
+
+
+ENV = {"step_time": "0.05", "speeds": "[1.0, 1.0, 1.0, 0.25]", "latency": "0.001", "bandwidth": "1e7", "time_budget": "2.0"}
+
+
+def write(tmp_path, name="tiny-timed", **changes):
+    f = tmp_path / f"{name}.toml"
+    env = ENV | changes
+    f.write_text(TIMED_STUDY.format(env="\n".join(f"{k} = {v}" for k, v in env.items())))
+    return f
+
+
+def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
+    f = write(tmp_path)
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--json", str(tmp_path / "r.json"),
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "simulated time" in p.stdout and "time to 0.5 val acc" in p.stdout and "accuracy at the 2 s budget" in p.stdout
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["final"]["sim_time"] == pytest.approx(2.0) and "time_to_target" in out["final"]
+    p = cli("baselines", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "sim time" in p.stdout and "time to 0.5" in p.stdout and "allreduce" in p.stdout
+
+
+def test_a_search_minimises_time_to_target_and_logs_time_per_round(tmp_path, data_dir):
+    import optuna
+
+    f = write(tmp_path)
+    p = cli("search", "--study", str(f), "--n-trials", "3", "--sampler", "random", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr + p.stdout
+    db = next(tmp_path.glob("runs/tiny-timed/optuna.db"))
+    study = optuna.load_study(study_name="tiny-timed", storage=f"sqlite:///{db}")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 3 and all(np.isfinite(t.values[0]) and t.values[0] > 0 for t in done)
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs/tiny-timed/mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny-timed")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name.startswith("trial-")]
+    assert runs and all("final_time_to_target" in r.data.metrics for r in runs)
+    history = client.get_metric_history(runs[0].info.run_id, "sim_time")
+    assert [m.value for m in history] == pytest.approx([2 / 3, 4 / 3, 2.0])
+    # the dashboard draws the learning curves against simulated seconds
+    p = cli("dashboard", "--study", str(f), "--out", str(tmp_path / "dash"), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert '"title":{"text":"simulated seconds"}' in (tmp_path / "dash" / "index.html").read_text()
+
+
+BAD = [
+    ("step_time", "-1.0", "out of range"),
+    ("speeds", '"gauss"', "allowed: equal, lognormal, pareto"),
+    ("speeds", "[1.0, 2.0]", "needs 4 positive speeds"),
+    ("latency_matrix", "[[0.0, 1.0], [1.0, 0.0]]", "must be 4 x 4"),
+    ("overlap", '"sometimes"', "allowed: nonblocking, blocking"),
+    ("slow_workers", "[9]", "allowed: 0..3"),
+    ("speeds_file", '"nowhere.txt"', "cannot read speeds"),
+    ("time_budget", "0.0", "is required by time_to_target"),
+]
+
+
+@pytest.mark.parametrize("key, value, why", BAD)
+def test_bad_environment_values_exit_2_naming_the_field(tmp_path, key, value, why):
+    f = write(tmp_path, "bad", **{key: value})
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", cwd=tmp_path, data_dir=ROOT)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"study.environment.{key}" in lines[0] and why in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_target_outside_0_1_and_a_retired_objective_exit_2(tmp_path):
+    for old, new, field in [("target = 0.5", "target = 1.5", "study.objectives.target"),
+                            ('metrics = ["time_to_target"]', 'metrics = ["wall_time"]', "study.objectives.metrics")]:
+        f = write(tmp_path, "bad")
+        f.write_text(f.read_text().replace(old, new))
+        p = cli("run", "--study", str(f), "--policy", "ring-gossip", cwd=tmp_path, data_dir=ROOT)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and field in p.stderr, p.stderr
+
+
+def test_the_distributed_backend_refuses_an_environment_in_one_line(tmp_path, data_dir):
+    f = write(tmp_path)
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--backend", "distributed", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and "--backend" in p.stderr and "[environment]" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["mnist-stragglers", "mnist-two-sites"])
+def test_the_shipped_timed_studies_load(name):  # (they run in the README's benchmarks)
+    s = study_mod.load(name)
+    assert s.environment is not None and s.run.workers == 16 and s.objectives == ("time_to_target",)
+    assert s.environment.time_budget > 0 and s.target is not None
+
+
+def test_speeds_from_a_file_beside_the_study(tmp_path):
+    (tmp_path / "speeds.txt").write_text("1.0\n0.5\n2.0\n1.0\n")
+    f = write(tmp_path, speeds_file='"speeds.txt"')
+    f.write_text(f.read_text().replace("speeds = [1.0, 1.0, 1.0, 0.25]\n", ""))
+    assert study_mod.load(f).environment.speeds == (1.0, 0.5, 2.0, 1.0)
