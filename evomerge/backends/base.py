@@ -75,6 +75,11 @@ class Backend(ABC):
 
     def land(self, event: int, r: int, payload, weight: float, u: float, initiator: int, winner: int | None = None):
         """Worker ``r`` merges a payload from :meth:`snapshot`; returns the winner of the winner test."""
+        return self.land_many([(event, r, payload, weight, u, initiator, winner)])[0]
+
+    def land_many(self, items: list[tuple]) -> list:
+        """:meth:`land` for several workers at once, each at most once: ``(event, r, payload, weight, u,
+        initiator, winner)`` each; returns their winners."""
         raise NotImplementedError(f"the {type(self).__name__} backend cannot run a study with an [environment]")
 
     # -- hooks: what a backend may add ------------------------------------------------------------

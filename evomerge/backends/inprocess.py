@@ -162,33 +162,36 @@ class InProcess(Backend):
                 "accum": [blk[w].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None}
 
     @torch.no_grad()
-    def land(self, event: int, r: int, payload: dict, weight: float, u: float, initiator: int,
-             winner: int | None = None) -> int | None:
-        """Worker ``r`` merges a payload snapshotted by :meth:`snapshot`: the peer merging the initiator's
-        (the winner test is done here, on the pair's slices), or the initiator merging the answer (with
-        the winner the peer found). The same arithmetic as :meth:`pairs` on one pair. Returns the winner."""
+    def land_many(self, items: list[tuple]) -> list[int | None]:
+        """:meth:`land` for several workers at once (each worker at most once): one batched forward
+        for every winner test among them."""
         p, st, model = self.p, self.state, self.setup.model
-        at_peer = r != initiator
-        if at_peer and p.winner_bias > 0 and winner is None:
-            mine = [q[r] for q in st.params.params]
-            theirs = [v[0] for v in model.views(payload["params"].unsqueeze(0))]
-            loss = self._pair_losses(np.array([initiator]), np.array([r]),
-                                     [torch.stack([t, m]) for t, m in zip(theirs, mine)])
-            winner = plan_mod.winner(loss[0], loss[1])
-        ma, mb = plan_mod.moves(p, weight, u, winner)
-        own = np.array([r])
-        w_in = self.weighting.incoming_weights(st, [mb if at_peer else ma], own, [payload["examples"]], payload["accum"])
-        sent = payload["sent"]
-        for k, ((o, n), blk, chg) in enumerate(zip(self.setup.model.offsets, st.params.blocks, st.merge_change.blocks)):
-            wk = w_in[k] if isinstance(w_in, list) else w_in
-            old = blk[r].clone()
-            blk[r].lerp_(sent[o:o + n], wk[0])
-            chg[r].add_(blk[r]).sub_(old)
-        if st.accum is not None:
-            for blk, acc in zip(st.accum.blocks, payload["accum"]):
-                blk[r].add_(acc[0])
-        st.examples[r] = st.examples[r] + payload["examples"]
-        return winner
+        winners = [it[6] for it in items]
+        test = [k for k, it in enumerate(items) if it[1] != it[5] and p.winner_bias > 0 and it[6] is None]
+        if test:
+            pairs = []
+            for k in test:
+                _, r, payload, *_ = items[k]
+                pairs.append(([v[0] for v in model.views(payload["params"].unsqueeze(0))], [q[r] for q in st.params.params]))
+            params = [torch.stack([t for theirs, mine in pairs for t in (theirs[b], mine[b])]) for b in range(len(st.params.params))]
+            loss = self._pair_losses(np.array([items[k][5] for k in test]), np.array([items[k][1] for k in test]), params)
+            for n, k in enumerate(test):
+                winners[k] = plan_mod.winner(loss[2 * n], loss[2 * n + 1])
+        for (event, r, payload, weight, u, initiator, _), winner in zip(items, winners):
+            ma, mb = plan_mod.moves(p, weight, u, winner)
+            w_in = self.weighting.incoming_weights(st, [mb if r != initiator else ma], np.array([r]), [payload["examples"]],
+                                                   payload["accum"])
+            sent = payload["sent"]
+            for k, ((o, n), blk, chg) in enumerate(zip(model.offsets, st.params.blocks, st.merge_change.blocks)):
+                wk = w_in[k] if isinstance(w_in, list) else w_in
+                old = blk[r].clone()
+                blk[r].lerp_(sent[o:o + n], wk[0])
+                chg[r].add_(blk[r]).sub_(old)
+            if st.accum is not None:
+                for blk, acc in zip(st.accum.blocks, payload["accum"]):
+                    blk[r].add_(acc[0])
+            st.examples[r] = st.examples[r] + payload["examples"]
+        return winners
 
     @torch.no_grad()
     def _pair_losses(self, a: np.ndarray, b: np.ndarray, params: list[torch.Tensor] | None = None) -> list[float]:

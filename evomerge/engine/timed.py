@@ -91,24 +91,22 @@ class Timed:
             return None
 
         while True:
-            progressed = True
-            while progressed:
-                progressed = False
+            while True:  # apply what can be applied: each worker's next action, all workers' at once
+                ready = []
                 for w in range(W):
-                    while (a := due(w)) is not None:
-                        if a.kind == clock.ALLREDUCE:
-                            if not all((b := due(v)) is not None and b.kind == clock.ALLREDUCE and b.event == a.event
-                                       for v in range(W)):
-                                break
-                            self._allreduce(a)
-                            for v in range(W):
-                                self.ptr[v] += 1
-                        elif a.kind in (clock.LAND, clock.REPLY) and (a.event, a.kind) not in self.snaps:
-                            break  # its sender has not sent it yet
-                        else:
-                            self._apply(a)
-                            self.ptr[w] += 1
-                        progressed = True
+                    a = due(w)
+                    if a is None or (a.kind in (clock.LAND, clock.REPLY) and (a.event, a.kind) not in self.snaps):
+                        continue  # nothing due, or its sender has not sent it yet
+                    if a.kind == clock.ALLREDUCE:
+                        if all((b := due(v)) is not None and b.kind == clock.ALLREDUCE and b.event == a.event
+                               for v in range(W)):
+                            ready = [a]
+                            break
+                        continue
+                    ready.append(a)
+                if not ready:
+                    break
+                self._apply(ready)
             rows = [w for w in range(W) if self.done[w] < target[w] and due(w) is None]
             if not rows:
                 if all(self.done[w] == target[w] and due(w) is None for w in range(W)):
@@ -119,24 +117,36 @@ class Timed:
         return loss_sum, int(round(float(self.done.mean()))), steps if steps > 0 else 1.0
 
     # -- actions ------------------------------------------------------------------------------------
-    def _apply(self, a: clock.Action) -> None:
+    def _apply(self, ready: list[clock.Action]) -> None:
+        """Actions of different workers, each its worker's next: sends first (a payload is snapshotted
+        before it can land), then every landing in one batch."""
         s, b = self.timeline.schedule, self.backend
-        e = a.event
-        i, j = int(s.initiator[e]), int(s.peer[e])
-        if a.kind == clock.SEND:
-            self.snaps[(e, clock.LAND)] = b.snapshot(e, i, 0)
+        if ready[0].kind == clock.ALLREDUCE:
+            self._allreduce(ready[0])
+            for v in range(self.W):
+                self.ptr[v] += 1
             return
-        weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
-        if a.kind == clock.LAND:
-            payload = self.snaps.pop((e, clock.LAND))
-            if self.p.exchange == "push_pull":
-                self.snaps[(e, clock.REPLY)] = b.snapshot(e, j, 1)
-            winner = b.land(e, j, payload, weight, float(s.u[e]), initiator=i)
-            if self.p.exchange == "push_pull":
-                self.winners[e] = winner
-        else:  # the answer of a push-pull lands at the initiator
-            payload = self.snaps.pop((e, clock.REPLY))
-            b.land(e, i, payload, weight, float(s.u[e]), initiator=i, winner=self.winners.pop(e))
+        lands = []
+        for a in ready:
+            e = a.event
+            i, j = int(s.initiator[e]), int(s.peer[e])
+            if a.kind == clock.SEND:
+                self.snaps[(e, clock.LAND)] = b.snapshot(e, i, 0)
+                continue
+            weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
+            payload = self.snaps.pop((e, a.kind))
+            if a.kind == clock.LAND:
+                if self.p.exchange == "push_pull":  # the answer is the peer's state before it merges
+                    self.snaps[(e, clock.REPLY)] = b.snapshot(e, j, 1)
+                lands.append((e, j, payload, weight, float(s.u[e]), i, None))
+            else:  # the answer of a push-pull lands at the initiator, with the winner the peer found
+                lands.append((e, i, payload, weight, float(s.u[e]), i, self.winners.pop(e)))
+        if lands:
+            for it, winner in zip(lands, b.land_many(lands)):
+                if it[1] != it[5] and self.p.exchange == "push_pull":
+                    self.winners[it[0]] = winner
+        for a in ready:
+            self.ptr[a.worker] += 1
 
     def _allreduce(self, a: clock.Action) -> None:
         s, st = self.timeline.schedule, self.backend.state
