@@ -65,6 +65,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--procs", type=int, default=None,
                    help="distributed backend: number of processes, each running workers/procs workers "
                         "(default: one per worker)")
+    p.add_argument("--emulate-time", action="store_true",
+                   help="distributed backend on a study with an [environment]: each rank sleeps its simulated step "
+                        "and transfer times, so the wall clock can be held against the simulated one (default: off)")
 
 
 def _store(p: argparse.ArgumentParser, tracking: bool = True) -> None:
@@ -237,8 +240,14 @@ def _prepare(study, args):
 
 
 def _runner(args, study):
+    from functools import partial
+
     from .backends import runner
 
+    if getattr(args, "emulate_time", False):
+        if args.backend != "distributed" or study.environment is None:
+            raise ConfigError("--emulate-time", "needs --backend distributed and a study with an [environment]")
+        return partial(runner(args.backend, args.procs, study.run.workers), emulate_time=True)
     return runner(args.backend, args.procs, study.run.workers)
 
 

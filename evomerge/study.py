@@ -400,9 +400,9 @@ def run_inputs(study: Study, policy: MergePolicy | str | Path, seed: int | None 
     policy_mod.check_workers(policy, study.run.workers)
     if study.environment is not None:
         policy_mod.check_timed(policy)
-        if backend != "inprocess":
-            raise ConfigError("--backend", f"{backend} cannot run a study with an [environment] yet (the simulated "
-                                           "clock is replayed in process); allowed: inprocess")
+        if backend != "inprocess" and policy.payload != "weights":
+            raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the {backend} backend with an "
+                                                "[environment] yet; allowed: weights, or --backend inprocess")
     check(backend, procs, study.run.workers)
     check_policy(backend, policy)
     if seed is None:

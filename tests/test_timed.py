@@ -229,11 +229,10 @@ def test_a_target_outside_0_1_and_a_retired_objective_exit_2(tmp_path):
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and field in p.stderr, p.stderr
 
 
-def test_the_distributed_backend_refuses_an_environment_in_one_line(tmp_path, data_dir):
-    f = write(tmp_path)
-    p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--backend", "distributed", cwd=tmp_path, data_dir=data_dir)
-    assert p.returncode == 2 and "--backend" in p.stderr and "[environment]" in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1
+def test_emulated_time_needs_the_distributed_backend(tmp_path, data_dir):
+    p = cli("run", "--study", str(write(tmp_path)), "--policy", "ring-gossip", "--emulate-time", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 2 and "--emulate-time" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 @pytest.mark.parametrize("name", ["mnist-stragglers", "mnist-two-sites"])
@@ -248,3 +247,54 @@ def test_speeds_from_a_file_beside_the_study(tmp_path):
     f = write(tmp_path, speeds_file='"speeds.txt"')
     f.write_text(f.read_text().replace("speeds = [1.0, 1.0, 1.0, 0.25]\n", ""))
     assert study_mod.load(f).environment.speeds == (1.0, 0.5, 2.0, 1.0)
+
+
+# -- the distributed backend replays the same clock ----------------------------------------------------
+UNEVEN = EnvSpec(step_time=0.1, speeds=(1.0, 0.7, 1.3, 0.25), jitter=0.1, latency=0.03, bandwidth=2e6, overlap="blocking")
+
+
+@pytest.fixture(scope="module")
+def setup4(mnist):
+    return simulate.prepare(tiny_study(workers=4, rounds=3, steps=30), data=mnist)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, procs", [("push-pull-winner-examples", 4), ("allreduce-examples", 2)])
+def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, name, procs):
+    from evomerge.backends import distributed
+
+    policy = {"push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
+              "allreduce-examples": P(scheme="allreduce", mean_interval=3.0, weighting="examples")}[name]
+    s = with_env(setup4, UNEVEN)
+    a = simulate.simulate(s, policy, 1, keep_params=True)
+    b = distributed.simulate(s, policy, 1, keep_params=True, procs=procs, device="cpu")
+    assert len(a.history) == len(b.history) == 3
+    for x, y in zip(a.history, b.history):
+        x, y = dataclasses.asdict(x), dataclasses.asdict(y)
+        for key in x:
+            if key != "wall_time" and x[key] is not None:
+                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key  # simulated time included
+    assert a.final.idle_fraction > 0  # blocking merges, or barriers: both wait on the slow worker
+    assert (a.final.steps_min < a.final.steps_max) == (policy.scheme == "gossip")
+    assert torch.allclose(a.params, b.params, atol=1e-5)
+
+
+def test_distributed_refuses_delta_payloads_on_a_clock_in_one_line(tmp_path, data_dir):
+    (tmp_path / "delta.json").write_text(json.dumps({"payload": "delta", "topk_fraction": 0.1}))
+    p = cli("run", "--study", str(write(tmp_path)), "--policy", str(tmp_path / "delta.json"), "--backend", "distributed",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "policy.payload" in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_emulated_time_paces_the_ranks_to_the_simulated_clock(setup4):
+    from evomerge.backends import distributed
+
+    env = EnvSpec(step_time=0.05, speeds=(1.0, 1.0, 1.0, 0.5), latency=0.01, time_budget=1.5)
+    s = with_env(setup4, env)
+    policy = P(exchange="push", mean_interval=3.0)
+    paced = distributed.simulate(s, policy, 0, procs=2, device="cpu", emulate_time=True)
+    free = distributed.simulate(s, policy, 0, procs=2, device="cpu")
+    assert paced.final.sim_time == free.final.sim_time == pytest.approx(1.5)
+    assert paced.wall_time - paced.eval_time >= 1.5 * 0.9  # it waited for the simulated clock (evaluation aside)
+    assert [h.val_accuracy for h in paced.history] == [h.val_accuracy for h in free.history]

@@ -16,6 +16,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .. import registry
+from ..engine import plan as plan_mod
 from ..engine import run as run_mod
 from ..engine.plan import PairSet
 from ..engine.state import Workers
@@ -38,6 +40,10 @@ class Backend(ABC):
                              rows=None if len(own) == run.workers else len(own), public=public)
         data = setup.data
         self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
+        self.slices = torch.as_tensor(np.stack(setup.slices), device=device)  # [W, score_samples]
+        self.weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
+        self.payload = registry.PAYLOADS.get_object(policy.payload)()
+        self.pos = {w: i for i, w in enumerate(own)}  # a worker's row in this backend's state
 
     # -- what every backend does ------------------------------------------------------------------
     def start(self, judge: "run_mod.Judge | None") -> None:
@@ -69,18 +75,89 @@ class Backend(ABC):
         return go
 
     # -- a timed run ([environment]): one side of a merge at a time ---------------------------------
-    def snapshot(self, event: int, w: int, side: int):
-        """What worker ``w`` sends in ``event``, as it is now (side 0: the initiator; 1: a push-pull answer)."""
-        raise NotImplementedError(f"the {type(self).__name__} backend cannot run a study with an [environment]")
+    def snapshot(self, event: int, w: int, side: int) -> dict:
+        """What worker ``w`` (a row of this backend) sends in ``event``, as it is now (side 0: the
+        initiator; 1: a push-pull answer): the payload, the model (for the winner test), its counter
+        and its accumulators."""
+        st, k = self.state, self.pos[w]
+        sent = self.payload.outgoing(st, self.p, self.seed, np.array([k]), np.array([event]), side)
+        params = st.params.row(k)
+        return {"worker": w, "sent": params if sent is None else sent[0], "params": params,
+                "examples": float(st.examples[w]),
+                "accum": [blk[k].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None}
 
     def land(self, event: int, r: int, payload, weight: float, u: float, initiator: int, winner: int | None = None):
         """Worker ``r`` merges a payload from :meth:`snapshot`; returns the winner of the winner test."""
         return self.land_many([(event, r, payload, weight, u, initiator, winner)])[0]
 
-    def land_many(self, items: list[tuple]) -> list:
-        """:meth:`land` for several workers at once, each at most once: ``(event, r, payload, weight, u,
-        initiator, winner)`` each; returns their winners."""
-        raise NotImplementedError(f"the {type(self).__name__} backend cannot run a study with an [environment]")
+    @torch.no_grad()
+    def land_many(self, items: list[tuple]) -> list[int | None]:
+        """Workers of this backend merge payloads from :meth:`snapshot` (each worker at most once):
+        ``(event, r, payload, weight, u, initiator, winner)`` each. The peer of an event merging the
+        initiator's payload does the winner test (one batched forward for all of them); the initiator
+        merging a push-pull answer gets the winner the peer found. The arithmetic of the in-process
+        backend's :meth:`pairs` on one pair at a time. Returns the winners."""
+        p, st, model = self.p, self.state, self.setup.model
+        winners = [it[6] for it in items]
+        test = [k for k, it in enumerate(items) if it[1] != it[5] and p.winner_bias > 0 and it[6] is None]
+        if test:
+            pairs = []
+            for k in test:
+                _, r, payload, *_ = items[k]
+                pairs.append(([v[0] for v in model.views(payload["params"].unsqueeze(0))],
+                              [q[self.pos[r]] for q in st.params.params]))
+            params = [torch.stack([t for theirs, mine in pairs for t in (theirs[b], mine[b])])
+                      for b in range(len(st.params.params))]
+            loss = self._pair_losses(np.array([items[k][5] for k in test]), np.array([items[k][1] for k in test]), params)
+            for n, k in enumerate(test):
+                winners[k] = plan_mod.winner(loss[2 * n], loss[2 * n + 1])
+        for (event, r, payload, weight, u, initiator, _), winner in zip(items, winners):
+            ma, mb = plan_mod.moves(p, weight, u, winner)
+            row = self.pos[r]
+            w_in = self.weighting.incoming_weights(st, [mb if r != initiator else ma], np.array([row]),
+                                                   [payload["examples"]], payload["accum"], examples_of=[r])
+            sent = payload["sent"]
+            for k, ((o, n), blk, chg) in enumerate(zip(model.offsets, st.params.blocks, st.merge_change.blocks)):
+                wk = w_in[k] if isinstance(w_in, list) else w_in
+                old = blk[row].clone()
+                blk[row].lerp_(sent[o:o + n], wk[0])
+                chg[row].add_(blk[row]).sub_(old)
+            if st.accum is not None:
+                for blk, acc in zip(st.accum.blocks, payload["accum"]):
+                    blk[row].add_(acc[0])
+            st.examples[r] = st.examples[r] + payload["examples"]
+        return winners
+
+    # payloads between backends (ranks): a backend that holds every worker never sends one
+    def send_payload(self, event: int, kind: int, payload: dict, to: int) -> None:
+        raise NotImplementedError(f"worker {to} is not held by this {type(self).__name__} backend")
+
+    def poll_payload(self, event: int, kind: int, sender: int) -> dict | None:
+        raise NotImplementedError(f"worker {sender} is not held by this {type(self).__name__} backend")
+
+    def wait_payload(self, event: int, kind: int, sender: int) -> dict:
+        raise NotImplementedError(f"worker {sender} is not held by this {type(self).__name__} backend")
+
+    def sum_examples(self) -> float:
+        """Every worker's example counter, summed (an all-reduce of a timed run)."""
+        return float(self.state.examples.sum())
+
+    @torch.no_grad()
+    def _pair_losses(self, a: np.ndarray, b: np.ndarray, params: list[torch.Tensor] | None = None) -> list[float]:
+        """Each pair's two losses on the pair's two validation slices (initiator's first), in one
+        batched forward: ``[loss(a_0), loss(b_0), loss(a_1), ...]``. ``params``: the pairs' rows in
+        that order, if not the current ones."""
+        st, model = self.state, self.setup.model
+        dev = st.params.buf.device
+        rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
+        idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
+        x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)
+        y = self.train_y[idx].repeat_interleave(2, dim=0)
+        if params is None:
+            params = [q.index_select(0, rows) for q in st.params.params]
+        logits = model.forward(params, x)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
+        return loss.tolist()
 
     # -- hooks: what a backend may add ------------------------------------------------------------
     def peers(self, events: np.ndarray, step: int) -> np.ndarray:

@@ -84,6 +84,8 @@ class Distributed(Backend):
             self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(W)]
         self.spec = ops.wire_spec(self.P, policy.topk_fraction, policy.quantize_bits) if self.delta else [((self.P,), torch.float32)]
         self.slice_idx = [torch.as_tensor(s, device=device) for s in setup.slices]
+        self._outbox: list = []  # sends of a timed run still in flight (their tensors must live until done)
+        self._inbox: dict = {}  # receives of a timed run posted, not yet applied
 
     # -- helpers ---------------------------------------------------------------------------
     def _encode(self, w: int, ev: int, side: int) -> list[torch.Tensor]:
@@ -277,6 +279,66 @@ class Distributed(Backend):
         stack.set_rows(torch.cat(gathered))
         return stack
 
+    # -- a timed run: payloads between ranks as tagged messages -------------------------------------
+    def _tag(self, event: int, kind: int, part: int) -> int:
+        return (event * 4 + kind) * 4 + part
+
+    def _wire(self, payload: dict | None = None) -> list[torch.Tensor]:
+        """A payload's tensors: the model row, its counter (float64, exact) and winner, its accumulators."""
+        if payload is None:
+            out = [torch.empty(self.P, device=self.dev), torch.empty(2, dtype=torch.float64, device=self.dev)]
+            return out + ([torch.empty(self.P, device=self.dev)] if self.st.accum is not None else [])
+        win = payload.get("winner")
+        out = [payload["sent"].contiguous(),
+               torch.tensor([payload["examples"], -1.0 if win is None else float(win)], dtype=torch.float64, device=self.dev)]
+        if payload["accum"] is not None:
+            out.append(torch.cat([a[0] for a in payload["accum"]]))
+        return out
+
+    def send_payload(self, event: int, kind: int, payload: dict, to: int) -> None:
+        dst = int(self.owner[to])
+        tensors = self._wire(payload)
+        works = [dist.isend(t, dst, tag=self._tag(event, kind, k)) for k, t in enumerate(tensors)]
+        self._outbox.append((works, tensors))
+        self._outbox = [(w, t) for w, t in self._outbox if not all(x.is_completed() for x in w)]
+
+    def _posted(self, event: int, kind: int, sender: int):
+        key = (event, kind)
+        if key not in self._inbox:
+            src = int(self.owner[sender])
+            tensors = self._wire()
+            self._inbox[key] = ([dist.irecv(t, src, tag=self._tag(event, kind, k)) for k, t in enumerate(tensors)], tensors)
+        return self._inbox[key]
+
+    def _received(self, event: int, kind: int) -> dict:
+        _, tensors = self._inbox.pop((event, kind))
+        row, meta = tensors[0], tensors[1]
+        accum = None
+        if len(tensors) > 2:
+            accum = [tensors[2][o:o + n].unsqueeze(0) for o, n in self.setup.model.offsets]
+        win = int(meta[1])
+        return {"sent": row, "params": row, "examples": float(meta[0]), "accum": accum,
+                "winner": None if win < 0 else win}
+
+    def poll_payload(self, event: int, kind: int, sender: int) -> dict | None:
+        works, _ = self._posted(event, kind, sender)
+        if all(w.is_completed() for w in works):
+            for w in works:
+                w.wait()
+            return self._received(event, kind)
+        return None
+
+    def wait_payload(self, event: int, kind: int, sender: int) -> dict:
+        works, _ = self._posted(event, kind, sender)
+        for w in works:
+            w.wait()
+        return self._received(event, kind)
+
+    def sum_examples(self) -> float:
+        t = self.st.examples[self.own].to(torch.float64).sum().reshape(1).to(self.dev)
+        dist.all_reduce(t)
+        return float(t[0])
+
     def agree(self, go: bool) -> bool:
         flag = torch.ones(1, device=self.dev) if go else torch.zeros(1, device=self.dev)
         dist.broadcast(flag, src=0)
@@ -285,14 +347,19 @@ class Distributed(Backend):
 
 def run_rank(setup: Setup, policy: MergePolicy, seed: int, *, rank: int, world: int,
              report: Callable[[RoundMetrics], bool] | None = None, device: str | torch.device | None = None,
-             evaluate_test: bool = False, keep_params: bool = False) -> RunResult | None:
+             evaluate_test: bool = False, keep_params: bool = False, emulate_time: bool = False) -> RunResult | None:
     """This rank's part of one run, inside an initialised process group. ``report`` (rank 0 only)
     gets each round's metrics and returns False to stop the run. Rank 0 returns the result."""
     check_policy("distributed", policy)
     t0 = time.perf_counter()
     backend = Distributed(setup, policy, seed, rank, world, resolve_device(device))
-    return execute(setup, policy, seed, backend, callback=report, evaluate_test=evaluate_test, keep_params=keep_params,
-                   t0=t0)
+    try:
+        return execute(setup, policy, seed, backend, callback=report, evaluate_test=evaluate_test,
+                       keep_params=keep_params, t0=t0, emulate_time=emulate_time)
+    finally:
+        for works, _ in backend._outbox:  # a timed run's last sends
+            for w in works:
+                w.wait()
 
 
 # -- local launch --------------------------------------------------------------------------------------
@@ -310,7 +377,7 @@ def _die_with_parent() -> None:
 
 
 def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, down, device: str,
-               evaluate_test: bool, keep_params: bool, threads: int) -> None:
+               evaluate_test: bool, keep_params: bool, threads: int, emulate_time: bool = False) -> None:
     """Entry point of a spawned rank: join the group, run, send rank 0's rounds and result up."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a Ctrl-C reaches it too
@@ -329,7 +396,7 @@ def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, 
             return down.get()
 
         res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None,
-                       device=dev, evaluate_test=evaluate_test, keep_params=keep_params)
+                       device=dev, evaluate_test=evaluate_test, keep_params=keep_params, emulate_time=emulate_time)
         if rank == 0:
             up.put(("result", res))
     finally:
@@ -338,7 +405,7 @@ def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, 
 
 def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
              evaluate_test: bool = False, keep_params: bool = False, procs: int | None = None,
-             _entry=None) -> RunResult:
+             emulate_time: bool = False, _entry=None) -> RunResult:
     """Like :func:`evomerge.simulate.simulate`, on ``procs`` processes (default: one per worker)
     spawned on this machine. ``callback`` runs here, in the caller's process; if it raises, the
     ranks stop at the end of that round and the exception propagates. A rank that dies or raises
@@ -356,7 +423,8 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
-    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads)
+    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads,
+            emulate_time)
     result, error = None, None
     # one supervisor for every process evomerge starts: each rank leads its own process group, and
     # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group

@@ -30,7 +30,6 @@ class InProcess(Backend):
         W = setup.study.run.workers
         super().__init__(setup, policy, seed, device, list(range(W)))
         self.W = W
-        self.slices = torch.as_tensor(np.stack(setup.slices), device=device)  # [W, score_samples]
         self.pool = None
         if policy.data_exchange_k or policy.retire_threshold:
             self.pool = datapool.DataPool(setup.shards, len(self.train_y), seed, retire_threshold=policy.retire_threshold,
@@ -44,8 +43,6 @@ class InProcess(Backend):
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
         self.sim = None
         self.labels = setup.data.train_y.numpy()
-        self.weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
-        self.payload = registry.PAYLOADS.get_object(policy.payload)()
 
     def start(self, judge) -> None:
         self.sim = judge.similarity
@@ -150,65 +147,6 @@ class InProcess(Backend):
                     blk[j].add_(blk[i])
                     if push_pull:
                         blk[i].copy_(blk[j])
-
-    # -- one side of a merge at a time (a timed run: payloads land after they were sent) ----------------
-    def snapshot(self, event: int, w: int, side: int) -> dict:
-        """What worker ``w`` sends in ``event`` (side 0: the initiator, 1: the push-pull answer), as it is now."""
-        st = self.state
-        sent = self.payload.outgoing(st, self.p, self.seed, np.array([w]), np.array([event]), side)
-        params = st.params.row(w)
-        return {"worker": w, "sent": params if sent is None else sent[0], "params": params,
-                "examples": float(st.examples[w]),
-                "accum": [blk[w].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None}
-
-    @torch.no_grad()
-    def land_many(self, items: list[tuple]) -> list[int | None]:
-        """:meth:`land` for several workers at once (each worker at most once): one batched forward
-        for every winner test among them."""
-        p, st, model = self.p, self.state, self.setup.model
-        winners = [it[6] for it in items]
-        test = [k for k, it in enumerate(items) if it[1] != it[5] and p.winner_bias > 0 and it[6] is None]
-        if test:
-            pairs = []
-            for k in test:
-                _, r, payload, *_ = items[k]
-                pairs.append(([v[0] for v in model.views(payload["params"].unsqueeze(0))], [q[r] for q in st.params.params]))
-            params = [torch.stack([t for theirs, mine in pairs for t in (theirs[b], mine[b])]) for b in range(len(st.params.params))]
-            loss = self._pair_losses(np.array([items[k][5] for k in test]), np.array([items[k][1] for k in test]), params)
-            for n, k in enumerate(test):
-                winners[k] = plan_mod.winner(loss[2 * n], loss[2 * n + 1])
-        for (event, r, payload, weight, u, initiator, _), winner in zip(items, winners):
-            ma, mb = plan_mod.moves(p, weight, u, winner)
-            w_in = self.weighting.incoming_weights(st, [mb if r != initiator else ma], np.array([r]), [payload["examples"]],
-                                                   payload["accum"])
-            sent = payload["sent"]
-            for k, ((o, n), blk, chg) in enumerate(zip(model.offsets, st.params.blocks, st.merge_change.blocks)):
-                wk = w_in[k] if isinstance(w_in, list) else w_in
-                old = blk[r].clone()
-                blk[r].lerp_(sent[o:o + n], wk[0])
-                chg[r].add_(blk[r]).sub_(old)
-            if st.accum is not None:
-                for blk, acc in zip(st.accum.blocks, payload["accum"]):
-                    blk[r].add_(acc[0])
-            st.examples[r] = st.examples[r] + payload["examples"]
-        return winners
-
-    @torch.no_grad()
-    def _pair_losses(self, a: np.ndarray, b: np.ndarray, params: list[torch.Tensor] | None = None) -> list[float]:
-        """Each pair's two losses on the pair's two validation slices (initiator's first), in one
-        batched forward: ``[loss(a_0), loss(b_0), loss(a_1), ...]``. ``params``: the pairs' rows in
-        that order, if not the current ones."""
-        st, model = self.state, self.setup.model
-        dev = st.params.buf.device
-        rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
-        idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
-        x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)
-        y = self.train_y[idx].repeat_interleave(2, dim=0)
-        if params is None:
-            params = [q.index_select(0, rows) for q in st.params.params]
-        logits = model.forward(params, x)
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
-        return loss.tolist()
 
     def _swap(self, a: int, b: int) -> None:
         """The two workers exchange models, with everything that belongs to a model (optimiser

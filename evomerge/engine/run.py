@@ -459,7 +459,7 @@ class Lockstep:
 
 def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
             callback: Callable[[RoundMetrics], Any] | None = None, evaluate_test: bool = False,
-            keep_params: bool = False, t0: float | None = None) -> RunResult | None:
+            keep_params: bool = False, t0: float | None = None, emulate_time: bool = False) -> RunResult | None:
     """Run one merge run on ``backend``; returns the result where the backend judges, else None.
 
     ``callback`` gets each round's metrics where the backend judges: it may raise (the
@@ -473,7 +473,7 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
     if setup.study.environment is not None:
         from .timed import Timed
 
-        driver = Timed(setup, policy, seed, backend)
+        driver = Timed(setup, policy, seed, backend, emulate=emulate_time)
     else:
         driver = Lockstep(setup, policy, seed, backend)
     history: list[RoundMetrics] = []

@@ -19,6 +19,8 @@ then judges it as in the lockstep world.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -29,17 +31,27 @@ from ..policy import TIMED_UNSUPPORTED as UNSUPPORTED, check_timed as check_poli
 
 
 class Timed:
-    """The driver of a timed run (see :class:`.run.Lockstep` for the lockstep one)."""
+    """The driver of a timed run (see :class:`.run.Lockstep` for the lockstep one), on the workers the
+    backend owns: all of them in process, one rank's under ``torch.distributed`` (payloads between
+    ranks travel as messages; a rank waits for one only when nothing else can go on).
 
-    def __init__(self, setup: Setup, policy, seed: int, backend):
+    ``emulate``: pace the run to the simulated clock (sleep until each step's and each merge's
+    simulated time), so a distributed run's wall clock can be held against the simulated one."""
+
+    def __init__(self, setup: Setup, policy, seed: int, backend, emulate: bool = False):
         check_policy(policy)
         from .. import schedule as schedule_mod
 
         run = setup.study.run
         self.setup, self.p, self.seed, self.backend = setup, policy, seed, backend
         self.W, self.T = run.workers, setup.total_steps
+        self.own = list(backend.own)
+        if len(self.own) < self.W and policy.payload != "weights":
+            from ..errors import ConfigError
+
+            raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the distributed backend with "
+                                                "an [environment] yet; allowed: weights, or --backend inprocess")
         neighbours = None
-        cost = None
         if policy.scheme == "gossip":
             from .. import topology as topo_mod
 
@@ -52,10 +64,13 @@ class Timed:
         self.horizon = setup.study.environment.time_budget or self.timeline.end
         self.done = np.zeros(self.W, dtype=np.int64)
         self.ptr = [0] * self.W
-        self.snaps: dict[tuple[int, int], object] = {}
-        self.winners: dict[int, int | None] = {}
+        self.snaps: dict[tuple[int, int], dict] = {}  # payloads that were sent to this backend's workers
+        # payloads that land before the end (the others are never sent: nobody would receive them)
+        self.landing = {(a.event, a.kind) for acts in self.timeline.actions for a in acts
+                        if a.kind in (clock.LAND, clock.REPLY)}
         self._batches: list[tuple[int, np.ndarray]] = [(0, np.zeros((0, run.batch_size), dtype=np.int64))] * self.W
         self._r = -1
+        self.emulate, self._t0 = emulate, None
 
     @property
     def rounds(self) -> int:
@@ -74,12 +89,13 @@ class Timed:
 
     # -- the waves of one round ---------------------------------------------------------------
     def train_round(self, r: int) -> tuple[torch.Tensor, int, float]:
-        tl, W = self.timeline, self.W
+        tl, b = self.timeline, self.backend
         self._r = r
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
         t_end, target = tl.round_ends[r], tl.steps_at[r]
         acts = tl.actions
-        before = int(self.done.sum())
-        loss_sum = torch.zeros((), device=self.backend.state.params.buf.device)
+        loss_sum = torch.zeros((), device=b.state.params.buf.device)
 
         def due(w: int):
             """Worker w's next action if it is due at its current boundary within this round, else None."""
@@ -91,15 +107,19 @@ class Timed:
             return None
 
         while True:
+            waiting = []  # landings whose payload has not arrived from another rank
             while True:  # apply what can be applied: each worker's next action, all workers' at once
-                ready = []
-                for w in range(W):
+                ready, waiting = [], []
+                for w in self.own:
                     a = due(w)
-                    if a is None or (a.kind in (clock.LAND, clock.REPLY) and (a.event, a.kind) not in self.snaps):
-                        continue  # nothing due, or its sender has not sent it yet
+                    if a is None:
+                        continue
+                    if a.kind in (clock.LAND, clock.REPLY) and not self._arrived(a):
+                        waiting.append(a)
+                        continue
                     if a.kind == clock.ALLREDUCE:
-                        if all((b := due(v)) is not None and b.kind == clock.ALLREDUCE and b.event == a.event
-                               for v in range(W)):
+                        if all((x := due(v)) is not None and x.kind == clock.ALLREDUCE and x.event == a.event
+                               for v in self.own):
                             ready = [a]
                             break
                         continue
@@ -107,44 +127,83 @@ class Timed:
                 if not ready:
                     break
                 self._apply(ready)
-            rows = [w for w in range(W) if self.done[w] < target[w] and due(w) is None]
-            if not rows:
-                if all(self.done[w] == target[w] and due(w) is None for w in range(W)):
-                    break
+            rows = [w for w in self.own if self.done[w] < target[w] and due(w) is None]
+            if rows:
+                loss_sum += self._step(rows)
+            elif waiting:  # nothing else can go on here: wait for the earliest payload still in flight
+                a = min(waiting, key=lambda x: x.key)
+                self.snaps[(a.event, a.kind)] = b.wait_payload(a.event, a.kind, self._sender(a))
+            elif all(self.done[w] == target[w] and due(w) is None for w in self.own):
+                break
+            else:
                 raise RuntimeError(f"simulated clock: no worker can go on in round {r + 1} (a bug in evomerge)")
-            loss_sum += self._step(rows)
-        steps = (int(self.done.sum()) - before) / W
-        return loss_sum, int(round(float(self.done.mean()))), steps if steps > 0 else 1.0
+        before = tl.steps_at[r - 1].sum() if r else 0
+        steps = float(tl.steps_at[r].sum() - before) / self.W
+        return loss_sum, int(round(float(tl.steps_at[r].mean()))), steps if steps > 0 else 1.0
 
     # -- actions ------------------------------------------------------------------------------------
+    def _sender(self, a: clock.Action) -> int:
+        s = self.timeline.schedule
+        return int(s.initiator[a.event]) if a.kind == clock.LAND else int(s.peer[a.event])
+
+    def _arrived(self, a: clock.Action) -> bool:
+        key = (a.event, a.kind)
+        if key in self.snaps:
+            return True
+        sender = self._sender(a)
+        if sender in self.backend.pos:
+            return False  # sent from here, not yet
+        got = self.backend.poll_payload(a.event, a.kind, sender)
+        if got is not None:
+            self.snaps[key] = got
+        return got is not None
+
+    def _post(self, event: int, kind: int, payload: dict, to: int) -> None:
+        if (event, kind) not in self.landing:
+            return
+        if to in self.backend.pos:
+            self.snaps[(event, kind)] = payload
+        else:
+            self.backend.send_payload(event, kind, payload, to)
+
+    def _pace(self, t: float) -> None:
+        """Emulated time: wait until simulated time ``t`` on the wall clock."""
+        if self.emulate:
+            ahead = self._t0 + t - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+
     def _apply(self, ready: list[clock.Action]) -> None:
         """Actions of different workers, each its worker's next: sends first (a payload is snapshotted
         before it can land), then every landing in one batch."""
         s, b = self.timeline.schedule, self.backend
+        self._pace(max(a.time for a in ready))
         if ready[0].kind == clock.ALLREDUCE:
             self._allreduce(ready[0])
-            for v in range(self.W):
+            for v in self.own:
                 self.ptr[v] += 1
             return
-        lands = []
+        lands, answers = [], []
         for a in ready:
             e = a.event
             i, j = int(s.initiator[e]), int(s.peer[e])
             if a.kind == clock.SEND:
-                self.snaps[(e, clock.LAND)] = b.snapshot(e, i, 0)
+                if (e, clock.LAND) in self.landing:
+                    self._post(e, clock.LAND, b.snapshot(e, i, 0), j)
                 continue
             weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
             payload = self.snaps.pop((e, a.kind))
             if a.kind == clock.LAND:
-                if self.p.exchange == "push_pull":  # the answer is the peer's state before it merges
-                    self.snaps[(e, clock.REPLY)] = b.snapshot(e, j, 1)
+                if (e, clock.REPLY) in self.landing:  # the answer is the peer's state before it merges
+                    answers.append((len(lands), b.snapshot(e, j, 1)))
                 lands.append((e, j, payload, weight, float(s.u[e]), i, None))
             else:  # the answer of a push-pull lands at the initiator, with the winner the peer found
-                lands.append((e, i, payload, weight, float(s.u[e]), i, self.winners.pop(e)))
-        if lands:
-            for it, winner in zip(lands, b.land_many(lands)):
-                if it[1] != it[5] and self.p.exchange == "push_pull":
-                    self.winners[it[0]] = winner
+                lands.append((e, i, payload, weight, float(s.u[e]), i, payload.get("winner")))
+        winners = b.land_many(lands) if lands else []
+        for k, answer in answers:
+            e, j, _, _, _, i, _ = lands[k]
+            answer["winner"] = winners[k]
+            self._post(e, clock.REPLY, answer, i)
         for a in ready:
             self.ptr[a.worker] += 1
 
@@ -152,7 +211,7 @@ class Timed:
         s, st = self.timeline.schedule, self.backend.state
         step = int(s.step[a.event])
         self.backend.allreduce(a.event, step, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event])))
-        st.examples.fill_(float(st.examples.sum()))
+        st.examples.fill_(self.backend.sum_examples())
 
     # -- a batched local step of some rows ---------------------------------------------------------
     def _indices(self, w: int) -> np.ndarray:
@@ -160,8 +219,7 @@ class Timed:
         start, block = self._batches[w]
         k = int(self.done[w])
         if not start <= k < start + len(block):
-            n = 64
-            block = batch_indices(self.setup.shards[w], self.setup.study.run.batch_size, k, n, self.seed, w)
+            block = batch_indices(self.setup.shards[w], self.setup.study.run.batch_size, k, 64, self.seed, w)
             self._batches[w] = (k, block)
             start = k
         return block[k - start]
@@ -172,12 +230,15 @@ class Timed:
         dev = st.params.buf.device
         idx = torch.as_tensor(np.stack([self._indices(w) for w in rows]), device=dev)
         x, y = normalise(b.train_x[idx], setup.data.spec), b.train_y[idx]
-        if len(rows) == self.W:
+        if len(rows) == len(self.own):
             losses = local_step(setup, st, x, y)
         else:
-            sub = st.take(rows)
+            pos = [b.pos[w] for w in rows]
+            sub = st.take(pos)
             losses = local_step(setup, sub, x, y)
-            st.put(sub, rows)
+            st.put(sub, pos)
         st.examples[rows] += setup.study.run.batch_size
         self.done[rows] += 1
+        if self.emulate:
+            self._pace(max(float(self.timeline.completions[w][self.done[w] - 1]) for w in rows))
         return losses.mean(1).sum()

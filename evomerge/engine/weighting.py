@@ -32,9 +32,11 @@ class Weighting:
             if self.accumulators else None
         return self.incoming_weights(st, move, own, [float(st.examples[j]) for j in incoming.tolist()], acc)
 
-    def incoming_weights(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float], accum):
+    def incoming_weights(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float], accum,
+                         examples_of=None):
         """:meth:`pair_weights` with the incoming side's supports given: its example counters, and its
-        accumulators as one ``[k, n]`` tensor per block (a payload's, when it was sent)."""
+        accumulators as one ``[k, n]`` tensor per block (a payload's, when it was sent). ``own`` are rows
+        of ``st``; ``examples_of``: the receivers' worker numbers in the counters, if not ``own``."""
         return torch.tensor(move, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
 
     def supports(self, st: Workers) -> list:
@@ -49,9 +51,10 @@ class Uniform(Weighting):
 class Examples(Weighting):
     """Weighted by examples seen (VW's merge: counters summed, not averaged)."""
 
-    def incoming_weights(self, st, move, own, examples, accum):
+    def incoming_weights(self, st, move, own, examples, accum, examples_of=None):
         ex = st.examples
-        w = [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, own.tolist(), examples)]
+        mine = own.tolist() if examples_of is None else examples_of
+        w = [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, mine, examples)]
         return torch.tensor(w, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
 
     def supports(self, st):
@@ -63,7 +66,7 @@ class Adaptive(Weighting):
 
     accumulators = True
 
-    def incoming_weights(self, st, move, own, examples, accum):
+    def incoming_weights(self, st, move, own, examples, accum, examples_of=None):
         dev = st.params.buf.device
         a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
         rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)  # as ops computes it
