@@ -184,6 +184,10 @@ def test_a_search_minimises_time_to_target_and_logs_time_per_round(tmp_path, dat
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 3 and all(np.isfinite(t.values[0]) and t.values[0] > 0 for t in done)
+    for t in done:  # what the pruner compares each round: never rising, ending at the trial's value
+        steps = sorted(t.intermediate_values)
+        vals = [t.intermediate_values[k] for k in steps]
+        assert len(vals) == 3 and all(b <= a for a, b in zip(vals, vals[1:])) and vals[-1] == pytest.approx(t.values[0])
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs/tiny-timed/mlflow.db'}")
