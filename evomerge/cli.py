@@ -91,6 +91,13 @@ def add_search(sub):
     p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
+    p.add_argument("--pruner", default="median",
+                   help="median, hyperband or successive-halving (Optuna's, over the rounds), or wilcoxon (over the "
+                        "seeds, for studies with 5 or more seeds); one objective only, multi-objective studies keep "
+                        "evomerge's dominance rule (default: median)")
+    p.add_argument("--warm-start-from", default=None, metavar="STUDY",
+                   help="start from another study's completed trials: a study name in --runs-dir, or STORAGE_URL#NAME; "
+                        "cmaes starts from their best solutions, other samplers evaluate them first (default: none)")
     p.add_argument("--cmaes-categoricals", default="independent",
                    help="cmaes: 'independent' (sampled at random) or 'fixed' (study values) (default: independent)")
     p.add_argument("--cmaes-restarts", type=int, default=0,
@@ -386,7 +393,7 @@ def cmd_search(args) -> int:
                       tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
                       data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
                       cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune,
-                      grace_period=args.grace_period, backend=args.backend, procs=args.procs)
+                      pruner=args.pruner, warm_start_from=args.warm_start_from, grace_period=args.grace_period, backend=args.backend, procs=args.procs)
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)
