@@ -8,11 +8,12 @@ the runs take similar time and the time per sample is comparable; flat is the go
 
 Each measurement runs in a fresh process (its peak memory is its own), the W's interleaved,
 ``--repeats`` rounds; the table gives medians: training and merging time per sample (the run's
-evaluation excluded), the evaluation's share, and memory: the process's peak RSS, the RSS after
+evaluation excluded), the evaluation's share, and memory: the process's peak RSS, its RSS once
 the data and model were set up, their difference (what the run itself added), and on CUDA the
-peak of allocated device memory. Run:
+peak of allocated device memory. On a shared machine, fix the threads (EVOMERGE_THREADS=1):
+two threads beside a busy process spike. Run:
 
-    .venv/bin/python benchmarks/bench_workers.py [--workers 8 64 256 1024] [--repeats 2] [--device cpu]
+    EVOMERGE_THREADS=1 .venv/bin/python benchmarks/bench_workers.py [--workers 8 64 256 1024] [--repeats 3] [--device cpu]
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = 2 ** 17
 
 
+def _rss_now_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
 def one(workers: int, device: str, data_dir: str) -> dict:
     """One run with ``workers`` workers in this process; what it measured."""
     import resource
@@ -38,7 +44,9 @@ def one(workers: int, device: str, data_dir: str) -> dict:
 
     from evomerge import simulate, study
     from evomerge.policy import MergePolicy
+    from evomerge.procs import apply_threads
 
+    apply_threads()  # as the command line does: the idle cores when it starts, or $EVOMERGE_THREADS
     batch = 32
     steps = max(10, SAMPLES // (workers * batch))
     s = study.from_dict({
@@ -51,7 +59,7 @@ def one(workers: int, device: str, data_dir: str) -> dict:
     t = time.perf_counter()
     setup = simulate.prepare(s, data_dir=data_dir)
     t_setup = time.perf_counter() - t
-    rss_setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_setup = _rss_now_mb()  # the data and model in memory (the peak while loading is passed)
     policy = MergePolicy(scheme="gossip", topology="ring", exchange="push_pull", mean_interval=10.0, mixing_weight=0.5)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -71,7 +79,7 @@ def one(workers: int, device: str, data_dir: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[8, 64, 256, 1024])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=os.environ.get("EVOMERGE_DATA_DIR", str(ROOT.parent / "shared" / "data")))
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # the child process
@@ -79,6 +87,9 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(one(args.one, args.device, args.data_dir)))
         return
+    from evomerge.procs import default_threads
+
+    os.environ.setdefault("EVOMERGE_THREADS", str(default_threads()))  # one decision for every measurement
     results: dict[int, list[dict]] = {w: [] for w in args.workers}
     for rep in range(args.repeats):
         for w in args.workers:  # interleaved: a busy moment of the machine falls on every W alike

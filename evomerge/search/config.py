@@ -286,8 +286,8 @@ def check_pruner(pruner: str, sampler: str, study: Study, prune: bool) -> None:
         raise ConfigError("--pruner", f"{pruner} prunes studies with one objective; this study has {len(study.objectives)}, "
                                       "pruned by evomerge's dominance rule; allowed: median (the default), or --no-prune")
     if sampler == "cmaes":
-        raise ConfigError("--pruner", f"cmaes judges each generation on complete runs and prunes nothing; "
-                                      f"allowed with cmaes: median (the default, unused), or --no-prune")
+        raise ConfigError("--pruner", "cmaes judges each generation on complete runs and prunes nothing; "
+                                      "allowed with cmaes: median (the default, unused), or --no-prune")
     n_seeds = len(study.run.seeds)
     if n_seeds < PRUNERS[pruner].min_seeds:
         others = [n for n, p in PRUNERS.items() if p.min_seeds <= n_seeds]
