@@ -49,7 +49,8 @@ from . import search as _search_package  # noqa: E402,F401
 
 
 def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=None, runs_dir=None, jobs: int = 1,
-           seed: int = 0, data_dir=None, device=None, prune: bool = True, cmaes_categoricals: str = "independent",
+           seed: int = 0, data_dir=None, device=None, prune: bool = True, pruner: str = "median",
+           warm_start_from: str | None = None, cmaes_categoricals: str = "independent",
            cmaes_restarts: int = 0, cmaes_popsize: int = 0, grace_period: int = 30, backend: str = "inprocess",
            procs=None, data=None):
     """Search merge policies for ``study`` (a name, path or Study) and return a ``SearchResult``.
@@ -68,5 +69,6 @@ def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=Non
     cfg = make_config(st, n_trials=n_trials, sampler=sampler, storage=storage, tracking_uri=tracking_uri,
                       runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
                       cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
-                      cmaes_popsize=cmaes_popsize, prune=prune, grace_period=grace_period, backend=backend, procs=procs)
+                      cmaes_popsize=cmaes_popsize, prune=prune, pruner=pruner,
+                      warm_start_from=warm_start_from, grace_period=grace_period, backend=backend, procs=procs)
     return run_search(cfg, data=data)

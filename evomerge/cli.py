@@ -94,6 +94,13 @@ def add_search(sub):
     p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
+    p.add_argument("--pruner", default="median",
+                   help="median, hyperband or successive-halving (Optuna's, over the rounds), or wilcoxon (over the "
+                        "seeds, for studies with 5 or more seeds); one objective only, multi-objective studies keep "
+                        "evomerge's dominance rule (default: median)")
+    p.add_argument("--warm-start-from", default=None, metavar="STUDY",
+                   help="start from another study's completed trials: a study name in --runs-dir, or STORAGE_URL#NAME; "
+                        "cmaes starts from their best solutions, other samplers evaluate them first (default: none)")
     p.add_argument("--cmaes-categoricals", default="independent",
                    help="cmaes: 'independent' (sampled at random) or 'fixed' (study values) (default: independent)")
     p.add_argument("--cmaes-restarts", type=int, default=0,
@@ -104,6 +111,20 @@ def add_search(sub):
                    help="seconds without a heartbeat before another process fails a running trial and retries it "
                         "(default: 30)")
     p.set_defaults(handler=cmd_search)
+
+
+@command
+def add_transfer(sub):
+    p = _parser(sub, "transfer", "re-run a study's top policies on a target study and compare the two rankings",
+                "evomerge transfer --study mnist-gossip --target mnist-gossip-64 --top 10")
+    _common(p)
+    _store(p)
+    p.add_argument("--target", required=True, help="the study to re-run them on (a name or a .toml file, as --study); "
+                                                   "required")
+    p.add_argument("--top", type=int, default=10, help="how many of the study's best policies (default: 10)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="fresh seeds per policy on the target, past its own seeds (default: 1)")
+    p.set_defaults(handler=cmd_transfer)
 
 
 @command
@@ -413,7 +434,7 @@ def cmd_search(args) -> int:
                       tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
                       data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
                       cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune,
-                      grace_period=args.grace_period, backend=args.backend, procs=args.procs)
+                      pruner=args.pruner, warm_start_from=args.warm_start_from, grace_period=args.grace_period, backend=args.backend, procs=args.procs)
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)
@@ -427,6 +448,72 @@ def cmd_search(args) -> int:
         print("interrupted: finished trials are kept; run the same command again to resume", file=sys.stderr)
         return 130
     return 0
+
+
+def cmd_transfer(args) -> int:
+    from .study import load
+    from .tracking import Tracker, check_reachable, resolve_tracking_uri
+    from .transfer import transfer, verdict
+
+    _quiet_libraries()
+    source, target = load(args.study), load(args.target)
+    if source.name == target.name:
+        raise ConfigError("--target", f"is the study itself ({source.name}); name another study")
+    study_dir = Path(args.runs_dir) / source.name
+    uri = resolve_tracking_uri(args.tracking_uri, study_dir)
+    check_reachable(uri)
+    from .procs import apply_threads
+
+    apply_threads()
+    kw = dict(top=args.top, seeds=args.seeds, storage=args.storage, runs_dir=args.runs_dir, data_dir=args.data_dir,
+              device=args.device, backend=args.backend, procs=args.procs)
+    if args.quiet:
+        result = transfer(source, target, **kw)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn(f"{target.name} runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      transient=True, console=_console_err()) as bar:
+            task = bar.add_task("runs", total=None)
+            result = transfer(source, target, on_run=lambda d, n: bar.update(task, completed=d, total=n), **kw)
+    run_id = Tracker(uri, source.name, study_dir / "mlartifacts", study=source).log_transfer(result)
+    _print_transfer(result)
+    rho = result["spearman"]
+    print(f"Spearman rho {rho:.3f} (p {result['spearman_p']:.3g}), Kendall tau {result['kendall']:.3f} "
+          f"(p {result['kendall_p']:.3g}) over {result['top']} policies: {verdict(rho)}")
+    print(f"logged to MLflow run {run_id} ({uri}); `evomerge dashboard --study {args.study}` shows it")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
+    return 0
+
+
+def _console_err():
+    from .search_view import console
+
+    return console(stderr=True)
+
+
+def _print_transfer(result: dict) -> None:
+    from rich.table import Table
+
+    from .search.results import objective_label
+
+    label = objective_label(result["metric"])
+    seeds = result["seeds"]
+    t = Table(title=f"{result['source']} -> {result['target']}: top {result['top']} by {label}, on the target's fresh "
+                    f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
+    for col in ("rank on source", "trial", f"source {label}", f"target {label}", "rank on target", "policy"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in sorted(result["rows"], key=lambda r: r["source_rank"]):
+        t.add_row(f"{r['source_rank']:g}", str(r["trial"]), f"{r['source_value']:.4f}", f"{r['target_value']:.4f}"
+                  + (" (diverged)" if r["diverged"] else ""), f"{r['target_rank']:g}", r["description"])
+    _console().print(t)
+    t2 = Table(title=f"ranking on {result['target']}")
+    for col in ("rank on target", "trial", f"target {label}", "rank on source"):
+        t2.add_column(col, justify="right")
+    for r in sorted(result["rows"], key=lambda r: r["target_rank"]):
+        t2.add_row(f"{r['target_rank']:g}", str(r["trial"]), f"{r['target_value']:.4f}", f"{r['source_rank']:g}")
+    _console().print(t2)
 
 
 def cmd_status(args) -> int:

@@ -179,6 +179,46 @@ def tradeoff_figure(summaries: list[dict], baselines: list[dict]):
     return fig
 
 
+def transfer_figure(result: dict):
+    """A transfer check (:mod:`evomerge.transfer`): each policy's value on the source study against its value on
+    the target, labelled by trial; a rising cloud means the small study ranks policies as the target does."""
+    import plotly.graph_objects as go
+
+    rows = result["rows"]
+    fig = go.Figure()
+    fig.add_scatter(x=[r["source_value"] for r in rows], y=[r["target_value"] for r in rows], mode="markers+text",
+                    text=[str(r["trial"]) for r in rows], textposition="top center", name="policy (trial)",
+                    customdata=[[r["source_rank"], r["target_rank"], r["description"]] for r in rows],
+                    hovertemplate="trial %{text}<br>rank %{customdata[0]} on the source, %{customdata[1]} on the "
+                                  "target<br>%{customdata[2]}<extra></extra>")
+    metric = result["metric"]
+    fig.update_layout(xaxis_title=f"{metric} on {result['source']}", yaxis_title=f"{metric} on {result['target']}",
+                      height=420, margin=dict(t=30))
+    return fig
+
+
+def transfer_table(result: dict) -> dict[str, Any]:
+    """The transfer rows for the template, by rank on the source."""
+    rows = [{"source_rank": f"{r['source_rank']:g}", "trial": r["trial"], "source_value": f"{r['source_value']:.4f}",
+             "target_value": f"{r['target_value']:.4f}" + (" (diverged)" if r.get("diverged") else ""),
+             "target_rank": f"{r['target_rank']:g}", "policy": r["description"]}
+            for r in sorted(result["rows"], key=lambda r: r["source_rank"])]
+    return {"source": result["source"], "target": result["target"], "rows": rows}
+
+
+def transfer_text(result: dict) -> str:
+    from .transfer import verdict
+
+    def num(v):
+        return "n/a" if v is None else f"{v:.3f}"
+
+    seeds = ", ".join(map(str, result["seeds"]))
+    return (f"The top {result['top']} policies of {result['source']} re-run on {result['target']} "
+            f"({result['target_workers']} workers, {result['target_total_steps']} local steps) on fresh seeds {seeds}, "
+            f"on {result['when']}: Spearman rho {num(result.get('spearman'))}, Kendall tau {num(result.get('kendall'))}. "
+            f"{verdict(result.get('spearman')).capitalize()}.")
+
+
 def curves_figure(best: dict, baselines: list[dict]):
     from plotly.subplots import make_subplots
 
@@ -371,7 +411,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
 
         def section(sid, title, text, body="", **extra):
             sections.append({"id": sid, "title": title, "text": text, "body": Markup(body), "details": None,
-                             "table": None, **extra})
+                             "table": None, "transfer": None, **extra})
 
         section("history", "Optimisation history",
                 "Every trial's value in the order it was asked; the line is the best so far for each sampler."
@@ -402,6 +442,11 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         section("policy", f"The best policy: trial {top['number']}", words,
                 _div(policy_figure(policy, study.run.workers), "plot-policy", toolbar=False),
                 details_title="policy JSON", details=json.dumps(policy.to_dict(), indent=2))
+        from .transfer import stored
+
+        for tr in stored(ostudy):  # `evomerge transfer` checks of this study against bigger ones
+            section(f"transfer-{tr['target']}", f"Transfer to {tr['target']}", transfer_text(tr),
+                    _div(transfer_figure(tr), f"plot-transfer-{tr['target']}"), transfer=transfer_table(tr))
         runs, exp_id = mlflow_runs(tracking_uri, study.name)
         if not runs:
             notes.append(f"No MLflow runs found at {tracking_uri}.")

@@ -103,8 +103,14 @@ class SearchView:
             if cfg.sampler == "cmaes":
                 extra = (f"; cmaes searches {len([p for p in cfg.study.search.space if p.kind != 'categorical'])} numeric fields, "
                          f"categoricals {'sampled independently at random' if cfg.cmaes_categoricals == 'independent' else 'fixed at the study values'}")
+            if cfg.prunes_by_optuna and cfg.pruner != "median":
+                extra += f"; pruner {cfg.pruner}"
+            from .search.warmstart import describe
+
+            warm = describe(info.get("warm_start"))
             msg = (f"{cfg.study.name}: {self.done} of {cfg.n_trials} trials already finished; sampler {cfg.sampler}"
-                   f"{extra}; {cfg.jobs} job(s)\n  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}")
+                   f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") +
+                   f"  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}")
             self.err.print(msg, highlight=False)
             if self.bar is not None:
                 self.task = self.bar.add_task("trials", total=cfg.n_trials, completed=min(self.done, cfg.n_trials), info="")

@@ -350,3 +350,18 @@ class Tracker:
         ms = [Metric(k, float(f"{float(v):.7g}"), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
         if ms:
             self.client.log_batch(rid, metrics=ms)
+
+    def log_transfer(self, result: dict[str, Any]) -> str:
+        """One run ``transfer-to-TARGET`` in this (the source study's) experiment: the rank correlations as
+        metrics, the settings as params, both rankings as ``transfer.json`` (:mod:`evomerge.transfer`)."""
+        tags = {**self._source_tags(), "evomerge.kind": "transfer", "evomerge.study": result["source"],
+                "evomerge.target": result["target"]}
+        run = self.client.create_run(self.experiment_id, run_name=f"transfer-to-{result['target']}", tags=tags)
+        rid = run.info.run_id
+        self._params(rid, {"target": result["target"], "top": result["top"], "metric": result["metric"],
+                           "seeds": ",".join(map(str, result["seeds"])), "target_workers": result["target_workers"]})
+        self._metrics(rid, {k: result[k] for k in ("spearman", "spearman_p", "kendall", "kendall_p")
+                            if result.get(k) is not None and result[k] == result[k]})
+        self.client.log_text(rid, json.dumps(result, indent=2), "transfer.json")
+        self.client.set_terminated(rid, status="FINISHED")
+        return rid

@@ -19,6 +19,7 @@ import importlib
 
 _WHERE = {
     "SearchConfig": "config", "make_config": "config", "SAMPLERS": "config", "OBJECTIVES": "config",
+    "PRUNERS": "config", "Pruner": "config", "register_pruner": "config",
     "Sampler": "config", "Objective": "config", "register_sampler": "config", "register_objective": "config",
     "DEFAULTS": "config", "CMAES_CATEGORICALS": "config", "GRACE_PERIOD": "config",
     "default_storage": "storage", "normalise_url": "storage", "open_storage": "storage", "load_or_create": "storage",

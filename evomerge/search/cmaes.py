@@ -33,10 +33,16 @@ class Candidate:
 
 class CmaDriver:
     def __init__(self, dim: int, *, seed: int = 0, sigma0: float = 0.3, popsize: int | None = None,
-                 restarts: int = 0, maximize: bool = True):
+                 restarts: int = 0, maximize: bool = True, x0: list[float] | None = None, stds: list[float] | None = None):
+        """``x0``, ``sigma0`` and ``stds`` (per-coordinate multipliers of ``sigma0``): where the search starts,
+        the centre of [0, 1]^d and 0.3 unless a warm start (search/warmstart.py) says otherwise."""
         if dim < 1:
             raise ValueError("CMA-ES needs at least one numeric field in the search space")
+        for name, v in (("x0", x0), ("stds", stds)):
+            if v is not None and len(v) != dim:
+                raise ValueError(f"{name} has {len(v)} coordinates; the search space has {dim} numeric fields")
         self.dim, self.seed, self.sigma0 = dim, seed, sigma0
+        self.x0, self.stds = list(x0) if x0 is not None else [0.5] * dim, stds
         self.popsize = popsize or 4 + int(3 * np.log(dim))
         self.restarts, self.sign = restarts, -1.0 if maximize else 1.0
 
@@ -46,7 +52,9 @@ class CmaDriver:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 0xC3A, restart])))
         opts = {"seed": np.nan, "randn": lambda *shape: rng.standard_normal(shape), "bounds": [0, 1],
                 "popsize": self.popsize * 2 ** restart, "verbose": -9, "verb_log": 0, "verb_disp": 0}
-        return cma.CMAEvolutionStrategy([0.5] * self.dim, self.sigma0, opts)
+        if self.stds is not None:
+            opts["CMA_stds"] = list(self.stds)
+        return cma.CMAEvolutionStrategy(list(self.x0), self.sigma0, opts)
 
     def next(self, trials) -> Candidate | None:
         """The next candidate to evaluate, or None while the current generation's last

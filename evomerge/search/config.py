@@ -8,6 +8,7 @@ The defaults here are the defaults of ``evomerge.search()`` and of ``evomerge se
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -78,8 +79,76 @@ OBJECTIVES: dict[str, Objective] = {
 }
 
 
+@dataclass(frozen=True)
+class Pruner:
+    """A pruner by name. ``make(cfg, total_steps)`` returns the Optuna pruner of one search process;
+    ``over``: "rounds" (every round reports the objective at its local step, ``k * total_steps + step``
+    for seed k) or "seeds" (each seed reports its final objective once, at the seed as the step);
+    ``min_seeds``: the seeds a trial must run for the pruner ever to prune."""
+    make: Callable[[Any, int], Any]
+    over: str = "rounds"
+    min_seeds: int = 1
+    note: str = ""
+
+
+def warmup_step(cfg, total_steps: int) -> int:
+    """The local step of the round that ends the first fifth of the rounds (at least the first round):
+    no trial is pruned before it, and multi-fidelity pruners take it as their smallest budget."""
+    from ..simulate import round_bounds
+
+    bounds = round_bounds(total_steps, cfg.study.run.rounds)
+    return bounds[min(len(bounds), max(1, cfg.study.run.rounds // 5)) - 1]
+
+
+def _median(cfg, total_steps):
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=warmup_step(cfg, total_steps), n_min_trials=3)
+
+
+def _hyperband(cfg, total_steps):
+    import optuna
+
+    # the budget a trial may reach is every seed's run: seed k reports at k * total_steps + step
+    return optuna.pruners.HyperbandPruner(min_resource=warmup_step(cfg, total_steps),
+                                          max_resource=total_steps * len(cfg.study.run.seeds), reduction_factor=3)
+
+
+def _successive_halving(cfg, total_steps):
+    import optuna
+
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=warmup_step(cfg, total_steps), reduction_factor=3,
+                                                  min_early_stopping_rate=0)
+
+
+def _wilcoxon(cfg, total_steps):
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+
+
+PRUNERS: dict[str, Pruner] = {
+    "median": Pruner(_median, note="stops a trial whose value at a round is worse than the median of earlier "
+                                   "trials' at that round (after 5 trials and the first fifth of the rounds)"),
+    "hyperband": Pruner(_hyperband, note="Hyperband over the rounds: brackets of successive halving, reduction factor 3"),
+    "successive-halving": Pruner(_successive_halving, note="asynchronous successive halving over the rounds, "
+                                                           "reduction factor 3"),
+    # a one-sided Wilcoxon signed-rank test at p < 0.1 needs 4 paired seeds (the smallest p: 1/8 with 3, 1/16
+    # with 4), and a trial is judged before its last seed: 5 seeds at least
+    "wilcoxon": Pruner(_wilcoxon, over="seeds", min_seeds=5,
+                       note="a Wilcoxon signed-rank test against the best trial, seed by seed (p < 0.1)"),
+}
+
+
 def register_sampler(name: str, sampler: Sampler) -> None:
     SAMPLERS[name] = sampler
+
+
+def register_pruner(name: str, pruner: Pruner) -> None:
+    """Add a pruner; ``--pruner NAME`` may then name it."""
+    PRUNERS[name] = pruner
 
 
 def register_objective(name: str, objective: Objective) -> None:
@@ -109,6 +178,8 @@ class SearchConfig:
     cmaes_restarts: int = 0
     cmaes_popsize: int = 0
     prune: bool = True
+    pruner: str = "median"  # PRUNERS; multi-objective studies are pruned by search.trial.mo_should_prune
+    warm_start_from: str | None = None  # a study name in runs_dir, or STORAGE_URL#NAME (search.warmstart)
     grace_period: int = GRACE_PERIOD  # seconds without a heartbeat before a running trial is failed and retried
     backend: str = "inprocess"  # how each trial's runs execute: backends.BACKENDS
     procs: int | None = None  # distributed backend: processes per run (default: one per worker)
@@ -133,13 +204,20 @@ class SearchConfig:
         seed = int(np.random.SeedSequence([self.seed, worker, resumed_at]).generate_state(1)[0])
         return SAMPLERS[self.sampler].make(self, seed)
 
-    def make_pruner(self):
+    @property
+    def prunes_by_optuna(self) -> bool:
+        """Whether trials report to an Optuna pruner (one objective, pruning on, not CMA-ES, whose
+        generations are judged on complete runs)."""
+        return self.prune and not self.multi and self.sampler != "cmaes"
+
+    def make_pruner(self, total_steps: int | None = None):
+        """The Optuna pruner of one search process; ``total_steps`` (one run's local steps) sets where
+        it starts judging. Without it (a process that runs no trial) a pruner that never prunes."""
         import optuna
 
-        if not self.prune or self.multi or self.sampler == "cmaes":
+        if not self.prunes_by_optuna or total_steps is None:
             return optuna.pruners.NopPruner()  # multi-objective studies prune by search.trial.mo_should_prune
-        first_round = max(1, self.study.run.rounds // 5)
-        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=first_round, n_min_trials=3)
+        return PRUNERS[self.pruner].make(self, total_steps)
 
 
 # keyword -> default of make_config(), evomerge.search() and `evomerge search` (None: from the study / the environment)
@@ -151,8 +229,8 @@ DEFAULTS: dict[str, Any] = {"n_trials": None, "sampler": None, "storage": None, 
 def make_config(study: Study, *, n_trials: int | None = None, sampler: str | None = None, storage: str | None = None,
                 tracking_uri: str | None = None, runs_dir: str | Path | None = None, jobs: int = 1, seed: int = 0,
                 data_dir=None, device=None, cmaes_categoricals: str = "independent", cmaes_restarts: int = 0,
-                cmaes_popsize: int = 0, prune: bool = True, grace_period: int = GRACE_PERIOD,
-                backend: str = "inprocess", procs: int | None = None) -> SearchConfig:
+                cmaes_popsize: int = 0, prune: bool = True, pruner: str = "median", warm_start_from: str | None = None,
+                grace_period: int = GRACE_PERIOD, backend: str = "inprocess", procs: int | None = None) -> SearchConfig:
     """Validate everything a search needs before any trial runs."""
     from .. import backends
     from .. import space as space_mod
@@ -188,9 +266,33 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
             raise ConfigError("--sampler", "cmaes needs at least one numeric field in study.search.space")
         if cmaes_categoricals not in CMAES_CATEGORICALS:
             raise ConfigError("--cmaes-categoricals", f"unknown {cmaes_categoricals!r}; allowed: {', '.join(CMAES_CATEGORICALS)}")
+    check_pruner(pruner, sampler, study, prune)
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     study_dir = runs_dir / study.name
+    if warm_start_from is not None:
+        from .warmstart import check_source
+
+        check_source(warm_start_from, study, runs_dir)
     return SearchConfig(study, n_trials, sampler, normalise_url(storage) if storage else default_storage(study_dir),
                         tracking_uri or "", runs_dir, jobs, seed,
                         str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune,
-                        grace_period, backend, procs)
+                        pruner, warm_start_from, grace_period, backend, procs)
+
+
+def check_pruner(pruner: str, sampler: str, study: Study, prune: bool) -> None:
+    """One line naming ``--pruner`` for a pruner that is unknown or cannot judge this search."""
+    if pruner not in PRUNERS:
+        raise ConfigError("--pruner", f"unknown {pruner!r}; allowed: {', '.join(PRUNERS)}")
+    if not prune or pruner == "median":  # the default: the dominance rule on several objectives, none for CMA-ES
+        return
+    if len(study.objectives) > 1:
+        raise ConfigError("--pruner", f"{pruner} prunes studies with one objective; this study has {len(study.objectives)}, "
+                                      "pruned by evomerge's dominance rule; allowed: median (the default), or --no-prune")
+    if sampler == "cmaes":
+        raise ConfigError("--pruner", "cmaes judges each generation on complete runs and prunes nothing; "
+                                      "allowed with cmaes: median (the default, unused), or --no-prune")
+    n_seeds = len(study.run.seeds)
+    if n_seeds < PRUNERS[pruner].min_seeds:
+        others = [n for n, p in PRUNERS.items() if p.min_seeds <= n_seeds]
+        raise ConfigError("--pruner", f"{pruner} compares trials seed by seed and needs at least {PRUNERS[pruner].min_seeds} "
+                                      f"seeds in run.seeds; this study runs {n_seeds}; allowed: {', '.join(others)}")

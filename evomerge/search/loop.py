@@ -33,17 +33,20 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     from .. import backends, simulate
     from .. import space as space_mod
     from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
+    from .warmstart import ATTR as ATTR_WARM
 
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
-    ostudy = load_or_create(cfg, storage, worker)
     setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
+    ostudy = load_or_create(cfg, storage, worker, setup.total_steps)  # the pruner judges by the run's local steps
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
     dists = space_mod.distributions(space)
     driver = None
     if cfg.sampler == "cmaes":
+        warm = ostudy.user_attrs.get(ATTR_WARM) or {}  # a warm-started study replays from its stored start
         driver = CmaDriver(len(space_mod.numeric(space)), seed=cfg.seed, popsize=cfg.cmaes_popsize or None,
-                           restarts=cfg.cmaes_restarts, maximize=cfg.study.directions[0] == "maximize")
+                           restarts=cfg.cmaes_restarts, maximize=cfg.study.directions[0] == "maximize",
+                           **{k: warm[k] for k in ("x0", "sigma0", "stds") if k in warm})
         if cfg.cmaes_categoricals == "fixed":
             dists = {k: v for k, v in dists.items() if k in {p.name for p in space_mod.numeric(space)}}
     engines: dict = {}
@@ -173,6 +176,7 @@ class SearchResult:
     best: list[dict] = field(default_factory=list)
     parent_run_id: str | None = None
     errors: list[str] = field(default_factory=list)
+    warm_start: dict | None = None  # the study's warm start (search/warmstart.py), if it has one
 
     @property
     def optuna_study(self):
@@ -185,6 +189,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial."""
     from .. import __version__
     from ..tracking import Tracker, check_reachable, resolve_tracking_uri
+    from . import warmstart
     from .results import diverged
 
     uri = resolve_tracking_uri(cfg.tracking_uri, cfg.study_dir)
@@ -192,17 +197,21 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(cfg.storage)
     ostudy = load_or_create(cfg, storage)
+    with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
+        warm = warmstart.apply(cfg, ostudy)
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     parent = tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
-        {"sampler": cfg.sampler, "n_trials": cfg.n_trials, "jobs": cfg.jobs, "seed": cfg.seed, "storage": cfg.storage,
+        {"sampler": cfg.sampler, "pruner": cfg.pruner if cfg.prune else "none", "n_trials": cfg.n_trials,
+         "jobs": cfg.jobs, "seed": cfg.seed, "storage": cfg.storage,
          "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
+         "warm_start_from": (warm or {}).get("spec", ""), "warm_start_trials": (warm or {}).get("trials", 0),
          "study_file": str(cfg.study.path or "")},
         {"evomerge.version": __version__, "evomerge.study": cfg.study.name})
-    result = SearchResult(cfg, parent_run_id=parent)
+    result = SearchResult(cfg, parent_run_id=parent, warm_start=warm)
     if progress:
-        progress("start", before=before, storage=cfg.storage, tracking_uri=uri)
+        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm)
 
     def on_record(rec: dict) -> None:
         if "fatal" in rec:

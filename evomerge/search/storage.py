@@ -143,7 +143,7 @@ def file_lock(path: Path):
 
 
 # -- the study ----------------------------------------------------------------------------------
-def load_or_create(cfg: "SearchConfig", storage, worker: int = 0):
+def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: int | None = None):
     """The Optuna study of ``cfg``: loaded when it exists (silently: no "Using an existing study"
     line), else created. Its directions must match the study file's objectives and its
     fingerprint what the study file says now (:mod:`evomerge.search.fingerprint`)."""
@@ -157,7 +157,7 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0):
         resumed_at = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.study.name), deepcopy=False))
     except KeyError:
         exists = False
-    sampler, pruner = cfg.make_sampler(worker, resumed_at), cfg.make_pruner()
+    sampler, pruner = cfg.make_sampler(worker, resumed_at), cfg.make_pruner(total_steps)
     if exists:
         study = optuna.load_study(study_name=cfg.study.name, storage=storage, sampler=sampler, pruner=pruner)
     else:  # another process may create it at the same moment: load_if_exists

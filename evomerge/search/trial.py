@@ -48,7 +48,7 @@ def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulat
     """Run the policy on every seed of the study, reporting each round; return a record."""
     import optuna
 
-    from .config import OBJECTIVES
+    from .config import OBJECTIVES, PRUNERS
 
     study = cfg.study
     T = setup.total_steps
@@ -60,6 +60,8 @@ def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulat
                             states=(optuna.trial.TrialState.COMPLETE,)) if "curve" in t.user_attrs and not diverged(t)]
     trial_id = trial._trial_id  # Optuna's own optimize loop records heartbeats by this id too
     readers = [OBJECTIVES[o].from_round for o in study.objectives]
+    # one objective: an Optuna pruner judges every round ("rounds") or each seed's final value ("seeds")
+    over = PRUNERS[cfg.pruner].over if cfg.prunes_by_optuna else None
 
     for k, seed in enumerate(study.run.seeds):
         def on_round(m, k=k):
@@ -70,9 +72,10 @@ def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulat
             if cfg.multi:
                 if completed_curves is not None and m.round > 1 and mo_should_prune(point, step, completed_curves, study.directions):
                     raise Pruned(step, point[0])
-            else:
+            elif over == "rounds":
                 trial.report(point[0], step)
-                if trial.should_prune():
+                last = k == len(study.run.seeds) - 1 and m.step >= T  # the trial is complete: nothing left to save
+                if not last and trial.should_prune():
                     raise Pruned(step, point[0])
 
         res = simulate_fn(setup, policy, seed, callback=on_round, device=cfg.device)
@@ -80,6 +83,10 @@ def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulat
         finals.append(res.metrics())
         if res.status == DIVERGED:
             break
+        if over == "seeds":  # the seed is the step: the pruner pairs this trial's seeds with the best trial's
+            trial.report(objective_values(study, finals[-1:])[0], seed)
+            if k < len(study.run.seeds) - 1 and trial.should_prune():  # after the last seed the trial is complete
+                raise Pruned((k + 1) * T, objective_values(study, finals)[0])
     return {"histories": histories, "finals": finals, "curve": curve, "total_steps": T,
             "status": DIVERGED if any(f["status"] == DIVERGED for f in finals) else "ok"}
 
@@ -145,6 +152,8 @@ def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) 
         record["policy"] = policy.to_dict()
         trial.set_user_attr("policy", record["policy"])
         trial.set_user_attr("sampler", cfg.sampler)
+        if cfg.prunes_by_optuna:
+            trial.set_user_attr("pruner", cfg.pruner)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         out = evaluate(trial, ostudy, setup, policy, cfg, storage, simulate_fn)
         record.update(histories=out["histories"], final=summarise(out["finals"]), run_status=out["status"])

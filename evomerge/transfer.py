@@ -1,0 +1,154 @@
+"""Does a policy found on a small study hold on the big run? ``evomerge transfer --study S --target T --top K``.
+
+The top K policies of S (its completed trials that did not diverge, ranked by S's first objective) are run
+again on the target study T (more workers, a longer budget, another dataset) on fresh seeds, seeds no
+search of T used (past T's own seeds, as ``run --reevaluate`` takes them). The same metric (S's first
+objective, e.g. the consensus model's validation accuracy) ranks them on T. The two rankings are
+compared by Spearman's rho and Kendall's tau-b (``scipy.stats``; ties get average ranks): near 1, the
+small study ranks policies as the big run would; near 0, it does not, and a search should be sized
+closer to the run it is for.
+
+The result is printed, logged to S's MLflow experiment (one run ``transfer-to-T``: the correlations as
+metrics, both rankings as ``transfer.json``) and kept with S's Optuna study (user attribute
+``transfer:T``, JSON), from which S's dashboard draws its transfer section.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .study import Study
+
+ATTR_PREFIX = "transfer:"
+SEED_OFFSET = 1000  # fresh seeds start this far past the target's own (as `evomerge run --reevaluate`)
+
+
+def fresh_seeds(study: "Study", n: int) -> list[int]:
+    start = max(study.run.seeds) + SEED_OFFSET
+    return list(range(start, start + n))
+
+
+def average_ranks(values: list[float], maximize: bool) -> list[float]:
+    """Rank 1 = best; tied values share the mean of their ranks."""
+    from scipy.stats import rankdata
+
+    return [float(r) for r in rankdata([-v if maximize else v for v in values], method="average")]
+
+
+def correlations(a: list[float], b: list[float]) -> dict[str, float]:
+    """Spearman's rho and Kendall's tau-b of two paired lists, with their p-values (NaN when one list is constant)."""
+    import warnings
+
+    from scipy.stats import kendalltau, spearmanr
+
+    with warnings.catch_warnings():  # a constant input: scipy warns and answers NaN, which is the answer
+        warnings.simplefilter("ignore")
+        rho, p_rho = spearmanr(a, b)
+        tau, p_tau = kendalltau(a, b)
+    return {"spearman": float(rho), "spearman_p": float(p_rho), "kendall": float(tau), "kendall_p": float(p_tau)}
+
+
+def top_trials(ostudy, study: "Study", k: int) -> list:
+    """The ``k`` best judged trials of ``study`` by its first objective (the Pareto set is not the point here:
+    a ranking is)."""
+    from .search.results import judged
+
+    rev = study.directions[0] == "maximize"
+    return sorted(judged(ostudy), key=lambda t: (-t.values[0] if rev else t.values[0], t.number))[:k]
+
+
+def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1, storage: str | None = None,
+             runs_dir=None, data_dir=None, device=None, backend: str = "inprocess", procs: int | None = None,
+             data=None, on_run: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Re-evaluate the top ``top`` policies of ``source`` on ``target`` on ``seeds`` fresh seeds; return the result
+    (both rankings and the correlations). ``on_run(done, total)`` is told of each run."""
+    from pathlib import Path
+
+    from . import simulate
+    from .backends import runner
+    from .policy import WORKER_BOUND, MergePolicy, fit_to_workers
+    from .search.config import OBJECTIVES, default_runs_dir
+    from .search.results import load_study
+    from .search.storage import default_storage
+    from .study import run_inputs
+
+    if top < 2:
+        raise ConfigError("--top", f"{top} is out of range; allowed: [2, inf) (a correlation needs two policies)")
+    if seeds < 1:
+        raise ConfigError("--seeds", f"{seeds} is out of range; allowed: [1, inf)")
+    metric = source.objectives[0]
+    if metric not in OBJECTIVES:
+        raise ConfigError("study.objectives.metrics", f"unknown {metric!r}; allowed: {', '.join(OBJECTIVES)}")
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    url = storage or default_storage(runs_dir / source.name)
+    ostudy = load_study(source, url)
+    trials = top_trials(ostudy, source, top)
+    if len(trials) < 2:
+        raise ConfigError("--study", f"{source.name} has {len(trials)} completed trials that did not diverge; "
+                                     "transfer ranks at least 2 (search further first)")
+    policies = []
+    for t in trials:  # each policy on the target's workers (degree and communities to what they allow)
+        pol = MergePolicy.from_dict(t.user_attrs["policy"])
+        bound = {k: getattr(pol, k) for k in WORKER_BOUND}
+        pol = pol.replace(**fit_to_workers(bound, target.run.workers))
+        policies.append(run_inputs(target, pol, 0, backend=backend, procs=procs)[0])  # checked before data is read
+    run_fn = runner(backend, procs, target.run.workers)
+    setup = simulate.prepare(target, data=data, data_dir=data_dir)
+    fresh = fresh_seeds(target, seeds)
+    maximize = source.directions[0] == "maximize"
+    rows, total, done, t0 = [], len(policies) * len(fresh), 0, time.time()
+    for t, pol in zip(trials, policies):
+        finals = []
+        for s in fresh:
+            finals.append(run_fn(setup, pol, s, device=device).metrics())
+            done += 1
+            if on_run:
+                on_run(done, total)
+        values = [float(f[metric]) for f in finals]
+        rows.append({"trial": t.number, "source_value": float(t.values[0]), "target_value": statistics.fmean(values),
+                     "target_values": values, "diverged": sum(f["status"] == "diverged" for f in finals),
+                     "policy": pol.to_dict(), "description": pol.describe()})
+    src_rank = average_ranks([r["source_value"] for r in rows], maximize)
+    tgt_rank = average_ranks([r["target_value"] for r in rows], maximize)
+    for r, a, b in zip(rows, src_rank, tgt_rank):
+        r.update(source_rank=a, target_rank=b)
+    corr = correlations([r["source_value"] for r in rows], [r["target_value"] for r in rows])
+    result = {"source": source.name, "target": target.name, "metric": metric, "direction": source.directions[0],
+              "top": len(rows), "seeds": fresh, "rows": rows, **corr,
+              "target_workers": target.run.workers, "target_total_steps": setup.total_steps,
+              "when": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_time": time.time() - t0}
+    ostudy.set_user_attr(ATTR_PREFIX + target.name, _finite(result))
+    return result
+
+
+def _finite(obj):
+    """JSON the storage keeps: NaN (a constant ranking) as None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def stored(ostudy) -> list[dict[str, Any]]:
+    """The transfer checks kept with a study, by target name."""
+    return [v for k, v in sorted(ostudy.user_attrs.items()) if k.startswith(ATTR_PREFIX)]
+
+
+def verdict(rho: float | None) -> str:
+    """What a rank correlation says about sizing the search study."""
+    if rho is None or not math.isfinite(rho):
+        return "no ranking on the target (every policy scored the same)"
+    if rho >= 0.7:
+        return "the small study ranks policies much as the target does: searching it is a sound proxy"
+    if rho >= 0.3:
+        return "the rankings agree only roughly: re-check the small study's best few on the target before choosing"
+    return "the small study does not rank policies as the target does: search a study closer to the target run"

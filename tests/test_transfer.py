@@ -1,0 +1,94 @@
+"""evomerge transfer (evomerge/transfer.py): a small study's top policies re-run on a bigger one, both rankings and
+their correlations printed, logged to MLflow and drawn on the dashboard; real SQLite, MLflow and runs."""
+
+import json
+import math
+
+import pytest
+from scipy.stats import kendalltau, spearmanr
+
+import evomerge
+from conftest import write_study
+from evomerge import dashboard, study, transfer
+from evomerge.errors import ConfigError
+from searchutil import cli
+
+
+@pytest.fixture
+def small(tmp_path, data_dir):
+    f = write_study(tmp_path, name="small")
+    res = evomerge.search(study.load(f), n_trials=5, sampler="random", runs_dir=tmp_path / "runs", seed=7,
+                          data_dir=data_dir, prune=False)
+    assert res.counts == {"COMPLETE": 5}
+    return f, res
+
+
+def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, small):
+    f, res = small
+    big = write_study(tmp_path, name="big", workers=8, steps=40)
+    p = cli("transfer", "--study", str(f), "--target", str(big), "--top", "4", "--quiet", "--json", "t.json",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    top4 = sorted(res.optuna_study.get_trials(), key=lambda t: -t.values[0])[:4]
+    assert [r["trial"] for r in sorted(doc["rows"], key=lambda r: r["source_rank"])] == [t.number for t in top4]
+    assert doc["seeds"] == [1000]  # fresh: past the target's own seed 0
+    src = [r["source_value"] for r in doc["rows"]]
+    tgt = [r["target_value"] for r in doc["rows"]]
+    assert doc["spearman"] == pytest.approx(spearmanr(src, tgt)[0], nan_ok=True)
+    assert doc["kendall"] == pytest.approx(kendalltau(src, tgt)[0], nan_ok=True)
+    # both rankings and the correlations, as printed
+    out = p.stdout
+    assert "small -> big: top 4" in out and "ranking on big" in out
+    for r in doc["rows"]:
+        assert f"{r['source_value']:.4f}" in out and f"{r['target_value']:.4f}" in out
+    assert f"Spearman rho {doc['spearman']:.3f}" in out and f"Kendall tau {doc['kendall']:.3f}" in out
+    # the target values are real runs of the policies on the target, on the fresh seed
+    row = doc["rows"][0]
+    again = evomerge.run(study.load(big), evomerge.MergePolicy.from_dict(row["policy"]), 1000, data_dir=data_dir)
+    assert again.final.val_accuracy == pytest.approx(row["target_value"], abs=1e-6)
+    # logged to the source study's MLflow experiment
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'small' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("small")
+    [run] = client.search_runs([exp.experiment_id], filter_string="tags.`evomerge.kind` = 'transfer'")
+    assert run.info.run_name == "transfer-to-big" and run.data.params["top"] == "4"
+    if not math.isnan(doc["spearman"]):
+        assert run.data.metrics["spearman"] == pytest.approx(doc["spearman"])
+    # and drawn on the source study's dashboard
+    from evomerge.search.storage import default_storage
+
+    page = dashboard.build(study.load(f), default_storage(tmp_path / "runs" / "small"),
+                           f"sqlite:///{tmp_path / 'runs' / 'small' / 'mlflow.db'}", tmp_path / "dash",
+                           compute_baselines=False).read_text()
+    assert 'id="transfer-big"' in page and 'id="plot-transfer-big"' in page and "Kendall tau" in page
+    assert page.count("<tr><td>") >= 4  # one row per re-run policy
+
+
+def test_transfer_refuses_what_cannot_be_ranked(tmp_path, data_dir, small):
+    f, _ = small
+    s = study.load(f)
+    with pytest.raises(ConfigError) as e:
+        transfer.transfer(s, s, top=1, runs_dir=tmp_path / "runs")
+    assert e.value.field == "--top"
+    p = cli("transfer", "--study", str(f), "--target", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.startswith("error: --target: is the study itself")
+
+
+def test_rank_helpers():
+    assert transfer.average_ranks([0.9, 0.7, 0.9, 0.1], maximize=True) == [1.5, 3.0, 1.5, 4.0]
+    assert transfer.average_ranks([5.0, 1.0, 3.0], maximize=False) == [3.0, 1.0, 2.0]
+    c = transfer.correlations([1, 2, 3, 4], [10, 20, 40, 30])
+    assert c["spearman"] == pytest.approx(0.8) and c["kendall"] == pytest.approx(4 / 6)
+    assert math.isnan(transfer.correlations([1, 2, 3], [5, 5, 5])["spearman"])  # no ranking on the target
+
+
+def test_the_shipped_64_worker_study_is_mnist_gossip_with_64_workers_and_4x_the_budget():
+    small, big = study.load("mnist-gossip"), study.load("mnist-gossip-64")
+    assert big.name == "mnist-gossip-64" and big.run.workers == 64 and small.run.workers == 8
+    # the same data, model, policy and search space, so warm starts and transfer checks compare like with like
+    assert big.search.space == small.search.space and big.policy == small.policy and big.data == small.data
+    assert big.objectives == small.objectives
+    # 4x the samples trained on in all: passes over each shard times the workers' share of the data
+    assert big.run.epochs == 4 * small.run.epochs and big.run.batch_size == small.run.batch_size
