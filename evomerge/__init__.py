@@ -21,14 +21,15 @@ def __getattr__(name: str):
 
 
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
-        procs: int | None = None, callback=None, evaluate_test: bool = False):
+        procs: int | None = None, callback=None, evaluate_test: bool = False, emulate_time: bool = False):
     """Run one merge run of ``policy`` on ``study`` and return its :class:`RunResult`; ``evomerge run`` in Python.
 
     ``study`` is a name, a path or a Study; ``policy`` a MergePolicy, a policy or exported JSON file, or a
     named policy (the study's ``policies/``, else the shipped ones). ``seed`` defaults to an exported
     file's first seed, else the study's first seed. ``backend="distributed"`` runs it on ``procs``
     processes (default one per worker) over ``torch.distributed``; call it under
-    ``if __name__ == "__main__":`` (the processes are spawned). The keywords are the options of
+    ``if __name__ == "__main__":`` (the processes are spawned); ``emulate_time`` paces its ranks to the
+    simulated clock of a study with an ``[environment]``. The keywords are the options of
     ``evomerge run`` with the same names and defaults (tests/test_cli.py holds them together).
     """
     from . import simulate
@@ -38,8 +39,15 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     st = study if isinstance(study, Study) else load(study)
     pol, seed, _ = run_inputs(st, policy, seed, backend=backend, procs=procs)  # every input checked before data is read
     run_fn = runner(backend, procs, st.run.workers)
+    extra = {}
+    if emulate_time:
+        from .errors import ConfigError
+
+        if backend != "distributed" or st.environment is None:
+            raise ConfigError("--emulate-time", "needs --backend distributed and a study with an [environment]")
+        extra["emulate_time"] = True
     setup = simulate.prepare(st, data_dir=data_dir)
-    return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test)
+    return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test, **extra)
 
 
 # ``evomerge.search`` names the function below, not the subpackage: the subpackage is imported

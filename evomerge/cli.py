@@ -65,6 +65,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--procs", type=int, default=None,
                    help="distributed backend: number of processes, each running workers/procs workers "
                         "(default: one per worker)")
+
+
+def _emulate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate-time", action="store_true",
                    help="distributed backend on a study with an [environment]: each rank sleeps its simulated step "
                         "and transfer times, so the wall clock can be held against the simulated one (default: off)")
@@ -175,6 +178,7 @@ def add_run(sub):
     p = _parser(sub, "run", "run one policy on a study and print its metrics",
                 "evomerge run --study mnist-gossip --policy ring-gossip --seed 1")
     _common(p)
+    _emulate(p)
     p.add_argument("--policy", required=True,
                    help="policy JSON file (or exported file), or a named policy: the study's policies/NAME.json, "
                         "else a shipped one (no-merging, fedavg, allreduce, ring-gossip); required")
@@ -190,6 +194,7 @@ def add_baselines(sub):
     p = _parser(sub, "baselines", "run the study's baseline policies and print one row each",
                 "evomerge baselines --study path/to/my-study.toml")
     _common(p)
+    _emulate(p)
     p.add_argument("--seed", type=int, default=None, help="run seed (default: the study's first seed)")
     p.set_defaults(handler=cmd_baselines)
 
