@@ -29,28 +29,37 @@ def _source(tmp_path, data_dir, n=5):
     return best_first
 
 
+@pytest.mark.slow
 def test_warm_start_evaluates_exactly_the_source_completed_trials_first(tmp_path, data_dir):
     src = _source(tmp_path, data_dir)
     f = write_study(tmp_path, name="tgt")
-    args = ["search", "--study", str(f), "--n-trials", "7", "--warm-start-from", "src", "--quiet"]
-    p = cli(*args, cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--study", str(f), "--n-trials", "6", "--warm-start-from", "src", "--quiet", cwd=tmp_path,
+            data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "warm start from 5 completed trials of src: enqueued, best first" in p.stderr
     tgt = optuna.load_study(study_name="tgt", storage=open_storage(f"sqlite:///{tmp_path / 'runs' / 'tgt' / 'optuna.db'}"))
     trials = tgt.get_trials()
-    assert len(trials) == 7 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+    assert len(trials) == 6 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
     # the first five are the source's complete trials, best first, judged on this study's own runs
     assert [t.params for t in trials[:5]] == [t.params for t in src]
     assert [t.user_attrs["warm_start_of"] for t in trials[:5]] == [f"src:{t.number}" for t in src]
-    assert all("warm_start_of" not in t.user_attrs for t in trials[5:])
+    assert "warm_start_of" not in trials[5].user_attrs
     assert tgt.user_attrs["warm_start"]["trials"] == 5
     # resumed with the same source: nothing enqueued twice; another source is refused in one line
-    again = cli(*args[:-1], "--n-trials", "7", "--quiet", cwd=tmp_path, data_dir=data_dir)
-    assert again.returncode == 0 and len(tgt.get_trials()) == 7
-    other = cli("search", "--study", str(f), "--warm-start-from", "elsewhere", cwd=tmp_path, data_dir=data_dir)
-    assert other.returncode == 2 and other.stderr.startswith("error: --warm-start-from: no study 'elsewhere'")
+    s = study.load(f)
+    again = evomerge.search(s, n_trials=6, warm_start_from="src", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    assert again.records == [] and again.warm_start["trials"] == 5 and len(tgt.get_trials()) == 6
+    _source_named(tmp_path, data_dir, "other")
+    with pytest.raises(ConfigError, match="--warm-start-from: study tgt started from 'src'; it cannot start again"):
+        evomerge.search(s, n_trials=6, warm_start_from="other", runs_dir=tmp_path / "runs", data_dir=data_dir)
 
 
+def _source_named(tmp_path, data_dir, name):
+    s = study.load(write_study(tmp_path, name=name))
+    evomerge.search(s, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
+
+
+@pytest.mark.slow
 def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
     src = _source(tmp_path, data_dir, n=10)
     s = study.load(write_study(tmp_path, name="tgt"))
@@ -77,7 +86,11 @@ def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
 
 
 def test_bad_sources_are_refused_in_one_line_before_any_trial(tmp_path, data_dir):
-    s = study.load(write_study(tmp_path, name="tgt"))
+    f = write_study(tmp_path, name="tgt")
+    p = cli("search", "--study", str(f), "--warm-start-from", "elsewhere", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.startswith("error: --warm-start-from: no study 'elsewhere'")
+    assert p.stderr.count("\n") == 1 and not (tmp_path / "runs" / "tgt").exists()
+    s = study.load(f)
     for spec, words in [("tgt", "is this study"), ("nowhere", "no study 'nowhere'"), ("a/b", "neither a study name")]:
         with pytest.raises(ConfigError) as e:
             config.make_config(s, warm_start_from=spec, runs_dir=tmp_path / "runs")
