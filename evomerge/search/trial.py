@@ -62,11 +62,16 @@ def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulat
     readers = [OBJECTIVES[o].from_round for o in study.objectives]
     # one objective: an Optuna pruner judges every round ("rounds") or each seed's final value ("seeds")
     over = PRUNERS[cfg.pruner].over if cfg.prunes_by_optuna else None
+    # a round's step on Optuna's axis: the lockstep round's end, also for a run on a simulated clock
+    # (whose workers did uneven numbers of steps), so every trial reports each round at the same step
+    from ..engine.run import round_bounds
+
+    bounds = round_bounds(T, study.run.rounds)
 
     for k, seed in enumerate(study.run.seeds):
         def on_round(m, k=k):
             storage.record_heartbeat(trial_id)
-            step = k * T + m.step
+            step = k * T + bounds[m.round - 1]
             point = [read(m) for read in readers]
             curve[str(step)] = point
             if cfg.multi:
@@ -74,7 +79,7 @@ def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulat
                     raise Pruned(step, point[0])
             elif over == "rounds":
                 trial.report(point[0], step)
-                last = k == len(study.run.seeds) - 1 and m.step >= T  # the trial is complete: nothing left to save
+                last = k == len(study.run.seeds) - 1 and m.round == len(bounds)  # complete: nothing left to save
                 if not last and trial.should_prune():
                     raise Pruned(step, point[0])
 
