@@ -30,7 +30,7 @@ class StackedModel:
 
     name = "base"
 
-    def __init__(self, layout: list[tuple[str, tuple[int, ...]]], input_shape, n_classes: int):
+    def __init__(self, layout: list[tuple[str, tuple[int, ...]]], input_shape, n_classes: int, n_buffers: int = 0):
         self.layout = layout
         self.input_shape = tuple(input_shape)
         self.n_classes = n_classes
@@ -41,6 +41,11 @@ class StackedModel:
             self.offsets.append((off, size))
             off += size
         self.n_params = off
+        # the last ``n_buffers`` layout entries are buffers (running statistics): merged with the
+        # parameters, never trained; the first ``n_trained_blocks`` are trained (``n_train`` numbers)
+        self.n_trained_blocks = len(layout) - n_buffers
+        self.n_train = sum(n for _, n in self.offsets[:self.n_trained_blocks])
+        self.counters: frozenset[int] = frozenset()  # buffer blocks that count (num_batches_tracked): summed on merge
 
     # -- parameters -----------------------------------------------------------
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:

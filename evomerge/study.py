@@ -22,6 +22,7 @@ from .policy import MergePolicy, field_specs
 from .settings import Choice
 
 SPACE_KINDS = ("float", "log-float", "int", "categorical")
+OPTIMIZERS = ("sgd", "adam", "adamw")  # engine.optim.OPTIMIZERS (without importing torch)
 from .registry import MODELS as MODEL_NAMES  # noqa: E402  (names known without importing torch)
 OBJECTIVES = {  # name -> direction
     "val_accuracy": "maximize",
@@ -63,17 +64,26 @@ class RunSpec:
     epochs: float = 2.0  # budget in passes over the mean shard; converted to local steps
     steps: int = Field(0, ge=0)  # budget in local steps; overrides epochs when > 0
     lr: float = Field(0.05, ge=0)  # 0 freezes the models: a control run (merges alone, or the convergence stop)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0, lt=1)  # sgd only
+    weight_decay: float = Field(0.0, ge=0)  # sgd, adam: L2 in the gradient; adamw: decoupled
     rounds: int = Field(10, ge=1)
     seeds: Annotated[tuple[int, ...], Seq] = Field((0,), min_length=1)
     score_samples: int = Field(32, ge=1)  # per-worker validation slice for the winner-biased lerp
     eval_samples: int = Field(0, ge=0)  # validation samples for the per-worker accuracies (0 = all)
+    optimizer: Annotated[str, Choice(OPTIMIZERS)] = "sgd"  # batched over workers (engine.optim)
+    betas: Annotated[tuple[float, float], Seq] = (0.9, 0.999)  # adam, adamw
+    eps: float = Field(1e-8, gt=0)  # adam, adamw
 
     @model_validator(mode="after")
     def _a_budget(self) -> "RunSpec":
         if self.steps == 0 and not self.epochs > 0:
             raise ConfigError("study.run.epochs", f"{self.epochs} is out of range; allowed: (0, inf) when steps is 0")
+        if self.momentum and self.optimizer != "sgd":
+            raise ConfigError("study.run.momentum", f"{self.momentum} applies to optimizer 'sgd' only; Adam's "
+                                                    "momentum is betas[0]; allowed: 0 with optimizer "
+                                                    f"{self.optimizer!r}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("study.run.betas", f"{list(self.betas)} is out of range; allowed: two numbers in [0, 1)")
         return self
 
 

@@ -261,7 +261,7 @@ def train_steps(setup: Setup, st: Workers, workers, seed: int, start: int, end: 
         losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
         if losses is None:
             losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
-            _sgd_step(st, run)
+            st.optim.step(st.params, st.grad, st.accum)
         loss_sum += losses.mean(1).sum()
         if pool is not None:
             pool.record(pos, torch.exp(-losses).cpu().numpy())
@@ -275,18 +275,6 @@ def slice_losses(model, params: list[torch.Tensor], rows: list[int], x, y) -> to
     views = [p[rows] for p in params]
     logits = model.forward(views, x.unsqueeze(0).expand(len(rows), *x.shape))
     return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(rows), -1), reduction="none").mean(1)
-
-
-def _sgd_step(st: Workers, run) -> None:
-    """torch.optim.SGD's update (weight decay, then momentum), on the whole buffer at once."""
-    g, p = st.grad.buf, st.params.buf
-    if run.weight_decay:
-        g.add_(p, alpha=run.weight_decay)
-    if st.accum is not None:
-        st.accum.buf.addcmul_(g, g)
-    if st.momentum is not None:
-        g = st.momentum.buf.mul_(run.momentum).add_(g)
-    p.add_(g, alpha=-run.lr)
 
 
 @torch.no_grad()
