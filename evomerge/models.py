@@ -110,10 +110,14 @@ class StackedModel:
 
 
 def load_row(module: nn.Module, row: torch.Tensor) -> nn.Module:
-    """Copy one flat parameter row into ``module`` (same parameter order)."""
+    """Copy one flat parameter row into ``module`` (same parameter order); a longer row also
+    fills the module's buffers, which follow the parameters (:mod:`evomerge.generic`)."""
     with torch.no_grad():
         off = 0
-        for p in module.parameters():
+        ts = list(module.parameters())
+        if row.numel() > sum(p.numel() for p in ts):
+            ts += list(module.buffers())
+        for p in ts:
             n = p.numel()
             p.copy_(row[off:off + n].view_as(p))
             off += n
@@ -309,6 +313,15 @@ class Stack:
 
 
 from .registry import MODELS  # noqa: E402  (name -> model class; code outside the package may register more)
+
+
+def build_spec(spec, input_shape, n_classes: int, base_dir=None) -> StackedModel:
+    """The model of a study's ``[model]``: a user's factory (:mod:`evomerge.generic`) or a named model."""
+    if getattr(spec, "factory", ""):
+        from .generic import build as build_generic
+
+        return build_generic(spec, input_shape, n_classes, base_dir)
+    return build(spec.name, input_shape, n_classes, **spec.options)
 
 
 def build(name: str, input_shape, n_classes: int, **options: Any) -> StackedModel:

@@ -20,6 +20,7 @@ from . import settings
 from .errors import ConfigError
 from .policy import MergePolicy, field_specs
 from .settings import Choice
+from .userref import check_format
 
 SPACE_KINDS = ("float", "log-float", "int", "categorical")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # engine.optim.OPTIMIZERS (without importing torch)
@@ -49,12 +50,14 @@ class DataSpec:
     partition: Annotated[str, Choice(data_mod.PARTITIONS)] = "dirichlet"
     alpha: float = Field(0.5, gt=0)
     seed: int = 0  # validation split and partition
+    loader: str = ""  # "module:function" returning the user's data (data.load_user); replaces dataset
 
 
 @settings.model("study.model")
 class ModelSpec:
     name: Annotated[str, Choice(MODEL_NAMES)] = "mlp"
     options: dict = Field(default_factory=lambda: {"hidden": [128]})
+    factory: str = ""  # "module:function" returning a torch.nn.Module (name "module"); options are its keywords
 
 
 @settings.model("study.run")
@@ -355,10 +358,8 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     """A study from its TOML tables; every setting is checked here, before any data is read."""
     _no_unknown(raw, _TOP, "study")
     meta = settings.build(_Meta, _table(raw, "study"), "study.study")
-    d = settings.build(DataSpec, _table(raw, "data"), "study.data")
-    m = dict(_table(raw, "model"))
-    model_name = m.pop("name", "mlp")
-    model = ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}))
+    d = _data(_table(raw, "data"))
+    model = _model(dict(_table(raw, "model")))
     r = settings.build(RunSpec, _table(raw, "run"), "study.run")
     policy = MergePolicy.from_dict(_table(raw, "policy"), "study.policy")
 
@@ -387,6 +388,35 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     for ref in study.baselines:  # found now, not after the search's trials have run
         study.resolve_policy(ref, where="study.baselines.policies")
     return study
+
+
+def _data(d: dict) -> DataSpec:
+    if "loader" in d:
+        check_format(d["loader"], "study.data.loader", "mydata:load")
+        if "dataset" in d:
+            raise ConfigError("study.data.dataset", "does not apply with loader (the loader's function gives the data); "
+                                                    "allowed: one of dataset, loader")
+    return settings.build(DataSpec, d, "study.data")
+
+
+def _model(m: dict) -> ModelSpec:
+    """Named models take their options as keys of ``[model]``; a factory takes ``options = {...}``."""
+    if "factory" not in m:
+        model_name = m.pop("name", "mlp")
+        if model_name == "module":
+            raise ConfigError("study.model.factory", "is required with name 'module' (e.g. factory = "
+                                                     "\"mymodels:small_resnet\")")
+        return ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}))
+    _no_unknown(m, ("factory", "options", "name"), "study.model")
+    if m.get("name", "module") != "module":
+        raise ConfigError("study.model.name", f"{m['name']!r} does not apply with factory (a factory's model is "
+                                              "named 'module'); allowed: leave name out, or drop factory")
+    check_format(m["factory"], "study.model.factory", "mymodels:small_resnet")
+    options = m.get("options", {})
+    if not isinstance(options, dict):
+        raise ConfigError("study.model.options", f"must be a table of keyword arguments, e.g. {{ width = 16 }}, "
+                                                 f"got {type(options).__name__}")
+    return ModelSpec("module", options, m["factory"])
 
 
 # -- small checks --------------------------------------------------------------

@@ -25,6 +25,9 @@ from ..policy import MergePolicy
 from .base import Backend
 
 
+COUNTER_LIMIT = 2.0**62  # summed counter buffers stop here (float32 holds it exactly)
+
+
 class InProcess(Backend):
     def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device):
         W = setup.study.run.workers
@@ -159,9 +162,11 @@ class InProcess(Backend):
 
     @staticmethod
     def _sum_counters(blk, chg, a_rows, b_rows, push_pull) -> None:
+        """Buffers that count (``num_batches_tracked``) are summed, as VW sums counters; gossip doubles
+        them often, so they stop at ``COUNTER_LIMIT`` rather than overflow float32."""
         for i, j in zip(a_rows, b_rows):
             chg[j].sub_(blk[j])
-            blk[j].add_(blk[i])
+            blk[j].add_(blk[i]).clamp_(max=COUNTER_LIMIT)
             chg[j].add_(blk[j])
             if push_pull:
                 chg[i].sub_(blk[i])
@@ -207,7 +212,7 @@ class InProcess(Backend):
         for k, (own, models, support) in enumerate(zip(st.params.blocks, blocks, supports)):
             if k >= model.n_trained_blocks and (p.buffers == "local" or k in model.counters):
                 if p.buffers != "local":  # counters are summed, not averaged
-                    own.copy_(own.sum(0, keepdim=True).expand_as(own))
+                    own.copy_(own.sum(0, keepdim=True).clamp_(max=COUNTER_LIMIT).expand_as(own))
                 continue
             avg, merged = ops.weighted_average(models, support)
             own.lerp_(avg.unsqueeze(0).expand_as(own), weight)

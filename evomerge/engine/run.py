@@ -118,10 +118,12 @@ class Setup:
 
 
 def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> Setup:
+    base_dir = study.path.parent if study.path is not None else None  # a user's loader / factory lives there
     if data is None:
-        d = study.data
-        data = data_mod.load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
-    model = models_mod.build(study.model.name, data.input_shape, data.n_classes, **study.model.options)
+        data = data_mod.load_spec(study.data, data_dir, base_dir)
+    model = models_mod.build_spec(study.model, data.input_shape, data.n_classes, base_dir)
+    if hasattr(model, "check"):  # a user's model: refused in one line before any trial if it cannot run
+        model.check(normalise(data.train_x[:4], data.spec), data.train_y[:4])
     labels = data.train_y.numpy()
     run = study.run
     parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha,
@@ -154,6 +156,8 @@ def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed:
 
 
 def normalise(x_uint8: torch.Tensor, spec: data_mod.DatasetSpec) -> torch.Tensor:
+    if x_uint8.dtype != torch.uint8:  # a loader's data (study.data.loader) are used as it gave them
+        return x_uint8.float()
     return x_uint8.float().mul_(1.0 / (255.0 * spec.std)).sub_(spec.mean / spec.std)
 
 
