@@ -296,7 +296,8 @@ def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, f
     acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
     wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
     return dict(val_accuracy=acc[0], val_loss=loss[0], mean_worker_accuracy=float(np.mean(wacc)),
-                worst_worker_accuracy=float(np.min(wacc)), consensus_distance=ops.consensus_distance(stack.rows(), center))
+                worst_worker_accuracy=float(np.min(wacc)),
+                consensus_distance=ops.consensus_distance(stack.rows()[:, :model.n_train], center[:model.n_train]))
 
 
 
