@@ -116,3 +116,46 @@ def test_adam_after_merges_that_left_workers_at_different_steps_runs_on(mnist):
     pol = MergePolicy(optimizer_state="reset", mean_interval=3)
     res = simulate.simulate(setup, pol, 0, device="cpu")
     assert res.status == "ok" and res.final.val_accuracy > 0.5
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_workers_at_different_steps_each_get_torchs_bias_correction(kind):
+    """Worker 1 has taken 3 steps already, worker 0 none: two more steps of both equal torch's optimiser
+    continued from each worker's own state."""
+    from types import SimpleNamespace
+
+    from evomerge import models
+    from evomerge.engine.optim import Optimizer
+
+    model = models.build("mlp", (6,), 3, hidden=[4])
+    g = torch.Generator().manual_seed(0)
+    run = SimpleNamespace(optimizer=kind, lr=0.01, weight_decay=0.1, momentum=0.0, betas=(0.9, 0.99), eps=1e-8)
+    grads = [torch.randn(2, model.n_params, generator=g) for _ in range(5)]
+    start = torch.randn(2, model.n_params, generator=g)
+    cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+    refs = []
+    for w in range(2):
+        t = start[w].clone().requires_grad_(True)
+        refs.append((t, cls([t], lr=run.lr, betas=run.betas, eps=run.eps, weight_decay=run.weight_decay, foreach=False)))
+    t1, o1 = refs[1]
+    for k in range(3):  # worker 1's head start
+        t1.grad = grads[k][1].clone()
+        o1.step()
+    params = model.stack(2)
+    params.set_rows(torch.stack([start[0], t1.detach()]))
+    grad = params.like()
+    opt = Optimizer(run, params)
+    st1 = o1.state[t1]
+    rows = torch.stack([torch.zeros(model.n_params), st1["exp_avg"]]), torch.stack([torch.zeros(model.n_params), st1["exp_avg_sq"]])
+    opt.exp_avg.set_rows(rows[0])
+    opt.exp_avg_sq.set_rows(rows[1])
+    opt.steps.copy_(torch.tensor([0.0, 3.0], dtype=torch.float64))
+    for k in range(3, 5):
+        grad.set_rows(grads[k])
+        opt.step(params, grad, None)
+        for w, (t, o) in enumerate(refs):
+            t.grad = grads[k][w].clone()
+            o.step()
+    for w, (t, _) in enumerate(refs):
+        assert torch.allclose(params.row(w), t.detach(), rtol=1e-6, atol=1e-7), (w, (params.row(w) - t.detach()).abs().max())
+    assert opt.steps.tolist() == [2.0, 5.0]
