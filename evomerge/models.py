@@ -303,9 +303,9 @@ class Stack:
         for blk in self.blocks:
             blk[[a, b]] = blk[[b, a]]
 
-    def row_norms(self) -> torch.Tensor:
-        """``[W]``: the L2 norm of each worker's row."""
-        return torch.stack([blk.pow(2).sum(1) for blk in self.blocks]).sum(0).sqrt()
+    def row_norms(self, n_blocks: int | None = None) -> torch.Tensor:
+        """``[W]``: the L2 norm of each worker's row (of its first ``n_blocks`` blocks: the trained ones)."""
+        return torch.stack([blk.pow(2).sum(1) for blk in self.blocks[:n_blocks]]).sum(0).sqrt()
 
     def mean(self) -> torch.Tensor:
         """The consensus model as a row ``[P]``."""

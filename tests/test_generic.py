@@ -160,3 +160,13 @@ def test_factory_errors_are_one_line_config_errors():
     m = GenericModel(lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 3)), (28, 28), 10)
     with pytest.raises(ConfigError, match=r"returns outputs of shape \[4, 3\] .* expected \[4, 10\]"):
         m.check(torch.zeros(4, 28, 28), torch.zeros(4, dtype=torch.int64))
+
+
+def test_buffers_are_not_counted_as_updates_distances_or_similarity(bn):
+    """A frozen model (lr 0) whose running statistics and counters still move: no update, no distance."""
+    frozen = _with(bn, bn.model, lr=0.0)
+    res = simulate.simulate(frozen, MergePolicy(scheme="none"), 0, device="cpu", keep_params=True)
+    f = res.final
+    assert f.local_update_norm == 0 and f.update_norm == 0 and f.consensus_distance == 0
+    assert f.similarity_mean == 1.0
+    assert float(res.params[0, -1]) == frozen.total_steps and not torch.equal(res.params[0, -9:-5], res.params[1, -9:-5])

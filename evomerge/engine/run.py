@@ -191,7 +191,8 @@ class Judge:
         center = stack.mean()
         metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite)
         sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
-        update = float((center - self.prev_center).norm()) / steps if finite else float("nan")
+        n = self.model.n_train
+        update = float((center[:n] - self.prev_center[:n]).norm()) / steps if finite else float("nan")
         self.prev_center = center
         self.eval_time += time.perf_counter() - te
         return RoundMetrics(
@@ -215,8 +216,9 @@ class Judge:
 def update_norms(st: Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
     """Per-step norms of what local steps and what merges changed this round, means over workers."""
     model, W = st.params.model, st.W
-    merged = st.merge_change.row_norms()
-    local = models_mod.Stack(model, W, buf=st.params.buf - round_start - st.merge_change.buf).row_norms()
+    k = model.n_trained_blocks  # buffers (running statistics, counters) are not updates
+    merged = st.merge_change.row_norms(k)
+    local = models_mod.Stack(model, W, buf=st.params.buf - round_start - st.merge_change.buf).row_norms(k)
     return float(local.mean()) / steps, float(merged.mean()) / steps
 
 
@@ -225,7 +227,8 @@ class Similarity:
 
     def __init__(self, model, policy: MergePolicy, seed: int, start_row: torch.Tensor, data, train_x):
         self.model, self.kind = model, policy.similarity
-        self.sketcher = similarity.Sketcher(model.offsets, start_row, seed) if self.kind == "sketch" else None
+        trained = model.offsets[:model.n_trained_blocks]  # the parameters' change, not the buffers'
+        self.sketcher = similarity.Sketcher(trained, start_row, seed) if self.kind == "sketch" else None
         self.probe = None
         if self.kind == "cka":
             pos = torch.as_tensor(similarity.probe_positions(len(train_x), seed), device=train_x.device)
