@@ -159,3 +159,16 @@ def test_workers_at_different_steps_each_get_torchs_bias_correction(kind):
     for w, (t, _) in enumerate(refs):
         assert torch.allclose(params.row(w), t.detach(), rtol=1e-6, atol=1e-7), (w, (params.row(w) - t.detach()).abs().max())
     assert opt.steps.tolist() == [2.0, 5.0]
+
+
+def test_averaging_the_optimizer_state_is_charged_on_the_wire(mnist):
+    """Adam's two moments travel with the model: three times the bytes of the parameters alone."""
+    from evomerge.engine.plan import Bytes
+
+    setup = simulate.prepare(tiny_study(optimizer="adam", lr=0.01, steps=20), data=mnist)
+    keep = simulate.simulate(setup, MergePolicy(mean_interval=3), 0, device="cpu")
+    avg = simulate.simulate(setup, MergePolicy(mean_interval=3, optimizer_state="average"), 0, device="cpu")
+    assert keep.final.merges == avg.final.merges > 0
+    assert avg.final.bytes == 3 * keep.final.bytes
+    n = setup.model.n_params
+    assert Bytes(MergePolicy(scheme="allreduce", optimizer_state="average"), n, None, 1).allreduce(4) == 4 * 4 * n * 4

@@ -318,7 +318,7 @@ class StepMerger:
         neighbours = None
         if sched.topology is not None:
             neighbours = [len(sched.topology.neighbours(i)) for i in range(setup.study.run.workers)]
-        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours)
+        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(self.st.optim.stacks()))
         self.bytes = 0
         self.count = 0
 
