@@ -8,8 +8,9 @@ parameters are trained (``n_train``); how merges treat the buffers is ``policy.b
 integer buffers (``num_batches_tracked``) are counters, summed on merge as VW sums counters.
 
 The forward of all workers is ``torch.func.functional_call`` under ``torch.func.vmap``; the
-gradient is autograd over the stacked leaves (measured against ``vmap(grad(...))``: 1.2x
-faster for an MLP and 2-2.6x for a BatchNorm CNN on the CPU, see benchmarks/bench_generic.py).
+gradient is autograd over the stacked leaves, measured against ``vmap(grad(...))`` on the CPU
+(benchmarks/bench_generic.py): as fast for an MLP (1.0-1.2x), faster for a BatchNorm CNN
+(1.2-2.6x at W = 8 and 64), and it needs no functional form of the loss.
 Training runs the module in train mode (BatchNorm updates each worker's running statistics
 in place, in the stack); every other forward (evaluation, the winner test, CKA) in eval mode.
 
