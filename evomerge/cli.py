@@ -316,6 +316,9 @@ def cmd_run(args) -> int:
     policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
+    from .backends import check_model
+
+    check_model(args.backend, setup.model)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)
     res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)

@@ -272,16 +272,7 @@ def load(
         n_img, n_lab = len(arrays[split, "images"]), len(arrays[split, "labels"])
         if n_img != n_lab:
             raise ConfigError(str(d), f"{split}: {n_img} images but {n_lab} labels")
-    n = len(arrays["train", "labels"])
-    if not 0 < val_size < n:
-        raise ConfigError("study.data.val_size", f"{val_size} is out of range; allowed: [1, {n - 1}]")
-    perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([split_seed, 0x5EED]))).permutation(n)
-    val_idx, train_idx = np.sort(perm[:val_size]), perm[val_size:]
-    if train_size:
-        if not 0 < train_size <= len(train_idx):
-            raise ConfigError("study.data.train_size", f"{train_size} is out of range; allowed: [0, {len(train_idx)}]")
-        train_idx = train_idx[:train_size]
-    train_idx = np.sort(train_idx)
+    val_idx, train_idx = carve(len(arrays["train", "labels"]), val_size, train_size, split_seed)
     tx, ty = arrays["train", "images"], arrays["train", "labels"].astype(np.int64)
 
     def t(a):
@@ -294,6 +285,109 @@ def load(
         t(arrays["test", "images"]), t(arrays["test", "labels"].astype(np.int64)),
         train_idx,
     )
+
+
+def carve(n: int, val_size: int, train_size: int, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted positions of the validation split and of the training samples kept, of ``n``."""
+    if not 0 < val_size < n:
+        raise ConfigError("study.data.val_size", f"{val_size} is out of range; allowed: [1, {n - 1}]")
+    perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([split_seed, 0x5EED]))).permutation(n)
+    val_idx, train_idx = np.sort(perm[:val_size]), perm[val_size:]
+    if train_size:
+        if not 0 < train_size <= len(train_idx):
+            raise ConfigError("study.data.train_size", f"{train_size} is out of range; allowed: [0, {len(train_idx)}]")
+        train_idx = train_idx[:train_size]
+    return val_idx, np.sort(train_idx)
+
+
+# -- a user's data (study.data.loader) ------------------------------------------
+LOADER = "study.data.loader"
+
+
+def load_spec(d, data_dir: str | Path | None = None, base_dir: str | Path | None = None) -> Data:
+    """The data of a study's ``[data]``: a user's loader, or a named dataset's files."""
+    if getattr(d, "loader", ""):
+        return load_user(d.loader, base_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
+    return load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
+
+
+def _is_dataset(obj) -> bool:
+    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not hasattr(obj, "shape")
+
+
+def _materialise(ds, which: str, ref: str):
+    """A torch ``Dataset`` of ``(x, y)`` items as two tensors (read once)."""
+    import torch
+
+    xs, ys = [], []
+    try:
+        for i in range(len(ds)):
+            x, y = ds[i]
+            xs.append(torch.as_tensor(x))
+            ys.append(torch.as_tensor(y))
+        return torch.stack(xs), torch.stack(ys)
+    except Exception as e:  # noqa: BLE001 - the user's data: one line naming the field
+        from .userref import one_line
+
+        raise ConfigError(LOADER, f"{ref}: the {which} dataset's items must be (input, label) pairs of one shape: "
+                                  f"{one_line(e)}") from None
+
+
+def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5000, train_size: int = 0,
+              split_seed: int = 0) -> Data:
+    """A user's data: ``ref`` names a function returning ``(train_x, train_y, test_x, test_y)``
+    (tensors or arrays; labels integer classes) or ``(train_dataset, test_dataset)`` (torch
+    Datasets of ``(x, y)``, read once). Inputs are kept as float32, as the loader gave them (it
+    normalises); the validation split is carved from the training set as for the named datasets."""
+    import torch
+
+    from .userref import one_line, resolve
+
+    fn = resolve(ref, LOADER, base_dir, "mydata:load")
+    try:
+        out = fn()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: one line naming the field
+        raise ConfigError(LOADER, f"{ref} raised {one_line(e)}") from None
+    want = "(train_x, train_y, test_x, test_y) tensors or (train_dataset, test_dataset)"
+    if isinstance(out, (tuple, list)) and len(out) == 2 and all(_is_dataset(o) for o in out):
+        out = (*_materialise(out[0], "training", ref), *_materialise(out[1], "test", ref))
+    if not isinstance(out, (tuple, list)) or len(out) != 4:
+        got = f"a {len(out)}-tuple" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ConfigError(LOADER, f"{ref} returned {got}; expected {want}")
+    names = ("train_x", "train_y", "test_x", "test_y")
+    ts = []
+    for name, v in zip(names, out):
+        try:
+            ts.append(torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v))
+        except Exception:  # noqa: BLE001
+            raise ConfigError(LOADER, f"{ref} returned {type(v).__name__} as {name}; expected a tensor or an array") from None
+    tx, ty, sx, sy = ts
+    for name, x, y in (("train", tx, ty), ("test", sx, sy)):
+        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+            raise ConfigError(LOADER, f"{ref}: {name}_y are {y.dtype}; labels must be integer classes (int64)")
+        if y.dim() != 1 or len(x) != len(y):
+            raise ConfigError(LOADER, f"{ref}: {name}_y has shape {list(y.shape)} for {name}_x of shape {list(x.shape)}; "
+                                      "expected one label per input")
+        if not (x.dtype.is_floating_point or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
+            raise ConfigError(LOADER, f"{ref}: {name}_x are {x.dtype}; expected numbers")
+        if len(y) and int(y.min()) < 0:
+            raise ConfigError(LOADER, f"{ref}: {name}_y holds {int(y.min())}; labels must be classes 0, 1, ...")
+    if tuple(sx.shape[1:]) != tuple(tx.shape[1:]):
+        raise ConfigError(LOADER, f"{ref}: test_x inputs have shape {list(sx.shape[1:])}, train_x {list(tx.shape[1:])}")
+    if len(ty) < 2:
+        raise ConfigError(LOADER, f"{ref}: {len(ty)} training examples; need at least 2")
+    n_classes = int(ty.max()) + 1
+    if len(sy) and int(sy.max()) >= n_classes:
+        raise ConfigError(LOADER, f"{ref}: test_y holds class {int(sy.max())}, which the training labels never use "
+                                  f"(classes 0..{n_classes - 1})")
+    spec = DatasetSpec(name=ref, files={}, mean=0.0, std=1.0, n_classes=n_classes)
+    val_idx, train_idx = carve(len(ty), val_size, train_size, split_seed)
+    tx, ty = tx.to(torch.float32), ty.to(torch.int64)
+    vi, ti = torch.as_tensor(val_idx), torch.as_tensor(train_idx)
+    return Data(spec, tx[ti].contiguous(), ty[ti].contiguous(), tx[vi].contiguous(), ty[vi].contiguous(),
+                sx.to(torch.float32).contiguous(), sy.to(torch.int64).contiguous(), train_idx)
 
 
 # -- partitions ---------------------------------------------------------------

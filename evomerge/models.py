@@ -30,7 +30,7 @@ class StackedModel:
 
     name = "base"
 
-    def __init__(self, layout: list[tuple[str, tuple[int, ...]]], input_shape, n_classes: int):
+    def __init__(self, layout: list[tuple[str, tuple[int, ...]]], input_shape, n_classes: int, n_buffers: int = 0):
         self.layout = layout
         self.input_shape = tuple(input_shape)
         self.n_classes = n_classes
@@ -41,6 +41,11 @@ class StackedModel:
             self.offsets.append((off, size))
             off += size
         self.n_params = off
+        # the last ``n_buffers`` layout entries are buffers (running statistics): merged with the
+        # parameters, never trained; the first ``n_trained_blocks`` are trained (``n_train`` numbers)
+        self.n_trained_blocks = len(layout) - n_buffers
+        self.n_train = sum(n for _, n in self.offsets[:self.n_trained_blocks])
+        self.counters: frozenset[int] = frozenset()  # buffer blocks that count (num_batches_tracked): summed on merge
 
     # -- parameters -----------------------------------------------------------
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -105,10 +110,14 @@ class StackedModel:
 
 
 def load_row(module: nn.Module, row: torch.Tensor) -> nn.Module:
-    """Copy one flat parameter row into ``module`` (same parameter order)."""
+    """Copy one flat parameter row into ``module`` (same parameter order); a longer row also
+    fills the module's buffers, which follow the parameters (:mod:`evomerge.generic`)."""
     with torch.no_grad():
         off = 0
-        for p in module.parameters():
+        ts = list(module.parameters())
+        if row.numel() > sum(p.numel() for p in ts):
+            ts += list(module.buffers())
+        for p in ts:
             n = p.numel()
             p.copy_(row[off:off + n].view_as(p))
             off += n
@@ -294,9 +303,9 @@ class Stack:
         for blk in self.blocks:
             blk[[a, b]] = blk[[b, a]]
 
-    def row_norms(self) -> torch.Tensor:
-        """``[W]``: the L2 norm of each worker's row."""
-        return torch.stack([blk.pow(2).sum(1) for blk in self.blocks]).sum(0).sqrt()
+    def row_norms(self, n_blocks: int | None = None) -> torch.Tensor:
+        """``[W]``: the L2 norm of each worker's row (of its first ``n_blocks`` blocks: the trained ones)."""
+        return torch.stack([blk.pow(2).sum(1) for blk in self.blocks[:n_blocks]]).sum(0).sqrt()
 
     def mean(self) -> torch.Tensor:
         """The consensus model as a row ``[P]``."""
@@ -304,6 +313,15 @@ class Stack:
 
 
 from .registry import MODELS  # noqa: E402  (name -> model class; code outside the package may register more)
+
+
+def build_spec(spec, input_shape, n_classes: int, base_dir=None) -> StackedModel:
+    """The model of a study's ``[model]``: a user's factory (:mod:`evomerge.generic`) or a named model."""
+    if getattr(spec, "factory", ""):
+        from .generic import build as build_generic
+
+        return build_generic(spec, input_shape, n_classes, base_dir)
+    return build(spec.name, input_shape, n_classes, **spec.options)
 
 
 def build(name: str, input_shape, n_classes: int, **options: Any) -> StackedModel:

@@ -23,10 +23,11 @@ from .errors import ConfigError
 from .settings import Choice
 from .topology import TOPOLOGIES
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
-                "reserve_rate", "swap_p", "stop_tol", "stop_patience")}
+                "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
+            3: ("optimizer_state", "buffers")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -36,6 +37,8 @@ SCHEDULES = ("constant", "linear", "cosine")
 LERPS = ("fixed", "random")
 from .registry import PAYLOADS, WEIGHTINGS  # noqa: E402  (registries: a new rule registers its name there)
 SIMILARITIES = ("sketch", "cka")
+OPTIMIZER_STATES = ("keep", "average", "reset")
+BUFFERS = ("average", "local")
 
 
 def _f(default, doc: str, **bounds):
@@ -129,6 +132,18 @@ class MergePolicy:
         "for stop_patience rounds; 0 = never.", ge=0.0, le=1e6,
     )
     stop_patience: int = _f(2, "Rounds the update norms must stay below stop_tol.", ge=1, le=10_000)
+    # -- schema 3: the training state besides the parameters (VW: every piece of state has a merge rule) --
+    optimizer_state: Annotated[str, Choice(OPTIMIZER_STATES)] = _f(
+        "keep",
+        "The optimiser's state (SGD momentum, Adam's moments and step count) on a merge: keep (each worker keeps "
+        "its own), average (with the same weights as the parameters) or reset (zeroed). A swap moves it with the model.",
+    )
+    buffers: Annotated[str, Choice(BUFFERS)] = _f(
+        "average",
+        "A model's buffers (BatchNorm running statistics) on a merge: average (like the parameters) or local (each "
+        "worker keeps its own). Counters (num_batches_tracked) are summed when averaged. The consensus model "
+        "always uses the mean of the workers' buffers.",
+    )
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -231,6 +246,10 @@ class MergePolicy:
             parts.append(f"swaps models with p={self.swap_p:.3g}")
         if self.stop_tol:
             parts.append(f"stops when updates stay below {self.stop_tol:.3g} for {self.stop_patience} rounds")
+        if self.optimizer_state != "keep":
+            parts.append(f"optimiser state {'averaged' if self.optimizer_state == 'average' else 'reset'} on merge")
+        if self.buffers != "average":
+            parts.append("buffers kept local")
         return "".join(f", {p}" for p in parts)
 
 

@@ -11,8 +11,13 @@ from . import models as models_mod
 from .simulate import Setup, batch_indices, initial_row, normalise
 
 
-def _sgd(module, run):
-    return torch.optim.SGD(module.parameters(), lr=run.lr, momentum=run.momentum, weight_decay=run.weight_decay)
+def optimizer(module, run) -> torch.optim.Optimizer:
+    """The study's optimiser (``run.optimizer``) on one plain module, as torch offers it."""
+    if run.optimizer == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=run.lr, momentum=run.momentum, weight_decay=run.weight_decay)
+    cls = torch.optim.Adam if run.optimizer == "adam" else torch.optim.AdamW
+    return cls(module.parameters(), lr=run.lr, betas=tuple(run.betas), eps=run.eps, weight_decay=run.weight_decay,
+               foreach=False)
 
 
 def _module_input(setup: Setup, x):
@@ -24,7 +29,7 @@ def train_central(setup: Setup, seed: int, steps: int | None = None) -> torch.nn
     run, data = setup.study.run, setup.data
     steps = setup.total_steps if steps is None else steps
     module = models_mod.load_row(setup.model.module(), initial_row(setup.model, seed))
-    opt = _sgd(module, run)
+    opt = optimizer(module, run)
     idx = np.concatenate([batch_indices(s, run.batch_size, 0, steps, seed, w) for w, s in enumerate(setup.shards)], axis=1)
     for t in range(steps):
         bi = torch.as_tensor(idx[t])
@@ -41,7 +46,7 @@ def train_alone(setup: Setup, seed: int, worker: int, steps: int | None = None) 
     run, data = setup.study.run, setup.data
     steps = setup.total_steps if steps is None else steps
     module = models_mod.load_row(setup.model.module(), initial_row(setup.model, seed))
-    opt = _sgd(module, run)
+    opt = optimizer(module, run)
     idx = batch_indices(setup.shards[worker], run.batch_size, 0, steps, seed, worker)
     for t in range(steps):
         bi = torch.as_tensor(idx[t])

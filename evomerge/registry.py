@@ -41,7 +41,9 @@ class Registry(dict):
 
 
 #: stacked models (``study.model.name``): classes built as ``cls(input_shape, n_classes, **options)``
-MODELS = Registry("study.model.name", {"mlp": "evomerge.models:MLP", "cnn": "evomerge.models:CNN"})
+#: ``module`` is any ``nn.Module`` a study's ``[model] factory`` returns (:class:`evomerge.generic.GenericModel`)
+MODELS = Registry("study.model.name", {"mlp": "evomerge.models:MLP", "cnn": "evomerge.models:CNN",
+                                       "module": "evomerge.generic:GenericModel"})
 
 #: how supports weight a merge (``policy.weighting``): :class:`evomerge.engine.weighting.Weighting`
 WEIGHTINGS = Registry("policy.weighting", {

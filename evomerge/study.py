@@ -20,8 +20,10 @@ from . import settings
 from .errors import ConfigError
 from .policy import MergePolicy, field_specs
 from .settings import Choice
+from .userref import check_format
 
 SPACE_KINDS = ("float", "log-float", "int", "categorical")
+OPTIMIZERS = ("sgd", "adam", "adamw")  # engine.optim.OPTIMIZERS (without importing torch)
 from .registry import MODELS as MODEL_NAMES  # noqa: E402  (names known without importing torch)
 OBJECTIVES = {  # name -> direction
     "val_accuracy": "maximize",
@@ -57,12 +59,14 @@ class DataSpec:
     partition: Annotated[str, Choice(data_mod.PARTITIONS)] = "dirichlet"
     alpha: float = Field(0.5, gt=0)
     seed: int = 0  # validation split and partition
+    loader: str = ""  # "module:function" returning the user's data (data.load_user); replaces dataset
 
 
 @settings.model("study.model")
 class ModelSpec:
     name: Annotated[str, Choice(MODEL_NAMES)] = "mlp"
     options: dict = Field(default_factory=lambda: {"hidden": [128]})
+    factory: str = ""  # "module:function" returning a torch.nn.Module (name "module"); options are its keywords
 
 
 @settings.model("study.run")
@@ -72,17 +76,26 @@ class RunSpec:
     epochs: float = 2.0  # budget in passes over the mean shard; converted to local steps
     steps: int = Field(0, ge=0)  # budget in local steps; overrides epochs when > 0
     lr: float = Field(0.05, ge=0)  # 0 freezes the models: a control run (merges alone, or the convergence stop)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0, lt=1)  # sgd only
+    weight_decay: float = Field(0.0, ge=0)  # sgd, adam: L2 in the gradient; adamw: decoupled
     rounds: int = Field(10, ge=1)
     seeds: Annotated[tuple[int, ...], Seq] = Field((0,), min_length=1)
     score_samples: int = Field(32, ge=1)  # per-worker validation slice for the winner-biased lerp
     eval_samples: int = Field(0, ge=0)  # validation samples for the per-worker accuracies (0 = all)
+    optimizer: Annotated[str, Choice(OPTIMIZERS)] = "sgd"  # batched over workers (engine.optim)
+    betas: Annotated[tuple[float, float], Seq] = (0.9, 0.999)  # adam, adamw
+    eps: float = Field(1e-8, gt=0)  # adam, adamw
 
     @model_validator(mode="after")
     def _a_budget(self) -> "RunSpec":
         if self.steps == 0 and not self.epochs > 0:
             raise ConfigError("study.run.epochs", f"{self.epochs} is out of range; allowed: (0, inf) when steps is 0")
+        if self.momentum and self.optimizer != "sgd":
+            raise ConfigError("study.run.momentum", f"{self.momentum} applies to optimizer 'sgd' only; Adam's "
+                                                    "momentum is betas[0]; allowed: 0 with optimizer "
+                                                    f"{self.optimizer!r}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("study.run.betas", f"{list(self.betas)} is out of range; allowed: two numbers in [0, 1)")
         return self
 
 
@@ -456,10 +469,8 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     """A study from its TOML tables; every setting is checked here, before any data is read."""
     _no_unknown(raw, _TOP, "study")
     meta = settings.build(_Meta, _table(raw, "study"), "study.study")
-    d = settings.build(DataSpec, _table(raw, "data"), "study.data")
-    m = dict(_table(raw, "model"))
-    model_name = m.pop("name", "mlp")
-    model = ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}))
+    d = _data(_table(raw, "data"))
+    model = _model(dict(_table(raw, "model")))
     r = settings.build(RunSpec, _table(raw, "run"), "study.run")
     policy = MergePolicy.from_dict(_table(raw, "policy"), "study.policy")
 
@@ -493,6 +504,35 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     for ref in study.baselines:  # found now, not after the search's trials have run
         study.resolve_policy(ref, where="study.baselines.policies")
     return study
+
+
+def _data(d: dict) -> DataSpec:
+    if "loader" in d:
+        check_format(d["loader"], "study.data.loader", "mydata:load")
+        if "dataset" in d:
+            raise ConfigError("study.data.dataset", "does not apply with loader (the loader's function gives the data); "
+                                                    "allowed: one of dataset, loader")
+    return settings.build(DataSpec, d, "study.data")
+
+
+def _model(m: dict) -> ModelSpec:
+    """Named models take their options as keys of ``[model]``; a factory takes ``options = {...}``."""
+    if "factory" not in m:
+        model_name = m.pop("name", "mlp")
+        if model_name == "module":
+            raise ConfigError("study.model.factory", "is required with name 'module' (e.g. factory = "
+                                                     "\"mymodels:small_resnet\")")
+        return ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}))
+    _no_unknown(m, ("factory", "options", "name"), "study.model")
+    if m.get("name", "module") != "module":
+        raise ConfigError("study.model.name", f"{m['name']!r} does not apply with factory (a factory's model is "
+                                              "named 'module'); allowed: leave name out, or drop factory")
+    check_format(m["factory"], "study.model.factory", "mymodels:small_resnet")
+    options = m.get("options", {})
+    if not isinstance(options, dict):
+        raise ConfigError("study.model.options", f"must be a table of keyword arguments, e.g. {{ width = 16 }}, "
+                                                 f"got {type(options).__name__}")
+    return ModelSpec("module", options, m["factory"])
 
 
 # -- small checks --------------------------------------------------------------

@@ -121,17 +121,18 @@ def study_datasets(study) -> list:
     from . import data as data_mod
 
     d = study.data
-    spec = data_mod.DATASETS.get(d.dataset)
-    url = (spec.urls[0] + spec.files[("train", "images")]) if spec and spec.urls else f"https://example.invalid/{d.dataset}"
+    name = d.loader or d.dataset  # a user's loader names its data
+    spec = None if d.loader else data_mod.DATASETS.get(d.dataset)
+    url = (spec.urls[0] + spec.files[("train", "images")]) if spec and spec.urls else f"https://example.invalid/{name}"
     out = []
     for context, desc in (("training", f"train_size={d.train_size or 'rest'} partition={d.partition}"
                                        + (f"(alpha={d.alpha})" if d.partition == "dirichlet" else "")
                                        + f" workers={study.run.workers}"),
                           ("validation", f"val_size={d.val_size}")):
-        key = json.dumps({"dataset": d.dataset, "split": context, "val_size": d.val_size, "train_size": d.train_size,
+        key = json.dumps({"dataset": name, "split": context, "val_size": d.val_size, "train_size": d.train_size,
                           "partition": d.partition, "alpha": d.alpha, "seed": d.seed, "workers": study.run.workers,
                           "files": dict(sorted(spec.checksums.items())) if spec else {}}, sort_keys=True)
-        ds = MetaDataset(HTTPDatasetSource(url), name=f"{d.dataset}-{context}",
+        ds = MetaDataset(HTTPDatasetSource(url), name=f"{name}-{context}",
                          digest=hashlib.sha256(key.encode()).hexdigest()[:10])
         out.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context),
                                                                InputTag("evomerge.split", f"{desc} seed={d.seed}")]))

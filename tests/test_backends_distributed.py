@@ -298,3 +298,61 @@ def test_ctrl_c_stops_every_rank(tmp_path, data_dir):
     assert proc.returncode == 130 and err.strip() == "interrupted", err
     time.sleep(0.5)
     assert [p for p in ranks if _alive(p)] == []
+
+
+# -- a user's model (evomerge.generic) -----------------------------------------------------------------
+USER_MODELS = '''
+from torch import nn
+
+def mlp(hidden=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+def with_batchnorm():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+'''
+
+
+@pytest.fixture(scope="module")
+def user_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("user_models")
+    (folder / "dist_user_models.py").write_text(USER_MODELS)
+    return folder
+
+
+def test_distributed_runs_a_users_model_with_adamw_as_inprocess(mnist, user_folder):
+    """The ranks import the factory again from the study's folder (the model pickles by reference)."""
+    import dataclasses
+
+    from evomerge.generic import GenericModel
+
+    s = tiny_study(optimizer="adamw", lr=0.01, weight_decay=0.01)
+    s = dataclasses.replace(s, path=user_folder / "s.toml",
+                            model=dataclasses.replace(s.model, name="module", factory="dist_user_models:mlp",
+                                                      options={"hidden": 8}))
+    setup = simulate.prepare(s, data=mnist)
+    assert isinstance(setup.model, GenericModel) and setup.model.n_params == 784 * 8 + 8 + 8 * 10 + 10
+    policy = MergePolicy(scheme="gossip", topology="ring", mean_interval=3)
+    a = simulate.simulate(setup, policy, 3, device="cpu", keep_params=True)
+    b = dist.simulate(setup, policy, 3, device="cpu", procs=2, keep_params=True)
+    assert_same_history(a, b, rel=1e-4)
+    torch.testing.assert_close(b.params, a.params, rtol=1e-4, atol=1e-4)
+
+
+def test_distributed_refuses_buffers_and_optimizer_state_in_one_line(mnist, user_folder):
+    import dataclasses
+
+    from evomerge.backends import check_space
+
+    s = tiny_study()
+    s = dataclasses.replace(s, path=user_folder / "s.toml",
+                            model=dataclasses.replace(s.model, name="module", factory="dist_user_models:with_batchnorm",
+                                                      options={}))
+    setup = simulate.prepare(s, data=mnist)
+    with pytest.raises(ConfigError, match=r"study.model.factory: the model has buffers \(2.running_mean, "
+                                          r"2.running_var, 2.num_batches_tracked\), which the distributed backend"):
+        dist.simulate(setup, MergePolicy(), 0, device="cpu")
+    with pytest.raises(ConfigError, match=r"policy.optimizer_state: 'average' is not supported by the distributed "
+                                          r"backend \(the optimiser's state is not sent between ranks\); allowed: 'keep'"):
+        dist.simulate(simulate.prepare(tiny_study(), data=mnist), MergePolicy(optimizer_state="average"), 0, device="cpu")
+    with pytest.raises(ConfigError, match=r"study.search.space.optimizer_state: is not supported by the distributed"):
+        check_space("distributed", ["mixing_weight", "optimizer_state"])

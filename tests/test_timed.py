@@ -302,3 +302,33 @@ def test_emulated_time_paces_the_ranks_to_the_simulated_clock(setup4):
     assert paced.final.sim_time == free.final.sim_time == pytest.approx(1.5)
     assert paced.wall_time - paced.eval_time >= 1.5 * 0.9  # it waited for the simulated clock (evaluation aside)
     assert [h.val_accuracy for h in paced.history] == [h.val_accuracy for h in free.history]
+
+
+# -- a user's model and optimiser on the clock ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def bn_setup(setup):
+    from test_generic import small_bn
+
+    from evomerge.generic import GenericModel
+
+    study = dataclasses.replace(setup.study, run=dataclasses.replace(setup.study.run, optimizer="adamw", lr=0.01,
+                                                                     weight_decay=0.01, steps=20))
+    return dataclasses.replace(setup, model=GenericModel(small_bn, (28, 28), 10), study=study, total_steps=20)
+
+
+@pytest.mark.parametrize("policy", [P(exchange="push_pull", winner_bias=0.5, optimizer_state="average", mean_interval=2.0),
+                                    P(exchange="push", optimizer_state="reset", buffers="local", mean_interval=2.0),
+                                    P(scheme="allreduce", mean_interval=4.0, optimizer_state="average")],
+                         ids=["push-pull-average", "push-reset-local", "allreduce-average"])
+def test_batchnorm_adamw_and_optimizer_state_on_a_free_clock_equal_lockstep(bn_setup, policy):
+    lockstep = simulate.simulate(bn_setup, policy, 5, keep_params=True)
+    timed = simulate.simulate(with_env(bn_setup, EnvSpec(step_time=0.1)), policy, 5, keep_params=True)
+    assert lockstep_part(timed) == lockstep_part(lockstep)
+    assert torch.equal(timed.params, lockstep.params)
+
+
+def test_a_user_model_steps_unevenly_with_its_optimizer_state(bn_setup):
+    env = EnvSpec(step_time=0.1, speeds=(1.0, 0.5, 1.0, 2.0, 1.0), latency=0.02)
+    res = simulate.simulate(with_env(bn_setup, env), P(optimizer_state="average", mean_interval=2.0), 0, keep_params=True)
+    assert res.status == "ok" and res.final.steps_min < res.final.steps_max
+    assert torch.isfinite(res.params).all()

@@ -69,6 +69,27 @@ def check_policy(backend: str, policy) -> None:
         if value:
             raise ConfigError(f"policy.{field}", f"{value} is not supported by the distributed backend ({why}); "
                                                  "allowed: 0, or --backend inprocess")
+    for field, (only, why) in DISTRIBUTED_ONLY.items():
+        value = getattr(policy, field)
+        if value != only:
+            raise ConfigError(f"policy.{field}", f"{value!r} is not supported by the distributed backend ({why}); "
+                                                 f"allowed: {only!r}, or --backend inprocess")
+
+
+# policy fields the distributed backend runs with one value only
+DISTRIBUTED_ONLY = {"optimizer_state": ("keep", "the optimiser's state is not sent between ranks")}
+
+
+def check_model(backend: str, model) -> None:
+    """Refuse, naming the field, a model the backend cannot run (called once the model is built)."""
+    if backend != "distributed":
+        return
+    buffers = [name for name, _ in model.layout[model.n_trained_blocks:]]
+    if buffers:
+        shown = ", ".join(buffers[:3]) + (f" and {len(buffers) - 3} more" if len(buffers) > 3 else "")
+        raise ConfigError("study.model.factory", f"the model has buffers ({shown}), which the distributed backend "
+                                                 "does not merge (nor sum its counters); allowed: a model without "
+                                                 "buffers (e.g. no BatchNorm), or --backend inprocess")
 
 
 def check_space(backend: str, names) -> None:
@@ -76,9 +97,10 @@ def check_space(backend: str, names) -> None:
     if backend != "distributed":
         return
     for name in names:
-        if name in DISTRIBUTED_REFUSES:
+        why = DISTRIBUTED_REFUSES.get(name) or DISTRIBUTED_ONLY.get(name, (None, None))[1]
+        if why:
             raise ConfigError(f"study.search.space.{name}", f"is not supported by the distributed backend "
-                                                            f"({DISTRIBUTED_REFUSES[name]}); remove it or use --backend inprocess")
+                                                            f"({why}); remove it or use --backend inprocess")
 
 
 def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:

@@ -25,6 +25,9 @@ from ..policy import MergePolicy
 from ..schedule import Schedule, build
 
 
+COUNTER_LIMIT = 2.0**62  # summed counter buffers stop here (float32 holds it exactly)
+
+
 class Backend(ABC):
     """One backend's share of a run (all of it in one process, one rank's in ``torch.distributed``)."""
 
@@ -84,7 +87,8 @@ class Backend(ABC):
         params = st.params.row(k)
         return {"worker": w, "sent": params if sent is None else sent[0], "params": params,
                 "examples": float(st.examples[w]),
-                "accum": [blk[k].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None}
+                "accum": [blk[k].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None,
+                "optim": st.optim.row_state(k) if self.p.optimizer_state == "average" else None}
 
     def land(self, event: int, r: int, payload, weight: float, u: float, initiator: int, winner: int | None = None):
         """Worker ``r`` merges a payload from :meth:`snapshot`; returns the winner of the winner test."""
@@ -118,10 +122,17 @@ class Backend(ABC):
                                                    [payload["examples"]], payload["accum"], examples_of=[r])
             sent = payload["sent"]
             for k, ((o, n), blk, chg) in enumerate(zip(model.offsets, st.params.blocks, st.merge_change.blocks)):
-                wk = w_in[k] if isinstance(w_in, list) else w_in
                 old = blk[row].clone()
-                blk[row].lerp_(sent[o:o + n], wk[0])
+                if k >= model.n_trained_blocks and (p.buffers == "local" or k in model.counters):
+                    if p.buffers == "local":
+                        continue
+                    blk[row].add_(sent[o:o + n]).clamp_(max=COUNTER_LIMIT)  # counters are summed, not averaged
+                else:
+                    wk = w_in[k] if isinstance(w_in, list) else w_in
+                    blk[row].lerp_(sent[o:o + n], wk[0])
                 chg[row].add_(blk[row]).sub_(old)
+            st.optim.merge_row(p.optimizer_state, row, payload.get("optim"), w_in, mb if r != initiator else ma,
+                               model.offsets)
             if st.accum is not None:
                 for blk, acc in zip(st.accum.blocks, payload["accum"]):
                     blk[row].add_(acc[0])

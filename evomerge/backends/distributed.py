@@ -43,7 +43,7 @@ from ..engine.state import initial_row
 from ..errors import ConfigError, RunError
 from ..policy import MergePolicy
 from ..procs import ProcessGroup
-from . import check, check_policy
+from . import check, check_model, check_policy
 from .base import Backend
 
 class DistributedRunError(RunError):
@@ -351,6 +351,7 @@ def run_rank(setup: Setup, policy: MergePolicy, seed: int, *, rank: int, world: 
     """This rank's part of one run, inside an initialised process group. ``report`` (rank 0 only)
     gets each round's metrics and returns False to stop the run. Rank 0 returns the result."""
     check_policy("distributed", policy)
+    check_model("distributed", setup.model)
     t0 = time.perf_counter()
     backend = Distributed(setup, policy, seed, rank, world, resolve_device(device))
     try:
@@ -413,6 +414,7 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     import torch.multiprocessing as mp
 
     check_policy("distributed", policy)
+    check_model("distributed", setup.model)
     world = procs or setup.study.run.workers
     groups(setup.study.run.workers, world)  # a clear error before anything starts
     device = str(resolve_device(device))

@@ -99,28 +99,32 @@ class Bytes:
     A weights payload is 4 bytes per parameter; a delta payload is what
     :func:`ops.payload_bytes` says for its compression, sent to every topology neighbour
     of the sender (they all keep its public copy). An all-reduce charges each worker its
-    upload plus the dense average back; a swap two full transfers.
+    upload plus the dense average back; a swap two full transfers. Averaging the optimiser's
+    state (``optimizer_state = "average"``) sends it densely with each merge, both ways in an
+    all-reduce.
     """
 
-    def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None):
+    def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None, state_stacks: int = 0):
         self.p = policy
         self.dense = ops.payload_bytes(n_params)
         self.sent = ops.payload_bytes(n_params, policy.topk_fraction, policy.quantize_bits) \
             if policy.payload == "delta" else self.dense
         self.neighbours = neighbours
+        # optimizer_state "average": the optimiser's state (state_stacks rows, dense) goes with each merge
+        self.state = state_stacks * self.dense if policy.optimizer_state == "average" else 0
 
     def fan(self, w: int) -> int:
         return self.neighbours[w] if self.p.payload == "delta" else 1
 
     def pair(self, a: int, b: int) -> int:
         """A gossip merge: the initiator's payload, and the peer's too for push-pull."""
-        out = self.sent * self.fan(a)
+        out = self.sent * self.fan(a) + self.state
         if self.p.exchange == "push_pull":
-            out += self.sent * self.fan(b)
+            out += self.sent * self.fan(b) + self.state
         return out
 
     def swap(self) -> int:
         return 2 * self.dense
 
     def allreduce(self, workers: int) -> int:
-        return workers * (self.sent + self.dense)
+        return workers * (self.sent + self.dense + 2 * self.state)

@@ -127,10 +127,12 @@ class Setup:
 
 
 def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> Setup:
+    base_dir = study.path.parent if study.path is not None else None  # a user's loader / factory lives there
     if data is None:
-        d = study.data
-        data = data_mod.load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
-    model = models_mod.build(study.model.name, data.input_shape, data.n_classes, **study.model.options)
+        data = data_mod.load_spec(study.data, data_dir, base_dir)
+    model = models_mod.build_spec(study.model, data.input_shape, data.n_classes, base_dir)
+    if hasattr(model, "check"):  # a user's model: refused in one line before any trial if it cannot run
+        model.check(normalise(data.train_x[:4], data.spec), data.train_y[:4])
     labels = data.train_y.numpy()
     run = study.run
     parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha,
@@ -163,6 +165,8 @@ def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed:
 
 
 def normalise(x_uint8: torch.Tensor, spec: data_mod.DatasetSpec) -> torch.Tensor:
+    if x_uint8.dtype != torch.uint8:  # a loader's data (study.data.loader) are used as it gave them
+        return x_uint8.float()
     return x_uint8.float().mul_(1.0 / (255.0 * spec.std)).sub_(spec.mean / spec.std)
 
 
@@ -200,7 +204,8 @@ class Judge:
         center = stack.mean()
         metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite)
         sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
-        update = float((center - self.prev_center).norm()) / steps if finite else float("nan")
+        n = self.model.n_train
+        update = float((center[:n] - self.prev_center[:n]).norm()) / steps if finite else float("nan")
         self.prev_center = center
         self.eval_time += time.perf_counter() - te
         timing = dict(timing or {})
@@ -253,8 +258,9 @@ class Judge:
 def update_norms(st: Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
     """Per-step norms of what local steps and what merges changed this round, means over workers."""
     model, W = st.params.model, st.W
-    merged = st.merge_change.row_norms()
-    local = models_mod.Stack(model, W, buf=st.params.buf - round_start - st.merge_change.buf).row_norms()
+    k = model.n_trained_blocks  # buffers (running statistics, counters) are not updates
+    merged = st.merge_change.row_norms(k)
+    local = models_mod.Stack(model, W, buf=st.params.buf - round_start - st.merge_change.buf).row_norms(k)
     return float(local.mean()) / steps, float(merged.mean()) / steps
 
 
@@ -263,7 +269,8 @@ class Similarity:
 
     def __init__(self, model, policy: MergePolicy, seed: int, start_row: torch.Tensor, data, train_x):
         self.model, self.kind = model, policy.similarity
-        self.sketcher = similarity.Sketcher(model.offsets, start_row, seed) if self.kind == "sketch" else None
+        trained = model.offsets[:model.n_trained_blocks]  # the parameters' change, not the buffers'
+        self.sketcher = similarity.Sketcher(trained, start_row, seed) if self.kind == "sketch" else None
         self.probe = None
         if self.kind == "cka":
             pos = torch.as_tensor(similarity.probe_positions(len(train_x), seed), device=train_x.device)
@@ -314,7 +321,7 @@ def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor) -> t
     losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
     if losses is None:
         losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
-        _sgd_step(st, run)
+        st.optim.step(st.params, st.grad, st.accum)
     return losses
 
 
@@ -324,18 +331,6 @@ def slice_losses(model, params: list[torch.Tensor], rows: list[int], x, y) -> to
     views = [p[rows] for p in params]
     logits = model.forward(views, x.unsqueeze(0).expand(len(rows), *x.shape))
     return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(rows), -1), reduction="none").mean(1)
-
-
-def _sgd_step(st: Workers, run) -> None:
-    """torch.optim.SGD's update (weight decay, then momentum), on the whole buffer at once."""
-    g, p = st.grad.buf, st.params.buf
-    if run.weight_decay:
-        g.add_(p, alpha=run.weight_decay)
-    if st.accum is not None:
-        st.accum.buf.addcmul_(g, g)
-    if st.momentum is not None:
-        g = st.momentum.buf.mul_(run.momentum).add_(g)
-    p.add_(g, alpha=-run.lr)
 
 
 @torch.no_grad()
@@ -353,7 +348,8 @@ def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, f
     acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
     wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
     return dict(val_accuracy=acc[0], val_loss=loss[0], mean_worker_accuracy=float(np.mean(wacc)),
-                worst_worker_accuracy=float(np.min(wacc)), consensus_distance=ops.consensus_distance(stack.rows(), center))
+                worst_worker_accuracy=float(np.min(wacc)),
+                consensus_distance=ops.consensus_distance(stack.rows()[:, :model.n_train], center[:model.n_train]))
 
 
 
@@ -371,7 +367,7 @@ class StepMerger:
         neighbours = None
         if sched.topology is not None:
             neighbours = [len(sched.topology.neighbours(i)) for i in range(setup.study.run.workers)]
-        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours)
+        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(self.st.optim.stacks()))
         self.bytes = 0
         self.count = 0
 

@@ -1,7 +1,8 @@
 """The workers' training state: every piece has a merge rule (VW's rule).
 
-Rows of stacked tensors (one :class:`models.Stack` each, block layout): parameters,
-gradients, momentum, per-coordinate accumulators (adaptive weighting: summed on merge),
+Rows of stacked tensors (one :class:`models.Stack` each, block layout): parameters (a model's
+buffers follow its parameters in the same rows), gradients, the optimiser's state
+(:mod:`.optim`: merged by ``policy.optimizer_state``), per-coordinate accumulators (adaptive weighting: summed on merge),
 public copies (delta payloads: what peers hold of each worker), and what merges changed
 in the current round; plus the example counters (summed on merge) of all workers.
 A backend holds the rows of the workers it owns (all of them in one process).
@@ -16,6 +17,7 @@ from .. import models as models_mod
 from .. import registry
 from ..policy import MergePolicy
 from ..schedule import rng_for
+from .optim import Optimizer
 
 TAG_INIT = 21
 
@@ -35,7 +37,8 @@ class Workers:
         self.params = model.stack(self.W, device)
         self.params.set_rows(initial_row(model, seed).to(device).unsqueeze(0).expand(self.W, -1))
         self.grad = self.params.like()
-        self.momentum = self.params.like() if run.momentum else None
+        self.optim = Optimizer(run, self.params)
+        self.momentum = self.optim.momentum  # SGD's momentum (None for Adam, or without momentum)
         accumulators = registry.WEIGHTINGS.get_object(policy.weighting).accumulators
         self.accum = self.params.like() if accumulators else None
         # example counters of every worker: a function of the schedule alone, so every backend keeps all of them
@@ -44,13 +47,13 @@ class Workers:
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
         # plain SGD is fused into the backward pass where the model offers it
-        self.fused = not run.momentum and not run.weight_decay and self.accum is None
+        self.fused = run.optimizer == "sgd" and not run.momentum and not run.weight_decay and self.accum is None
 
     def stacks(self):
         """The per-model stacks a swap moves with the model."""
-        return [s for s in (self.params, self.momentum, self.accum, self.base) if s is not None]
+        return [s for s in (self.params, *self.optim.stacks(), self.accum, self.base) if s is not None]
 
-    STEPPED = ("params", "momentum", "accum")  # what a local step reads and writes
+    STEPPED = ("params", "accum")  # what a local step reads and writes, besides the optimiser's state
 
     def take(self, rows: list[int]) -> "Workers":
         """The state of some rows as a smaller stacked state (copies) that a local step can run on;
@@ -67,6 +70,8 @@ class Workers:
                     torch.index_select(b, 0, idx, out=pb)
             setattr(sub, name, part)
         sub.grad = sub.params.like()
+        sub.optim = self.optim.take(idx, sub.params)
+        sub.momentum = sub.optim.momentum
         return sub
 
     def put(self, sub: "Workers", rows: list[int]) -> None:
@@ -76,6 +81,7 @@ class Workers:
             if whole is not None:
                 for b, pb in zip(whole.blocks, getattr(sub, name).blocks):
                     b.index_copy_(0, idx, pb)
+        self.optim.put(sub.optim, idx)
 
 
 SUPPORT_LIMIT = 2.0**64

@@ -57,7 +57,7 @@ class Timed:
 
             topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
             neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
-        cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours)
+        cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(backend.state.optim.stacks()))
         self.timeline = clock.build(setup.study.environment, policy, run.workers, self.T, run.rounds, seed, cost,
                                     lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed))
         backend.sched = self.timeline.schedule  # every backend replays the timeline's schedule

@@ -37,6 +37,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
 
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
     setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
+    backends.check_model(cfg.backend, setup.model)
     ostudy = load_or_create(cfg, storage, worker, setup.total_steps)  # the pruner judges by the run's local steps
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space

@@ -1,0 +1,167 @@
+"""The generic stacked model (any nn.Module: evomerge.generic) measured side by side, interleaved.
+
+1. The generic path against the hand-written MLP (784-128-10, SGD, batch 32 per worker) at
+   W = 8 and W = 64: one local step of all W workers (forward, backward, update), each the
+   way a run takes it (the MLP's fused SGD step; the generic model's functional_call under
+   vmap, autograd over the stacked leaves, the batched optimiser).
+2. A small CNN with BatchNorm (the Fashion-MNIST example's ResNet, width 8, and a plain
+   two-conv BatchNorm CNN) with AdamW, generic path against a Python loop over W
+   nn.Modules, each with its own torch.optim.AdamW, on the same batches.
+3. The two ways of taking the generic model's gradient: autograd over stacked leaves (used)
+   against vmap(grad(...)).
+
+Each case is timed in rounds that alternate the contenders (interleaved), and the medians
+and their ratio are printed. Run:
+
+    .venv/bin/python benchmarks/bench_generic.py [--workers 8 64] [--repeats 5] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from evomerge import models
+from evomerge.engine.optim import Optimizer
+from evomerge.generic import GenericModel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _resnet():
+    spec = importlib.util.spec_from_file_location("fashion_resnet", ROOT / "examples" / "fashion-resnet" / "fashion_resnet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.small_resnet
+
+
+def bn_cnn():
+    return nn.Sequential(nn.Conv2d(1, 8, 5, padding=2, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 5, padding=2, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
+
+
+class Run:
+    """What train_steps needs of a study's [run]."""
+
+    def __init__(self, optimizer, lr, weight_decay=0.0):
+        self.optimizer, self.lr, self.weight_decay, self.momentum = optimizer, lr, weight_decay, 0.0
+        self.betas, self.eps = (0.9, 0.999), 1e-8
+
+
+class Stacked:
+    """W workers of ``model`` as a run steps them."""
+
+    def __init__(self, model, W, run):
+        self.model, self.run = model, run
+        self.params = model.stack(W)
+        self.params.set_rows(model.init(torch.Generator().manual_seed(0)).unsqueeze(0).expand(W, -1))
+        self.grad = self.params.like()
+        self.opt = Optimizer(run, self.params)
+        self.fused = run.optimizer == "sgd" and not run.weight_decay
+
+    def step(self, x, y):
+        if self.fused and self.model.sgd_step_(self.params.params, x, y, self.run.lr) is not None:
+            return
+        self.model.loss_and_grad(self.params.params, x, y, self.grad.params)
+        self.opt.step(self.params, self.grad, None)
+
+
+class Loop:
+    """W nn.Modules, each with its own torch.optim optimiser."""
+
+    def __init__(self, build, W, run):
+        self.mods = [build() for _ in range(W)]
+        cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[run.optimizer]
+        kw = dict(lr=run.lr, weight_decay=run.weight_decay)
+        self.opts = [cls(m.parameters(), **kw) for m in self.mods]
+
+    def step(self, x, y):
+        for m, o, xw, yw in zip(self.mods, self.opts, x, y):
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(xw), yw).backward()
+            o.step()
+
+
+class VmapGrad:
+    """The alternative gradient: vmap(grad(loss)) over the stacked parameters and buffers."""
+
+    def __init__(self, model: GenericModel, W):
+        self.m = model
+        st = model.stack(W)
+        st.set_rows(model.init(torch.Generator().manual_seed(0)).unsqueeze(0).expand(W, -1))
+        k = model.n_trained_blocks
+        self.p = dict(zip(model.names[:k], st.params[:k]))
+        self.b = dict(zip(model.names[k:], st.params[k:]))
+
+        def loss(p, b, x, y):
+            return F.cross_entropy(functional_call(model.template, (p, b), (x,)), y)
+
+        self.g = vmap(grad(loss))
+
+    def step(self, x, y):
+        self.m.template.train(True)
+        self.g(self.p, {k: v.clone() for k, v in self.b.items()}, x, y)
+
+
+def batches(W, B, shape, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(W, B, *shape, generator=g), torch.randint(0, 10, (W, B), generator=g)) for _ in range(steps)]
+
+
+def timed(contenders: dict, data, repeats: int) -> dict:
+    for c in contenders.values():  # warm up
+        c.step(*data[0])
+    out = {k: [] for k in contenders}
+    for _ in range(repeats):
+        for name, c in contenders.items():  # interleaved: every round times each contender once
+            t = time.perf_counter()
+            for x, y in data:
+                c.step(x, y)
+            out[name].append((time.perf_counter() - t) / len(data))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def show(title, W, med, base, other):
+    parts = "  ".join(f"{k} {1000 * v:8.2f} ms" for k, v in med.items())
+    print(f"{title:<34} W={W:<3} {parts}  ratio {other}/{base} = {med[other] / med[base]:.2f}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=32)
+    a = ap.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; per local step of all W workers, "
+          f"batch {a.batch} each; medians of {a.repeats} interleaved rounds of {a.steps} steps")
+    mlp = models.build("mlp", (28, 28), 10, hidden=[128])
+    resnet = _resnet()
+    for W in a.workers:
+        data = batches(W, a.batch, (28, 28), a.steps)
+        sgd = Run("sgd", 0.05)
+        med = timed({"hand-written": Stacked(mlp, W, sgd), "generic": Stacked(GenericModel(mlp.module, (28, 28), 10), W, sgd)},
+                    data, a.repeats)
+        show("MLP 784-128-10, SGD", W, med, "hand-written", "generic")
+        data = batches(W, a.batch, (1, 28, 28), a.steps)
+        adamw = Run("adamw", 0.003, 0.01)
+        for name, build in (("BatchNorm CNN (2 conv), AdamW", bn_cnn), ("ResNet example (w=8), AdamW", resnet)):
+            g = GenericModel(build, (1, 28, 28), 10)
+            med = timed({"loop": Loop(build, W, adamw), "generic": Stacked(g, W, adamw)}, data, a.repeats)
+            show(name, W, med, "generic", "loop")
+        g = GenericModel(bn_cnn, (1, 28, 28), 10)
+        med = timed({"autograd": Stacked(g, W, Run("sgd", 0.05)), "vmap(grad)": VmapGrad(g, W)}, data, a.repeats)
+        show("CNN gradient: vmap(grad) / leaves", W, med, "autograd", "vmap(grad)")
+
+
+if __name__ == "__main__":
+    main()

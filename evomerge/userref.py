@@ -1,0 +1,81 @@
+"""The user's own code named in a study file: ``"module:function"`` references.
+
+A reference is imported from the study file's folder first (``mymodels.py`` or a package
+``mymodels/`` beside the study), then from ``sys.path``. The module is registered under its
+name in ``sys.modules`` (so what it defines pickles by reference, for worker processes, which
+import it the same way); a module of that name loaded from another folder is replaced.
+Every failure is a one-line :class:`ConfigError` naming the study field.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+
+def check_format(ref: Any, field: str, example: str) -> str:
+    """``ref`` is a ``"module:function"`` string (checked when the study is read, before any import)."""
+    if not isinstance(ref, str) or ref.count(":") != 1 or not all(p.strip() for p in ref.split(":")):
+        raise ConfigError(field, f"{ref!r} must be 'module:function', e.g. {example!r}")
+    module, attr = ref.split(":")
+    if not all(part.isidentifier() for part in module.split(".")) or not attr.isidentifier():
+        raise ConfigError(field, f"{ref!r} must be 'module:function' with Python names, e.g. {example!r}")
+    return ref
+
+
+def one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _local_file(base_dir: Path, top: str) -> Path | None:
+    for p in (base_dir / f"{top}.py", base_dir / top / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _import(module: str, base_dir: Path | None):
+    top = module.split(".")[0]
+    local = _local_file(base_dir, top) if base_dir is not None else None
+    if local is None:
+        return importlib.import_module(module)
+    loaded = sys.modules.get(top)
+    if loaded is None or Path(getattr(loaded, "__file__", "") or "").resolve() != local.resolve():
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]  # a module of that name from another folder
+        spec = importlib.util.spec_from_file_location(
+            top, local, submodule_search_locations=[str(local.parent)] if local.name == "__init__.py" else None)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[top] = mod
+        sys.path.insert(0, str(base_dir))  # the module may import its neighbours while it loads
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[top]
+            raise
+        finally:
+            sys.path.remove(str(base_dir))
+    return importlib.import_module(module)
+
+
+def resolve(ref: str, field: str, base_dir: str | Path | None, example: str) -> Callable:
+    """The callable ``ref`` names; one-line errors naming ``field`` when it cannot be had."""
+    check_format(ref, field, example)
+    module, attr = ref.split(":")
+    where = f"{base_dir} and sys.path" if base_dir is not None else "sys.path"
+    try:
+        mod = _import(module, Path(base_dir) if base_dir is not None else None)
+    except Exception as e:  # noqa: BLE001 - the user's module: any failure is reported in one line
+        raise ConfigError(field, f"cannot import {module!r} (looked in {where}): {one_line(e)}") from None
+    if not hasattr(mod, attr):
+        raise ConfigError(field, f"module {module!r} ({getattr(mod, '__file__', '?')}) has no {attr!r}")
+    fn = getattr(mod, attr)
+    if not callable(fn):
+        raise ConfigError(field, f"{ref} is a {type(fn).__name__}, not a function")
+    return fn

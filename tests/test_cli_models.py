@@ -1,0 +1,153 @@
+"""A user's own model, data and optimiser through the evomerge command: a factory and a loader
+living in a folder outside the project (the digits example, copied), and every error of
+study.model.factory / study.data.loader as one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import ROOT
+from test_cli import evomerge
+
+EXAMPLE = ROOT / "examples" / "digits"
+TINY = """
+[study]
+name = "{name}"
+[data]
+loader = "{loader}"
+val_size = 300
+train_size = 600
+partition = "iid"
+[model]
+factory = "{factory}"
+options = {options}
+[run]
+workers = 4
+batch_size = 16
+steps = 24
+rounds = 2
+score_samples = 8
+optimizer = "adamw"
+lr = 0.01
+[search]
+n_trials = 3
+[search.space]
+mixing_weight = {{ kind = "float", low = 0.2, high = 1.0 }}
+optimizer_state = {{ kind = "categorical", choices = ["keep", "average", "reset"] }}
+"""
+
+
+def user_study(folder, name="mine", loader="digits_models:load", factory="digits_models:classifier",
+               options="{ hidden = 16 }"):
+    folder.mkdir(exist_ok=True)
+    shutil.copy(EXAMPLE / "digits_models.py", folder / "digits_models.py")
+    f = folder / f"{name}.toml"
+    f.write_text(TINY.format(name=name, loader=loader, factory=factory, options=options))
+    return f
+
+
+@pytest.mark.slow
+def test_user_factory_and_loader_outside_the_project_run_search_and_export(tmp_path):
+    study = user_study(tmp_path / "elsewhere")
+    work = tmp_path / "cwd"  # neither the project nor the study's folder: the study's folder is looked in first
+    work.mkdir()
+    out = tmp_path / "run.json"
+    p = evomerge("run", "--study", str(study), "--policy", "ring-gossip", "--quiet", "--json", str(out), cwd=work)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok" and r["final"]["step"] == 24 and r["final"]["val_accuracy"] > 0.5
+    runs = tmp_path / "runs"
+    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", cwd=work)
+    assert p.returncode == 0, p.stderr
+    p = evomerge("status", "--study", str(study), "--runs-dir", str(runs), cwd=work)
+    assert p.returncode == 0 and "3 complete" in p.stdout, p.stdout + p.stderr
+    best = tmp_path / "best.json"
+    p = evomerge("export", "--study", str(study), "--runs-dir", str(runs), "-o", str(best), cwd=work)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(best.read_text())["policy"]["optimizer_state"] in ("keep", "average", "reset")
+
+
+BAD_MODULE = '''
+import torch
+from torch import nn
+
+def not_a_module():
+    return 3
+
+def wants_ten_features():
+    return nn.Linear(10, 10)
+
+def float_labels():
+    x = torch.rand(400, 64)
+    return x, torch.rand(400), x[:10], torch.rand(10)
+
+def a_dict():
+    return {"x": 1}
+
+def broken():
+    raise RuntimeError("the disk is gone\\nsecond line")
+
+NOT_CALLABLE = 3
+'''
+
+CASES = {
+    "factory not importable": (dict(factory="nosuchmodule:f"),
+                               "error: study.model.factory: cannot import 'nosuchmodule' (looked in"),
+    "factory missing function": (dict(factory="digits_models:nope"),
+                                 "error: study.model.factory: module 'digits_models' ("),
+    "factory wrong return type": (dict(factory="bad:not_a_module", options="{}"),
+                                  "error: study.model.factory: bad:not_a_module returned int; expected a torch.nn.Module"),
+    "factory not a function": (dict(factory="bad:NOT_CALLABLE", options="{}"), "error: study.model.factory: bad:NOT_CALLABLE is a int"),
+    "factory bad format": (dict(factory="digits_models.classifier"),
+                           "error: study.model.factory: 'digits_models.classifier' must be 'module:function'"),
+    "factory options": (dict(options="{ depth = 3 }"),
+                        "error: study.model.options: digits_models:classifier does not take ['depth']"),
+    "inputs the model rejects": (dict(factory="bad:wants_ten_features", options="{}"),
+                                 "error: study.model.factory: bad:wants_ten_features rejects the data's inputs of shape "
+                                 "[4, 64]: RuntimeError: "),
+    "loader not importable": (dict(loader="nosuchmodule:load"),
+                              "error: study.data.loader: cannot import 'nosuchmodule' (looked in"),
+    "loader missing function": (dict(loader="digits_models:nope"), "error: study.data.loader: module 'digits_models' ("),
+    "loader wrong return type": (dict(loader="bad:a_dict"),
+                                 "error: study.data.loader: bad:a_dict returned dict; expected (train_x, train_y, "
+                                 "test_x, test_y) tensors or (train_dataset, test_dataset)"),
+    "labels not integer classes": (dict(loader="bad:float_labels"),
+                                   "error: study.data.loader: bad:float_labels: train_y are torch.float32; labels must "
+                                   "be integer classes (int64)"),
+    "loader raises": (dict(loader="bad:broken"),
+                      "error: study.data.loader: bad:broken raised RuntimeError: the disk is gone"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("user")
+    (folder / "bad.py").write_text(BAD_MODULE)
+    return folder
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_code_errors_are_one_line_exit_2_before_any_trial(bad_folder, case, tmp_path):
+    change, line = CASES[case]
+    study = user_study(bad_folder, name=case.replace(" ", "-"), **change)
+    p = evomerge("run", "--study", str(study), "--policy", "ring-gossip", "--quiet", cwd=tmp_path)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.startswith(line), p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def test_a_search_on_a_broken_factory_stops_before_any_trial(bad_folder, tmp_path):
+    study = user_study(bad_folder, name="broken-search", factory="bad:wants_ten_features", options="{}")
+    runs = tmp_path / "runs"
+    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", cwd=tmp_path)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and last.startswith("error: study.model.factory: bad:wants_ten_features rejects"), p.stderr
+    assert "Traceback" not in p.stderr
+    import optuna
+
+    db = runs / "broken-search" / "optuna.db"
+    if db.exists():  # the storage may be opened first; no trial was asked
+        assert optuna.load_study(study_name="broken-search", storage=f"sqlite:///{db}").get_trials() == []
