@@ -105,6 +105,14 @@ def test_time_to_target_interpolates_and_ranks_a_miss_after_every_hit(setup):
     assert missed.final.time_to_target == pytest.approx(4.0 * (2 - best / 0.999)) and missed.final.time_to_target > 4.0
 
 
+def test_a_run_that_diverges_after_reaching_the_target_gets_the_worst_time(setup):
+    env = EnvSpec(step_time=0.1, time_budget=4.0)
+    s = with_env(setup, env, target=0.0)  # reached at the first round
+    s = dataclasses.replace(s, study=dataclasses.replace(s.study, run=dataclasses.replace(s.study.run, lr=1e6)))
+    res = simulate.simulate(s, P(), 0)
+    assert res.status == "diverged" and res.final.time_to_target == 8.0
+
+
 def test_policies_the_clock_cannot_run_yet_are_refused_in_one_line(setup):
     from evomerge.errors import ConfigError
 

@@ -211,6 +211,8 @@ class Judge:
         timing = dict(timing or {})
         if timing:
             timing.update(self.timing(timing["sim_time"], metrics["val_accuracy"], horizon))
+            if not finite and self.target is not None:  # a diverged run is no run to copy, whenever it got there
+                timing["time_to_target"] = 2.0 * horizon
         return RoundMetrics(
             round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=sent, merges=merges,
             wall_time=time.perf_counter() - self.t0, local_update_norm=local, merge_update_norm=merged,
@@ -225,7 +227,8 @@ class Judge:
         interpolated linearly between the two rounds around the crossing (at round resolution
         when the first round already reaches it). Not reached (yet): ``horizon x (2 - best / target)``
         with the best accuracy so far, which ranks after every reached value (at most the
-        horizon, the time budget) and orders the runs that missed by how close they came."""
+        horizon, the time budget) and orders the runs that missed by how close they came. A run
+        that diverged gets the worst value, ``2 x horizon``, even if it reached the target first."""
         out = {"accuracy_at_time": acc}
         if self.target is None:
             return out
