@@ -60,7 +60,7 @@ def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=Non
            seed: int = 0, data_dir=None, device=None, prune: bool = True, pruner: str = "median",
            warm_start_from: str | None = None, cmaes_categoricals: str = "independent",
            cmaes_restarts: int = 0, cmaes_popsize: int = 0, grace_period: int = 30, backend: str = "inprocess",
-           procs=None, data=None):
+           procs=None, batch: int = 1, data=None):
     """Search merge policies for ``study`` (a name, path or Study) and return a ``SearchResult``.
 
     The keywords are ``evomerge search``'s options, with the same defaults: the study's sampler
@@ -78,5 +78,5 @@ def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=Non
                       runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
                       cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
                       cmaes_popsize=cmaes_popsize, prune=prune, pruner=pruner,
-                      warm_start_from=warm_start_from, grace_period=grace_period, backend=backend, procs=procs)
+                      warm_start_from=warm_start_from, grace_period=grace_period, backend=backend, procs=procs, batch=batch)
     return run_search(cfg, data=data)

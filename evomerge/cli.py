@@ -95,6 +95,10 @@ def add_search(sub):
     p.add_argument("--n-trials", type=int, default=None,
                    help="total finished trials the study should hold (default: the study's [search] n_trials)")
     p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes (default: 1)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="trials asked at once and trained as one stacked computation in each process (a population: "
+                        "N trials x W workers as N*W rows; cmaes asks a generation, its population size defaults to "
+                        "N; tpe asks with its constant liar); in-process backend only (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
     p.add_argument("--pruner", default="median",
@@ -442,7 +446,8 @@ def cmd_search(args) -> int:
                       tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
                       data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
                       cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune,
-                      pruner=args.pruner, warm_start_from=args.warm_start_from, grace_period=args.grace_period, backend=args.backend, procs=args.procs)
+                      pruner=args.pruner, warm_start_from=args.warm_start_from, grace_period=args.grace_period, backend=args.backend, procs=args.procs,
+                      batch=args.batch)
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)

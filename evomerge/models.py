@@ -267,11 +267,47 @@ class Stack:
         st.set_rows(rows)
         return st
 
+    @classmethod
+    def view(cls, whole: "Stack", lo: int, hi: int) -> "Stack":
+        """Rows ``lo..hi-1`` of ``whole`` as a stack of their own that shares its memory (a member of a
+        population, :mod:`evomerge.engine.population`). Its blocks are views; it has no 1-D ``buf``
+        (the rows of one worker range are not contiguous in a block-major buffer)."""
+        st = object.__new__(cls)
+        st.model, st.W, st.buf = whole.model, hi - lo, None
+        st.blocks = [b[lo:hi] for b in whole.blocks]
+        st.params = [p[lo:hi] for p in whole.params]
+        return st
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks[0].device
+
     def like(self) -> "Stack":
-        return Stack(self.model, self.W, self.buf.device)
+        return Stack(self.model, self.W, self.device)
 
     def clone(self) -> "Stack":
+        if self.buf is None:
+            out = self.like()
+            for b, ob in zip(self.blocks, out.blocks):
+                ob.copy_(b)
+            return out
         return Stack(self.model, self.W, buf=self.buf.clone())
+
+    def zero_(self) -> "Stack":
+        for b in ([self.buf] if self.buf is not None else self.blocks):
+            b.zero_()
+        return self
+
+    def mul_(self, factor: float) -> "Stack":
+        for b in ([self.buf] if self.buf is not None else self.blocks):
+            b.mul_(factor)
+        return self
+
+    def total(self) -> float:
+        """The sum of every entry (non-finite iff an entry is)."""
+        if self.buf is not None:
+            return float(self.buf.sum())
+        return float(sum(float(b.sum()) for b in self.blocks))
 
     def rows(self) -> torch.Tensor:
         """All workers as rows ``[W, P]`` (a copy)."""

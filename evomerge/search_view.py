@@ -105,6 +105,8 @@ class SearchView:
                          f"categoricals {'sampled independently at random' if cfg.cmaes_categoricals == 'independent' else 'fixed at the study values'}")
             if cfg.prunes_by_optuna and cfg.pruner != "median":
                 extra += f"; pruner {cfg.pruner}"
+            if cfg.batch > 1:
+                extra += f"; {cfg.batch} trials at a time trained as one population"
             from .search.warmstart import describe
 
             warm = describe(info.get("warm_start"))

@@ -74,7 +74,7 @@ def reference_simulate(
             ev += 1
 
     for r, end in enumerate(round_bounds(T, run.rounds)):
-        round_start = st.params.buf.clone()
+        round_start = st.params.clone()
         st.merge_change.buf.zero_()
         loss_sum = train_steps(setup, st, range(W), seed, start, end, train_x, train_y, merge_after, pool)
         local, merged = update_norms(st, round_start, end - start)

@@ -28,6 +28,13 @@ from ..schedule import Schedule, build
 COUNTER_LIMIT = 2.0**62  # summed counter buffers stop here (float32 holds it exactly)
 
 
+def device_tensors(setup: run_mod.Setup, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The study's training data and validation slices (``[W, score_samples]``) on ``device``."""
+    data = setup.data
+    return (data.train_x.to(device), data.train_y.to(device),
+            torch.as_tensor(np.stack(setup.slices), device=device))
+
+
 class Backend(ABC):
     """One backend's share of a run (all of it in one process, one rank's in ``torch.distributed``)."""
 
@@ -35,15 +42,15 @@ class Backend(ABC):
     judges: bool = True
 
     def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device, own: list[int],
-                 public: bool = True):
+                 public: bool = True, state: Workers | None = None, tensors: tuple | None = None):
+        """``state``: the rows' state, if not a fresh one (a population's member); ``tensors``: the
+        study's ``(train_x, train_y, slices)`` on ``device``, if already there (shared by a population)."""
         run = setup.study.run
         self.setup, self.p, self.seed, self.dev, self.own = setup, policy, seed, device, own
         self.sched: Schedule = build(policy, run.workers, setup.total_steps, seed)
-        self.state = Workers(setup.model, run, policy, seed, device,
-                             rows=None if len(own) == run.workers else len(own), public=public)
-        data = setup.data
-        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
-        self.slices = torch.as_tensor(np.stack(setup.slices), device=device)  # [W, score_samples]
+        self.state = state if state is not None else Workers(
+            setup.model, run, policy, seed, device, rows=None if len(own) == run.workers else len(own), public=public)
+        self.train_x, self.train_y, self.slices = tensors if tensors is not None else device_tensors(setup, device)
         self.weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
         self.payload = registry.PAYLOADS.get_object(policy.payload)()
         self.pos = {w: i for i, w in enumerate(own)}  # a worker's row in this backend's state
@@ -159,7 +166,7 @@ class Backend(ABC):
         batched forward: ``[loss(a_0), loss(b_0), loss(a_1), ...]``. ``params``: the pairs' rows in
         that order, if not the current ones."""
         st, model = self.state, self.setup.model
-        dev = st.params.buf.device
+        dev = st.params.device
         rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
         idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
         x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)

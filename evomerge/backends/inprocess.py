@@ -28,9 +28,10 @@ from .base import COUNTER_LIMIT, Backend
 
 
 class InProcess(Backend):
-    def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device):
+    def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device,
+                 state=None, tensors=None):
         W = setup.study.run.workers
-        super().__init__(setup, policy, seed, device, list(range(W)))
+        super().__init__(setup, policy, seed, device, list(range(W)), state=state, tensors=tensors)
         self.W = W
         self.pool = None
         if policy.data_exchange_k or policy.retire_threshold:
@@ -189,7 +190,7 @@ class InProcess(Backend):
         blocks = st.params.blocks if sent is None else [sent[:, o:o + n] for o, n in self.setup.model.offsets]
         supports = self.weighting.supports(st)
         st.optim.merge_all(p.optimizer_state, supports, weight)  # before the supports merge
-        before = st.params.buf.clone()
+        before = st.params.clone()
         model = self.setup.model
         for k, (own, models, support) in enumerate(zip(st.params.blocks, blocks, supports)):
             if k >= model.n_trained_blocks and (p.buffers == "local" or k in model.counters):
@@ -200,4 +201,5 @@ class InProcess(Backend):
             own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
             if self.weighting.accumulators:  # summed, not averaged
                 support.copy_(merged.unsqueeze(0).expand_as(support))
-        st.merge_change.buf.add_(st.params.buf).sub_(before)
+        for chg, now, old in zip(st.merge_change.blocks, st.params.blocks, before.blocks):
+            chg.add_(now).sub_(old)

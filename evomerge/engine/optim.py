@@ -38,15 +38,29 @@ class Optimizer:
         self.exp_avg = params.like() if adam else None
         self.exp_avg_sq = params.like() if adam else None
         # Adam's step count per worker (a merge may average or reset it); float64 keeps it exact
-        self.steps = torch.zeros(params.W, dtype=torch.float64, device=params.buf.device) if adam else None
+        self.steps = torch.zeros(params.W, dtype=torch.float64, device=params.device) if adam else None
 
     def stacks(self) -> list[models_mod.Stack]:
         """The state stacks, each in the parameters' layout."""
         return [s for s in (self.momentum, self.exp_avg, self.exp_avg_sq) if s is not None]
 
-    def step(self, params: models_mod.Stack, grad: models_mod.Stack, accum: models_mod.Stack | None) -> None:
+    def view(self, lo: int, hi: int) -> "Optimizer":
+        """The state of rows ``lo..hi-1`` as an optimiser of their own that shares its memory (a member of a
+        population): it merges and resets its rows; the population's optimiser steps them."""
+        sub = object.__new__(Optimizer)
+        sub.run, sub.kind, sub.W, sub.n, sub.n_blocks = self.run, self.kind, hi - lo, None, self.n_blocks
+        for name in ("momentum", "exp_avg", "exp_avg_sq"):
+            whole = getattr(self, name)
+            setattr(sub, name, models_mod.Stack.view(whole, lo, hi) if whole is not None else None)
+        sub.steps = self.steps[lo:hi] if self.steps is not None else None
+        return sub
+
+    def step(self, params: models_mod.Stack, grad: models_mod.Stack, accum: models_mod.Stack | None,
+             segments: list[tuple[int, int]] | None = None) -> None:
         """One update of every worker from the gradients in ``grad``; ``accum`` (adaptive weighting)
-        gathers the squared gradients (after SGD's and Adam's L2 weight decay)."""
+        gathers the squared gradients (after SGD's and Adam's L2 weight decay). ``segments``: row ranges
+        that are separate runs (a population's members): Adam's bias correction is decided per range,
+        so each run gets the numbers it gets alone."""
         run, n = self.run, self.n
         g, p = grad.buf[:n], params.buf[:n]
         if self.kind == "sgd":  # torch.optim.SGD: weight decay, then momentum
@@ -76,13 +90,23 @@ class Optimizer:
             denom = (v.sqrt() / math.sqrt(1 - beta2 ** t[0])).add_(run.eps)
             p.addcdiv_(m, denom, value=-step_size)
             return
-        # workers at different steps (merges averaged or reset the counts): one column of factors per block
-        step_size = (run.lr / (1 - beta1 ** self.steps)).float().unsqueeze(1)
-        bc2 = torch.sqrt(1 - beta2 ** self.steps).float().unsqueeze(1)
-        for k in range(self.n_blocks):
-            pb, mb, vb = params.blocks[k], self.exp_avg.blocks[k], self.exp_avg_sq.blocks[k]
-            denom = (vb.sqrt() / bc2).add_(run.eps)
-            pb.sub_(mb / denom * step_size)
+        for lo, hi in segments or [(0, self.W)]:
+            ts = t[lo:hi]
+            if len(set(ts)) == 1:  # this run's workers at the same step: the scalar formula on its rows
+                step_size = run.lr / (1 - beta1 ** ts[0])
+                for k in range(self.n_blocks):
+                    vb = self.exp_avg_sq.blocks[k][lo:hi]
+                    denom = (vb.sqrt() / math.sqrt(1 - beta2 ** ts[0])).add_(run.eps)
+                    params.blocks[k][lo:hi].addcdiv_(self.exp_avg.blocks[k][lo:hi], denom, value=-step_size)
+                continue
+            # workers at different steps (merges averaged or reset the counts): one column of factors per block
+            steps = self.steps[lo:hi]
+            step_size = (run.lr / (1 - beta1 ** steps)).float().unsqueeze(1)
+            bc2 = torch.sqrt(1 - beta2 ** steps).float().unsqueeze(1)
+            for k in range(self.n_blocks):
+                pb, mb, vb = params.blocks[k][lo:hi], self.exp_avg.blocks[k][lo:hi], self.exp_avg_sq.blocks[k][lo:hi]
+                denom = (vb.sqrt() / bc2).add_(run.eps)
+                pb.sub_(mb / denom * step_size)
 
     # -- merges -------------------------------------------------------------------------------
     def merge_pairs(self, mode: str, a: list[int], b: list[int], weight_b, weight_a, moves) -> None:

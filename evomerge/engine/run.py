@@ -180,11 +180,12 @@ class Judge:
     the consensus model and the workers on the validation split, measure similarity, build
     the round's :class:`RoundMetrics` and apply the convergence stop; at the end, the test set."""
 
-    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, dev: torch.device, train_x: torch.Tensor, t0: float):
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, dev: torch.device, train_x: torch.Tensor, t0: float,
+                 val: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """``val``: the normalised validation inputs and labels on ``dev``, if already there (a population shares them)."""
         data, run, model = setup.data, setup.study.run, setup.model
         self.model, self.data, self.policy, self.dev, self.t0 = model, data, policy, dev, t0
-        self.val_x = normalise(data.val_x.to(dev), data.spec)
-        self.val_y = data.val_y.to(dev)
+        self.val_x, self.val_y = val if val is not None else validation(setup, dev)
         self.n_eval = run.eval_samples or len(self.val_y)
         start = initial_row(model, seed).to(dev)
         self.similarity = Similarity(model, policy, seed, start, data, train_x)
@@ -200,7 +201,7 @@ class Judge:
         te = time.perf_counter()
         train_loss = loss_sum / (stack.W * steps)
         # a sum is non-finite iff an entry is
-        self.finite = finite = math.isfinite(train_loss) and math.isfinite(float(stack.buf.sum()))
+        self.finite = finite = math.isfinite(train_loss) and math.isfinite(stack.total())
         center = stack.mean()
         metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite)
         sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
@@ -258,12 +259,19 @@ class Judge:
         return _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec), ty.to(self.dev))[0][0]
 
 
+def validation(setup: Setup, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation split on ``dev``, inputs normalised."""
+    data = setup.data
+    return normalise(data.val_x.to(dev), data.spec), data.val_y.to(dev)
+
+
 def update_norms(st: Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
     """Per-step norms of what local steps and what merges changed this round, means over workers."""
     model, W = st.params.model, st.W
     k = model.n_trained_blocks  # buffers (running statistics, counters) are not updates
     merged = st.merge_change.row_norms(k)
-    local = models_mod.Stack(model, W, buf=st.params.buf - round_start - st.merge_change.buf).row_norms(k)
+    local = torch.stack([(p - s - m).pow(2).sum(1) for p, s, m in
+                         zip(st.params.blocks[:k], round_start.blocks[:k], st.merge_change.blocks[:k])]).sum(0).sqrt()
     return float(local.mean()) / steps, float(merged.mean()) / steps
 
 
@@ -297,7 +305,7 @@ def train_steps(setup: Setup, st: Workers, workers, seed: int, start: int, end: 
     Minibatches come from :func:`batch_indices` over the static shards, or, when data
     travels, from ``pool``, which also records each example's true-label probability."""
     model, run, B = setup.model, setup.study.run, setup.study.run.batch_size
-    dev = st.params.buf.device
+    dev = st.params.device
     idx_t = None
     if pool is None:
         idx = np.stack([batch_indices(setup.shards[w], B, start, end - start, seed, w) for w in workers], axis=1)
@@ -417,7 +425,7 @@ class StepMerger:
         self._rescale()
 
     def _rescale(self) -> None:
-        rescale_supports(self.st.examples, self.st.accum.buf if self.st.accum is not None else None)
+        rescale_supports(self.st.examples, self.st.accum)
 
 
 # -- the round loop -----------------------------------------------------------------------------------
@@ -467,7 +475,7 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
     t0 = time.perf_counter() if t0 is None else t0
     run, T = setup.study.run, setup.total_steps
     st = backend.state
-    judge = Judge(setup, policy, seed, st.params.buf.device, backend.train_x, t0) if backend.judges else None
+    judge = Judge(setup, policy, seed, st.params.device, backend.train_x, t0) if backend.judges else None
     backend.start(judge)
     if setup.study.environment is not None:
         from .timed import Timed
@@ -478,8 +486,8 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
     history: list[RoundMetrics] = []
     status, converged, stack = "ok", None, None
     for r in range(driver.rounds):
-        round_start = st.params.buf.clone()
-        st.merge_change.buf.zero_()
+        round_start = st.params.clone()
+        st.merge_change.zero_()
         loss_sum, end, steps = driver.train_round(r)
         local, merged = update_norms(st, round_start, steps)
         loss, local, merged = backend.totals(float(loss_sum), local, merged)

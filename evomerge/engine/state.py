@@ -46,8 +46,53 @@ class Workers:
         self.base = self.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
-        # plain SGD is fused into the backward pass where the model offers it
-        self.fused = run.optimizer == "sgd" and not run.momentum and not run.weight_decay and self.accum is None
+        self.fused = fusable(run, self.accum is not None)
+
+    @classmethod
+    def population(cls, model: models_mod.StackedModel, run, starts: list[torch.Tensor], accumulators: bool,
+                   device: torch.device) -> "Workers":
+        """What a population's local step reads and writes: the rows of ``len(starts)`` runs of
+        ``run.workers`` workers each (run k's rows start from ``starts[k]``), stacked as one state;
+        :meth:`member` gives each run its rows."""
+        W = run.workers
+        st = object.__new__(cls)
+        st.W, st.P = W * len(starts), model.n_params
+        st.params = model.stack(st.W, device)
+        for k, row in enumerate(starts):
+            models_mod.Stack.view(st.params, k * W, (k + 1) * W).set_rows(row.to(device).unsqueeze(0).expand(W, -1))
+        st.grad = st.params.like()
+        st.optim = Optimizer(run, st.params)
+        st.momentum = st.optim.momentum
+        st.accum = st.params.like() if accumulators else None
+        st.examples, st.base, st.merge_change, st.model_at = None, None, None, None
+        st.fused = fusable(run, accumulators)
+        return st
+
+    def member(self, lo: int, hi: int, policy: MergePolicy, run, public: bool = True) -> "Workers":
+        """Rows ``lo..hi-1`` of a :meth:`population` state as one run's state: what a local step touches
+        is shared with the population (views); the rest (counters, public copies, merge changes) is the run's own."""
+        st = object.__new__(Workers)
+        st.W, st.P, st.fused = hi - lo, self.P, self.fused
+        st.point_at(self, lo, hi)
+        accumulators = registry.WEIGHTINGS.get_object(policy.weighting).accumulators
+        if accumulators and st.accum is None:
+            raise ValueError(f"weighting {policy.weighting!r} needs a population state with accumulators")
+        if not accumulators:
+            st.accum = None
+        st.examples = torch.zeros(run.workers, dtype=torch.float64, device=self.params.device)
+        st.base = st.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
+        st.merge_change = st.params.like()
+        st.model_at = np.arange(st.W)
+        return st
+
+    def point_at(self, whole: "Workers", lo: int, hi: int) -> None:
+        """Make this run's stepped state the views of rows ``lo..hi-1`` of the population state ``whole``."""
+        view = models_mod.Stack.view
+        had_accum = getattr(self, "accum", True) is not None
+        self.params, self.grad = view(whole.params, lo, hi), view(whole.grad, lo, hi)
+        self.accum = view(whole.accum, lo, hi) if whole.accum is not None and had_accum else None
+        self.optim = whole.optim.view(lo, hi)
+        self.momentum = self.optim.momentum
 
     def stacks(self):
         """The per-model stacks a swap moves with the model."""
@@ -58,14 +103,14 @@ class Workers:
     def take(self, rows: list[int]) -> "Workers":
         """The state of some rows as a smaller stacked state (copies) that a local step can run on;
         :meth:`put` writes it back."""
-        idx = torch.as_tensor(rows, device=self.params.buf.device)
+        idx = torch.as_tensor(rows, device=self.params.device)
         sub = object.__new__(Workers)
         sub.W, sub.P, sub.fused = len(rows), self.P, self.fused
         for name in self.STEPPED:
             whole = getattr(self, name)
             part = None
             if whole is not None:
-                part = models_mod.Stack(whole.model, len(rows), whole.buf.device)
+                part = models_mod.Stack(whole.model, len(rows), whole.device)
                 for b, pb in zip(whole.blocks, part.blocks):
                     torch.index_select(b, 0, idx, out=pb)
             setattr(sub, name, part)
@@ -75,13 +120,18 @@ class Workers:
         return sub
 
     def put(self, sub: "Workers", rows: list[int]) -> None:
-        idx = torch.as_tensor(rows, device=self.params.buf.device)
+        idx = torch.as_tensor(rows, device=self.params.device)
         for name in self.STEPPED:
             whole = getattr(self, name)
             if whole is not None:
                 for b, pb in zip(whole.blocks, getattr(sub, name).blocks):
                     b.index_copy_(0, idx, pb)
         self.optim.put(sub.optim, idx)
+
+
+def fusable(run, accumulators: bool) -> bool:
+    """Plain SGD is fused into the backward pass where the model offers it."""
+    return run.optimizer == "sgd" and not run.momentum and not run.weight_decay and not accumulators
 
 
 SUPPORT_LIMIT = 2.0**64

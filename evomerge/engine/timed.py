@@ -95,7 +95,7 @@ class Timed:
             self._t0 = time.perf_counter()
         t_end, target = tl.round_ends[r], tl.steps_at[r]
         acts = tl.actions
-        loss_sum = torch.zeros((), device=b.state.params.buf.device)
+        loss_sum = torch.zeros((), device=b.state.params.device)
 
         def due(w: int):
             """Worker w's next action if it is due at its current boundary within this round, else None."""
@@ -227,7 +227,7 @@ class Timed:
     def _step(self, rows: list[int]) -> torch.Tensor:
         b, setup = self.backend, self.setup
         st = b.state
-        dev = st.params.buf.device
+        dev = st.params.device
         idx = torch.as_tensor(np.stack([self._indices(w) for w in rows]), device=dev)
         x, y = normalise(b.train_x[idx], setup.data.spec), b.train_y[idx]
         if len(rows) == len(self.own):

@@ -37,7 +37,7 @@ class Weighting:
         """:meth:`pair_weights` with the incoming side's supports given: its example counters, and its
         accumulators as one ``[k, n]`` tensor per block (a payload's, when it was sent). ``own`` are rows
         of ``st``; ``examples_of``: the receivers' worker numbers in the counters, if not ``own``."""
-        return torch.tensor(move, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
+        return torch.tensor(move, dtype=torch.float32, device=st.params.device).unsqueeze(1)
 
     def supports(self, st: Workers) -> list:
         """Per parameter block, the supports an all-reduce averages with (None: a plain mean)."""
@@ -55,7 +55,7 @@ class Examples(Weighting):
         ex = st.examples
         mine = own.tolist() if examples_of is None else examples_of
         w = [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, mine, examples)]
-        return torch.tensor(w, dtype=torch.float32, device=st.params.buf.device).unsqueeze(1)
+        return torch.tensor(w, dtype=torch.float32, device=st.params.device).unsqueeze(1)
 
     def supports(self, st):
         return [st.examples] * len(st.params.blocks)
@@ -67,7 +67,7 @@ class Adaptive(Weighting):
     accumulators = True
 
     def incoming_weights(self, st, move, own, examples, accum, examples_of=None):
-        dev = st.params.buf.device
+        dev = st.params.device
         a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
         rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)  # as ops computes it
         I = torch.as_tensor(own, device=dev)

@@ -183,6 +183,7 @@ class SearchConfig:
     grace_period: int = GRACE_PERIOD  # seconds without a heartbeat before a running trial is failed and retried
     backend: str = "inprocess"  # how each trial's runs execute: backends.BACKENDS
     procs: int | None = None  # distributed backend: processes per run (default: one per worker)
+    batch: int = 1  # trials asked at once and trained as one population (engine/population.py)
 
     @property
     def study_dir(self) -> Path:
@@ -230,7 +231,8 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
                 tracking_uri: str | None = None, runs_dir: str | Path | None = None, jobs: int = 1, seed: int = 0,
                 data_dir=None, device=None, cmaes_categoricals: str = "independent", cmaes_restarts: int = 0,
                 cmaes_popsize: int = 0, prune: bool = True, pruner: str = "median", warm_start_from: str | None = None,
-                grace_period: int = GRACE_PERIOD, backend: str = "inprocess", procs: int | None = None) -> SearchConfig:
+                grace_period: int = GRACE_PERIOD, backend: str = "inprocess", procs: int | None = None,
+                batch: int = 1) -> SearchConfig:
     """Validate everything a search needs before any trial runs."""
     from .. import backends
     from .. import space as space_mod
@@ -251,6 +253,11 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
         raise ConfigError("--n-trials", f"{n_trials} is out of range; allowed: [1, inf)")
     if jobs < 1:
         raise ConfigError("--jobs", f"{jobs} is out of range; allowed: [1, inf)")
+    if batch < 1:
+        raise ConfigError("--batch", f"{batch} is out of range; allowed: [1, inf)")
+    if batch > 1 and backend != "inprocess":
+        raise ConfigError("--batch", f"{batch} trains trials as one population in one process; allowed with "
+                                     f"--backend {backend}: 1 (or use --backend inprocess)")
     if grace_period < 2:
         raise ConfigError("--grace-period", f"{grace_period} is out of range; allowed: [2, inf) seconds")
     if not study.search.space:
@@ -276,7 +283,7 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
     return SearchConfig(study, n_trials, sampler, normalise_url(storage) if storage else default_storage(study_dir),
                         tracking_uri or "", runs_dir, jobs, seed,
                         str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune,
-                        pruner, warm_start_from, grace_period, backend, procs)
+                        pruner, warm_start_from, grace_period, backend, procs, batch)
 
 
 def check_pruner(pruner: str, sampler: str, study: Study, prune: bool) -> None:

@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from .config import SearchConfig
 from .results import best_trials, count_states
 from .storage import load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
-from .trial import Interrupted, bare_record, mark_interrupted, run_trial
+from .trial import Interrupted, bare_record, mark_interrupted, run_batch, run_trial
 
 
 # -- the worker loop ---------------------------------------------------------------------------
@@ -45,7 +45,9 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     driver = None
     if cfg.sampler == "cmaes":
         warm = ostudy.user_attrs.get(ATTR_WARM) or {}  # a warm-started study replays from its stored start
-        driver = CmaDriver(len(space_mod.numeric(space)), seed=cfg.seed, popsize=cfg.cmaes_popsize or None,
+        # with --batch N a generation is N candidates unless --cmaes-popsize says otherwise
+        popsize = cfg.cmaes_popsize or (cfg.batch if cfg.batch > 1 else None)
+        driver = CmaDriver(len(space_mod.numeric(space)), seed=cfg.seed, popsize=popsize,
                            restarts=cfg.cmaes_restarts, maximize=cfg.study.directions[0] == "maximize",
                            **{k: warm[k] for k in ("x0", "sigma0", "stds") if k in warm})
         if cfg.cmaes_categoricals == "fixed":
@@ -54,7 +56,8 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
     while not should_stop():
-        trial, n_before = None, None
+        asked: list = []
+        n_before = None
         try:
             with search_lock(cfg, engines):
                 optuna.storages.fail_stale_trials(ostudy)
@@ -64,30 +67,39 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
                 running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
                 if done >= cfg.n_trials:
                     return
-                if done + running < cfg.n_trials:
+                # --batch N: up to N trials at once (TPE's constant liar takes the running ones for bad;
+                # CMA-ES hands out its generation's candidates until they all run)
+                for _ in range(min(cfg.batch, cfg.n_trials - done - running)):
                     if driver is None:
                         trial = ostudy.ask(fixed_distributions=dists)
                     else:
-                        cand = driver.next(trials)
-                        if cand is not None:
-                            ostudy.enqueue_trial(space_mod.decode(space, cand.x), user_attrs={
-                                ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
-                            trial = ostudy.ask(fixed_distributions=dists)
-                if trial is not None:
+                        cand = driver.next(trials if not asked else ostudy.get_trials(deepcopy=False))
+                        if cand is None:
+                            break
+                        ostudy.enqueue_trial(space_mod.decode(space, cand.x), user_attrs={
+                            ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
+                        trial = ostudy.ask(fixed_distributions=dists)
                     # a heartbeat from the start: Optuna only ever fails as stale trials that have one
                     storage.record_heartbeat(trial._trial_id)
-            if trial is None:
+                    asked.append(trial)
+            if not asked:
                 time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
                 continue
-            record = run_trial(trial, ostudy, setup, cfg, storage, run_fn)
+            if cfg.batch == 1:
+                records = [run_trial(asked[0], ostudy, setup, cfg, storage, run_fn)]
+            else:
+                records = run_batch(asked, ostudy, setup, cfg, storage)
         except KeyboardInterrupt:
-            # a Ctrl-C between ask and the trial's own handler: the asked trial must not stay RUNNING
-            if trial is not None and mark_interrupted(ostudy, trial):
-                raise Interrupted(bare_record(trial, cfg, setup.total_steps, state="FAIL", failure="interrupted")) from None
-            if trial is None and n_before is not None:
+            # a Ctrl-C between ask and the trials' own handler: the asked trials must not stay RUNNING
+            marked = [t for t in asked if mark_interrupted(ostudy, t)]
+            if n_before is not None:
                 _fail_orphans(ostudy, n_before)  # interrupted inside ask(): the trial it created is not ours to keep
+            if marked:
+                raise Interrupted(*[bare_record(t, cfg, setup.total_steps, state="FAIL", failure="interrupted")
+                                    for t in marked]) from None
             raise
-        on_record(record)
+        for record in records:
+            on_record(record)
 
 
 def _fail_orphans(ostudy, n_before: int) -> None:
@@ -116,7 +128,8 @@ def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
     try:
         work(cfg, worker, queue.put)
     except Interrupted as i:
-        queue.put(i.args[0])
+        for rec in i.args:
+            queue.put(rec)
     except KeyboardInterrupt:
         pass
     except ConfigError as e:
@@ -231,7 +244,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             try:
                 work(cfg, 0, on_record, data=data)
             except Interrupted as i:
-                on_record(i.args[0])
+                for rec in i.args:
+                    on_record(rec)
                 raise KeyboardInterrupt from None
         else:
             _run_processes(cfg, on_record)

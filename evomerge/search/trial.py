@@ -44,56 +44,80 @@ class Interrupted(Exception):
     """Carries the record of the trial that a Ctrl-C interrupted."""
 
 
-def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulate_fn) -> dict:
-    """Run the policy on every seed of the study, reporting each round; return a record."""
-    import optuna
+class Evaluation:
+    """A trial's runs, seed by seed: the callback of each run (reporting each round to the pruner,
+    which may raise :class:`Pruned`) and what each finished run adds. :func:`evaluate` drives it one
+    run at a time; a population (:func:`run_batch`) drives several trials' evaluations at once."""
 
-    from .config import OBJECTIVES, PRUNERS
+    def __init__(self, trial, ostudy, setup, policy, cfg: "SearchConfig", storage):
+        import optuna
 
-    study = cfg.study
-    T = setup.total_steps
-    histories, finals = [], []
-    curve: dict[str, list[float]] = {}
-    completed_curves: list[dict] | None = None
-    if cfg.multi and cfg.prune:  # diverged runs are no yardstick
-        completed_curves = [t.user_attrs["curve"] for t in ostudy.get_trials(deepcopy=False,
-                            states=(optuna.trial.TrialState.COMPLETE,)) if "curve" in t.user_attrs and not diverged(t)]
-    trial_id = trial._trial_id  # Optuna's own optimize loop records heartbeats by this id too
-    readers = [OBJECTIVES[o].from_round for o in study.objectives]
-    # one objective: an Optuna pruner judges every round ("rounds") or each seed's final value ("seeds")
-    over = PRUNERS[cfg.pruner].over if cfg.prunes_by_optuna else None
-    # a round's step on Optuna's axis: the lockstep round's end, also for a run on a simulated clock
-    # (whose workers did uneven numbers of steps), so every trial reports each round at the same step
-    from ..engine.run import round_bounds
+        from ..engine.run import round_bounds
+        from .config import OBJECTIVES, PRUNERS
 
-    bounds = round_bounds(T, study.run.rounds)
+        self.trial, self.policy, self.cfg, self.storage = trial, policy, cfg, storage
+        self.T = setup.total_steps
+        self.histories, self.finals = [], []
+        self.curve: dict[str, list[float]] = {}
+        self.completed_curves: list[dict] | None = None
+        if cfg.multi and cfg.prune:  # diverged runs are no yardstick
+            self.completed_curves = [t.user_attrs["curve"] for t in ostudy.get_trials(deepcopy=False,
+                                     states=(optuna.trial.TrialState.COMPLETE,)) if "curve" in t.user_attrs and not diverged(t)]
+        self.trial_id = trial._trial_id  # Optuna's own optimize loop records heartbeats by this id too
+        self.readers = [OBJECTIVES[o].from_round for o in cfg.study.objectives]
+        # one objective: an Optuna pruner judges every round ("rounds") or each seed's final value ("seeds")
+        self.over = PRUNERS[cfg.pruner].over if cfg.prunes_by_optuna else None
+        # a round's step on Optuna's axis: the lockstep round's end, also for a run on a simulated clock
+        # (whose workers did uneven numbers of steps), so every trial reports each round at the same step
+        self.bounds = round_bounds(self.T, cfg.study.run.rounds)
 
-    for k, seed in enumerate(study.run.seeds):
-        def on_round(m, k=k):
-            storage.record_heartbeat(trial_id)
-            step = k * T + bounds[m.round - 1]
-            point = [read(m) for read in readers]
-            curve[str(step)] = point
+    def on_round(self, k: int):
+        """The callback of seed ``k``'s run."""
+        cfg, trial, T, seeds = self.cfg, self.trial, self.T, self.cfg.study.run.seeds
+
+        def on_round(m):
+            self.storage.record_heartbeat(self.trial_id)
+            step = k * T + self.bounds[m.round - 1]
+            point = [read(m) for read in self.readers]
+            self.curve[str(step)] = point
             if cfg.multi:
-                if completed_curves is not None and m.round > 1 and mo_should_prune(point, step, completed_curves, study.directions):
+                if (self.completed_curves is not None and m.round > 1
+                        and mo_should_prune(point, step, self.completed_curves, cfg.study.directions)):
                     raise Pruned(step, point[0])
-            elif over == "rounds":
+            elif self.over == "rounds":
                 trial.report(point[0], step)
-                last = k == len(study.run.seeds) - 1 and m.round == len(bounds)  # complete: nothing left to save
+                last = k == len(seeds) - 1 and m.round == len(self.bounds)  # complete: nothing left to save
                 if not last and trial.should_prune():
                     raise Pruned(step, point[0])
 
-        res = simulate_fn(setup, policy, seed, callback=on_round, device=cfg.device)
-        histories.append([round_dict(h) for h in res.history])
-        finals.append(res.metrics())
+        return on_round
+
+    def add(self, k: int, res) -> bool:
+        """Seed ``k``'s finished run; whether the next seed runs (may raise :class:`Pruned`)."""
+        seeds = self.cfg.study.run.seeds
+        self.histories.append([round_dict(h) for h in res.history])
+        self.finals.append(res.metrics())
         if res.status == DIVERGED:
+            return False
+        if self.over == "seeds":  # the seed is the step: the pruner pairs this trial's seeds with the best trial's
+            self.trial.report(objective_values(self.cfg.study, self.finals[-1:])[0], seeds[k])
+            if k < len(seeds) - 1 and self.trial.should_prune():  # after the last seed the trial is complete
+                raise Pruned((k + 1) * self.T, objective_values(self.cfg.study, self.finals)[0])
+        return k < len(seeds) - 1
+
+    def outcome(self) -> dict:
+        return {"histories": self.histories, "finals": self.finals, "curve": self.curve, "total_steps": self.T,
+                "status": DIVERGED if any(f["status"] == DIVERGED for f in self.finals) else "ok"}
+
+
+def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulate_fn) -> dict:
+    """Run the policy on every seed of the study, reporting each round; return a record."""
+    ev = Evaluation(trial, ostudy, setup, policy, cfg, storage)
+    for k, seed in enumerate(cfg.study.run.seeds):
+        res = simulate_fn(setup, policy, seed, callback=ev.on_round(k), device=cfg.device)
+        if not ev.add(k, res):
             break
-        if over == "seeds":  # the seed is the step: the pruner pairs this trial's seeds with the best trial's
-            trial.report(objective_values(study, finals[-1:])[0], seed)
-            if k < len(study.run.seeds) - 1 and trial.should_prune():  # after the last seed the trial is complete
-                raise Pruned((k + 1) * T, objective_values(study, finals)[0])
-    return {"histories": histories, "finals": finals, "curve": curve, "total_steps": T,
-            "status": DIVERGED if any(f["status"] == DIVERGED for f in finals) else "ok"}
+    return ev.outcome()
 
 
 def bare_record(trial, cfg: "SearchConfig", total_steps: int, **state) -> dict[str, Any]:
@@ -117,21 +141,23 @@ def mark_interrupted(ostudy, trial) -> bool:
 
 
 @contextlib.contextmanager
-def heartbeat(storage, trial_id: int, every: float):
-    """Record the trial's heartbeat every ``every`` seconds while it runs, as Optuna's own optimize
-    loop does: a slow round must not make other processes take the trial for dead."""
+def heartbeat(storage, trial_id, every: float):
+    """Record the heartbeat of the trial (or of each of a list of trials) every ``every`` seconds while it
+    runs, as Optuna's own optimize loop does: a slow round must not make other processes take it for dead."""
     import threading
 
+    ids = list(trial_id) if isinstance(trial_id, (list, tuple)) else [trial_id]
     stop = threading.Event()
 
     def beat():
         while not stop.wait(every):
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception:  # the storage is briefly unreachable: the next beat tries again
-                pass
+            for i in ids:
+                try:
+                    storage.record_heartbeat(i)
+                except Exception:  # the storage is briefly unreachable: the next beat tries again
+                    pass
 
-    thread = threading.Thread(target=beat, name=f"evomerge-heartbeat-{trial_id}", daemon=True)
+    thread = threading.Thread(target=beat, name=f"evomerge-heartbeat-{ids[0]}", daemon=True)
     thread.start()
     try:
         yield
@@ -146,21 +172,54 @@ def run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) -
 
 
 def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) -> dict:
-    import optuna
-
-    from .. import space as space_mod
-
-    record = bare_record(trial, cfg, setup.total_steps)
+    t = TrialRun(trial, ostudy, setup, cfg, storage)
     try:
-        record["cma"] = {k: v for k, v in trial.user_attrs.items() if k.startswith("cma_")}
-        policy = space_mod.policy_from_params(cfg.study, trial.params)
-        record["policy"] = policy.to_dict()
-        trial.set_user_attr("policy", record["policy"])
-        trial.set_user_attr("sampler", cfg.sampler)
-        if cfg.prunes_by_optuna:
-            trial.set_user_attr("pruner", cfg.pruner)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        out = evaluate(trial, ostudy, setup, policy, cfg, storage, simulate_fn)
+        if t.start():
+            out = evaluate(trial, ostudy, setup, t.policy, cfg, storage, simulate_fn)
+            t.complete(out)
+    except KeyboardInterrupt:
+        t.interrupted()
+        raise Interrupted(t.record) from None
+    except Exception as e:
+        t.failed(e)
+    return t.finish()
+
+
+class TrialRun:
+    """One trial from its start to what the study is told: its record, policy and attributes,
+    the values of a complete trial, and how it ended otherwise (pruned, failed, taken over)."""
+
+    def __init__(self, trial, ostudy, setup, cfg: "SearchConfig", storage):
+        self.trial, self.ostudy, self.setup, self.cfg, self.storage = trial, ostudy, setup, cfg, storage
+        self.record = bare_record(trial, cfg, setup.total_steps)
+        self.policy = None
+        self.ended = False
+
+    def start(self) -> bool:
+        """The trial's policy and attributes; False (and the trial failed) if they cannot be made."""
+        from .. import space as space_mod
+
+        try:
+            trial, cfg = self.trial, self.cfg
+            self.record["cma"] = {k: v for k, v in trial.user_attrs.items() if k.startswith("cma_")}
+            self.policy = space_mod.policy_from_params(cfg.study, trial.params)
+            self.record["policy"] = self.policy.to_dict()
+            trial.set_user_attr("policy", self.record["policy"])
+            trial.set_user_attr("sampler", cfg.sampler)
+            if cfg.prunes_by_optuna:
+                trial.set_user_attr("pruner", cfg.pruner)
+            if cfg.batch > 1:
+                trial.set_user_attr("batch", cfg.batch)
+            trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            self.failed(e)
+            return False
+        return True
+
+    def complete(self, out: dict) -> None:
+        trial, cfg, record = self.trial, self.cfg, self.record
         record.update(histories=out["histories"], final=summarise(out["finals"]), run_status=out["status"])
         values = objective_values(cfg.study, out["finals"])
         trial.set_user_attr("metrics", {str(s): _slim(f) for s, f in zip(cfg.study.run.seeds, out["finals"])})
@@ -169,32 +228,99 @@ def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) 
         trial.set_user_attr("history", curve_of(out["histories"][0]))
         if cfg.multi:
             trial.set_user_attr("curve", out["curve"])
-        ostudy.tell(trial, values)
+        self.ostudy.tell(trial, values)
         record.update(state="COMPLETE", values=values)
-    except Pruned as p:
-        step, last = p.args
-        record.update(state="PRUNED", values=None, pruned_at=step)
-        trial.set_user_attr("last_value", last)
-        trial.set_user_attr("pruned_at_step", step)
-        ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    except KeyboardInterrupt:
-        mark_interrupted(ostudy, trial)
-        record.update(state="FAIL", failure="interrupted", end=time.time())
-        raise Interrupted(record) from None
-    except optuna.exceptions.UpdateFinishedTrialError:
-        # another process took this trial for dead (no heartbeat within the grace period) and failed it
-        record.update(state="FAIL", failure="taken over", error="failed by another process (heartbeat missed)")
-    except Exception as e:  # a bad trial fails alone; the search goes on
+        self.ended = True
+
+    def failed(self, e: BaseException) -> None:
+        """The trial ended by an exception: pruned, taken over by another process, or a bad trial (it fails alone)."""
+        import optuna
+
+        trial, record = self.trial, self.record
+        self.ended = True
+        if isinstance(e, Pruned):
+            step, last = e.args
+            record.update(state="PRUNED", values=None, pruned_at=step)
+            try:
+                trial.set_user_attr("last_value", last)
+                trial.set_user_attr("pruned_at_step", step)
+                self.ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                self._taken_over()
+            return
+        if isinstance(e, optuna.exceptions.UpdateFinishedTrialError):
+            self._taken_over()
+            return
         msg = f"{type(e).__name__}: {e}"
         try:
             trial.set_user_attr("failure", "error")
             trial.set_user_attr("error", msg[:1000])
-            ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
-        record.update(state="FAIL", failure="error", error=msg + "\n" + traceback.format_exc(limit=5))
-    record["end"] = time.time()
-    return record
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=5))
+        record.update(state="FAIL", failure="error", error=msg + "\n" + tb)
+
+    def _taken_over(self) -> None:
+        # another process took this trial for dead (no heartbeat within the grace period) and failed it
+        self.record.update(state="FAIL", failure="taken over", error="failed by another process (heartbeat missed)")
+
+    def interrupted(self) -> None:
+        """A Ctrl-C: the trial fails as interrupted (asked again when the search resumes)."""
+        if not self.ended:
+            mark_interrupted(self.ostudy, self.trial)
+            self.record.update(state="FAIL", failure="interrupted", end=time.time())
+            self.ended = True
+
+    def finish(self) -> dict:
+        self.record["end"] = time.time()
+        return self.record
+
+
+def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]:
+    """Several trials at once, as one population per seed (:mod:`evomerge.engine.population`): each
+    trial's run of seed k is a member; a member pruned, diverged or failed ends alone. Returns the
+    trials' records; a Ctrl-C fails every unfinished one as interrupted (:class:`Interrupted` carries them all)."""
+    from ..engine.population import Member, run_population
+
+    runs = [TrialRun(t, ostudy, setup, cfg, storage) for t in trials]
+    with heartbeat(storage, [t._trial_id for t in trials], max(0.5, cfg.grace_period / 3)):
+        try:
+            evals = {}
+            for r in runs:
+                if r.start():
+                    evals[id(r)] = Evaluation(r.trial, ostudy, setup, r.policy, cfg, storage)
+            alive = [r for r in runs if not r.ended]
+            for k, seed in enumerate(cfg.study.run.seeds):
+                if not alive:
+                    break
+                members = [Member(r.policy, seed, evals[id(r)].on_round(k)) for r in alive]
+                try:
+                    outs = run_population(setup, members, cfg.device)
+                except Exception as e:  # not one member's callback: the population itself failed, and all with it
+                    outs = [e] * len(alive)
+                nxt = []
+                for r, out in zip(alive, outs):
+                    try:
+                        if isinstance(out, BaseException):
+                            raise out
+                        if evals[id(r)].add(k, out):
+                            nxt.append(r)
+                        else:
+                            r.complete(evals[id(r)].outcome())
+                    except Exception as e:
+                        r.failed(e)
+                alive = nxt
+            for r in alive:  # every seed ran
+                try:
+                    r.complete(evals[id(r)].outcome())
+                except Exception as e:
+                    r.failed(e)
+        except KeyboardInterrupt:
+            for r in runs:
+                r.interrupted()
+            raise Interrupted(*[r.finish() for r in runs if r.record.get("failure") == "interrupted"]) from None
+    return [r.finish() for r in runs]
 
 
 def _slim(f: dict) -> dict:

@@ -1,0 +1,260 @@
+"""A population: N merge runs of one study (members, each a policy and a seed) trained as one
+stacked computation of N x W rows, the engine's per-step batching one level up.
+
+Every member keeps what makes it a run of its own: its schedule, mixing weights, payloads,
+example counters, public copies, judge and callback (its own in-process backend, whose state
+is a view of its rows of the population's state). After each local step every member applies
+its own merges to its own rows; each local step is one batched forward/backward (and optimiser
+update) over the rows of every member still running. Members whose local step is a different
+computation (adaptive weighting gathers squared gradients, so its SGD is not fused) form a group
+of their own: one stacked computation per group.
+
+A member ends on its own (it diverged, its callback raised or returned False, the convergence
+stop, the last round); at the end of that round the rows of the members still running are
+packed into a smaller state (masking by compaction), so the finished ones cost nothing more.
+
+Each member's result equals its one-at-a-time run (:func:`evomerge.simulate.simulate`): on the
+CPU bit for bit (batched matrix products compute every row alone; elementwise updates do not
+depend on the rows beside them), on CUDA to float tolerance. Runs on a simulated clock
+(``[environment]``) run one at a time: their workers step at different times.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import datapool, registry
+from ..policy import MergePolicy
+from . import run as run_mod
+from .run import Judge, RoundMetrics, RunResult, Setup, StepMerger, batch_indices, local_step, normalise, round_bounds
+from .state import Workers, initial_row
+
+
+@dataclass
+class Member:
+    """One run of a population: ``callback`` gets each round's metrics, as :func:`execute`'s does
+    (it may return False to stop the run, or raise: the exception is the member's outcome)."""
+
+    policy: MergePolicy
+    seed: int
+    callback: Callable[[RoundMetrics], Any] | None = None
+
+
+class _Run:
+    """A member while it runs."""
+
+    def __init__(self, k: int, m: Member, setup: Setup, state: Workers, dev, tensors, val, t0: float):
+        from ..backends.inprocess import InProcess
+
+        self.k, self.m = k, m
+        self.backend = InProcess(setup, m.policy, m.seed, dev, state=state, tensors=tensors)
+        self.st = state
+        self.judge = Judge(setup, m.policy, m.seed, dev, tensors[0], t0, val=val)
+        self.backend.start(self.judge)
+        self.merger = StepMerger(setup, m.policy, self.backend.sched, self.backend)
+        self.history: list[RoundMetrics] = []
+        self.status, self.converged, self.error = "ok", None, None
+        self.done = False
+        self.loss = None
+        self.round_start = None
+        self.idx = None  # this round's minibatch positions [steps, W, B] (static shards)
+
+
+class _Group:
+    """Members whose local step is the same computation, stacked as one state."""
+
+    def __init__(self, runs: list[_Run], state: Workers):
+        self.runs, self.state = runs, state
+
+    def live(self) -> list[_Run]:
+        return [r for r in self.runs if not r.done]
+
+    def compact(self, W: int) -> None:
+        """Pack the rows of the members still running into a new, smaller state (exact copies)."""
+        keep = self.live()
+        if len(keep) == len(self.runs):
+            return
+        for r in self.runs:  # a finished member keeps a copy of its parameters (the result), not the population's rows
+            if r.done:
+                r.st.params = r.st.params.clone()
+                r.st.grad = r.st.accum = r.st.optim = r.st.momentum = None
+        if not keep:
+            self.runs, self.state = [], None
+            return
+        old, model = self.state, self.state.params.model
+        rows = torch.as_tensor(np.concatenate([np.arange(i * W, (i + 1) * W) for i, r in enumerate(self.runs) if not r.done]),
+                               device=old.params.device)
+        new = object.__new__(Workers)
+        new.W, new.P, new.fused = len(keep) * W, old.P, old.fused
+        new.params = model.stack(new.W, old.params.device)
+        new.grad = new.params.like()
+        new.accum = new.params.like() if old.accum is not None else None
+        from .optim import Optimizer
+
+        new.optim = Optimizer(old.optim.run, new.params)
+        new.momentum = new.optim.momentum
+        new.examples = new.base = new.merge_change = new.model_at = None
+        pairs = [(old.params, new.params)] + ([(old.accum, new.accum)] if old.accum is not None else [])
+        pairs += list(zip(old.optim.stacks(), new.optim.stacks()))
+        for whole, part in pairs:
+            for b, pb in zip(whole.blocks, part.blocks):
+                torch.index_select(b, 0, rows, out=pb)
+        if old.optim.steps is not None:
+            new.optim.steps = old.optim.steps.index_select(0, rows.to(old.optim.steps.device))
+        for i, r in enumerate(keep):
+            r.st.point_at(new, i * W, (i + 1) * W)
+        self.runs, self.state = keep, new
+
+    def step(self, setup: Setup, i: int, train_x, train_y) -> None:
+        """Local step ``i`` of the round for every member of the group: one batched step."""
+        W, B = setup.study.run.workers, setup.study.run.batch_size
+        parts, pools = [], []
+        for r in self.runs:
+            if r.backend.pool is None:
+                parts.append(r.idx[i])
+                pools.append(None)
+            else:
+                pos = r.backend.pool.batches(B)
+                parts.append(torch.as_tensor(pos, device=train_x.device))
+                pools.append(pos)
+        bi = torch.cat(parts) if len(parts) > 1 else parts[0]
+        x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
+        W_all = self.state.W
+        segments = [(k * W, (k + 1) * W) for k in range(W_all // W)]
+        losses = _local_step(setup, self.state, x, y, segments)
+        for k, (r, pos) in enumerate(zip(self.runs, pools)):
+            part = losses[k * W:(k + 1) * W]
+            r.loss += part.mean(1).sum()
+            if pos is not None:
+                r.backend.pool.record(pos, torch.exp(-part).cpu().numpy())
+
+
+def _local_step(setup: Setup, st: Workers, x, y, segments) -> torch.Tensor:
+    """:func:`run.local_step` for a population state (Adam's bias correction decided per member)."""
+    model, run = setup.model, setup.study.run
+    losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
+    if losses is None:
+        losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
+        st.optim.step(st.params, st.grad, st.accum, segments=segments)
+    return losses
+
+
+def run_population(setup: Setup, members: list[Member], device: str | torch.device | None = None, *,
+                   evaluate_test: bool = False, keep_params: bool = False) -> list[RunResult | BaseException]:
+    """Run every member; returns, in order, each member's :class:`RunResult`, or the exception its
+    callback raised (a KeyboardInterrupt is not caught: it ends the population)."""
+    from ..backends.base import device_tensors
+
+    dev = run_mod.resolve_device(device)
+    if not members:
+        return []
+    if setup.study.environment is not None:  # members on simulated clocks: one at a time
+        return [_alone(setup, m, dev, evaluate_test, keep_params) for m in members]
+    t0 = time.perf_counter()
+    run, W, T = setup.study.run, setup.study.run.workers, setup.total_steps
+    tensors = device_tensors(setup, dev)
+    val = run_mod.validation(setup, dev)
+    groups: list[_Group] = []
+    runs: list[_Run | None] = [None] * len(members)
+    by_key: dict[bool, list[int]] = {}
+    for k, m in enumerate(members):
+        by_key.setdefault(registry.WEIGHTINGS.get_object(m.policy.weighting).accumulators, []).append(k)
+    for accumulators, ks in by_key.items():
+        whole = Workers.population(setup.model, run, [initial_row(setup.model, members[k].seed) for k in ks],
+                                   accumulators, dev)
+        group = []
+        for i, k in enumerate(ks):
+            st = whole.member(i * W, (i + 1) * W, members[k].policy, run)
+            runs[k] = _Run(k, members[k], setup, st, dev, tensors, val, t0)
+            group.append(runs[k])
+        groups.append(_Group(group, whole))
+    bounds = round_bounds(T, run.rounds)
+    start = 0
+    for r, end in enumerate(bounds):
+        steps = end - start
+        idx_cache: dict[int, torch.Tensor] = {}
+        for g in groups:
+            for x in g.runs:
+                x.round_start = x.st.params.clone()
+                x.st.merge_change.zero_()
+                x.loss = torch.zeros((), device=dev)
+                if x.backend.pool is None:
+                    if x.m.seed not in idx_cache:  # the minibatches are a function of the seed alone
+                        idx = np.stack([batch_indices(setup.shards[w], run.batch_size, start, steps, x.m.seed, w)
+                                        for w in range(W)], axis=1)
+                        idx_cache[x.m.seed] = torch.as_tensor(idx, device=dev)
+                    x.idx = idx_cache[x.m.seed]
+        for i in range(steps):
+            for g in groups:
+                g.step(setup, i, tensors[0], tensors[1])
+            for g in groups:
+                for x in g.runs:
+                    x.merger.after_step(start + i + 1)
+        for g in groups:
+            for x in g.runs:
+                _judge_round(x, r, end, steps, T)
+                x.idx = None
+        start = end
+        for g in groups:
+            g.compact(W)
+        groups = [g for g in groups if g.runs]
+        if not groups:
+            break
+    return [_result(x, setup, evaluate_test, keep_params, t0) for x in runs]
+
+
+def _judge_round(x: _Run, r: int, end: int, steps: int, T: int) -> None:
+    """What :func:`execute` does at the end of a round, for one member."""
+    local, merged = run_mod.update_norms(x.st, x.round_start, steps)
+    x.round_start = None
+    b = x.backend
+    loss, local, merged = b.totals(float(x.loss), local, merged)
+    rm = x.judge.round(r, end, steps, b.gather(), loss, local, merged, x.merger.bytes, x.merger.count,
+                       b.label_skew(), b.moved(), {}, 0.0)
+    x.history.append(rm)
+    if not x.judge.finite:
+        x.status, x.done = "diverged", True
+        return
+    if x.m.callback is not None:
+        try:
+            go = x.m.callback(rm)
+        except Exception as e:  # this member's outcome; the others go on
+            x.error, x.done = e, True
+            return
+        if go is False:
+            x.status, x.done = "stopped", True
+            return
+    b.end_round(r)
+    if x.judge.converged(rm, T):
+        x.converged, x.done = end, True
+    elif r == len(round_bounds(T, b.setup.study.run.rounds)) - 1:
+        x.done = True
+
+
+def _result(x: _Run, setup: Setup, evaluate_test: bool, keep_params: bool, t0: float) -> RunResult | BaseException:
+    if x.error is not None:
+        return x.error
+    stack = x.backend.gather()
+    test_acc = x.judge.test_accuracy(stack) if evaluate_test and x.status == "ok" else None
+    return RunResult(
+        status=x.status, seed=x.m.seed, policy=x.m.policy.to_dict(), history=x.history, total_steps=setup.total_steps,
+        wall_time=time.perf_counter() - t0, label_skew=setup.label_skew, workers=setup.study.run.workers,
+        test_accuracy=test_acc, eval_time=x.judge.eval_time,
+        params=stack.rows().cpu() if keep_params else None, converged_step=x.converged,
+        communities=x.backend.communities(), model_at=x.backend.model_at(),
+    )
+
+
+def _alone(setup: Setup, m: Member, dev, evaluate_test: bool, keep_params: bool) -> RunResult | BaseException:
+    from ..simulate import simulate
+
+    try:
+        return simulate(setup, m.policy, m.seed, callback=m.callback, device=dev, evaluate_test=evaluate_test,
+                        keep_params=keep_params)
+    except Exception as e:
+        return e
