@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -39,3 +40,18 @@ def edit_study(path, old: str, new: str):
     assert old in text, old
     path.write_text(text.replace(old, new, 1))
     return path
+
+
+def cma_points(db):
+    """(generation, index) -> params of every COMPLETE trial that CMA-ES proposed."""
+    with sqlite3.connect(db) as c:
+        rows = c.execute("""select t.trial_id, a.key, a.value_json from trials t join trial_user_attributes a
+                            on a.trial_id = t.trial_id where t.state = 'COMPLETE' and a.key like 'cma_%'""").fetchall()
+        params = c.execute("""select t.trial_id, p.param_name, p.param_value from trials t join trial_params p
+                              on p.trial_id = t.trial_id where t.state = 'COMPLETE'""").fetchall()
+    keys, vals = {}, {}
+    for tid, k, v in rows:
+        keys.setdefault(tid, {})[k] = json.loads(v)
+    for tid, k, v in params:
+        vals.setdefault(tid, {})[k] = round(v, 9)
+    return {(keys[t]["cma_generation"], keys[t]["cma_index"]): vals[t] for t in keys}

@@ -18,7 +18,8 @@ from searchutil import cli, edit_study
 
 @pytest.mark.parametrize("kwargs, field", [({"sampler": "annealing"}, "--sampler"), ({"n_trials": 0}, "--n-trials"),
                                             ({"jobs": 0}, "--jobs"), ({"cmaes_categoricals": "x", "sampler": "cmaes"}, "--cmaes-categoricals"),
-                                            ({"grace_period": 1}, "--grace-period")])
+                                            ({"grace_period": 1}, "--grace-period"), ({"batch": 0}, "--batch"),
+                                            ({"batch": 4, "backend": "distributed"}, "--batch")])
 def test_bad_search_options(tmp_path, kwargs, field):
     s = study.load(write_study(tmp_path))
     with pytest.raises(ConfigError) as e:

@@ -12,7 +12,7 @@ from conftest import write_study
 from evomerge import study
 from evomerge.errors import ConfigError
 from evomerge.search.config import SAMPLERS
-from searchutil import cli, states, wait_for
+from searchutil import cli, cma_points as _cma_points, states, wait_for
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
@@ -116,20 +116,6 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
     with sqlite3.connect(db) as c:
         numbers = [n for (n,) in c.execute("select number from trials")]
     assert len(numbers) == len(set(numbers)) == 6
-
-
-def _cma_points(db):
-    with sqlite3.connect(db) as c:
-        rows = c.execute("""select t.trial_id, a.key, a.value_json from trials t join trial_user_attributes a
-                            on a.trial_id = t.trial_id where t.state = 'COMPLETE' and a.key like 'cma_%'""").fetchall()
-        params = c.execute("""select t.trial_id, p.param_name, p.param_value from trials t join trial_params p
-                              on p.trial_id = t.trial_id where t.state = 'COMPLETE'""").fetchall()
-    keys, vals = {}, {}
-    for tid, k, v in rows:
-        keys.setdefault(tid, {})[k] = json.loads(v)
-    for tid, k, v in params:
-        vals.setdefault(tid, {})[k] = round(v, 9)
-    return {(keys[t]["cma_generation"], keys[t]["cma_index"]): vals[t] for t in keys}
 
 
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):

@@ -218,7 +218,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     parent = tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
         {"sampler": cfg.sampler, "pruner": cfg.pruner if cfg.prune else "none", "n_trials": cfg.n_trials,
-         "jobs": cfg.jobs, "seed": cfg.seed, "storage": cfg.storage,
+         "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": cfg.storage,
          "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
          "warm_start_from": (warm or {}).get("spec", ""), "warm_start_trials": (warm or {}).get("trials", 0),
          "study_file": str(cfg.study.path or "")},

@@ -1,0 +1,113 @@
+"""evomerge search --batch N (search/trial.run_batch): N trials asked at once and trained as one
+population, each an ordinary Optuna trial with an ordinary MLflow run and its one-at-a-time values."""
+
+import signal
+import sqlite3
+import time
+
+import pytest
+
+import evomerge
+from conftest import write_study
+from evomerge import study
+from searchutil import cli, cma_points, states, wait_for
+
+
+def _trials(res):
+    return {t.number: (t.state.name, t.params, t.values) for t in res.optuna_study.get_trials()}
+
+
+def test_a_batch_gives_every_trial_the_values_it_gets_alone(tmp_path, data_dir, mnist):
+    s = study.load(write_study(tmp_path, steps=60))
+    kw = dict(n_trials=6, sampler="random", seed=3, data_dir=data_dir, prune=False)
+    alone = evomerge.search(s, runs_dir=tmp_path / "one", **kw)
+    batched = evomerge.search(s, runs_dir=tmp_path / "four", batch=4, **kw)
+    assert not batched.errors and not batched.interrupted
+    assert _trials(batched) == _trials(alone)  # same asks (a seeded sampler), same values, bit for bit
+    assert len(batched.records) == 6 and all(r["mlflow_run_id"] and r["state"] == "COMPLETE" for r in batched.records)
+    assert {t.user_attrs["batch"] for t in batched.optuna_study.get_trials()} == {4}
+    # the trials' runs are in MLflow as for any search
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'four' / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{batched.parent_run_id}'")
+    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in runs) == list(range(6))
+    assert client.get_run(batched.parent_run_id).data.params["batch"] == "4"
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "cmaes"])
+def test_samplers_ask_a_batch_and_finish_the_study(tmp_path, data_dir, mnist, sampler):
+    s = study.load(write_study(tmp_path, steps=60))
+    res = evomerge.search(s, n_trials=8, sampler=sampler, runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
+                          batch=4)
+    assert not res.errors and res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 8
+    if sampler == "cmaes":  # --batch 4 makes a generation of 4 (the population size)
+        gens = [r["cma"]["cma_generation"] for r in sorted(res.records, key=lambda r: r["number"])]
+        assert gens == [0, 0, 0, 0, 1, 1, 1, 1]
+    else:  # TPE's constant liar: four different asks while the first four run
+        first = [tuple(sorted(r["params"].items())) for r in res.records if r["number"] < 4]
+        assert len(set(first)) == 4
+
+
+def test_a_trial_that_fails_fails_alone_and_the_batch_goes_on(tmp_path, data_dir, mnist):
+    """An objective (registered from outside) that cannot read a round of a trial that merges a lot: that
+    trial fails as an error; the other trials of its batch complete."""
+    import optuna
+
+    from evomerge import study as study_mod
+    from evomerge.search import config
+
+    def picky(m):  # an objective is a metric of the run's results: this one refuses some runs' rounds
+        if m.merges > 40:
+            raise ValueError(f"picky: {m.merges} merges")
+        return m.consensus_distance
+
+    config.register_objective("consensus_distance", config.Objective("minimize", "picky", picky))
+    try:
+        s = study.load(write_study(tmp_path, steps=60, objectives=("consensus_distance",)))
+        storage = f"sqlite:///{tmp_path / 'opt.db'}"
+        st = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
+        for interval in (30.0, 1.0, 30.0):  # about 3, 80 and 3 merges a round
+            st.enqueue_trial({"mean_interval": interval, "mixing_weight": 0.5, "topology": "ring"})
+        res = evomerge.search(s, n_trials=3, sampler="random", storage=storage, runs_dir=tmp_path / "runs", seed=0,
+                              data_dir=data_dir, batch=3)
+    finally:
+        del config.OBJECTIVES["consensus_distance"]
+        del study_mod.OBJECTIVES["consensus_distance"]
+    by = {r["number"]: r for r in res.records}
+    assert by[1]["state"] == "FAIL" and by[1]["failure"] == "error" and "picky" in by[1]["error"]
+    assert by[0]["state"] == "COMPLETE" and by[2]["state"] == "COMPLETE"
+    assert res.counts["COMPLETE"] == 3  # a failed trial does not count: more were asked until three completed
+
+
+def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_one_does(tmp_path, data_dir):
+    f = write_study(tmp_path, steps=3000)  # populations of a few seconds: the signal lands inside one
+    args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "4", "--cmaes-categoricals", "fixed",
+            "--n-trials", "12", "--seed", "4"]
+    a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert a.returncode == 0, a.stderr
+    db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
+    proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False)
+
+    def second_generation_running():
+        try:
+            st = states(db_b)
+        except sqlite3.Error:
+            return False
+        if st.get("COMPLETE", 0) != 4 or st.get("RUNNING", 0) != 4:
+            return False
+        time.sleep(1.0)
+        return states(db_b).get("RUNNING", 0) == 4
+
+    assert wait_for(second_generation_running, timeout=900), proc.communicate(timeout=5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    st = states(db_b)
+    assert st["FAIL"] == 4 and "RUNNING" not in st  # the whole batch failed as interrupted, nothing left running
+    b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert b.returncode == 0, b.stderr
+    pa, pb = cma_points(tmp_path / "runs-a" / "tiny" / "optuna.db"), cma_points(db_b)
+    assert len(pa) == len(pb) == 12
+    assert pa == pb  # the interrupted generation asked again, the third proposed from the told state
