@@ -1,0 +1,106 @@
+"""Trials per minute: mnist-gossip trials run one at a time against the same trials trained as one
+population (engine/population.py, what ``evomerge search --batch N`` does), at N = 1, 8, 32, 128.
+
+The trials are N policies drawn at random (seeded) from mnist-gossip's search space, each run on
+the study's seed, as a search's trials are. Both ways run the same N trials in the same process
+and on the same data, interleaved (one-at-a-time first at even N positions, batched first at odd
+ones); each ratio is of two timings taken side by side. ``--scale`` shortens every run to a fraction
+of the study's epochs (rounds kept), so N = 128 fits in minutes on a CPU; trials per minute at
+full length are about the measured figure times ``--scale``. The check that batching changes no
+number is the test suite's (tests/test_population.py); here the final accuracies are compared too.
+
+    EVOMERGE_THREADS=2 .venv/bin/python benchmarks/bench_population.py [--sizes 1 8 32 128] [--scale 0.25] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def policies(study, n: int, seed: int = 0):
+    """``n`` policies of the study's space, drawn by Optuna's RandomSampler (seeded)."""
+    import optuna
+
+    from evomerge import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        t = st.ask(space.distributions(study.search.space))
+        out.append(space.policy_from_params(study, t.params))
+        st.tell(t, 0.0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--scale", type=float, default=0.25, help="fraction of the study's epochs per run (default 0.25)")
+    ap.add_argument("--study", default=str(ROOT / "studies" / "mnist-gossip.toml"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    args = ap.parse_args()
+
+    import torch
+
+    from evomerge import simulate, study
+    from evomerge.engine.population import Member, run_population
+    from evomerge.procs import apply_threads
+
+    apply_threads()
+    s = study.load(args.study)
+    s = dataclasses.replace(s, run=dataclasses.replace(s.run, epochs=s.run.epochs * args.scale))
+    setup = simulate.prepare(s, data_dir=args.data_dir)
+    seed = s.run.seeds[0]
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    print(f"{s.name}: W={s.run.workers}, {setup.total_steps} local steps per run ({args.scale} of the study's), "
+          f"{s.run.rounds} rounds, device {dev}, torch threads {torch.get_num_threads()}")
+    # warm up both paths (first-call costs: allocator, kernels)
+    warm = policies(s, 2, seed=99)
+    simulate.simulate(setup, warm[0], seed, device=dev)
+    run_population(setup, [Member(p, seed) for p in warm], dev)
+
+    rows = []
+    for i, n in enumerate(args.sizes):
+        pols = policies(s, n, seed=n)
+        timings = {}
+
+        def alone():
+            sync()
+            t = time.perf_counter()
+            res = [simulate.simulate(setup, p, seed, device=dev) for p in pols]
+            sync()
+            timings["alone"] = time.perf_counter() - t
+            return res
+
+        def batched():
+            sync()
+            t = time.perf_counter()
+            res = run_population(setup, [Member(p, seed) for p in pols], dev)
+            sync()
+            timings["batched"] = time.perf_counter() - t
+            return res
+
+        first, second = (alone, batched) if i % 2 == 0 else (batched, alone)
+        a, b = first(), second()
+        ra, rb = (a, b) if first is alone else (b, a)
+        same = all(x.final.val_accuracy == y.final.val_accuracy for x, y in zip(ra, rb))
+        ta, tb = timings["alone"], timings["batched"]
+        rows.append((n, 60 * n / ta, 60 * n / tb, ta / tb, same))
+        print(f"N={n:4d}  one at a time {60 * n / ta:7.1f} trials/min   batched {60 * n / tb:7.1f} trials/min   "
+              f"speed-up {ta / tb:5.2f}x   same accuracies: {same}", flush=True)
+    print("\n| N | one at a time (trials/min) | batched (trials/min) | batched / one at a time |")
+    print("|---:|---:|---:|---:|")
+    for n, fa, fb, r, _ in rows:
+        print(f"| {n} | {fa:.1f} | {fb:.1f} | {r:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
