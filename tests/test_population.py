@@ -48,14 +48,25 @@ def setup(mnist):
     return simulate.prepare(tiny_study(rounds=4), data=mnist)
 
 
-def test_each_member_equals_its_run_alone_bit_for_bit(setup):
-    members = [Member(p, seed) for p, seed in zip(MIXED, [0, 1, 0, 2, 3])]
-    out = run_population(setup, members, "cpu", keep_params=True)
+CROSS = [  # plain gossip lerps of weights: applied together across members with cross=True
+    MergePolicy(topology="ring", mean_interval=2, exchange="push_pull", winner_bias=0.7, weighting="examples"),
+    MergePolicy(topology="complete", mean_interval=3, exchange="push", lerp="random", mixing_schedule="linear"),
+    MergePolicy(topology="communities", n_communities=2, similarity_bias=0.5, mean_interval=2, winner_bias=0.3),
+    MergePolicy(topology="ring", mean_interval=4, exchange="push", winner_bias=1.0, data_exchange_k=3),
+]
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_each_member_equals_its_run_alone_bit_for_bit(setup, cross):
+    pols = MIXED + (CROSS if cross else [])
+    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 0, 1, 0, 5])]
+    out = run_population(setup, members, "cpu", keep_params=True, cross=cross)
     for m, got in zip(members, out):
         _same(got, simulate.simulate(setup, m.policy, m.seed, device="cpu", keep_params=True))
 
 
-def test_members_that_diverge_or_are_pruned_end_alone_and_the_others_go_on(mnist):
+@pytest.mark.parametrize("cross", [False, True])
+def test_members_that_diverge_or_are_pruned_end_alone_and_the_others_go_on(mnist, cross):
     # at lr 300 some of these runs diverge (in round 1 or 3) and others do not
     setup = simulate.prepare(tiny_study(rounds=4, lr=300.0), data=mnist)
     pols = [(MergePolicy(topology="ring", mean_interval=200), 0),
@@ -70,7 +81,7 @@ def test_members_that_diverge_or_are_pruned_end_alone_and_the_others_go_on(mnist
 
     members = [Member(p, seed) for p, seed in pols]
     members[3].callback = prune
-    out = run_population(setup, members, "cpu", keep_params=True)
+    out = run_population(setup, members, "cpu", keep_params=True, cross=cross)
     assert isinstance(out[3], Stop) and out[3].args == (2,)
     with pytest.raises(Stop):
         simulate.simulate(setup, pols[3][0], 0, callback=prune, device="cpu")
@@ -100,3 +111,15 @@ def test_a_callback_that_returns_false_stops_only_its_member(setup):
     assert got[0].status == "stopped" and len(got[0].history) == 2
     _same(got[0], simulate.simulate(setup, pols[0], 0, callback=lambda m: m.round < 2, device="cpu", keep_params=True))
     _same(got[1], simulate.simulate(setup, pols[1], 0, device="cpu", keep_params=True))
+
+
+def test_on_a_simulated_cluster_members_run_one_at_a_time_with_their_own_results(setup):
+    from evomerge.study import EnvSpec
+
+    timed = dataclasses.replace(setup, study=dataclasses.replace(
+        setup.study, environment=EnvSpec(step_time=0.1, speeds="lognormal", sigma=0.5, time_budget=3.0), target=0.5))
+    pols = [MIXED[0], MIXED[2]]
+    got = run_population(timed, [Member(p, 4) for p in pols], "cpu", keep_params=True)
+    for p, g in zip(pols, got):
+        assert g.final.sim_time is not None
+        _same(g, simulate.simulate(timed, p, 4, device="cpu", keep_params=True))

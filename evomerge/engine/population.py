@@ -57,6 +57,7 @@ class _Run:
         self.judge = Judge(setup, m.policy, m.seed, dev, tensors[0], t0, val=val)
         self.backend.start(self.judge)
         self.merger = StepMerger(setup, m.policy, self.backend.sched, self.backend)
+        self.cross = cross_mergeable(m.policy, setup.model, state)
         self.history: list[RoundMetrics] = []
         self.status, self.converged, self.error = "ok", None, None
         self.done = False
@@ -82,7 +83,7 @@ class _Group:
         for r in self.runs:  # a finished member keeps a copy of its parameters (the result), not the population's rows
             if r.done:
                 r.st.params = r.st.params.clone()
-                r.st.grad = r.st.accum = r.st.optim = r.st.momentum = None
+                r.st.grad = r.st.accum = r.st.optim = r.st.momentum = r.st.merge_change = None
         if not keep:
             self.runs, self.state = [], None
             return
@@ -98,7 +99,8 @@ class _Group:
 
         new.optim = Optimizer(old.optim.run, new.params)
         new.momentum = new.optim.momentum
-        new.examples = new.base = new.merge_change = new.model_at = None
+        new.merge_change = new.params.like()  # zeroed at every round's start: nothing to carry
+        new.examples = new.base = new.model_at = None
         pairs = [(old.params, new.params)] + ([(old.accum, new.accum)] if old.accum is not None else [])
         pairs += list(zip(old.optim.stacks(), new.optim.stacks()))
         for whole, part in pairs:
@@ -134,6 +136,105 @@ class _Group:
                 r.backend.pool.record(pos, torch.exp(-part).cpu().numpy())
 
 
+    def merge(self, setup: Setup, step: int, cross: bool, train_x, train_y, slices) -> None:
+        """The merges due after local step ``step``, each member's planned by its own merger. Members whose
+        merges are plain lerps of weights (:func:`cross_mergeable`) have their k-th sets of disjoint pairs
+        applied together, all members at once (``cross``); the others apply their own."""
+        together = []
+        for r in self.runs:
+            plan = r.merger.plan(step)
+            if plan is None:
+                continue
+            if cross and r.cross:
+                together.append((r, plan))
+                continue
+            for ps in plan[3]:
+                r.merger.apply_set(ps)
+            r.merger.finish(plan)
+        W = setup.study.run.workers
+        offset = {id(r): k * W for k, r in enumerate(self.runs)}
+        layer = 0
+        while True:
+            items = [(r, plan[3][layer], offset[id(r)]) for r, plan in together if layer < len(plan[3])]
+            if not items:
+                break
+            self._pairs(setup, items, train_x, train_y, slices)
+            for r, ps, _ in items:
+                r.merger.account(ps)
+            layer += 1
+        for r, plan in together:
+            r.merger.finish(plan)
+
+    @torch.no_grad()
+    def _pairs(self, setup: Setup, items, train_x, train_y, slices) -> None:
+        """Sets of disjoint pairs of several members, ``(run, PairSet, row offset)`` each, applied as one:
+        one winner-test forward for every pair that needs it, then per parameter block one gather, lerp and
+        scatter for all pairs. The arithmetic of :meth:`InProcess.pairs` (the tests hold them bit for bit)."""
+        from . import plan as plan_mod
+
+        st, model = self.state, setup.model
+        dev = st.params.device
+        winners: dict[int, list] = {}
+        test = [(k, r, ps, off) for k, (r, ps, off) in enumerate(items) if r.m.policy.winner_bias > 0]
+        if test:
+            a = np.concatenate([ps.a + off for _, _, ps, off in test])
+            b = np.concatenate([ps.b + off for _, _, ps, off in test])
+            la = torch.as_tensor(np.concatenate([ps.a for _, _, ps, _ in test]), device=dev)
+            lb = torch.as_tensor(np.concatenate([ps.b for _, _, ps, _ in test]), device=dev)
+            rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
+            idx = torch.cat([slices[la], slices[lb]], dim=1)
+            x = normalise(train_x[idx], setup.data.spec).repeat_interleave(2, dim=0)
+            y = train_y[idx].repeat_interleave(2, dim=0)
+            logits = model.forward([q.index_select(0, rows) for q in st.params.params], x)
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1).tolist()
+            n = 0
+            for k, _, ps, _ in test:
+                winners[k] = [plan_mod.winner(loss[2 * (n + i)], loss[2 * (n + i) + 1]) for i in range(len(ps))]
+                n += len(ps)
+        B, A, WB, A_pp, pos_pp, WA = [], [], [], [], [], []
+        n = 0
+        for k, (r, ps, off) in enumerate(items):
+            p, mst = r.m.policy, r.st
+            moves = [plan_mod.moves(p, ps.weight, float(u), w)
+                     for u, w in zip(ps.u.tolist(), winners.get(k, [None] * len(ps)))]
+            weighting = r.backend.weighting
+            B.append(ps.b + off)
+            A.append(ps.a + off)
+            WB.append(weighting.pair_weights(mst, [m[1] for m in moves], ps.b, ps.a))
+            if p.exchange == "push_pull":
+                WA.append(weighting.pair_weights(mst, [m[0] for m in moves], ps.a, ps.b))
+                A_pp.append(ps.a + off)
+                pos_pp.append(np.arange(n, n + len(ps)))
+            n += len(ps)
+        B_t = torch.as_tensor(np.concatenate(B), device=dev)
+        A_t = torch.as_tensor(np.concatenate(A), device=dev)
+        WB_t = torch.cat(WB)
+        if A_pp:
+            App_t = torch.as_tensor(np.concatenate(A_pp), device=dev)
+            sel = torch.as_tensor(np.concatenate(pos_pp), device=dev)
+            WA_t = torch.cat(WA)
+        for blk, chg in zip(st.params.blocks, st.merge_change.blocks):
+            old_b, old_a = blk.index_select(0, B_t), blk.index_select(0, A_t)
+            new_b = old_b.lerp(old_a, WB_t)
+            blk.index_copy_(0, B_t, new_b)
+            chg.index_copy_(0, B_t, chg.index_select(0, B_t).add_(new_b).sub_(old_b))
+            if A_pp:
+                oa = old_a.index_select(0, sel)
+                new_a = oa.lerp(old_b.index_select(0, sel), WA_t)
+                blk.index_copy_(0, App_t, new_a)
+                chg.index_copy_(0, App_t, chg.index_select(0, App_t).add_(new_a).sub_(oa))
+
+
+def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
+    """Whether a member's gossip is a plain lerp of weights that :meth:`_Group.merge` may apply together with
+    other members': weights on the wire, no swaps, a column of weights (uniform or examples), no optimiser
+    state merged, no buffers. Everything else is applied by the member's own backend."""
+    return (policy.scheme == "gossip" and policy.payload == "weights" and not policy.swap_p
+            and policy.weighting in ("uniform", "examples") and st.accum is None
+            and (policy.optimizer_state == "keep" or not st.optim.stacks())
+            and model.n_trained_blocks == len(model.offsets))
+
+
 def _local_step(setup: Setup, st: Workers, x, y, segments) -> torch.Tensor:
     """:func:`run.local_step` for a population state (Adam's bias correction decided per member)."""
     model, run = setup.model, setup.study.run
@@ -145,12 +246,16 @@ def _local_step(setup: Setup, st: Workers, x, y, segments) -> torch.Tensor:
 
 
 def run_population(setup: Setup, members: list[Member], device: str | torch.device | None = None, *,
-                   evaluate_test: bool = False, keep_params: bool = False) -> list[RunResult | BaseException]:
+                   evaluate_test: bool = False, keep_params: bool = False,
+                   cross: bool | None = None) -> list[RunResult | BaseException]:
     """Run every member; returns, in order, each member's :class:`RunResult`, or the exception its
-    callback raised (a KeyboardInterrupt is not caught: it ends the population)."""
+    callback raised (a KeyboardInterrupt is not caught: it ends the population). ``cross``: apply the
+    members' plain gossip merges together (:meth:`_Group.merge`); default: on CUDA, where it saves kernel
+    launches, not on the CPU, where gathering rows costs more than the launches it saves."""
     from ..backends.base import device_tensors
 
     dev = run_mod.resolve_device(device)
+    cross = dev.type == "cuda" if cross is None else cross
     if not members:
         return []
     if setup.study.environment is not None:  # members on simulated clocks: one at a time
@@ -193,8 +298,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
             for g in groups:
                 g.step(setup, i, tensors[0], tensors[1])
             for g in groups:
-                for x in g.runs:
-                    x.merger.after_step(start + i + 1)
+                g.merge(setup, start + i + 1, cross, *tensors)
         for g in groups:
             for x in g.runs:
                 _judge_round(x, r, end, steps, T)

@@ -383,11 +383,22 @@ class StepMerger:
         self.count = 0
 
     def after_step(self, step: int) -> None:
+        plan = self.plan(step)
+        if plan is None:
+            return
+        for ps in plan[3]:
+            self.apply_set(ps)
+        self.finish(plan)
+
+    def plan(self, step: int):
+        """After local step ``step``: count the examples and plan the step's gossip as sets of disjoint
+        pairs ``(events, a, b, sets)``, for :meth:`apply_set` in order and then :meth:`finish`. None
+        when nothing is left to do (no event; an all-reduce, applied here)."""
         ex = self.st.examples
         ex += self.B
         evs = self.sched.events_at(step)
         if not len(evs):
-            return
+            return None
         s, p = self.sched, self.p
         if s.scheme == "allreduce":
             for ev in evs:
@@ -396,22 +407,31 @@ class StepMerger:
                 self.bytes += self.cost.allreduce(len(ex))
                 self._rescale()
             self.count += len(evs)
-            return
+            return None
         events = np.arange(evs.start, evs.stop)
         a = s.initiator[events]
         b = self.backend.peers(events, step)
         swap = (s.u_swap[events] < p.swap_p) if p.swap_p else np.zeros(len(events), dtype=bool)
         weight = plan_mod.scheduled_weight(p, step, self.T)
+        sets = []
         for members in plan_mod.group_disjoint(a, b):
             m = np.asarray(members)
-            self.apply_set(plan_mod.PairSet(step, events[m], a[m], b[m], s.u[events[m]], swap[m], weight))
+            sets.append(plan_mod.PairSet(step, events[m], a[m], b[m], s.u[events[m]], swap[m], weight))
+        return events, a, b, sets
+
+    def finish(self, plan) -> None:
+        events, a, b, _ = plan
         self.bytes += self.backend.after_events(events, a, b)
         self.count += len(events)
 
     def apply_set(self, ps: plan_mod.PairSet) -> None:
         """One set of disjoint gossip events: the backend moves the tensors; counters and bytes here."""
-        ex, push_pull = self.st.examples, self.p.exchange == "push_pull"
         self.backend.pairs(ps)
+        self.account(ps)
+
+    def account(self, ps: plan_mod.PairSet) -> None:
+        """The counters and bytes of a set of disjoint gossip events the tensors of which were moved."""
+        ex, push_pull = self.st.examples, self.p.exchange == "push_pull"
         for i, j, sw in zip(ps.a.tolist(), ps.b.tolist(), ps.swap.tolist()):
             if sw:
                 ex[[i, j]] = ex[[j, i]]

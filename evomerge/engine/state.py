@@ -64,7 +64,8 @@ class Workers:
         st.optim = Optimizer(run, st.params)
         st.momentum = st.optim.momentum
         st.accum = st.params.like() if accumulators else None
-        st.examples, st.base, st.merge_change, st.model_at = None, None, None, None
+        st.merge_change = st.params.like()  # each run's rows of it are its own (views), zeroed every round
+        st.examples, st.base, st.model_at = None, None, None
         st.fused = fusable(run, accumulators)
         return st
 
@@ -81,15 +82,16 @@ class Workers:
             st.accum = None
         st.examples = torch.zeros(run.workers, dtype=torch.float64, device=self.params.device)
         st.base = st.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
-        st.merge_change = st.params.like()
         st.model_at = np.arange(st.W)
         return st
 
     def point_at(self, whole: "Workers", lo: int, hi: int) -> None:
-        """Make this run's stepped state the views of rows ``lo..hi-1`` of the population state ``whole``."""
+        """Make this run's stepped state (and what merges changed this round) the views of rows ``lo..hi-1``
+        of the population state ``whole``."""
         view = models_mod.Stack.view
         had_accum = getattr(self, "accum", True) is not None
         self.params, self.grad = view(whole.params, lo, hi), view(whole.grad, lo, hi)
+        self.merge_change = view(whole.merge_change, lo, hi)
         self.accum = view(whole.accum, lo, hi) if whole.accum is not None and had_accum else None
         self.optim = whole.optim.view(lo, hi)
         self.momentum = self.optim.momentum
