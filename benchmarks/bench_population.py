@@ -2,9 +2,11 @@
 population (engine/population.py, what ``evomerge search --batch N`` does), at N = 1, 8, 32, 128.
 
 The trials are N policies drawn at random (seeded) from mnist-gossip's search space, each run on
-the study's seed, as a search's trials are. Both ways run the same N trials in the same process
-and on the same data, interleaved (one-at-a-time first at even N positions, batched first at odd
-ones); each ratio is of two timings taken side by side. ``--scale`` shortens every run to a fraction
+the study's seed, as a search's trials are. The population is timed twice: with each member
+applying its own merges (the CPU default) and with the members' plain gossip merges applied
+together (``cross=True``, the CUDA default). All three ways run the same N trials in the same
+process on the same data, interleaved (they take turns going first); each ratio is of timings
+taken side by side. ``--scale`` shortens every run to a fraction
 of the study's epochs (rounds kept), so N = 128 fits in minutes on a CPU; trials per minute at
 full length are about the measured figure times ``--scale``. The check that batching changes no
 number is the test suite's (tests/test_population.py); here the final accuracies are compared too.
@@ -80,26 +82,30 @@ def main() -> None:
             timings["alone"] = time.perf_counter() - t
             return res
 
-        def batched():
-            sync()
-            t = time.perf_counter()
-            res = run_population(setup, [Member(p, seed) for p in pols], dev)
-            sync()
-            timings["batched"] = time.perf_counter() - t
-            return res
+        def batched(cross):
+            def go():
+                sync()
+                t = time.perf_counter()
+                res = run_population(setup, [Member(p, seed) for p in pols], dev, cross=cross)
+                sync()
+                timings["cross" if cross else "batched"] = time.perf_counter() - t
+                return res
+            return go
 
-        first, second = (alone, batched) if i % 2 == 0 else (batched, alone)
-        a, b = first(), second()
-        ra, rb = (a, b) if first is alone else (b, a)
-        same = all(x.final.val_accuracy == y.final.val_accuracy for x, y in zip(ra, rb))
-        ta, tb = timings["alone"], timings["batched"]
-        rows.append((n, 60 * n / ta, 60 * n / tb, ta / tb, same))
-        print(f"N={n:4d}  one at a time {60 * n / ta:7.1f} trials/min   batched {60 * n / tb:7.1f} trials/min   "
-              f"speed-up {ta / tb:5.2f}x   same accuracies: {same}", flush=True)
-    print("\n| N | one at a time (trials/min) | batched (trials/min) | batched / one at a time |")
-    print("|---:|---:|---:|---:|")
-    for n, fa, fb, r, _ in rows:
-        print(f"| {n} | {fa:.1f} | {fb:.1f} | {r:.2f}x |")
+        order = [alone, batched(False), batched(True)]
+        order = order[i % 3:] + order[:i % 3]  # interleaved: each way goes first in turn
+        results = {f: f() for f in order}
+        ra = results[alone]
+        same = all(all(x.final.val_accuracy == y.final.val_accuracy for x, y in zip(ra, res)) for res in results.values())
+        ta, tb, tc = timings["alone"], timings["batched"], timings["cross"]
+        rows.append((n, 60 * n / ta, 60 * n / tb, 60 * n / tc, ta / tb, ta / tc, same))
+        print(f"N={n:4d}  one at a time {60 * n / ta:7.1f} trials/min   batched {60 * n / tb:7.1f} ({ta / tb:4.2f}x)   "
+              f"batched, merges together {60 * n / tc:7.1f} ({ta / tc:4.2f}x)   same accuracies: {same}", flush=True)
+    print("\n| N | one at a time (trials/min) | batched | batched, merges together | batched / one at a time "
+          "| merges together / one at a time |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, fa, fb, fc, rb, rc, _ in rows:
+        print(f"| {n} | {fa:.1f} | {fb:.1f} | {fc:.1f} | {rb:.2f}x | {rc:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
    a tolerance (different kernels, so not bitwise), and the time of each.
 2. The distributed backend on CUDA (NCCL, one process per GPU) against the in-process
    backend on CUDA; and that asking for more processes than GPUs is refused clearly.
+3. A population on CUDA (every policy above as one member, merges applied together) against
+   each member run alone on CUDA. Trials per minute: benchmarks/bench_population.py --device cuda.
 
     python benchmarks/check_gpu.py [--data-dir DIR] [--study mnist-gossip]
 """
@@ -65,6 +67,20 @@ def main() -> None:
         print(f"{name:<26} dist {time.perf_counter() - t:6.2f} s  in-process acc {a.final.val_accuracy:.4f}  "
               f"dist acc {b.final.val_accuracy:.4f}  max |d acc| {compare(a, b):.5f}  "
               f"bytes equal {[h.bytes for h in a.history] == [h.bytes for h in b.history]}", flush=True)
+    from evomerge.engine.population import Member, run_population
+
+    print("\na population on CUDA (merges together) against each member alone on CUDA", flush=True)
+    pols = list(POLICIES.items())
+    t = time.perf_counter()
+    together = run_population(setup, [Member(p, 0) for _, p in pols], "cuda", cross=True)
+    tp = time.perf_counter() - t
+    t = time.perf_counter()
+    alone = [simulate.simulate(setup, p, 0, device="cuda") for _, p in pols]
+    ta = time.perf_counter() - t
+    for (name, _), a, b in zip(pols, alone, together):
+        print(f"{name:<26} alone acc {a.final.val_accuracy:.4f}  in the population {b.final.val_accuracy:.4f}  "
+              f"max |d acc| {compare(a, b):.5f}", flush=True)
+    print(f"{len(pols)} members: one at a time {ta:.2f} s, as one population {tp:.2f} s ({ta / tp:.2f}x)", flush=True)
     try:
         dist.simulate(setup, POLICIES["ring push-pull"], 0, device="cuda", procs=st.run.workers)
         print("more processes than GPUs: NOT refused")
