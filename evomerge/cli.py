@@ -460,6 +460,9 @@ def cmd_search(args) -> int:
     if result.interrupted:
         print("interrupted: finished trials are kept; run the same command again to resume", file=sys.stderr)
         return 130
+    if result.fatal:  # a worker process (--jobs N) stopped: as one process would (error: ..., exit 1 or 2)
+        print(f"error: {result.fatal[0][0]}", file=sys.stderr)
+        return max(code for _, code in result.fatal)
     return 0
 
 

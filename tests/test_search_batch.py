@@ -111,3 +111,27 @@ def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_on
     pa, pb = cma_points(tmp_path / "runs-a" / "tiny" / "optuna.db"), cma_points(db_b)
     assert len(pa) == len(pb) == 12
     assert pa == pb  # the interrupted generation asked again, the third proposed from the told state
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_search_whose_every_trial_fails_stops_in_one_line(tmp_path, data_dir, mnist, batch):
+    """Failed trials do not count toward n_trials: without a stop, a search whose every trial fails (a user's
+    objective or model that always raises) would ask again forever."""
+    from evomerge import study as study_mod
+    from evomerge.errors import RunError
+    from evomerge.search import config
+    from evomerge.search.loop import MAX_ERRORS
+
+    def broken(m):
+        raise ValueError("broken objective")
+
+    config.register_objective("consensus_distance", config.Objective("minimize", "broken", broken))
+    try:
+        s = study.load(write_study(tmp_path, steps=30, objectives=("consensus_distance",)))
+        with pytest.raises(RunError, match=f"the last {MAX_ERRORS} trials failed with an error .*broken objective"):
+            evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, batch=batch)
+    finally:
+        del config.OBJECTIVES["consensus_distance"]
+        del study_mod.OBJECTIVES["consensus_distance"]
+    st = states(tmp_path / "runs" / "tiny" / "optuna.db")
+    assert st == {"FAIL": MAX_ERRORS + (2 if batch == 3 else 0)}  # whole batches: 3 + 3 + 3 + 3

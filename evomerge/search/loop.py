@@ -13,11 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunError
 from .config import SearchConfig
 from .results import best_trials, count_states
 from .storage import load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
 from .trial import Interrupted, bare_record, mark_interrupted, run_batch, run_trial
+
+
+#: trials in a row that fail with an error before a search process stops (every trial failing, e.g. a user's
+#: model that raises, would otherwise be asked again forever: failed trials do not count toward n_trials)
+MAX_ERRORS = 10
 
 
 # -- the worker loop ---------------------------------------------------------------------------
@@ -54,6 +59,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
             dists = {k: v for k, v in dists.items() if k in {p.name for p in space_mod.numeric(space)}}
     engines: dict = {}
     Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    errors = 0  # trials of this process that failed with an error since the last one that finished
 
     while not should_stop():
         asked: list = []
@@ -100,6 +106,14 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
             raise
         for record in records:
             on_record(record)
+            if record.get("failure") == "error":
+                errors += 1
+                if errors >= MAX_ERRORS:
+                    last = record.get("error", "").splitlines()[0] if record.get("error") else "?"
+                    raise RunError(f"search stopped: the last {errors} trials failed with an error (the last: {last}); "
+                                   "finished trials are kept; fix the cause and run the same command again")
+            elif record.get("state") in ("COMPLETE", "PRUNED"):
+                errors = 0
 
 
 def _fail_orphans(ostudy, n_before: int) -> None:
@@ -132,8 +146,8 @@ def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
             queue.put(rec)
     except KeyboardInterrupt:
         pass
-    except ConfigError as e:
-        queue.put({"fatal": str(e)})
+    except (ConfigError, RunError) as e:
+        queue.put({"fatal": str(e), "exit": 2 if isinstance(e, ConfigError) else 1})
     finally:
         queue.put({"worker_done": worker})
 
@@ -190,6 +204,7 @@ class SearchResult:
     best: list[dict] = field(default_factory=list)
     parent_run_id: str | None = None
     errors: list[str] = field(default_factory=list)
+    fatal: list[tuple[str, int]] = field(default_factory=list)  # what stopped a worker process, and its exit status
     warm_start: dict | None = None  # the study's warm start (search/warmstart.py), if it has one
 
     @property
@@ -230,6 +245,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     def on_record(rec: dict) -> None:
         if "fatal" in rec:
             result.errors.append(rec["fatal"])
+            result.fatal.append((rec["fatal"], rec.get("exit", 1)))
             return
         rec["mlflow_run_id"] = tracker.log_trial(rec)
         result.records.append(rec)
