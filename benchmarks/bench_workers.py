@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = 2 ** 17
+SAMPLES = 2 ** 17  # --samples changes it
 
 
 def _rss_now_mb() -> float:
@@ -35,7 +35,7 @@ def _rss_now_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def one(workers: int, device: str, data_dir: str) -> dict:
+def one(workers: int, device: str, data_dir: str, samples: int = SAMPLES) -> dict:
     """One run with ``workers`` workers in this process; what it measured."""
     import resource
     import time
@@ -48,7 +48,7 @@ def one(workers: int, device: str, data_dir: str) -> dict:
 
     apply_threads()  # as the command line does: the idle cores when it starts, or $EVOMERGE_THREADS
     batch = 32
-    steps = max(10, SAMPLES // (workers * batch))
+    steps = max(10, samples // (workers * batch))
     s = study.from_dict({
         "study": {"name": f"workers-{workers}"},
         "data": {"dataset": "mnist", "val_size": 5000, "partition": "iid", "seed": 0},
@@ -82,10 +82,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=os.environ.get("EVOMERGE_DATA_DIR", str(ROOT.parent / "shared" / "data")))
+    ap.add_argument("--samples", type=int, default=SAMPLES,
+                    help=f"training samples per run (at least 10 local steps; default {SAMPLES})")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args()
     if args.one is not None:
-        print(json.dumps(one(args.one, args.device, args.data_dir)))
+        print(json.dumps(one(args.one, args.device, args.data_dir, args.samples)))
         return
     from evomerge.procs import default_threads
 
@@ -93,14 +95,15 @@ def main() -> None:
     results: dict[int, list[dict]] = {w: [] for w in args.workers}
     for rep in range(args.repeats):
         for w in args.workers:  # interleaved: a busy moment of the machine falls on every W alike
-            p = subprocess.run([sys.executable, __file__, "--one", str(w), "--device", args.device, "--data-dir", args.data_dir],
+            p = subprocess.run([sys.executable, __file__, "--one", str(w), "--device", args.device, "--data-dir", args.data_dir,
+                                "--samples", str(args.samples)],
                                capture_output=True, text=True, check=True)
             res = json.loads(p.stdout.strip().splitlines()[-1])
             results[w].append(res)
             print(f"  repeat {rep} W={w}: {res['us_per_sample']:.2f} us/sample, peak {res['rss_peak_mb']:.0f} MB", file=sys.stderr)
     base = statistics.median(r["us_per_sample"] for r in results[args.workers[0]])
     print(f"device {args.device}, {results[args.workers[0]][0]['threads']} torch threads, {args.repeats} repeats "
-          f"(medians), {SAMPLES} samples per run (at least 10 steps)")
+          f"(medians), {args.samples} samples per run (at least 10 steps)")
     head = ("W", "steps", "us/sample", f"vs W={args.workers[0]}", "eval share", "peak RSS MB", "RSS after setup MB",
             "run added MB", "CUDA peak MB", "val acc")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
