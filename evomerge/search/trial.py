@@ -319,7 +319,8 @@ def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]
         except KeyboardInterrupt:
             for r in runs:
                 r.interrupted()
-            raise Interrupted(*[r.finish() for r in runs if r.record.get("failure") == "interrupted"]) from None
+            # every record: the batch's trials that ended before the Ctrl-C (complete, pruned, failed) are logged too
+            raise Interrupted(*[r.finish() for r in runs]) from None
     return [r.finish() for r in runs]
 
 
