@@ -48,10 +48,10 @@ class Member:
 class _Run:
     """A member while it runs."""
 
-    def __init__(self, k: int, m: Member, setup: Setup, state: Workers, dev, tensors, val, t0: float):
+    def __init__(self, m: Member, setup: Setup, state: Workers, dev, tensors, val, t0: float):
         from ..backends.inprocess import InProcess
 
-        self.k, self.m = k, m
+        self.m = m
         self.backend = InProcess(setup, m.policy, m.seed, dev, state=state, tensors=tensors)
         self.st = state
         self.judge = Judge(setup, m.policy, m.seed, dev, tensors[0], t0, val=val)
@@ -87,27 +87,10 @@ class _Group:
         if not keep:
             self.runs, self.state = [], None
             return
-        old, model = self.state, self.state.params.model
-        rows = torch.as_tensor(np.concatenate([np.arange(i * W, (i + 1) * W) for i, r in enumerate(self.runs) if not r.done]),
-                               device=old.params.device)
-        new = object.__new__(Workers)
-        new.W, new.P, new.fused = len(keep) * W, old.P, old.fused
-        new.params = model.stack(new.W, old.params.device)
-        new.grad = new.params.like()
-        new.accum = new.params.like() if old.accum is not None else None
-        from .optim import Optimizer
-
-        new.optim = Optimizer(old.optim.run, new.params)
-        new.momentum = new.optim.momentum
+        rows = np.concatenate([np.arange(i * W, (i + 1) * W) for i, r in enumerate(self.runs) if not r.done])
+        new = self.state.take(rows.tolist())  # what a step touches, gathered
         new.merge_change = new.params.like()  # zeroed at every round's start: nothing to carry
         new.examples = new.base = new.model_at = None
-        pairs = [(old.params, new.params)] + ([(old.accum, new.accum)] if old.accum is not None else [])
-        pairs += list(zip(old.optim.stacks(), new.optim.stacks()))
-        for whole, part in pairs:
-            for b, pb in zip(whole.blocks, part.blocks):
-                torch.index_select(b, 0, rows, out=pb)
-        if old.optim.steps is not None:
-            new.optim.steps = old.optim.steps.index_select(0, rows.to(old.optim.steps.device))
         for i, r in enumerate(keep):
             r.st.point_at(new, i * W, (i + 1) * W)
         self.runs, self.state = keep, new
@@ -128,7 +111,7 @@ class _Group:
         x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
         W_all = self.state.W
         segments = [(k * W, (k + 1) * W) for k in range(W_all // W)]
-        losses = _local_step(setup, self.state, x, y, segments)
+        losses = local_step(setup, self.state, x, y, segments)
         for k, (r, pos) in enumerate(zip(self.runs, pools)):
             part = losses[k * W:(k + 1) * W]
             r.loss += part.mean(1).sum()
@@ -235,16 +218,6 @@ def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
             and model.n_trained_blocks == len(model.offsets))
 
 
-def _local_step(setup: Setup, st: Workers, x, y, segments) -> torch.Tensor:
-    """:func:`run.local_step` for a population state (Adam's bias correction decided per member)."""
-    model, run = setup.model, setup.study.run
-    losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
-    if losses is None:
-        losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
-        st.optim.step(st.params, st.grad, st.accum, segments=segments)
-    return losses
-
-
 def run_population(setup: Setup, members: list[Member], device: str | torch.device | None = None, *,
                    evaluate_test: bool = False, keep_params: bool = False,
                    cross: bool | None = None) -> list[RunResult | BaseException]:
@@ -275,7 +248,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
         group = []
         for i, k in enumerate(ks):
             st = whole.member(i * W, (i + 1) * W, members[k].policy, run)
-            runs[k] = _Run(k, members[k], setup, st, dev, tensors, val, t0)
+            runs[k] = _Run(members[k], setup, st, dev, tensors, val, t0)
             group.append(runs[k])
         groups.append(_Group(group, whole))
     bounds = round_bounds(T, run.rounds)
@@ -301,7 +274,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
                 g.merge(setup, start + i + 1, cross, *tensors)
         for g in groups:
             for x in g.runs:
-                _judge_round(x, r, end, steps, T)
+                _judge_round(x, r, end, steps, T, last=r == len(bounds) - 1)
                 x.idx = None
         start = end
         for g in groups:
@@ -312,32 +285,21 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     return [_result(x, setup, evaluate_test, keep_params, t0) for x in runs]
 
 
-def _judge_round(x: _Run, r: int, end: int, steps: int, T: int) -> None:
-    """What :func:`execute` does at the end of a round, for one member."""
-    local, merged = run_mod.update_norms(x.st, x.round_start, steps)
-    x.round_start = None
-    b = x.backend
-    loss, local, merged = b.totals(float(x.loss), local, merged)
-    rm = x.judge.round(r, end, steps, b.gather(), loss, local, merged, x.merger.bytes, x.merger.count,
-                       b.label_skew(), b.moved(), {}, 0.0)
-    x.history.append(rm)
-    if not x.judge.finite:
-        x.status, x.done = "diverged", True
+def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool) -> None:
+    """What :func:`execute` does at the end of a round (:func:`run.close_round`), for one member."""
+    try:
+        rm, _, outcome = run_mod.close_round(x.judge, x.backend, x.round_start, r, end, steps, x.loss, x.merger.bytes,
+                                             x.merger.count, {}, 0.0, T, x.m.callback)
+    except Exception as e:  # its callback raised: this member's outcome; the others go on
+        x.error, x.done = e, True
         return
-    if x.m.callback is not None:
-        try:
-            go = x.m.callback(rm)
-        except Exception as e:  # this member's outcome; the others go on
-            x.error, x.done = e, True
-            return
-        if go is False:
-            x.status, x.done = "stopped", True
-            return
-    b.end_round(r)
-    if x.judge.converged(rm, T):
-        x.converged, x.done = end, True
-    elif r == len(round_bounds(T, b.setup.study.run.rounds)) - 1:
-        x.done = True
+    x.round_start = None
+    x.history.append(rm)
+    if outcome in ("diverged", "stopped"):
+        x.status = outcome
+    elif outcome == "converged":
+        x.converged = end
+    x.done = outcome is not None or last
 
 
 def _result(x: _Run, setup: Setup, evaluate_test: bool, keep_params: bool, t0: float) -> RunResult | BaseException:

@@ -326,13 +326,15 @@ def train_steps(setup: Setup, st: Workers, workers, seed: int, start: int, end: 
     return loss_sum
 
 
-def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One local step of every row of ``st`` on its minibatch (``x`` normalised); the per-example losses."""
+def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor,
+               segments: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    """One local step of every row of ``st`` on its minibatch (``x`` normalised); the per-example losses.
+    ``segments``: the row ranges of separate runs (a population's members; see ``Optimizer.step``)."""
     model, run = setup.model, setup.study.run
     losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
     if losses is None:
         losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
-        st.optim.step(st.params, st.grad, st.accum)
+        st.optim.step(st.params, st.grad, st.accum, segments=segments)
     return losses
 
 
@@ -484,6 +486,28 @@ class Lockstep:
         return {}
 
 
+def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, end: int, steps: int, loss_sum,
+                sent: int, merges: int, timing: dict, horizon: float, total: int,
+                callback: Callable[[RoundMetrics], Any] | None) -> tuple[RoundMetrics | None, Any, str | None]:
+    """The end of round ``r`` on one backend: update norms, the run-wide totals and the gathered rows, then
+    where the backend judges the round's metrics, the callback (which may raise) and the decision. Returns
+    ``(metrics, stack, outcome)``: metrics None where the backend does not judge; outcome None to go on,
+    else ``diverged``, ``stopped`` (the callback returned False) or ``converged`` (the convergence stop)."""
+    local, merged = update_norms(backend.state, round_start, steps)
+    loss, local, merged = backend.totals(float(loss_sum), local, merged)
+    stack = backend.gather()
+    if judge is None:
+        return None, stack, None
+    rm = judge.round(r, end, steps, stack, loss, local, merged, sent, merges, backend.label_skew(), backend.moved(),
+                     timing, horizon)
+    if not judge.finite:
+        return rm, stack, "diverged"
+    if callback is not None and callback(rm) is False:
+        return rm, stack, "stopped"
+    backend.end_round(r)
+    return rm, stack, "converged" if judge.converged(rm, total) else None
+
+
 def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
             callback: Callable[[RoundMetrics], Any] | None = None, evaluate_test: bool = False,
             keep_params: bool = False, t0: float | None = None, emulate_time: bool = False) -> RunResult | None:
@@ -509,24 +533,16 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
         round_start = st.params.clone()
         st.merge_change.zero_()
         loss_sum, end, steps = driver.train_round(r)
-        local, merged = update_norms(st, round_start, steps)
-        loss, local, merged = backend.totals(float(loss_sum), local, merged)
-        stack = backend.gather()
-        go = True
-        if judge is not None:
-            rm = judge.round(r, end, steps, stack, loss, local, merged, driver.sent,
-                             driver.merges, backend.label_skew(), backend.moved(), driver.timing(r),
-                             driver.horizon if driver.timeline is not None else 0.0)
+        rm, stack, outcome = close_round(judge, backend, round_start, r, end, steps, loss_sum, driver.sent,
+                                         driver.merges, driver.timing(r),
+                                         driver.horizon if driver.timeline is not None else 0.0, T, callback)
+        if rm is not None:
             history.append(rm)
-            if not judge.finite:
-                status, go = "diverged", False
-            elif callback is not None and callback(rm) is False:
-                status, go = "stopped", False
-            else:
-                backend.end_round(r)
-                if judge.converged(rm, T):
-                    converged, go = end, False
-        if not backend.agree(go):
+            if outcome in ("diverged", "stopped"):
+                status = outcome
+            elif outcome == "converged":
+                converged = end
+        if not backend.agree(outcome is None):
             break
     if judge is None:
         return None
