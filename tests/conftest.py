@@ -127,3 +127,32 @@ def postgres_url():
         subprocess.run(as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
                        capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
+
+
+# -- test tiers ------------------------------------------------------------------------------------------
+# unit: no data, no processes (milliseconds); integration: in-process runs on small real data (the MNIST
+# files); system: the product end to end, marked by hand: processes (the CLI as a subprocess, ranks), servers,
+# a browser, PostgreSQL, and whole searches through the command. `pytest` runs unit + integration
+# (addopts: -m "not system"); `pytest -m "unit or integration or system"` runs everything, as CI does.
+DATA_FIXTURES = {"data_dir", "mnist"}
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each test process trains with one torch thread (``$EVOMERGE_THREADS``, default 1), so
+    two test processes on two cores do not fight over them; the commands the tests start inherit the setting."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("EVOMERGE_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(int(os.environ["EVOMERGE_THREADS"]))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by these markers
+def pytest_collection_modifyitems(config, items):
+    """Every test gets exactly one tier: ``system`` where marked, else ``integration`` where it needs the data,
+    else ``unit``."""
+    for item in items:
+        if item.get_closest_marker("system"):
+            continue
+        tier = "integration" if DATA_FIXTURES & set(item.fixturenames) else "unit"
+        item.add_marker(getattr(pytest.mark, tier))

@@ -15,7 +15,12 @@ def states(db):
         return dict(c.execute("select state, count(*) from trials group by state").fetchall())
 
 
-def cli(*args, cwd, data_dir, wait=True, env_extra=None):
+def cli(*args, cwd, data_dir, wait=True, env_extra=None, process=False):
+    """The evomerge command with ``args`` in folder ``cwd``: in this process (``cli.main``, the command's own
+    code, without paying a Python start-up per call) unless ``process`` is set or it must be signalled
+    (``wait=False``: the running subprocess is returned)."""
+    if wait and not process:
+        return _in_process(args, cwd, data_dir, env_extra or {})
     env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir), **(env_extra or {}))
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("EVOMERGE_RUNS_DIR", None)
@@ -23,6 +28,38 @@ def cli(*args, cwd, data_dir, wait=True, env_extra=None):
     if wait:
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)  # minutes on a loaded machine
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _in_process(args, cwd, data_dir, env_extra: dict) -> subprocess.CompletedProcess:
+    """``cli.main(args)`` run as the subprocess would be: in ``cwd``, with the same environment, its output
+    captured; the caller's folder and environment are restored afterwards."""
+    import contextlib
+    import io
+
+    from evomerge import cli as cli_mod
+
+    env = {"EVOMERGE_DATA_DIR": str(data_dir), **env_extra}
+    keys = {*env, "MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR"}
+    saved, here = {k: os.environ.get(k) for k in keys}, os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        os.environ.pop("EVOMERGE_RUNS_DIR", None)
+        os.environ.update(env)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli_mod.main([str(a) for a in args])
+            except SystemExit as e:  # argparse's usage errors
+                rc = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(here)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["evomerge", *args], rc, out.getvalue(), err.getvalue())
 
 
 def wait_for(pred, timeout=120):

@@ -58,6 +58,7 @@ def assert_same_history(a, b, rel=1e-5):
             assert y[key] == pytest.approx(v, rel=rel, abs=1e-6), (key, x["round"])
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("name", list(AGREEMENT))
 def test_distributed_agrees_with_inprocess(setup, name):
     policy, procs = AGREEMENT[name]
@@ -88,6 +89,7 @@ def test_encoded_payload_is_what_compress_sends():
         assert wire < 4000 or (fraction == 1.0 and bits == 0)
 
 
+@pytest.mark.system
 def test_callback_stops_the_ranks(setup):
     seen = []
 
@@ -108,6 +110,7 @@ def _raise_on_rank_one(rank, *args):
     time.sleep(60)
 
 
+@pytest.mark.system
 def test_a_raising_rank_is_named_and_the_others_stopped(setup):
     t = time.monotonic()
     with pytest.raises(dist.DistributedRunError, match=r"rank 1 .*ValueError: rank one fails on purpose") as e:
@@ -177,6 +180,7 @@ def long_distributed_run(tmp_path, data_dir):
             proc.kill()
 
 
+@pytest.mark.system
 def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
     with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         os.kill(ranks[2], signal.SIGKILL)  # ranks start in order, so pids are in rank order
@@ -191,6 +195,7 @@ def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
     assert [p for p in ranks if _alive(p)] == []
 
 
+@pytest.mark.system
 def test_cli_distributed_run_matches_inprocess(tmp_path, data_dir):
     study = write_study(tmp_path, workers=4, steps=60)
     outs = {}
@@ -205,6 +210,7 @@ def test_cli_distributed_run_matches_inprocess(tmp_path, data_dir):
     assert [h["val_accuracy"] for h in a] == pytest.approx([h["val_accuracy"] for h in b], abs=1e-6)
 
 
+@pytest.mark.system
 def test_torchrun_launch_matches_inprocess(tmp_path, data_dir, mnist):
     """The multi-host path (``torchrun ... -m evomerge.dist``), here with 2 processes of 2 workers on one host."""
     from conftest import _free_port
@@ -226,6 +232,7 @@ def test_torchrun_launch_matches_inprocess(tmp_path, data_dir, mnist):
     assert "round 1:" in r.stdout
 
 
+@pytest.mark.system
 def test_torchrun_entry_refuses_without_environment(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     r = subprocess.run([sys.executable, "-m", "evomerge.dist", "--study", "mnist-gossip", "--policy", "fedavg"],
@@ -234,6 +241,7 @@ def test_torchrun_entry_refuses_without_environment(tmp_path):
     assert r.stderr.strip() == "error: RANK: is not set; launch with torchrun (or use `evomerge run --backend distributed`)"
 
 
+@pytest.mark.system
 def test_distributed_search_proposes_and_scores_like_inprocess(tmp_path, data_dir, mnist):
     import evomerge
     from evomerge import study as study_mod
@@ -249,6 +257,8 @@ def test_distributed_search_proposes_and_scores_like_inprocess(tmp_path, data_di
     assert [r["values"][0] for r in b] == pytest.approx([r["values"][0] for r in a], abs=1e-6)
 
 
+@pytest.mark.system
+@pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_dir):
     import sqlite3
 
@@ -279,6 +289,7 @@ def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_
     assert [p for p in ranks if _alive(p)] == []
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("flags, message", [
     (["--backend", "mpi"], "error: --backend: unknown 'mpi'; allowed: inprocess, distributed"),
     (["--procs", "2"], "error: --procs: applies to --backend distributed only"),
@@ -294,6 +305,7 @@ def test_bad_backend_flags_get_one_line(tmp_path, data_dir, flags, message):
     assert not (tmp_path / "runs").exists()  # refused before any store was made
 
 
+@pytest.mark.system
 def test_ctrl_c_stops_every_rank(tmp_path, data_dir):
     with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         proc.send_signal(signal.SIGINT)
@@ -322,6 +334,7 @@ def user_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.system
 def test_distributed_runs_a_users_model_with_adamw_as_inprocess(mnist, user_folder):
     """The ranks import the factory again from the study's folder (the model pickles by reference)."""
     import dataclasses
@@ -341,6 +354,7 @@ def test_distributed_runs_a_users_model_with_adamw_as_inprocess(mnist, user_fold
     torch.testing.assert_close(b.params, a.params, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.system
 def test_distributed_refuses_buffers_and_optimizer_state_in_one_line(mnist, user_folder):
     import dataclasses
 

@@ -24,6 +24,7 @@ def tiny_study_file(tmp_path_factory):
     return write_study(tmp_path_factory.mktemp("studies"), steps=40)
 
 
+@pytest.mark.system
 def test_run_prints_the_table_and_writes_json(tmp_path, data_dir, tiny_study_file):
     out = tmp_path / "r.json"
     p = evomerge("run", "--study", str(tiny_study_file), "--policy", "ring-gossip", "--json", str(out), data_dir=data_dir)
@@ -36,6 +37,7 @@ def test_run_prints_the_table_and_writes_json(tmp_path, data_dir, tiny_study_fil
     assert r["policy"]["name"] == "ring-gossip" and r["policy"]["mean_interval"] == 10.0
 
 
+@pytest.mark.system
 def test_same_command_same_numbers(tmp_path, data_dir, tiny_study_file):
     outs = []
     for i in range(2):
@@ -47,6 +49,7 @@ def test_same_command_same_numbers(tmp_path, data_dir, tiny_study_file):
     assert strip[0] == strip[1]
 
 
+@pytest.mark.system
 def test_baselines_prints_one_row_each(data_dir, tiny_study_file):
     p = evomerge("baselines", "--study", str(tiny_study_file), "--quiet", data_dir=data_dir)
     assert p.returncode == 0, p.stderr
@@ -54,6 +57,7 @@ def test_baselines_prints_one_row_each(data_dir, tiny_study_file):
     assert [r.split("│")[1].strip() for r in rows] == ["no-merging", "ring-gossip"]
 
 
+@pytest.mark.system
 def test_shipped_policy_runs_on_the_shipped_study_from_any_directory(tmp_path, data_dir):
     p = evomerge("run", "--study", "mnist-gossip", "--policy", "ring-gossip", "--quiet", data_dir=data_dir, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -61,6 +65,7 @@ def test_shipped_policy_runs_on_the_shipped_study_from_any_directory(tmp_path, d
     assert acc > 0.85
 
 
+@pytest.mark.system
 def test_policy_schema_is_json():
     p = evomerge("policy", "schema")
     assert p.returncode == 0 and json.loads(p.stdout)["title"] == "evomerge merge policy"
@@ -79,15 +84,22 @@ BAD_POLICIES = {
 }
 
 
+def main(capsys, *args) -> tuple[int, str, str]:
+    """The command in this process (``cli.main``): its exit status, stdout and stderr."""
+    rc = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
 @pytest.mark.parametrize("case", list(BAD_POLICIES))
-def test_bad_policy_files_exit_2_with_one_line(tmp_path, tiny_study_file, case):
+def test_bad_policy_files_exit_2_with_one_line(tmp_path, tiny_study_file, case, capsys):
     text, words = BAD_POLICIES[case]
     f = tmp_path / "bad.json"
     f.write_text(text)
-    p = evomerge("run", "--study", str(tiny_study_file), "--policy", str(f))
-    assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: ") and words in p.stderr
-    assert "Traceback" not in p.stderr
+    rc, _, err = main(capsys, "run", "--study", str(tiny_study_file), "--policy", str(f))
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and words in err
+    assert "Traceback" not in err
 
 
 BAD_STUDIES = {
@@ -101,15 +113,16 @@ BAD_STUDIES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_STUDIES))
-def test_bad_study_files_exit_2_with_one_line(tmp_path, case):
+def test_bad_study_files_exit_2_with_one_line(tmp_path, case, capsys):
     text, words = BAD_STUDIES[case]
     f = tmp_path / "bad.toml"
     f.write_text(text)
-    p = evomerge("run", "--study", str(f), "--policy", "ring-gossip")
-    assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and words in p.stderr and "Traceback" not in p.stderr
+    rc, _, err = main(capsys, "run", "--study", str(f), "--policy", "ring-gossip")
+    assert rc == 2
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err
 
 
+@pytest.mark.system
 def test_missing_data_exits_2_naming_the_files(tmp_path, tiny_study_file):
     env_dir = tmp_path / "no-data"
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", str(tiny_study_file), "--policy", "ring-gossip",
@@ -126,6 +139,7 @@ def test_validate_describes_a_good_policy(tmp_path):
     assert cli.main(["policy", "validate", str(f)]) == 0
 
 
+@pytest.mark.system
 def test_cli_does_not_import_torch_for_help_or_bad_input(tmp_path):
     f = tmp_path / "bad.json"
     f.write_text("{")
@@ -136,6 +150,7 @@ def test_cli_does_not_import_torch_for_help_or_bad_input(tmp_path):
 
 
 # -- a new user's own study files (issue 14) -------------------------------------------------------
+@pytest.mark.system
 def test_baselines_of_a_study_copied_out_of_its_folder_use_the_shipped_policies(tmp_path, data_dir):
     import shutil
 
@@ -151,6 +166,7 @@ def test_baselines_of_a_study_copied_out_of_its_folder_use_the_shipped_policies(
     assert json.loads(out.read_text())["baselines"]["fedavg"]["policy"]["mean_interval"] == 50.0
 
 
+@pytest.mark.system
 def test_an_unknown_baseline_is_refused_before_any_trial(tmp_path):
     f = write_study(tmp_path, name="typo")
     f.write_text(f.read_text().replace('"ring-gossip"]', '"ring-gosip"]'))
@@ -160,6 +176,7 @@ def test_an_unknown_baseline_is_refused_before_any_trial(tmp_path):
     assert p.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.system
 def test_schema_version_zero_is_refused(tmp_path):
     f = tmp_path / "p.json"
     f.write_text('{"schema_version": 0}')
@@ -168,6 +185,7 @@ def test_schema_version_zero_is_refused(tmp_path):
     assert p.stderr == "error: policy.schema_version: 0 is out of range; allowed: [1, 3]\n"
 
 
+@pytest.mark.system
 def test_a_four_worker_copy_of_the_shipped_study_runs_every_trial(tmp_path, data_dir):
     """The shipped space samples random_regular with the fixed degree 4: impossible with 4 workers
     (3 of 8 trials used to fail). The load resolves it (degree 3); every trial runs. Here the space's

@@ -49,7 +49,7 @@ def user_study(folder, name="mine", loader="digits_models:load", factory="digits
     return f
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_user_factory_and_loader_outside_the_project_run_search_and_export(tmp_path):
     study = user_study(tmp_path / "elsewhere")
     work = tmp_path / "cwd"  # neither the project nor the study's folder: the study's folder is looked in first
@@ -129,6 +129,7 @@ def bad_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("case", list(CASES))
 def test_user_code_errors_are_one_line_exit_2_before_any_trial(bad_folder, case, tmp_path):
     change, line = CASES[case]
@@ -139,6 +140,7 @@ def test_user_code_errors_are_one_line_exit_2_before_any_trial(bad_folder, case,
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
+@pytest.mark.system
 def test_a_search_on_a_broken_factory_stops_before_any_trial(bad_folder, tmp_path):
     study = user_study(bad_folder, name="broken-search", factory="bad:wants_ten_features", options="{}")
     runs = tmp_path / "runs"

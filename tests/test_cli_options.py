@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import evomerge
 from evomerge import cli
 
@@ -70,6 +72,7 @@ def test_every_option_states_its_default_and_every_command_ends_with_an_example(
     assert "EVOMERGE_DATA_DIR" in top and "EVOMERGE_RUNS_DIR" in top and "example:" in top
 
 
+@pytest.mark.system
 def test_help_answers_with_the_example_through_the_real_command():
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", "status", "--help"], capture_output=True, text=True,
                        timeout=60)
@@ -79,6 +82,7 @@ def test_help_answers_with_the_example_through_the_real_command():
     assert "example:\n  evomerge status --study mnist-gossip" in p.stdout
 
 
+@pytest.mark.system
 def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path):
     import pytest
 

@@ -89,6 +89,7 @@ def searched(tmp_path_factory, data_dir):
     return d, s
 
 
+@pytest.mark.system
 def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_path):
     d, s = searched
     study_dir = d / "runs" / "tiny"
@@ -130,6 +131,7 @@ def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_pat
     assert "evomerge ui --study" in text and "workflowType=machine_learning" in text
 
 
+@pytest.mark.system
 def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
     s = study.load(write_study(tmp_path))
     import optuna
@@ -151,6 +153,7 @@ def test_pareto_front_keeps_only_non_dominated_points():
     assert [k for _, _, k in dashboard.pareto_2d(pts)] == ["e", "b", "d"]
 
 
+@pytest.mark.system
 def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     import subprocess
     import sys
@@ -163,6 +166,7 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     assert f"wrote {tmp_path / 'out' / 'index.html'}" in p.stdout and (tmp_path / "out" / "index.html").is_file()
 
 
+@pytest.mark.system
 def test_the_browser_check_catches_a_broken_page(tmp_path):
     """Negative control: a script error and an undrawn plot are seen by the same check."""
     (tmp_path / "broken.html").write_text('<html><body><section id="history"><div class="js-plotly-plot"></div></section>'
@@ -171,7 +175,7 @@ def test_the_browser_check_catches_a_broken_page(tmp_path):
     assert console == ["boom"] and len(errors) == 1 and drawn == {"history": False}
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_diverged_trials_are_marked_and_kept_off_the_pareto_front(tmp_path, data_dir):
     """A real search whose runs blow up (lr = 1e30): Optuna stores them as complete, with accuracy 0 and few
     bytes (a run that stops early sends little), which would look Pareto-optimal. The dashboard marks them

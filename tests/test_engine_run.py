@@ -16,7 +16,7 @@ def setup(mnist):
     return simulate.prepare(tiny_study(), data=mnist)
 
 
-@pytest.mark.parametrize("backend", ["inprocess", "distributed"])
+@pytest.mark.parametrize("backend", ["inprocess", pytest.param("distributed", marks=pytest.mark.system)])
 def test_convergence_stop_ends_a_run_whose_learning_rate_is_zero(mnist, backend):
     from evomerge.backends import runner
 

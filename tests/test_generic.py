@@ -82,9 +82,13 @@ def test_batchnorm_model_without_merging_equals_w_modules_with_adamw(bn):
     for w in range(bn.study.run.workers):
         alone = reference.train_alone(bn, 4, w)
         row = bn.model.row_of(alone)
-        # Adam divides by small second moments: float differences of the batched ops grow to ~1e-4 in 40 steps,
-        # while training moved the parameters by ~0.1-1 (a missing running-statistics update is off by ~0.1)
-        assert torch.allclose(res.params[w], row, rtol=1e-3, atol=1e-3), (w, (res.params[w] - row).abs().max())
+        # Adam divides by small second moments: float differences of the batched ops grow in 40 steps, to ~1e-4
+        # with 2 threads and to 1.5e-3 (parameters) and 8e-3 (a running variance) with 1 thread, whose kernels
+        # sum in another order; training moved the parameters by ~0.1-1, and a missing running-statistics
+        # update is off by ~0.1
+        n = bn.model.n_train
+        assert torch.allclose(res.params[w, :n], row[:n], rtol=5e-3, atol=5e-3), (w, (res.params[w] - row).abs().max())
+        assert torch.allclose(res.params[w, n:], row[n:], rtol=0, atol=2e-2), (w, (res.params[w] - row).abs().max())
     assert float(res.params[0, -1]) == bn.total_steps  # num_batches_tracked counted every step
     assert not torch.equal(res.params[0, -9:-5], torch.zeros(4))  # running means moved
 

@@ -33,7 +33,7 @@ def trials(url):
     return list(out.values())
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp_path, data_dir, postgres_url):
     f = write_study(tmp_path, steps=3000)  # trials of a few seconds with three processes on two cores
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"EVOMERGE_DATA_DIR": str(data_dir)}

@@ -42,6 +42,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("how, sig, rc", [("exit", None, 0), ("raise", None, 1), ("wait", signal.SIGTERM, 143),
                                           ("wait", signal.SIGHUP, 129), ("wait", signal.SIGINT, 130)])
 def test_every_group_is_stopped_however_the_parent_ends(tmp_path, how, sig, rc):
@@ -69,6 +70,7 @@ def test_every_group_is_stopped_however_the_parent_ends(tmp_path, how, sig, rc):
             parent.wait()
 
 
+@pytest.mark.system
 def test_a_second_signal_does_not_cut_the_cleanup_short(tmp_path):
     # the child ignores SIGTERM: only SIGKILL after the grace period stops it; a second SIGTERM to the
     # parent meanwhile must not leave it running

@@ -34,6 +34,7 @@ def test_schema_two_reads_version_one_files(tmp_path):
         MergePolicy(regroup_every=2)
 
 
+@pytest.mark.system
 def test_distributed_backend_refuses_what_it_cannot_run(tmp_path, data_dir):
     study = write_study(tmp_path, workers=4)
     pol = tmp_path / "swap.json"
@@ -46,6 +47,7 @@ def test_distributed_backend_refuses_what_it_cannot_run(tmp_path, data_dir):
                                 "swapped between workers); allowed: 0, or --backend inprocess")
 
 
+@pytest.mark.system
 def test_the_new_fields_are_searchable(tmp_path, mnist):
     import evomerge
     from evomerge import study as study_mod

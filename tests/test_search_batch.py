@@ -81,6 +81,8 @@ def test_a_trial_that_fails_fails_alone_and_the_batch_goes_on(tmp_path, data_dir
     assert res.counts["COMPLETE"] == 3  # a failed trial does not count: more were asked until three completed
 
 
+@pytest.mark.system
+@pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_one_does(tmp_path, data_dir):
     f = write_study(tmp_path, steps=3000)  # populations of a few seconds: the signal lands inside one
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "4", "--cmaes-categoricals", "fixed",

@@ -33,6 +33,7 @@ def test_cmaes_refuses_multi_objective(tmp_path):
         config.make_config(s, sampler="cmaes")
 
 
+@pytest.mark.system
 def test_nsga2_on_a_single_objective_study_is_refused_in_one_line(tmp_path, data_dir):
     f = write_study(tmp_path)
     p = cli("search", "--study", str(f), "--sampler", "nsga2", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)

@@ -65,6 +65,7 @@ def test_a_bad_trial_fails_alone_and_the_search_goes_on(tmp_path, data_dir):
     assert failed and all("the broken rule raised" in r["error"] for r in failed)
 
 
+@pytest.mark.system
 def test_unreachable_tracking_server_is_reported_before_any_trial(tmp_path, data_dir):
     s = study.load(write_study(tmp_path))
     with pytest.raises(ConfigError, match="cannot reach the MLflow server"):
@@ -99,6 +100,7 @@ def interrupt_mid_trial(proc, db, after_complete):
     return proc.returncode, out, err
 
 
+@pytest.mark.system
 def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
     f = write_study(tmp_path, steps=6000)  # trials of a few seconds: the signal lands inside one
     db = tmp_path / "runs" / "tiny" / "optuna.db"
@@ -118,6 +120,8 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
     assert len(numbers) == len(set(numbers)) == 6
 
 
+@pytest.mark.system
+@pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     f = write_study(tmp_path, steps=6000)  # trials of a few seconds: the signal lands inside one
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "4", "--cmaes-categoricals", "fixed",
@@ -135,6 +139,7 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     assert pa == pb  # the third generation was proposed from the told state, as if never interrupted
 
 
+@pytest.mark.system
 def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
     f = write_study(tmp_path, steps=60)
     p = cli("search", "--study", str(f), "--n-trials", "8", "--jobs", "2", "--sampler", "random", "--quiet",
@@ -147,6 +152,7 @@ def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
 
 
 
+@pytest.mark.system
 def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(tmp_path, data_dir):
     from procutil import children, in_group, wait_gone
 

@@ -75,6 +75,7 @@ def _parent_params(tmp_path):
     return runs[0].data.params
 
 
+@pytest.mark.system
 def test_an_unknown_pruner_is_one_line_naming_the_allowed_ones(tmp_path, data_dir):
     f = write_study(tmp_path)
     p = cli("search", "--study", str(f), "--pruner", "asha", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)

@@ -3,6 +3,7 @@
 import json
 
 import optuna
+import pytest
 
 import evomerge
 from conftest import write_study
@@ -12,6 +13,7 @@ from searchutil import cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+@pytest.mark.system
 def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data_dir):
     f = write_study(tmp_path, seeds=(3, 4))
     assert cli("search", "--study", str(f), "--n-trials", "4", "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
@@ -34,6 +36,7 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
     assert re["seeds"] == [1004, 1005] and all(0 < r["test_accuracy"] <= 1 for r in re["runs"])
 
 
+@pytest.mark.system
 def test_status_and_pareto_export(tmp_path, data_dir):
     f = write_study(tmp_path, objectives=("val_accuracy", "bytes"))
     assert cli("search", "--study", str(f), "--n-trials", "5", "--sampler", "nsga2", "--quiet", cwd=tmp_path,
@@ -50,6 +53,7 @@ def test_status_and_pareto_export(tmp_path, data_dir):
         assert results.dominated_count(a, pts, ["maximize", "minimize"]) == 0
 
 
+@pytest.mark.system
 def test_status_of_an_unsearched_study_is_one_line(tmp_path, data_dir):
     f = write_study(tmp_path)
     p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
@@ -81,6 +85,7 @@ def test_diverged_trials_are_never_best_nor_pareto_optimal(tmp_path):
     assert [b["number"] for b in best] == [2, 0] and all(b["run_status"] == "ok" for b in best)
 
 
+@pytest.mark.system
 def test_results_do_not_import_the_search_loop():
     import subprocess
     import sys

@@ -21,6 +21,7 @@ def _study_attr(db, key):
     return json.loads(row[0]) if row else None
 
 
+@pytest.mark.system
 def test_a_changed_study_under_its_old_name_is_refused_in_one_line(tmp_path, data_dir):
     f = write_study(tmp_path)
     db = tmp_path / "runs" / "tiny" / "optuna.db"
@@ -48,6 +49,7 @@ def test_a_changed_study_under_its_old_name_is_refused_in_one_line(tmp_path, dat
     assert states(tmp_path / "runs-4" / "tiny" / "optuna.db") == {"COMPLETE": 2}
 
 
+@pytest.mark.system
 def test_description_size_and_sampler_changes_are_not_mismatches(tmp_path, data_dir):
     f = write_study(tmp_path)
     args = ["search", "--study", str(f), "--quiet"]
@@ -60,6 +62,7 @@ def test_description_size_and_sampler_changes_are_not_mismatches(tmp_path, data_
         states(tmp_path / "runs" / "tiny" / "optuna.db").get("PRUNED", 0) == 3
 
 
+@pytest.mark.system
 def test_a_study_stored_before_fingerprints_adopts_one_silently(tmp_path, data_dir):
     f = write_study(tmp_path)
     db = tmp_path / "runs" / "tiny" / "optuna.db"
@@ -111,6 +114,7 @@ def _api(tmp_path, data_dir, setup="", n=1):
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
 
+@pytest.mark.system
 def test_the_python_api_does_not_print_optunas_existing_study_line(tmp_path, data_dir):
     p = _api(tmp_path, data_dir)
     assert p.returncode == 0, p.stderr
@@ -119,6 +123,7 @@ def test_the_python_api_does_not_print_optunas_existing_study_line(tmp_path, dat
     assert f"verbosity {20}" in p.stdout  # INFO: the caller's (here Optuna's default) level is untouched
 
 
+@pytest.mark.system
 def test_the_api_leaves_a_callers_optuna_logging_alone(tmp_path, data_dir):
     p = _api(tmp_path, data_dir, setup="optuna.logging.set_verbosity(optuna.logging.DEBUG)")
     assert p.returncode == 0, p.stderr
@@ -136,6 +141,7 @@ def test_the_study_names_its_metrics_for_optuna_dashboard(tmp_path, data_dir):
     assert ost.metric_names == ["val_accuracy", "bytes"]
 
 
+@pytest.mark.system
 def test_the_lock_file_excludes_other_processes(tmp_path):
     lock = tmp_path / "s" / "search.lock"
     holder = subprocess.Popen([sys.executable, "-c", (
@@ -155,6 +161,7 @@ def test_the_lock_file_excludes_other_processes(tmp_path):
         holder.wait()
 
 
+@pytest.mark.system
 def test_a_lock_held_by_a_killed_process_is_released(tmp_path):
     lock = tmp_path / "search.lock"
     holder = subprocess.Popen([sys.executable, "-c", (

@@ -3,6 +3,8 @@
 import json
 import sqlite3
 
+import pytest
+
 from conftest import write_study
 from evomerge.search import results, trial
 from searchutil import cli, edit_study
@@ -28,6 +30,7 @@ def _attrs(db):
     return out
 
 
+@pytest.mark.system
 def test_diverged_trials_are_marked_and_kept_off_best_and_the_pareto_set(tmp_path, data_dir):
     # a huge learning rate: every run's loss goes non-finite within the first round
     f = edit_study(write_study(tmp_path, objectives=("val_accuracy", "bytes")), "[run]\n", "[run]\nlr = 1e6\n")

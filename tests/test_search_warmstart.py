@@ -29,7 +29,7 @@ def _source(tmp_path, data_dir, n=5):
     return best_first
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_warm_start_evaluates_exactly_the_source_completed_trials_first(tmp_path, data_dir):
     src = _source(tmp_path, data_dir)
     f = write_study(tmp_path, name="tgt")
@@ -59,7 +59,6 @@ def _source_named(tmp_path, data_dir, name):
     evomerge.search(s, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
 
 
-@pytest.mark.slow
 def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
     src = _source(tmp_path, data_dir, n=10)
     s = study.load(write_study(tmp_path, name="tgt"))
@@ -85,6 +84,7 @@ def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
     assert more.warm_start == warm and {r["cma"]["cma_generation"] for r in more.records} == {1}
 
 
+@pytest.mark.system
 def test_bad_sources_are_refused_in_one_line_before_any_trial(tmp_path, data_dir):
     f = write_study(tmp_path, name="tgt")
     p = cli("search", "--study", str(f), "--warm-start-from", "elsewhere", cwd=tmp_path, data_dir=data_dir)

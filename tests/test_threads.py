@@ -20,6 +20,7 @@ def test_an_explicit_thread_count_wins_and_a_bad_one_names_the_variable(monkeypa
         procs.default_threads()
 
 
+@pytest.mark.system
 def test_idle_cores_drop_while_another_process_keeps_a_core_busy(monkeypatch):
     monkeypatch.delenv("EVOMERGE_THREADS", raising=False)
     cores = os.cpu_count() or 1

@@ -168,6 +168,7 @@ def write(tmp_path, name="tiny-timed", **changes):
     return f
 
 
+@pytest.mark.system
 def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     f = write(tmp_path)
     p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--json", str(tmp_path / "r.json"),
@@ -181,6 +182,7 @@ def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     assert "sim time" in p.stdout and "time to 0.5" in p.stdout and "allreduce" in p.stdout
 
 
+@pytest.mark.system
 def test_a_search_minimises_time_to_target_and_logs_time_per_round(tmp_path, data_dir):
     import optuna
 
@@ -222,6 +224,7 @@ BAD = [
 ]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("key, value, why", BAD)
 def test_bad_environment_values_exit_2_naming_the_field(tmp_path, key, value, why):
     f = write(tmp_path, "bad", **{key: value})
@@ -232,6 +235,7 @@ def test_bad_environment_values_exit_2_naming_the_field(tmp_path, key, value, wh
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.system
 def test_a_target_outside_0_1_and_a_retired_objective_exit_2(tmp_path):
     for old, new, field in [("target = 0.5", "target = 1.5", "study.objectives.target"),
                             ('metrics = ["time_to_target"]', 'metrics = ["wall_time"]', "study.objectives.metrics")]:
@@ -241,6 +245,7 @@ def test_a_target_outside_0_1_and_a_retired_objective_exit_2(tmp_path):
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and field in p.stderr, p.stderr
 
 
+@pytest.mark.system
 def test_emulated_time_needs_the_distributed_backend(tmp_path, data_dir):
     p = cli("run", "--study", str(write(tmp_path)), "--policy", "ring-gossip", "--emulate-time", cwd=tmp_path,
             data_dir=data_dir)
@@ -270,7 +275,7 @@ def setup4(mnist):
     return simulate.prepare(tiny_study(workers=4, rounds=3, steps=30), data=mnist)
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("name, procs", [("push-pull-winner-examples", 4), ("allreduce-examples", 2)])
 def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, name, procs):
     from evomerge.backends import distributed
@@ -291,6 +296,7 @@ def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, na
     assert torch.allclose(a.params, b.params, atol=1e-5)
 
 
+@pytest.mark.system
 def test_distributed_refuses_delta_payloads_on_a_clock_in_one_line(tmp_path, data_dir):
     (tmp_path / "delta.json").write_text(json.dumps({"payload": "delta", "topk_fraction": 0.1}))
     p = cli("run", "--study", str(write(tmp_path)), "--policy", str(tmp_path / "delta.json"), "--backend", "distributed",
@@ -298,7 +304,7 @@ def test_distributed_refuses_delta_payloads_on_a_clock_in_one_line(tmp_path, dat
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "policy.payload" in p.stderr, p.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_emulated_time_paces_the_ranks_to_the_simulated_clock(setup4):
     from evomerge.backends import distributed
 

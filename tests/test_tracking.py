@@ -68,7 +68,7 @@ def mlflow_server(tmp_path_factory):
     assert proc.poll() is not None
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir, mlflow_server):
     from mlflow import MlflowClient
 
@@ -98,7 +98,7 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
         assert c.data.metrics["final_val_accuracy"] == pytest.approx(rec["values"][0])
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_evomerge_ui_serves_the_study_store_and_stops_on_ctrl_c(tmp_path, data_dir):
     f = write_study(tmp_path)
     evomerge.search(study.load(f), n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
@@ -169,7 +169,7 @@ def test_pruned_failed_and_diverged_trials_are_told_apart_in_the_runs_list(tmp_p
     assert "params.`mixing_weight`" in view["selectedColumns"]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path, data_dir, mlflow_server):
     """The review the product promises, in headless Chromium against the real server: the study's runs list
     (not MLflow's GenAI view) shows every trial and its validation accuracy without "Show more columns"; the

@@ -23,6 +23,7 @@ def small(tmp_path, data_dir):
     return f, res
 
 
+@pytest.mark.system
 def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, small):
     f, res = small
     big = write_study(tmp_path, name="big", workers=8, steps=40)
@@ -66,6 +67,7 @@ def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, 
     assert page.count("<tr><td>") >= 4  # one row per re-run policy
 
 
+@pytest.mark.system
 def test_transfer_refuses_what_cannot_be_ranked(tmp_path, data_dir, small):
     f, _ = small
     s = study.load(f)
