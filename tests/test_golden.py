@@ -1,0 +1,130 @@
+"""Golden runs: the per-round metrics and final parameters of the shipped baselines and the reference
+policies, committed before the merge code was rewritten as one kernel, checked bit for bit on the CPU
+with one torch thread (the thread count changes how kernels sum, so the bits), in process, on a free
+simulated clock and in a population (the distributed backend is held against the in-process one by its
+own tests).
+
+``python tests/test_golden.py --write`` records them again; do that only for a change that is meant to
+change the numbers, and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import DATA_DIR, tiny_study  # noqa: E402
+from test_backends_inprocess import POLICIES as REFERENCE  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "runs.json"
+BASELINES = ["no-merging", "fedavg", "allreduce", "ring-gossip"]
+SEED = 3
+
+
+def _setup(mnist):
+    from evomerge import simulate
+
+    return simulate.prepare(tiny_study(workers=6, rounds=4), data=mnist)
+
+
+def _policies(setup):
+    out = {name: setup.study.resolve_policy(name) for name in BASELINES}
+    out.update(REFERENCE)
+    return out
+
+
+def _record(res) -> dict:
+    hist = [{k: v for k, v in dataclasses.asdict(h).items() if k != "wall_time" and v is not None} for h in res.history]
+    return {"status": res.status, "history": hist,
+            "params": hashlib.sha256(res.params.contiguous().numpy().tobytes()).hexdigest()}
+
+
+def _timed(policy) -> bool:
+    from evomerge.policy import TIMED_UNSUPPORTED
+
+    return not any(getattr(policy, f) for f in TIMED_UNSUPPORTED)
+
+
+def _run(setup, policy, mode: str) -> dict:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_on_one_thread(setup, policy, mode)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_on_one_thread(setup, policy, mode: str) -> dict:
+    from evomerge import simulate
+    from evomerge.engine.population import Member, run_population
+    from evomerge.study import EnvSpec
+
+    if mode == "inprocess":
+        return _record(simulate.simulate(setup, policy, SEED, device="cpu", keep_params=True))
+    if mode == "clock":
+        env = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.25)))
+        rec = _record(simulate.simulate(env, policy, SEED, device="cpu", keep_params=True))
+        for h in rec["history"]:  # the clock's own fields; the rest must be the lockstep run's
+            for k in ("sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness",
+                      "time_to_target", "accuracy_at_time"):
+                h.pop(k, None)
+        return rec
+    if mode == "population":
+        return _record(run_population(setup, [Member(policy, SEED)], device="cpu", keep_params=True)[0])
+    raise ValueError(mode)
+
+
+MODES = ("inprocess", "clock", "population")
+
+
+def _cases(policies):
+    return [(name, mode) for name, pol in policies.items() for mode in MODES if mode != "clock" or _timed(pol)]
+
+
+def _names():
+    from evomerge.policy import MergePolicy  # noqa: F401  (imported lazily at collection)
+
+    return [n for n in BASELINES] + list(REFERENCE)
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def setup(mnist):
+    return _setup(mnist)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", _names())
+def test_runs_keep_their_golden_numbers(setup, golden, name, mode):
+    policy = _policies(setup)[name]
+    key = f"{name}/{mode}"
+    if mode == "clock" and not _timed(policy):
+        assert key not in golden
+        return
+    got = _run(setup, policy, mode)
+    want = golden[key]
+    assert got["status"] == want["status"]
+    assert got["history"] == want["history"], key  # exact: floats written by json round-trip
+    assert got["params"] == want["params"], key
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    from evomerge import data
+
+    mnist = data.load("mnist", DATA_DIR, val_size=1000, train_size=4000, split_seed=0)
+    s = _setup(mnist)
+    out = {f"{n}/{m}": _run(s, p, m) for n, p in _policies(s).items() for m in MODES if m != "clock" or _timed(p)}
+    GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(out)} runs to {GOLDEN}")
