@@ -249,7 +249,7 @@ class Stack:
     ``buf`` is 1-D; parameter k occupies a contiguous ``[W, *shape_k]`` block of it.
     ``params`` are those blocks; a worker's parameters as one flat row ``[P]`` (in the
     model's layout order, as ``nn.Module.parameters()`` flattens them) are read with
-    :meth:`row` and written with :meth:`set_row` / :meth:`lerp_row_`.
+    :meth:`row` and written with :meth:`set_row`.
     """
 
     def __init__(self, model: StackedModel, workers: int, device=None, buf: torch.Tensor | None = None):
@@ -324,16 +324,6 @@ class Stack:
     def set_row(self, w: int, row: torch.Tensor) -> None:
         for b, (o, n) in zip(self.blocks, self.model.offsets):
             b[w].copy_(row[o:o + n])
-
-    def lerp_row_(self, w: int, target: torch.Tensor, weight, change: "Stack | None" = None) -> None:
-        """``row_w <- (1 - weight) * row_w + weight * target``; ``weight`` a scalar or a ``[P]`` row.
-        ``change``, if given, accumulates what the lerp changed in its row ``w``."""
-        per = isinstance(weight, torch.Tensor)
-        for k, (b, (o, n)) in enumerate(zip(self.blocks, self.model.offsets)):
-            before = b[w].clone() if change is not None else None
-            b[w].lerp_(target[o:o + n], weight[o:o + n] if per else weight)
-            if change is not None:
-                change.blocks[k][w].add_(b[w]).sub_(before)
 
     def swap_rows_(self, a: int, b: int) -> None:
         for blk in self.blocks:

@@ -1,8 +1,9 @@
 """Merge operators: pure functions on tensors.
 
-No process groups, no topology, no schedule: the in-process backend applies them
-to rows of the stacked ``[W, P]`` parameter tensor and a distributed backend to
-tensors it received. Random choices take an explicit ``torch.Generator``.
+No process groups, no topology, no schedule: how much each side moves, the weight on an
+incoming model from the supports, averages, deltas and their compression. What a merge
+does to the receiving rows is :mod:`evomerge.engine.kernel`, which every path calls.
+Random choices take an explicit ``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -55,11 +56,6 @@ def incoming_weight(a, support_own=None, support_in=None):
     return num / den if den > 0 else a
 
 
-def lerp_(own: torch.Tensor, incoming: torch.Tensor, weight) -> torch.Tensor:
-    """In place: ``own <- (1 - weight) * own + weight * incoming`` (weight scalar or per coordinate)."""
-    return own.lerp_(incoming, weight)
-
-
 def weighted_average(params: torch.Tensor, support: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Average ``params`` ``[k, ...]`` weighted by ``support`` (``[k]`` counts or ``[k, ...]`` per coordinate).
 
@@ -71,10 +67,14 @@ def weighted_average(params: torch.Tensor, support: torch.Tensor | None = None) 
     s = support.to(params.dtype)
     while s.dim() < params.dim():
         s = s.unsqueeze(-1)
-    total = s.sum(0)
+    return average_from_sums((s * params).sum(0), s.sum(0), params.mean(0)), support.sum(0)
+
+
+def average_from_sums(num: torch.Tensor, total: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``num / total`` where the summed support ``total`` is positive, ``fallback`` (the plain mean) elsewhere:
+    the last step of :func:`weighted_average`, for callers that sum across processes first."""
     safe = torch.where(total > 0, total, torch.ones_like(total))
-    avg = torch.where(total > 0, (s * params).sum(0) / safe, params.mean(0))
-    return avg, support.sum(0)
+    return torch.where(total > 0, num / safe, fallback)
 
 
 def consensus(params: torch.Tensor) -> torch.Tensor:
@@ -97,11 +97,6 @@ def delta(current: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 def apply_delta(base: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """``base + delta``: the model the delta describes."""
     return base + d
-
-
-def merge_deltas(deltas: torch.Tensor, support: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted average of deltas ``[k, ...]`` (merging deltas is merging the models they describe from one base)."""
-    return weighted_average(deltas, support)[0]
 
 
 # -- compression ------------------------------------------------------------------

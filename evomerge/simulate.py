@@ -18,7 +18,8 @@ from .engine.run import (  # noqa: F401
     TAG_BATCHES, TAG_SLICES, Judge, RoundMetrics, RunResult, Setup, Similarity, batch_indices, execute, normalise,
     prepare, resolve_device, round_bounds, slice_losses, total_steps, train_steps, update_norms,
 )
-from .engine.state import TAG_INIT, SUPPORT_LIMIT, Workers, initial_row, rescale_supports  # noqa: F401
+from .engine.kernel import SUPPORT_LIMIT, rescale_supports  # noqa: F401
+from .engine.state import TAG_INIT, Workers, initial_row  # noqa: F401
 from .policy import MergePolicy
 
 __all__ = [

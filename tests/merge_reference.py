@@ -16,9 +16,20 @@ from evomerge import datapool, ops, similarity
 from evomerge import schedule as schedule_mod
 from evomerge.engine.run import Judge, RoundMetrics, Similarity, RunResult, Setup, normalise, round_bounds, slice_losses, train_steps, update_norms
 from evomerge.engine.plan import TAG_QUANT
-from evomerge.engine.state import Workers, rescale_supports
+from evomerge.engine.kernel import rescale_supports
+from evomerge.engine.state import Workers
 from evomerge.policy import MergePolicy
 
+
+
+def _lerp_row_(stack, w: int, target: torch.Tensor, weight, change) -> None:
+    """``row_w <- (1 - weight) * row_w + weight * target`` block by block (``weight`` a scalar or a ``[P]``
+    row); ``change`` accumulates what moved. The oracle's own lerp, kept apart from the product's kernel."""
+    per = isinstance(weight, torch.Tensor)
+    for k, (b, (o, n)) in enumerate(zip(stack.blocks, stack.model.offsets)):
+        before = b[w].clone()
+        b[w].lerp_(target[o:o + n], weight[o:o + n] if per else weight)
+        change.blocks[k][w].add_(b[w]).sub_(before)
 
 
 class _Workers(Workers):
@@ -214,10 +225,10 @@ class _Merger:
         sa, sb = self._support(a_i), self._support(b_i)
         sa = sa.clone() if isinstance(sa, torch.Tensor) else sa
         sb = sb.clone() if isinstance(sb, torch.Tensor) else sb
-        st.params.lerp_row_(b_i, from_a, ops.incoming_weight(move_b, sb, sa), st.merge_change)
+        _lerp_row_(st.params, b_i, from_a, ops.incoming_weight(move_b, sb, sa), st.merge_change)
         if push_pull:
             self.bytes += self.sent_bytes * (self.neighbours[b_i] if p.payload == "delta" else 1)
-            st.params.lerp_row_(a_i, from_b, ops.incoming_weight(move_a, sa, sb), st.merge_change)
+            _lerp_row_(st.params, a_i, from_b, ops.incoming_weight(move_a, sa, sb), st.merge_change)
         self._merge_supports(a_i, b_i, push_pull)
 
     def _merge_supports(self, a: int, b: int, push_pull: bool) -> None:

@@ -120,6 +120,14 @@ def test_runs_keep_their_golden_numbers(setup, golden, name, mode):
     assert got["params"] == want["params"], key
 
 
+def test_a_free_clock_keeps_every_lockstep_golden(golden):
+    """A homogeneous cluster with free links is the lockstep world: its golden run is the lockstep one."""
+    clocked = [k for k in golden if k.endswith("/clock")]
+    assert len(clocked) >= 12
+    for key in clocked:
+        assert golden[key] == golden[key.replace("/clock", "/inprocess")], key
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     from evomerge import data
 

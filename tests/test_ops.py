@@ -1,11 +1,14 @@
-"""Exact unit tests for each merge operator, and a conformance suite over all of them."""
+"""Exact unit tests for each merge operator, and a conformance suite over every registered weighting and
+payload, run through the merge kernel (evomerge.engine.kernel) that every backend calls."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from evomerge import ops
+from evomerge import ops, registry
+from evomerge.engine import kernel
 
 
 def test_scheduled_weight_endpoints_and_shapes():
@@ -23,9 +26,23 @@ def test_pair_moves_winner_bias():
     assert ops.pair_moves(0.5, 1.0, 0.4, False, 1) == pytest.approx((0.5, 0.3))
 
 
-def test_lerp_exact():
-    own, inc = torch.tensor([0.0, 2.0]), torch.tensor([4.0, 4.0])
-    assert torch.equal(ops.lerp_(own, inc, 0.25), torch.tensor([1.0, 2.5]))
+def test_kernel_lerp_and_sum_are_exact_and_record_the_change():
+    blk = torch.tensor([[0.0, 2.0], [4.0, 4.0], [1.0, 1.0]])
+    chg = torch.zeros_like(blk)
+    kernel.lerp_rows_(blk, [0], [blk[1]], torch.tensor([[0.25]]), chg)
+    assert torch.equal(blk[0], torch.tensor([1.0, 2.5])) and torch.equal(chg[0], torch.tensor([1.0, 0.5]))
+    kernel.sum_rows_(blk, [2], [torch.tensor([2.0**62, 1.0])], chg, limit=kernel.COUNTER_LIMIT)
+    assert torch.equal(blk[2], torch.tensor([2.0**62, 2.0]))  # counters stop at the limit
+    gathered = torch.tensor([[0.0, 2.0], [4.0, 4.0]])
+    kernel.lerp_rows_gathered_(gathered, torch.tensor([0]), gathered[1:], torch.tensor([[0.25]]))
+    assert torch.equal(gathered[0], torch.tensor([1.0, 2.5]))
+
+
+def test_exchange_push_pull_uses_the_peers_state_before_it_moved():
+    blk = torch.tensor([[0.0], [8.0], [2.0], [6.0]])
+    kernel.exchange_([blk], None, [kernel.LERP], [(0, 1)], [0, 2], [1, 3], None, None, torch.tensor([[0.5], [0.25]]),
+                     torch.tensor([[0.5], [0.5]]))
+    assert blk.flatten().tolist() == [4.0, 4.0, 4.0, 5.0]  # 3 moved a quarter towards 2's old 2.0; 2 half to 3's old 6
 
 
 def test_incoming_weight_by_support():
@@ -50,7 +67,7 @@ def test_delta_semantics():
     d = ops.delta(cur, base)
     assert torch.equal(d, torch.tensor([0.5, -1.0])) and torch.equal(ops.apply_delta(base, d), cur)
     d2 = ops.delta(torch.tensor([3.0, 2.0]), base)
-    merged = ops.merge_deltas(torch.stack([d, d2]))
+    merged = ops.weighted_average(torch.stack([d, d2]))[0]  # merging deltas merges the models they describe
     assert torch.allclose(ops.apply_delta(base, merged), (cur + torch.tensor([3.0, 2.0])) / 2)
 
 
@@ -89,68 +106,76 @@ def test_consensus_distance():
     assert ops.consensus_distance(p) == pytest.approx(1.0)
 
 
-# -- conformance: every operator --------------------------------------------------
-def _pair_merge(op):
-    """Each operator as 'receiver merges incoming' with the mixing weights it used."""
-    def run(own, inc, gen):
-        if op == "lerp":
-            return ops.lerp_(own.clone(), inc, 0.3), (0.7, 0.3)
-        if op == "random_lerp":
-            u = float(torch.rand((), generator=gen))
-            m = ops.pair_moves(0.8, u, 0.0, True, None)[1]
-            return ops.lerp_(own.clone(), inc, m), (1 - m, m)
-        if op == "examples":
-            w = ops.incoming_weight(0.5, 3.0, 5.0)
-            return ops.lerp_(own.clone(), inc, w), (1 - w, w)
-        if op == "adaptive":
-            w = ops.incoming_weight(0.5, torch.rand(own.shape, generator=gen), torch.rand(own.shape, generator=gen))
-            return ops.lerp_(own.clone(), inc, w), (1 - w, w)
-        if op == "weighted_average":
-            return ops.weighted_average(torch.stack([own, inc]), torch.tensor([2.0, 6.0]))[0], (0.25, 0.75)
-        if op == "delta_topk":
-            sent = ops.compress(ops.delta(inc, own), 0.3, 0, gen)
-            return ops.lerp_(own.clone(), ops.apply_delta(own, sent), 0.5), (0.5, 0.5)
-        if op == "delta_quant":
-            sent = ops.compress(ops.delta(inc, own), 1.0, 4, gen)
-            return ops.lerp_(own.clone(), ops.apply_delta(own, sent), 0.5), (0.5, 0.5)
-        raise AssertionError(op)
-    return run
+# -- conformance: every registered weighting and payload, through the kernel ------------------------------
+def _workers(weighting: str, payload: str, seed: int):
+    """Two real workers' state (a small MLP) with random parameters, counters and accumulators."""
+    from conftest import tiny_study
+    from evomerge import models
+    from evomerge.engine.state import Workers
+    from evomerge.policy import MergePolicy
+
+    extra = {"topk_fraction": 0.3, "quantize_bits": 4} if payload == "delta" else {}
+    policy = MergePolicy(weighting=weighting, payload=payload, **extra)
+    model = models.build("mlp", (28, 28), 10, hidden=[4])
+    st = Workers(model, tiny_study(workers=2).run, policy, seed, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    st.params.set_rows(torch.randn(2, model.n_params, generator=gen))
+    st.examples.copy_(torch.rand(2, generator=gen, dtype=torch.float64) * 100)
+    if st.accum is not None:
+        st.accum.set_rows(torch.rand(2, model.n_params, generator=gen))
+    return st, policy, model
 
 
-OPERATORS = ["lerp", "random_lerp", "examples", "adaptive", "weighted_average", "delta_topk", "delta_quant"]
+def _merge(weighting: str, payload: str, seed: int, same: bool = False):
+    """Worker 1 merges worker 0 (move 0.6) as every backend does: the payload's ``outgoing``, the weighting's
+    weights, :func:`kernel.exchange_`. Returns (before, incoming, after, weights) of worker 1."""
+    st, policy, model = _workers(weighting, payload, seed)
+    if same:
+        st.params.set_rows(st.params.row(1).unsqueeze(0).expand(2, -1))
+        if st.base is not None:
+            st.base.set_rows(st.params.rows())
+    w = registry.WEIGHTINGS.get_object(weighting)()
+    p = registry.PAYLOADS.get_object(payload)()
+    before, theirs = st.params.row(1), st.params.row(0)
+    sent = p.outgoing(st, policy, seed, np.array([0]), np.array([0]), 0)
+    incoming = theirs if sent is None else sent[0]
+    weights = w.pair_weights(st, [0.6], np.array([1]), np.array([0]))
+    kernel.exchange_(st.params.blocks, st.merge_change.blocks, kernel.block_rules(model, policy.buffers),
+                     model.offsets, [0], [1], kernel.columns(sent), None, weights)
+    flat = torch.cat([x.expand(1, n).reshape(-1) for x, (_, n) in zip(weights if isinstance(weights, list)
+                      else [weights] * len(model.offsets), model.offsets)])
+    return before, incoming, st.params.row(1), flat, st.merge_change.row(1)
 
 
-@pytest.mark.parametrize("op", OPERATORS)
-def test_merging_identical_models_is_the_identity(op):
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(50, generator=gen)
-    out, _ = _pair_merge(op)(w, w.clone(), gen)
-    assert torch.allclose(out, w, atol=1e-6)
+RULES = [(w, p) for w in list(registry.WEIGHTINGS) for p in list(registry.PAYLOADS)]
 
 
-@pytest.mark.parametrize("op", OPERATORS)
-def test_mixing_weights_sum_to_one_and_lie_in_unit_interval(op):
-    gen = torch.Generator().manual_seed(1)
-    _, (a, b) = _pair_merge(op)(torch.randn(20, generator=gen), torch.randn(20, generator=gen), gen)
-    total = a + b
-    assert torch.allclose(torch.as_tensor(total, dtype=torch.float32), torch.tensor(1.0))
-    for c in (a, b):
-        c = torch.as_tensor(c)
-        assert bool(((c >= 0) & (c <= 1)).all())
+@pytest.mark.parametrize("weighting,payload", RULES)
+def test_merging_identical_models_is_the_identity(weighting, payload):
+    before, _, after, _, change = _merge(weighting, payload, 0, same=True)
+    assert torch.allclose(after, before, atol=1e-6) and float(change.abs().max()) < 1e-5
 
 
-@pytest.mark.parametrize("op", OPERATORS)
-def test_fixed_seed_fixed_result(op):
-    def once():
-        gen = torch.Generator().manual_seed(7)
-        own, inc = torch.randn(30, generator=gen), torch.randn(30, generator=gen)
-        return _pair_merge(op)(own, inc, gen)[0]
-    assert torch.equal(once(), once())
+@pytest.mark.parametrize("weighting,payload", RULES)
+def test_weights_lie_in_the_unit_interval_and_the_result_between_the_two(weighting, payload):
+    before, incoming, after, w, change = _merge(weighting, payload, 1)
+    assert bool(((w >= 0) & (w <= 1)).all())
+    lo, hi = torch.minimum(before, incoming), torch.maximum(before, incoming)
+    assert bool(((after >= lo - 1e-6) & (after <= hi + 1e-6)).all())
+    assert torch.allclose(after, before + w * (incoming - before), atol=1e-6)  # the lerp the weights describe
+    assert torch.allclose(change, after - before, atol=1e-6)  # what the merge changed is recorded
 
 
-@pytest.mark.parametrize("op", OPERATORS)
-def test_merged_model_lies_between_the_two(op):
-    gen = torch.Generator().manual_seed(2)
-    own, inc = torch.zeros(40), torch.ones(40)
-    out, _ = _pair_merge(op)(own, inc, gen)
-    assert bool(((out >= -1e-6) & (out <= 1 + 1e-6)).all()) and math.isfinite(float(out.sum()))
+@pytest.mark.parametrize("weighting,payload", RULES)
+def test_fixed_seed_fixed_result(weighting, payload):
+    assert torch.equal(_merge(weighting, payload, 7)[2], _merge(weighting, payload, 7)[2])
+
+
+def test_supports_are_summed_and_rescaled_by_a_power_of_two():
+    blk = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
+    kernel.sum_pairs_([blk], [0], [1], push_pull=True)
+    assert blk.tolist() == [[4.0, 7.0], [4.0, 7.0]]
+    examples = torch.tensor([2.0**65, 3.0], dtype=torch.float64)
+    accum = torch.tensor([[2.0**64, 1.0]])
+    kernel.rescale_supports(examples, accum)
+    assert examples.tolist() == [2.0, 3.0 / 2**64] and accum.tolist() == [[1.0, 2.0**-64]]  # ratios exact

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import tiny_study
@@ -14,8 +16,8 @@ from evomerge.policy import MergePolicy
 class Halved(Uniform):
     """A rule of a user's: move half as far as a plain lerp."""
 
-    def pair_weights(self, st, move, own, incoming):
-        return super().pair_weights(st, [m / 2 for m in move], own, incoming)
+    def incoming_weights(self, st, move, own, examples, accum, examples_of=None):
+        return super().incoming_weights(st, [m / 2 for m in move], own, examples, accum, examples_of)
 
 
 def test_a_registered_weighting_is_a_valid_policy_value_and_changes_the_run(mnist):
@@ -28,6 +30,13 @@ def test_a_registered_weighting_is_a_valid_policy_value_and_changes_the_run(mnis
         plain = simulate.simulate(setup, MergePolicy(mean_interval=2), 0, device="cpu")
         assert halved.final.bytes == plain.final.bytes  # the same merges...
         assert halved.final.consensus_distance > plain.final.consensus_distance  # ...moving half as far
+        # on a simulated clock the landings ask the same rule (a free clock keeps the lockstep numbers)
+        from evomerge.study import EnvSpec
+
+        free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
+        timed = simulate.simulate(free, MergePolicy(weighting="halved", mean_interval=2), 0, device="cpu")
+        assert timed.final.val_accuracy == halved.final.val_accuracy
+        assert timed.final.consensus_distance == halved.final.consensus_distance
         from evomerge.backends import check_policy
 
         with pytest.raises(ConfigError, match="policy.weighting: 'halved' is not supported by the distributed backend"):

@@ -346,3 +346,51 @@ def test_a_user_model_steps_unevenly_with_its_optimizer_state(bn_setup):
     res = simulate.simulate(with_env(bn_setup, env), P(optimizer_state="average", mean_interval=2.0), 0, keep_params=True)
     assert res.status == "ok" and res.final.steps_min < res.final.steps_max
     assert torch.isfinite(res.params).all()
+
+
+# -- supports that pass the rescale limit: merge-heavy policies whose events collide within a step ---------
+def _unscaled_max_examples(policy, workers: int, steps: int, seed: int, batch: int) -> float:
+    """The largest example counter the run would reach without rescaling: counters are a function of the
+    schedule alone (batch per step, summed on merge), replayed here in float64."""
+    from evomerge import schedule as schedule_mod
+
+    s = schedule_mod.build(policy, workers, steps, seed)
+    ex, top = np.zeros(workers), 0.0
+    for step in range(1, steps + 1):
+        ex += batch
+        evs = s.events_at(step)
+        for ev in range(evs.start, evs.stop):
+            i, j = int(s.initiator[ev]), int(s.peer[ev])
+            ex[j] = ex[i] + ex[j]
+            if policy.exchange == "push_pull":
+                ex[i] = ex[j]
+        top = max(top, float(ex.max()))
+    return top
+
+
+HEAVY_PAYLOADS = {"weights": {}, "delta-topk": {"payload": "delta", "topk_fraction": 0.3},
+                  "delta-quantised": {"payload": "delta", "quantize_bits": 6}}
+
+
+@pytest.fixture(scope="module")
+def long_setup(mnist):
+    return simulate.prepare(tiny_study(workers=4, rounds=3, steps=100), data=mnist)
+
+
+@pytest.mark.parametrize("weighting, payload", [("uniform", "delta-quantised"), ("examples", "weights"),
+                                                 ("examples", "delta-topk"), ("adaptive", "weights"),
+                                                 ("adaptive", "delta-quantised")])  # every weighting and payload
+def test_a_free_clock_equals_lockstep_when_supports_pass_the_rescale_limit(long_setup, weighting, payload):
+    """The issue's bug: the clock's landings summed supports but never rescaled them, so adaptive weighting's
+    float32 accumulators overflowed (the run diverged) where lockstep ran fine."""
+    from evomerge.engine.kernel import SUPPORT_LIMIT
+
+    policy = P(topology="complete", exchange="push", mean_interval=1.0, weighting=weighting, winner_bias=0.5,
+               **HEAVY_PAYLOADS[payload])
+    run = long_setup.study.run
+    assert _unscaled_max_examples(policy, run.workers, long_setup.total_steps, 7, run.batch_size) > SUPPORT_LIMIT**2
+    lockstep = simulate.simulate(long_setup, policy, 7, device="cpu", keep_params=True)
+    timed = simulate.simulate(with_env(long_setup, EnvSpec(step_time=0.25)), policy, 7, device="cpu", keep_params=True)
+    assert lockstep.status == timed.status == "ok"
+    assert lockstep_part(timed) == lockstep_part(lockstep)
+    assert torch.equal(timed.params, lockstep.params)

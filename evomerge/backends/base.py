@@ -17,15 +17,12 @@ import numpy as np
 import torch
 
 from .. import registry
-from ..engine import plan as plan_mod
+from ..engine import kernel, plan as plan_mod
 from ..engine import run as run_mod
 from ..engine.plan import PairSet
 from ..engine.state import Workers
 from ..policy import MergePolicy
 from ..schedule import Schedule, build
-
-
-COUNTER_LIMIT = 2.0**62  # summed counter buffers stop here (float32 holds it exactly)
 
 
 def device_tensors(setup: run_mod.Setup, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,6 +50,7 @@ class Backend(ABC):
         self.train_x, self.train_y, self.slices = tensors if tensors is not None else device_tensors(setup, device)
         self.weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
         self.payload = registry.PAYLOADS.get_object(policy.payload)()
+        self.rules = kernel.block_rules(setup.model, policy.buffers)  # what a merge does to each parameter block
         self.pos = {w: i for i, w in enumerate(own)}  # a worker's row in this backend's state
 
     # -- what every backend does ------------------------------------------------------------------
@@ -93,7 +91,7 @@ class Backend(ABC):
         sent = self.payload.outgoing(st, self.p, self.seed, np.array([k]), np.array([event]), side)
         params = st.params.row(k)
         return {"worker": w, "sent": params if sent is None else sent[0], "params": params,
-                "examples": float(st.examples[w]),
+                "examples": float(st.examples[w]), "epoch": st.support_epoch,
                 "accum": [blk[k].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None,
                 "optim": st.optim.row_state(k) if self.p.optimizer_state == "average" else None}
 
@@ -124,26 +122,21 @@ class Backend(ABC):
                 winners[k] = plan_mod.winner(loss[2 * n], loss[2 * n + 1])
         for (event, r, payload, weight, u, initiator, _), winner in zip(items, winners):
             ma, mb = plan_mod.moves(p, weight, u, winner)
+            move = mb if r != initiator else ma
             row = self.pos[r]
-            w_in = self.weighting.incoming_weights(st, [mb if r != initiator else ma], np.array([row]),
-                                                   [payload["examples"]], payload["accum"], examples_of=[r])
-            sent = payload["sent"]
-            for k, ((o, n), blk, chg) in enumerate(zip(model.offsets, st.params.blocks, st.merge_change.blocks)):
-                old = blk[row].clone()
-                if k >= model.n_trained_blocks and (p.buffers == "local" or k in model.counters):
-                    if p.buffers == "local":
-                        continue
-                    blk[row].add_(sent[o:o + n]).clamp_(max=COUNTER_LIMIT)  # counters are summed, not averaged
-                else:
-                    wk = w_in[k] if isinstance(w_in, list) else w_in
-                    blk[row].lerp_(sent[o:o + n], wk[0])
-                chg[row].add_(blk[row]).sub_(old)
-            st.optim.merge_row(p.optimizer_state, row, payload.get("optim"), w_in, mb if r != initiator else ma,
-                               model.offsets)
-            if st.accum is not None:
-                for blk, acc in zip(st.accum.blocks, payload["accum"]):
-                    blk[row].add_(acc[0])
-            st.examples[r] = st.examples[r] + payload["examples"]
+            # the sender's supports on this state's scale: it may have been scaled down since the payload left
+            scale = kernel.support_factor(st.support_epoch - payload["epoch"])
+            examples_in = payload["examples"] * scale
+            accum_in = payload["accum"] if payload["accum"] is None or scale == 1.0 else [a * scale for a in payload["accum"]]
+            w_in = self.weighting.incoming_weights(st, [move], np.array([row]), [examples_in], accum_in, examples_of=[r])
+            sent, params = payload["sent"], payload["params"]
+            kernel.receive_(st.params.blocks, st.merge_change.blocks, self.rules, model.offsets, [row],
+                            lambda k, o, n: [sent[o:o + n]], w_in, models=lambda k, o, n: [params[o:o + n]])
+            st.optim.merge_row(p.optimizer_state, row, payload.get("optim"), w_in, move, model.offsets)
+            if st.accum is not None:  # summed, not averaged
+                for blk, acc in zip(st.accum.blocks, accum_in):
+                    kernel.sum_rows_(blk, [row], acc)
+            st.examples[r] = st.examples[r] + examples_in
         return winners
 
     # payloads between backends (ranks): a backend that holds every worker never sends one
@@ -168,14 +161,10 @@ class Backend(ABC):
         st, model = self.state, self.setup.model
         dev = st.params.device
         rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
-        idx = torch.cat([self.slices[torch.as_tensor(a, device=dev)], self.slices[torch.as_tensor(b, device=dev)]], dim=1)
-        x = run_mod.normalise(self.train_x[idx], self.setup.data.spec).repeat_interleave(2, dim=0)
-        y = self.train_y[idx].repeat_interleave(2, dim=0)
+        x, y = kernel.pair_examples(self.train_x, self.train_y, self.slices, a, b, self.setup.data.spec)
         if params is None:
             params = [q.index_select(0, rows) for q in st.params.params]
-        logits = model.forward(params, x)
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
-        return loss.tolist()
+        return kernel.pair_losses(model, params, x, y)
 
     # -- hooks: what a backend may add ------------------------------------------------------------
     def peers(self, events: np.ndarray, step: int) -> np.ndarray:

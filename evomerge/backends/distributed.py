@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from ..engine import plan as plan_mod
+from ..engine import kernel, plan as plan_mod
 from ..engine.plan import PairSet
-from ..engine.run import RoundMetrics, RunResult, Setup, execute, normalise, prepare, resolve_device, slice_losses
+from ..engine.run import RoundMetrics, RunResult, Setup, execute, prepare, resolve_device
 from ..engine.state import initial_row
 from ..errors import ConfigError, RunError
 from ..policy import MergePolicy
@@ -77,13 +77,12 @@ class Distributed(Backend):
         self.st = self.state  # short: the rank code reads it on every event
         self.owner = np.repeat(np.arange(world), len(own))
         self.pos = {w: i for i, w in enumerate(own)}
-        self.delta = policy.payload == "delta"
+        self.delta = self.payload.public  # payloads travel encoded, and neighbours keep public copies
         self.public = initial_row(model, seed).to(device).repeat(W, 1) if self.delta else None
         self.neighbours = None
         if self.sched.topology is not None:
             self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(W)]
         self.spec = ops.wire_spec(self.P, policy.topk_fraction, policy.quantize_bits) if self.delta else [((self.P,), torch.float32)]
-        self.slice_idx = [torch.as_tensor(s, device=device) for s in setup.slices]
         self._outbox: list = []  # sends of a timed run still in flight (their tensors must live until done)
         self._inbox: dict = {}  # receives of a timed run posted, not yet applied
 
@@ -110,15 +109,11 @@ class Distributed(Backend):
         """Ranks that keep worker ``w``'s public copy: those of its topology neighbours (delta payloads)."""
         return sorted({int(self.owner[n]) for n in self.neighbours[w]} - {int(self.owner[w])})
 
-    def _support(self, w: int, accum: dict):
-        if self.p.weighting == "examples":
-            return float(self.st.examples[w])
-        return accum.get(w) if self.p.weighting == "adaptive" else None
-
     def _loss(self, w: int, a: int, b: int) -> torch.Tensor:
-        idx = torch.cat([self.slice_idx[a], self.slice_idx[b]])
-        x = normalise(self.train_x[idx], self.setup.data.spec)
-        return slice_losses(self.setup.model, self.st.params.params, [self.pos[w]], x, self.train_y[idx]).reshape(1)
+        """Worker ``w``'s winner-test loss on the pair ``(a, b)``'s slices, as the kernel scores pairs."""
+        x, y = kernel.pair_examples(self.train_x, self.train_y, self.slices, [a], [b], self.setup.data.spec)
+        params = [q[[self.pos[w]]] for q in self.st.params.params]
+        return torch.tensor(kernel.pair_losses(self.setup.model, params, x[:1], y[:1]), device=self.dev)
 
     # -- what the engine asks of a backend -----------------------------------------------------
     def pairs(self, ps: PairSet) -> None:
@@ -200,16 +195,26 @@ class Distributed(Backend):
         if r == ob or (r == oa and push_pull):  # push: the initiator does not move
             winner = plan_mod.winner(float(loss[a][0]), float(loss[b][0])) if biased else None
             move_a, move_b = plan_mod.moves(p, weight, u, winner)
-            sa, sb = self._support(a, accum), self._support(b, accum)
             if r == ob:
-                self.st.params.lerp_row_(self.pos[b], incoming[a], ops.incoming_weight(move_b, sb, sa), self.st.merge_change)
+                self._merge(b, move_b, a, incoming[a], accum.get(a))
             if r == oa and push_pull:
-                self.st.params.lerp_row_(self.pos[a], incoming[b], ops.incoming_weight(move_a, sa, sb), self.st.merge_change)
+                self._merge(a, move_a, b, incoming[b], accum.get(b))
             if self.st.accum is not None:  # accumulators are summed, not averaged (VW's merge)
-                if r == ob:
-                    self.st.accum.set_row(self.pos[b], sa + sb)
-                if r == oa and push_pull:
-                    self.st.accum.set_row(self.pos[a], sa + sb)
+                for w, other in ((b, a), (a, b)):
+                    if r == self.owner[w] and (w == b or push_pull):
+                        for blk, (o, n) in zip(self.st.accum.blocks, self.setup.model.offsets):
+                            kernel.sum_rows_(blk, [self.pos[w]], [accum[other][o:o + n]])
+
+    def _merge(self, w: int, move: float, sender: int, incoming: torch.Tensor, accum_in: torch.Tensor | None) -> None:
+        """Worker ``w`` (a row of this rank) merges ``sender``'s model ``incoming`` (a flat row) by the kernel,
+        with the weights its weighting gives; ``accum_in``: the sender's accumulators (a flat row)."""
+        st, model = self.st, self.setup.model
+        row = self.pos[w]
+        acc = None if accum_in is None else [accum_in[o:o + n].unsqueeze(0) for o, n in model.offsets]
+        w_in = self.weighting.incoming_weights(st, [move], np.array([row]), [float(st.examples[sender])], acc,
+                                               examples_of=[w])
+        kernel.receive_(st.params.blocks, st.merge_change.blocks, self.rules, model.offsets, [row],
+                        lambda k, o, n: [incoming[o:o + n]], w_in)
 
     def allreduce(self, event: int, step: int, weight: float) -> None:
         p, own = self.p, self.own
@@ -229,37 +234,37 @@ class Distributed(Backend):
                     self._receive_delta(w, wire)
             # every rank now holds all public copies: average them here, as the in-process backend does
             support = None
-            if p.weighting == "examples":
+            if self.weighting.by_examples:
                 support = self.st.examples.to(self.dev)
-            elif p.weighting == "adaptive":
+            elif self.weighting.accumulators:
                 acc = self.st.accum.rows()
                 gathered = [torch.empty_like(acc) for _ in self.groups]
                 dist.all_gather(gathered, acc)
                 support = torch.cat(gathered)
             avg, merged = ops.weighted_average(self.public, support)
-            if merged is not None and p.weighting == "adaptive":
+            if merged is not None and self.weighting.accumulators:
                 self.st.accum.set_rows(merged.unsqueeze(0).expand(len(own), -1))
         else:
             avg = self._average(self.st.params.rows())
-        for i in range(len(own)):
-            self.st.params.lerp_row_(i, avg, weight, self.st.merge_change)
+        rows = list(range(len(own)))
+        kernel.receive_(self.st.params.blocks, self.st.merge_change.blocks, self.rules, self.setup.model.offsets, rows,
+                        lambda k, o, n: [avg[o:o + n]] * len(rows), torch.full((len(rows), 1), float(weight), device=self.dev))
 
     def _average(self, models: torch.Tensor) -> torch.Tensor:
         """The weighted average over all ranks of the own workers' ``models``, by all-reduce."""
         p, W, own = self.p, self.W, self.own
-        if p.weighting == "uniform":
+        if not (self.weighting.accumulators or self.weighting.by_examples):
             total = models.sum(0)
             dist.all_reduce(total)
             avg = total / W
         else:
-            s = self.st.accum.rows() if p.weighting == "adaptive" else \
+            s = self.st.accum.rows() if self.weighting.accumulators else \
                 self.st.examples[own].to(models.dtype).to(self.dev).unsqueeze(1).expand_as(models)
             sums = torch.stack([(s * models).sum(0), s.sum(0), models.sum(0)])
             dist.all_reduce(sums)
             num, total, plain = sums
-            safe = torch.where(total > 0, total, torch.ones_like(total))
-            avg = torch.where(total > 0, num / safe, plain / W)
-            if p.weighting == "adaptive":  # summed, not averaged
+            avg = ops.average_from_sums(num, total, plain / W)
+            if self.weighting.accumulators:  # summed, not averaged
                 self.st.accum.set_rows(total.unsqueeze(0).expand(len(own), -1))
         return avg
 
@@ -284,13 +289,15 @@ class Distributed(Backend):
         return (event * 4 + kind) * 4 + part
 
     def _wire(self, payload: dict | None = None) -> list[torch.Tensor]:
-        """A payload's tensors: the model row, its counter (float64, exact) and winner, its accumulators."""
+        """A payload's tensors: the model row, its counter (float64, exact), winner and support epoch (the scale of
+        its supports), its accumulators."""
         if payload is None:
-            out = [torch.empty(self.P, device=self.dev), torch.empty(2, dtype=torch.float64, device=self.dev)]
+            out = [torch.empty(self.P, device=self.dev), torch.empty(3, dtype=torch.float64, device=self.dev)]
             return out + ([torch.empty(self.P, device=self.dev)] if self.st.accum is not None else [])
         win = payload.get("winner")
         out = [payload["sent"].contiguous(),
-               torch.tensor([payload["examples"], -1.0 if win is None else float(win)], dtype=torch.float64, device=self.dev)]
+               torch.tensor([payload["examples"], -1.0 if win is None else float(win), float(payload["epoch"])],
+                            dtype=torch.float64, device=self.dev)]
         if payload["accum"] is not None:
             out.append(torch.cat([a[0] for a in payload["accum"]]))
         return out
@@ -318,7 +325,7 @@ class Distributed(Backend):
             accum = [tensors[2][o:o + n].unsqueeze(0) for o, n in self.setup.model.offsets]
         win = int(meta[1])
         return {"sent": row, "params": row, "examples": float(meta[0]), "accum": accum,
-                "winner": None if win < 0 else win}
+                "winner": None if win < 0 else win, "epoch": int(meta[2])}
 
     def poll_payload(self, event: int, kind: int, sender: int) -> dict | None:
         works, _ = self._posted(event, kind, sender)

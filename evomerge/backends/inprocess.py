@@ -17,14 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import datapool, ops, registry, similarity
-from ..engine import plan as plan_mod
+from .. import datapool, similarity
+from ..engine import kernel, plan as plan_mod
 from ..engine import run as run_mod
 from ..engine.plan import PairSet
 from ..policy import MergePolicy
-from .base import COUNTER_LIMIT, Backend
-
-
+from .base import Backend
 
 
 class InProcess(Backend):
@@ -130,45 +128,11 @@ class InProcess(Backend):
         sent_b = self.payload.outgoing(st, p, self.seed, ps.b, ps.events, 1) if push_pull else None
         weight_b = self.weighting.pair_weights(st, [m[1] for m in moves], ps.b, ps.a)
         weight_a = self.weighting.pair_weights(st, [m[0] for m in moves], ps.a, ps.b) if push_pull else None
-        # Rows are worked on in place through views: gathering them with advanced indexing and
-        # scattering them back was measured 2-5x slower per row on the CPU (PERFORMANCE.md).
-        model = self.setup.model
-        for k, ((o, n), blk, chg) in enumerate(zip(model.offsets, st.params.blocks, st.merge_change.blocks)):
-            if k >= model.n_trained_blocks and (p.buffers == "local" or k in model.counters):
-                if p.buffers != "local":  # counters are summed, not averaged
-                    self._sum_counters(blk, chg, a_rows, b_rows, push_pull)
-                continue
-            wb = weight_b[k] if isinstance(weight_b, list) else weight_b
-            wa = weight_a[k] if isinstance(weight_a, list) else weight_a
-            for r, (i, j) in enumerate(zip(a_rows, b_rows)):
-                old_b = blk[j].clone()
-                old_a = blk[i].clone() if push_pull else None
-                in_a = blk[i] if sent_a is None else sent_a[r, o:o + n]
-                blk[j].lerp_(in_a, wb[r])
-                chg[j].add_(blk[j]).sub_(old_b)
-                if push_pull:
-                    blk[i].lerp_(old_b if sent_b is None else sent_b[r, o:o + n], wa[r])
-                    chg[i].add_(blk[i]).sub_(old_a)
+        kernel.exchange_(st.params.blocks, st.merge_change.blocks, self.rules, self.setup.model.offsets, a_rows,
+                         b_rows, kernel.columns(sent_a), kernel.columns(sent_b), weight_b, weight_a)
         st.optim.merge_pairs(p.optimizer_state, a_rows, b_rows, weight_b, weight_a, moves)
         if st.accum is not None:  # accumulators are summed, not averaged (VW's merge)
-            for blk in st.accum.blocks:
-                for i, j in zip(a_rows, b_rows):
-                    blk[j].add_(blk[i])
-                    if push_pull:
-                        blk[i].copy_(blk[j])
-
-    @staticmethod
-    def _sum_counters(blk, chg, a_rows, b_rows, push_pull) -> None:
-        """Buffers that count (``num_batches_tracked``) are summed, as VW sums counters; gossip doubles
-        them often, so they stop at ``COUNTER_LIMIT`` rather than overflow float32."""
-        for i, j in zip(a_rows, b_rows):
-            chg[j].sub_(blk[j])
-            blk[j].add_(blk[i]).clamp_(max=COUNTER_LIMIT)
-            chg[j].add_(blk[j])
-            if push_pull:
-                chg[i].sub_(blk[i])
-                blk[i].copy_(blk[j])
-                chg[i].add_(blk[i])
+            kernel.sum_pairs_(st.accum.blocks, a_rows, b_rows, push_pull)
 
     def _swap(self, a: int, b: int) -> None:
         """The two workers exchange models, with everything that belongs to a model (optimiser
@@ -190,16 +154,5 @@ class InProcess(Backend):
         blocks = st.params.blocks if sent is None else [sent[:, o:o + n] for o, n in self.setup.model.offsets]
         supports = self.weighting.supports(st)
         st.optim.merge_all(p.optimizer_state, supports, weight)  # before the supports merge
-        before = st.params.clone()
-        model = self.setup.model
-        for k, (own, models, support) in enumerate(zip(st.params.blocks, blocks, supports)):
-            if k >= model.n_trained_blocks and (p.buffers == "local" or k in model.counters):
-                if p.buffers != "local":  # counters are summed, not averaged
-                    own.copy_(own.sum(0, keepdim=True).clamp_(max=COUNTER_LIMIT).expand_as(own))
-                continue
-            avg, merged = ops.weighted_average(models, support)
-            own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
-            if self.weighting.accumulators:  # summed, not averaged
-                support.copy_(merged.unsqueeze(0).expand_as(support))
-        for chg, now, old in zip(st.merge_change.blocks, st.params.blocks, before.blocks):
-            chg.add_(now).sub_(old)
+        kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules, blocks, supports, weight,
+                            self.weighting.accumulators)

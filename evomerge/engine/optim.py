@@ -21,7 +21,7 @@ import math
 import torch
 
 from .. import models as models_mod
-from .. import ops
+from . import kernel
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -120,15 +120,9 @@ class Optimizer:
         if mode == "reset":
             self.reset_rows_(b + (a if push_pull else []))
             return
-        for s in self.stacks():
-            for k, blk in enumerate(s.blocks):
-                wb = weight_b[k] if isinstance(weight_b, list) else weight_b
-                wa = weight_a[k] if isinstance(weight_a, list) else weight_a
-                for r, (i, j) in enumerate(zip(a, b)):
-                    old_b = blk[j].clone()
-                    blk[j].lerp_(blk[i], wb[r])
-                    if push_pull:
-                        blk[i].lerp_(old_b, wa[r])
+        for s in self.stacks():  # lerped as the parameters were, with their weights
+            kernel.exchange_(s.blocks, None, [kernel.LERP] * len(s.blocks), s.model.offsets, a, b, None, None,
+                             weight_b, weight_a)
         if self.steps is not None:
             for r, (i, j) in enumerate(zip(a, b)):
                 wb = float(weight_b[r]) if not isinstance(weight_b, list) else moves[r][1]
@@ -147,9 +141,7 @@ class Optimizer:
             self.reset_rows_(list(range(self.W)))
             return
         for s in self.stacks():
-            for blk, support in zip(s.blocks, supports):
-                avg, _ = ops.weighted_average(blk, support)
-                blk.lerp_(avg.unsqueeze(0).expand_as(blk), weight)
+            kernel.average_all_(s.blocks, None, [kernel.LERP] * len(s.blocks), s.blocks, supports, weight, False)
         if self.steps is not None:
             self.steps.lerp_(self.steps.mean().expand_as(self.steps), weight)
 
@@ -192,9 +184,8 @@ class Optimizer:
             self.reset_rows_([w])
             return
         for s, row in zip(self.stacks(), incoming["stacks"]):
-            for k, (blk, (o, n)) in enumerate(zip(s.blocks, offsets)):
-                wk = weight[k] if isinstance(weight, list) else weight
-                blk[w].lerp_(row[o:o + n], wk[0])
+            kernel.receive_(s.blocks, None, [kernel.LERP] * len(s.blocks), offsets, [w],
+                            lambda k, o, n, row=row: [row[o:o + n]], weight)
         if self.steps is not None:
             wb = float(weight[0]) if not isinstance(weight, list) else move
             old = float(self.steps[w])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import ops
+from .. import ops, registry
 from ..policy import MergePolicy
 from ..schedule import rng_for
 
@@ -106,15 +106,16 @@ class Bytes:
 
     def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None, state_stacks: int = 0):
         self.p = policy
+        payload = registry.PAYLOADS.get_object(policy.payload)()
         self.dense = ops.payload_bytes(n_params)
-        self.sent = ops.payload_bytes(n_params, policy.topk_fraction, policy.quantize_bits) \
-            if policy.payload == "delta" else self.dense
+        self.sent = payload.wire_bytes(n_params, policy)
+        self.fans_out = payload.public  # peers keep the sender's public copy: it goes to every neighbour
         self.neighbours = neighbours
         # optimizer_state "average": the optimiser's state (state_stacks rows, dense) goes with each merge
         self.state = state_stacks * self.dense if policy.optimizer_state == "average" else 0
 
     def fan(self, w: int) -> int:
-        return self.neighbours[w] if self.p.payload == "delta" else 1
+        return self.neighbours[w] if self.fans_out else 1
 
     def pair(self, a: int, b: int) -> int:
         """A gossip merge: the initiator's payload, and the peer's too for push-pull."""

@@ -30,7 +30,7 @@ import torch
 
 from .. import datapool, registry
 from ..policy import MergePolicy
-from . import run as run_mod
+from . import kernel, run as run_mod
 from .run import Judge, RoundMetrics, RunResult, Setup, StepMerger, batch_indices, local_step, normalise, round_bounds
 from .state import Workers, initial_row
 
@@ -162,14 +162,10 @@ class _Group:
         if test:
             a = np.concatenate([ps.a + off for _, _, ps, off in test])
             b = np.concatenate([ps.b + off for _, _, ps, off in test])
-            la = torch.as_tensor(np.concatenate([ps.a for _, _, ps, _ in test]), device=dev)
-            lb = torch.as_tensor(np.concatenate([ps.b for _, _, ps, _ in test]), device=dev)
             rows = torch.as_tensor(np.stack([a, b], axis=1).reshape(-1), device=dev)
-            idx = torch.cat([slices[la], slices[lb]], dim=1)
-            x = normalise(train_x[idx], setup.data.spec).repeat_interleave(2, dim=0)
-            y = train_y[idx].repeat_interleave(2, dim=0)
-            logits = model.forward([q.index_select(0, rows) for q in st.params.params], x)
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1).tolist()
+            x, y = kernel.pair_examples(train_x, train_y, slices, np.concatenate([ps.a for _, _, ps, _ in test]),
+                                        np.concatenate([ps.b for _, _, ps, _ in test]), setup.data.spec)
+            loss = kernel.pair_losses(model, [q.index_select(0, rows) for q in st.params.params], x, y)
             n = 0
             for k, _, ps, _ in test:
                 winners[k] = [plan_mod.winner(loss[2 * (n + i)], loss[2 * (n + i) + 1]) for i in range(len(ps))]
@@ -197,23 +193,19 @@ class _Group:
             sel = torch.as_tensor(np.concatenate(pos_pp), device=dev)
             WA_t = torch.cat(WA)
         for blk, chg in zip(st.params.blocks, st.merge_change.blocks):
-            old_b, old_a = blk.index_select(0, B_t), blk.index_select(0, A_t)
-            new_b = old_b.lerp(old_a, WB_t)
-            blk.index_copy_(0, B_t, new_b)
-            chg.index_copy_(0, B_t, chg.index_select(0, B_t).add_(new_b).sub_(old_b))
+            old_a = blk.index_select(0, A_t)
+            old_b = blk.index_select(0, B_t) if A_pp else None
+            kernel.lerp_rows_gathered_(blk, B_t, old_a, WB_t, chg)
             if A_pp:
-                oa = old_a.index_select(0, sel)
-                new_a = oa.lerp(old_b.index_select(0, sel), WA_t)
-                blk.index_copy_(0, App_t, new_a)
-                chg.index_copy_(0, App_t, chg.index_select(0, App_t).add_(new_a).sub_(oa))
+                kernel.lerp_rows_gathered_(blk, App_t, old_b.index_select(0, sel), WA_t, chg)
 
 
 def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
     """Whether a member's gossip is a plain lerp of weights that :meth:`_Group.merge` may apply together with
     other members': weights on the wire, no swaps, a column of weights (uniform or examples), no optimiser
     state merged, no buffers. Everything else is applied by the member's own backend."""
-    return (policy.scheme == "gossip" and policy.payload == "weights" and not policy.swap_p
-            and policy.weighting in ("uniform", "examples") and st.accum is None
+    return (policy.scheme == "gossip" and not registry.PAYLOADS.get_object(policy.payload).public
+            and not policy.swap_p and st.accum is None
             and (policy.optimizer_state == "keep" or not st.optim.stacks())
             and model.n_trained_blocks == len(model.offsets))
 

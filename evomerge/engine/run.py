@@ -27,7 +27,7 @@ from .. import similarity
 from ..policy import MergePolicy
 from ..study import Study
 from . import plan as plan_mod
-from .state import Workers, initial_row, rescale_supports
+from .state import Workers, initial_row
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -447,7 +447,7 @@ class StepMerger:
         self._rescale()
 
     def _rescale(self) -> None:
-        rescale_supports(self.st.examples, self.st.accum)
+        self.st.rescale_supports()
 
 
 # -- the round loop -----------------------------------------------------------------------------------

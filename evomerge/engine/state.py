@@ -17,6 +17,7 @@ from .. import models as models_mod
 from .. import registry
 from ..policy import MergePolicy
 from ..schedule import rng_for
+from . import kernel
 from .optim import Optimizer
 
 TAG_INIT = 21
@@ -29,6 +30,9 @@ def initial_row(model: models_mod.StackedModel, seed: int) -> torch.Tensor:
 
 class Workers:
     """Mutable state of ``rows`` workers during one run (of ``workers`` in all)."""
+
+    #: how many times the supports were scaled down (:func:`kernel.rescale_supports`)
+    support_epoch = 0
 
     def __init__(self, model: models_mod.StackedModel, run, policy: MergePolicy, seed: int, device: torch.device,
                  rows: int | None = None, public: bool = True):
@@ -131,22 +135,12 @@ class Workers:
         self.optim.put(sub.optim, idx)
 
 
+    def rescale_supports(self) -> None:
+        """Keep the supports (example counters, accumulators) far from overflow (:func:`kernel.rescale_supports`)."""
+        if kernel.rescale_supports(self.examples, self.accum):
+            self.support_epoch += 1
+
+
 def fusable(run, accumulators: bool) -> bool:
     """Plain SGD is fused into the backward pass where the model offers it."""
     return run.optimizer == "sgd" and not run.momentum and not run.weight_decay and not accumulators
-
-
-SUPPORT_LIMIT = 2.0**64
-
-
-def rescale_supports(examples: torch.Tensor, accum: torch.Tensor | None) -> None:
-    """Merges only use ratios of supports; keep them far from overflow by a common factor.
-
-    Accumulators are summed on merge exactly as the example counters are, so the counters'
-    largest value (a function of the schedule alone, known to every rank of a distributed
-    run) decides for both; a power of two leaves every ratio exact.
-    """
-    if float(examples.max()) > SUPPORT_LIMIT:
-        examples.mul_(1.0 / SUPPORT_LIMIT)
-        if accum is not None:
-            accum.mul_(1.0 / SUPPORT_LIMIT)

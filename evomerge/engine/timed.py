@@ -46,7 +46,7 @@ class Timed:
         self.setup, self.p, self.seed, self.backend = setup, policy, seed, backend
         self.W, self.T = run.workers, setup.total_steps
         self.own = list(backend.own)
-        if len(self.own) < self.W and policy.payload != "weights":
+        if len(self.own) < self.W and backend.payload.public:
             from ..errors import ConfigError
 
             raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the distributed backend with "
@@ -200,6 +200,8 @@ class Timed:
             else:  # the answer of a push-pull lands at the initiator, with the winner the peer found
                 lands.append((e, i, payload, weight, float(s.u[e]), i, payload.get("winner")))
         winners = b.land_many(lands) if lands else []
+        if lands:  # supports were summed: keep them from overflowing, as the lockstep merger does
+            b.state.rescale_supports()
         for k, answer in answers:
             e, j, _, _, _, i, _ = lands[k]
             answer["winner"] = winners[k]
@@ -212,6 +214,7 @@ class Timed:
         step = int(s.step[a.event])
         self.backend.allreduce(a.event, step, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event])))
         st.examples.fill_(self.backend.sum_examples())
+        st.rescale_supports()
 
     # -- a batched local step of some rows ---------------------------------------------------------
     def _indices(self, w: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Weightings and payloads: the registered rules (``registry.WEIGHTINGS``, ``registry.PAYLOADS``)
-the in-process backend applies to a whole set of disjoint pairs at once.
+"""Weightings and payloads: the registered rules (``registry.WEIGHTINGS``, ``registry.PAYLOADS``) that the
+merge kernel (:mod:`.kernel`) applies, on every path; no other code compares their names.
 
 A weighting turns each receiver's move ``a`` into the weight on the incoming model,
 from the two workers' supports (``ops.incoming_weight``): none, examples seen (counters
@@ -24,10 +24,13 @@ class Weighting:
 
     #: whether workers keep per-coordinate accumulators (summed on merge)
     accumulators = False
+    #: whether models are weighted by the examples their workers have seen
+    by_examples = False
 
     def pair_weights(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray):
-        """The weight on the incoming model for receivers ``own`` merging ``incoming``: a ``[k, 1]``
-        column, or one ``[k, n]`` tensor per parameter block."""
+        """The weight on the incoming model for receivers ``own`` merging the rows ``incoming``: a ``[k, 1]``
+        column, or one ``[k, n]`` tensor per parameter block. A rule overrides :meth:`incoming_weights`,
+        which every path asks (sets of pairs, a clock's landings, the distributed ranks), not this."""
         acc = [blk.index_select(0, torch.as_tensor(incoming, device=blk.device)) for blk in st.accum.blocks] \
             if self.accumulators else None
         return self.incoming_weights(st, move, own, [float(st.examples[j]) for j in incoming.tolist()], acc)
@@ -50,6 +53,8 @@ class Uniform(Weighting):
 
 class Examples(Weighting):
     """Weighted by examples seen (VW's merge: counters summed, not averaged)."""
+
+    by_examples = True
 
     def incoming_weights(self, st, move, own, examples, accum, examples_of=None):
         ex = st.examples
@@ -86,8 +91,13 @@ class Adaptive(Weighting):
 class Payload:
     """What a worker sends."""
 
-    #: whether peers keep each worker's public copy (the base its deltas apply to)
+    #: whether peers keep each worker's public copy (the base its deltas apply to): the payload then goes to
+    #: every topology neighbour of the sender, and travels encoded (``ops.encode``)
     public = False
+
+    def wire_bytes(self, n: int, policy) -> int:
+        """Bytes on the wire for one payload of ``n`` float32 values."""
+        return ops.payload_bytes(n)
 
     def outgoing(self, st: Workers, policy, seed: int, workers: np.ndarray, events: np.ndarray, side) -> torch.Tensor | None:
         """The models the receivers merge with, as rows ``[k, P]``; None: the senders' current rows."""
@@ -103,6 +113,9 @@ class Delta(Payload):
     not sent stays in ``params - public`` (error feedback). The receiver merges with ``public + sent``."""
 
     public = True
+
+    def wire_bytes(self, n, policy):
+        return ops.payload_bytes(n, policy.topk_fraction, policy.quantize_bits)
 
     def outgoing(self, st, policy, seed, workers, events, side):
         out = []

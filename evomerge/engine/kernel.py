@@ -1,0 +1,211 @@
+"""The merge kernel: what a merge does to the rows that receive it, written once.
+
+Every path that merges calls these functions: the in-process backend's sets of disjoint pairs, the
+landings of a run on a simulated clock, a population's members (one member at a time or several
+together), and the distributed backend's ranks. They are functions of tensors alone (the rows, what
+comes in, the weights): no process group, no schedule, no policy names.
+
+A merge is seen from its receivers. Each receiving row moves towards one incoming model, block by
+block, with the weight its weighting gave it (a ``[k, 1]`` column, or one ``[k, n]`` tensor per block
+when the weights are per coordinate). What each block does is its *rule* (:func:`block_rules`):
+
+- ``LERP``: trained parameters, and buffers merged like them: ``row <- (1 - w) * row + w * incoming``;
+- ``SUM``: counting buffers (``num_batches_tracked``): summed, as VW sums counters, and capped at
+  :data:`COUNTER_LIMIT` so gossip's doublings cannot overflow float32;
+- ``KEEP``: buffers each worker keeps (``policy.buffers = "local"``).
+
+What a merge changed in a row is added to its ``merge_change`` (the run's merge update norm). Supports
+(example counters, per-coordinate accumulators) are summed, not averaged, and
+:func:`rescale_supports` keeps them far from overflow; every path calls it after its merges.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from .. import ops
+
+COUNTER_LIMIT = 2.0**62  # summed counter buffers stop here (float32 holds it exactly)
+SUPPORT_LIMIT = 2.0**64  # supports are scaled down by this power of two once a counter passes it
+
+LERP, SUM, KEEP = "lerp", "sum", "keep"
+
+
+def block_rules(model, buffers: str) -> list[str]:
+    """Per parameter block of ``model``, what a merge does to it (see the module's docstring)."""
+    out = []
+    for k in range(len(model.offsets)):
+        if k >= model.n_trained_blocks and (buffers == "local" or k in model.counters):
+            out.append(KEEP if buffers == "local" else SUM)
+        else:
+            out.append(LERP)
+    return out
+
+
+# -- rows of one block ----------------------------------------------------------------------------------
+def lerp_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.Tensor], weight,
+               change: torch.Tensor | None = None) -> None:
+    """In place, ``blk[rows[r]] <- lerp(blk[rows[r]], incoming[r], weight[r])``; ``change[rows[r]]``, if
+    given, accumulates what moved. Rows are worked on through views: gathering and scattering whole rows
+    with advanced indexing was measured 2-5x slower per row on the CPU (PERFORMANCE.md)."""
+    for r, j in enumerate(rows):
+        old = blk[j].clone() if change is not None else None
+        blk[j].lerp_(incoming[r], weight[r])
+        if change is not None:
+            change[j].add_(blk[j]).sub_(old)
+
+
+def lerp_rows_gathered_(blk: torch.Tensor, rows: torch.Tensor, incoming: torch.Tensor, weight: torch.Tensor,
+                        change: torch.Tensor | None = None) -> None:
+    """:func:`lerp_rows_` as one gather, one lerp and one scatter over all rows (``rows`` a tensor of distinct
+    indices, ``incoming`` ``[k, n]``): fewer kernel launches, the same numbers (the lerp is elementwise)."""
+    old = blk.index_select(0, rows)
+    new = old.lerp(incoming, weight)
+    blk.index_copy_(0, rows, new)
+    if change is not None:
+        change.index_copy_(0, rows, change.index_select(0, rows).add_(new).sub_(old))
+
+
+def sum_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.Tensor],
+              change: torch.Tensor | None = None, limit: float | None = None) -> None:
+    """In place, ``blk[rows[r]] += incoming[r]`` (capped at ``limit``): counters and supports are summed."""
+    for r, j in enumerate(rows):
+        old = blk[j].clone() if change is not None else None
+        blk[j].add_(incoming[r])
+        if limit is not None:
+            blk[j].clamp_(max=limit)
+        if change is not None:
+            change[j].add_(blk[j]).sub_(old)
+
+
+# -- a merge on every block ---------------------------------------------------------------------------
+Incoming = Callable[[int, int, int], Sequence[torch.Tensor]]  # (block, offset, size) -> one tensor per receiver
+
+
+def receive_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, rules: list[str], offsets,
+             rows: Sequence[int], incoming: Incoming, weights, models: Incoming | None = None) -> None:
+    """Rows ``rows`` of a stack (``blocks``, its ``change``) each merge one incoming model: block ``k`` of what
+    the receivers got is ``incoming(k, offset, size)``, of the senders' models as they were
+    ``models(k, offset, size)`` (counters are summed from those, not from a compressed payload; default:
+    ``incoming``); ``weights`` a ``[k, 1]`` column or one ``[k, n]`` tensor per block. Each block follows
+    its rule (:func:`block_rules`)."""
+    for k, (rule, blk, (o, n)) in enumerate(zip(rules, blocks, offsets)):
+        if rule == KEEP:
+            continue
+        chg = change[k] if change is not None else None
+        if rule == SUM:
+            sum_rows_(blk, rows, (models or incoming)(k, o, n), chg, COUNTER_LIMIT)
+        else:
+            lerp_rows_(blk, rows, incoming(k, o, n), weights[k] if isinstance(weights, list) else weights, chg)
+
+
+def exchange_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, rules: list[str], offsets,
+              a: Sequence[int], b: Sequence[int], in_a: Incoming | None, in_b: Incoming | None, weight_b,
+              weight_a=None) -> None:
+    """A set of disjoint pairs of rows of one stack: ``b[r]`` merges what ``a[r]`` sent (``in_a``; None: ``a[r]``'s
+    row as it is) with ``weight_b``; with ``weight_a`` (push-pull), ``a[r]`` also merges what ``b[r]`` sent
+    (``in_b``; None: ``b[r]``'s row before it moved) with ``weight_a``. Counters are summed from the rows."""
+    push_pull = weight_a is not None
+    for k, (rule, blk, (o, n)) in enumerate(zip(rules, blocks, offsets)):
+        if rule == KEEP:
+            continue
+        chg = change[k] if change is not None else None
+        rows_a = [blk[i] for i in a]
+        old_b = [blk[j].clone() for j in b] if push_pull and (rule == SUM or in_b is None) else None
+        if rule == SUM:
+            sum_rows_(blk, b, rows_a, chg, COUNTER_LIMIT)
+            if push_pull:
+                sum_rows_(blk, a, old_b, chg, COUNTER_LIMIT)
+            continue
+        lerp_rows_(blk, b, rows_a if in_a is None else in_a(k, o, n),
+                   weight_b[k] if isinstance(weight_b, list) else weight_b, chg)
+        if push_pull:
+            lerp_rows_(blk, a, old_b if in_b is None else in_b(k, o, n),
+                       weight_a[k] if isinstance(weight_a, list) else weight_a, chg)
+
+
+def columns(sent: torch.Tensor | None) -> Incoming | None:
+    """What :func:`receive_` and :func:`exchange_` take for models sent as rows ``[k, P]`` (None stays None)."""
+    if sent is None:
+        return None
+    return lambda k, o, n: sent[:, o:o + n]
+
+
+def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, rules: list[str],
+                 models: list[torch.Tensor], supports: list, weight: float, sum_supports: bool) -> None:
+    """An all-reduce on every row of a stack: each moves ``weight`` of the way towards the average of ``models``
+    (per block ``[W, n]``: the rows themselves, or what they sent), weighted by ``supports`` (per block; None:
+    a plain mean); counters become their capped sum; ``sum_supports``: the supports become their sum."""
+    before = [blk.clone() for blk in blocks] if change is not None else None
+    for rule, own, theirs, support in zip(rules, blocks, models, supports):
+        if rule == KEEP:
+            continue
+        if rule == SUM:  # counters are summed, not averaged
+            own.copy_(own.sum(0, keepdim=True).clamp_(max=COUNTER_LIMIT).expand_as(own))
+            continue
+        avg, merged = average(theirs, support)
+        own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
+        if sum_supports:  # summed, not averaged
+            support.copy_(merged.unsqueeze(0).expand_as(support))
+    if change is not None:
+        for chg, now, old in zip(change, blocks, before):
+            chg.add_(now).sub_(old)
+
+
+# -- supports ---------------------------------------------------------------------------------------------
+def sum_pairs_(blocks: list[torch.Tensor], a: Sequence[int], b: Sequence[int], push_pull: bool) -> None:
+    """Supports of a set of disjoint pairs: ``b[r]`` gets the sum of both (push-pull: ``a[r]`` too)."""
+    for blk in blocks:
+        old_b = [blk[j].clone() for j in b] if push_pull else None
+        sum_rows_(blk, b, [blk[i] for i in a])
+        if push_pull:
+            sum_rows_(blk, a, old_b)
+
+
+def rescale_supports(examples: torch.Tensor, accum=None) -> bool:
+    """Merges only use ratios of supports; keep them far from overflow by a common factor. Returns whether
+    it scaled (the state counts these epochs, so a payload sent before one is brought to the new scale).
+
+    Accumulators are summed on merge exactly as the example counters are, so the counters' largest
+    value decides for both; a power of two leaves every ratio exact. Every path that sums supports
+    calls it after its merges (lockstep after each set of pairs and each all-reduce, a simulated clock
+    after each batch of landings and each all-reduce): scaling between the same local steps gives the
+    same bits, so a free clock keeps the lockstep results."""
+    if float(examples.max()) > SUPPORT_LIMIT:
+        examples.mul_(1.0 / SUPPORT_LIMIT)
+        if accum is not None:
+            accum.mul_(1.0 / SUPPORT_LIMIT)
+        return True
+    return False
+
+
+def support_factor(epochs: int) -> float:
+    """What supports sent ``epochs`` rescales ago are multiplied by to be on the receiver's scale (exact)."""
+    return SUPPORT_LIMIT ** -epochs
+
+
+# -- an all-reduce and the winner test -------------------------------------------------------------------
+def average(models: torch.Tensor, support=None):
+    """The (support-weighted) average of ``models`` ``[k, ...]`` and the merged support (summed)."""
+    return ops.weighted_average(models, support)
+
+
+def pair_examples(train_x: torch.Tensor, train_y: torch.Tensor, slices: torch.Tensor, a, b, spec):
+    """The winner test's examples for pairs ``(a[r], b[r])``: both models of a pair are scored on the pair's
+    two validation slices (the initiator's, then the peer's), so ``x`` ``[2m, 2s, ...]`` (normalised) and
+    ``y`` ``[2m, 2s]``, in the order of :func:`pair_losses`' models."""
+    from .run import normalise
+
+    dev = slices.device
+    idx = torch.cat([slices[torch.as_tensor(a, device=dev)], slices[torch.as_tensor(b, device=dev)]], dim=1)
+    return normalise(train_x[idx], spec).repeat_interleave(2, dim=0), train_y[idx].repeat_interleave(2, dim=0)
+
+
+def pair_losses(model, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """The winner test: each model's loss on its own examples, in one batched forward. ``params``: one
+    ``[2m, ...]`` tensor per block (the pairs' two models, initiator first); ``x`` ``[2m, s, ...]``
+    (normalised) and ``y`` ``[2m, s]`` the examples each model is scored on."""
+    logits = model.forward(params, x)
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1).tolist()
