@@ -23,11 +23,12 @@ from .errors import ConfigError
 from .settings import Choice
 from .topology import TOPOLOGIES
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
-            3: ("optimizer_state", "buffers")}
+            3: ("optimizer_state", "buffers"),
+            4: ("outer_optimizer", "outer_lr", "outer_momentum")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -39,6 +40,7 @@ from .registry import PAYLOADS, WEIGHTINGS  # noqa: E402  (registries: a new rul
 SIMILARITIES = ("sketch", "cka")
 OPTIMIZER_STATES = ("keep", "average", "reset")
 BUFFERS = ("average", "local")
+OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 
 
 def _f(default, doc: str, **bounds):
@@ -144,6 +146,19 @@ class MergePolicy:
         "worker keeps its own). Counters (num_batches_tracked) are summed when averaged. The consensus model "
         "always uses the mean of the workers' buffers.",
     )
+    # -- schema 4: the outer optimiser (DiLoCo, SlowMo) --
+    outer_optimizer: Annotated[str, Choice(OUTER_OPTIMIZERS)] = _f(
+        "none",
+        "An outer step at each all-reduce (DiLoCo; SlowMo's slow momentum): the pseudo-gradient d = anchor - mean "
+        "of the workers (the weighted mean under examples or adaptive weighting) updates the anchor by SGD "
+        "(sgd: heavy-ball m = mu m + d, anchor -= lr m; nesterov: anchor -= lr (d + mu m), as torch.optim.SGD), "
+        "and every worker restarts from the new anchor. none: the workers take the mean. Needs scheme allreduce, "
+        "mixing_weight 1, lerp fixed and payload weights.",
+    )
+    outer_lr: float = _f(0.7, "The outer step's learning rate (DiLoCo: 0.7; sgd with 1 and momentum 0 is FedAvg).",
+                         gt=0.0, le=10.0)
+    outer_momentum: float = _f(0.9, "The outer step's momentum mu (DiLoCo: 0.9; nesterov needs mu > 0).",
+                               ge=0.0, lt=1.0)
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -173,6 +188,20 @@ class MergePolicy:
         if self.regroup_every and self.topology != "communities":
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
+        if self.outer_optimizer != "none":
+            need = {"scheme": ("allreduce", "the outer step follows an all-reduce; over a gossip base it is not built yet"),
+                    "mixing_weight": (1.0, "the workers restart from the anchor"),
+                    "lerp": ("fixed", "the workers restart from the anchor"),
+                    "mixing_schedule": ("constant", "the workers restart from the anchor"),
+                    "payload": ("weights", "deltas against the anchor are not built yet")}
+            for name, (value, why) in need.items():
+                if getattr(self, name) != value:
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot take an outer step "
+                                                        f"(outer_optimizer {self.outer_optimizer!r}: {why}); "
+                                                        f"allowed: {value!r}")
+            if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
+                raise ConfigError("policy.outer_momentum", "0 with outer_optimizer 'nesterov'; allowed: (0, 1), "
+                                                           "or outer_optimizer 'sgd'")
         if self.payload != "delta":
             for name, off in COMPRESSION_OFF.items():
                 if getattr(self, name) != off:
@@ -220,6 +249,10 @@ class MergePolicy:
             comp = f", delta payload (top-k {self.topk_fraction:.3g}, {self.quantize_bits or 32} bits)"
         extra = self._describe_extras()
         if self.scheme == "allreduce":
+            if self.outer_optimizer != "none":  # DiLoCo / SlowMo
+                return (f"all workers average every {max(1, round(self.mean_interval))} steps, then an outer "
+                        f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}), "
+                        f"{self.weighting} weighting{extra}")
             return (f"all workers average every {max(1, round(self.mean_interval))} steps, {a}, "
                     f"{self.weighting} weighting{comp}{extra}")
         topo = self.topology

@@ -35,6 +35,8 @@ AGREEMENT = {
                                          weighting="adaptive", mean_interval=1.5), 2),
     "allreduce-delta-adaptive": (MergePolicy(scheme="allreduce", weighting="adaptive", mean_interval=3, payload="delta",
                                              topk_fraction=0.3), None),
+    "diloco-examples": (MergePolicy(scheme="allreduce", mean_interval=5, mixing_weight=1.0, weighting="examples",
+                                    outer_optimizer="nesterov"), 2),
 }
 
 

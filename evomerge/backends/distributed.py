@@ -246,6 +246,11 @@ class Distributed(Backend):
                 self.st.accum.set_rows(merged.unsqueeze(0).expand(len(own), -1))
         else:
             avg = self._average(self.st.params.rows())
+        outer = self.st.outer
+        if outer is not None:  # every rank takes the same outer step on the same average
+            for k in range(outer.blocks):
+                o, n = self.setup.model.offsets[k]
+                avg[o:o + n] = outer.step_(avg[o:o + n], o, n)
         rows = list(range(len(own)))
         kernel.receive_(self.st.params.blocks, self.st.merge_change.blocks, self.rules, self.setup.model.offsets, rows,
                         lambda k, o, n: [avg[o:o + n]] * len(rows), torch.full((len(rows), 1), float(weight), device=self.dev))

@@ -155,4 +155,4 @@ class InProcess(Backend):
         supports = self.weighting.supports(st)
         st.optim.merge_all(p.optimizer_state, supports, weight)  # before the supports merge
         kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules, blocks, supports, weight,
-                            self.weighting.accumulators)
+                            self.weighting.accumulators, st.outer, self.setup.model.offsets)

@@ -134,24 +134,61 @@ def columns(sent: torch.Tensor | None) -> Incoming | None:
 
 
 def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, rules: list[str],
-                 models: list[torch.Tensor], supports: list, weight: float, sum_supports: bool) -> None:
+                 models: list[torch.Tensor], supports: list, weight: float, sum_supports: bool,
+                 outer: "Outer | None" = None, offsets=None) -> None:
     """An all-reduce on every row of a stack: each moves ``weight`` of the way towards the average of ``models``
     (per block ``[W, n]``: the rows themselves, or what they sent), weighted by ``supports`` (per block; None:
-    a plain mean); counters become their capped sum; ``sum_supports``: the supports become their sum."""
+    a plain mean); counters become their capped sum; ``sum_supports``: the supports become their sum. With
+    ``outer``, the trained blocks move to the anchor after the outer step on the average instead (``offsets``:
+    each block's place in the anchor's flat row)."""
     before = [blk.clone() for blk in blocks] if change is not None else None
-    for rule, own, theirs, support in zip(rules, blocks, models, supports):
+    for k, (rule, own, theirs, support) in enumerate(zip(rules, blocks, models, supports)):
         if rule == KEEP:
             continue
         if rule == SUM:  # counters are summed, not averaged
             own.copy_(own.sum(0, keepdim=True).clamp_(max=COUNTER_LIMIT).expand_as(own))
             continue
         avg, merged = average(theirs, support)
+        if outer is not None and k < outer.blocks:
+            o, n = offsets[k]
+            avg = outer.step_(avg, o, n)
         own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
         if sum_supports:  # summed, not averaged
             support.copy_(merged.unsqueeze(0).expand_as(support))
     if change is not None:
         for chg, now, old in zip(change, blocks, before):
             chg.add_(now).sub_(old)
+
+
+class Outer:
+    """The outer optimiser's state (DiLoCo, SlowMo): the anchor (the last global model) and the momentum, one
+    flat row each, for the first ``blocks`` parameter blocks (the trained ones). Merge state, kept by every
+    process that holds workers, and moved by :meth:`step_` alone."""
+
+    def __init__(self, anchor: torch.Tensor, lr: float, momentum: float, nesterov: bool, blocks: int):
+        self.anchor, self.momentum = anchor.clone(), torch.zeros_like(anchor)
+        self.lr, self.mu, self.nesterov, self.blocks = lr, momentum, nesterov, blocks
+
+    def step_(self, avg: torch.Tensor, o: int, n: int) -> torch.Tensor:
+        """One outer step on coordinates ``o..o+n`` from the workers' average ``avg``; returns the new anchor
+        there. As ``torch.optim.SGD(momentum=mu, nesterov=...)`` on the pseudo-gradient ``anchor - avg``:
+        ``m = mu * m + d``; ``anchor -= lr * (d + mu * m)`` (Nesterov) or ``lr * m`` (heavy-ball)."""
+        anchor, m = self.anchor[o:o + n], self.momentum[o:o + n]
+        d = anchor - avg
+        m.mul_(self.mu).add_(d)
+        anchor.add_(d.add(m, alpha=self.mu) if self.nesterov else m, alpha=-self.lr)
+        return anchor
+
+    def state_dict(self) -> dict:
+        return {"anchor": self.anchor.clone(), "momentum": self.momentum.clone()}
+
+
+def outer_for(policy, model, start: torch.Tensor) -> Outer | None:
+    """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start``."""
+    if policy.outer_optimizer == "none":
+        return None
+    return Outer(start, policy.outer_lr, policy.outer_momentum, policy.outer_optimizer == "nesterov",
+                 model.n_trained_blocks)
 
 
 # -- supports ---------------------------------------------------------------------------------------------
