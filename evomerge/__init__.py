@@ -34,7 +34,8 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     """
     from . import simulate
     from .backends import runner
-    from .study import Study, load, run_inputs
+    from .backends import run_inputs
+    from .study import Study, load
 
     st = study if isinstance(study, Study) else load(study)
     pol, seed, _ = run_inputs(st, policy, seed, backend=backend, procs=procs)  # every input checked before data is read

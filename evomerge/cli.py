@@ -311,7 +311,8 @@ def _mb(n: int) -> str:
 
 
 def cmd_run(args) -> int:
-    from .study import load, run_inputs
+    from .backends import run_inputs
+    from .study import load
 
     study = load(args.study)
     if args.reevaluate < 0:
@@ -653,7 +654,8 @@ def _wait_until_answering(url: str, proc, timeout: float) -> bool:
 
 
 def cmd_baselines(args) -> int:
-    from .study import load, run_inputs
+    from .backends import run_inputs
+    from .study import load
 
     study = load(args.study)
     seed = study.run.seeds[0] if args.seed is None else args.seed

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import schedule as schedule_mod
 
-TAG_PASSES, TAG_RESERVE = 41, 42
+TAG_PASSES = schedule_mod.STREAMS["passes"]
 UNSEEN = 2.0  # confidence of an example no model has trained on yet: never "least confident", never retired
 
 

@@ -77,10 +77,4 @@ def _diverged_note(ostudy) -> str:
     return f" that did not diverge ({n} diverged)" if n else ""
 
 
-def read_export(path: str | Path) -> dict | None:
-    """The metadata of an exported file, or None for a plain policy file."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and "policy" in data and "trial" in data else None
+from .policy import read_export  # noqa: E402,F401  (read by `run`; it lives beside the policy it holds)

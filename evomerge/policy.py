@@ -413,3 +413,13 @@ def read_json_file(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(path), f"cannot read: {e}") from None
     return parse_json(text, str(path))
+
+
+def read_export(path: str | Path) -> dict | None:
+    """The metadata of an exported file (``evomerge export``: the policy plus study, trial, seeds and their
+    metrics), or None for a plain policy file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "policy" in data and "trial" in data else None

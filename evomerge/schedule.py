@@ -17,11 +17,25 @@ from . import topology as topo_mod
 
 
 def rng_for(seed: int, *tags: int) -> np.random.Generator:
-    """A numpy generator for one purpose of one run: ``seed`` plus fixed tags."""
+    """A numpy generator for one purpose of one run: ``seed``, the purpose's tag (:data:`STREAMS`), and the
+    purpose's own arguments (a worker, a pass, an event)."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *tags])))
 
 
-TAG_TOPOLOGY, TAG_TIMERS, TAG_PEERS, TAG_LERP, TAG_PEER_U, TAG_SWAP = 11, 12, 13, 14, 15, 16
+#: Every random stream of a run, by purpose: its tag, the first word after the seed. Each purpose has its own:
+#: numpy's SeedSequence pads its entropy with zeros, so ``(seed, t)`` and ``(seed, t, 0, 0)`` are one stream,
+#: and two purposes sharing a tag would share numbers whatever their other arguments (the simulated clock's
+#: speeds and the data pool's first pass once did). Every call of :func:`rng_for` names its tag from here.
+STREAMS = {
+    "topology": 11, "timers": 12, "peers": 13, "lerp": 14, "peer_u": 15, "swap": 16,  # the event schedule
+    "init": 21, "batches": 22, "slices": 23, "quant": 24,  # a run's start, minibatches, scoring slices, rounding
+    "sketch": 31, "probe": 32,  # model similarity
+    "speeds": 41, "jitter": 42, "spells": 43,  # the simulated clock
+    "passes": 45,  # the data pool's passes over each worker's data
+}
+
+TAG_TOPOLOGY, TAG_TIMERS, TAG_PEERS, TAG_LERP, TAG_PEER_U, TAG_SWAP = (
+    STREAMS[k] for k in ("topology", "timers", "peers", "lerp", "peer_u", "swap"))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 
 from . import schedule as schedule_mod
 
-TAG_SKETCH, TAG_PROBE = 31, 32
+TAG_SKETCH, TAG_PROBE = schedule_mod.STREAMS["sketch"], schedule_mod.STREAMS["probe"]
 SKETCH_DIM = 1024
 PROBE_SIZE = 256
 PEER_SHARPNESS = 2.0  # similarity_bias 1 weighs a peer one standard deviation more similar by e^2

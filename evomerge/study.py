@@ -397,32 +397,6 @@ def fit_to_workers(policy: MergePolicy, space: tuple[Param, ...], workers: int):
     return (policy.replace(**changes) if changes else policy), tuple(out), tuple(notes)
 
 
-def run_inputs(study: Study, policy: MergePolicy | str | Path, seed: int | None = None, *,
-               backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
-    """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:
-    the policy (an object, a file or a named policy), the seed (given, else an exported file's first
-    seed, else the study's first seed) and the exported file's metadata (None for a plain policy);
-    the backend must be able to run the policy on the study's workers."""
-    from .backends import check, check_policy
-    from .export import read_export
-
-    exported = None
-    if not isinstance(policy, MergePolicy):
-        exported = read_export(policy) if Path(policy).is_file() else None
-        policy = study.resolve_policy(policy)
-    policy_mod.check_workers(policy, study.run.workers)
-    if study.environment is not None:
-        policy_mod.check_timed(policy)
-        if backend != "inprocess" and policy.payload != "weights":
-            raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the {backend} backend with an "
-                                                "[environment] yet; allowed: weights, or --backend inprocess")
-    check(backend, procs, study.run.workers)
-    check_policy(backend, policy)
-    if seed is None:
-        seed = exported["seeds"][0] if exported and exported.get("seeds") else study.run.seeds[0]
-    return policy, seed, exported
-
-
 # -- loading -------------------------------------------------------------------
 def shipped_studies_dir() -> Path:
     """The studies folder shipped with evomerge (the ``evomerge.studies`` package, or the source tree)."""

@@ -76,7 +76,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     from .search.config import OBJECTIVES, default_runs_dir
     from .search.results import load_study
     from .search.storage import default_storage
-    from .study import run_inputs
+    from .backends import run_inputs
 
     if top < 2:
         raise ConfigError("--top", f"{top} is out of range; allowed: [2, inf) (a correlation needs two policies)")

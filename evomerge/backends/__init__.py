@@ -11,9 +11,12 @@ Cheap to import (the CLI checks flags with it before torch is loaded).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
+from .. import policy as policy_mod
 from ..errors import ConfigError
+from ..policy import MergePolicy
 
 # name -> "module:function" of the run function, imported when used (torch is heavy)
 BACKENDS: dict[str, str] = {
@@ -116,3 +119,26 @@ def runner(backend: str = "inprocess", procs: int | None = None, workers: int | 
     module, name = BACKENDS[backend].split(":")
     fn = getattr(importlib.import_module(module), name)
     return partial(fn, procs=procs) if backend == "distributed" else fn
+
+
+def run_inputs(study, policy: MergePolicy | str | Path, seed: int | None = None, *,
+               backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
+    """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:
+    the policy (an object, a file or a named policy), the seed (given, else an exported file's first
+    seed, else the study's first seed) and the exported file's metadata (None for a plain policy);
+    the backend must be able to run the policy on the study's workers."""
+    exported = None
+    if not isinstance(policy, MergePolicy):
+        exported = policy_mod.read_export(policy) if Path(policy).is_file() else None
+        policy = study.resolve_policy(policy)
+    policy_mod.check_workers(policy, study.run.workers)
+    if study.environment is not None:
+        policy_mod.check_timed(policy)
+        if backend != "inprocess" and policy.payload != "weights":
+            raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the {backend} backend with an "
+                                                "[environment] yet; allowed: weights, or --backend inprocess")
+    check(backend, procs, study.run.workers)
+    check_policy(backend, policy)
+    if seed is None:
+        seed = exported["seeds"][0] if exported and exported.get("seeds") else study.run.seeds[0]
+    return policy, seed, exported

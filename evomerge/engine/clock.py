@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schedule import Schedule, rng_for
+from ..schedule import STREAMS, Schedule, rng_for
 
-TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = 41, 42, 43
+TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
 CHUNK = 256  # step times are drawn in blocks of this many per worker (the same numbers however many are used)
 
 SEND, LAND, REPLY, ALLREDUCE = 0, 1, 2, 3  # action kinds, also their order among equal (time, event)

@@ -19,9 +19,9 @@ import torch
 
 from .. import ops, registry
 from ..policy import MergePolicy
-from ..schedule import rng_for
+from ..schedule import STREAMS, rng_for
 
-TAG_QUANT = 24
+TAG_QUANT = STREAMS["quant"]
 
 
 def group_disjoint(initiators, peers) -> list[list[int]]:

@@ -32,7 +32,7 @@ from .state import Workers, initial_row
 if TYPE_CHECKING:
     from ..backends.base import Backend
 
-TAG_BATCHES, TAG_SLICES = 22, 23
+TAG_BATCHES, TAG_SLICES = schedule_mod.STREAMS["batches"], schedule_mod.STREAMS["slices"]
 
 
 @dataclass

@@ -16,11 +16,11 @@ import torch
 from .. import models as models_mod
 from .. import registry
 from ..policy import MergePolicy
-from ..schedule import rng_for
+from ..schedule import STREAMS, rng_for
 from . import kernel
 from .optim import Optimizer
 
-TAG_INIT = 21
+TAG_INIT = STREAMS["init"]
 
 
 def initial_row(model: models_mod.StackedModel, seed: int) -> torch.Tensor:
