@@ -49,3 +49,38 @@ def test_unknown_names_are_one_line_errors_naming_the_field():
     with pytest.raises(ConfigError, match=r"study.model.name: unknown 'resnet'; allowed: mlp, cnn"):
         registry.MODELS.get_object("resnet")
     assert registry.PAYLOADS.get_object("delta").public and not registry.PAYLOADS.get_object("weights").public
+
+
+def test_a_backends_refusals_follow_from_what_it_declares(mnist):
+    """A backend registered from outside says what it runs; every refusal is generated from that."""
+    from evomerge import backends
+    from evomerge.backends import Capabilities, run_inputs
+
+    caps = Capabilities(name="mine", rules={"weighting": ("uniform",)}, refuses={"swap_p": "models stay put"},
+                        only={"exchange": ("push", "one message per merge")}, buffers=False, timed_payloads=())
+    backends.register("mine", "evomerge.simulate:simulate", caps)
+    try:
+        study = tiny_study()
+        with pytest.raises(ConfigError, match=r"^policy.weighting: 'examples' is not supported by the mine backend; "
+                                              r"allowed: uniform, or --backend inprocess$"):
+            run_inputs(study, MergePolicy(weighting="examples", exchange="push"), backend="mine")
+        with pytest.raises(ConfigError, match=r"^policy.exchange: 'push_pull' is not supported by the mine backend "
+                                              r"\(one message per merge\); allowed: 'push'"):
+            run_inputs(study, MergePolicy(), backend="mine")
+        with pytest.raises(ConfigError, match=r"^policy.swap_p: 0.5 is not supported by the mine backend \(models stay"):
+            run_inputs(study, MergePolicy(exchange="push", swap_p=0.5), backend="mine")
+        with pytest.raises(ConfigError, match=r"^study.search.space.exchange: is not supported by the mine backend"):
+            backends.check_space("mine", ["mixing_weight", "exchange"])
+        from evomerge.study import EnvSpec
+
+        timed = dataclasses.replace(study, environment=EnvSpec(step_time=0.1))
+        with pytest.raises(ConfigError, match=r"^policy.payload: 'weights' is not supported by the mine backend with "
+                                              r"an \[environment\] yet"):
+            run_inputs(timed, MergePolicy(exchange="push"), backend="mine")
+        policy, seed, _ = run_inputs(study, MergePolicy(exchange="push"), backend="mine")  # what it runs, it runs
+        assert policy.exchange == "push" and seed == study.run.seeds[0]
+        setup = simulate.prepare(study, data=mnist)
+        backends.check_model("mine", setup.model)  # the MLP has no buffers
+        backends.check_model("inprocess", setup.model)
+    finally:
+        del backends.BACKENDS["mine"], backends.CAPABILITIES["mine"]

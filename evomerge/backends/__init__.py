@@ -11,6 +11,7 @@ Cheap to import (the CLI checks flags with it before torch is loaded).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,11 +26,13 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def register(name: str, target: str) -> None:
+def register(name: str, target: str, capabilities: "Capabilities | None" = None) -> None:
     """Add a backend: ``target`` is ``"module:function"``, a function called as
     ``fn(setup, policy, seed, callback=..., device=..., evaluate_test=..., keep_params=...)``
-    that returns a ``RunResult`` (build it on :class:`base.Backend` and :func:`engine.run.execute`)."""
+    that returns a ``RunResult`` (build it on :class:`base.Backend` and :func:`engine.run.execute`);
+    ``capabilities`` says what it runs (default: everything), and the refusals follow from it."""
     BACKENDS[name] = target
+    CAPABILITIES[name] = capabilities or Capabilities(name=name)
 
 
 def check(backend: str, procs: int | None, workers: int) -> None:
@@ -44,66 +47,99 @@ def check(backend: str, procs: int | None, workers: int) -> None:
                                          f"allowed: a divisor of {workers}")
 
 
-# policy fields the distributed backend refuses unless off: each needs every worker's state at every event
-DISTRIBUTED_REFUSES = {
-    "similarity_bias": "peers are chosen by similarity, which needs all workers' models at every event",
-    "regroup_every": "communities are regrouped from all workers' models",
-    "data_exchange_k": "training examples travel between workers",
-    "retire_threshold": "examples are retired by confidence (with data exchange)",
-    "swap_p": "models are swapped between workers",
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend runs, declared once; every refusal (``check_policy``, ``check_model``, ``check_space``,
+    ``run_inputs``) is generated from it, in one line naming the field.
+
+    ``rules``: per registered-rule field (``weighting``, ``payload``), the names it runs (None: every registered
+    one). ``refuses``: fields that must stay off (0), and why. ``only``: fields it runs with one value, and
+    why. ``buffers``: whether it merges a model's buffers. ``timed_payloads``: the payloads it runs on a
+    simulated clock (None: every one it runs)."""
+
+    rules: dict = field(default_factory=dict)
+    refuses: dict = field(default_factory=dict)
+    only: dict = field(default_factory=dict)
+    buffers: bool = True
+    timed_payloads: tuple | None = None
+    name: str = "this"
+
+    def check_policy(self, policy, timed: bool = False) -> None:
+        for name, known in self.rules.items():  # rules registered later run elsewhere until this backend knows them
+            value = getattr(policy, name)
+            if value not in known:
+                raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend; "
+                                                    f"allowed: {', '.join(known)}, or --backend inprocess")
+        for name, why in self.refuses.items():
+            value = getattr(policy, name)
+            if value:
+                raise ConfigError(f"policy.{name}", f"{value} is not supported by the {self.name} backend ({why}); "
+                                                    "allowed: 0, or --backend inprocess")
+        for name, (only, why) in self.only.items():
+            value = getattr(policy, name)
+            if value != only:
+                raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend ({why}); "
+                                                    f"allowed: {only!r}, or --backend inprocess")
+        if timed and self.timed_payloads is not None and policy.payload not in self.timed_payloads:
+            raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the {self.name} backend with "
+                                                f"an [environment] yet; allowed: {', '.join(self.timed_payloads)}, "
+                                                "or --backend inprocess")
+
+    def check_model(self, model) -> None:
+        buffers = [name for name, _ in model.layout[model.n_trained_blocks:]]
+        if buffers and not self.buffers:
+            shown = ", ".join(buffers[:3]) + (f" and {len(buffers) - 3} more" if len(buffers) > 3 else "")
+            raise ConfigError("study.model.factory", f"the model has buffers ({shown}), which the {self.name} backend "
+                                                     "does not merge (nor sum its counters); allowed: a model without "
+                                                     "buffers (e.g. no BatchNorm), or --backend inprocess")
+
+    def check_space(self, names) -> None:
+        for name in names:
+            why = self.refuses.get(name) or self.only.get(name, (None, None))[1]
+            if why:
+                raise ConfigError(f"study.search.space.{name}", f"is not supported by the {self.name} backend "
+                                                                f"({why}); remove it or use --backend inprocess")
+
+
+#: what each backend runs (a backend registered without a declaration is taken to run everything)
+CAPABILITIES: dict[str, Capabilities] = {
+    "inprocess": Capabilities(name="inprocess"),
+    "distributed": Capabilities(
+        name="distributed",
+        # the rank code merges by the rules' classes, and its all-reduce knows these rules' supports
+        rules={"weighting": ("uniform", "examples", "adaptive"), "payload": ("weights", "delta")},
+        # each of these needs every worker's state at every event
+        refuses={
+            "similarity_bias": "peers are chosen by similarity, which needs all workers' models at every event",
+            "regroup_every": "communities are regrouped from all workers' models",
+            "data_exchange_k": "training examples travel between workers",
+            "retire_threshold": "examples are retired by confidence (with data exchange)",
+            "swap_p": "models are swapped between workers",
+        },
+        only={"optimizer_state": ("keep", "the optimiser's state is not sent between ranks")},
+        buffers=False,
+        timed_payloads=("weights",),
+    ),
 }
 
 
-# the registered rules the distributed backend implements (its rank code names them)
-DISTRIBUTED_KNOWS = {"weighting": ("uniform", "examples", "adaptive"), "payload": ("weights", "delta")}
+def capabilities(backend: str) -> Capabilities:
+    return CAPABILITIES.get(backend) or Capabilities(name=backend)
 
 
-def check_policy(backend: str, policy) -> None:
-    """Refuse, naming the field, a policy the backend cannot run."""
-    if backend != "distributed":
-        return
-    for field, known in DISTRIBUTED_KNOWS.items():  # rules registered later run in-process until taught here
-        value = getattr(policy, field)
-        if value not in known:
-            raise ConfigError(f"policy.{field}", f"{value!r} is not supported by the distributed backend; "
-                                                 f"allowed: {', '.join(known)}, or --backend inprocess")
-    for field, why in DISTRIBUTED_REFUSES.items():
-        value = getattr(policy, field)
-        if value:
-            raise ConfigError(f"policy.{field}", f"{value} is not supported by the distributed backend ({why}); "
-                                                 "allowed: 0, or --backend inprocess")
-    for field, (only, why) in DISTRIBUTED_ONLY.items():
-        value = getattr(policy, field)
-        if value != only:
-            raise ConfigError(f"policy.{field}", f"{value!r} is not supported by the distributed backend ({why}); "
-                                                 f"allowed: {only!r}, or --backend inprocess")
-
-
-# policy fields the distributed backend runs with one value only
-DISTRIBUTED_ONLY = {"optimizer_state": ("keep", "the optimiser's state is not sent between ranks")}
+def check_policy(backend: str, policy, timed: bool = False) -> None:
+    """Refuse, naming the field, a policy the backend cannot run (``timed``: on a simulated clock)."""
+    capabilities(backend).check_policy(policy, timed)
 
 
 def check_model(backend: str, model) -> None:
     """Refuse, naming the field, a model the backend cannot run (called once the model is built)."""
-    if backend != "distributed":
-        return
-    buffers = [name for name, _ in model.layout[model.n_trained_blocks:]]
-    if buffers:
-        shown = ", ".join(buffers[:3]) + (f" and {len(buffers) - 3} more" if len(buffers) > 3 else "")
-        raise ConfigError("study.model.factory", f"the model has buffers ({shown}), which the distributed backend "
-                                                 "does not merge (nor sum its counters); allowed: a model without "
-                                                 "buffers (e.g. no BatchNorm), or --backend inprocess")
+    capabilities(backend).check_model(model)
 
 
 def check_space(backend: str, names) -> None:
     """Refuse a search space that would sample fields the backend cannot run."""
-    if backend != "distributed":
-        return
-    for name in names:
-        why = DISTRIBUTED_REFUSES.get(name) or DISTRIBUTED_ONLY.get(name, (None, None))[1]
-        if why:
-            raise ConfigError(f"study.search.space.{name}", f"is not supported by the distributed backend "
-                                                            f"({why}); remove it or use --backend inprocess")
+    capabilities(backend).check_space(names)
 
 
 def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:
@@ -134,11 +170,8 @@ def run_inputs(study, policy: MergePolicy | str | Path, seed: int | None = None,
     policy_mod.check_workers(policy, study.run.workers)
     if study.environment is not None:
         policy_mod.check_timed(policy)
-        if backend != "inprocess" and policy.payload != "weights":
-            raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the {backend} backend with an "
-                                                "[environment] yet; allowed: weights, or --backend inprocess")
     check(backend, procs, study.run.workers)
-    check_policy(backend, policy)
+    check_policy(backend, policy, timed=study.environment is not None)
     if seed is None:
         seed = exported["seeds"][0] if exported and exported.get("seeds") else study.run.seeds[0]
     return policy, seed, exported
