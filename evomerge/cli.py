@@ -544,6 +544,8 @@ def cmd_status(args) -> int:
     ostudy = load_study(study, url)
     trials = ostudy.get_trials(deepcopy=False)
     print(f"{study.name}: {count_line(trials)}  ({url})")
+    for note in study.notes:  # what loading the study changed to fit its workers
+        print(f"note: {note}")
     gone = [t.number for t in trials if t.state.name == "COMPLETE" and diverged(t)]
     if gone:
         print(diverged_line(gone))

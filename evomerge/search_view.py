@@ -112,7 +112,8 @@ class SearchView:
             warm = describe(info.get("warm_start"))
             msg = (f"{cfg.study.name}: {self.done} of {cfg.n_trials} trials already finished; sampler {cfg.sampler}"
                    f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") +
-                   f"  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}")
+                   f"  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}" +
+                   "".join(f"\n  note: {n}" for n in cfg.study.notes))  # ranges clamped to the study's workers
             self.err.print(msg, highlight=False)
             if self.bar is not None:
                 self.task = self.bar.add_task("trials", total=cfg.n_trials, completed=min(self.done, cfg.n_trials), info="")

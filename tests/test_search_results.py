@@ -94,3 +94,17 @@ def test_results_do_not_import_the_search_loop():
             "print([m for m in sys.modules if m in ('evomerge.search.loop', 'evomerge.search.trial', 'optuna', 'mlflow')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.system
+def test_clamped_ranges_are_printed_by_search_and_status(tmp_path, data_dir):
+    """Study.notes (what loading changed to fit the workers) reach the user: in the search's header and in status."""
+    f = write_study(tmp_path, workers=3, steps=10, topologies=("ring", "random_regular"))  # degree 3 of 3: impossible
+    s = study.load(f)
+    assert s.notes and any("study.policy.degree" in n for n in s.notes)
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    for n in s.notes:
+        assert f"note: {n}" in p.stderr
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and all(f"note: {n}" in p.stdout for n in s.notes), p.stdout
