@@ -623,11 +623,13 @@ def cmd_ui(args) -> int:
     try:
         # the server and its uvicorn workers run in their own session: stopped together however this command ends
         with ProcessGroup(grace=15) as group:
-            proc = group.popen(cmd, env=env)
+            proc = group.popen(cmd, env=env, stdout=sys.stderr)  # the server's log on stderr: stdout is the address
             if not _wait_until_answering(url, proc, timeout=180):
                 print(f"error: mlflow server did not answer on {url} (exit status {proc.poll()})", file=sys.stderr)
                 return 1
-            print(f"MLflow UI for {study.name}: {url}  (store {uri}; Ctrl-C stops it)", flush=True)
+            # the review first on its line (a terminal makes it a link): the study's runs in the model-training view
+            print(f"{_review_address(url, study.name)}  MLflow UI for {study.name} (store {uri}; Ctrl-C stops it)",
+                  flush=True)
             return proc.wait() or 1
     except Terminated as t:
         print("MLflow UI stopped", file=sys.stderr)
@@ -635,6 +637,19 @@ def cmd_ui(args) -> int:
     except KeyboardInterrupt:
         print("MLflow UI stopped", file=sys.stderr)
         return 0
+
+
+def _review_address(server: str, study_name: str) -> str:
+    """The address that opens the study's review: its runs list, flat and sorted by the objective, in MLflow's
+    model-training view (MLflow 3's home is the GenAI view); the experiments list before any search logged."""
+    from mlflow import MlflowClient
+
+    from .tracking import review_url
+
+    exp = MlflowClient(tracking_uri=server).get_experiment_by_name(study_name)
+    if exp is None:
+        return f"{server}/#/experiments?workflowType=machine_learning"
+    return review_url(server, exp.experiment_id)
 
 
 def _wait_until_answering(url: str, proc, timeout: float) -> bool:

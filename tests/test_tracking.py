@@ -113,14 +113,41 @@ def test_evomerge_ui_serves_the_study_store_and_stops_on_ctrl_c(tmp_path, data_d
         req = urllib.request.Request(url + "/api/2.0/mlflow/experiments/search", method="POST",
                                      data=json.dumps({"max_results": 10}).encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as r:
-            names = [e["name"] for e in json.loads(r.read())["experiments"]]
-        assert "tiny" in names
+            experiments = {e["name"]: e["experiment_id"] for e in json.loads(r.read())["experiments"]}
+        assert "tiny" in experiments
+        line = proc.stdout.readline()  # what the command prints, the address first
+        printed = line.split()[0]
+        assert printed == (f"{url}/#/experiments/{experiments['tiny']}/runs"
+                           "?workflowType=machine_learning&viewStateShareKey=evomerge"), line
+        assert "MLflow UI for tiny" in line
+        _open_review(printed, tmp_path)  # the printed address opens the trials table with the objective column
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0 and "MLflow UI stopped" in err and f"http://127.0.0.1:{port}" in out
+        assert proc.returncode == 0 and "MLflow UI stopped" in err
         assert not healthy(url)
     finally:
         stop(proc)
+
+
+def _open_review(address: str, tmp_path) -> None:
+    """Headless Chromium on ``address``: the study's trials listed with the objective's column, not the GenAI view."""
+    from playwright.sync_api import sync_playwright
+
+    from test_dashboard import ARGS, CHROMIUM
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(address)
+        page.wait_for_selector("text=trial-", timeout=60_000)
+        page.wait_for_timeout(1000)
+        text = page.inner_text("body")
+        header = page.locator(".ag-header-cell", has_text="final_val_accuracy").first
+        visible = header.is_visible()
+        page.screenshot(path=str(tmp_path / "ui-review.png"))
+        browser.close()
+    assert visible, "the objective's column is not shown"
+    assert "Token Usage" not in text and "Traces\n0" not in text  # not the GenAI overview
 
 
 def _record(number, state, **extra):
