@@ -411,6 +411,37 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     return 0 if len(ok) == len(results) else 1
 
 
+def _load_stored(args, ref: str | None = None):
+    """The study of a command that reads results: a file, a shipped name, or the name of a study stored under
+    --runs-dir (or in --storage) wherever its file lives. The definition stored with the trials wins; when the
+    file on disk differs, one line says so."""
+    from .search.results import stored_study
+    from .search.storage import default_storage
+    from .study import known_studies, load
+
+    ref = args.study if ref is None else ref
+    try:
+        study, missing = load(ref), None
+    except ConfigError as e:
+        if str(ref).endswith(".toml") or Path(str(ref)).is_file():
+            raise  # a path that cannot be read is that path's error
+        study, missing = None, e
+    name = study.name if study is not None else str(ref)
+    got = stored_study(name, args.storage or default_storage(Path(args.runs_dir) / name))
+    if got is None:
+        if study is None:
+            stored = sorted(p.parent.name for p in Path(args.runs_dir).glob("*/optuna.db"))
+            raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'}; "
+                                         f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} "
+                                         "(or give a path to a .toml file)") from None
+        return study
+    stored, definition = got
+    if study is not None and study.path is not None and Path(study.path).read_text(encoding="utf-8") != definition["toml"]:
+        print(f"note: {study.path} differs from the definition of {name!r} stored with its trials "
+              f"({definition['path']}); using the stored one", file=sys.stderr)
+    return stored
+
+
 def _storage_url(study, args) -> str:
     from .search.storage import default_storage
 
@@ -473,7 +504,7 @@ def cmd_transfer(args) -> int:
     from .transfer import transfer, verdict
 
     _quiet_libraries()
-    source, target = load(args.study), load(args.target)
+    source, target = _load_stored(args), load(args.target)
     if source.name == target.name:
         raise ConfigError("--target", f"is the study itself ({source.name}); name another study")
     study_dir = Path(args.runs_dir) / source.name
@@ -536,10 +567,9 @@ def _print_transfer(result: dict) -> None:
 def cmd_status(args) -> int:
     from .search.results import best_trials, count_line, diverged, load_study
     from .search_view import best_table, diverged_line, no_best_line
-    from .study import load
 
     _quiet_libraries(mlflow=False)
-    study = load(args.study)
+    study = _load_stored(args)
     url = _storage_url(study, args)
     ostudy = load_study(study, url)
     trials = ostudy.get_trials(deepcopy=False)
@@ -559,9 +589,8 @@ def cmd_status(args) -> int:
 
 def cmd_export(args) -> int:
     from .export import export_best, export_pareto
-    from .study import load
 
-    study = load(args.study)
+    study = _load_stored(args)
     url = _storage_url(study, args)
     out = Path(args.output)
     if args.pareto:
@@ -577,11 +606,10 @@ def cmd_export(args) -> int:
 
 def cmd_dashboard(args) -> int:
     from . import dashboard
-    from .study import load
     from .tracking import resolve_tracking_uri
 
     _quiet_libraries()
-    study = load(args.study)
+    study = _load_stored(args)
     url = _storage_url(study, args)
     uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir) / study.name)
     out = Path(args.out) if args.out else Path("dashboards") / study.name
@@ -598,10 +626,9 @@ def cmd_ui(args) -> int:
     import socket
 
     from .procs import ProcessGroup, Terminated
-    from .study import load
     from .tracking import resolve_tracking_uri
 
-    study = load(args.study)
+    study = _load_stored(args)
     study_dir = Path(args.runs_dir) / study.name
     uri = resolve_tracking_uri(args.tracking_uri, study_dir)
     if uri.startswith(("http://", "https://")):

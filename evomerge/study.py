@@ -408,6 +408,11 @@ def shipped_studies_dir() -> Path:
         return Path(__file__).resolve().parent.parent / "studies"
 
 
+def known_studies() -> list[str]:
+    """The study names found by name: ./studies/*.toml and the shipped ones."""
+    return sorted({f.stem for b in (Path.cwd() / "studies", shipped_studies_dir()) if b.is_dir() for f in b.glob("*.toml")})
+
+
 def find(ref: str | Path) -> Path:
     p = Path(ref)
     if p.suffix == ".toml" or p.is_file():
@@ -417,8 +422,8 @@ def find(ref: str | Path) -> Path:
     for base in (Path.cwd() / "studies", shipped_studies_dir()):
         if (base / f"{ref}.toml").is_file():
             return base / f"{ref}.toml"
-    known = sorted({f.stem for b in (Path.cwd() / "studies", shipped_studies_dir()) if b.is_dir() for f in b.glob("*.toml")})
-    raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known) or 'none'} (or give a path to a .toml file)")
+    raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'} "
+                                 "(or give a path to a .toml file)")
 
 
 def load(ref: str | Path) -> Study:

@@ -108,3 +108,49 @@ def test_clamped_ranges_are_printed_by_search_and_status(tmp_path, data_dir):
         assert f"note: {n}" in p.stderr
     p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and all(f"note: {n}" in p.stdout for n in s.notes), p.stdout
+
+
+@pytest.mark.system
+def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path, data_dir):
+    """After `search --study /elsewhere/own.toml`, status, export, dashboard and ui take --study own-study; the
+    definition stored with the trials is used, and a changed file on disk is named in one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_tracking import free_port, stop, wait_healthy
+
+    f = write_study(tmp_path / "elsewhere", name="own-study")
+    work = tmp_path / "work"
+    work.mkdir()
+    p = cli("search", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--quiet", cwd=work, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    p = cli("status", "--study", "own-study", cwd=work, data_dir=data_dir)
+    assert p.returncode == 0 and p.stdout.startswith("own-study: ") and p.stderr == "", p.stderr
+    p = cli("export", "--study", "own-study", "-o", "best.json", cwd=work, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((work / "best.json").read_text())["study"] == "own-study"
+    p = cli("dashboard", "--study", "own-study", "--no-baselines", cwd=work, data_dir=data_dir)
+    assert p.returncode == 0 and (work / "dashboards" / "own-study" / "index.html").is_file(), p.stderr
+    # the file changes on disk: the stored definition is what the trials were judged on
+    f.write_text(f.read_text().replace("n_trials = 6", "n_trials = 9"))
+    p = cli("status", "--study", str(f), cwd=work, data_dir=data_dir)
+    assert p.returncode == 0 and p.stderr.count("\n") == 1 and "differs from the definition of 'own-study'" in p.stderr
+    # an unknown name lists the stored studies too
+    p = cli("status", "--study", "nope", cwd=work, data_dir=data_dir)
+    assert p.returncode == 2 and "stored in runs: own-study" in p.stderr
+    # the UI by name, through the real command: the printed address is the study's runs list
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
+    proc = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", "own-study", "--port", str(port)],
+                            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        line = proc.stdout.readline()
+        assert line.startswith(f"http://127.0.0.1:{port}/#/experiments/") and "MLflow UI for own-study" in line, line
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        stop(proc)

@@ -11,6 +11,7 @@ Pareto set: a run that stopped early has sent few bytes and would look Pareto-op
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from ..errors import ConfigError
 from ..study import Study
@@ -32,6 +33,29 @@ def load_study(study: Study, storage_url: str):
         return optuna.load_study(study_name=study.name, storage=storage)
     except KeyError:
         raise ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` first") from None
+
+
+def stored_study(name: str, storage_url: str):
+    """The study ``name`` as stored with its trials (``evomerge search`` keeps the file's text), or None when
+    the storage holds no such study or no definition for it (searched before definitions were kept)."""
+    import tomllib
+
+    import optuna
+
+    from .. import study as study_mod
+    from .storage import DEFINITION, open_storage
+
+    if storage_url.startswith("sqlite:///") and not Path(storage_url[len("sqlite:///"):]).is_file():
+        return None  # never create a database to read one
+    try:
+        ostudy = optuna.load_study(study_name=name, storage=open_storage(storage_url))
+    except KeyError:
+        return None
+    definition = ostudy.user_attrs.get(DEFINITION)
+    if not definition:
+        return None
+    return study_mod.from_dict(tomllib.loads(definition["toml"]), path=Path(definition["path"]),
+                               default_name=Path(definition["path"]).stem), definition
 
 
 def diverged(t) -> bool:

@@ -32,6 +32,16 @@ if TYPE_CHECKING:  # config imports this module, not the other way round
 HEARTBEAT_INTERVAL, GRACE_PERIOD = 5, 30  # seconds
 
 
+DEFINITION = "definition"  # the study file's text and place, stored with its trials
+
+
+def stored_definition_of(study) -> dict | None:
+    """What is stored of a study's file: its TOML text and where it was (relative references resolve there)."""
+    if study.path is None or not Path(study.path).is_file():
+        return None
+    return {"toml": Path(study.path).read_text(encoding="utf-8"), "path": str(Path(study.path).resolve())}
+
+
 def default_storage(study_dir: Path) -> str:
     return f"sqlite:///{(study_dir / 'optuna.db').resolve()}"
 
@@ -169,6 +179,9 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
                                                       f"this study file asks {directions} (use another --storage)")
     fingerprint.check(study, cfg, resumed_at)
     if worker == 0:
+        definition = stored_definition_of(cfg.study)
+        if definition and study.user_attrs.get(DEFINITION) != definition:  # the study is stored with its trials
+            study.set_user_attr(DEFINITION, definition)
         attrs = study.user_attrs
         if "objectives" not in attrs:
             from .. import __version__
