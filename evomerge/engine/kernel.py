@@ -46,22 +46,24 @@ def block_rules(model, buffers: str) -> list[str]:
 
 # -- rows of one block ----------------------------------------------------------------------------------
 def lerp_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.Tensor], weight,
-               change: torch.Tensor | None = None) -> None:
+               change: torch.Tensor | None = None, before: Sequence[torch.Tensor] | None = None) -> None:
     """In place, ``blk[rows[r]] <- lerp(blk[rows[r]], incoming[r], weight[r])``; ``change[rows[r]]``, if
-    given, accumulates what moved. Rows are worked on through views: gathering and scattering whole rows
-    with advanced indexing was measured 2-5x slower per row on the CPU (PERFORMANCE.md)."""
+    given, accumulates what moved (``before``: copies of the rows as they are, if the caller has them).
+    Rows are worked on through views: gathering and scattering whole rows with advanced indexing was
+    measured 2-5x slower per row on the CPU (PERFORMANCE.md)."""
     for r, j in enumerate(rows):
-        old = blk[j].clone() if change is not None else None
+        old = (blk[j].clone() if before is None else before[r]) if change is not None else None
         blk[j].lerp_(incoming[r], weight[r])
         if change is not None:
             change[j].add_(blk[j]).sub_(old)
 
 
 def lerp_rows_gathered_(blk: torch.Tensor, rows: torch.Tensor, incoming: torch.Tensor, weight: torch.Tensor,
-                        change: torch.Tensor | None = None) -> None:
+                        change: torch.Tensor | None = None, before: torch.Tensor | None = None) -> None:
     """:func:`lerp_rows_` as one gather, one lerp and one scatter over all rows (``rows`` a tensor of distinct
-    indices, ``incoming`` ``[k, n]``): fewer kernel launches, the same numbers (the lerp is elementwise)."""
-    old = blk.index_select(0, rows)
+    indices, ``incoming`` ``[k, n]``; ``before``: the rows already gathered): fewer kernel launches, the same
+    numbers (the lerp is elementwise)."""
+    old = blk.index_select(0, rows) if before is None else before
     new = old.lerp(incoming, weight)
     blk.index_copy_(0, rows, new)
     if change is not None:
@@ -120,7 +122,7 @@ def exchange_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, rul
                 sum_rows_(blk, a, old_b, chg, COUNTER_LIMIT)
             continue
         lerp_rows_(blk, b, rows_a if in_a is None else in_a(k, o, n),
-                   weight_b[k] if isinstance(weight_b, list) else weight_b, chg)
+                   weight_b[k] if isinstance(weight_b, list) else weight_b, chg, before=old_b)
         if push_pull:
             lerp_rows_(blk, a, old_b if in_b is None else in_b(k, o, n),
                        weight_a[k] if isinstance(weight_a, list) else weight_a, chg)
@@ -148,7 +150,7 @@ def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, 
         if rule == SUM:  # counters are summed, not averaged
             own.copy_(own.sum(0, keepdim=True).clamp_(max=COUNTER_LIMIT).expand_as(own))
             continue
-        avg, merged = average(theirs, support)
+        avg, merged = ops.weighted_average(theirs, support)
         if outer is not None and k < outer.blocks:
             o, n = offsets[k]
             avg = outer.step_(avg, o, n)
@@ -179,15 +181,12 @@ class Outer:
         anchor.add_(d.add(m, alpha=self.mu) if self.nesterov else m, alpha=-self.lr)
         return anchor
 
-    def state_dict(self) -> dict:
-        return {"anchor": self.anchor.clone(), "momentum": self.momentum.clone()}
 
-
-def outer_for(policy, model, start: torch.Tensor) -> Outer | None:
-    """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start``."""
+def outer_for(policy, model, start: Callable[[], torch.Tensor]) -> Outer | None:
+    """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start()``."""
     if policy.outer_optimizer == "none":
         return None
-    return Outer(start, policy.outer_lr, policy.outer_momentum, policy.outer_optimizer == "nesterov",
+    return Outer(start(), policy.outer_lr, policy.outer_momentum, policy.outer_optimizer == "nesterov",
                  model.n_trained_blocks)
 
 
@@ -223,12 +222,7 @@ def support_factor(epochs: int) -> float:
     return SUPPORT_LIMIT ** -epochs
 
 
-# -- an all-reduce and the winner test -------------------------------------------------------------------
-def average(models: torch.Tensor, support=None):
-    """The (support-weighted) average of ``models`` ``[k, ...]`` and the merged support (summed)."""
-    return ops.weighted_average(models, support)
-
-
+# -- the winner test -------------------------------------------------------------------
 def pair_examples(train_x: torch.Tensor, train_y: torch.Tensor, slices: torch.Tensor, a, b, spec):
     """The winner test's examples for pairs ``(a[r], b[r])``: both models of a pair are scored on the pair's
     two validation slices (the initiator's, then the peer's), so ``x`` ``[2m, 2s, ...]`` (normalised) and

@@ -194,10 +194,11 @@ class _Group:
             WA_t = torch.cat(WA)
         for blk, chg in zip(st.params.blocks, st.merge_change.blocks):
             old_a = blk.index_select(0, A_t)
-            old_b = blk.index_select(0, B_t) if A_pp else None
-            kernel.lerp_rows_gathered_(blk, B_t, old_a, WB_t, chg)
+            old_b = blk.index_select(0, B_t)
+            kernel.lerp_rows_gathered_(blk, B_t, old_a, WB_t, chg, before=old_b)
             if A_pp:
-                kernel.lerp_rows_gathered_(blk, App_t, old_b.index_select(0, sel), WA_t, chg)
+                kernel.lerp_rows_gathered_(blk, App_t, old_b.index_select(0, sel), WA_t, chg,
+                                           before=old_a.index_select(0, sel))
 
 
 def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:

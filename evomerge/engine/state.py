@@ -52,7 +52,7 @@ class Workers:
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
         self.fused = fusable(run, self.accum is not None)
-        self.outer = kernel.outer_for(policy, model, initial_row(model, seed).to(device))  # DiLoCo's anchor
+        self.outer = kernel.outer_for(policy, model, lambda: self.params.row(0))  # DiLoCo's anchor: the start
 
     @classmethod
     def population(cls, model: models_mod.StackedModel, run, starts: list[torch.Tensor], accumulators: bool,
@@ -89,7 +89,7 @@ class Workers:
         st.examples = torch.zeros(run.workers, dtype=torch.float64, device=self.params.device)
         st.base = st.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         st.model_at = np.arange(st.W)
-        st.outer = kernel.outer_for(policy, self.params.model, st.params.row(0))  # members start equal
+        st.outer = kernel.outer_for(policy, self.params.model, lambda: st.params.row(0))  # members start equal
         return st
 
     def point_at(self, whole: "Workers", lo: int, hi: int) -> None:
