@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 
 from .errors import ConfigError  # noqa: E402
 
-__all__ = ["ConfigError", "MergePolicy", "__version__", "run", "search"]
+__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "run", "search"]
 
 
 def __getattr__(name: str):
@@ -17,6 +17,10 @@ def __getattr__(name: str):
         from .policy import MergePolicy
 
         return MergePolicy
+    if name in ("Merger", "MergerError"):  # a found policy in the user's own loop (imports torch)
+        from . import runtime
+
+        return getattr(runtime, name)
     raise AttributeError(f"module 'evomerge' has no attribute {name!r}")
 
 

@@ -18,7 +18,7 @@ LAYERS = [
                                "studies", "dashboards"]),
     ("engine", ["engine"]),
     ("backends", ["backends"]),
-    ("entry points of a run, and their logging", ["simulate", "dist", "reference", "tracking"]),
+    ("entry points of a run, and their logging", ["simulate", "dist", "reference", "tracking", "runtime"]),
     ("search", ["search", "space", "transfer"]),
     ("report", ["export", "dashboard", "search_view"]),
     ("commands and the package", ["cli", ""]),

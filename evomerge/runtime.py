@@ -1,0 +1,768 @@
+"""A found policy in your own training loop: :class:`Merger`, one worker per process under ``torch.distributed``.
+
+```python
+dist.init_process_group("gloo")     # launched by torchrun: one worker per process
+merger = evomerge.Merger("best.json", model, optimizer, seed=0, total_steps=len(loader) * epochs)
+for x, y in loader:
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); optimizer.step(); optimizer.zero_grad()
+    merger.step(loss=loss)          # this rank's merges for this local step, by the policy
+consensus = merger.finish()         # every rank's model averaged: the model to keep
+```
+
+**What it replays.** The event schedule is ``schedule.build(policy, W, total_steps, seed)``, a pure function
+of its arguments, so every rank knows in advance which peer sends to it after which of *their* local steps,
+and with which uniform draw. The merges are the one merge kernel's (:mod:`evomerge.engine.kernel`): the
+weightings of :mod:`evomerge.engine.weighting` (``uniform``, ``examples``, ``adaptive``), the moves of
+:func:`evomerge.engine.plan.moves`, the mixing schedule over ``total_steps``, the buffer rules (counters
+summed), the all-reduce scheme every ``round(mean_interval)`` steps and the outer optimiser (DiLoCo, SlowMo)
+of :class:`evomerge.engine.kernel.Outer`. The step counter counts calls to :meth:`Merger.step` (the loop's
+iterations), not optimiser steps, since a GradScaler may skip one on one rank.
+
+**When a payload is applied** (``overlap``):
+
+- ``"lockstep"``: the lockstep world (a study without ``[environment]``). A receiver applies the payload of
+  an event at its own step boundary with the event's step, waiting for it if need be: the results are the
+  in-process engine's, whatever the ranks' speeds, and a slow rank holds up its peers.
+- ``"nonblocking"`` (default) and ``"blocking"``: the simulated clock's meaning. A payload is the sender's
+  state when it sent it; the receiver applies it at its first step boundary after it arrived (in push-pull
+  it answers with its state before merging). Non-blocking, the initiator trains on while its payload
+  travels; blocking, it waits until its merge is done (push: its payload was received; push-pull: the answer
+  arrived and was merged). While it waits, a rank keeps answering its peers.
+
+**How it communicates.** Point-to-point messages (``torch.distributed.isend`` / ``irecv``, tagged with the
+event) and async collectives, on the caller's thread: nothing blocks the training thread except where the
+policy says wait. Receives for the next :data:`WINDOW` incoming events are posted ahead (memory: that many
+payloads); a payload sent later is taken when the window reaches it. A payload is one flat float32 tensor:
+the parameters, then the buffers, then the supports (examples seen and their scale, as float64 bits), then
+the squared-gradient accumulators under ``adaptive`` weighting.
+
+**Faults.** Every wait is bounded by ``timeout``: a rank that died or hangs ends every rank that needs it with
+:class:`MergerError`, one line naming it (``rank 2 did not answer for 30 s (merge event 1234); stopped``).
+
+**What it refuses**, at construction, in one line naming the field (:data:`REFUSED`): the fields that need
+every worker's state at an event or data that travels, and those the runtime does not run yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import ops, registry, schedule as schedule_mod
+from .engine import kernel, plan as plan_mod
+from .errors import ConfigError, RunError
+from .policy import MergePolicy, check_workers
+
+OVERLAPS = ("nonblocking", "blocking", "lockstep")
+WINDOW = 4  # incoming payloads whose receives are posted ahead
+REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload, the peer's answer (push-pull)
+STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done
+META = 6  # float32 slots of a payload's supports: examples, scale epoch, spare (three float64)
+
+#: policy fields a user's loop cannot honour (or the runtime does not run yet), and why; each must stay at its default
+REFUSED = {
+    "similarity_bias": "peers drawn from the models' similarity need every worker's model at each event",
+    "regroup_every": "regrouping needs every worker's model",
+    "data_exchange_k": "the loop owns its data; training examples cannot travel between ranks",
+    "retire_threshold": "the loop owns its data; examples cannot be retired",
+    "swap_p": "model swaps would move the loop's data to another model",
+    "stop_tol": "the loop decides when to stop",
+    "winner_bias": "the runtime has no validation slice to score the two models on, and the running score "
+                   "is not built yet",
+    "optimizer_state": "averaging the optimiser's state between ranks is not built in the runtime yet "
+                       "(keep and reset are)",
+    "payload": "delta payloads (public copies at every neighbour) are not built in the runtime yet",
+}
+_ALLOWED = {"optimizer_state": ("keep", "reset"), "payload": ("weights",)}
+
+
+class MergerError(RunError):
+    """A peer died or hung: the message, one line, names the rank."""
+
+
+class _Pending:
+    """A point-to-point work handle made pollable: gloo's send and receive works report completion only from
+    ``wait()``, and a ``wait(timeout)`` that expires aborts the whole context; so a daemon thread waits (torch
+    releases the GIL there) and the training thread polls :meth:`done`, keeping its own timeout."""
+
+    def __init__(self, work, error: BaseException | None = None):
+        self.error = error
+        self._done = threading.Event()
+        if work is None:  # failed when posted
+            self._done.set()
+            return
+        self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True, name="evomerge-merger-wait")
+        self._thread.start()
+
+    def _wait(self, work) -> None:
+        try:
+            work.wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread
+            self.error = e
+        self._done.set()
+
+    def done(self) -> bool:
+        """Whether the message went or came (raises RuntimeError if it failed)."""
+        if not self._done.is_set():
+            return False
+        if self.error is not None:
+            raise RuntimeError(str(self.error) or type(self.error).__name__)
+        return True
+
+
+def read_policy(policy) -> MergePolicy:
+    """A :class:`MergePolicy` from an object, a dict, or a path to a policy or an exported file (``best.json``)."""
+    if isinstance(policy, MergePolicy):
+        return policy
+    if isinstance(policy, (str, os.PathLike)):
+        path = Path(policy)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise ConfigError("policy", f"cannot read {str(path)!r}: {e.strerror or e}; allowed: a policy or an "
+                                        "exported JSON file, a dict or a MergePolicy") from None
+        except ValueError as e:
+            raise ConfigError("policy", f"{str(path)!r} is not JSON ({e})") from None
+        policy = data.get("policy", data) if isinstance(data, dict) and "trial" in data else data
+    if not isinstance(policy, dict):
+        raise ConfigError("policy", f"got {type(policy).__name__}; allowed: a MergePolicy, a dict, or a path to a "
+                                    "policy or exported JSON file")
+    return MergePolicy.from_dict(policy)
+
+
+def check_policy(policy: MergePolicy, workers: int) -> None:
+    """Refuse, in one line naming the field, a policy a user's loop cannot run on ``workers`` ranks."""
+    check_workers(policy, workers)
+    defaults = MergePolicy()
+    for name, why in REFUSED.items():
+        value = getattr(policy, name)
+        allowed = _ALLOWED.get(name, (getattr(defaults, name),))
+        if value not in allowed:
+            raise ConfigError(f"policy.{name}", f"{value!r} cannot run in a training loop ({why}); "
+                                                f"allowed: {', '.join(repr(a) for a in allowed)}")
+
+
+class _Layout:
+    """What the kernel reads from a model, for one ``nn.Module``: its parameters then its buffers, flat."""
+
+    def __init__(self, tensors: list[torch.Tensor], n_params: int):
+        self.offsets, o = [], 0
+        for t in tensors:
+            self.offsets.append((o, t.numel()))
+            o += t.numel()
+        self.n_params, self.n_trained_blocks = o, n_params
+        self.counters = frozenset(k for k, t in enumerate(tensors) if k >= n_params and not t.is_floating_point())
+
+
+class Merger:
+    """A merge policy applied in the caller's training loop; one worker per process of ``group``.
+
+    ``policy``: a :class:`MergePolicy`, a dict, or a path to a policy or exported JSON file. ``model``: this
+    rank's ``nn.Module`` (its parameters and buffers are merged in place; at construction every rank takes rank
+    0's, as DDP does). ``optimizer``: needed by ``weighting = "adaptive"`` (its step hook gathers the squared
+    gradients) and ``optimizer_state = "reset"``. ``seed`` draws the schedule (the same on every rank);
+    ``total_steps`` is the number of :meth:`step` calls of the run (the mixing schedule spans it). ``group``:
+    the process group (default: the world). ``timeout``: seconds any wait may last before the run stops with
+    :class:`MergerError`. ``trace``: a directory for one JSON Lines file per rank (each local step's compute
+    time, each transfer's bytes, peer and duration). ``overlap``: see the module's docstring.
+    """
+
+    def __init__(self, policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, seed: int,
+                 total_steps: int, group=None, timeout: float = 60.0, trace: str | os.PathLike | None = None,
+                 overlap: str = "nonblocking"):
+        p = read_policy(policy)
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError("model", f"got {type(model).__name__}; allowed: a torch.nn.Module")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError("optimizer", f"got {type(optimizer).__name__}; allowed: a torch.optim.Optimizer or None")
+        for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ConfigError(name, f"{value!r}; allowed: an integer >= {low}")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+            raise ConfigError("timeout", f"{timeout!r}; allowed: seconds > 0")
+        if overlap not in OVERLAPS:
+            raise ConfigError("overlap", f"{overlap!r}; allowed: {', '.join(OVERLAPS)}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("group", "torch.distributed is not initialised; call dist.init_process_group first "
+                                       "(one process per worker, e.g. under torchrun)")
+        self.group = group
+        self.W, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        check_policy(p, self.W)
+        params = [t for t in model.parameters()]
+        buffers = [t for t in model.buffers()]
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if not t.is_contiguous():
+                raise ConfigError("model", f"{name!r} is not contiguous; allowed: contiguous parameters and buffers")
+            if not t.is_floating_point() and (t.is_complex() or t.dtype == torch.bool):
+                raise ConfigError("model", f"buffer {name!r} is {t.dtype}; allowed: floating point or integer counters")
+        self.weighting = registry.WEIGHTINGS.get_object(p.weighting)()
+        if self.weighting.accumulators and optimizer is None:
+            raise ConfigError("optimizer", f"None, but weighting {p.weighting!r} gathers squared gradients at each "
+                                           "optimiser step; allowed: the loop's torch.optim.Optimizer")
+        if p.optimizer_state == "reset" and optimizer is None:
+            raise ConfigError("optimizer", "None, but optimizer_state 'reset' zeroes its state on a merge; allowed: "
+                                           "the loop's torch.optim.Optimizer")
+        self.p, self.model, self.optimizer = p, model, optimizer
+        self.seed, self.T, self.timeout, self.overlap = int(seed), int(total_steps), float(timeout), overlap
+        self.tensors = params + buffers
+        self.layout = _Layout(self.tensors, len(params))
+        self.P = self.layout.n_params
+        self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
+        self.rules = kernel.block_rules(self.layout, p.buffers)
+        self.dev = params[0].device if params else torch.device("cpu")
+        # payloads cross gloo through host memory
+        self.wire_dev = torch.device("cpu") if dist.get_backend(group) == "gloo" else self.dev
+        self.accum = [torch.zeros_like(b, dtype=torch.float32) for b in self.blocks] \
+            if self.weighting.accumulators else None
+        self._hook = None
+        if self.accum is not None:
+            self._hook = optimizer.register_step_post_hook(self._gather_squares)
+        self.examples = torch.zeros(1, dtype=torch.float64, device=self.dev)
+        self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
+        self.t = 0  # local steps done (calls of step())
+        self.merges = 0
+        self.t = 0  # local steps done (calls of step())
+        # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
+        self._stop_in = {}
+        for r in range(self.W):
+            if r != self.rank:
+                buf = torch.zeros(1)
+                try:
+                    work = _Pending(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG))
+                except RuntimeError as e:  # its connection is already closed
+                    work = _Pending(None, e)
+                self._stop_in[r] = (work, buf)
+        self._stop_out: list = []
+        self._closing = False
+        self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
+        self._broadcast_start()
+        self.outer = kernel.outer_for(p, self.layout, self._flat)
+        self.sched = schedule_mod.build(p, self.W, self.T, self.seed)
+        s, r = self.sched, self.rank
+        self._mine = np.flatnonzero((s.initiator == r) | (s.peer == r)) if s.scheme == "gossip" else np.zeros(0, int)
+        self._incoming = [int(e) for e in self._mine if int(s.peer[e]) == r]  # events whose request this rank gets
+        self._out = [int(e) for e in self._mine if int(s.initiator[e]) == r]  # events this rank starts
+        self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, float]] = {}  # (event, kind) -> work, buffer, t0
+        self._done_in: set[int] = set()  # incoming events applied
+        self._await_reply: dict[int, float] = {}  # push-pull events started, answer not merged yet -> time sent
+        self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
+        self._trace = None
+        if trace is not None:
+            d = Path(trace)
+            d.mkdir(parents=True, exist_ok=True)
+            self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
+        self._t_last = time.perf_counter()
+
+    # -- the loop's calls ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, loss=None, examples: float = 1) -> None:
+        """After this rank's local step: apply the merges the policy has for it. ``loss`` is recorded in the
+        trace; ``examples`` is what ``examples`` weighting counts (default 1: steps, which gives the same
+        weights when every rank's batches are equally large)."""
+        now = time.perf_counter()
+        self.t += 1
+        self.examples += examples
+        if self._trace is not None:
+            rec = {"step": self.t, "compute_s": now - self._t_last}
+            if loss is not None:
+                rec["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+            self._write(rec)
+        self._check_stops("")
+        if self.t > self.T:
+            self._t_last = time.perf_counter()
+            return
+        s = self.sched
+        if s.scheme == "allreduce":
+            for ev in s.events_at(self.t):
+                self._allreduce(ev)
+        elif s.scheme == "gossip":
+            if self.overlap == "lockstep":
+                self._lockstep(self.t)
+            else:
+                self._service()
+                for ev in s.events_at(self.t):
+                    if int(s.initiator[ev]) == self.rank:
+                        self._start(ev)
+                self._post_window()
+        self._t_last = time.perf_counter()
+
+    @torch.no_grad()
+    def finish(self) -> torch.nn.Module:
+        """Complete every merge of the run (answering the peers that are still at it), then average every rank's
+        model into the consensus model, in place on ``model``, which it returns; the same on every rank."""
+        self._drain(final=True)
+        flat = self._flat().to(self.wire_dev)
+        self._collective(lambda: dist.all_reduce(flat, group=self.group, async_op=True), "the final average")
+        flat /= self.W
+        for k, (blk, (o, n)) in enumerate(zip(self.blocks, self.layout.offsets)):
+            blk.copy_(flat[o:o + n].view(1, -1).to(blk.dtype))
+        self._release()
+        return self.model
+
+    def state_dict(self) -> dict:
+        """The merge state at this step (after every merge due by now is done): with the model's and the optimiser's
+        own state dicts, what a resumed run needs to go on as if it had never stopped. Call it on every rank at the
+        same step."""
+        self._drain(final=False)
+        return {"format": 1, "step": self.t, "world": self.W, "seed": self.seed, "total_steps": self.T,
+                "policy": self.p.to_dict(), "examples": float(self.examples[0]), "epoch": self.epoch,
+                "merges": self.merges,
+                "accum": None if self.accum is None else [a.clone().cpu() for a in self.accum],
+                "outer": None if self.outer is None else {"anchor": self.outer.anchor.clone().cpu(),
+                                                          "momentum": self.outer.momentum.clone().cpu()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict` (on a Merger built with the same policy, seed, total_steps and world)."""
+        for key, mine in (("world", self.W), ("seed", self.seed), ("total_steps", self.T),
+                          ("policy", self.p.to_dict())):
+            if state.get(key) != mine:
+                raise ConfigError(f"state_dict.{key}", f"{state.get(key)!r} differs from this Merger's {mine!r}")
+        self.t, self.epoch, self.merges = int(state["step"]), int(state["epoch"]), int(state["merges"])
+        self.examples.fill_(float(state["examples"]))
+        if self.accum is not None:
+            for a, saved in zip(self.accum, state["accum"]):
+                a.copy_(saved)
+        if self.outer is not None:
+            self.outer.anchor.copy_(state["outer"]["anchor"])
+            self.outer.momentum.copy_(state["outer"]["momentum"])
+        self._done_in = {e for e in self._incoming if int(self.sched.step[e]) <= self.t}
+        if self.overlap != "lockstep":
+            self._post_window()
+
+    # -- state ---------------------------------------------------------------------------------------------
+    def _flat(self) -> torch.Tensor:
+        return torch.cat([b.reshape(-1).to(torch.float32) for b in self.blocks])
+
+    def _broadcast_start(self) -> None:
+        flat = self._flat().to(self.wire_dev)
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        self._collective(lambda: dist.broadcast(flat, src=src, group=self.group, async_op=True), "the start")
+        for blk, (o, n) in zip(self.blocks, self.layout.offsets):
+            blk.copy_(flat[o:o + n].view(1, -1).to(blk.dtype))
+
+    def _gather_squares(self, optimizer, args, kwargs) -> None:
+        """The optimiser's step hook (``adaptive`` weighting): the squared gradients it just used, summed."""
+        for a, t in zip(self.accum, self.tensors):
+            if t.grad is not None:
+                a.addcmul_(t.grad.view(1, -1).float(), t.grad.view(1, -1).float())
+
+    def _payload(self) -> torch.Tensor:
+        """This rank's state as one flat float32 tensor (a snapshot: later steps do not change it)."""
+        meta = torch.tensor([float(self.examples[0]), float(self.epoch), 0.0], dtype=torch.float64).view(torch.float32)
+        parts = [self._flat().to(self.wire_dev), meta.to(self.wire_dev)]
+        if self.accum is not None:
+            parts.append(torch.cat([a.reshape(-1) for a in self.accum]).to(self.wire_dev))
+        return torch.cat(parts)
+
+    def _size(self) -> int:
+        return self.P + META + (self.P if self.accum is not None else 0)
+
+    def _merge(self, ev: int, buf: torch.Tensor, move: float) -> None:
+        """Merge the payload ``buf`` of event ``ev`` with move ``move``, by the kernel and the policy's weighting."""
+        P, lay = self.P, self.layout
+        row = buf[:P].to(self.dev)
+        ex_in, ep_in = buf[P:P + META].clone().view(torch.float64)[:2].tolist()
+        factor = kernel.support_factor(self.epoch - int(ep_in))  # the sender's supports on this rank's scale
+        ex_in *= factor
+        acc_in = None
+        if self.accum is not None:
+            flat = buf[P + META:].to(self.dev) * factor
+            acc_in = [flat[o:o + n].view(1, -1) for o, n in lay.offsets]
+        st = SimpleNamespace(examples=self.examples, params=SimpleNamespace(device=self.dev),
+                             accum=SimpleNamespace(blocks=self.accum))
+        weights = self.weighting.incoming_weights(st, [move], np.array([0]), [ex_in], acc_in)
+        blocks = self.blocks
+        kernel.receive_(blocks, None, self.rules, lay.offsets, [0],
+                        lambda k, o, n: [row[o:o + n].to(blocks[k].dtype)], weights)
+        self.examples += ex_in  # supports are summed on merge (VW), as the engine's counters
+        if acc_in is not None:
+            for a, s in zip(self.accum, acc_in):
+                a.add_(s)
+        if kernel.rescale_supports(self.examples, None):
+            self.epoch += 1
+            if self.accum is not None:
+                for a in self.accum:
+                    a.mul_(1.0 / kernel.SUPPORT_LIMIT)
+        if self.p.optimizer_state == "reset":
+            for t in self.tensors[:lay.n_trained_blocks]:
+                self.optimizer.state.pop(t, None)  # a fresh state at the next step, as a new optimiser's
+        self.merges += 1
+
+    def _moves(self, ev: int) -> tuple[float, float]:
+        step = int(self.sched.step[ev])
+        return plan_mod.moves(self.p, plan_mod.scheduled_weight(self.p, step, self.T), float(self.sched.u[ev]), None)
+
+    # -- messages ------------------------------------------------------------------------------------------
+    def _tag(self, ev: int, kind: int) -> int:
+        return (ev * 2 + kind) % STOP_TAG
+
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self.group, r) if self.group is not None else r
+
+    def _send(self, ev: int, kind: int, to: int) -> None:
+        buf = self._payload()
+        try:
+            work = _Pending(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
+        except RuntimeError as e:
+            raise self._gone(to, ev, e) from None
+        self._sending.append((work, buf, ev, time.perf_counter(), to))
+        self._trace_transfer("send", ev, to, buf)
+
+    def _post(self, ev: int, kind: int, src: int) -> None:
+        if (ev, kind) not in self._posted:
+            buf = torch.empty(self._size(), dtype=torch.float32, device=self.wire_dev)
+            try:
+                work = _Pending(dist.irecv(buf, self._global(src), group=self.group, tag=self._tag(ev, kind)))
+            except RuntimeError as e:
+                raise self._gone(src, ev, e) from None
+            self._posted[(ev, kind)] = (work, buf, time.perf_counter())
+
+    def _post_window(self) -> None:
+        """Post the receives of the next :data:`WINDOW` incoming requests not applied yet."""
+        n = 0
+        for ev in self._incoming:
+            if ev in self._done_in:
+                continue
+            self._post(ev, REQUEST, int(self.sched.initiator[ev]))
+            n += 1
+            if n >= WINDOW:
+                break
+
+    def _ready(self, ev: int, kind: int, peer: int) -> torch.Tensor | None:
+        """The payload of ``(ev, kind)`` if it has arrived (raises MergerError if the peer is gone)."""
+        work, buf, t0 = self._posted[(ev, kind)]
+        try:
+            if not work.done():
+                return None
+        except RuntimeError as e:
+            raise self._gone(peer, ev, e) from None
+        del self._posted[(ev, kind)]
+        self._trace_transfer("recv", ev, peer, buf, time.perf_counter() - t0)
+        return buf
+
+    def _wait(self, ready, what: tuple) -> Any:
+        """Call ``ready()`` until it returns something, answering peers meanwhile (not in lockstep); at most
+        ``timeout`` seconds. ``what``: (what is waited on, the rank that must answer: a callable is asked when
+        the time is up), for the error."""
+        t0, pause = time.perf_counter(), 0.0
+        while True:
+            out = ready()
+            if out is not None:
+                return out
+            if self.overlap != "lockstep" and not self._closing:
+                self._service()
+            self._check_stops(what[0])
+            if time.perf_counter() - t0 > self.timeout:
+                raise self._fail(what[0], f"for {self.timeout:g} s")
+            pause = min(0.002, pause + 0.0001)
+            time.sleep(pause)
+
+    def _gone(self, peer: int, ev, e: Exception) -> MergerError:
+        """A message to or from ``peer`` failed (its connection closed): find who is gone, tell the others."""
+        return self._fail(ev)
+
+    def _check_stops(self, where) -> None:
+        """Raise (after the roll call) if another rank sent its stop message or its connection closed."""
+        for r, (work, buf) in self._stop_in.items():
+            try:
+                stopped = work.done() and float(buf[0]) == 1.0
+            except RuntimeError:
+                stopped = True
+            if stopped:
+                raise self._fail(where)
+
+    def _fail(self, where, how: str = "") -> MergerError:
+        """A rank died or hangs: every rank that finds out sends its stop message to all others (which makes them
+        find out too), then waits, at most ``timeout``, for every other rank's; those that never send it, or whose
+        connection closed, are the ones named. ``where``: a merge event, or words."""
+        if not self._stop_out:
+            flag = torch.ones(1)
+            for r in self._stop_in:
+                try:
+                    self._stop_out.append(_Pending(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
+                except RuntimeError:
+                    pass
+        deadline, missing = time.perf_counter() + self.timeout, set()
+        for r, (work, buf) in self._stop_in.items():
+            while True:
+                try:
+                    if work.done():
+                        break
+                except RuntimeError:  # its connection closed
+                    missing.add(r)
+                    break
+                if time.perf_counter() > deadline:
+                    missing.add(r)
+                    break
+                time.sleep(0.005)
+        who = ", ".join(str(r) for r in sorted(missing)) or "?"
+        place = where if isinstance(where, str) else f"merge event {where}"
+        place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
+        return MergerError(f"rank {who} did not answer{' ' + how if how else ''} ({place}); stopped")
+
+    def _sent(self, work: _Pending, ev: int, to: int) -> bool | None:
+        try:
+            return True if work.done() else None
+        except RuntimeError as e:
+            raise self._gone(to, ev, e) from None
+
+    def _reap_sends(self) -> None:
+        keep = []
+        for work, buf, ev, t0, to in self._sending:
+            try:
+                done = work.done()
+            except RuntimeError as e:
+                raise self._gone(to, ev, e) from None
+            if not done:
+                keep.append((work, buf, ev, t0, to))
+        self._sending = keep
+
+    # -- gossip ----------------------------------------------------------------------------------------------
+    def _lockstep(self, step: int) -> None:
+        """The lockstep world: this rank's events at ``step``, in schedule order, each waited for."""
+        s, r = self.sched, self.rank
+        push_pull = self.p.exchange == "push_pull"
+        for ev in s.events_at(step):
+            a, b = int(s.initiator[ev]), int(s.peer[ev])
+            if r not in (a, b):
+                continue
+            move_a, move_b = self._moves(ev)
+            if r == a:
+                if push_pull:
+                    self._post(ev, REPLY, b)
+                self._send(ev, REQUEST, b)
+                if push_pull:
+                    buf = self._wait(lambda: self._ready(ev, REPLY, b), (ev, b))
+                    self._merge(ev, buf, move_a)
+            else:
+                self._post(ev, REQUEST, a)
+                buf = self._wait(lambda: self._ready(ev, REQUEST, a), (ev, a))
+                if push_pull:
+                    self._send(ev, REPLY, a)  # its state before it moves
+                self._merge(ev, buf, move_b)
+                self._done_in.add(ev)
+        self._reap_sends()
+
+    def _start(self, ev: int) -> None:
+        """This rank starts event ``ev`` (it is the initiator): its payload goes out; blocking, it waits."""
+        b = int(self.sched.peer[ev])
+        push_pull = self.p.exchange == "push_pull"
+        if push_pull:
+            self._post(ev, REPLY, b)
+            self._await_reply[ev] = time.perf_counter()
+        self._send(ev, REQUEST, b)
+        if self.overlap == "blocking":
+            if push_pull:
+                self._wait(lambda: None if ev in self._await_reply else True, (ev, b))
+            else:
+                work = self._sending[-1][0]
+                self._wait(lambda: self._sent(work, ev, b), (ev, b))
+
+    def _service(self) -> None:
+        """Apply every payload that has arrived: requests (answered first in push-pull) and answers."""
+        s = self.sched
+        push_pull = self.p.exchange == "push_pull"
+        for (ev, kind) in sorted(self._posted):
+            if kind == REQUEST:
+                a = int(s.initiator[ev])
+                buf = self._ready(ev, REQUEST, a)
+                if buf is None:
+                    continue
+                if push_pull:
+                    self._send(ev, REPLY, a)
+                self._merge(ev, buf, self._moves(ev)[1])
+                self._done_in.add(ev)
+            elif ev in self._await_reply:
+                b = int(s.peer[ev])
+                buf = self._ready(ev, REPLY, b)
+                if buf is None:
+                    continue
+                self._merge(ev, buf, self._moves(ev)[0])
+                del self._await_reply[ev]
+        self._post_window()
+        self._reap_sends()
+
+    def _drain(self, final: bool) -> None:
+        """Wait until every gossip event of this rank due by now is done, answering peers meanwhile. At the end
+        (``final``), the ranks first tell each other how many steps they did: events after a rank's last step
+        never happen."""
+        s = self.sched
+        if s.scheme != "gossip" or self.overlap == "lockstep":
+            self._flush_sends()
+            return
+        last = torch.full((self.W,), self.t, dtype=torch.int64)
+        if final:  # every rank's last step (answering peers while the others get there)
+            mine = torch.tensor([self.t], dtype=torch.int64)
+            out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.W)]
+            work = dist.all_gather(out, mine, group=self.group, async_op=True)
+            self._wait(lambda: True if work.is_completed() else None, ("the end of the run", None))
+            work.wait()
+            last = torch.cat(out)
+        self._last = last
+        due = [e for e in self._incoming if e not in self._done_in
+               and int(s.step[e]) <= int(last[int(s.initiator[e])])]
+        for ev in due:
+            self._post(ev, REQUEST, int(s.initiator[ev]))
+        pending = set(due)
+        self._wait(lambda: True if not (pending - self._done_in) and not self._await_reply else None,
+                   (f"merges due by step {self.t}", None))
+        self._flush_sends()
+
+    def _cancel_window(self) -> None:
+        """After the last drain: the receives posted ahead for events that will not happen now (a rank's first
+        :data:`WINDOW` events not done, the same set on every rank's reckoning) get an empty message from their
+        initiator, so that no receive is left waiting when the process ends."""
+        s, last = self.sched, self._last
+        if s.scheme != "gossip" or self.overlap == "lockstep" or last is None:
+            return
+        self._post_window()
+        self._closing = True  # from here on, what arrives is an empty message, not a payload to merge
+        # every rank has drained (none will take an empty message for a payload) before any is sent
+        flag = torch.zeros(1)
+        self._collective(lambda: dist.all_reduce(flag, group=self.group, async_op=True), "the end of the run")
+        later = s.step > last.numpy()[s.initiator]  # events that will not happen
+        voids = []
+        for b in range(self.W):
+            if b == self.rank:
+                continue
+            window = np.flatnonzero(later & (s.peer == b))[:WINDOW]
+            for ev in window[s.initiator[window] == self.rank].tolist():
+                buf = torch.zeros(self._size(), device=self.wire_dev)
+                try:
+                    voids.append((_Pending(dist.isend(buf, self._global(b), group=self.group,
+                                                      tag=self._tag(ev, REQUEST))), buf, ev, b))
+                except RuntimeError as e:
+                    raise self._gone(b, ev, e) from None
+        for (ev, kind), (work, buf, t0) in list(self._posted.items()):
+            peer = int(s.initiator[ev])
+            self._wait(lambda: self._sent(work, ev, peer), (ev, peer))
+        self._posted.clear()
+        for work, buf, ev, b in voids:
+            self._wait(lambda: self._sent(work, ev, b), (ev, b))
+
+    def _flush_sends(self) -> None:
+        for work, buf, ev, t0, to in self._sending:
+            self._wait(lambda: self._sent(work, ev, to), (ev, to))
+        self._reap_sends()
+
+    # -- all-reduce ----------------------------------------------------------------------------------------------
+    def _allreduce(self, ev: int) -> None:
+        """The all-reduce scheme: every rank moves to the (weighted) average, or to the anchor after the outer step;
+        counters become their sum, supports their sum."""
+        step, lay = int(self.sched.step[ev]), self.layout
+        weight = plan_mod.allreduce_weight(self.p, step, self.T, float(self.sched.u[ev]))
+        x = self._flat()
+        if self.accum is not None:
+            s = torch.cat([a.reshape(-1) for a in self.accum])
+        elif self.weighting.by_examples:
+            s = self.examples.to(torch.float32).expand_as(x)
+        else:
+            s = None
+        parts = [x] if s is None else [s * x, s, x]
+        sums = torch.cat(parts).to(self.wire_dev)
+        t0 = time.perf_counter()
+        self._collective(lambda: dist.all_reduce(sums, group=self.group, async_op=True), f"merge event {ev}")
+        sums = sums.to(self.dev)
+        P = self.P
+        if s is None:
+            avg, total = sums / self.W, None
+        else:
+            num, total, plain = sums[:P], sums[P:2 * P], sums[2 * P:]
+            avg = ops.average_from_sums(num, total, plain / self.W)
+        counts = sums[-P:] if s is not None else sums  # the plain sum, for the counters
+        if self.outer is not None:
+            for k in range(self.outer.blocks):
+                o, n = lay.offsets[k]
+                avg[o:o + n] = self.outer.step_(avg[o:o + n], o, n)
+        w = torch.full((1, 1), float(weight), device=self.dev)
+        for k, (rule, blk, (o, n)) in enumerate(zip(self.rules, self.blocks, lay.offsets)):
+            if rule == kernel.LERP:
+                kernel.lerp_rows_(blk, [0], [avg[o:o + n].to(blk.dtype)], w)
+            elif rule == kernel.SUM:  # counters are summed, not averaged (kernel.average_all_)
+                blk.copy_(counts[o:o + n].clamp(max=kernel.COUNTER_LIMIT).view(1, -1).to(blk.dtype))
+        if self.accum is not None:  # supports are summed
+            for a, (o, n) in zip(self.accum, lay.offsets):
+                a.copy_(total[o:o + n].view(1, -1))
+        if self.weighting.by_examples:
+            ex = self.examples.clone()
+            self._collective(lambda: dist.all_reduce(ex, group=self.group, async_op=True), f"merge event {ev}")
+            self.examples.copy_(ex)
+        if self.p.optimizer_state == "reset":
+            for t in self.tensors[:lay.n_trained_blocks]:
+                self.optimizer.state.pop(t, None)
+        self.merges += 1
+        if self._trace is not None:
+            self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": 4 * sums.numel(),
+                         "seconds": time.perf_counter() - t0})
+
+    def _collective(self, start, what: str) -> None:
+        """Run an async collective to completion within ``timeout``; if it fails or times out, find who is gone."""
+        try:
+            work = start()
+        except RuntimeError:
+            raise self._fail(what) from None
+        t0, pause = time.perf_counter(), 0.0
+        while True:
+            try:
+                if work.is_completed():
+                    work.wait()
+                    return
+            except RuntimeError:
+                raise self._fail(what) from None
+            self._check_stops(what)
+            if time.perf_counter() - t0 > self.timeout:
+                raise self._fail(what, f"for {self.timeout:g} s")
+            pause = min(0.002, pause + 0.0001)
+            time.sleep(pause)
+
+    def close(self) -> None:
+        """Leave the run without the final average (after :meth:`state_dict`, to stop and resume later): tell every
+        other rank this one is done and wait until they say so too. :meth:`finish` calls it; call it on every rank
+        before the process ends, so that no receive is left waiting."""
+        self._drain(final=False)
+        self._release()
+
+    def _release(self) -> None:
+        self._cancel_window()
+        self._close()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+    def _close(self) -> None:
+        """Tell every other rank this one is done (its standing receive completes), and wait for theirs."""
+        if not self._stop_in:
+            return
+        flag = torch.zeros(1)
+        sends = [_Pending(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)) for r in self._stop_in]
+        for work in sends + [w for w, _ in self._stop_in.values()]:
+            self._wait(lambda: True if work.done() else None, ("the end of the run", None))
+        self._stop_in = {}
+
+    # -- trace ---------------------------------------------------------------------------------------------------
+    def _trace_transfer(self, kind: str, ev: int, peer: int, buf: torch.Tensor, seconds: float | None = None) -> None:
+        if self._trace is None:
+            return
+        rec = {"event": int(ev), "kind": kind, "step": self.t, "peer": int(peer), "bytes": 4 * buf.numel(),
+               "initiator": int(self.sched.initiator[ev]), "event_step": int(self.sched.step[ev])}
+        if seconds is not None:
+            rec["seconds"] = seconds
+        self._write(rec)
+
+    def _write(self, rec: dict) -> None:
+        self._trace.write(json.dumps(rec) + "\n")
+

@@ -1,0 +1,118 @@
+"""A plain PyTorch training loop that deploys a merge policy found by ``evomerge search``.
+
+    torchrun --nproc-per-node 4 examples/deploy/train.py --policy best.json [--slow-rank 3 --slow-factor 4]
+
+Each process is one worker: its own shard of the training set, its own AdamW, AMP on CUDA. evomerge's part is
+three lines: build the ``Merger``, call ``merger.step(loss=...)`` after each optimiser step, and ``finish()`` at
+the end, which leaves the consensus model (every rank's model averaged) on every rank. ``--slow-rank R
+--slow-factor F`` makes rank R sleep (F - 1) times its compute after each step: a device F times slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import evomerge
+from evomerge.data import load
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10),
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", required=True, help="a policy or exported JSON file (evomerge export)")
+    ap.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "mnist"])
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--train-size", type=int, default=0, help="training samples to use (0: all)")
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--steps", type=int, default=0, help="local steps per rank (overrides --epochs)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overlap", default="nonblocking", choices=["nonblocking", "blocking", "lockstep"])
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--trace", default=None, help="a directory for each rank's trace (JSON Lines)")
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--slow-factor", type=float, default=1.0)
+    args = ap.parse_args()
+
+    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    data = load(args.dataset, args.data_dir, val_size=2000, train_size=args.train_size)
+    mean, std = data.spec.mean, data.spec.std
+    mine = torch.arange(rank, len(data.train_y), world)  # this rank's shard
+    x_train = ((data.train_x[mine].float() / 255 - mean) / std).unsqueeze(1)
+    y_train = data.train_y[mine]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=args.batch_size,
+                                         shuffle=True, drop_last=True,
+                                         generator=torch.Generator().manual_seed(args.seed * 1000 + rank))
+    steps = args.steps or int(args.epochs * len(loader))
+
+    torch.manual_seed(args.seed)
+    model = cnn().to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda")
+    try:
+        merger = evomerge.Merger(args.policy, model, optimizer, seed=args.seed, total_steps=steps,
+                                 overlap=args.overlap, timeout=args.timeout, trace=args.trace)
+        t0, step = time.perf_counter(), 0
+        while step < steps:
+            for x, y in loader:
+                if step == steps:
+                    break
+                tc = time.perf_counter()
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                with torch.autocast(dev.type, enabled=dev.type == "cuda"):
+                    loss = F.cross_entropy(model(x), y)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+                if rank == args.slow_rank and args.slow_factor > 1:  # a slower device
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    time.sleep((args.slow_factor - 1) * (time.perf_counter() - tc))
+                merger.step(loss=loss)
+                step += 1
+        seconds = time.perf_counter() - t0
+        merger.finish()  # the consensus model, on every rank
+    except evomerge.ConfigError as e:  # a bad policy or argument: one line, before any merge
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except evomerge.MergerError as e:  # a peer died or hangs: one line, and leave the broken group as it is
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
+    if rank == 0:
+        model.eval()
+        with torch.no_grad():
+            xv = ((data.val_x.float() / 255 - mean) / std).unsqueeze(1).to(dev)
+            acc = (model(xv).argmax(1).cpu() == data.val_y).float().mean().item()
+        print(f"consensus val accuracy {acc:.4f} after {steps} steps per rank, {merger.merges} merges on rank 0, "
+              f"{seconds:.1f} s on {world} ranks", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""A user's own training loop with ``evomerge.Merger``, as tests/test_runtime.py launches it: one process per
+rank (torchrun, or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT).
+
+It trains the study's model as a plain ``nn.Module`` with ``torch.optim.SGD`` on the study's data, in the
+order evomerge's engine draws it (the worker's shard, ``batch_indices``), so that its consensus can be held
+against an in-process run of the same study, policy and seed. ``--mixing`` instead sets every parameter to
+the rank, trains nothing, and records the parameters after every step (the exact-mixing test torch's
+model-averaging tests use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import evomerge
+from evomerge import simulate, study as study_mod
+from evomerge.engine.run import batch_indices, normalise
+from evomerge.engine.state import initial_row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--policy", action="append", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overlap", action="append", default=None, help="per policy (the last one repeats)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds every rank sleeps per step")
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--slow-factor", type=float, default=1.0)
+    ap.add_argument("--die-rank", type=int, default=-1, help="this rank kills itself (SIGKILL) at --die-at")
+    ap.add_argument("--die-at", type=int, default=0)
+    ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
+    ap.add_argument("--resume", default=None, help="a checkpoint directory written by --stop-at")
+    ap.add_argument("--mixing", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    st = study_mod.load(args.study)
+    setup = simulate.prepare(st, data_dir=args.data_dir)
+    T, B = setup.total_steps, st.run.batch_size
+    try:
+        for i, policy in enumerate(args.policy):
+            if args.mixing:
+                model = torch.nn.Linear(3, 2)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(float(rank))
+                opt = None
+            else:
+                model = setup.model.builder()  # the user's own nn.Module
+                row = initial_row(setup.model, args.seed)
+                with torch.no_grad():
+                    o = 0
+                    for t in list(model.parameters()) + list(model.buffers()):
+                        t.copy_(row[o:o + t.numel()].view_as(t))
+                        o += t.numel()
+                opt = torch.optim.SGD(model.parameters(), lr=st.run.lr)
+            overlaps = args.overlap or ["lockstep"]
+            overlap = overlaps[min(i, len(overlaps) - 1)]
+            merger = evomerge.Merger(policy, model, opt, seed=args.seed, total_steps=T, overlap=overlap,
+                                     timeout=args.timeout, trace=out / f"trace-{i}")
+            if args.mixing and rank != 0:  # the Merger starts every rank from rank 0's model, as DDP does
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(float(rank))
+            start = 0
+            if args.resume:
+                ck = torch.load(Path(args.resume) / f"ck-{i}-{rank}.pt", weights_only=False)
+                model.load_state_dict(ck["model"])
+                opt.load_state_dict(ck["optimizer"])
+                merger.load_state_dict(ck["merger"])
+                start = ck["merger"]["step"]
+            idx = batch_indices(setup.shards[rank], B, 0, T, args.seed, rank)
+            values = []
+            t0 = time.perf_counter()
+            for t in range(start, T):
+                if t == args.die_at and rank == args.die_rank:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if args.stop_at and t == args.stop_at:
+                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "merger": merger.state_dict()}, out / f"ck-{i}-{rank}.pt")
+                    merger.close()
+                    break
+                loss = None
+                if not args.mixing:
+                    bi = torch.as_tensor(idx[t])
+                    x, y = normalise(setup.data.train_x[bi], setup.data.spec), setup.data.train_y[bi]
+                    loss = F.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                sleep = args.step_sleep * (args.slow_factor if rank == args.slow_rank else 1.0)
+                if sleep:
+                    time.sleep(sleep)
+                merger.step(loss=loss)
+                if args.mixing:
+                    values.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+            else:
+                seconds = time.perf_counter() - t0
+                merger.finish()
+                flat = torch.cat([t.detach().float().reshape(-1) for t in
+                                  list(model.parameters()) + list(model.buffers())])
+                torch.save({"consensus": flat, "values": values, "merges": merger.merges, "seconds": seconds},
+                           out / f"result-{i}-{rank}.pt")
+    except evomerge.MergerError as e:
+        # the process group is broken: say why in one line and leave without tearing it down
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""``evomerge.Merger``: a found policy in a user's own training loop, on real gloo processes.
+
+The loop is tests/merger_loop.py, a plain PyTorch loop (the study's model as an ``nn.Module``,
+``torch.optim.SGD``), launched as separate processes that set RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as
+torchrun does. Its results are held against evomerge's in-process engine on the same study, policy and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from evomerge import schedule, simulate, study as study_mod
+from evomerge.errors import ConfigError
+from evomerge.policy import MergePolicy
+
+ROOT = Path(__file__).resolve().parent.parent
+LOOP = Path(__file__).resolve().parent / "merger_loop.py"
+
+USER_MLP = """
+import torch.nn as nn
+
+
+def mlp(hidden=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+"""
+
+STUDY = """
+[study]
+name = "merger-test"
+[data]
+dataset = "mnist"
+val_size = 500
+train_size = 2000
+partition = "dirichlet"
+alpha = 0.5
+[model]
+factory = "user_mlp:mlp"
+[run]
+workers = 4
+batch_size = 16
+steps = 40
+lr = 0.1
+rounds = 2
+score_samples = 8
+"""
+
+POLICIES = {
+    "fedavg": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0},
+    "diloco": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+               "outer_lr": 0.7, "outer_momentum": 0.9},
+    "ring-push-pull": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3},
+    "communities-push": {"scheme": "gossip", "topology": "communities", "n_communities": 2, "exchange": "push",
+                         "mean_interval": 2, "mixing_weight": 0.6, "lerp": "random", "mixing_schedule": "linear",
+                         "mixing_weight_final": 0.2},
+    "complete-push-examples": {"scheme": "gossip", "topology": "complete", "exchange": "push", "mean_interval": 1.5,
+                               "weighting": "examples"},
+    "ring-adaptive": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
+                      "weighting": "adaptive"},
+    "allreduce-adaptive": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 0.5, "weighting": "adaptive"},
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, data_dir):
+    d = tmp_path_factory.mktemp("merger")
+    (d / "user_mlp.py").write_text(USER_MLP)
+    (d / "study.toml").write_text(STUDY)
+    for name, p in POLICIES.items():
+        (d / f"{name}.json").write_text(json.dumps(p))
+    return d
+
+
+@pytest.fixture(scope="module")
+def setup(folder, data_dir):
+    return simulate.prepare(study_mod.load(folder / "study.toml"), data_dir=data_dir)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(folder: Path, data_dir, out: Path, *args, world: int = 4, timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    """The loop on ``world`` processes, as torchrun starts them; each rank's exit status and output."""
+    port = _port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+        cmd = [sys.executable, str(LOOP), "--study", str(folder / "study.toml"), "--data-dir", str(data_dir),
+               "--out", str(out), *[str(a) for a in args]]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("the ranks did not end in time (a hang)") from None
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, o, e))
+    return done
+
+
+def policies(folder, names):
+    return [a for n in names for a in ("--policy", folder / f"{n}.json")]
+
+
+def result(out: Path, i: int, rank: int = 0) -> dict:
+    return torch.load(out / f"result-{i}-{rank}.pt", weights_only=False)
+
+
+def engine_consensus(setup, name: str, seed: int = 0) -> torch.Tensor:
+    res = simulate.simulate(setup, MergePolicy.from_dict(POLICIES[name]), seed, device="cpu", keep_params=True)
+    return res.params.mean(0)
+
+
+def trace(out: Path, i: int, rank: int) -> list[dict]:
+    return [json.loads(ln) for ln in (out / f"trace-{i}" / f"rank-{rank}.jsonl").read_text().splitlines()]
+
+
+# -- identity with the engine -------------------------------------------------------------------------
+IDENTITY = ["fedavg", "diloco", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
+            "allreduce-adaptive"]
+
+
+@pytest.fixture(scope="module")
+def lockstep_run(folder, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lockstep")
+    ranks = launch(folder, data_dir, out, *policies(folder, IDENTITY), "--overlap", "lockstep")
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    return out
+
+
+@pytest.mark.system
+def test_merger_in_a_users_loop_gives_the_engines_consensus(setup, lockstep_run):
+    """SGD, the study's data order, equal speeds: the 4 ranks' consensus is the in-process run's, for FedAvg,
+    DiLoCo's outer step, push and push-pull gossip, random lerps on a mixing schedule and every weighting."""
+    for i, name in enumerate(IDENTITY):
+        got = result(lockstep_run, i)["consensus"]
+        want = engine_consensus(setup, name)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        for r in range(1, 4):  # finish() leaves the same consensus on every rank
+            torch.testing.assert_close(result(lockstep_run, i, r)["consensus"], got, rtol=0, atol=0)
+    # the runs differ from each other: the comparison can fail
+    assert not torch.allclose(result(lockstep_run, 0)["consensus"], result(lockstep_run, 1)["consensus"], atol=1e-3)
+
+
+@pytest.mark.system
+def test_merger_performs_the_schedules_events(setup, lockstep_run):
+    """Each rank sends and receives exactly the events ``schedule.build`` draws for it, in order."""
+    T = setup.total_steps
+    for i, name in enumerate(IDENTITY):
+        p = MergePolicy.from_dict(POLICIES[name])
+        s = schedule.build(p, 4, T, 0)
+        if s.scheme != "gossip":
+            for r in range(4):
+                steps = [rec["step"] for rec in trace(lockstep_run, i, r) if rec.get("kind") == "allreduce"]
+                assert steps == s.step.tolist()
+            continue
+        push_pull = p.exchange == "push_pull"
+        for r in range(4):
+            recs = trace(lockstep_run, i, r)
+            sent = [(x["event"], x["peer"]) for x in recs if x.get("kind") == "send"]
+            got = [(x["event"], x["peer"], x["step"]) for x in recs if x.get("kind") == "recv"]
+            want_sent = [(e, int(s.peer[e])) for e in range(len(s)) if s.initiator[e] == r]
+            if push_pull:
+                want_sent += [(e, int(s.initiator[e])) for e in range(len(s)) if s.peer[e] == r]
+            assert sorted(sent) == sorted(want_sent)
+            want_got = [(e, int(s.initiator[e]), int(s.step[e])) for e in range(len(s)) if s.peer[e] == r]
+            if push_pull:
+                want_got += [(e, int(s.peer[e]), int(s.step[e])) for e in range(len(s)) if s.initiator[e] == r]
+            assert sorted(got) == sorted(want_got)  # received at the event's own step (lockstep)
+            assert result(lockstep_run, i, r)["merges"] == len(want_got)
+
+
+@pytest.mark.system
+def test_merger_mixes_exactly_as_predicted(folder, data_dir, tmp_path):
+    """torch's model-averaging test: every parameter starts at the rank, nothing trains, and after each step every
+    rank holds exactly what replaying the schedule by hand predicts."""
+    names = ["ring-push-pull", "communities-push"]
+    ranks = launch(folder, data_dir, tmp_path, *policies(folder, names), "--mixing")
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    T = 40
+    for i, name in enumerate(names):
+        p = MergePolicy.from_dict(POLICIES[name])
+        s = schedule.build(p, 4, T, 0)
+        x = [torch.tensor(float(r)) for r in range(4)]
+        want = []
+        for step in range(1, T + 1):
+            for e in s.events_at(step):
+                a, b = int(s.initiator[e]), int(s.peer[e])
+                w = p.mixing_weight + (p.mixing_weight_final - p.mixing_weight) * step / T \
+                    if p.mixing_schedule == "linear" else p.mixing_weight
+                m = w * float(s.u[e]) if p.lerp == "random" else w
+                xa, xb = x[a], x[b]
+                x[b] = torch.lerp(xb, xa, torch.tensor(m))
+                if p.exchange == "push_pull":
+                    x[a] = torch.lerp(xa, xb, torch.tensor(m))
+            want.append(list(x))
+        moved = 0
+        for r in range(4):
+            values = result(tmp_path, i, r)["values"]
+            assert len(values) == T
+            for k in range(T):
+                assert torch.equal(values[k], torch.full_like(values[k], float(want[k][r]))), (name, r, k)
+            moved += float(values[-1][0]) != float(r)
+        assert moved == 4
+
+
+# -- time, faults, resume ---------------------------------------------------------------------------------------
+@pytest.mark.system
+def test_merger_with_a_slow_rank_blocking_and_nonblocking(folder, data_dir, tmp_path):
+    """One rank 4x slower (it sleeps): the run completes under both overlaps, and the slow rank merges less
+    often per second than every other rank."""
+    ranks = launch(folder, data_dir, tmp_path, *policies(folder, ["ring-push-pull", "ring-push-pull"]),
+                   "--overlap", "nonblocking", "--overlap", "blocking", "--step-sleep", 0.01, "--slow-rank", 3,
+                   "--slow-factor", 4)
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    for i in range(2):
+        rates = [result(tmp_path, i, r)["merges"] / result(tmp_path, i, r)["seconds"] for r in range(4)]
+        assert rates[3] < min(rates[:3]), rates
+        c = [result(tmp_path, i, r)["consensus"] for r in range(4)]
+        assert all(torch.equal(c[0], x) for x in c[1:])
+        # the payloads were applied as they came: a staleness the lockstep world never has
+        late = [x for r in range(4) for x in trace(tmp_path, i, r) if x.get("kind") == "recv" and x["step"] != x["event_step"]]
+        assert late
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("name,overlap", [("ring-push-pull", "nonblocking"), ("fedavg", "lockstep")])
+def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, data_dir, tmp_path, name, overlap):
+    t0 = time.time()
+    ranks = launch(folder, data_dir, tmp_path, *policies(folder, [name]), "--overlap", overlap, "--step-sleep", 0.01,
+                   "--die-rank", 2, "--die-at", 10, "--timeout", 5, timeout=120)
+    assert time.time() - t0 < 60
+    assert ranks[2].returncode == -9
+    for r in (0, 1, 3):
+        assert ranks[r].returncode == 1, ranks[r].stderr[-2000:]
+        lines = [ln for ln in ranks[r].stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: rank 2 did not answer"), ranks[r].stderr[-2000:]
+        assert lines[0].endswith("; stopped")
+        assert (tmp_path / "trace-0" / f"rank-{r}.jsonl").stat().st_size > 0  # the trace so far is kept
+
+
+@pytest.mark.system
+def test_merger_resumes_from_its_state_dict_as_if_never_stopped(folder, data_dir, setup, tmp_path):
+    names = ["ring-adaptive", "complete-push-examples"]
+    args = [*policies(folder, names), "--overlap", "lockstep", "--overlap", "nonblocking"]
+    ranks = launch(folder, data_dir, tmp_path, *args, "--stop-at", 17)
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    assert not (tmp_path / "result-0-0.pt").exists() and (tmp_path / "ck-0-3.pt").exists()
+    ranks = launch(folder, data_dir, tmp_path, *args, "--resume", tmp_path)
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    # lockstep: exactly the uninterrupted run's (the accumulators, counters and schedule position carried over)
+    torch.testing.assert_close(result(tmp_path, 0)["consensus"], engine_consensus(setup, names[0]), rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(result(tmp_path, 1)["consensus"]).all()
+
+
+@pytest.mark.system
+def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir, tmp_path):
+    """examples/deploy/train.py, a plain loop (CNN, Fashion-MNIST, AdamW), launched by torchrun with one rank 3x
+    slower: it ends with the consensus model's accuracy, and each rank's trace holds every step."""
+    import re
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+            str(ROOT / "examples" / "deploy" / "train.py"), "--data-dir", str(data_dir), "--train-size", "2000",
+            "--steps", "40", "--batch-size", "32"]
+    r = subprocess.run(base + ["--policy", str(folder / "ring-push-pull.json"), "--slow-rank", "1", "--slow-factor",
+                               "3", "--trace", str(tmp_path / "trace")], capture_output=True, text=True, timeout=240,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"consensus val accuracy (0\.\d+) after 40 steps per rank, (\d+) merges on rank 0", r.stdout)
+    assert m and float(m[1]) > 0.4 and int(m[2]) > 0, r.stdout
+    for rank in (0, 1):
+        recs = [json.loads(ln) for ln in (tmp_path / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in recs if "compute_s" in x] == list(range(1, 41))
+        assert all(x["bytes"] > 0 for x in recs if x.get("kind") in ("send", "recv"))
+    (tmp_path / "bad.json").write_text(json.dumps({"scheme": "gossip", "swap_p": 0.5}))
+    r = subprocess.run(base + ["--policy", str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=240,
+                       env=env)
+    assert r.returncode != 0
+    assert re.search(r"^error: policy\.swap_p: 0\.5 cannot run in a training loop .*; allowed: 0\.0$", r.stderr, re.M)
+
+
+# -- bad input, at construction --------------------------------------------------------------------------------
+def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
+    from evomerge.runtime import read_policy
+
+    p = MergePolicy(scheme="allreduce", mean_interval=7)
+    (tmp_path / "p.json").write_text(json.dumps(p.to_dict()))
+    (tmp_path / "best.json").write_text(json.dumps({"policy": p.to_dict(), "trial": 3, "study": "s"}))
+    for src in (p, p.to_dict(), tmp_path / "p.json", str(tmp_path / "best.json")):
+        assert read_policy(src) == p
+    with pytest.raises(ConfigError, match=r"^policy: cannot read .*nope.json"):
+        read_policy(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"^policy: .*bad.json' is not JSON"):
+        read_policy(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match=r"^policy.topology: .*allowed"):
+        read_policy({"topology": "star"})
+    with pytest.raises(ConfigError, match=r"^policy: got int"):
+        read_policy(3)
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("swap_p", 0.2, "model swaps"), ("data_exchange_k", 4, "cannot travel"), ("similarity_bias", 0.5, "similarity"),
+    ("winner_bias", 0.5, "validation slice"), ("payload", "delta", "delta payloads"),
+    ("optimizer_state", "average", "averaging the optimiser"), ("stop_tol", 0.1, "the loop decides"),
+])
+def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
+    from evomerge.runtime import check_policy
+
+    with pytest.raises(ConfigError, match=rf"^policy\.{field}: .*{why}.*; allowed: ") as e:
+        check_policy(MergePolicy(**{field: value}), 4)
+    assert "\n" not in str(e.value)
+    check_policy(MergePolicy(optimizer_state="reset"), 4)  # what it runs passes
+
+
+def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
+    import torch.distributed as dist
+
+    import evomerge
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match=r"^group: torch.distributed is not initialised"):
+        evomerge.Merger({"scheme": "allreduce"}, model, seed=0, total_steps=10)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        cases = [
+            (dict(policy={"mixing_weight": 2}), r"^policy.mixing_weight: "),
+            (dict(model="model"), r"^model: got str"),
+            (dict(seed=-1), r"^seed: -1; allowed: an integer >= 0"),
+            (dict(total_steps=0), r"^total_steps: 0"),
+            (dict(overlap="async"), r"^overlap: 'async'; allowed: nonblocking, blocking, lockstep"),
+            (dict(timeout=0), r"^timeout: 0"),
+            (dict(policy={"weighting": "adaptive"}), r"^optimizer: None, but weighting 'adaptive'"),
+            (dict(policy={"winner_bias": 0.3}), r"^policy.winner_bias: "),
+        ]
+        for kw, pattern in cases:
+            args = dict(policy={"scheme": "gossip"}, model=model, seed=0, total_steps=10) | kw
+            pol = args.pop("policy")
+            mdl = args.pop("model")
+            with pytest.raises(ConfigError, match=pattern):
+                evomerge.Merger(pol, mdl, **args)
+        m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4)
+        for _ in range(4):
+            m.step()
+        assert m.merges == 0 and m.finish() is model  # one worker: nothing to merge with
+    finally:
+        dist.destroy_process_group()
