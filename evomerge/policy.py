@@ -23,12 +23,13 @@ from .errors import ConfigError
 from .settings import Choice
 from .topology import TOPOLOGIES
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
             3: ("optimizer_state", "buffers"),
-            4: ("outer_optimizer", "outer_lr", "outer_momentum")}
+            4: ("outer_optimizer", "outer_lr", "outer_momentum"),
+            5: ("score",)}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -41,6 +42,7 @@ SIMILARITIES = ("sketch", "cka")
 OPTIMIZER_STATES = ("keep", "average", "reset")
 BUFFERS = ("average", "local")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+SCORES = ("holdout", "running")
 
 
 def _f(default, doc: str, **bounds):
@@ -159,6 +161,13 @@ class MergePolicy:
                          gt=0.0, le=10.0)
     outer_momentum: float = _f(0.9, "The outer step's momentum mu (DiLoCo: 0.9; nesterov needs mu > 0).",
                                ge=0.0, lt=1.0)
+    # -- schema 5: how the winner-biased lerp scores a model --
+    score: Annotated[str, Choice(SCORES)] = _f(
+        "holdout",
+        "What winner_bias compares: holdout (both models' loss on the pair's validation slices, one extra forward per "
+        "merge) or running (each model's running training loss: a bias-corrected exponential mean, decay 0.9, of its "
+        "minibatch losses, merged with the model; no forward, and what evomerge.Merger computes in a training loop).",
+    )
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")

@@ -68,7 +68,7 @@ OVERLAPS = ("nonblocking", "blocking", "lockstep")
 WINDOW = 4  # incoming payloads whose receives are posted ahead
 REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload, the peer's answer (push-pull)
 STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done
-META = 6  # float32 slots of a payload's supports: examples, scale epoch, spare (three float64)
+META = 8  # float32 slots of a payload's scalars (four float64): examples, their scale epoch, running score, winner
 
 #: policy fields a user's loop cannot honour (or the runtime does not run yet), and why; each must stay at its default
 REFUSED = {
@@ -78,8 +78,6 @@ REFUSED = {
     "retire_threshold": "the loop owns its data; examples cannot be retired",
     "swap_p": "model swaps would move the loop's data to another model",
     "stop_tol": "the loop decides when to stop",
-    "winner_bias": "the runtime has no validation slice to score the two models on, and the running score "
-                   "is not built yet",
     "optimizer_state": "averaging the optimiser's state between ranks is not built in the runtime yet "
                        "(keep and reset are)",
     "payload": "delta payloads (public copies at every neighbour) are not built in the runtime yet",
@@ -144,6 +142,10 @@ def read_policy(policy) -> MergePolicy:
 def check_policy(policy: MergePolicy, workers: int) -> None:
     """Refuse, in one line naming the field, a policy a user's loop cannot run on ``workers`` ranks."""
     check_workers(policy, workers)
+    if policy.winner_bias > 0 and policy.score == "holdout":
+        raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
+                                          "would score both models on validation slices, which a loop does not have); "
+                                          "allowed: 'running' (each model's running training loss), or winner_bias 0")
     defaults = MergePolicy()
     for name, why in REFUSED.items():
         value = getattr(policy, name)
@@ -229,6 +231,8 @@ class Merger:
         if self.accum is not None:
             self._hook = optimizer.register_step_post_hook(self._gather_squares)
         self.examples = torch.zeros(1, dtype=torch.float64, device=self.dev)
+        self.score = torch.zeros(1, dtype=torch.float64)  # the running score of this rank's model (policy.score)
+        self.score_weight = torch.zeros(1, dtype=torch.float64)
         self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
         self.t = 0  # local steps done (calls of step())
         self.merges = 0
@@ -271,8 +275,14 @@ class Merger:
         trace; ``examples`` is what ``examples`` weighting counts (default 1: steps, which gives the same
         weights when every rank's batches are equally large)."""
         now = time.perf_counter()
+        if loss is None and self.p.winner_bias > 0:
+            raise ConfigError("loss", "None, but winner_bias compares the models' running training losses; allowed: "
+                                      "this step's loss (merger.step(loss=loss))")
         self.t += 1
         self.examples += examples
+        if loss is not None:
+            value = loss.detach().float().mean().reshape(1) if isinstance(loss, torch.Tensor) else torch.tensor([loss])
+            kernel.score_step_(self.score, self.score_weight, value.cpu())
         if self._trace is not None:
             rec = {"step": self.t, "compute_s": now - self._t_last}
             if loss is not None:
@@ -317,7 +327,7 @@ class Merger:
         self._drain(final=False)
         return {"format": 1, "step": self.t, "world": self.W, "seed": self.seed, "total_steps": self.T,
                 "policy": self.p.to_dict(), "examples": float(self.examples[0]), "epoch": self.epoch,
-                "merges": self.merges,
+                "merges": self.merges, "score": float(self.score[0]), "score_weight": float(self.score_weight[0]),
                 "accum": None if self.accum is None else [a.clone().cpu() for a in self.accum],
                 "outer": None if self.outer is None else {"anchor": self.outer.anchor.clone().cpu(),
                                                           "momentum": self.outer.momentum.clone().cpu()}}
@@ -330,6 +340,8 @@ class Merger:
                 raise ConfigError(f"state_dict.{key}", f"{state.get(key)!r} differs from this Merger's {mine!r}")
         self.t, self.epoch, self.merges = int(state["step"]), int(state["epoch"]), int(state["merges"])
         self.examples.fill_(float(state["examples"]))
+        self.score.fill_(float(state["score"]))
+        self.score_weight.fill_(float(state["score_weight"]))
         if self.accum is not None:
             for a, saved in zip(self.accum, state["accum"]):
                 a.copy_(saved)
@@ -357,9 +369,11 @@ class Merger:
             if t.grad is not None:
                 a.addcmul_(t.grad.view(1, -1).float(), t.grad.view(1, -1).float())
 
-    def _payload(self) -> torch.Tensor:
-        """This rank's state as one flat float32 tensor (a snapshot: later steps do not change it)."""
-        meta = torch.tensor([float(self.examples[0]), float(self.epoch), 0.0], dtype=torch.float64).view(torch.float32)
+    def _payload(self, winner: int | None = None) -> torch.Tensor:
+        """This rank's state as one flat float32 tensor (a snapshot: later steps do not change it); ``winner``: the
+        winner the peer found, sent with a push-pull answer."""
+        meta = torch.tensor([float(self.examples[0]), float(self.epoch), float(self.score[0]),
+                             -1.0 if winner is None else float(winner)], dtype=torch.float64).view(torch.float32)
         parts = [self._flat().to(self.wire_dev), meta.to(self.wire_dev)]
         if self.accum is not None:
             parts.append(torch.cat([a.reshape(-1) for a in self.accum]).to(self.wire_dev))
@@ -368,11 +382,34 @@ class Merger:
     def _size(self) -> int:
         return self.P + META + (self.P if self.accum is not None else 0)
 
+    @staticmethod
+    def _meta(buf: torch.Tensor, P: int) -> list[float]:
+        return buf[P:P + META].clone().view(torch.float64).tolist()
+
+    def _take_request(self, ev: int, buf: torch.Tensor) -> None:
+        """This rank is the peer of ``ev`` and its initiator's payload came: the winner test on the running scores,
+        the answer (push-pull: this rank's state before it moves, with the winner), the merge."""
+        a = int(self.sched.initiator[ev])
+        winner = None
+        if self.p.winner_bias > 0:
+            winner = plan_mod.winner(self._meta(buf, self.P)[2], float(self.score[0]))
+        if self.p.exchange == "push_pull":
+            self._send(ev, REPLY, a, winner)
+        self._merge(ev, buf, self._moves(ev, winner)[1])
+        self._done_in.add(ev)
+
+    def _take_reply(self, ev: int, buf: torch.Tensor) -> None:
+        """This rank started ``ev`` (push-pull) and the answer came, with the winner its peer found."""
+        w = self._meta(buf, self.P)[3]
+        self._merge(ev, buf, self._moves(ev, None if w < 0 else int(w))[0])
+
     def _merge(self, ev: int, buf: torch.Tensor, move: float) -> None:
         """Merge the payload ``buf`` of event ``ev`` with move ``move``, by the kernel and the policy's weighting."""
         P, lay = self.P, self.layout
         row = buf[:P].to(self.dev)
-        ex_in, ep_in = buf[P:P + META].clone().view(torch.float64)[:2].tolist()
+        ex_in, ep_in, score_in, _ = self._meta(buf, P)
+        if self.p.score == "running":
+            self.score[0] = kernel.merged_score(float(self.score[0]), score_in, move)
         factor = kernel.support_factor(self.epoch - int(ep_in))  # the sender's supports on this rank's scale
         ex_in *= factor
         acc_in = None
@@ -399,9 +436,9 @@ class Merger:
                 self.optimizer.state.pop(t, None)  # a fresh state at the next step, as a new optimiser's
         self.merges += 1
 
-    def _moves(self, ev: int) -> tuple[float, float]:
+    def _moves(self, ev: int, winner: int | None) -> tuple[float, float]:
         step = int(self.sched.step[ev])
-        return plan_mod.moves(self.p, plan_mod.scheduled_weight(self.p, step, self.T), float(self.sched.u[ev]), None)
+        return plan_mod.moves(self.p, plan_mod.scheduled_weight(self.p, step, self.T), float(self.sched.u[ev]), winner)
 
     # -- messages ------------------------------------------------------------------------------------------
     def _tag(self, ev: int, kind: int) -> int:
@@ -410,8 +447,8 @@ class Merger:
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.group, r) if self.group is not None else r
 
-    def _send(self, ev: int, kind: int, to: int) -> None:
-        buf = self._payload()
+    def _send(self, ev: int, kind: int, to: int, winner: int | None = None) -> None:
+        buf = self._payload(winner)
         try:
             work = _Pending(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
         except RuntimeError as e:
@@ -537,21 +574,15 @@ class Merger:
             a, b = int(s.initiator[ev]), int(s.peer[ev])
             if r not in (a, b):
                 continue
-            move_a, move_b = self._moves(ev)
             if r == a:
                 if push_pull:
                     self._post(ev, REPLY, b)
                 self._send(ev, REQUEST, b)
                 if push_pull:
-                    buf = self._wait(lambda: self._ready(ev, REPLY, b), (ev, b))
-                    self._merge(ev, buf, move_a)
+                    self._take_reply(ev, self._wait(lambda: self._ready(ev, REPLY, b), (ev, b)))
             else:
                 self._post(ev, REQUEST, a)
-                buf = self._wait(lambda: self._ready(ev, REQUEST, a), (ev, a))
-                if push_pull:
-                    self._send(ev, REPLY, a)  # its state before it moves
-                self._merge(ev, buf, move_b)
-                self._done_in.add(ev)
+                self._take_request(ev, self._wait(lambda: self._ready(ev, REQUEST, a), (ev, a)))
         self._reap_sends()
 
     def _start(self, ev: int) -> None:
@@ -572,24 +603,17 @@ class Merger:
     def _service(self) -> None:
         """Apply every payload that has arrived: requests (answered first in push-pull) and answers."""
         s = self.sched
-        push_pull = self.p.exchange == "push_pull"
         for (ev, kind) in sorted(self._posted):
             if kind == REQUEST:
                 a = int(s.initiator[ev])
                 buf = self._ready(ev, REQUEST, a)
-                if buf is None:
-                    continue
-                if push_pull:
-                    self._send(ev, REPLY, a)
-                self._merge(ev, buf, self._moves(ev)[1])
-                self._done_in.add(ev)
+                if buf is not None:
+                    self._take_request(ev, buf)
             elif ev in self._await_reply:
-                b = int(s.peer[ev])
-                buf = self._ready(ev, REPLY, b)
-                if buf is None:
-                    continue
-                self._merge(ev, buf, self._moves(ev)[0])
-                del self._await_reply[ev]
+                buf = self._ready(ev, REPLY, int(s.peer[ev]))
+                if buf is not None:
+                    self._take_reply(ev, buf)
+                    del self._await_reply[ev]
         self._post_window()
         self._reap_sends()
 

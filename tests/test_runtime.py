@@ -67,6 +67,10 @@ POLICIES = {
     "ring-adaptive": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
                       "weighting": "adaptive"},
     "allreduce-adaptive": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 0.5, "weighting": "adaptive"},
+    "ring-winner": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
+                    "winner_bias": 0.6, "score": "running"},
+    "complete-push-winner": {"scheme": "gossip", "topology": "complete", "exchange": "push", "mean_interval": 1.5,
+                             "winner_bias": 0.5, "score": "running", "weighting": "adaptive"},
 }
 
 
@@ -133,7 +137,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 
 # -- identity with the engine -------------------------------------------------------------------------
 IDENTITY = ["fedavg", "diloco", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
-            "allreduce-adaptive"]
+            "allreduce-adaptive", "ring-winner", "complete-push-winner"]
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +151,8 @@ def lockstep_run(folder, data_dir, tmp_path_factory):
 @pytest.mark.system
 def test_merger_in_a_users_loop_gives_the_engines_consensus(setup, lockstep_run):
     """SGD, the study's data order, equal speeds: the 4 ranks' consensus is the in-process run's, for FedAvg,
-    DiLoCo's outer step, push and push-pull gossip, random lerps on a mixing schedule and every weighting."""
+    DiLoCo's outer step, push and push-pull gossip, random lerps on a mixing schedule, every weighting, and the
+    winner-biased lerp on the running score (from the losses the loop passes to step())."""
     for i, name in enumerate(IDENTITY):
         got = result(lockstep_run, i)["consensus"]
         want = engine_consensus(setup, name)
@@ -318,7 +323,7 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
 
 @pytest.mark.parametrize("field,value,why", [
     ("swap_p", 0.2, "model swaps"), ("data_exchange_k", 4, "cannot travel"), ("similarity_bias", 0.5, "similarity"),
-    ("winner_bias", 0.5, "validation slice"), ("payload", "delta", "delta payloads"),
+    ("payload", "delta", "delta payloads"),
     ("optimizer_state", "average", "averaging the optimiser"), ("stop_tol", 0.1, "the loop decides"),
 ])
 def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
@@ -328,6 +333,10 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
         check_policy(MergePolicy(**{field: value}), 4)
     assert "\n" not in str(e.value)
     check_policy(MergePolicy(optimizer_state="reset"), 4)  # what it runs passes
+    check_policy(MergePolicy(winner_bias=0.5, score="running"), 4)
+    with pytest.raises(ConfigError, match=r"^policy.score: 'holdout' cannot run in a training loop \(winner_bias 0.5 "
+                                          r"would score both models on validation slices.*allowed: 'running'"):
+        check_policy(MergePolicy(winner_bias=0.5), 4)
 
 
 def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
@@ -349,7 +358,7 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(overlap="async"), r"^overlap: 'async'; allowed: nonblocking, blocking, lockstep"),
             (dict(timeout=0), r"^timeout: 0"),
             (dict(policy={"weighting": "adaptive"}), r"^optimizer: None, but weighting 'adaptive'"),
-            (dict(policy={"winner_bias": 0.3}), r"^policy.winner_bias: "),
+            (dict(policy={"winner_bias": 0.3}), r"^policy.score: 'holdout' cannot run"),
         ]
         for kw, pattern in cases:
             args = dict(policy={"scheme": "gossip"}, model=model, seed=0, total_steps=10) | kw

@@ -91,7 +91,7 @@ class Backend(ABC):
         sent = self.payload.outgoing(st, self.p, self.seed, np.array([k]), np.array([event]), side)
         params = st.params.row(k)
         return {"worker": w, "sent": params if sent is None else sent[0], "params": params,
-                "examples": float(st.examples[w]), "epoch": st.support_epoch,
+                "examples": float(st.examples[w]), "epoch": st.support_epoch, "score": float(st.score[k]),
                 "accum": [blk[k].clone().unsqueeze(0) for blk in st.accum.blocks] if st.accum is not None else None,
                 "optim": st.optim.row_state(k) if self.p.optimizer_state == "average" else None}
 
@@ -109,7 +109,11 @@ class Backend(ABC):
         p, st, model = self.p, self.state, self.setup.model
         winners = [it[6] for it in items]
         test = [k for k, it in enumerate(items) if it[1] != it[5] and p.winner_bias > 0 and it[6] is None]
-        if test:
+        running = p.score == "running"
+        if test and running:  # the running training losses: the initiator's (sent with its payload), then the peer's
+            for k in test:
+                winners[k] = plan_mod.winner(items[k][2]["score"], float(st.score[self.pos[items[k][1]]]))
+        elif test:
             pairs = []
             for k in test:
                 _, r, payload, *_ = items[k]
@@ -137,6 +141,8 @@ class Backend(ABC):
                 for blk, acc in zip(st.accum.blocks, accum_in):
                     kernel.sum_rows_(blk, [row], acc)
             st.examples[r] = st.examples[r] + examples_in
+            if running:
+                st.score[row] = kernel.merged_score(float(st.score[row]), payload["score"], move)
         return winners
 
     # payloads between backends (ranks): a backend that holds every worker never sends one

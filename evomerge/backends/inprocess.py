@@ -117,11 +117,18 @@ class InProcess(Backend):
                 return
         p, st = self.p, self.state
         winners = [None] * len(ps)
+        running = p.score == "running"
         if p.winner_bias > 0:
-            loss = self._pair_losses(ps.a, ps.b)
-            winners = [plan_mod.winner(loss[2 * i], loss[2 * i + 1]) for i in range(len(ps))]
+            if running:  # the models' running training losses: no forward
+                sc = st.score.tolist()
+                winners = [plan_mod.winner(sc[i], sc[j]) for i, j in zip(ps.a.tolist(), ps.b.tolist())]
+            else:
+                loss = self._pair_losses(ps.a, ps.b)
+                winners = [plan_mod.winner(loss[2 * i], loss[2 * i + 1]) for i in range(len(ps))]
         moves = [plan_mod.moves(p, ps.weight, float(u), w) for u, w in zip(ps.u.tolist(), winners)]
         push_pull = p.exchange == "push_pull"
+        if running:
+            kernel.merge_scores_(st.score, ps.a, ps.b, [m[0] for m in moves], [m[1] for m in moves], push_pull)
         a_rows, b_rows = ps.a.tolist(), ps.b.tolist()
         # what each side puts on the wire (delta payloads: its public copy after this send)
         sent_a = self.payload.outgoing(st, p, self.seed, ps.a, ps.events, 0)
@@ -145,6 +152,7 @@ class InProcess(Backend):
         st.merge_change.set_row(a, st.merge_change.row(a) + (rb - ra))
         st.merge_change.set_row(b, st.merge_change.row(b) + (ra - rb))
         st.model_at[[a, b]] = st.model_at[[b, a]]
+        st.score[[a, b]], st.score_weight[[a, b]] = st.score[[b, a]], st.score_weight[[b, a]]
 
     # -- complete average ----------------------------------------------------------------------------
     def allreduce(self, event: int, step: int, weight: float) -> None:

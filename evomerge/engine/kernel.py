@@ -222,6 +222,34 @@ def support_factor(epochs: int) -> float:
     return SUPPORT_LIMIT ** -epochs
 
 
+# -- the running score (policy.score = "running") ------------------------------------------------------
+SCORE_DECAY = 0.9
+
+
+def score_step_(score: torch.Tensor, weight: torch.Tensor, losses: torch.Tensor) -> None:
+    """After a local step, each row's running score moves towards its minibatch loss ``losses`` ``[rows]``: the
+    exponential mean with decay :data:`SCORE_DECAY`, bias-corrected as Adam's moments are (``weight`` is the
+    mean's total weight, ``1 - decay**t`` without merges), so a model with few steps is not judged on a zero start."""
+    weight.mul_(SCORE_DECAY).add_(1.0 - SCORE_DECAY)
+    score.add_((losses.detach().to(score.dtype) - score) * (1.0 - SCORE_DECAY) / weight)
+
+
+def merged_score(own: float, incoming: float, move: float) -> float:
+    """A receiver's running score after it moved ``move`` of the way to the incoming model: the score travels with
+    the model it describes."""
+    return own + move * (incoming - own)
+
+
+def merge_scores_(score: torch.Tensor, a, b, move_a, move_b, push_pull: bool) -> None:
+    """:func:`merged_score` for sets of disjoint pairs of rows of ``score``: ``b[r]`` moved ``move_b[r]`` towards
+    ``a[r]`` (push-pull: ``a[r]`` also ``move_a[r]`` towards ``b[r]`` as it was)."""
+    A, B = torch.as_tensor(a, device=score.device), torch.as_tensor(b, device=score.device)
+    sa, sb = score[A], score[B]
+    score[B] = sb + torch.as_tensor(move_b, dtype=score.dtype, device=score.device) * (sa - sb)
+    if push_pull:
+        score[A] = sa + torch.as_tensor(move_a, dtype=score.dtype, device=score.device) * (sb - sa)
+
+
 # -- the winner test -------------------------------------------------------------------
 def pair_examples(train_x: torch.Tensor, train_y: torch.Tensor, slices: torch.Tensor, a, b, spec):
     """The winner test's examples for pairs ``(a[r], b[r])``: both models of a pair are scored on the pair's

@@ -204,9 +204,9 @@ class _Group:
 def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
     """Whether a member's gossip is a plain lerp of weights that :meth:`_Group.merge` may apply together with
     other members': weights on the wire, no swaps, a column of weights (uniform or examples), no optimiser
-    state merged, no buffers. Everything else is applied by the member's own backend."""
+    state merged, no buffers, the holdout score (the running one moves with the models). Everything else is applied by the member's own backend."""
     return (policy.scheme == "gossip" and not registry.PAYLOADS.get_object(policy.payload).public
-            and not policy.swap_p and st.accum is None
+            and not policy.swap_p and st.accum is None and policy.score == "holdout"
             and (policy.optimizer_state == "keep" or not st.optim.stacks())
             and model.n_trained_blocks == len(model.offsets))
 

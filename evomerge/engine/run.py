@@ -26,7 +26,7 @@ from .. import schedule as schedule_mod
 from .. import similarity
 from ..policy import MergePolicy
 from ..study import Study
-from . import plan as plan_mod
+from . import kernel, plan as plan_mod
 from .state import Workers, initial_row
 
 if TYPE_CHECKING:
@@ -335,6 +335,7 @@ def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor,
     if losses is None:
         losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
         st.optim.step(st.params, st.grad, st.accum, segments=segments)
+    kernel.score_step_(st.score, st.score_weight, losses.mean(1))
     return losses
 
 

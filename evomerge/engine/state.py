@@ -52,6 +52,7 @@ class Workers:
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
         self.fused = fusable(run, self.accum is not None)
+        self.score, self.score_weight = _scores(self.W, device)  # the running score (policy.score)
         self.outer = kernel.outer_for(policy, model, lambda: self.params.row(0))  # DiLoCo's anchor: the start
 
     @classmethod
@@ -73,6 +74,7 @@ class Workers:
         st.merge_change = st.params.like()  # each run's rows of it are its own (views), zeroed every round
         st.examples, st.base, st.model_at = None, None, None
         st.fused = fusable(run, accumulators)
+        st.score, st.score_weight = _scores(st.W, device)
         return st
 
     def member(self, lo: int, hi: int, policy: MergePolicy, run, public: bool = True) -> "Workers":
@@ -102,6 +104,7 @@ class Workers:
         self.accum = view(whole.accum, lo, hi) if whole.accum is not None and had_accum else None
         self.optim = whole.optim.view(lo, hi)
         self.momentum = self.optim.momentum
+        self.score, self.score_weight = whole.score[lo:hi], whole.score_weight[lo:hi]
 
     def stacks(self):
         """The per-model stacks a swap moves with the model."""
@@ -124,6 +127,7 @@ class Workers:
                     torch.index_select(b, 0, idx, out=pb)
             setattr(sub, name, part)
         sub.grad = sub.params.like()
+        sub.score, sub.score_weight = self.score[idx], self.score_weight[idx]
         sub.optim = self.optim.take(idx, sub.params)
         sub.momentum = sub.optim.momentum
         return sub
@@ -136,12 +140,18 @@ class Workers:
                 for b, pb in zip(whole.blocks, getattr(sub, name).blocks):
                     b.index_copy_(0, idx, pb)
         self.optim.put(sub.optim, idx)
+        self.score[idx], self.score_weight[idx] = sub.score, sub.score_weight
 
 
     def rescale_supports(self) -> None:
         """Keep the supports (example counters, accumulators) far from overflow (:func:`kernel.rescale_supports`)."""
         if kernel.rescale_supports(self.examples, self.accum):
             self.support_epoch += 1
+
+
+def _scores(rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's running score and its weight (:func:`kernel.score_step_`), float64, on ``device``."""
+    return torch.zeros(rows, dtype=torch.float64, device=device), torch.zeros(rows, dtype=torch.float64, device=device)
 
 
 def fusable(run, accumulators: bool) -> bool:
