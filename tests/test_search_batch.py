@@ -85,8 +85,8 @@ def test_a_trial_that_fails_fails_alone_and_the_batch_goes_on(tmp_path, data_dir
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_one_does(tmp_path, data_dir):
     f = write_study(tmp_path, steps=3000)  # populations of a few seconds: the signal lands inside one
-    args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "4", "--cmaes-categoricals", "fixed",
-            "--n-trials", "12", "--seed", "4"]
+    args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--cmaes-popsize", "2",
+            "--cmaes-categoricals", "fixed", "--n-trials", "6", "--seed", "4"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
@@ -97,21 +97,21 @@ def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_on
             st = states(db_b)
         except sqlite3.Error:
             return False
-        if st.get("COMPLETE", 0) != 4 or st.get("RUNNING", 0) != 4:
+        if st.get("COMPLETE", 0) != 2 or st.get("RUNNING", 0) != 2:
             return False
         time.sleep(1.0)
-        return states(db_b).get("RUNNING", 0) == 4
+        return states(db_b).get("RUNNING", 0) == 2
 
     assert wait_for(second_generation_running, timeout=900), proc.communicate(timeout=5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     st = states(db_b)
-    assert st["FAIL"] == 4 and "RUNNING" not in st  # the whole batch failed as interrupted, nothing left running
+    assert st["FAIL"] == 2 and "RUNNING" not in st  # the whole batch failed as interrupted, nothing left running
     b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert b.returncode == 0, b.stderr
     pa, pb = cma_points(tmp_path / "runs-a" / "tiny" / "optuna.db"), cma_points(db_b)
-    assert len(pa) == len(pb) == 12
+    assert len(pa) == len(pb) == 6
     assert pa == pb  # the interrupted generation asked again, the third proposed from the told state
 
 

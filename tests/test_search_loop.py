@@ -102,7 +102,7 @@ def interrupt_mid_trial(proc, db, after_complete):
 
 @pytest.mark.system
 def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=6000)  # trials of a few seconds: the signal lands inside one
+    f = write_study(tmp_path, steps=3000)  # trials of a few seconds: the signal lands inside one
     db = tmp_path / "runs" / "tiny" / "optuna.db"
     proc = cli("search", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
                data_dir=data_dir, wait=False)
@@ -123,19 +123,19 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=6000)  # trials of a few seconds: the signal lands inside one
-    args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "4", "--cmaes-categoricals", "fixed",
-            "--n-trials", "10", "--seed", "4"]
+    f = write_study(tmp_path, steps=3000)  # trials of a few seconds: the signal lands inside one
+    args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3", "--cmaes-categoricals", "fixed",
+            "--n-trials", "7", "--seed", "4"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
     proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False)
-    rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=5)  # inside the second generation
+    rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=4)  # inside the second generation
     assert rc == 130
     b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert b.returncode == 0, b.stderr
     pa, pb = _cma_points(tmp_path / "runs-a" / "tiny" / "optuna.db"), _cma_points(db_b)
-    assert len(pa) == len(pb) == 10
+    assert len(pa) == len(pb) == 7
     assert pa == pb  # the third generation was proposed from the told state, as if never interrupted
 
 
