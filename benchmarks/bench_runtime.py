@@ -66,10 +66,10 @@ def one_arm(arm: str, args, x, y, rank: int) -> float:
             dist.barrier()
             t0 = time.perf_counter()
         i = torch.randint(0, len(y), (args.batch,), generator=g)
+        opt.zero_grad()  # at the start, as torch's model-averaging example: the averager skips params without grads
         loss = F.cross_entropy(net(x[i]), y[i])
         loss.backward()
         opt.step()
-        opt.zero_grad()
         if averager is not None:
             averager.average_parameters(model.parameters())
         if merger is not None:
@@ -117,7 +117,15 @@ def main() -> None:
     procs = [ctx.Process(target=rank_main, args=(r, args.world, port, args, out)) for r in range(args.world)]
     for p in procs:
         p.start()
-    times = out.get()
+    import queue
+
+    while True:
+        try:
+            times = out.get(timeout=1)
+            break
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise SystemExit("a rank failed; see its traceback above")
     for p in procs:
         p.join()
     with open("/proc/loadavg") as fh:
