@@ -48,9 +48,7 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -60,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops, registry, schedule as schedule_mod
+from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError
 from .policy import MergePolicy, check_workers
@@ -87,36 +86,6 @@ _ALLOWED = {"optimizer_state": ("keep", "reset"), "payload": ("weights",)}
 
 class MergerError(RunError):
     """A peer died or hung: the message, one line, names the rank."""
-
-
-class _Pending:
-    """A point-to-point work handle made pollable: gloo's send and receive works report completion only from
-    ``wait()``, and a ``wait(timeout)`` that expires aborts the whole context; so a daemon thread waits (torch
-    releases the GIL there) and the training thread polls :meth:`done`, keeping its own timeout."""
-
-    def __init__(self, work, error: BaseException | None = None):
-        self.error = error
-        self._done = threading.Event()
-        if work is None:  # failed when posted
-            self._done.set()
-            return
-        self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True, name="evomerge-merger-wait")
-        self._thread.start()
-
-    def _wait(self, work) -> None:
-        try:
-            work.wait()
-        except BaseException as e:  # noqa: BLE001 - handed to the training thread
-            self.error = e
-        self._done.set()
-
-    def done(self) -> bool:
-        """Whether the message went or came (raises RuntimeError if it failed)."""
-        if not self._done.is_set():
-            return False
-        if self.error is not None:
-            raise RuntimeError(str(self.error) or type(self.error).__name__)
-        return True
 
 
 def read_policy(policy) -> MergePolicy:

@@ -45,6 +45,7 @@ from ..policy import MergePolicy
 from ..procs import ProcessGroup
 from . import check, check_model, check_policy
 from .base import Backend
+from .pending import Pending
 
 class DistributedRunError(RunError):
     """A rank of a distributed run died or raised; the message names the rank."""
@@ -310,16 +311,17 @@ class Distributed(Backend):
     def send_payload(self, event: int, kind: int, payload: dict, to: int) -> None:
         dst = int(self.owner[to])
         tensors = self._wire(payload)
-        works = [dist.isend(t, dst, tag=self._tag(event, kind, k)) for k, t in enumerate(tensors)]
+        works = [Pending(dist.isend(t, dst, tag=self._tag(event, kind, k))) for k, t in enumerate(tensors)]
         self._outbox.append((works, tensors))
-        self._outbox = [(w, t) for w, t in self._outbox if not all(x.is_completed() for x in w)]
+        self._outbox = [(w, t) for w, t in self._outbox if not all(x.done() for x in w)]
 
     def _posted(self, event: int, kind: int, sender: int):
         key = (event, kind)
         if key not in self._inbox:
             src = int(self.owner[sender])
             tensors = self._wire()
-            self._inbox[key] = ([dist.irecv(t, src, tag=self._tag(event, kind, k)) for k, t in enumerate(tensors)], tensors)
+            self._inbox[key] = ([Pending(dist.irecv(t, src, tag=self._tag(event, kind, k))) for k, t in enumerate(tensors)],
+                                tensors)
         return self._inbox[key]
 
     def _received(self, event: int, kind: int) -> dict:
@@ -334,9 +336,7 @@ class Distributed(Backend):
 
     def poll_payload(self, event: int, kind: int, sender: int) -> dict | None:
         works, _ = self._posted(event, kind, sender)
-        if all(w.is_completed() for w in works):
-            for w in works:
-                w.wait()
+        if all(w.done() for w in works):
             return self._received(event, kind)
         return None
 

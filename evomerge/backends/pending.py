@@ -1,0 +1,43 @@
+"""Point-to-point work handles that can be polled.
+
+gloo's send and receive works report completion only from a blocking ``wait()`` (``is_completed()`` stays false
+until then; torch 2.13, checked), and a ``wait(timeout)`` that expires aborts the whole gloo context. So a small
+daemon thread waits on each (torch releases the GIL there) and the caller polls :meth:`Pending.done`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class Pending:
+    """A ``torch.distributed`` work handle (``None`` with ``error``: it failed when posted), pollable."""
+
+    def __init__(self, work, error: BaseException | None = None):
+        self.error = error
+        self._done = threading.Event()
+        if work is None:
+            self._done.set()
+            return
+        self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True, name="evomerge-p2p-wait")
+        self._thread.start()
+
+    def _wait(self, work) -> None:
+        try:
+            work.wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the polling thread
+            self.error = e
+        self._done.set()
+
+    def done(self) -> bool:
+        """Whether the message went or came (raises RuntimeError if it failed)."""
+        if not self._done.is_set():
+            return False
+        if self.error is not None:
+            raise RuntimeError(str(self.error) or type(self.error).__name__)
+        return True
+
+    def wait(self) -> None:
+        """Block until the message went or came (raises RuntimeError if it failed)."""
+        self._done.wait()
+        self.done()
