@@ -57,7 +57,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import ops, registry, schedule as schedule_mod
+from . import registry, schedule as schedule_mod
 from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError
@@ -200,8 +200,9 @@ class Merger:
         if self.accum is not None:
             self._hook = optimizer.register_step_post_hook(self._gather_squares)
         self.examples = torch.zeros(1, dtype=torch.float64, device=self.dev)
-        self.score = torch.zeros(1, dtype=torch.float64)  # the running score of this rank's model (policy.score)
-        self.score_weight = torch.zeros(1, dtype=torch.float64)
+        # the running score of this rank's model (policy.score), on the loss's device: no sync per step
+        self.score = torch.zeros(1, dtype=torch.float64, device=self.dev)
+        self.score_weight = torch.zeros(1, dtype=torch.float64, device=self.dev)
         self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
         self.t = 0  # local steps done (calls of step())
         self.merges = 0
@@ -249,9 +250,10 @@ class Merger:
                                       "this step's loss (merger.step(loss=loss))")
         self.t += 1
         self.examples += examples
-        if loss is not None:
-            value = loss.detach().float().mean().reshape(1) if isinstance(loss, torch.Tensor) else torch.tensor([loss])
-            kernel.score_step_(self.score, self.score_weight, value.cpu())
+        if loss is not None and self.p.score == "running":
+            value = loss.detach().float().mean().reshape(1) if isinstance(loss, torch.Tensor) else \
+                torch.tensor([float(loss)], device=self.dev)
+            kernel.score_step_(self.score, self.score_weight, value.to(self.dev))
         if self._trace is not None:
             rec = {"step": self.t, "compute_s": now - self._t_last}
             if loss is not None:
@@ -342,11 +344,11 @@ class Merger:
         """This rank's state as one flat float32 tensor (a snapshot: later steps do not change it); ``winner``: the
         winner the peer found, sent with a push-pull answer."""
         meta = torch.tensor([float(self.examples[0]), float(self.epoch), float(self.score[0]),
-                             -1.0 if winner is None else float(winner)], dtype=torch.float64).view(torch.float32)
-        parts = [self._flat().to(self.wire_dev), meta.to(self.wire_dev)]
+                             -1.0 if winner is None else float(winner)], dtype=torch.float64, device=self.dev)
+        parts = [b.reshape(-1).to(torch.float32) for b in self.blocks] + [meta.view(torch.float32)]
         if self.accum is not None:
-            parts.append(torch.cat([a.reshape(-1) for a in self.accum]).to(self.wire_dev))
-        return torch.cat(parts)
+            parts += [a.reshape(-1) for a in self.accum]
+        return torch.cat(parts).to(self.wire_dev)  # one copy (and one transfer to the host under gloo)
 
     def _size(self) -> int:
         return self.P + META + (self.P if self.accum is not None else 0)
@@ -655,35 +657,31 @@ class Merger:
         counters become their sum, supports their sum."""
         step, lay = int(self.sched.step[ev]), self.layout
         weight = plan_mod.allreduce_weight(self.p, step, self.T, float(self.sched.u[ev]))
-        x = self._flat()
+        x = self._flat().unsqueeze(0)
         if self.accum is not None:
-            s = torch.cat([a.reshape(-1) for a in self.accum])
+            s = torch.cat([a.reshape(-1) for a in self.accum]).unsqueeze(0)
         elif self.weighting.by_examples:
             s = self.examples.to(torch.float32).expand_as(x)
         else:
             s = None
-        parts = [x] if s is None else [s * x, s, x]
-        sums = torch.cat(parts).to(self.wire_dev)
+        sent = [0]
+
+        def reduce_(t: torch.Tensor) -> None:  # through host memory under gloo, within the timeout
+            wire = t.to(self.wire_dev)
+            self._collective(lambda: dist.all_reduce(wire, group=self.group, async_op=True), f"merge event {ev}")
+            t.copy_(wire)
+            sent[0] = 4 * wire.numel()
+
         t0 = time.perf_counter()
-        self._collective(lambda: dist.all_reduce(sums, group=self.group, async_op=True), f"merge event {ev}")
-        sums = sums.to(self.dev)
-        P = self.P
-        if s is None:
-            avg, total = sums / self.W, None
-        else:
-            num, total, plain = sums[:P], sums[P:2 * P], sums[2 * P:]
-            avg = ops.average_from_sums(num, total, plain / self.W)
-        counts = sums[-P:] if s is not None else sums  # the plain sum, for the counters
+        avg, total, counts = kernel.reduced_average(x, s, reduce_, self.W)
         if self.outer is not None:
-            for k in range(self.outer.blocks):
-                o, n = lay.offsets[k]
-                avg[o:o + n] = self.outer.step_(avg[o:o + n], o, n)
+            self.outer.step_flat_(avg, lay.offsets)
         w = torch.full((1, 1), float(weight), device=self.dev)
         for k, (rule, blk, (o, n)) in enumerate(zip(self.rules, self.blocks, lay.offsets)):
             if rule == kernel.LERP:
                 kernel.lerp_rows_(blk, [0], [avg[o:o + n].to(blk.dtype)], w)
-            elif rule == kernel.SUM:  # counters are summed, not averaged (kernel.average_all_)
-                blk.copy_(counts[o:o + n].clamp(max=kernel.COUNTER_LIMIT).view(1, -1).to(blk.dtype))
+            elif rule == kernel.SUM:  # counters are summed, not averaged
+                kernel.counters_from_sum_(blk, counts[o:o + n])
         if self.accum is not None:  # supports are summed
             for a, (o, n) in zip(self.accum, lay.offsets):
                 a.copy_(total[o:o + n].view(1, -1))
@@ -696,7 +694,7 @@ class Merger:
                 self.optimizer.state.pop(t, None)
         self.merges += 1
         if self._trace is not None:
-            self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": 4 * sums.numel(),
+            self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": sent[0],
                          "seconds": time.perf_counter() - t0})
 
     def _collective(self, start, what: str) -> None:

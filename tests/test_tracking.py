@@ -137,17 +137,23 @@ def _open_review(address: str, tmp_path) -> None:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.goto(address)
-        page.wait_for_selector("text=trial-", timeout=60_000)
-        page.wait_for_timeout(1000)
-        text = page.inner_text("body")
-        header = page.locator(".ag-header-cell", has_text="final_val_accuracy").first
-        visible = header.is_visible()
-        page.screenshot(path=str(tmp_path / "ui-review.png"))
+        text, visible, _, _ = _read_review(browser, address, tmp_path / "ui-review.png")
         browser.close()
     assert visible, "the objective's column is not shown"
     assert "Token Usage" not in text and "Traces\n0" not in text  # not the GenAI overview
+
+
+def _read_review(browser, address: str, shot) -> tuple[str, bool, dict | None, list[str]]:
+    """The MLflow runs list at ``address`` as a person sees it: the page's text, whether the objective's column header
+    is visible and where, and the rows' texts (a screenshot goes to ``shot``)."""
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(address)
+    page.wait_for_selector("text=trial-", timeout=60_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(shot))
+    text = page.inner_text("body")
+    header = page.locator(".ag-header-cell", has_text="final_val_accuracy").first
+    return text, header.is_visible(), header.bounding_box(), page.locator(".ag-row").all_inner_texts()
 
 
 def _record(number, state, **extra):
@@ -266,16 +272,7 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     url = review_url(mlflow_server, exp.experiment_id)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.goto(url)
-        page.wait_for_selector("text=trial-", timeout=60_000)
-        page.wait_for_timeout(1500)
-        page.screenshot(path=str(tmp_path / "mlflow-runs.png"))
-        text = page.inner_text("body")
-        header = page.locator(".ag-header-cell", has_text="final_val_accuracy").first
-        header_visible = header.is_visible()
-        box = header.bounding_box()
-        cells = page.locator(".ag-row").all_inner_texts()
+        text, header_visible, box, cells = _read_review(browser, url, tmp_path / "mlflow-runs.png")
         run_page = browser.new_page(viewport={"width": 1600, "height": 1000})  # the dashboard's link to the best run
         run_page.goto(page_path.resolve().as_uri())
         with run_page.expect_navigation():

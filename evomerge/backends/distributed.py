@@ -249,29 +249,21 @@ class Distributed(Backend):
             avg = self._average(self.st.params.rows())
         outer = self.st.outer
         if outer is not None:  # every rank takes the same outer step on the same average
-            for k in range(outer.blocks):
-                o, n = self.setup.model.offsets[k]
-                avg[o:o + n] = outer.step_(avg[o:o + n], o, n)
+            outer.step_flat_(avg, self.setup.model.offsets)
         rows = list(range(len(own)))
         kernel.receive_(self.st.params.blocks, self.st.merge_change.blocks, self.rules, self.setup.model.offsets, rows,
                         lambda k, o, n: [avg[o:o + n]] * len(rows), torch.full((len(rows), 1), float(weight), device=self.dev))
 
     def _average(self, models: torch.Tensor) -> torch.Tensor:
         """The weighted average over all ranks of the own workers' ``models``, by all-reduce."""
-        p, W, own = self.p, self.W, self.own
-        if not (self.weighting.accumulators or self.weighting.by_examples):
-            total = models.sum(0)
-            dist.all_reduce(total)
-            avg = total / W
-        else:
-            s = self.st.accum.rows() if self.weighting.accumulators else \
-                self.st.examples[own].to(models.dtype).to(self.dev).unsqueeze(1).expand_as(models)
-            sums = torch.stack([(s * models).sum(0), s.sum(0), models.sum(0)])
-            dist.all_reduce(sums)
-            num, total, plain = sums
-            avg = ops.average_from_sums(num, total, plain / W)
-            if self.weighting.accumulators:  # summed, not averaged
-                self.st.accum.set_rows(total.unsqueeze(0).expand(len(own), -1))
+        own, s = self.own, None
+        if self.weighting.accumulators:
+            s = self.st.accum.rows()
+        elif self.weighting.by_examples:
+            s = self.st.examples[own].to(models.dtype).to(self.dev).unsqueeze(1).expand_as(models)
+        avg, total, _ = kernel.reduced_average(models, s, dist.all_reduce, self.W)
+        if self.weighting.accumulators:  # summed, not averaged
+            self.st.accum.set_rows(total.unsqueeze(0).expand(len(own), -1))
         return avg
 
     def totals(self, loss_sum: float, local: float, merged: float) -> tuple[float, float, float]:

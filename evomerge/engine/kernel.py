@@ -148,7 +148,7 @@ def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, 
         if rule == KEEP:
             continue
         if rule == SUM:  # counters are summed, not averaged
-            own.copy_(own.sum(0, keepdim=True).clamp_(max=COUNTER_LIMIT).expand_as(own))
+            counters_from_sum_(own, own.sum(0, keepdim=True))
             continue
         avg, merged = ops.weighted_average(theirs, support)
         if outer is not None and k < outer.blocks:
@@ -160,6 +160,26 @@ def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, 
     if change is not None:
         for chg, now, old in zip(change, blocks, before):
             chg.add_(now).sub_(old)
+
+
+def counters_from_sum_(blk: torch.Tensor, total: torch.Tensor) -> None:
+    """After an all-reduce every row's counters are their sum over all workers, capped at :data:`COUNTER_LIMIT`."""
+    blk.copy_(total.clamp(max=COUNTER_LIMIT).to(blk.dtype).expand_as(blk))
+
+
+def reduced_average(models: torch.Tensor, supports: torch.Tensor | None, reduce_: Callable[[torch.Tensor], None],
+                    workers: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The (support-weighted) average of every process's rows ``models`` ``[k, P]`` (``supports`` the same shape, or
+    None) by one sum-all-reduce ``reduce_`` (in place) over ``workers`` rows in all: returns the average, the summed
+    supports (None) and the plain sum (what counters become)."""
+    if supports is None:
+        total = models.sum(0)
+        reduce_(total)
+        return total / workers, None, total
+    sums = torch.stack([(supports * models).sum(0), supports.sum(0), models.sum(0)])
+    reduce_(sums)
+    num, total, plain = sums
+    return ops.average_from_sums(num, total, plain / workers), total, plain
 
 
 class Outer:
@@ -180,6 +200,11 @@ class Outer:
         m.mul_(self.mu).add_(d)
         anchor.add_(d.add(m, alpha=self.mu) if self.nesterov else m, alpha=-self.lr)
         return anchor
+
+    def step_flat_(self, avg: torch.Tensor, offsets) -> None:
+        """:meth:`step_` on every trained block of a flat average ``avg``, which becomes the new anchor there."""
+        for o, n in offsets[:self.blocks]:
+            avg[o:o + n] = self.step_(avg[o:o + n], o, n)
 
 
 def outer_for(policy, model, start: Callable[[], torch.Tensor]) -> Outer | None:
