@@ -38,11 +38,16 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     """
     from . import simulate
     from .backends import runner
-    from .backends import run_inputs
+    from .backends import found_with, run_inputs
     from .study import Study, load
 
     st = study if isinstance(study, Study) else load(study)
-    pol, seed, _ = run_inputs(st, policy, seed, backend=backend, procs=procs)  # every input checked before data is read
+    pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
+    st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
+    if note:
+        import warnings
+
+        warnings.warn(note.removeprefix("note: "), stacklevel=2)
     run_fn = runner(backend, procs, st.run.workers)
     extra = {}
     if emulate_time:

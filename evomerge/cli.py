@@ -311,7 +311,7 @@ def _mb(n: int) -> str:
 
 
 def cmd_run(args) -> int:
-    from .backends import run_inputs
+    from .backends import found_with, run_inputs
     from .study import load
 
     study = load(args.study)
@@ -319,6 +319,9 @@ def cmd_run(args) -> int:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     # every input is checked before data is read (the same checks as evomerge.run())
     policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
+    study, note = found_with(study, exported)  # the step size the policy was found with
+    if note:
+        print(note)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     from .backends import check_model

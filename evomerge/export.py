@@ -13,9 +13,9 @@ from pathlib import Path
 from . import __version__
 from .errors import ConfigError
 from .policy import MergePolicy
-from .study import Study
+from .study import RUN_SEARCHABLE, Study
 
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2  # 2: the run settings the policy was found with (run.lr, run.weight_decay)
 
 
 def export_document(summary: dict, study: Study) -> dict:
@@ -31,6 +31,10 @@ def export_document(summary: dict, study: Study) -> dict:
         "metrics_per_seed": summary["metrics"],
         "spread": summary["spread"],
         "policy": policy.to_dict(),
+        # the step size the policy was judged with: searched ([search.space] run.lr) or the study's own
+        "run": {"optimizer": study.run.optimizer} | {k: (summary.get("run") or {}).get(k, getattr(study.run, k))
+                                                     for k in RUN_SEARCHABLE},
+        "run_searched": sorted(summary.get("run") or {}),
     }
 
 

@@ -198,11 +198,9 @@ class MergePolicy:
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
         if self.outer_optimizer != "none":
-            need = {"scheme": ("allreduce", "the outer step follows an all-reduce; over a gossip base it is not built yet"),
-                    "mixing_weight": (1.0, "the workers restart from the anchor"),
-                    "lerp": ("fixed", "the workers restart from the anchor"),
-                    "mixing_schedule": ("constant", "the workers restart from the anchor"),
-                    "payload": ("weights", "deltas against the anchor are not built yet")}
+            need = {"scheme": ("allreduce", "the outer step follows an all-reduce; over a gossip base it is not built yet")}
+            need |= {k: (v, "deltas against the anchor are not built yet" if k == "payload" else
+                         "the workers restart from the anchor") for k, v in OUTER_NEEDS.items()}
             for name, (value, why) in need.items():
                 if getattr(self, name) != value:
                     raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot take an outer step "
@@ -299,12 +297,24 @@ class MergePolicy:
 # them switched on elsewhere, and the search space switches them off where a sampled point has them.
 COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta'
 REGROUP_OFF = {"regroup_every": 0}  # only with topology 'communities'
+# what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
+OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 
 
 def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
     """``values`` (field -> value, over ``fixed``) with the fields that do not apply to the resulting
-    policy set to off: compression without a delta payload, regrouping off communities."""
+    policy set to off: compression without a delta payload, regrouping off communities, an outer step
+    off the all-reduce scheme. With an outer step the workers restart from the anchor, so the fields
+    of a lerp toward the mean do not apply and take the values the outer step needs (:data:`OUTER_NEEDS`);
+    Nesterov with momentum 0 is the plain outer SGD step, and is written so."""
     out = dict(values)
+    if out.get("scheme", fixed.scheme) != "allreduce":
+        out["outer_optimizer"] = "none"
+    outer = out.get("outer_optimizer", fixed.outer_optimizer)
+    if outer != "none":
+        out.update(OUTER_NEEDS)
+        if outer == "nesterov" and out.get("outer_momentum", fixed.outer_momentum) == 0:
+            out["outer_optimizer"] = "sgd"
     if out.get("payload", fixed.payload) != "delta":
         out.update(COMPRESSION_OFF)
     if out.get("topology", fixed.topology) != "communities":

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -90,8 +91,15 @@ class MergerError(RunError):
 
 def read_policy(policy) -> MergePolicy:
     """A :class:`MergePolicy` from an object, a dict, or a path to a policy or an exported file (``best.json``)."""
+    return read_policy_and_run(policy)[0]
+
+
+def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
+    """The policy and, for an exported file, the run settings it was found with (``run``: optimizer, lr,
+    weight_decay; empty for a plain policy)."""
     if isinstance(policy, MergePolicy):
-        return policy
+        return policy, {}
+    run = {}
     if isinstance(policy, (str, os.PathLike)):
         path = Path(policy)
         try:
@@ -101,11 +109,29 @@ def read_policy(policy) -> MergePolicy:
                                         "exported JSON file, a dict or a MergePolicy") from None
         except ValueError as e:
             raise ConfigError("policy", f"{str(path)!r} is not JSON ({e})") from None
-        policy = data.get("policy", data) if isinstance(data, dict) and "trial" in data else data
+        policy = data
+    if isinstance(policy, dict) and "trial" in policy and "policy" in policy:  # an exported file
+        run = policy.get("run") if isinstance(policy.get("run"), dict) else {}
+        policy = policy["policy"]
     if not isinstance(policy, dict):
         raise ConfigError("policy", f"got {type(policy).__name__}; allowed: a MergePolicy, a dict, or a path to a "
                                     "policy or exported JSON file")
-    return MergePolicy.from_dict(policy)
+    return MergePolicy.from_dict(policy), run
+
+
+def step_size_warning(run: dict, optimizer) -> str | None:
+    """What to tell a user whose optimiser's lr is not the one the exported policy was found with (None: it is,
+    or nothing says). The best merge policy depends on the step size (issue: DiLoCo's outer step, tuned rivals)."""
+    lr = run.get("lr")
+    if optimizer is None or not isinstance(lr, (int, float)) or not optimizer.param_groups:
+        return None
+    mine = optimizer.param_groups[0].get("lr")
+    mine = float(mine.item() if isinstance(mine, torch.Tensor) else mine)
+    if abs(mine - lr) <= 1e-9 * max(abs(lr), 1.0):
+        return None
+    how = f" with {run['optimizer']}" if run.get("optimizer") else ""
+    return (f"policy: found{how} at lr {lr:g}; this optimizer's lr is {mine:g}. The best merge policy depends on the "
+            f"step size: train at lr {lr:g}, or search with run.lr in [search.space] at yours")
 
 
 def check_policy(policy: MergePolicy, workers: int) -> None:
@@ -152,7 +178,7 @@ class Merger:
     def __init__(self, policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, seed: int,
                  total_steps: int, group=None, timeout: float = 60.0, trace: str | os.PathLike | None = None,
                  overlap: str = "nonblocking"):
-        p = read_policy(policy)
+        p, found = read_policy_and_run(policy)
         if not isinstance(model, torch.nn.Module):
             raise ConfigError("model", f"got {type(model).__name__}; allowed: a torch.nn.Module")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -167,6 +193,9 @@ class Merger:
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("group", "torch.distributed is not initialised; call dist.init_process_group first "
                                        "(one process per worker, e.g. under torchrun)")
+        said = step_size_warning(found, optimizer)
+        if said:
+            warnings.warn(said, stacklevel=2)
         self.group = group
         self.W, self.rank = dist.get_world_size(group), dist.get_rank(group)
         check_policy(p, self.W)
@@ -206,7 +235,6 @@ class Merger:
         self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
         self.t = 0  # local steps done (calls of step())
         self.merges = 0
-        self.t = 0  # local steps done (calls of step())
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._stop_in = {}
         for r in range(self.W):

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from .policy import WORKER_BOUND, MergePolicy, fit_to_workers, switch_off_inapplicable
-from .study import Param, Study
+from .study import RUN_PREFIX, Param, Study, with_run  # noqa: F401  (with_run: the trial's run)
 
 
 def distributions(space: tuple[Param, ...]) -> dict[str, Any]:
@@ -30,6 +30,11 @@ def distributions(space: tuple[Param, ...]) -> dict[str, Any]:
     return out
 
 
+def run_values(params: dict[str, Any]) -> dict[str, Any]:
+    """The run settings among a trial's params (``run.lr`` -> ``{"lr": ...}``); empty when none is searched."""
+    return {k[len(RUN_PREFIX):]: v for k, v in params.items() if k.startswith(RUN_PREFIX)}
+
+
 def policy_from_params(study: Study, params: dict[str, Any]) -> MergePolicy:
     """The study's fixed policy with ``params`` (field -> value) applied, validated.
 
@@ -40,6 +45,7 @@ def policy_from_params(study: Study, params: dict[str, Any]) -> MergePolicy:
     - ``degree`` and ``n_communities`` go to the nearest value the workers allow (the study's load
       already clamped their ranges; this settles the parity of ``degree`` with an odd number of workers).
     """
+    params = {k: v for k, v in params.items() if not k.startswith(RUN_PREFIX)}  # run settings: with_run
     values = switch_off_inapplicable(params, study.policy)
     bound = {k: getattr(study.policy, k) for k in WORKER_BOUND}  # fixed ones too: a study may be built in code
     values = fit_to_workers(bound | values, study.run.workers)

@@ -105,6 +105,8 @@ def _context(name: str) -> dict[str, Any]:
         return {"payload": "delta"}
     if name in policy_mod.REGROUP_OFF:
         return {"topology": "communities"}
+    if name == "outer_optimizer":
+        return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS}
     return {}
 
 
@@ -112,6 +114,18 @@ def _excluded(info) -> list:
     """Values inside a field's range that the field refuses (its JSON Schema's ``not: {const: ...}``)."""
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     return [extra["not"]["const"]] if "const" in extra.get("not", {}) else []
+
+
+# run settings a search may tune with the policy, as namespaced keys of [search.space] ("run.lr")
+RUN_PREFIX = "run."
+RUN_SEARCHABLE = ("lr", "weight_decay")
+
+
+def with_run(study: "Study", values: dict[str, Any]) -> "Study":
+    """``study`` with the ``[run]`` settings ``values`` (a trial's searched ``run.lr``), checked as the file's are."""
+    if not values:
+        return study
+    return dataclasses.replace(study, run=dataclasses.replace(study.run, **values))
 
 
 @settings.model(lambda kw: f"study.search.space.{kw.get('name')}")
@@ -127,8 +141,11 @@ class Param:
     @model_validator(mode="after")
     def _fits_the_field(self) -> "Param":
         where, specs = f"study.search.space.{self.name}", field_specs()
+        if self.name.startswith(RUN_PREFIX):
+            return self._fits_the_run()
         if self.name not in specs:
-            raise ConfigError(where, f"unknown policy field; allowed: {', '.join(specs)}")
+            raise ConfigError(where, f"unknown policy field; allowed: {', '.join(specs)}, or the run's "
+                                     f"{', '.join(RUN_PREFIX + k for k in RUN_SEARCHABLE)}")
         meta = specs[self.name]
         if self.kind == "categorical":
             if not self.choices:
@@ -168,6 +185,27 @@ class Param:
             if low <= v <= high:
                 raise ConfigError(where, f"[{low}, {high}] includes {v}, which the field does not allow; "
                                          f"use a range without it or kind 'categorical'")
+        return self
+
+    def _fits_the_run(self) -> "Param":
+        """A searched run setting (``run.lr``, ``run.weight_decay``): a float range inside the field's own."""
+        where, key = f"study.search.space.{self.name}", self.name[len(RUN_PREFIX):]
+        if key not in RUN_SEARCHABLE:
+            raise ConfigError(where, f"the run's {key!r} cannot be searched; allowed: "
+                                     f"{', '.join(RUN_PREFIX + k for k in RUN_SEARCHABLE)}")
+        if self.kind not in ("float", "log-float"):
+            raise ConfigError(f"{where}.kind", f"{self.kind!r} does not fit this field; allowed: float or log-float")
+        for k in ("low", "high"):
+            if getattr(self, k) is None:
+                raise ConfigError(f"{where}.{k}", "is required")
+        if self.choices:
+            raise ConfigError(f"{where}.choices", f"applies to kind 'categorical' only; this is {self.kind!r}")
+        if not self.low < self.high:
+            raise ConfigError(where, f"impossible range [{self.low}, {self.high}]: low must be below high")
+        if self.kind == "log-float" and self.low <= 0:
+            raise ConfigError(f"{where}.low", f"{self.low}: a log-float range needs low > 0")
+        if self.low < 0:
+            raise ConfigError(where, f"[{self.low}, {self.high}] leaves the field's allowed range [0, inf)")
         return self
 
 
@@ -458,6 +496,10 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     if not isinstance(space_raw, dict):
         raise ConfigError("study.search.space", f"must be a table, got {type(space_raw).__name__}")
     params = []
+    nested = space_raw.get(RUN_PREFIX[:-1])  # TOML reads the dotted key run.lr = {...} as a table "run"
+    if isinstance(nested, dict) and "kind" not in nested:
+        space_raw = {k: v for k, v in space_raw.items() if k != RUN_PREFIX[:-1]} | \
+            {RUN_PREFIX + k: v for k, v in nested.items()}
     for name, spec in space_raw.items():
         where = f"study.search.space.{name}"
         if not isinstance(spec, dict):

@@ -226,7 +226,8 @@ class Tracker:
         name = f"trial-{record['number']}" + ("" if label == "complete" else f" ({label})")
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags, start_time=int(record["start"] * 1000))
         rid = run.info.run_id
-        self._params(rid, {**record["policy"], "seeds": ",".join(map(str, record["seeds"]))})
+        self._params(rid, {**record["policy"], **{f"run.{k}": v for k, v in (record.get("run") or {}).items()},
+                           "seeds": ",".join(map(str, record["seeds"]))})
         if self._datasets:
             self.client.log_inputs(rid, datasets=self._datasets)
         history = []
@@ -304,7 +305,9 @@ class Tracker:
         from . import simulate
         from .policy import MergePolicy
 
-        study = self.study
+        from .study import with_run
+
+        study = with_run(self.study, best.get("run") or {})  # the step size the trial ran with
         setup = simulate.prepare(study, data=data, data_dir=data_dir)
         policy = MergePolicy.from_dict(best["policy"])
         seed = study.run.seeds[0]
@@ -316,7 +319,8 @@ class Tracker:
         source = run_id or self.parent_id
         logged = self.client.create_logged_model(
             self.experiment_id, name=f"consensus-trial-{best['number']}", source_run_id=source,
-            params={k: str(v) for k, v in best["policy"].items()}, model_type="consensus",
+            params={k: str(v) for k, v in best["policy"].items()} |
+            {f"run.{k}": str(v) for k, v in (best.get("run") or {}).items()}, model_type="consensus",
             tags={"evomerge.trial": str(best["number"]), "evomerge.seed": str(seed), "evomerge.study": study.name,
                   "evomerge.val_accuracy": f"{res.final.val_accuracy:.6f}"})
         try:

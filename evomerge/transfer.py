@@ -15,6 +15,7 @@ metrics, both rankings as ``transfer.json``) and kept with S's Optuna study (use
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -99,12 +100,15 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
         pol = pol.replace(**fit_to_workers(bound, target.run.workers))
         policies.append(run_inputs(target, pol, 0, backend=backend, procs=procs)[0])  # checked before data is read
     run_fn = runner(backend, procs, target.run.workers)
-    setup = simulate.prepare(target, data=data, data_dir=data_dir)
+    base = simulate.prepare(target, data=data, data_dir=data_dir)
+    from .study import with_run
     fresh = fresh_seeds(target, seeds)
     maximize = source.directions[0] == "maximize"
     rows, total, done, t0 = [], len(policies) * len(fresh), 0, time.time()
     for t, pol in zip(trials, policies):
         finals = []
+        found = t.user_attrs.get("run") or {}  # a searched step size travels with its policy
+        setup = dataclasses.replace(base, study=with_run(target, found)) if found else base
         for s in fresh:
             finals.append(run_fn(setup, pol, s, device=device).metrics())
             done += 1
@@ -113,7 +117,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
         values = [float(f[metric]) for f in finals]
         rows.append({"trial": t.number, "source_value": float(t.values[0]), "target_value": statistics.fmean(values),
                      "target_values": values, "diverged": sum(f["status"] == "diverged" for f in finals),
-                     "policy": pol.to_dict(), "description": pol.describe()})
+                     "policy": pol.to_dict(), "description": pol.describe(), **({"run": found} if found else {})})
     src_rank = average_ranks([r["source_value"] for r in rows], maximize)
     tgt_rank = average_ranks([r["target_value"] for r in rows], maximize)
     for r, a, b in zip(rows, src_rank, tgt_rank):
@@ -121,7 +125,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     corr = correlations([r["source_value"] for r in rows], [r["target_value"] for r in rows])
     result = {"source": source.name, "target": target.name, "metric": metric, "direction": source.directions[0],
               "top": len(rows), "seeds": fresh, "rows": rows, **corr,
-              "target_workers": target.run.workers, "target_total_steps": setup.total_steps,
+              "target_workers": target.run.workers, "target_total_steps": base.total_steps,
               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_time": time.time() - t0}
     ostudy.set_user_attr(ATTR_PREFIX + target.name, _finite(result))
     return result

@@ -131,3 +131,34 @@ def test_the_shipped_diloco_baseline_reads_and_says_what_it_does():
     assert (pol.outer_optimizer, pol.outer_lr, pol.outer_momentum) == ("nesterov", 0.7, 0.9)
     assert pol.describe() == ("all workers average every 14 steps, then an outer nesterov step (lr 0.7, momentum 0.9), "
                               "uniform weighting")
+
+
+@pytest.mark.system
+def test_cmaes_searches_the_outer_step_with_the_step_size(tmp_path, data_dir):
+    """A user's study whose space holds the outer optimiser's fields and the inner lr: CMA-ES encodes the
+    numbers, the trials run them, and off the all-reduce scheme the outer step is switched off, not failed."""
+    import evomerge
+    from conftest import write_study
+    from evomerge import study
+
+    f = write_study(tmp_path, name="outer")
+    text = f.read_text().replace("[search.space]\n", "[search.space]\n"
+                                 'scheme = { kind = "categorical", choices = ["gossip", "allreduce"] }\n'
+                                 'outer_optimizer = { kind = "categorical", choices = ["none", "nesterov"] }\n'
+                                 'outer_lr = { kind = "log-float", low = 0.1, high = 2.0 }\n'
+                                 'outer_momentum = { kind = "float", low = 0.0, high = 0.95 }\n'
+                                 'run.lr = { kind = "log-float", low = 0.02, high = 0.5 }\n')
+    f.write_text(text)
+    res = evomerge.search(study.load(f), n_trials=6, sampler="cmaes", runs_dir=tmp_path / "runs", seed=1,
+                          data_dir=data_dir, prune=False)
+    assert res.counts == {"COMPLETE": 6}
+    trials = res.optuna_study.get_trials()
+    assert all(t.user_attrs.get("cma_generation") is not None for t in trials)  # CMA-ES's own candidates
+    for t in trials:
+        pol = t.user_attrs["policy"]
+        assert pol["outer_lr"] == pytest.approx(t.params["outer_lr"]) and t.user_attrs["run"]["lr"] == t.params["run.lr"]
+        on = t.params["scheme"] == "allreduce" and t.params["outer_optimizer"] == "nesterov"
+        assert (pol["outer_optimizer"] != "none") == on and (not on or pol["mixing_weight"] == 1.0)
+    assert len({t.params["outer_lr"] for t in trials}) == 6
+    assert any(t.user_attrs["policy"]["outer_optimizer"] == "nesterov" for t in trials)  # both branches ran
+    assert any(t.user_attrs["policy"]["outer_optimizer"] == "none" for t in trials)

@@ -91,3 +91,41 @@ def test_cmaes_vectors_map_into_the_clamped_ranges(tmp_path):
     assert corner["degree"] == 2 and corner["n_communities"] == 3
     pol = space.policy_from_params(s, corner | {"topology": "random_regular"})
     assert pol.degree == 2
+
+
+def test_an_outer_step_is_off_where_it_does_not_apply_and_takes_what_it_needs_where_it_does():
+    s = study.load("mnist-gossip")  # its space holds scheme and the outer optimiser's fields
+    p = space.policy_from_params(s, {"scheme": "gossip", "outer_optimizer": "nesterov", "outer_lr": 1.5})
+    assert p.scheme == "gossip" and p.outer_optimizer == "none"  # no SlowMo over gossip yet: off, not a failure
+    p = space.policy_from_params(s, {"scheme": "allreduce", "outer_optimizer": "nesterov", "outer_lr": 1.5,
+                                     "outer_momentum": 0.5, "mixing_weight": 0.3, "lerp": "random",
+                                     "mixing_schedule": "cosine", "mean_interval": 20.0})
+    assert (p.outer_optimizer, p.outer_lr, p.outer_momentum) == ("nesterov", 1.5, 0.5)
+    assert (p.mixing_weight, p.lerp, p.mixing_schedule, p.payload) == (1.0, "fixed", "constant", "weights")
+    p = space.policy_from_params(s, {"scheme": "allreduce", "outer_optimizer": "nesterov", "outer_momentum": 0.0})
+    assert p.outer_optimizer == "sgd"  # Nesterov with momentum 0 is the plain step: written so, not refused
+    p = space.policy_from_params(s, {"scheme": "allreduce", "outer_optimizer": "none", "mixing_weight": 0.3})
+    assert p.mixing_weight == 0.3  # no outer step: the lerp toward the mean applies
+
+
+@pytest.mark.parametrize("name", ["mnist-gossip", "mnist-gossip-64", "mnist-skewed", "mnist-stragglers",
+                                  "mnist-two-sites"])
+def test_every_shipped_study_searches_the_outer_step_and_has_a_diloco_baseline(name):
+    import random
+
+    from evomerge.policy import check_timed
+
+    s = study.load(name)
+    names = {p.name for p in s.search.space}
+    assert {"scheme", "outer_optimizer", "outer_lr", "outer_momentum"} <= names
+    assert s.resolve_policy("diloco").outer_optimizer == "nesterov" and "diloco" in s.baselines
+    rng, seen = random.Random(0), set()
+    for _ in range(200):
+        x = [rng.random() for _ in space.numeric(s.search.space)]
+        params = space.decode(s.search.space, x) | {p.name: rng.choice(p.choices)
+                                                    for p in s.search.space if p.kind == "categorical"}
+        pol = space.policy_from_params(s, params)  # validated: every point is a policy the run accepts
+        if s.environment is not None:
+            check_timed(pol)
+        seen.add(pol.outer_optimizer)
+    assert seen == {"none", "sgd", "nesterov"}

@@ -158,6 +158,20 @@ def runner(backend: str = "inprocess", procs: int | None = None, workers: int | 
     return partial(fn, procs=procs) if backend == "distributed" else fn
 
 
+def found_with(study, exported: dict | None):
+    """The study a replay of an exported policy runs: with the step size (``run.lr``, ``run.weight_decay``) the
+    policy was found with, where the export says so and the study differs, and a line saying what changed
+    (None when nothing did). A searched step size belongs to the policy: the trial's value was judged with it."""
+    from ..study import RUN_SEARCHABLE, with_run
+
+    run = (exported or {}).get("run") or {}
+    differ = {k: run[k] for k in RUN_SEARCHABLE if k in run and run[k] != getattr(study.run, k)}
+    if not differ:
+        return study, None
+    said = ", ".join(f"run.{k} {v:g} (the study says {getattr(study.run, k):g})" for k, v in differ.items())
+    return with_run(study, differ), f"note: the exported policy was found with {said}; this run uses the found values"
+
+
 def run_inputs(study, policy: MergePolicy | str | Path, seed: int | None = None, *,
                backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
     """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:

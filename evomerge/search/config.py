@@ -255,6 +255,10 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
         raise ConfigError("--jobs", f"{jobs} is out of range; allowed: [1, inf)")
     if batch < 1:
         raise ConfigError("--batch", f"{batch} is out of range; allowed: [1, inf)")
+    searched_run = [p.name for p in study.search.space if p.name.startswith("run.")]
+    if batch > 1 and searched_run:
+        raise ConfigError("--batch", f"{batch} trains trials as one population with one step size; "
+                                     f"study.search.space.{searched_run[0]} gives each trial its own; allowed: 1")
     if batch > 1 and backend != "inprocess":
         raise ConfigError("--batch", f"{batch} trains trials as one population in one process; allowed with "
                                      f"--backend {backend}: 1 (or use --backend inprocess)")

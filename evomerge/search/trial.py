@@ -9,6 +9,7 @@ failed as stale (no heartbeat within the grace period) is left to it (``taken ov
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import socket
@@ -175,7 +176,7 @@ def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) 
     t = TrialRun(trial, ostudy, setup, cfg, storage)
     try:
         if t.start():
-            out = evaluate(trial, ostudy, setup, t.policy, cfg, storage, simulate_fn)
+            out = evaluate(trial, ostudy, t.setup, t.policy, cfg, storage, simulate_fn)
             t.complete(out)
     except KeyboardInterrupt:
         t.interrupted()
@@ -205,6 +206,11 @@ class TrialRun:
             self.policy = space_mod.policy_from_params(cfg.study, trial.params)
             self.record["policy"] = self.policy.to_dict()
             trial.set_user_attr("policy", self.record["policy"])
+            run = space_mod.run_values(trial.params)  # a searched step size: this trial's runs use it
+            if run:
+                self.setup = dataclasses.replace(self.setup, study=space_mod.with_run(self.setup.study, run))
+                self.record["run"] = run
+                trial.set_user_attr("run", run)
             trial.set_user_attr("sampler", cfg.sampler)
             if cfg.prunes_by_optuna:
                 trial.set_user_attr("pruner", cfg.pruner)

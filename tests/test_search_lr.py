@@ -1,0 +1,131 @@
+"""The step size searched with the policy (``run.lr`` in [search.space]): each trial runs at its own lr, the
+export says which lr its policy was found with, ``run`` replays it there, ``transfer`` carries it, and a user's
+loop is told when its lr differs; real SQLite, MLflow, runs and gloo processes."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import evomerge
+from conftest import write_study
+from evomerge import simulate, study
+from evomerge.errors import ConfigError
+from evomerge.study import with_run
+from searchutil import cli
+
+LR = '"run.lr" = { kind = "log-float", low = 0.01, high = 1.0 }\n'
+
+
+def _with_lr(tmp_path, name="lr", line=LR, **kw):
+    f = write_study(tmp_path, name=name, **kw)
+    f.write_text(f.read_text().replace("[search.space]\n", "[search.space]\n" + line))
+    return f
+
+
+def test_the_dotted_key_reads_as_the_run_field_and_bad_keys_name_the_field(tmp_path):
+    s = study.load(_with_lr(tmp_path, line='run.lr = { kind = "log-float", low = 0.01, high = 1.0 }\n'))
+    lr = next(p for p in s.search.space if p.name == "run.lr")
+    assert (lr.kind, lr.low, lr.high) == ("log-float", 0.01, 1.0)
+    for line, where, what in [
+        ('run.momentum = { kind = "float", low = 0.0, high = 0.9 }\n', "study.search.space.run.momentum",
+         "allowed: run.lr, run.weight_decay"),
+        ('"run.lr" = { kind = "int", low = 1, high = 3 }\n', "study.search.space.run.lr.kind", "allowed: float"),
+        ('"run.lr" = { kind = "log-float", low = 0.0, high = 1.0 }\n', "study.search.space.run.lr.low", "low > 0"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            study.load(_with_lr(tmp_path / where, line=line))
+        assert e.value.field == where and what in e.value.message
+
+
+@pytest.mark.system
+def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, data_dir):
+    f = _with_lr(tmp_path)
+    res = evomerge.search(study.load(f), n_trials=3, sampler="random", runs_dir=tmp_path / "runs", seed=3,
+                          data_dir=data_dir, prune=False)
+    assert res.counts == {"COMPLETE": 3}
+    trials = res.optuna_study.get_trials()
+    lrs = [t.params["run.lr"] for t in trials]
+    assert len(set(lrs)) == 3 and all(t.user_attrs["run"] == {"lr": t.params["run.lr"]} for t in trials)
+    assert all("run.lr" not in t.user_attrs["policy"] for t in trials)  # the policy is only the policy
+    s = study.load(f)
+    setup = simulate.prepare(s, data_dir=data_dir)
+    t = trials[0]
+    pol = evomerge.MergePolicy.from_dict(t.user_attrs["policy"])
+    at_found = simulate.simulate(simulate.prepare(with_run(s, {"lr": t.params["run.lr"]}), data_dir=data_dir), pol, 0)
+    at_study = simulate.simulate(setup, pol, 0)
+    assert t.values[0] == at_found.final.val_accuracy != at_study.final.val_accuracy  # the trial ran at its own lr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'lr' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("lr").experiment_id])
+    logged = {r.data.tags["optuna.trial_number"]: r.data.params.get("run.lr") for r in runs
+              if "optuna.trial_number" in r.data.tags}
+    assert logged == {str(t.number): str(t.params["run.lr"]) for t in trials}  # the review's run.lr column
+
+    p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "best.json").read_text())
+    best = max(trials, key=lambda t: t.values[0])
+    assert doc["format"] == 2 and doc["trial"] == best.number
+    assert doc["run"] == {"optimizer": "sgd", "lr": best.params["run.lr"], "weight_decay": 0.0}
+    assert doc["run_searched"] == ["lr"]
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert f"found with run.lr {best.params['run.lr']:g} (the study says 0.05)" in p.stdout
+    assert f"validation accuracy matches trial {best.number}" in p.stdout  # replayed at the found lr
+
+    # transfer re-runs each policy at the step size it was found with
+    big = write_study(tmp_path, name="big", workers=2, steps=20)
+    p = cli("transfer", "--study", str(f), "--target", str(big), "--top", "2", "--quiet", "--json", "t.json",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    by_number = {t.number: t for t in trials}
+    target = study.load(big)
+    for r in rows:
+        found = by_number[r["trial"]].params["run.lr"]
+        assert r["run"] == {"lr": found}
+        again = simulate.simulate(simulate.prepare(with_run(target, {"lr": found}), data_dir=data_dir),
+                                  evomerge.MergePolicy.from_dict(r["policy"]), r_seed := 1000)
+        assert r["target_value"] == again.final.val_accuracy, r_seed
+
+
+def test_a_population_of_trials_refuses_a_searched_step_size(tmp_path, data_dir):
+    f = _with_lr(tmp_path)
+    p = cli("search", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--n-trials", "2",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == ("error: --batch: 2 trains trials as one population with one step "
+                                                 "size; study.search.space.run.lr gives each trial its own; allowed: 1")
+
+
+LOOP = textwrap.dedent("""
+    import sys, warnings, torch, torch.distributed as dist
+    import evomerge
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+    model = torch.nn.Linear(4, 2)
+    for lr in (0.05, float(sys.argv[3])):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            m = evomerge.Merger(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=lr), seed=0, total_steps=10)
+            m.close()
+        print(lr, [str(x.message) for x in w if "lr" in str(x.message)])
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.system
+def test_the_merger_warns_when_the_loops_lr_is_not_the_one_the_policy_was_found_with(tmp_path):
+    export = {"format": 2, "trial": 4, "study": "s", "seeds": [0], "policy": {"scheme": "allreduce", "mean_interval": 5},
+              "run": {"optimizer": "sgd", "lr": 0.2, "weight_decay": 0.0}, "run_searched": ["lr"]}
+    (tmp_path / "best.json").write_text(json.dumps(export))
+    (tmp_path / "loop.py").write_text(LOOP)
+    p = subprocess.run([sys.executable, "loop.py", "best.json", str(tmp_path / "store"), "0.2"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.strip().splitlines()
+    assert first.startswith("0.05 [\"policy: found with sgd at lr 0.2; this optimizer's lr is 0.05. The best merge")
+    assert second == "0.2 []"  # the found lr: nothing to say
