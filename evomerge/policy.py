@@ -23,13 +23,14 @@ from .errors import ConfigError
 from .settings import Choice
 from .topology import TOPOLOGIES
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
             3: ("optimizer_state", "buffers"),
             4: ("outer_optimizer", "outer_lr", "outer_momentum"),
-            5: ("score",)}
+            5: ("score",),
+            6: ("fragments", "fragment_delay", "fragment_alpha")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -168,6 +169,18 @@ class MergePolicy:
         "merge) or running (each model's running training loss: a bias-corrected exponential mean, decay 0.9, of its "
         "minibatch losses, merged with the model; no forward, and what evomerge.Merger computes in a training loop).",
     )
+    # -- schema 6: Streaming DiLoCo (Douillard et al. 2025): fragments synced on staggered steps, overlapped --
+    fragments: int = _f(
+        1, "The all-reduce scheme in k fragments: the parameter tensors in k contiguous groups balanced by size "
+        "(buffers with the last); fragment j syncs after local steps round((j + 1) H / k) + m H (H = "
+        "round(mean_interval)), each with its own outer step.", ge=1, le=64)
+    fragment_delay: int = _f(
+        0, "Local steps a fragment's all-reduce travels while training goes on: its average is of the workers at "
+        "step t, applied after step t + fragment_delay (needs fragments x fragment_delay < H; 0 = at once).",
+        ge=0, le=1_000_000)
+    fragment_alpha: float = _f(
+        0.0, "How a landed fragment mixes with the worker's own: p = lerp(global, local, alpha) = global + "
+        "alpha (local - global); 0 takes the global value (torchft's fragment_update_alpha).", ge=0.0, le=1.0)
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -209,6 +222,22 @@ class MergePolicy:
             if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
                 raise ConfigError("policy.outer_momentum", "0 with outer_optimizer 'nesterov'; allowed: (0, 1), "
                                                            "or outer_optimizer 'sgd'")
+        streaming = [k for k, off in STREAMING_OFF.items() if getattr(self, k) != off]
+        if streaming:
+            need = {"scheme": "allreduce", **OUTER_NEEDS, **STREAMING_NEEDS}
+            for name, value in need.items():
+                if getattr(self, name) != value:
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot stream fragments "
+                                                        f"({streaming[0]} {getattr(self, streaming[0])!r}); "
+                                                        f"allowed: {value!r}")
+            H = max(1, round(self.mean_interval))
+            if self.fragments > H:
+                raise ConfigError("policy.fragments", f"{self.fragments} is more than the {H} local steps between "
+                                                      f"syncs (mean_interval); allowed: 1..{H}")
+            if self.fragments * self.fragment_delay >= H:
+                raise ConfigError("policy.fragment_delay", f"{self.fragment_delay} with {self.fragments} fragments "
+                                                           f"every {H} steps; allowed: fragments x fragment_delay < "
+                                                           f"{H} (0..{(H - 1) // self.fragments})")
         if self.payload != "delta":
             for name, off in COMPRESSION_OFF.items():
                 if getattr(self, name) != off:
@@ -256,6 +285,9 @@ class MergePolicy:
             comp = f", delta payload (top-k {self.topk_fraction:.3g}, {self.quantize_bits or 32} bits)"
         extra = self._describe_extras()
         if self.scheme == "allreduce":
+            if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()):  # Streaming DiLoCo
+                extra = (f", streamed in {self.fragments} fragments (delay {self.fragment_delay} steps, "
+                         f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
                 return (f"all workers average every {max(1, round(self.mean_interval))} steps, then an outer "
                         f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}), "
@@ -299,6 +331,10 @@ COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payloa
 REGROUP_OFF = {"regroup_every": 0}  # only with topology 'communities'
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
+# Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's
+# state are merged with the whole model, not per fragment)
+STREAMING_OFF = {"fragments": 1, "fragment_delay": 0, "fragment_alpha": 0.0}
+STREAMING_NEEDS = {"weighting": "uniform", "optimizer_state": "keep"}
 
 
 def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
@@ -310,7 +346,15 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
     out = dict(values)
     if out.get("scheme", fixed.scheme) != "allreduce":
         out["outer_optimizer"] = "none"
+    if out.get("scheme", fixed.scheme) != "allreduce":
+        out.update(STREAMING_OFF)
     outer = out.get("outer_optimizer", fixed.outer_optimizer)
+    if any(out.get(k, getattr(fixed, k)) != off for k, off in STREAMING_OFF.items()):
+        out.update(OUTER_NEEDS | STREAMING_NEEDS)
+        H = max(1, round(out.get("mean_interval", fixed.mean_interval)))
+        k = min(out.get("fragments", fixed.fragments), H)
+        out["fragments"] = k
+        out["fragment_delay"] = min(out.get("fragment_delay", fixed.fragment_delay), (H - 1) // k)
     if outer != "none":
         out.update(OUTER_NEEDS)
         if outer == "nesterov" and out.get("outer_momentum", fixed.outer_momentum) == 0:

@@ -62,7 +62,7 @@ from . import registry, schedule as schedule_mod
 from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError
-from .policy import MergePolicy, check_workers
+from .policy import STREAMING_OFF, MergePolicy, check_workers
 
 OVERLAPS = ("nonblocking", "blocking", "lockstep")
 WINDOW = 4  # incoming payloads whose receives are posted ahead
@@ -251,6 +251,12 @@ class Merger:
         self._broadcast_start()
         self.outer = kernel.outer_for(p, self.layout, self._flat)
         self.sched = schedule_mod.build(p, self.W, self.T, self.seed)
+        # Streaming DiLoCo: each fragment's blocks; all-reduces in flight (event -> work, buffer, blocks, t0)
+        # and the step after which each lands
+        self.streaming = any(getattr(p, k) != off for k, off in STREAMING_OFF.items())
+        self.fragments = plan_mod.fragments_of(p, self.layout) if p.fragments > 1 else None
+        self._in_flight: dict[int, tuple] = {}
+        self._landing: dict[int, list[int]] = {}
         s, r = self.sched, self.rank
         self._mine = np.flatnonzero((s.initiator == r) | (s.peer == r)) if s.scheme == "gossip" else np.zeros(0, int)
         self._incoming = [int(e) for e in self._mine if int(s.peer[e]) == r]  # events whose request this rank gets
@@ -292,7 +298,14 @@ class Merger:
             self._t_last = time.perf_counter()
             return
         s = self.sched
-        if s.scheme == "allreduce":
+        if s.scheme == "allreduce" and self.streaming:
+            for ev in self._landing.pop(self.t, ()):  # fragments sent fragment_delay steps ago land first
+                self._stream_land(ev)
+            for ev in s.events_at(self.t):
+                self._stream_start(ev)
+                if not self.p.fragment_delay:
+                    self._stream_land(ev)
+        elif s.scheme == "allreduce":
             for ev in s.events_at(self.t):
                 self._allreduce(ev)
         elif s.scheme == "gossip":
@@ -311,6 +324,7 @@ class Merger:
         """Complete every merge of the run (answering the peers that are still at it), then average every rank's
         model into the consensus model, in place on ``model``, which it returns; the same on every rank."""
         self._drain(final=True)
+        self._settle_streams()
         flat = self._flat().to(self.wire_dev)
         self._collective(lambda: dist.all_reduce(flat, group=self.group, async_op=True), "the final average")
         flat /= self.W
@@ -324,7 +338,11 @@ class Merger:
         own state dicts, what a resumed run needs to go on as if it had never stopped. Call it on every rank at the
         same step."""
         self._drain(final=False)
-        return {"format": 1, "step": self.t, "world": self.W, "seed": self.seed, "total_steps": self.T,
+        self._settle_streams()
+        return {"format": 1, "step": self.t,
+                "streams": {int(ev): {"sum": wire.clone().cpu(), "lands": land}
+                            for land, evs in self._landing.items() for ev in evs
+                            for wire in [self._in_flight[ev][1]]}, "world": self.W, "seed": self.seed, "total_steps": self.T,
                 "policy": self.p.to_dict(), "examples": float(self.examples[0]), "epoch": self.epoch,
                 "merges": self.merges, "score": float(self.score[0]), "score_weight": float(self.score_weight[0]),
                 "accum": None if self.accum is None else [a.clone().cpu() for a in self.accum],
@@ -347,6 +365,12 @@ class Merger:
         if self.outer is not None:
             self.outer.anchor.copy_(state["outer"]["anchor"])
             self.outer.momentum.copy_(state["outer"]["momentum"])
+        for ev, saved in (state.get("streams") or {}).items():  # fragments in flight at the checkpoint
+            ev = int(ev)
+            frag = self.fragments[int(self.sched.fragment[ev])] if self.fragments is not None else \
+                list(range(len(self.blocks)))
+            self._in_flight[ev] = (None, saved["sum"].to(self.wire_dev), frag, time.perf_counter())
+            self._landing.setdefault(int(saved["lands"]), []).append(ev)
         self._done_in = {e for e in self._incoming if int(self.sched.step[e]) <= self.t}
         if self.overlap != "lockstep":
             self._post_window()
@@ -724,6 +748,56 @@ class Merger:
         if self._trace is not None:
             self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": sent[0],
                          "seconds": time.perf_counter() - t0})
+
+    # -- Streaming DiLoCo: a fragment's all-reduce runs while the loop trains ------------------------------------
+    def _stream_start(self, ev: int) -> None:
+        """Start the all-reduce of the event's fragment (this rank's values now); it lands after ``fragment_delay``
+        more steps (:meth:`_stream_land`)."""
+        frag = self.fragments[int(self.sched.fragment[ev])] if self.fragments is not None else \
+            list(range(len(self.blocks)))
+        wire = torch.cat([self.blocks[k].reshape(-1).to(torch.float32) for k in frag]).to(self.wire_dev)
+        try:
+            work = dist.all_reduce(wire, group=self.group, async_op=True)
+        except RuntimeError:
+            raise self._fail(f"merge event {ev}") from None
+        self._in_flight[ev] = (work, wire, frag, time.perf_counter())
+        if self.p.fragment_delay:
+            self._landing.setdefault(self.t + self.p.fragment_delay, []).append(ev)
+
+    def _stream_land(self, ev: int) -> None:
+        """The fragment's sum has arrived (waited for here, within the timeout): its average, the outer step on it,
+        and every block of the fragment moves ``1 - fragment_alpha`` of the way there; counters take the sum."""
+        work, wire, frag, t0 = self._in_flight.pop(ev)
+        if work is not None:
+            self._collective(lambda: work, f"merge event {ev}")
+        step, lay = int(self.sched.step[ev]), self.layout
+        w = torch.full((1, 1), float(plan_mod.allreduce_weight(self.p, step, self.T, float(self.sched.u[ev]))),
+                       device=self.dev)
+        total, at = wire.to(self.dev), 0
+        for k in frag:
+            o, n = lay.offsets[k]
+            seg, at = total[at:at + n], at + n
+            blk = self.blocks[k]
+            if self.rules[k] == kernel.LERP:
+                avg = seg / self.W
+                if self.outer is not None and k < self.outer.blocks:
+                    avg = self.outer.step_(avg, o, n)
+                kernel.lerp_rows_(blk, [0], [avg.to(blk.dtype)], w)
+            elif self.rules[k] == kernel.SUM:  # counters are summed, not averaged
+                kernel.counters_from_sum_(blk, seg)
+        self.merges += 1
+        if self._trace is not None:
+            self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": 4 * wire.numel(),
+                         "fragment": None if self.fragments is None else int(self.sched.fragment[ev]),
+                         "landed_step": self.t, "seconds": time.perf_counter() - t0})
+
+    def _settle_streams(self) -> None:
+        """Wait (within the timeout) for every fragment in flight, without landing it: a checkpoint keeps the sums,
+        and a fragment whose landing is past the run's end never lands (as in the simulator)."""
+        for ev, (work, wire, frag, t0) in list(self._in_flight.items()):
+            if work is not None:
+                self._collective(lambda: work, f"merge event {ev}")
+            self._in_flight[ev] = (None, wire, frag, t0)
 
     def _collective(self, start, what: str) -> None:
         """Run an async collective to completion within ``timeout``; if it fails or times out, find who is gone."""

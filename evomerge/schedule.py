@@ -49,6 +49,7 @@ class Schedule:
     topology: topo_mod.Topology | None
     u_peer: np.ndarray | None = None  # [E] uniforms for peers drawn during the run (similarity, regrouping)
     u_swap: np.ndarray | None = None  # [E] uniforms deciding model swaps
+    fragment: np.ndarray | None = None  # [E] the fragment an all-reduce syncs (policy.fragments; None: the whole model)
 
     def __len__(self) -> int:
         return len(self.step)
@@ -64,9 +65,22 @@ def build(policy, workers: int, total_steps: int, seed: int) -> Schedule:
         return Schedule(policy.scheme, total_steps, empty, empty, empty, np.zeros(0), None)
     if policy.scheme == "allreduce":
         every = max(1, round(policy.mean_interval))
-        steps = np.arange(every, total_steps + 1, every, dtype=np.int64)
+        k = policy.fragments
+        if k == 1:
+            steps = np.arange(every, total_steps + 1, every, dtype=np.int64)
+            frag = None
+        else:  # Streaming DiLoCo: fragment j after local steps (j + 1) H // k + m H, staggered
+            steps, frag = [], []
+            for j in range(k):
+                s_j = np.arange((j + 1) * every // k, total_steps + 1, every, dtype=np.int64)
+                steps.append(s_j)
+                frag.append(np.full(len(s_j), j, dtype=np.int64))
+            steps, frag = np.concatenate(steps), np.concatenate(frag)
+            order = np.lexsort((frag, steps))
+            steps, frag = steps[order], frag[order]
         u = rng_for(seed, TAG_LERP).random(len(steps))
-        return Schedule("allreduce", total_steps, steps, np.zeros_like(steps), np.full_like(steps, -1), u, None)
+        return Schedule("allreduce", total_steps, steps, np.zeros_like(steps), np.full_like(steps, -1), u, None,
+                        fragment=frag)
 
     topology = topo_mod.build(policy, workers, rng_for(seed, TAG_TOPOLOGY))
     timers = rng_for(seed, TAG_TIMERS)

@@ -107,6 +107,8 @@ def _context(name: str) -> dict[str, Any]:
         return {"topology": "communities"}
     if name == "outer_optimizer":
         return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS}
+    if name in policy_mod.STREAMING_OFF:  # Streaming DiLoCo: the all-reduce scheme, far enough apart
+        return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS, **policy_mod.STREAMING_NEEDS, "mean_interval": 1e6}
     return {}
 
 

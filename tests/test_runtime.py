@@ -71,6 +71,11 @@ POLICIES = {
                     "winner_bias": 0.6, "score": "running"},
     "complete-push-winner": {"scheme": "gossip", "topology": "complete", "exchange": "push", "mean_interval": 1.5,
                              "winner_bias": 0.5, "score": "running", "weighting": "adaptive"},
+    # Streaming DiLoCo: the user's MLP has 4 parameter tensors; fragments in flight while the loop trains
+    "streaming-diloco": {"scheme": "allreduce", "mean_interval": 8, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                         "fragments": 2, "fragment_delay": 2, "fragment_alpha": 0.25},
+    "streaming-4": {"scheme": "allreduce", "mean_interval": 8, "mixing_weight": 1.0, "fragments": 4,
+                    "fragment_delay": 1},
 }
 
 
@@ -137,7 +142,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 
 # -- identity with the engine -------------------------------------------------------------------------
 IDENTITY = ["fedavg", "diloco", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
-            "allreduce-adaptive", "ring-winner", "complete-push-winner"]
+            "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4"]
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +177,13 @@ def test_merger_performs_the_schedules_events(setup, lockstep_run):
         s = schedule.build(p, 4, T, 0)
         if s.scheme != "gossip":
             for r in range(4):
-                steps = [rec["step"] for rec in trace(lockstep_run, i, r) if rec.get("kind") == "allreduce"]
-                assert steps == s.step.tolist()
+                recs = [rec for rec in trace(lockstep_run, i, r) if rec.get("kind") == "allreduce"]
+                # a streamed fragment lands fragment_delay steps after its event; one that would land past the
+                # run's end never does (as in the engine)
+                assert [x["step"] for x in recs] == [e for e in s.step.tolist() if e + p.fragment_delay <= T]
+                if p.fragments > 1:
+                    assert [x["fragment"] for x in recs] == s.fragment.tolist()[:len(recs)]
+                    assert all(x["landed_step"] == x["step"] + p.fragment_delay for x in recs)
             continue
         push_pull = p.exchange == "push_pull"
         for r in range(4):
@@ -262,8 +272,8 @@ def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, dat
 
 @pytest.mark.system
 def test_merger_resumes_from_its_state_dict_as_if_never_stopped(folder, data_dir, setup, tmp_path):
-    names = ["ring-winner", "complete-push-examples"]
-    args = [*policies(folder, names), "--overlap", "lockstep", "--overlap", "nonblocking"]
+    names = ["ring-winner", "complete-push-examples", "streaming-diloco"]  # at 17 a fragment is in flight
+    args = [*policies(folder, names), "--overlap", "lockstep", "--overlap", "nonblocking", "--overlap", "lockstep"]
     ranks = launch(folder, data_dir, tmp_path, *args, "--stop-at", 17)
     assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
     assert not (tmp_path / "result-0-0.pt").exists() and (tmp_path / "ck-0-3.pt").exists()
@@ -272,6 +282,7 @@ def test_merger_resumes_from_its_state_dict_as_if_never_stopped(folder, data_dir
     # lockstep: exactly the uninterrupted run's (the accumulators, counters and schedule position carried over)
     torch.testing.assert_close(result(tmp_path, 0)["consensus"], engine_consensus(setup, names[0]), rtol=1e-5, atol=1e-5)
     assert torch.isfinite(result(tmp_path, 1)["consensus"]).all()
+    torch.testing.assert_close(result(tmp_path, 2)["consensus"], engine_consensus(setup, names[2]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.system

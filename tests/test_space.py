@@ -119,7 +119,7 @@ def test_every_shipped_study_searches_the_outer_step_and_has_a_diloco_baseline(n
     names = {p.name for p in s.search.space}
     assert {"scheme", "outer_optimizer", "outer_lr", "outer_momentum"} <= names
     assert s.resolve_policy("diloco").outer_optimizer == "nesterov" and "diloco" in s.baselines
-    rng, seen = random.Random(0), set()
+    rng, seen, streamed = random.Random(0), set(), 0
     for _ in range(200):
         x = [rng.random() for _ in space.numeric(s.search.space)]
         params = space.decode(s.search.space, x) | {p.name: rng.choice(p.choices)
@@ -128,4 +128,7 @@ def test_every_shipped_study_searches_the_outer_step_and_has_a_diloco_baseline(n
         if s.environment is not None:
             check_timed(pol)
         seen.add(pol.outer_optimizer)
+        streamed += pol.fragments > 1 or pol.fragment_delay > 0
     assert seen == {"none", "sgd", "nesterov"}
+    if s.environment is not None:  # the time studies also search Streaming DiLoCo's fields
+        assert "streaming-diloco" in s.baselines and streamed > 10

@@ -117,7 +117,11 @@ CAPABILITIES: dict[str, Capabilities] = {
             "swap_p": "models are swapped between workers",
         },
         only={"optimizer_state": ("keep", "the optimiser's state is not sent between ranks"),
-              "score": ("holdout", "the running score is not sent between ranks yet")},
+              "score": ("holdout", "the running score is not sent between ranks yet"),
+              # Streaming DiLoCo runs in process, on the clock and in evomerge.Merger; not in the rank backend yet
+              "fragments": (1, "fragments are not streamed between ranks yet (evomerge.Merger streams them)"),
+              "fragment_delay": (0, "fragments are not streamed between ranks yet (evomerge.Merger streams them)"),
+              "fragment_alpha": (0.0, "fragments are not streamed between ranks yet (evomerge.Merger streams them)")},
         buffers=False,
         timed_payloads=("weights",),
     ),

@@ -52,6 +52,16 @@ class Backend(ABC):
         self.payload = registry.PAYLOADS.get_object(policy.payload)()
         self.rules = kernel.block_rules(setup.model, policy.buffers)  # what a merge does to each parameter block
         self.pos = {w: i for i, w in enumerate(own)}  # a worker's row in this backend's state
+        # Streaming DiLoCo (policy.fragments): each fragment's blocks, and fragments in flight by event
+        self.fragments = plan_mod.fragments_of(policy, setup.model) if policy.fragments > 1 else None
+        self._in_flight: dict[int, dict] = {}
+        self._sending: dict[int, dict] = {}
+
+    def fragment(self, event: int) -> list[int] | None:
+        """The blocks an all-reduce event syncs (None: every block)."""
+        if self.fragments is None or self.sched.fragment is None:
+            return None
+        return self.fragments[int(self.sched.fragment[event])]
 
     # -- what every backend does ------------------------------------------------------------------
     def start(self, judge: "run_mod.Judge | None") -> None:
@@ -68,7 +78,16 @@ class Backend(ABC):
 
     @abstractmethod
     def allreduce(self, event: int, step: int, weight: float) -> None:
-        """Every worker moves ``weight`` of the way towards the (support-weighted) average of all."""
+        """Every worker moves ``weight`` of the way towards the (support-weighted) average of all (of the
+        event's fragment, with Streaming DiLoCo's ``fragments``)."""
+
+    def allreduce_start(self, event: int) -> None:
+        """Streaming DiLoCo with ``fragment_delay``: the event's average, taken now and kept in flight."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream fragments")
+
+    def allreduce_finish(self, event: int, weight: float) -> None:
+        """The fragment in flight since :meth:`allreduce_start` lands: every worker moves ``weight`` towards it."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream fragments")
 
     def totals(self, loss_sum: float, local: float, merged: float) -> tuple[float, float, float]:
         """The run-wide summed loss and mean update norms from this backend's share."""

@@ -163,4 +163,55 @@ class InProcess(Backend):
         supports = self.weighting.supports(st)
         st.optim.merge_all(p.optimizer_state, supports, weight)  # before the supports merge
         kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules, blocks, supports, weight,
-                            self.weighting.accumulators, st.outer, self.setup.model.offsets)
+                            self.weighting.accumulators, st.outer, self.setup.model.offsets, self.fragment(event))
+
+    # -- Streaming DiLoCo: a fragment's all-reduce sent now, landed fragment_delay steps later -------------
+    def allreduce_start(self, event: int) -> None:
+        """The workers' average of the event's fragment as they are now (and its outer step), kept until
+        :meth:`allreduce_finish` (streaming needs uniform weighting and a weights payload: the rows themselves)."""
+        st = self.state
+        self._in_flight[event] = kernel.average_targets_(
+            st.params.blocks, self.rules, st.params.blocks, self.weighting.supports(st), False, st.outer,
+            self.setup.model.offsets, self.fragment(event))
+
+    def allreduce_finish(self, event: int, weight: float) -> None:
+        st = self.state
+        kernel.lerp_targets_(st.params.blocks, st.merge_change.blocks, self._in_flight.pop(event), weight)
+
+    # on a simulated clock each worker sends its fragment at its own time and takes the average at its own
+    def allreduce_send(self, event: int, workers: list[int]) -> bool:
+        """``workers`` send their rows of the event's fragment as they are now; once every worker has, the
+        average (and its outer step) is taken. Returns whether it has."""
+        st, only = self.state, self.fragment(event)
+        blocks = range(len(st.params.blocks)) if only is None else only
+        sent = self._sending.setdefault(event, {})
+        for w in workers:
+            k = self.pos[w]
+            sent[w] = {b: st.params.blocks[b][k].clone() for b in blocks}
+        if len(sent) < self.W:
+            return False
+        models = [torch.stack([sent[w][b] for w in range(self.W)]) if b in blocks else None
+                  for b in range(len(st.params.blocks))]
+        del self._sending[event]
+        self._in_flight[event] = (kernel.average_targets_(st.params.blocks, self.rules, models,
+                                                          self.weighting.supports(st), False, st.outer,
+                                                          self.setup.model.offsets, only), set(range(self.W)))
+        return True
+
+    def allreduce_landed(self, event: int) -> bool:
+        return event in self._in_flight
+
+    def allreduce_land(self, event: int, workers: list[int], weight: float) -> None:
+        """The fragment's average lands at ``workers``: each moves ``weight`` of the way to it."""
+        st = self.state
+        targets, left = self._in_flight[event]
+        if len(workers) == self.W:  # all at once, as the lockstep run does it
+            kernel.lerp_targets_(st.params.blocks, st.merge_change.blocks, targets, weight)
+        else:
+            for w in workers:
+                k = self.pos[w]
+                kernel.lerp_targets_([blk[k:k + 1] for blk in st.params.blocks],
+                                     [chg[k:k + 1] for chg in st.merge_change.blocks], targets, weight)
+        left.difference_update(workers)
+        if not left:
+            del self._in_flight[event]

@@ -53,7 +53,9 @@ from ..schedule import STREAMS, Schedule, rng_for
 TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
 CHUNK = 256  # step times are drawn in blocks of this many per worker (the same numbers however many are used)
 
-SEND, LAND, REPLY, ALLREDUCE = 0, 1, 2, 3  # action kinds, also their order among equal (time, event)
+# action kinds, also their order among equal (time, event); AR_SEND / AR_APPLY: a Streaming DiLoCo fragment
+# leaves a worker (its rows as they are) / lands there fragment_delay steps later
+SEND, LAND, REPLY, ALLREDUCE, AR_SEND, AR_APPLY = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,71 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
         uplink[i] = start + tx
         push(start + tx + net.latency[i, j], "land", (e, i, j, t, kind))
 
+    def ring(e: int) -> float:
+        share = cost.allreduce_share(None if sched.fragment is None else int(sched.fragment[e]))
+        return net.ring_allreduce(cost.sent * share, cost.dense * share)
+
+    def at_boundary(w: int, t: float, applied: bool = False) -> None:
+        """Worker ``w`` at the boundary after its ``done[w]`` local steps, at time ``t``: a streamed fragment due
+        here lands (or the worker waits for it), then the merges drawn for this step start."""
+        k = done[w]
+        e = None if applied else due_landing.pop((w, k), None)
+        if e is not None:
+            if e not in t_landed or t_landed[e] > t:  # still in flight: wait for it (streaming blocks only here)
+                parked_at[w] = t
+                if e in t_landed:
+                    push(t_landed[e], "landed", (w, e))
+                else:
+                    parked.setdefault(e, []).append(w)
+                return
+            actions[w].append(Action(w, k, t, e, AR_APPLY))
+        evs = fire.get((w, k), ())
+        if allreduce and evs and delay:  # Streaming DiLoCo: the fragment travels while training goes on
+            e = evs[0]
+            frag = int(sched.fragment[e]) if sched.fragment is not None else None
+            actions[w].append(Action(w, k, t, e, AR_SEND))
+            sends.append((t, cost.allreduce(1, frag)))
+            due_landing[(w, k + delay)] = e
+            bar = streams.setdefault(e, {})
+            bar[w] = t
+            if len(bar) == W:
+                t_landed[e] = max(bar.values()) + ring(e)
+                for v in parked.pop(e, []):
+                    push(max(t_landed[e], parked_at[v]), "landed", (v, e))
+            start_step(w, t)
+            return
+        if allreduce and evs:
+            e = evs[0]
+            frag = int(sched.fragment[e]) if sched.fragment is not None else None
+            barrier[w] = t
+            sends.append((t, cost.allreduce(1, frag)))  # this worker's share of the bytes
+            if len(barrier) == W:
+                t_done = max(barrier.values()) + ring(e)
+                for v in range(W):
+                    actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
+                    idle_spans[v].append((barrier[v], t_done))
+                barrier.clear()
+                for v in range(W):
+                    push(t_done, "go", v)
+            return
+        for e in evs:
+            j = int(sched.peer[e])
+            actions[w].append(Action(w, k, t, e, SEND))
+            sends.append((t, cost.pair(w, j)))
+            send(e, w, j, t, LAND)
+            if blocking:
+                waits[w] += 1
+        if waits[w]:
+            go_idle(w, t)
+        else:
+            start_step(w, t)
+
+    delay = policy.fragment_delay if allreduce else 0
+    streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
+    t_landed: dict[int, float] = {}  # streamed event -> when its average has reached every worker
+    due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event that lands there
+    parked: dict[int, list[int]] = {}  # streamed event -> workers waiting for it
+    parked_at: dict[int, float] = {}  # worker -> since when it waits for a streamed fragment
     for w in range(W):
         start_step(w, 0.0)
     while heap:
@@ -305,32 +372,12 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
             total[0] += 1
             if not env.time_budget and total[0] == need:
                 end[0] = t  # the step budget's work is done; what happens at this instant still counts
-            k = done[w]
-            evs = fire.get((w, k), ())
-            if allreduce and evs:
-                e = evs[0]
-                barrier[w] = t
-                sends.append((t, cost.allreduce(1)))  # this worker's share of the bytes
-                if len(barrier) == W:
-                    t_done = max(barrier.values()) + net.ring_allreduce(cost.sent, cost.dense)
-                    for v in range(W):
-                        actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
-                        idle_spans[v].append((barrier[v], t_done))
-                    barrier.clear()
-                    for v in range(W):
-                        push(t_done, "go", v)
-                continue
-            for e in evs:
-                j = int(sched.peer[e])
-                actions[w].append(Action(w, k, t, e, SEND))
-                sends.append((t, cost.pair(w, j)))
-                send(e, w, j, t, LAND)
-                if blocking:
-                    waits[w] += 1
-            if waits[w]:
-                go_idle(w, t)
-            else:
-                start_step(w, t)
+            at_boundary(w, t)
+        elif kind == "landed":  # a streamed fragment a worker waited for has landed: apply it, go on
+            w, e = data
+            actions[w].append(Action(w, done[w], t, e, AR_APPLY))
+            idle_spans[w].append((parked_at.pop(w), t))
+            at_boundary(w, t, applied=True)
         elif kind == "go":  # leaving an all-reduce
             start_step(data, t)
         elif kind == "land":
@@ -366,6 +413,8 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
             idle_spans[w].append((idle_since[w], end_t))
         if w in barrier:  # waiting at a barrier that never filled
             idle_spans[w].append((barrier[w], end_t))
+        if w in parked_at:  # waiting for a streamed fragment that never landed
+            idle_spans[w].append((parked_at[w], end_t))
         actions[w] = sorted((a for a in actions[w] if a.time <= end_t), key=lambda a: (a.boundary, a.key))
     R = len(round_ends)
     idle = np.zeros((R, W))

@@ -137,15 +137,30 @@ def columns(sent: torch.Tensor | None) -> Incoming | None:
 
 def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, rules: list[str],
                  models: list[torch.Tensor], supports: list, weight: float, sum_supports: bool,
-                 outer: "Outer | None" = None, offsets=None) -> None:
+                 outer: "Outer | None" = None, offsets=None, only: Sequence[int] | None = None) -> None:
     """An all-reduce on every row of a stack: each moves ``weight`` of the way towards the average of ``models``
     (per block ``[W, n]``: the rows themselves, or what they sent), weighted by ``supports`` (per block; None:
     a plain mean); counters become their capped sum; ``sum_supports``: the supports become their sum. With
     ``outer``, the trained blocks move to the anchor after the outer step on the average instead (``offsets``:
-    each block's place in the anchor's flat row)."""
+    each block's place in the anchor's flat row). ``only``: the blocks of one fragment (Streaming DiLoCo)."""
     before = [blk.clone() for blk in blocks] if change is not None else None
+    targets = average_targets_(blocks, rules, models, supports, sum_supports, outer, offsets, only)
+    lerp_targets_(blocks, None, targets, weight)
+    if change is not None:
+        for chg, now, old in zip(change, blocks, before):
+            chg.add_(now).sub_(old)
+
+
+def average_targets_(blocks: list[torch.Tensor], rules: list[str], models: list[torch.Tensor], supports: list,
+                     sum_supports: bool, outer: "Outer | None" = None, offsets=None,
+                     only: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
+    """The first half of :func:`average_all_`: per block (of ``only``, or all) the value every row moves
+    towards, the average after the outer step where there is one (returned, block -> ``[n]``); counters and
+    summed supports take their merged values here. A Streaming DiLoCo fragment in flight keeps these targets
+    until it lands (:func:`lerp_targets_`)."""
+    targets = {}
     for k, (rule, own, theirs, support) in enumerate(zip(rules, blocks, models, supports)):
-        if rule == KEEP:
+        if rule == KEEP or (only is not None and k not in only):
             continue
         if rule == SUM:  # counters are summed, not averaged
             counters_from_sum_(own, own.sum(0, keepdim=True))
@@ -154,12 +169,55 @@ def average_all_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, 
         if outer is not None and k < outer.blocks:
             o, n = offsets[k]
             avg = outer.step_(avg, o, n)
-        own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
+        targets[k] = avg
         if sum_supports:  # summed, not averaged
             support.copy_(merged.unsqueeze(0).expand_as(support))
-    if change is not None:
-        for chg, now, old in zip(change, blocks, before):
-            chg.add_(now).sub_(old)
+    return targets
+
+
+def lerp_targets_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, targets: dict[int, torch.Tensor],
+                  weight: float) -> None:
+    """Every row of each block in ``targets`` moves ``weight`` of the way to its target (Streaming DiLoCo's
+    ``lerp(global, local, alpha)`` is ``weight = 1 - alpha``); ``change`` records the move."""
+    for k, avg in targets.items():
+        own = blocks[k]
+        if change is not None:
+            change[k].sub_(own)
+        own.lerp_(avg.unsqueeze(0).expand_as(own), weight)
+        if change is not None:
+            change[k].add_(own)
+
+
+def fragment_blocks(sizes: Sequence[int], trained: int, k: int) -> list[list[int]]:
+    """Streaming DiLoCo's fragments: the ``trained`` parameter blocks (of ``sizes``) in ``k`` contiguous
+    non-empty groups balanced by size (layer boundaries; the least sum of squared group sizes, so one huge
+    tensor does not leave the others unbalanced); the blocks after them (buffers) go with the last. Raises
+    ValueError when there are fewer trained blocks than ``k``."""
+    n = trained
+    if k > n:
+        raise ValueError(f"{k} fragments of a model with {n} parameter tensors")
+    pre = [0]
+    for x in sizes[:n]:
+        pre.append(pre[-1] + int(x))
+    inf = float("inf")
+    # best[j][i]: the least sum of squared sizes when blocks 0..i-1 form j groups; cut[j][i] the last group's start
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for m in range(j - 1, i):
+                v = best[j - 1][m] + (pre[i] - pre[m]) ** 2
+                if v < best[j][i]:
+                    best[j][i], cut[j][i] = v, m
+    groups, i = [], n
+    for j in range(k, 0, -1):
+        m = cut[j][i]
+        groups.append(list(range(m, i)))
+        i = m
+    groups.reverse()
+    groups[-1].extend(range(n, len(sizes)))
+    return groups
 
 
 def counters_from_sum_(blk: torch.Tensor, total: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import ops, registry
+from ..errors import ConfigError
 from ..policy import MergePolicy
 from ..schedule import STREAMS, rng_for
 
@@ -73,8 +74,10 @@ def scheduled_weight(policy: MergePolicy, step: int, total: int) -> float:
 
 
 def allreduce_weight(policy: MergePolicy, step: int, total: int, u: float) -> float:
-    """How far every worker moves towards the average in an all-reduce event."""
-    return scheduled_weight(policy, step, total) * (u if policy.lerp == "random" else 1.0)
+    """How far every worker moves towards the average in an all-reduce event (Streaming DiLoCo's
+    ``lerp(global, local, alpha)``: ``1 - fragment_alpha`` of the way, its mixing weight being 1)."""
+    w = scheduled_weight(policy, step, total) * (u if policy.lerp == "random" else 1.0)
+    return w * (1.0 - policy.fragment_alpha) if policy.fragment_alpha else w
 
 
 def winner(loss_a: float, loss_b: float) -> int:
@@ -104,8 +107,13 @@ class Bytes:
     all-reduce.
     """
 
-    def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None, state_stacks: int = 0):
+    def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None, state_stacks: int = 0,
+                 model=None):
         self.p = policy
+        # Streaming DiLoCo: an all-reduce of fragment j sends that fragment's numbers only
+        self.fragments = fragments_of(policy, model) if model is not None and policy.fragments > 1 else None
+        self.fragment_bytes = None if self.fragments is None else [
+            ops.payload_bytes(sum(model.offsets[k][1] for k in blocks)) for blocks in self.fragments]
         payload = registry.PAYLOADS.get_object(policy.payload)()
         self.dense = ops.payload_bytes(n_params)
         self.sent = payload.wire_bytes(n_params, policy)
@@ -127,5 +135,26 @@ class Bytes:
     def swap(self) -> int:
         return 2 * self.dense
 
-    def allreduce(self, workers: int) -> int:
+    def allreduce(self, workers: int, fragment: int | None = None) -> int:
+        if fragment is not None and self.fragment_bytes is not None:  # weights payload, optimiser state kept
+            return workers * 2 * self.fragment_bytes[fragment]
         return workers * (self.sent + self.dense + 2 * self.state)
+
+    def allreduce_share(self, fragment: int | None) -> float:
+        """The part of the model an all-reduce of ``fragment`` moves (1 for the whole)."""
+        if fragment is None or self.fragment_bytes is None:
+            return 1.0
+        return self.fragment_bytes[fragment] / self.dense
+
+
+def fragments_of(policy: MergePolicy, model) -> list[list[int]]:
+    """The blocks of each of the policy's fragments (Streaming DiLoCo) on ``model``: :func:`kernel.fragment_blocks`,
+    refused in one line naming ``policy.fragments`` when the model has fewer parameter tensors."""
+    from . import kernel
+
+    try:
+        return kernel.fragment_blocks([n for _, n in model.offsets], model.n_trained_blocks, policy.fragments)
+    except ValueError:
+        raise ConfigError("policy.fragments", f"{policy.fragments} is more than the model's "
+                                              f"{model.n_trained_blocks} parameter tensors; allowed: 1.."
+                                              f"{model.n_trained_blocks}") from None

@@ -381,9 +381,11 @@ class StepMerger:
         neighbours = None
         if sched.topology is not None:
             neighbours = [len(sched.topology.neighbours(i)) for i in range(setup.study.run.workers)]
-        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(self.st.optim.stacks()))
+        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(self.st.optim.stacks()),
+                                   setup.model)
         self.bytes = 0
         self.count = 0
+        self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
 
     def after_step(self, step: int) -> None:
         plan = self.plan(step)
@@ -399,15 +401,23 @@ class StepMerger:
         when nothing is left to do (no event; an all-reduce, applied here)."""
         ex = self.st.examples
         ex += self.B
+        s, p = self.sched, self.p
+        for ev in self.landing.pop(step, ()):  # fragments sent fragment_delay steps ago land first
+            self.backend.allreduce_finish(ev, plan_mod.allreduce_weight(p, int(s.step[ev]), self.T, float(s.u[ev])))
         evs = self.sched.events_at(step)
         if not len(evs):
             return None
-        s, p = self.sched, self.p
         if s.scheme == "allreduce":
             for ev in evs:
-                self.backend.allreduce(ev, step, plan_mod.allreduce_weight(p, step, self.T, float(s.u[ev])))
-                ex.fill_(float(ex.sum()))  # counters are summed, not averaged
-                self.bytes += self.cost.allreduce(len(ex))
+                frag = None if s.fragment is None else int(s.fragment[ev])
+                if p.fragment_delay:
+                    self.backend.allreduce_start(ev)
+                    self.landing.setdefault(step + p.fragment_delay, []).append(ev)
+                else:
+                    self.backend.allreduce(ev, step, plan_mod.allreduce_weight(p, step, self.T, float(s.u[ev])))
+                if frag is None or frag == p.fragments - 1:  # counters are summed, not averaged (with the last
+                    ex.fill_(float(ex.sum()))  # fragment, which holds the buffers, when the model is streamed)
+                self.bytes += self.cost.allreduce(len(ex), frag)
                 self._rescale()
             self.count += len(evs)
             return None

@@ -57,7 +57,7 @@ class Timed:
 
             topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
             neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
-        cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(backend.state.optim.stacks()))
+        cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(backend.state.optim.stacks()), setup.model)
         self.timeline = clock.build(setup.study.environment, policy, run.workers, self.T, run.rounds, seed, cost,
                                     lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed))
         backend.sched = self.timeline.schedule  # every backend replays the timeline's schedule
@@ -117,6 +117,8 @@ class Timed:
                     if a.kind in (clock.LAND, clock.REPLY) and not self._arrived(a):
                         waiting.append(a)
                         continue
+                    if a.kind == clock.AR_APPLY and not b.allreduce_landed(a.event):
+                        continue  # the fragment's average needs the other workers' sends first
                     if a.kind == clock.ALLREDUCE:
                         if all((x := due(v)) is not None and x.kind == clock.ALLREDUCE and x.event == a.event
                                for v in self.own):
@@ -183,6 +185,14 @@ class Timed:
             for v in self.own:
                 self.ptr[v] += 1
             return
+        streamed = [a for a in ready if a.kind in (clock.AR_SEND, clock.AR_APPLY)]
+        if streamed:  # Streaming DiLoCo: each event's workers together (all of them on a homogeneous clock)
+            self._stream(streamed)
+            ready = [a for a in ready if a.kind not in (clock.AR_SEND, clock.AR_APPLY)]
+            for a in streamed:
+                self.ptr[a.worker] += 1
+            if not ready:
+                return
         lands, answers = [], []
         for a in ready:
             e = a.event
@@ -208,6 +218,20 @@ class Timed:
             self._post(e, clock.REPLY, answer, i)
         for a in ready:
             self.ptr[a.worker] += 1
+
+    def _stream(self, acts: list[clock.Action]) -> None:
+        s, b = self.timeline.schedule, self.backend
+        by = {}
+        for a in acts:
+            by.setdefault((a.event, a.kind), []).append(a.worker)
+        for (e, kind), workers in sorted(by.items(), key=lambda x: (x[0][1] == clock.AR_SEND, x[0][0])):
+            if kind == clock.AR_APPLY:  # landings first, as the lockstep merger does
+                step = int(s.step[e])
+                b.allreduce_land(e, workers, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[e])))
+            elif b.allreduce_send(e, workers):  # every worker has sent: the average is taken
+                if s.fragment is None or int(s.fragment[e]) == self.p.fragments - 1:
+                    b.state.examples.fill_(b.sum_examples())  # counters are summed, not averaged
+                b.state.rescale_supports()
 
     def _allreduce(self, a: clock.Action) -> None:
         s, st = self.timeline.schedule, self.backend.state

@@ -1,0 +1,114 @@
+"""Tuned rivals, not defaults: a search over DiLoCo's own knobs against evomerge's full space, each with the
+same trial budget and the inner lr searched in both (issue 26, part 6).
+
+    .venv/bin/python benchmarks/rivals.py [--studies mnist-gossip mnist-stragglers] [--trials 24]
+        [--search-seeds 0 1 2] [--eval-seeds 1000 1001 1002] [--out benchmarks/rivals.json]
+
+Arms, each searched by CMA-ES (categoricals by Optuna's independent sampler, as `--sampler cmaes`), on the
+shipped study's data, model, workers and [environment]:
+
+- ``diloco``: scheme allreduce with the outer Nesterov step; searched: the local steps H (``mean_interval``,
+  log [2, 100]), ``outer_lr`` log [0.1, 2], ``outer_momentum`` [0, 0.95] and ``run.lr`` log [0.01, 0.5].
+- ``evomerge``: the study's own [search.space] (scheme, gossip fields, the outer step) plus ``run.lr`` log
+  [0.01, 0.5].
+
+Each search's best trial is re-run on fresh seeds (``--eval-seeds``, never the search's own) at the lr it was
+found with; the table gives the mean and spread of the study's objective and of validation accuracy, and says
+whether the full space's winner is itself a DiLoCo instance (allreduce with an outer step). Every metric is
+simulated (accuracy, simulated seconds), so the machine's load does not change a figure, only how long it takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import evomerge
+from evomerge import simulate, study as study_mod
+from evomerge.policy import MergePolicy
+from evomerge.study import Param, with_run
+
+LR = Param("run.lr", "log-float", 0.01, 0.5)
+DILOCO_SPACE = (Param("mean_interval", "log-float", 2.0, 100.0), Param("outer_lr", "log-float", 0.1, 2.0),
+                Param("outer_momentum", "float", 0.0, 0.95), LR)
+
+
+def arms(s) -> dict:
+    diloco = dataclasses.replace(
+        s, name=f"{s.name}-rival-diloco",
+        policy=s.policy.replace(scheme="allreduce", mixing_weight=1.0, outer_optimizer="nesterov"),
+        search=dataclasses.replace(s.search, space=DILOCO_SPACE))
+    full = dataclasses.replace(s, name=f"{s.name}-rival-evomerge",
+                               search=dataclasses.replace(s.search, space=(*s.search.space, LR)))
+    return {"diloco": diloco, "evomerge": full}
+
+
+def is_diloco(p: MergePolicy) -> bool:
+    return p.scheme == "allreduce" and p.outer_optimizer != "none"
+
+
+def reevaluate(s, data, policy: MergePolicy, run: dict, seeds: list[int]) -> dict:
+    setup = simulate.prepare(with_run(s, run), data=data)
+    finals = [simulate.simulate(setup, policy, seed).final for seed in seeds]
+    out = {"val_accuracy": [f.val_accuracy for f in finals]}
+    if s.target is not None:
+        out["time_to_target"] = [f.time_to_target for f in finals]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--studies", nargs="+", default=["mnist-gossip", "mnist-stragglers"])
+    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--search-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--eval-seeds", type=int, nargs="+", default=[1000, 1001, 1002])
+    ap.add_argument("--data-dir", default=os.environ.get("EVOMERGE_DATA_DIR", "../shared/data"))
+    ap.add_argument("--out", default="benchmarks/rivals.json")
+    args = ap.parse_args()
+    results = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    for name in args.studies:
+        base = study_mod.load(name)
+        data = simulate.prepare(base, data_dir=args.data_dir).data
+        for arm, s in arms(base).items():
+            for seed in args.search_seeds:
+                key = f"{name}/{arm}/{seed}"
+                if key in results:
+                    continue
+                t0 = time.time()
+                with tempfile.TemporaryDirectory() as runs:
+                    res = evomerge.search(s, n_trials=args.trials, sampler="cmaes", runs_dir=runs, seed=seed,
+                                          data=data)
+                    best = res.best[0]
+                policy = MergePolicy.from_dict(best["policy"])
+                ev = reevaluate(base, data, policy, best["run"], args.eval_seeds)
+                results[key] = {"study": name, "arm": arm, "search_seed": seed, "trial": best["number"],
+                                "search_value": best["values"][0], "policy": policy.to_dict(), "run": best["run"],
+                                "describe": policy.describe(), "diloco": is_diloco(policy), "eval": ev,
+                                "minutes": (time.time() - t0) / 60}
+                Path(args.out).write_text(json.dumps(results, indent=1))
+                print(f"{key}: {policy.describe()} at lr {best['run'].get('lr', base.run.lr):.3g}: "
+                      + ", ".join(f"{k} {statistics.fmean(v):.4g}" for k, v in ev.items()), flush=True)
+    table(results)
+
+
+def table(results: dict) -> None:
+    print("| study | arm | search seed | objective on fresh seeds (mean ± sd) | val accuracy | lr | winner |")
+    print("|---|---|---|---|---|---|---|")
+    for key, r in results.items():
+        ev = r["eval"]
+        obj = "time_to_target" if "time_to_target" in ev else "val_accuracy"
+        v = ev[obj]
+        sd = statistics.stdev(v) if len(v) > 1 else 0.0
+        print(f"| {r['study']} | {r['arm']} | {r['search_seed']} | {obj} {statistics.fmean(v):.4g} ± {sd:.2g} | "
+              f"{statistics.fmean(ev['val_accuracy']):.4f} | {r['run'].get('lr', float('nan')):.3g} | "
+              f"{'DiLoCo' if r['diloco'] else ''} {r['describe']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Streaming DiLoCo (Douillard et al. 2025; torchft's ``fragment_sync_delay`` / ``fragment_update_alpha``): the model
+in fragments synced on staggered steps, each all-reduce travelling while training goes on. Held against a loop
+written by hand with torch modules and torch's optimisers, the lockstep run against the free clock and a
+population, the clock's overlap against its barrier, and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_study
+from evomerge import models as models_mod
+from evomerge import reference, schedule, simulate, space, study
+from evomerge.engine import kernel
+from evomerge.errors import ConfigError
+from evomerge.policy import MergePolicy
+from evomerge.simulate import batch_indices, initial_row, normalise
+from evomerge.study import EnvSpec
+
+P = MergePolicy
+H = 8  # local steps between a fragment's syncs
+DILOCO = dict(scheme="allreduce", mean_interval=H, mixing_weight=1.0, outer_optimizer="nesterov", outer_lr=0.7,
+              outer_momentum=0.9)
+# the study's MLP 784-32-32-32-10: 8 parameter tensors, 25088 of its 27562 numbers in the first
+GROUPS = {2: [[0], [1, 2, 3, 4, 5, 6, 7]], 4: [[0], [1, 2], [3, 4], [5, 6, 7]]}
+
+
+@pytest.fixture(scope="module")
+def setup(mnist):
+    s = tiny_study(workers=4, steps=60, optimizer="adamw", lr=0.01, weight_decay=0.01)
+    s = dataclasses.replace(s, model=dataclasses.replace(s.model, options={"hidden": [32, 32, 32]}))
+    return simulate.prepare(s, data=mnist)
+
+
+def streaming_by_hand(setup, seed: int, k: int, delay: int, alpha: float) -> torch.Tensor:
+    """Streaming DiLoCo as a user writes it: W modules with their own torch.optim.AdamW; fragment j (the groups of
+    parameter tensors above) has its own anchor and torch.optim.SGD(nesterov); after local step t = (j + 1) H // k
+    + m H its pseudo-gradient anchor - mean(workers) takes the outer step, and after step t + delay every worker's
+    fragment becomes lerp(global, local, alpha). The same minibatches as the merge run."""
+    run, data = setup.study.run, setup.data
+    start = initial_row(setup.model, seed)
+    workers = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
+    inner = [reference.optimizer(m, run) for m in workers]
+    anchor = list(models_mod.load_row(setup.model.module(), start).parameters())
+    groups = GROUPS[k]
+    outer = [torch.optim.SGD([anchor[b] for b in g], lr=0.7, momentum=0.9, nesterov=True) for g in groups]
+    params = [list(m.parameters()) for m in workers]
+    idx = [batch_indices(s, run.batch_size, 0, setup.total_steps, seed, w) for w, s in enumerate(setup.shards)]
+    landing: dict[int, list] = {}
+    for t in range(1, setup.total_steps + 1):
+        for w, (m, opt) in enumerate(zip(workers, inner)):
+            bi = torch.as_tensor(idx[w][t - 1])
+            loss = F.cross_entropy(m(normalise(data.train_x[bi], data.spec)), data.train_y[bi])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            for blocks, glob in landing.pop(t, []):
+                for ps in params:
+                    for b, g in zip(blocks, glob):
+                        ps[b].copy_(torch.lerp(g, ps[b], alpha))
+            for j, g in enumerate(groups):
+                first = (j + 1) * H // k
+                if t >= first and (t - first) % H == 0:
+                    for b in g:
+                        anchor[b].grad = anchor[b] - torch.stack([ps[b] for ps in params]).mean(0)
+                    outer[j].step()
+                    landing.setdefault(t + delay, []).append((g, [anchor[b].clone() for b in g]))
+            for blocks, glob in landing.pop(t, []):  # delay 0: at once
+                for ps in params:
+                    for b, g in zip(blocks, glob):
+                        ps[b].copy_(torch.lerp(g, ps[b], alpha))
+    return torch.stack([models_mod.module_row(m) for m in workers])
+
+
+def test_fragments_are_contiguous_groups_of_tensors_balanced_by_size(setup):
+    sizes = [n for _, n in setup.model.offsets]
+    for k, groups in GROUPS.items():
+        assert kernel.fragment_blocks(sizes, setup.model.n_trained_blocks, k) == groups
+    assert kernel.fragment_blocks([5, 5, 5, 5, 3], 4, 2) == [[0, 1], [2, 3, 4]]  # buffers go with the last
+    s = schedule.build(P(**DILOCO, fragments=4), 4, 40, 0)
+    assert s.step.tolist()[:6] == [2, 4, 6, 8, 10, 12] and s.fragment.tolist()[:6] == [0, 1, 2, 3, 0, 1]
+    assert schedule.build(P(**DILOCO), 4, 40, 0).fragment is None  # one fragment: today's schedule
+
+
+@pytest.mark.parametrize("k,delay,alpha", [(2, 0, 0.0), (4, 1, 0.0), (2, 3, 0.5)])
+def test_streaming_diloco_equals_a_hand_written_loop(setup, k, delay, alpha):
+    policy = P(**DILOCO, fragments=k, fragment_delay=delay, fragment_alpha=alpha)
+    res = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
+    ref = streaming_by_hand(setup, 2, k, delay, alpha)
+    assert res.status == "ok"
+    diff = (res.params - ref).abs()  # AdamW batched against torch's per module: float noise (see test_outer.py)
+    assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    plain = simulate.simulate(setup, P(**DILOCO), 2, device="cpu", keep_params=True)
+    assert float((res.params - plain.params).abs().max()) > 1e-2  # streaming is not DiLoCo: the check can fail
+
+
+def test_one_fragment_without_delay_or_alpha_is_diloco_bit_for_bit(setup):
+    a = simulate.simulate(setup, P(**DILOCO), 1, device="cpu", keep_params=True)
+    b = simulate.simulate(setup, P(**DILOCO, fragments=1, fragment_delay=0, fragment_alpha=0.0), 1, device="cpu",
+                          keep_params=True)
+    assert torch.equal(a.params, b.params) and a.final.bytes == b.final.bytes
+
+
+def test_a_free_clock_and_a_population_stream_bit_for_bit(setup):
+    from evomerge.engine.population import Member, run_population
+
+    free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
+    for kw in (dict(fragments=4, fragment_delay=1), dict(fragments=2, fragment_delay=3, fragment_alpha=0.5),
+               dict(fragment_delay=2)):
+        policy = P(**DILOCO, **kw)
+        lockstep = simulate.simulate(setup, policy, 1, device="cpu", keep_params=True)
+        timed = simulate.simulate(free, policy, 1, device="cpu", keep_params=True)
+        member = run_population(setup, [Member(policy, 1), Member(P(), 1)], device="cpu", keep_params=True)[0]
+        assert torch.equal(timed.params, lockstep.params) and torch.equal(member.params, lockstep.params), kw
+        assert timed.final.bytes == lockstep.final.bytes and timed.final.merges == lockstep.final.merges, kw
+
+
+def test_a_fragment_in_flight_hides_the_network_and_a_fragment_sends_its_share(setup):
+    """On a slow network the all-reduce is a barrier that every worker waits at; streamed fragments travel while
+    the workers train, so the same work ends sooner and the workers wait less. Each sync moves a fragment."""
+    env = EnvSpec(step_time=0.01, bandwidth=2e6, latency=0.001, speeds="lognormal", sigma=0.3)
+    slow = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=env))
+    out = {name: simulate.simulate(slow, P(**DILOCO, **kw), 0, device="cpu").final for name, kw in {
+        "barrier": {}, "fragments": {"fragments": 4}, "streamed": {"fragments": 4, "fragment_delay": 1},
+        "overlapped": {"fragment_delay": 3}}.items()}
+    assert out["streamed"].sim_time < out["fragments"].sim_time
+    assert out["overlapped"].sim_time < out["barrier"].sim_time
+    assert out["overlapped"].idle_fraction < out["barrier"].idle_fraction
+    assert out["fragments"].bytes < 1.2 * out["barrier"].bytes * 30 / 7  # 30 fragment syncs, each a share
+
+
+BAD = {
+    "gossip": ({"fragments": 2}, "policy.scheme: 'gossip' cannot stream fragments (fragments 2); allowed: 'allreduce'"),
+    "weighting": (DILOCO | {"fragments": 2, "weighting": "examples"}, "policy.weighting: 'examples' cannot stream"),
+    "mixing": ({"scheme": "allreduce", "mean_interval": 8, "fragment_delay": 1, "mixing_weight": 0.5},
+               "policy.mixing_weight: 0.5 cannot stream fragments (fragment_delay 1); allowed: 1.0"),
+    "delay": (DILOCO | {"fragments": 4, "fragment_delay": 2},
+              "policy.fragment_delay: 2 with 4 fragments every 8 steps; allowed: fragments x fragment_delay < 8 (0..1)"),
+    "too many": (DILOCO | {"fragments": 9}, "policy.fragments: 9 is more than the 8 local steps"),
+    "alpha": ({"fragment_alpha": 1.5}, "policy.fragment_alpha"),
+    "old schema": ({"schema_version": 5, "fragments": 2}, "policy.fragments: is a schema 6 field"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_forbidden_combinations_are_one_line_naming_the_field(case):
+    fields, words = BAD[case]
+    with pytest.raises(ConfigError) as e:
+        MergePolicy.from_dict(fields)
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)
+
+
+def test_more_fragments_than_tensors_is_one_line_before_the_run(mnist):
+    setup = simulate.prepare(tiny_study(workers=4, steps=40), data=mnist)  # MLP 784-32-10: 4 tensors
+    with pytest.raises(ConfigError, match=r"^policy.fragments: 5 is more than the model's 4 parameter tensors; "
+                                          r"allowed: 1..4$"):
+        simulate.simulate(setup, P(**DILOCO, fragments=5), 0)
+
+
+def test_the_search_switches_streaming_off_where_it_does_not_apply():
+    s = study.load("mnist-gossip")
+    fixed = dataclasses.replace(s, policy=s.policy.replace(scheme="allreduce", mixing_weight=1.0, mean_interval=8,
+                                                           fragments=4, fragment_delay=1))
+    p = space.policy_from_params(fixed, {"scheme": "gossip", "mean_interval": 3.0})
+    assert (p.fragments, p.fragment_delay) == (1, 0)  # off under gossip
+    p = space.policy_from_params(fixed, {"scheme": "allreduce", "mean_interval": 3.0, "weighting": "adaptive",
+                                         "mixing_weight": 0.3})
+    assert (p.fragments, p.fragment_delay, p.weighting, p.mixing_weight) == (3, 0, "uniform", 1.0)  # fitted to H = 3
