@@ -30,11 +30,11 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             3: ("optimizer_state", "buffers"),
             4: ("outer_optimizer", "outer_lr", "outer_momentum"),
             5: ("score",),
-            6: ("fragments", "fragment_delay", "fragment_alpha")}
+            6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
-SCHEMES = ("gossip", "allreduce", "none")
+SCHEMES = ("gossip", "allreduce", "none", "async")
 EXCHANGES = ("push", "push_pull")
 SCHEDULES = ("constant", "linear", "cosine")
 LERPS = ("fixed", "random")
@@ -59,7 +59,10 @@ class MergePolicy:
         "gossip",
         "gossip: pairwise merge events on Poisson timers; allreduce: every worker averages with all "
         "every round(mean_interval) local steps (FedAvg / local SGD; 1 = synchronous all-reduce); "
-        "none: no merging until the end (the consensus model is the final average).",
+        "none: no merging until the end (the consensus model is the final average); async: asynchronous DiLoCo on "
+        "a simulated cluster (Liu et al. 2024): each worker pushes its pseudo-gradient to a server after "
+        "round(mean_interval) local steps, the server takes the outer step at once, and the worker pulls the new "
+        "global model.",
     )
     mean_interval: float = _f(
         10.0,
@@ -181,6 +184,14 @@ class MergePolicy:
     fragment_alpha: float = _f(
         0.0, "How a landed fragment mixes with the worker's own: p = lerp(global, local, alpha) = global + "
         "alpha (local - global); 0 takes the global value (torchft's fragment_update_alpha).", ge=0.0, le=1.0)
+    # -- schema 6: asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135), scheme "async" --
+    momentum_every: int = _f(
+        0, "Asynchronous DiLoCo's delayed Nesterov: every arriving pseudo-gradient d moves the global model by "
+        "outer_lr d / N at once; every N arrivals the momentum takes their mean and the global model its momentum "
+        "step. 0: N = the number of workers.", ge=0, le=1_000_000)
+    local_steps_by_speed: bool = _f(
+        False, "Asynchronous DiLoCo's dynamic local updates: a worker's local steps per round are "
+        "round(mean_interval) scaled by its configured speed against the fastest's, so that arrivals line up.")
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -211,7 +222,8 @@ class MergePolicy:
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
         if self.outer_optimizer != "none":
-            need = {"scheme": ("allreduce", "the outer step follows an all-reduce; over a gossip base it is not built yet")}
+            need = {"scheme": (self.scheme if self.scheme == "async" else "allreduce",
+                               "the outer step follows an all-reduce; over a gossip base it is not built yet")}
             need |= {k: (v, "deltas against the anchor are not built yet" if k == "payload" else
                          "the workers restart from the anchor") for k, v in OUTER_NEEDS.items()}
             for name, (value, why) in need.items():
@@ -222,6 +234,18 @@ class MergePolicy:
             if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
                 raise ConfigError("policy.outer_momentum", "0 with outer_optimizer 'nesterov'; allowed: (0, 1), "
                                                            "or outer_optimizer 'sgd'")
+        asynchronous = [k for k, off in ASYNC_OFF.items() if getattr(self, k) != off]
+        if asynchronous and self.scheme != "async":
+            raise ConfigError(f"policy.{asynchronous[0]}", f"{getattr(self, asynchronous[0])!r} applies to scheme "
+                                                           f"'async' only; this is {self.scheme!r}")
+        if self.scheme == "async":
+            if self.outer_optimizer == "none":
+                raise ConfigError("policy.outer_optimizer", "'none' with scheme 'async': the server's step is the "
+                                                            "outer step; allowed: sgd, nesterov")
+            for name, value in {**OUTER_NEEDS, **STREAMING_NEEDS, **STREAMING_OFF}.items():
+                if getattr(self, name) != value:
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} with scheme 'async' (the workers "
+                                                        f"restart from the server's model); allowed: {value!r}")
         streaming = [k for k, off in STREAMING_OFF.items() if getattr(self, k) != off]
         if streaming:
             need = {"scheme": "allreduce", **OUTER_NEEDS, **STREAMING_NEEDS}
@@ -284,6 +308,11 @@ class MergePolicy:
         if self.payload == "delta":
             comp = f", delta payload (top-k {self.topk_fraction:.3g}, {self.quantize_bits or 32} bits)"
         extra = self._describe_extras()
+        if self.scheme == "async":
+            return (f"asynchronous DiLoCo: each worker pushes after {max(1, round(self.mean_interval))} local steps"
+                    f"{' (scaled by its speed)' if self.local_steps_by_speed else ''}, the server takes an outer "
+                    f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}, every "
+                    f"{self.momentum_every or 'W'} arrivals){extra}")
         if self.scheme == "allreduce":
             if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()):  # Streaming DiLoCo
                 extra = (f", streamed in {self.fragments} fragments (delay {self.fragment_delay} steps, "
@@ -335,6 +364,9 @@ OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "consta
 # state are merged with the whole model, not per fragment)
 STREAMING_OFF = {"fragments": 1, "fragment_delay": 0, "fragment_alpha": 0.0}
 STREAMING_NEEDS = {"weighting": "uniform", "optimizer_state": "keep"}
+ASYNC_OFF = {"momentum_every": 0, "local_steps_by_speed": False}  # asynchronous DiLoCo's own fields, off
+ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster only: its pushes arrive in the "
+                     "order of their times; add an [environment], or use scheme gossip, allreduce or none")
 
 
 def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
@@ -344,10 +376,17 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
     of a lerp toward the mean do not apply and take the values the outer step needs (:data:`OUTER_NEEDS`);
     Nesterov with momentum 0 is the plain outer SGD step, and is written so."""
     out = dict(values)
-    if out.get("scheme", fixed.scheme) != "allreduce":
+    if out.get("scheme", fixed.scheme) not in ("allreduce", "async"):
         out["outer_optimizer"] = "none"
-    if out.get("scheme", fixed.scheme) != "allreduce":
+    scheme = out.get("scheme", fixed.scheme)
+    if scheme != "allreduce":
         out.update(STREAMING_OFF)
+    if scheme != "async":
+        out.update(ASYNC_OFF)
+    else:  # the server's step is an outer step
+        out.update(OUTER_NEEDS | STREAMING_NEEDS)
+        if out.get("outer_optimizer", fixed.outer_optimizer) == "none":
+            out["outer_optimizer"] = "nesterov"
     outer = out.get("outer_optimizer", fixed.outer_optimizer)
     if any(out.get(k, getattr(fixed, k)) != off for k, off in STREAMING_OFF.items()):
         out.update(OUTER_NEEDS | STREAMING_NEEDS)

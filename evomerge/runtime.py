@@ -137,6 +137,9 @@ def step_size_warning(run: dict, optimizer) -> str | None:
 def check_policy(policy: MergePolicy, workers: int) -> None:
     """Refuse, in one line naming the field, a policy a user's loop cannot run on ``workers`` ranks."""
     check_workers(policy, workers)
+    if policy.scheme == "async":
+        raise ConfigError("policy.scheme", "'async' (asynchronous DiLoCo) needs a server process, which the runtime "
+                                           "does not run yet; allowed: gossip, allreduce, none")
     if policy.winner_bias > 0 and policy.score == "holdout":
         raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
                                           "would score both models on validation slices, which a loop does not have); "

@@ -59,10 +59,20 @@ class Schedule:
         return range(int(lo), int(hi))
 
 
-def build(policy, workers: int, total_steps: int, seed: int) -> Schedule:
+def build(policy, workers: int, total_steps: int, seed: int, local_steps: list[int] | None = None) -> Schedule:
+    """``local_steps``: asynchronous DiLoCo's local steps per round of each worker (default round(mean_interval))."""
     empty = np.zeros(0, dtype=np.int64)
     if policy.scheme == "none" or workers < 2:
         return Schedule(policy.scheme, total_steps, empty, empty, empty, np.zeros(0), None)
+    if policy.scheme == "async":  # worker w pushes to the server after every local_steps[w] of its own steps
+        every = local_steps or [max(1, round(policy.mean_interval))] * workers
+        steps = np.concatenate([np.arange(h, total_steps + 1, h, dtype=np.int64) for h in every])
+        inits = np.concatenate([np.full(len(range(h, total_steps + 1, h)), w, dtype=np.int64)
+                                for w, h in enumerate(every)])
+        order = np.lexsort((inits, steps))
+        steps, inits = steps[order], inits[order]
+        u = rng_for(seed, TAG_LERP).random(len(steps))
+        return Schedule("async", total_steps, steps, inits, np.full_like(steps, -1), u, None)
     if policy.scheme == "allreduce":
         every = max(1, round(policy.mean_interval))
         k = policy.fragments

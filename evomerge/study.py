@@ -107,6 +107,8 @@ def _context(name: str) -> dict[str, Any]:
         return {"topology": "communities"}
     if name == "outer_optimizer":
         return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS}
+    if name in policy_mod.ASYNC_OFF:  # asynchronous DiLoCo's own fields
+        return {"scheme": "async", "outer_optimizer": "nesterov", **policy_mod.OUTER_NEEDS, **policy_mod.STREAMING_NEEDS}
     if name in policy_mod.STREAMING_OFF:  # Streaming DiLoCo: the all-reduce scheme, far enough apart
         return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS, **policy_mod.STREAMING_NEEDS, "mean_interval": 1e6}
     return {}
@@ -154,7 +156,9 @@ class Param:
                 raise ConfigError(f"{where}.choices", "must be a non-empty list")
             for c in self.choices:
                 try:
-                    MergePolicy(**({self.name: c} | _context(self.name)))
+                    ctx = _context(self.name) if not (self.name == "scheme" and c == "async") else \
+                        {"outer_optimizer": "nesterov", **policy_mod.OUTER_NEEDS, **policy_mod.STREAMING_NEEDS}
+                    MergePolicy(**({self.name: c} | ctx))
                 except ConfigError as e:
                     raise ConfigError(f"{where}.choices", e.message) from None
             return self
@@ -342,6 +346,16 @@ class Study:
         return self
 
     @model_validator(mode="after")
+    def _async_needs_a_clock(self) -> "Study":
+        if self.environment is None:
+            if self.policy.scheme == "async":
+                raise ConfigError("study.policy.scheme", policy_mod.ASYNC_NEEDS_CLOCK)
+            for p in self.search.space:
+                if p.name == "scheme" and "async" in p.choices:
+                    raise ConfigError("study.search.space.scheme", policy_mod.ASYNC_NEEDS_CLOCK)
+        return self
+
+    @model_validator(mode="after")
     def _time_objectives(self) -> "Study":
         timed = {"time_to_target", "accuracy_at_time", "sim_time"} & set(self.objectives)
         if timed and self.environment is None:
@@ -525,7 +539,9 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
                   baselines=baselines, path=path, notes=notes)
     for ref in study.baselines:  # found now, not after the search's trials have run
-        study.resolve_policy(ref, where="study.baselines.policies")
+        pol = study.resolve_policy(ref, where="study.baselines.policies")
+        if pol.scheme == "async" and env is None:
+            raise ConfigError("study.baselines.policies", f"{ref}: {policy_mod.ASYNC_NEEDS_CLOCK}")
     return study
 
 

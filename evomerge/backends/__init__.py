@@ -107,7 +107,8 @@ CAPABILITIES: dict[str, Capabilities] = {
     "distributed": Capabilities(
         name="distributed",
         # the rank code merges by the rules' classes, and its all-reduce knows these rules' supports
-        rules={"weighting": ("uniform", "examples", "adaptive"), "payload": ("weights", "delta")},
+        rules={"weighting": ("uniform", "examples", "adaptive"), "payload": ("weights", "delta"),
+               "scheme": ("gossip", "allreduce", "none")},  # async: the server is in process only
         # each of these needs every worker's state at every event
         refuses={
             "similarity_bias": "peers are chosen by similarity, which needs all workers' models at every event",
@@ -189,6 +190,8 @@ def run_inputs(study, policy: MergePolicy | str | Path, seed: int | None = None,
     policy_mod.check_workers(policy, study.run.workers)
     if study.environment is not None:
         policy_mod.check_timed(policy)
+    elif policy.scheme == "async":
+        raise ConfigError("policy.scheme", policy_mod.ASYNC_NEEDS_CLOCK)
     check(backend, procs, study.run.workers)
     check_policy(backend, policy, timed=study.environment is not None)
     if seed is None:

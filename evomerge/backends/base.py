@@ -56,6 +56,16 @@ class Backend(ABC):
         self.fragments = plan_mod.fragments_of(policy, setup.model) if policy.fragments > 1 else None
         self._in_flight: dict[int, dict] = {}
         self._sending: dict[int, dict] = {}
+        self.server = None  # asynchronous DiLoCo's server (kernel.AsyncServer), from the workers' common start
+        if policy.scheme == "async":
+            if setup.model.n_trained_blocks < len(setup.model.offsets):
+                from ..errors import ConfigError
+
+                raise ConfigError("policy.scheme", "'async' with a model that has buffers is not built yet; allowed: "
+                                                   "a model without buffers, or scheme allreduce")
+            self.server = kernel.AsyncServer(self.state.params.row(0), run.workers, policy.outer_lr,
+                                             policy.outer_momentum, policy.outer_optimizer == "nesterov",
+                                             policy.momentum_every)
 
     def fragment(self, event: int) -> list[int] | None:
         """The blocks an all-reduce event syncs (None: every block)."""

@@ -178,6 +178,19 @@ class InProcess(Backend):
         st = self.state
         kernel.lerp_targets_(st.params.blocks, st.merge_change.blocks, self._in_flight.pop(event), weight)
 
+    # -- asynchronous DiLoCo: pushes to the server, in the clock's order -------------------------------------------
+    def async_push(self, workers: list[int]) -> None:
+        """``workers`` (one batch) push their rows to the server, which steps; each takes the new global model."""
+        st = self.state
+        if self.server is None:
+            raise RuntimeError("asynchronous DiLoCo without its server (a bug in evomerge)")
+        rows = torch.stack([st.params.row(self.pos[w]) for w in workers])
+        glob = self.server.push_(rows, workers)
+        for w in workers:
+            k = self.pos[w]
+            st.merge_change.set_row(k, st.merge_change.row(k) + (glob - st.params.row(k)))
+            st.params.set_row(k, glob)
+
     # on a simulated clock each worker sends its fragment at its own time and takes the average at its own
     def allreduce_send(self, event: int, workers: list[int]) -> bool:
         """``workers`` send their rows of the event's fragment as they are now; once every worker has, the

@@ -28,6 +28,12 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   receiver answers with its state when it applies the request.
 - **overlap**: non-blocking, the initiator keeps training; blocking, it pauses until its merge
   is done (push: its payload has landed; push-pull: the answer has landed).
+- **Streaming DiLoCo** (``fragment_delay``): a fragment's all-reduce is not a barrier: each worker sends at its
+  step t and trains on; the ring all-reduce of the fragment's bytes ends after the last send, and a worker
+  waits at step t + delay only if it has not landed by then.
+- **asynchronous DiLoCo** (scheme ``async``): after its local steps a worker pushes its model to a server at
+  worker 0's node (over its link to worker 0, no contention at the server), the server steps when the push
+  lands (pushes landing at the same instant as one batch), and the worker idles until the new model is back.
 - **all-reduce**: a barrier at the slowest worker, then a ring all-reduce of
   ``2 (W - 1) latency + (W - 1) / W (up + down bytes) / bandwidth`` (the ring's slowest link;
   for a weights payload ``2 (W - 1) / W x bytes / bandwidth``); everyone leaves together.
@@ -55,7 +61,8 @@ CHUNK = 256  # step times are drawn in blocks of this many per worker (the same 
 
 # action kinds, also their order among equal (time, event); AR_SEND / AR_APPLY: a Streaming DiLoCo fragment
 # leaves a worker (its rows as they are) / lands there fragment_delay steps later
-SEND, LAND, REPLY, ALLREDUCE, AR_SEND, AR_APPLY = 0, 1, 2, 3, 4, 5
+# ASYNC: asynchronous DiLoCo: the worker's push reaches the server, which steps; the worker takes the new model
+SEND, LAND, REPLY, ALLREDUCE, AR_SEND, AR_APPLY, ASYNC = 0, 1, 2, 3, 4, 5, 6
 
 
 @dataclass(frozen=True)
@@ -240,6 +247,7 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
     need = W * T  # step budget: the run's work in local steps
     # events by (initiator, step), in schedule order
     allreduce = sched.scheme == "allreduce"
+    SERVER = 0  # asynchronous DiLoCo's server sits at worker 0's node: worker w reaches it over link (w, 0)
     fire: dict[tuple[int, int], list[int]] = {}
     for e, (s, i) in enumerate(zip(sched.step.tolist(), sched.initiator.tolist())):
         for w in (range(W) if allreduce else (i,)):  # an all-reduce involves everybody
@@ -312,6 +320,15 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
                 return
             actions[w].append(Action(w, k, t, e, AR_APPLY))
         evs = fire.get((w, k), ())
+        if asynchronous and evs:  # push the pseudo-gradient to the server over this worker's link to it
+            e = evs[0]
+            start = max(t, uplink[w])
+            tx = net.transmit(w, SERVER, cost.dense)
+            uplink[w] = start + tx
+            sends.append((t, 2 * cost.dense))  # the push and the pull
+            parked_at[w] = t
+            push(start + tx + net.latency[w, SERVER], "server", (e, w, k, t))
+            return
         if allreduce and evs and delay:  # Streaming DiLoCo: the fragment travels while training goes on
             e = evs[0]
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
@@ -353,6 +370,7 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
             start_step(w, t)
 
     delay = policy.fragment_delay if allreduce else 0
+    asynchronous = sched.scheme == "async"
     streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
     t_landed: dict[int, float] = {}  # streamed event -> when its average has reached every worker
     due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event that lands there
@@ -378,6 +396,16 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
             actions[w].append(Action(w, done[w], t, e, AR_APPLY))
             idle_spans[w].append((parked_at.pop(w), t))
             at_boundary(w, t, applied=True)
+        elif kind == "server":  # pushes arriving together are one batch; each worker pulls the new model
+            batch = [data] + [x[3] for x in heap if x[0] == t and x[2] == "server"]
+            heap[:] = [x for x in heap if not (x[0] == t and x[2] == "server")]
+            heapq.heapify(heap)
+            for e, w, k, t_sent in sorted(batch, key=lambda b: b[1]):
+                actions[w].append(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
+                push(t + net.transmit(SERVER, w, cost.dense) + net.latency[SERVER, w], "pulled", w)
+        elif kind == "pulled":
+            idle_spans[data].append((parked_at.pop(data), t))
+            start_step(data, t)
         elif kind == "go":  # leaving an all-reduce
             start_step(data, t)
         elif kind == "land":
@@ -426,7 +454,7 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
     stale: list[list[float]] = [[] for _ in range(R)]
     for acts in actions:
         for a in acts:
-            if a.kind in (LAND, REPLY):
+            if a.kind in (LAND, REPLY, ASYNC):
                 r = min(int(np.searchsorted(round_ends, a.time, side="left")), R - 1)
                 stale[r].append(a.time - a.sent)
     sends.sort()

@@ -265,9 +265,44 @@ class Outer:
             avg[o:o + n] = self.step_(avg[o:o + n], o, n)
 
 
+class AsyncServer:
+    """Asynchronous DiLoCo's server (Liu et al. 2024): the global model (one flat row), what each worker last
+    pulled, and the delayed Nesterov momentum. Each arriving pseudo-gradient ``d = pulled[w] - row`` moves the
+    global model by ``lr d / N`` at once and joins a buffer; every ``N`` arrivals the momentum takes the buffer's
+    mean (``m = mu m + buffer / N``) and the global model its momentum step (Nesterov: ``lr mu m`` with the new
+    momentum; heavy-ball: ``lr mu m`` with the old). With N = W and the W workers' arrivals together, that is
+    torch.optim.SGD's step on the mean pseudo-gradient: synchronous DiLoCo."""
+
+    def __init__(self, start: torch.Tensor, workers: int, lr: float, momentum: float, nesterov: bool, every: int):
+        self.glob = start.clone()
+        self.pulled = start.unsqueeze(0).repeat(workers, 1)
+        self.momentum, self.buffer = torch.zeros_like(start), torch.zeros_like(start)
+        self.lr, self.mu, self.nesterov, self.N = lr, momentum, nesterov, every or workers
+        self.arrivals = 0
+
+    def push_(self, rows: torch.Tensor, who: Sequence[int]) -> torch.Tensor:
+        """The workers ``who`` (together) push their rows ``[k, P]``; returns the global model they all pull."""
+        for row, w in zip(rows, who):
+            d = self.pulled[w] - row
+            self.glob.add_(d, alpha=-self.lr / self.N)
+            self.buffer.add_(d)
+            self.arrivals += 1
+            if self.arrivals % self.N == 0:
+                if self.nesterov:
+                    self.momentum.mul_(self.mu).add_(self.buffer, alpha=1.0 / self.N)
+                    self.glob.add_(self.momentum, alpha=-self.lr * self.mu)
+                else:
+                    self.glob.add_(self.momentum, alpha=-self.lr * self.mu)
+                    self.momentum.mul_(self.mu).add_(self.buffer, alpha=1.0 / self.N)
+                self.buffer.zero_()
+        for w in who:
+            self.pulled[w] = self.glob
+        return self.glob
+
+
 def outer_for(policy, model, start: Callable[[], torch.Tensor]) -> Outer | None:
     """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start()``."""
-    if policy.outer_optimizer == "none":
+    if policy.outer_optimizer == "none" or policy.scheme == "async":  # async: the server's (AsyncServer)
         return None
     return Outer(start(), policy.outer_lr, policy.outer_momentum, policy.outer_optimizer == "nesterov",
                  model.n_trained_blocks)

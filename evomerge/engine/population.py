@@ -226,6 +226,12 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
         return []
     if setup.study.environment is not None:  # members on simulated clocks: one at a time
         return [_alone(setup, m, dev, evaluate_test, keep_params) for m in members]
+    for m in members:
+        if m.policy.scheme == "async":
+            from ..errors import ConfigError
+            from ..policy import ASYNC_NEEDS_CLOCK
+
+            raise ConfigError("policy.scheme", ASYNC_NEEDS_CLOCK)
     t0 = time.perf_counter()
     run, W, T = setup.study.run, setup.study.run.workers, setup.total_steps
     tensors = device_tensors(setup, dev)

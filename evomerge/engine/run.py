@@ -537,6 +537,11 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
 
         driver = Timed(setup, policy, seed, backend, emulate=emulate_time)
     else:
+        if policy.scheme == "async":
+            from ..errors import ConfigError
+            from ..policy import ASYNC_NEEDS_CLOCK
+
+            raise ConfigError("policy.scheme", ASYNC_NEEDS_CLOCK)
         driver = Lockstep(setup, policy, seed, backend)
     history: list[RoundMetrics] = []
     status, converged, stack = "ok", None, None

@@ -30,6 +30,18 @@ from .run import Setup, batch_indices, local_step, normalise
 from ..policy import TIMED_UNSUPPORTED as UNSUPPORTED, check_timed as check_policy  # noqa: F401  (re-exported)
 
 
+def async_local_steps(policy, env, workers: int, seed: int) -> list[int] | None:
+    """Asynchronous DiLoCo's local steps per round of each worker: round(mean_interval), or with dynamic local
+    updates (``local_steps_by_speed``) that scaled by the worker's configured speed against the fastest's."""
+    if policy.scheme != "async":
+        return None
+    H = max(1, round(policy.mean_interval))
+    if not policy.local_steps_by_speed:
+        return [H] * workers
+    m = clock.speed_factors(env, workers, seed)  # step-time multipliers: 1 / speed
+    return [max(1, round(H * float(m.min()) / float(x))) for x in m]
+
+
 class Timed:
     """The driver of a timed run (see :class:`.run.Lockstep` for the lockstep one), on the workers the
     backend owns: all of them in process, one rank's under ``torch.distributed`` (payloads between
@@ -58,8 +70,17 @@ class Timed:
             topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
             neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
         cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(backend.state.optim.stacks()), setup.model)
+        local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
         self.timeline = clock.build(setup.study.environment, policy, run.workers, self.T, run.rounds, seed, cost,
-                                    lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed))
+                                    lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps))
+        # asynchronous DiLoCo: the server's batches in time order; each is applied when all its workers are there
+        batches: dict[float, list[tuple[int, int]]] = {}
+        for acts in self.timeline.actions:
+            for a in acts:
+                if a.kind == clock.ASYNC:
+                    batches.setdefault(a.time, []).append((a.worker, a.boundary))
+        self.batches = [sorted(batches[t]) for t in sorted(batches)]
+        self.served = 0
         backend.sched = self.timeline.schedule  # every backend replays the timeline's schedule
         self.horizon = setup.study.environment.time_budget or self.timeline.end
         self.done = np.zeros(self.W, dtype=np.int64)
@@ -119,6 +140,14 @@ class Timed:
                         continue
                     if a.kind == clock.AR_APPLY and not b.allreduce_landed(a.event):
                         continue  # the fragment's average needs the other workers' sends first
+                    if a.kind == clock.ASYNC:  # the server's next batch, once all its workers are there
+                        batch = self.batches[self.served]
+                        if (w, a.boundary) in batch and all(
+                                (x := due(v)) is not None and x.kind == clock.ASYNC and x.boundary == k
+                                for v, k in batch):
+                            ready = [due(v) for v, _ in batch]
+                            break
+                        continue
                     if a.kind == clock.ALLREDUCE:
                         if all((x := due(v)) is not None and x.kind == clock.ALLREDUCE and x.event == a.event
                                for v in self.own):
@@ -184,6 +213,12 @@ class Timed:
             self._allreduce(ready[0])
             for v in self.own:
                 self.ptr[v] += 1
+            return
+        if ready[0].kind == clock.ASYNC:
+            b.async_push([a.worker for a in ready])
+            self.served += 1
+            for a in ready:
+                self.ptr[a.worker] += 1
             return
         streamed = [a for a in ready if a.kind in (clock.AR_SEND, clock.AR_APPLY)]
         if streamed:  # Streaming DiLoCo: each event's workers together (all of them on a homogeneous clock)
