@@ -335,6 +335,7 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     assert capsys.readouterr().out.startswith(f"wrote {out}: 3 ranks")
     env = tomllib.loads(out.read_text())["environment"]
     s = env["speeds"]
+    print(f"from the trace: speeds {s}, the slow rank at {s[2] / np.mean(s[:2]):.3f} of the others")
     assert abs(s[2] / np.mean(s[:2]) - 1 / 3) <= 0.2 / 3, s
     ring = [(0, 1), (1, 2), (2, 0)]
     assert all(env["bandwidth_matrix"][i][j] >= 0 and env["bandwidth_matrix"][j][i] >= 0 for i, j in ring)
