@@ -204,6 +204,17 @@ def add_baselines(sub):
 
 
 @command
+def add_calibrate(sub):
+    from .calibrate import add_options
+
+    p = _parser(sub, "calibrate", "measure this cluster (step times, links) or a Merger's traces, and write an "
+                                  "[environment] for a study's `from`",
+                "evomerge calibrate --study my.toml --procs 4 -o cluster.toml")
+    add_options(p, launcher=True)
+    p.set_defaults(handler=cmd_calibrate)
+
+
+@command
 def add_policy(sub):
     p = _parser(sub, "policy", "policy files: print the JSON Schema, or validate a file",
                 "evomerge policy validate best.json", env=False)
@@ -588,6 +599,18 @@ def cmd_status(args) -> int:
         return 0
     _console().print(best_table(study, best, [], title=f"{study.name}: top {len(best)}"))
     return 0
+
+
+def cmd_calibrate(args) -> int:
+    from . import calibrate
+
+    if args.from_trace is not None:
+        if args.study or args.procs:
+            raise ConfigError("--from-trace", "fits the traces alone; allowed: --study and --procs without it")
+        return calibrate.from_trace_command(args)
+    if not args.study:
+        raise ConfigError("--study", "is required (the model, batch size and optimiser to time), or --from-trace DIR")
+    return calibrate.launch(args)
 
 
 def cmd_export(args) -> int:

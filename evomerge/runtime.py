@@ -475,12 +475,13 @@ class Merger:
 
     def _send(self, ev: int, kind: int, to: int, winner: int | None = None) -> None:
         buf = self._payload(winner)
+        sent_at = time.time()  # before the message can go (the trace's wall clock)
         try:
             work = _Pending(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
         except RuntimeError as e:
             raise self._gone(to, ev, e) from None
         self._sending.append((work, buf, ev, time.perf_counter(), to))
-        self._trace_transfer("send", ev, to, buf)
+        self._trace_transfer("send", ev, to, buf, t=sent_at)
 
     def _post(self, ev: int, kind: int, src: int) -> None:
         if (ev, kind) not in self._posted:
@@ -511,7 +512,9 @@ class Merger:
         except RuntimeError as e:
             raise self._gone(peer, ev, e) from None
         del self._posted[(ev, kind)]
-        self._trace_transfer("recv", ev, peer, buf, time.perf_counter() - t0)
+        if self._trace is not None:  # wall-clock times: when the receive was posted and when the payload came
+            seconds = time.perf_counter() - t0
+            self._trace_transfer("recv", ev, peer, buf, seconds, posted=time.time() - seconds, arrived=work.finished_at)
         return buf
 
     def _wait(self, ready, what: tuple) -> Any:
@@ -850,13 +853,19 @@ class Merger:
         self._stop_in = {}
 
     # -- trace ---------------------------------------------------------------------------------------------------
-    def _trace_transfer(self, kind: str, ev: int, peer: int, buf: torch.Tensor, seconds: float | None = None) -> None:
+    def _trace_transfer(self, kind: str, ev: int, peer: int, buf: torch.Tensor, seconds: float | None = None,
+                        **wall: float | None) -> None:
+        """A send (``t``: the wall-clock time just before it was posted) or a receive (``seconds`` from posting the
+        receive to seeing the payload; ``posted`` and ``arrived``: wall-clock times). ``evomerge calibrate
+        --from-trace`` times a transfer as the receive's arrival less the later of the send's and the receive's
+        posting."""
         if self._trace is None:
             return
         rec = {"event": int(ev), "kind": kind, "step": self.t, "peer": int(peer), "bytes": 4 * buf.numel(),
                "initiator": int(self.sched.initiator[ev]), "event_step": int(self.sched.step[ev])}
         if seconds is not None:
             rec["seconds"] = seconds
+        rec.update({k: v for k, v in wall.items() if v is not None})
         self._write(rec)
 
     def _write(self, rec: dict) -> None:

@@ -532,8 +532,7 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
     env = None
     if "environment" in raw:
-        env = settings.build(EnvSpec, _table(raw, "environment"), "study.environment")
-        env = env.check(r.workers, path.parent if path else None)
+        env = _environment(_table(raw, "environment"), r.workers, path.parent if path else None)
     baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
@@ -543,6 +542,48 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
         if pol.scheme == "async" and env is None:
             raise ConfigError("study.baselines.policies", f"{ref}: {policy_mod.ASYNC_NEEDS_CLOCK}")
     return study
+
+
+def _environment(table: dict, workers: int, base: Path | None) -> EnvSpec:
+    """``[environment]``, or with ``from = "cluster.toml"`` (relative to the study file) the keys of that file
+    (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them."""
+    if "from" not in table:
+        return settings.build(EnvSpec, table, "study.environment").check(workers, base)
+    ref, where = table["from"], "study.environment.from"
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
+    path = Path(ref).expanduser()
+    path = path if path.is_absolute() or base is None else base / path
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(where, f"{path}: no such file (write one with evomerge calibrate)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(where, f"{path}: cannot read: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(where, f"{path}: invalid TOML: {e}") from None
+    keys = raw.get("environment", raw) if set(raw) <= {"environment"} else raw
+    if not isinstance(keys, dict) or not keys:
+        raise ConfigError(where, f"{path}: no environment keys; expected an [environment] table")
+    if "from" in keys:
+        raise ConfigError(where, f"{path}: has a 'from' of its own; allowed: the environment's keys")
+    for k in keys:
+        if k not in EnvSpec.__pydantic_fields__:
+            raise ConfigError(where, f"{path}: unknown key {k!r}; allowed: {', '.join(EnvSpec.__pydantic_fields__)}")
+    if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
+        keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
+    own = {k: v for k, v in table.items() if k != "from"}
+    try:
+        return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base)
+    except ConfigError as e:
+        key = e.field.removeprefix("study.environment.").split(".")[0]
+        if key not in keys or key in own:
+            raise
+        hint = ""
+        if key in ("speeds", "latency_matrix", "bandwidth_matrix") and isinstance(keys[key], list):
+            hint = (f", measured on {len(keys[key])} ranks; for {workers} workers write it with evomerge calibrate "
+                    "--fit lognormal or pareto")
+        raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
 
 
 def _data(d: dict) -> DataSpec:

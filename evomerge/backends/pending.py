@@ -8,6 +8,7 @@ daemon thread waits on each (torch releases the GIL there) and the caller polls 
 from __future__ import annotations
 
 import threading
+import time
 
 
 class Pending:
@@ -16,7 +17,9 @@ class Pending:
     def __init__(self, work, error: BaseException | None = None):
         self.error = error
         self._done = threading.Event()
+        self.finished_at: float | None = None  # wall-clock time (time.time()) the message went or came
         if work is None:
+            self.finished_at = time.time()
             self._done.set()
             return
         self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True, name="evomerge-p2p-wait")
@@ -27,6 +30,7 @@ class Pending:
             work.wait()
         except BaseException as e:  # noqa: BLE001 - handed to the polling thread
             self.error = e
+        self.finished_at = time.time()
         self._done.set()
 
     def done(self) -> bool:

@@ -1,0 +1,922 @@
+"""``evomerge calibrate``: measure a cluster and write its ``[environment]`` (a TOML file a study takes with
+``[environment] from = "cluster.toml"``).
+
+On the cluster, one process per worker (torchrun, or anything that sets ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT``)::
+
+    torchrun --nnodes 2 --nproc-per-node 4 ... -m evomerge.calibrate --study my.toml -o cluster.toml
+
+``evomerge calibrate --study my.toml --procs 4 -o cluster.toml`` starts the ranks on this host itself, and
+``evomerge calibrate --from-trace DIR -o cluster.toml`` fits the same table from the traces a ``Merger`` wrote
+(``trace=DIR``).
+
+What is measured (every rank at once, as in the real job: ranks that share a host share its cores):
+
+- **compute**: each rank times ``--steps`` local steps of the study's model, batch size and optimiser on its own
+  device (CUDA events on a GPU), after ``--warmup`` steps that are not counted. A step's time is the time from
+  one step's start to the next's (data, forward, backward, optimiser step), its samples are the rank's shard of
+  the study's data.
+- **links**: pairs of ranks ping-pong a one-float message and a model-sized one (the parameters and buffers as
+  float32, what the ``Merger`` sends), ``--repeats`` times each way after a warm-up. Latency is the small
+  message's one-way time (half the median round trip); a direction's bandwidth is the model's bytes over its
+  big one-way time (the median round trip of big there, small back, less the small one-way time) less the
+  latency. Pairs are measured in rounds of disjoint pairs, all pairs of a round at once (each rank has its
+  own link, as on a switch). Up to ``--all-pairs-up-to`` ranks (16) every pair is measured; beyond that the
+  ring (r, r + 1) and as many more pairs drawn from ``--seed``; unmeasured links get the median of the
+  measured ones.
+- **all-reduce**: a ring all-reduce of the model's floats (torch.distributed's), timed and written as a
+  comment beside the time the fitted links predict for it.
+
+What is written (:func:`fit`): ``step_time`` (the median step time of the fastest rank), ``speeds`` (that over
+each rank's median: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step noise: 1.4826 x the
+median absolute deviation of log(step / the rank's median), slow spells left out), ``straggle_*`` when the
+step times have a clear tail (steps over :data:`SPELL` x their rank's median, in at least :data:`MIN_SPELLS`
+spells, at most :data:`MAX_SLOW` of the steps; else no slow spells), and the links: ``sites`` with inside and
+between values when the links form clear contiguous groups (:func:`find_sites`), else ``latency_matrix`` and
+``bandwidth_matrix``. ``--fit lognormal|pareto`` writes a speed model instead of the list, and the links as
+sites or single values, so that a few measured nodes can drive a study of any number of workers. Comments in
+the file give the measured figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, RunError
+
+SPELL = 2.0  # a step slower than this many times its rank's median is part of a slow spell
+MIN_SPELLS = 3  # fewer spells than this are no clear tail: no straggle_* fields
+MAX_SLOW = 0.3  # nor when more than this fraction of the steps are slow (the median itself is then unclear)
+SITE_GAP = 1.5  # sites: every inside link this many times better than every between link (latency or bandwidth)
+FITS = ("lognormal", "pareto")
+PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
+FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
+DEFAULTS = dict(steps=50, warmup=5, repeats=5, all_pairs_up_to=16, seed=0, timeout=600.0)
+
+
+# -- options ------------------------------------------------------------------------------------------------
+def add_options(p: argparse.ArgumentParser, launcher: bool) -> None:
+    """The options of ``python -m evomerge.calibrate`` (``launcher=False``) and ``evomerge calibrate``."""
+    d = DEFAULTS
+    p.add_argument("--study", default=None,
+                   help="study name (studies/NAME.toml in the current folder, else the shipped studies) or path to "
+                        "a .toml file: the model, batch size, optimiser and data whose steps are timed "
+                        + ("(default: none; needed unless --from-trace)" if launcher else "; required"),
+                   required=not launcher)
+    p.add_argument("-o", "--output", required=True, help="the TOML file to write ([environment]); required")
+    if launcher:
+        p.add_argument("--procs", type=int, default=None,
+                       help="ranks to start on this host (gloo on 127.0.0.1, a free port) (default: none; needed "
+                            "with --study)")
+        p.add_argument("--from-trace", default=None, metavar="DIR",
+                       help="fit from a Merger's traces instead (DIR/rank-R.jsonl, trace=DIR) (default: none)")
+    p.add_argument("--data-dir", default=None,
+                   help="where the dataset's IDX files are (default: $EVOMERGE_DATA_DIR, else the user cache)")
+    p.add_argument("--fit", default=None, choices=FITS,
+                   help="write a speed model (speeds = \"lognormal\" with sigma, or \"pareto\" with alpha) and the "
+                        "links as sites or single values, for a study of any number of workers (default: none: one "
+                        "speed per rank and the link matrices)")
+    p.add_argument("--steps", type=int, default=d["steps"], help=f"timed local steps per rank (default: {d['steps']})")
+    p.add_argument("--warmup", type=int, default=d["warmup"],
+                   help=f"steps not counted, before the timed ones (or first steps of each rank's trace) "
+                        f"(default: {d['warmup']})")
+    p.add_argument("--repeats", type=int, default=d["repeats"],
+                   help=f"model-sized messages each way per pair (the small message: 4 x as many) "
+                        f"(default: {d['repeats']})")
+    p.add_argument("--all-pairs-up-to", type=int, default=d["all_pairs_up_to"],
+                   help=f"measure every pair up to this many ranks; beyond, the ring and as many sampled pairs "
+                        f"(default: {d['all_pairs_up_to']})")
+    p.add_argument("--seed", type=int, default=d["seed"], help=f"draws the sampled pairs and the batches "
+                                                                f"(default: {d['seed']})")
+    p.add_argument("--timeout", type=float, default=d["timeout"],
+                   help=f"seconds the whole calibration may take; a rank that fails or hangs stops it "
+                        f"(default: {d['timeout']})")
+    # emulated devices, to try calibrate on one host (and for the tests), as examples/deploy/train.py does
+    p.add_argument("--step-sleep", type=float, default=0.0, metavar="S",
+                   help="every rank's step takes S seconds longer (it sleeps), as a device that slow (default: 0.0)")
+    p.add_argument("--slow-rank", type=int, default=-1, metavar="R",
+                   help="this rank sleeps after each step to take --slow-factor times its step (default: -1, none)")
+    p.add_argument("--slow-factor", type=float, default=1.0, metavar="F", help="see --slow-rank (default: 1.0)")
+
+
+def check_options(args) -> None:
+    for name, low in (("steps", 3), ("warmup", 0), ("repeats", 1), ("all_pairs_up_to", 2)):
+        v = getattr(args, name)
+        if v < low:
+            raise ConfigError(f"--{name.replace('_', '-')}", f"{v} is out of range; allowed: [{low}, inf)")
+    if not args.step_sleep >= 0:
+        raise ConfigError("--step-sleep", f"{args.step_sleep} is out of range; allowed: seconds >= 0")
+    if not args.slow_factor >= 1:
+        raise ConfigError("--slow-factor", f"{args.slow_factor} is out of range; allowed: [1, inf)")
+    if not args.timeout > 0:
+        raise ConfigError("--timeout", f"{args.timeout} is out of range; allowed: seconds > 0")
+    out = Path(args.output)
+    if out.is_dir():
+        raise ConfigError("--output", f"{out} is a folder; allowed: a file to write")
+    if not out.parent.is_dir():
+        raise ConfigError("--output", f"{out.parent}: no such folder")
+
+
+# -- what was measured --------------------------------------------------------------------------------------
+@dataclass
+class Measured:
+    """A cluster's figures, from :func:`measure` or :func:`from_trace`; :func:`fit` makes an environment of them."""
+
+    step_times: list[list[float]]  # per rank: seconds of each counted local step
+    latency: list[list[float | None]]  # [W][W] one-way seconds of a small message (None: not measured)
+    bandwidth: list[list[float | None]]  # [W][W] bytes per second i -> j (inf: too fast to tell; None: not measured)
+    payload: int = 0  # bytes of the model-sized message
+    source: str = ""  # what was measured, for the file's first comment
+    notes: list[str] = field(default_factory=list)  # more comment lines (the all-reduce, the device, ...)
+    samples: list[list[int]] | None = None  # [W][W] transfers behind each link's figures
+    allreduce: tuple[float, int] | None = None  # (seconds, bytes) of a measured ring all-reduce
+
+
+def _median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def _quantile(xs, q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def _num(v: float, digits: int = 4) -> float:
+    """``v`` to ``digits`` significant digits (what the file shows)."""
+    if v == 0 or not math.isfinite(v):
+        return v
+    return float(f"{v:.{digits - 1}e}")
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.3g} us" if s < 1e-3 else _ms(s)
+
+
+def _rate(b: float) -> str:
+    if not math.isfinite(b):
+        return "unlimited"
+    for unit, k in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if b >= k:
+            return f"{b / k:.3g} {unit}"
+    return f"{b:.3g} B/s"
+
+
+# -- fitting ------------------------------------------------------------------------------------------------
+def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """``step_time``, ``speeds`` (or a speed model), ``jitter`` and ``straggle_*`` from each rank's step times."""
+    import numpy as np
+
+    W = len(step_times)
+    if W == 0 or any(len(t) == 0 for t in step_times):
+        bad = next((r for r, t in enumerate(step_times) if not t), 0)
+        raise ConfigError("step times", f"rank {bad} has no timed steps")
+    med = np.array([_median(t) for t in step_times])
+    if not (med > 0).all():
+        raise ConfigError("step times", f"rank {int(np.argmin(med))} has a median step time of 0")
+    env: dict[str, Any] = {}
+    notes = ["compute: per rank, the median step time (10th and 90th percentiles, slowest) over its timed steps"]
+    for r, t in enumerate(step_times):
+        notes.append(f"  rank {r}: {_ms(med[r])} ({_ms(_quantile(t, 0.1))}, {_ms(_quantile(t, 0.9))}, "
+                     f"{_ms(max(t))}) over {len(t)} steps")
+    fastest = float(med.min())
+    if fit is None:
+        env["step_time"] = _num(fastest)
+        env["speeds"] = [_num(fastest / m) for m in med]
+        notes.append(f"step_time: the median of the fastest rank ({int(np.argmin(med))}); speeds: step_time over "
+                     "each rank's median")
+    elif fit == "lognormal":
+        logs = np.log(med)
+        sigma = float(np.std(logs, ddof=1)) if W > 1 else 0.0
+        env["step_time"] = _num(float(np.exp(logs.mean())))
+        env["speeds"], env["sigma"] = "lognormal", _num(sigma)
+        notes.append(f"speeds fitted as lognormal over {W} ranks: step_time is the geometric mean of the ranks' "
+                     f"medians, sigma the standard deviation of their logs; measured speeds "
+                     f"{[_num(fastest / m, 3) for m in med]}")
+    else:  # pareto: multipliers 1 + Pareto(alpha) over the fastest rank; log(m) ~ Exponential(alpha)
+        logs = np.log(med / fastest)
+        env["step_time"] = _num(fastest)
+        if logs.sum() > 0:
+            env["speeds"], env["alpha"] = "pareto", _num(float(np.clip(W / logs.sum(), 0.1, 100.0)))
+        else:
+            env["speeds"] = "equal"
+        notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's median, alpha the "
+                     f"maximum-likelihood fit of log(median / step_time); measured speeds "
+                     f"{[_num(fastest / m, 3) for m in med]}")
+    # slow spells: the steps over SPELL x their rank's median, in runs
+    ratios = [np.asarray(t) / m for t, m in zip(step_times, med)]
+    slow = [r > SPELL for r in ratios]
+    n_steps = sum(len(r) for r in ratios)
+    n_slow = int(sum(s.sum() for s in slow))
+    spells = sum(int(s[0]) + int((s[1:] & ~s[:-1]).sum()) for s in slow if len(s))
+    logs = np.concatenate([np.log(r[~s]) for r, s in zip(ratios, slow)])
+    jitter = 1.4826 * float(np.median(np.abs(logs - np.median(logs)))) if len(logs) else 0.0
+    env["jitter"] = _num(jitter)
+    notes.append(f"jitter: 1.4826 x the median absolute deviation of log(step / rank median) over {len(logs)} steps")
+    clear = spells >= MIN_SPELLS and n_slow <= MAX_SLOW * n_steps and math.log(SPELL) > 3 * jitter
+    if clear:
+        slow_ratios = np.concatenate([r[s] for r, s in zip(ratios, slow)])
+        env["straggle_p"] = _num(spells / max(1, n_steps - n_slow))
+        env["straggle_factor"] = _num(max(1.0, float(np.median(slow_ratios))))
+        env["straggle_length"] = _num(max(1.0, n_slow / spells))
+        notes.append(f"slow spells: {n_slow} of {n_steps} steps over {SPELL:g} x their rank's median, in {spells} "
+                     f"spells: straggle_p = spells / other steps, straggle_factor = the slow steps' median ratio, "
+                     f"straggle_length = the mean spell")
+    else:
+        env["straggle_p"] = 0.0
+        notes.append(f"slow spells: none written ({n_slow} of {n_steps} steps over {SPELL:g} x their rank's median, "
+                     f"in {spells} spells; a clear tail needs {MIN_SPELLS} spells, at most {MAX_SLOW:.0%} of the "
+                     f"steps, and jitter below log({SPELL:g}) / 3)")
+    return env, notes
+
+
+def _matrix(m, W: int, default: float = math.nan):
+    import numpy as np
+
+    a = np.full((W, W), default, dtype=np.float64)
+    for i in range(W):
+        for j in range(W):
+            if i != j and m[i][j] is not None:
+                a[i, j] = float(m[i][j])
+    return a
+
+
+def find_sites(latency, bandwidth) -> int | None:
+    """The number of contiguous sites (split as ``np.array_split`` splits the ranks, as the simulated clock does)
+    whose every inside link is :data:`SITE_GAP` times better than every between link, in latency or in bandwidth;
+    the fewest sites that do, or None. ``latency`` and ``bandwidth``: [W, W] arrays (nan: not measured)."""
+    import numpy as np
+
+    W = len(latency)
+    for S in range(2, W // 2 + 1):
+        groups = np.concatenate([np.full(len(g), k) for k, g in enumerate(np.array_split(np.arange(W), S))])
+        same = groups[:, None] == groups[None, :]
+        off = ~np.eye(W, dtype=bool)
+        inside, between = same & off, ~same
+        for a, better_low in ((latency, True), (bandwidth, False)):
+            i, b = a[inside], a[between]
+            i, b = i[~np.isnan(i)], b[~np.isnan(b)]
+            if not len(i) or not len(b):
+                continue
+            if better_low and i.max() * SITE_GAP < b.min():
+                return S
+            if not better_low and i.min() > b.max() * SITE_GAP:
+                return S
+    return None
+
+
+def fit_links(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Latency and bandwidth: sites when the links form clear groups, else the matrices (or, with ``fit``,
+    the median link)."""
+    import numpy as np
+
+    W = len(m.latency)
+    if W < 2:
+        return {}, ["links: one rank, none measured"]
+    lat, bw = _matrix(m.latency, W), _matrix(m.bandwidth, W)
+    off = ~np.eye(W, dtype=bool)
+    measured = off & ~np.isnan(lat) & ~np.isnan(bw)
+    if not measured.any():
+        return {}, ["links: none measured (free links: no latency, unlimited bandwidth)"]
+    notes = [f"links: {int(measured.sum())} of {W * (W - 1)} directed links measured"
+             + (f" with model-sized messages of {m.payload} bytes" if m.payload else "")]
+    for i in range(W):
+        row = []
+        for j in range(W):
+            if measured[i, j]:
+                n = f" x{m.samples[i][j]}" if m.samples else ""
+                row.append(f"{j}: {_us(lat[i, j])} {_rate(bw[i, j])}{n}")
+        if row:
+            notes.append(f"  {i} -> " + ", ".join(row))
+    lat_med = float(np.median(lat[measured]))
+    bw_med = float(np.median(bw[measured]))
+
+    def bw_value(v: float) -> float:
+        return 0.0 if not math.isfinite(v) else _num(v)  # 0: unlimited
+
+    env: dict[str, Any] = {}
+    sites = find_sites(np.where(measured, lat, np.nan), np.where(measured, bw, np.nan))
+    if sites:
+        groups = np.concatenate([np.full(len(g), k) for k, g in enumerate(np.array_split(np.arange(W), sites))])
+        same = groups[:, None] == groups[None, :]
+        inside, between = measured & same, measured & ~same
+        env.update(sites=sites, latency=_num(float(np.median(lat[inside]))),
+                   bandwidth=bw_value(float(np.median(bw[inside]))),
+                   latency_inter=_num(float(np.median(lat[between]))),
+                   bandwidth_inter=bw_value(float(np.median(bw[between]))))
+        notes.append(f"the links form {sites} contiguous sites (every inside link {SITE_GAP:g} x better than every "
+                     f"link between, in latency or bandwidth): medians inside and between")
+    elif fit:
+        env.update(latency=_num(lat_med), bandwidth=bw_value(bw_med))
+        notes.append("--fit: latency and bandwidth are the medians of the measured links")
+    else:
+        fill = ~off | measured
+        latm = np.where(fill, lat, lat_med)
+        bwm = np.where(fill, bw, bw_med)
+        env["latency_matrix"] = [[0.0 if i == j else _num(float(latm[i, j])) for j in range(W)] for i in range(W)]
+        env["bandwidth_matrix"] = [[0.0 if i == j else bw_value(float(bwm[i, j])) for j in range(W)] for i in range(W)]
+        if not measured[off].all():
+            notes.append(f"links not measured: the median link ({_us(lat_med)}, {_rate(bw_med)})")
+    if m.allreduce:
+        seconds, nbytes = m.allreduce
+        ring = [(i, (i + 1) % W) for i in range(W)]
+        rl = max(float(lat[i, j]) if measured[i, j] else lat_med for i, j in ring)
+        rb = min(float(bw[i, j]) if measured[i, j] else bw_med for i, j in ring)
+        predicted = 2 * (W - 1) * rl + 2 * (W - 1) / W * nbytes / rb
+        notes.append(f"ring all-reduce of {nbytes} bytes: measured {_ms(seconds)}; the fitted links predict "
+                     f"{_ms(predicted)} (2 (W-1) latency + 2 (W-1)/W bytes / bandwidth over the ring's slowest link)")
+    return env, notes
+
+
+def fit(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The ``[environment]`` keys and the comment lines for ``m``."""
+    if fit is not None and fit not in FITS:
+        raise ConfigError("--fit", f"{fit!r}; allowed: {', '.join(FITS)}")
+    env, notes = fit_compute(m.step_times, fit)
+    links, link_notes = fit_links(m, fit)
+    return env | links, [m.source, *m.notes, *notes, *link_notes]
+
+
+# -- the file -----------------------------------------------------------------------------------------------
+ORDER = ("step_time", "speeds", "sigma", "alpha", "jitter", "straggle_p", "straggle_factor", "straggle_length",
+         "sites", "latency", "bandwidth", "latency_inter", "bandwidth_inter", "latency_matrix", "bandwidth_matrix")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        t = f"{v:.6g}"  # the values are rounded already (_num): short, and exact
+        return t if any(c in t for c in ".en") else t + ".0"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(type(v))
+
+
+def to_toml(env: dict[str, Any], notes: list[str]) -> str:
+    lines = [f"# {n}" if n else "#" for n in notes]
+    lines += ["", "[environment]"]
+    for k in sorted(env, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        v = env[k]
+        if k.endswith("_matrix"):
+            lines.append(f"{k} = [")
+            lines += [f"    {_toml_value(row)}," for row in v]
+            lines.append("]")
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def write(m: Measured, out: str | os.PathLike, fit_kind: str | None = None) -> dict[str, Any]:
+    """Fit ``m`` and write the file; returns the environment's keys."""
+    env, notes = fit(m, fit_kind)
+    Path(out).write_text(to_toml(env, notes), encoding="utf-8")
+    return env
+
+
+def summary(env: dict[str, Any], W: int, out) -> str:
+    """One line for the terminal."""
+    speeds = env.get("speeds")
+    sp = (f"speeds {min(speeds):.3g}-{max(speeds):.3g}" if isinstance(speeds, list) else
+          f"speeds {speeds}" + (f" (sigma {env['sigma']:g})" if "sigma" in env else "")
+          + (f" (alpha {env['alpha']:g})" if "alpha" in env else ""))
+    if "latency_matrix" in env:
+        lat = [v for i, r in enumerate(env["latency_matrix"]) for j, v in enumerate(r) if i != j]
+        bw = [v for i, r in enumerate(env["bandwidth_matrix"]) for j, v in enumerate(r) if i != j]
+        link = f"links {_us(_median(lat))}, {_rate(_median(bw) or math.inf)} (median)"
+    elif "latency" in env:
+        link = f"links {_us(env['latency'])}, {_rate(env['bandwidth'] or math.inf)}"
+        if "sites" in env:
+            link = (f"{env['sites']} sites: inside {_us(env['latency'])}, {_rate(env['bandwidth'] or math.inf)}; "
+                    f"between {_us(env['latency_inter'])}, {_rate(env['bandwidth_inter'] or math.inf)}")
+    else:
+        link = "no links"
+    return (f"wrote {out}: {W} ranks, step time {_ms(env['step_time'])}, {sp}, jitter {env['jitter']:g}, "
+            f"straggle_p {env['straggle_p']:g}, {link}")
+
+
+# -- from a Merger's trace ------------------------------------------------------------------------------------
+def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -> Measured:
+    """The figures of a ``Merger`` run's traces (``DIR/rank-R.jsonl``): each rank's step compute times (its first
+    ``warmup`` steps left out), and per link the transfers' durations: a receive's arrival less the later of
+    the send's and the receive's posting (wall-clock times, so the ranks' clocks must agree: one host, or
+    synchronised hosts). With one payload size a link's latency cannot be told from its bandwidth: latency is
+    0 and the bandwidth is the bytes over the median duration (what a transfer costs, per-message costs
+    included); with two or more sizes (compressed payloads) both are fitted by least squares. Without
+    point-to-point transfers (all-reduce policies), every link gets the bandwidth of the fastest rank's view of
+    the all-reduces: ``2 (W-1)/W bytes`` over the median of each all-reduce's shortest time."""
+    d = Path(directory)
+    where = "--from-trace"
+    if not d.is_dir():
+        raise ConfigError(where, f"{d}: no such folder")
+    files = {}
+    for f in d.glob("rank-*.jsonl"):
+        try:
+            files[int(f.stem.removeprefix("rank-"))] = f
+        except ValueError:
+            continue
+    if not files:
+        raise ConfigError(where, f"{d}: no traces (rank-R.jsonl, as a Merger with trace=DIR writes them)")
+    W = max(files) + 1
+    missing = [r for r in range(W) if r not in files]
+    if missing:
+        raise ConfigError(where, f"{d}: rank-{missing[0]}.jsonl is missing (ranks 0..{W - 1} have traces)")
+    recs: list[list[dict]] = []
+    for r in range(W):
+        rows = []
+        try:
+            lines = files[r].read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(where, f"{files[r]}: cannot read: {e}") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines):
+                    continue  # a last line cut short (the process died while writing it)
+                raise ConfigError(where, f"{files[r]}: line {n} is not JSON") from None
+            if isinstance(rec, dict):
+                rows.append(rec)
+        recs.append(rows)
+    steps = []
+    for r, rows in enumerate(recs):
+        t = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]
+        t = t[warmup:] if len(t) > warmup else t
+        if not t:
+            raise ConfigError(where, f"{files[r]}: no step records (compute_s)")
+        steps.append(t)
+    # point-to-point transfers: (sender, receiver, event, initiator) -> send time; receives give arrival
+    sends = {}
+    for r, rows in enumerate(recs):
+        for x in rows:
+            if x.get("kind") == "send" and "t" in x:
+                sends[(r, int(x["peer"]), int(x["event"]), int(x.get("initiator", -1)))] = float(x["t"])
+    per_link: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for r, rows in enumerate(recs):
+        for x in rows:
+            if x.get("kind") != "recv" or "arrived" not in x:
+                continue
+            key = (int(x["peer"]), r, int(x["event"]), int(x.get("initiator", -1)))
+            if key not in sends:
+                continue
+            start = max(sends[key], float(x.get("posted", sends[key])))
+            per_link.setdefault((key[0], key[1]), []).append((int(x["bytes"]), max(0.0, float(x["arrived"]) - start)))
+    lat = [[None] * W for _ in range(W)]
+    bw = [[None] * W for _ in range(W)]
+    samples = [[0] * W for _ in range(W)]
+    payload = 0
+    for (i, j), xs in per_link.items():
+        sizes = sorted({b for b, _ in xs})
+        payload = max(payload, sizes[-1])
+        samples[i][j] = len(xs)
+        if len(sizes) >= 2 and sizes[-1] >= 2 * sizes[0]:
+            import numpy as np
+
+            a = np.array([[1.0, b] for b, _ in xs])
+            y = np.array([s for _, s in xs])
+            (l0, inv), *_ = np.linalg.lstsq(a, y, rcond=None)
+            lat[i][j] = max(0.0, float(l0))
+            bw[i][j] = 1.0 / inv if inv > 0 else math.inf
+        else:
+            med = _median([s for _, s in xs])
+            lat[i][j] = 0.0
+            bw[i][j] = sizes[-1] / med if med > 0 else math.inf
+    notes = [f"transfers: a receive's arrival less the later of its send and its posting (wall clock), per link"]
+    allreduce = None
+    events: dict[int, list[tuple[float, int]]] = {}
+    for r, rows in enumerate(recs):
+        for x in rows:
+            if x.get("kind") == "allreduce" and "seconds" in x:
+                events.setdefault(int(x["event"]), []).append((float(x["seconds"]), int(x["bytes"])))
+    if events:
+        shortest = [min(v) for v in events.values() if len(v) == W]  # the last rank to arrive waited least
+        if shortest:
+            seconds, nbytes = _median([s for s, _ in shortest]), max(b for _, b in shortest)
+            allreduce = (seconds, nbytes)
+            notes.append(f"all-reduces: {len(shortest)}, median of each one's shortest time {_ms(seconds)} for "
+                         f"{nbytes} bytes")
+            if not per_link and W > 1 and seconds > 0:
+                b = 2 * (W - 1) / W * nbytes / seconds
+                for i in range(W):
+                    for j in range(W):
+                        if i != j:
+                            lat[i][j], bw[i][j] = 0.0, b
+                payload = nbytes
+                notes.append("no point-to-point transfers: every link gets latency 0 and the bandwidth that gives "
+                             "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
+    n_steps = sum(len(t) for t in steps)
+    return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
+                    source=f"evomerge calibrate --from-trace {d}: {W} ranks, {n_steps} steps (the first {warmup} "
+                           f"of each rank left out)", notes=notes)
+
+
+# -- measuring (one process per rank) -------------------------------------------------------------------------
+def pair_rounds(W: int, all_up_to: int, seed: int) -> list[list[tuple[int, int]]]:
+    """The pairs to measure, in rounds of disjoint pairs: every pair up to ``all_up_to`` ranks (a round-robin
+    tournament: W - 1 rounds, or W for an odd W), else the ring (r, r + 1) and W pairs drawn from ``seed``."""
+    import numpy as np
+
+    if W < 2:
+        return []
+    if W <= all_up_to:
+        n = W + (W % 2)
+        ranks = list(range(n))
+        rounds = []
+        for _ in range(n - 1):
+            rnd = [(min(ranks[k], ranks[n - 1 - k]), max(ranks[k], ranks[n - 1 - k])) for k in range(n // 2)]
+            rounds.append(sorted(p for p in rnd if p[1] < W))
+            ranks = [ranks[0], ranks[-1], *ranks[1:-1]]
+        return rounds
+    pairs = [(min(r, (r + 1) % W), max(r, (r + 1) % W)) for r in range(W)]
+    rng = np.random.default_rng(seed)
+    have = set(pairs)
+    while len(have) < 2 * W:
+        a, b = (int(x) for x in rng.choice(W, 2, replace=False))
+        p = (min(a, b), max(a, b))
+        if p not in have:
+            have.add(p)
+            pairs.append(p)
+    rounds: list[list[tuple[int, int]]] = []
+    left = pairs
+    while left:
+        used, rnd, rest = set(), [], []
+        for p in left:
+            if p[0] in used or p[1] in used:
+                rest.append(p)
+            else:
+                used.update(p)
+                rnd.append(p)
+        rounds.append(rnd)
+        left = rest
+    return rounds
+
+
+def _timed_steps(setup, rank: int, args, dev) -> list[float]:
+    """This rank's step times (seconds), every rank training at once."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from . import models as models_mod
+    from .engine.run import batch_indices, normalise
+    from .engine.state import initial_row
+    from .reference import _module_input, optimizer
+
+    st = setup.study
+    module = models_mod.load_row(setup.model.module(), initial_row(setup.model, args.seed)).to(dev)
+    module.train()
+    opt = optimizer(module, st.run)
+    n = args.warmup + args.steps
+    shard = setup.shards[rank % len(setup.shards)]
+    idx = batch_indices(shard, st.run.batch_size, 0, n, args.seed, rank)
+    x_all, y_all = setup.data.train_x, setup.data.train_y
+    cuda = dev.type == "cuda"
+    marks: list[Any] = []
+
+    def mark():
+        if cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            marks.append(e)
+        else:
+            marks.append(time.perf_counter())
+
+    slow = args.slow_factor if rank == args.slow_rank and args.slow_factor > 1 else 1.0
+    for k in range(n):
+        mark()
+        t0 = time.perf_counter()
+        bi = torch.as_tensor(idx[k])
+        x = _module_input(setup, normalise(x_all[bi], setup.data.spec)).to(dev, non_blocking=True)
+        y = y_all[bi].to(dev, non_blocking=True)
+        loss = F.cross_entropy(module(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if slow > 1 or args.step_sleep:  # an emulated device: S longer, the slow one F x (compute + S)
+            if cuda:
+                torch.cuda.synchronize(dev)
+            time.sleep(args.step_sleep + (slow - 1) * (time.perf_counter() - t0 + args.step_sleep))
+    mark()
+    if cuda:
+        torch.cuda.synchronize(dev)
+        times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks[:-1], marks[1:])]
+    else:
+        times = list(np.diff(marks))
+    return [float(t) for t in times[args.warmup:]]
+
+
+def _links(rank: int, W: int, nbytes: int, args, dev) -> tuple[dict, dict]:
+    """Ping-pong with each peer of this rank's rounds; returns {(i, j): seconds} of the latency and
+    {(i, j): bytes/s} of the bandwidth for the links this rank measured (it measures both directions of its
+    pairs where it is the lower rank)."""
+    import torch
+    import torch.distributed as dist
+
+    small = torch.zeros(1, device=dev)
+    big = torch.zeros(max(1, nbytes // 4), device=dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    lat, bw = {}, {}
+    n_small = 4 * args.repeats
+    for rnd in pair_rounds(W, args.all_pairs_up_to, args.seed):
+        dist.barrier()
+        mine = [p for p in rnd if rank in p]
+        if not mine:
+            continue
+        a, b = mine[0]
+        me_first = rank == a
+        peer = b if me_first else a
+
+        def exchange(out: torch.Tensor, back: torch.Tensor) -> float:
+            """lower rank: send ``out``, receive ``back``; the other: the mirror. The lower rank's round trip."""
+            t0 = time.perf_counter()
+            if me_first:
+                dist.send(out, peer)
+                dist.recv(back, peer)
+            else:
+                dist.recv(out, peer)
+                dist.send(back, peer)
+            sync()
+            return time.perf_counter() - t0
+
+        for _ in range(2):  # warm-up: connections, buffers
+            exchange(small, small)
+            exchange(big, small)
+            exchange(small, big)
+        rtt = [exchange(small, small) for _ in range(n_small)]
+        ab = [exchange(big, small) for _ in range(args.repeats)]  # big a -> b, small back
+        ba = [exchange(small, big) for _ in range(args.repeats)]  # small a -> b, big back
+        if me_first:
+            one_way = _median(rtt) / 2
+            for (i, j), trips in (((a, b), ab), ((b, a), ba)):
+                big_way = _median(trips) - one_way  # the model-sized message's one-way time
+                lat[(i, j)] = one_way
+                bw[(i, j)] = big.numel() * 4 / (big_way - one_way) if big_way > one_way else math.inf
+    return lat, bw
+
+
+def _allreduce(nbytes: int, args, dev) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(max(1, nbytes // 4), device=dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    times = []
+    for k in range(args.repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        sync()
+        if k:  # the first is a warm-up
+            times.append(time.perf_counter() - t0)
+    return _median(times)
+
+
+class PeerGone(Exception):
+    """A collective or message failed: another rank is gone (its own failure is what to report)."""
+
+
+class _talking:
+    """Within the block, a failed message (gloo and NCCL raise RuntimeError) is :class:`PeerGone`."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if kind is not None and issubclass(kind, RuntimeError):
+            raise PeerGone(_one_line(e)) from e
+        return False
+
+
+def measure(args) -> Measured | None:
+    """This rank's part of the calibration (the process group is initialised); rank 0 returns the figures."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from . import simulate
+    from . import study as study_mod
+
+    rank, W = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    st = study_mod.load(args.study)
+    setup = simulate.prepare(st, data_dir=args.data_dir)
+    model = setup.model.module()
+    nbytes = 4 * (sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
+    with _talking():
+        dist.barrier()  # every rank has its data: all start training together
+    times = _timed_steps(setup, rank, args, dev)
+    if str(rank) == os.environ.get(FAIL_RANK):  # for the tests: a rank that fails between the measurements
+        raise RuntimeError(f"rank {rank} fails on purpose (${FAIL_RANK})")
+    with _talking():
+        lat, bw = _links(rank, W, nbytes, args, dev) if W > 1 else ({}, {})
+        ar = _allreduce(nbytes, args, dev) if W > 1 else None
+    host = socket.gethostname()
+    mine = {"rank": rank, "times": times, "lat": list(lat.items()), "bw": list(bw.items()), "host": host,
+            "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev)}
+    everyone = [None] * W
+    with _talking():
+        dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    L = [[None] * W for _ in range(W)]
+    B = [[None] * W for _ in range(W)]
+    for x in everyone:
+        for (i, j), v in x["lat"]:
+            L[i][j] = v
+        for (i, j), v in x["bw"]:
+            B[i][j] = v
+    hosts = sorted({x["host"] for x in everyone})
+    devices = sorted({x["device"] for x in everyone})
+    n_pairs = sum(len(r) for r in pair_rounds(W, args.all_pairs_up_to, args.seed))
+    notes = [f"device: {', '.join(devices)}; {dist.get_backend()}; hosts: {', '.join(hosts)}",
+             f"model: {nbytes} bytes of float32 parameters and buffers; batch {st.run.batch_size}, optimiser "
+             f"{st.run.optimizer}",
+             f"pairs: {n_pairs} ({'all' if W <= args.all_pairs_up_to else 'the ring and sampled ones'}), "
+             f"{4 * args.repeats} small and {args.repeats} model-sized round trips each way (medians)"]
+    source = (f"evomerge calibrate --study {st.name}: {W} ranks, {args.steps} timed steps each after "
+              f"{args.warmup} warm-up steps, {time.strftime('%Y-%m-%d %H:%M')}")
+    return Measured([x["times"] for x in everyone], L, B, payload=nbytes, source=source, notes=notes,
+                    allreduce=(ar, nbytes) if ar is not None else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of ``python -m evomerge.calibrate`` (under torchrun or ``evomerge calibrate --procs``)."""
+    p = argparse.ArgumentParser(prog="python -m evomerge.calibrate",
+                                description="One rank of a calibration: time the study's steps and the links, "
+                                            "and (rank 0) write the [environment].")
+    add_options(p, launcher=False)
+    args = p.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        check_options(args)
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        from .procs import apply_threads
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        else:
+            apply_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        if "MASTER_ADDR" not in os.environ:  # one process alone
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        m = measure(args)
+        if m is not None:
+            env = write(m, args.output, args.fit)
+            print(summary(env, len(m.step_times), args.output), flush=True)
+    except ConfigError as e:
+        print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
+        return 2
+    except (PeerGone, torch.distributed.DistError) as e:  # another rank failed: the launcher names that one
+        print(f"error: rank {rank}: another rank is gone ({_one_line(e)})", file=sys.stderr, flush=True)
+        os._exit(PEER_GONE)
+    except Exception as e:  # noqa: BLE001 - this rank's own failure: the traceback, then one line
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: rank {rank}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
+        os._exit(1)  # the process group may be broken: leave without tearing it down
+    try:
+        with _talking():
+            dist.barrier()  # rank 0 has written the file: every rank leaves together
+    except PeerGone as e:
+        print(f"error: rank {rank}: another rank is gone ({e})", file=sys.stderr, flush=True)
+        os._exit(PEER_GONE)
+    dist.destroy_process_group()
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the launcher (evomerge calibrate --procs N) ----------------------------------------------------------------
+def launch(args) -> int:
+    """Start ``args.procs`` ranks of :func:`main` on this host and wait for them, at most ``args.timeout``
+    seconds; a rank that fails stops the others and is named in one line (:class:`RunError`, exit 1)."""
+    import tempfile
+
+    from . import study as study_mod
+    from .procs import ProcessGroup, default_threads
+
+    st = study_mod.load(args.study)  # a bad study: one line, exit 2, before any process
+    check_options(args)
+    if args.procs is None:
+        raise ConfigError("--procs", "is needed with --study (how many ranks to start on this host); under torchrun "
+                                     "use python -m evomerge.calibrate")
+    if args.procs < 1:
+        raise ConfigError("--procs", f"{args.procs} is out of range; allowed: [1, inf)")
+    N = args.procs
+    cmd = [sys.executable, "-m", "evomerge.calibrate", "--study", str(st.path or args.study), "-o", str(args.output),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+           "--all-pairs-up-to", str(args.all_pairs_up_to), "--seed", str(args.seed), "--timeout", str(args.timeout),
+           "--step-sleep", str(args.step_sleep), "--slow-rank", str(args.slow_rank),
+           "--slow-factor", str(args.slow_factor)]
+    if args.data_dir:
+        cmd += ["--data-dir", str(args.data_dir)]
+    if args.fit:
+        cmd += ["--fit", args.fit]
+    port = _free_port()
+    threads = os.environ.get("EVOMERGE_THREADS") or str(default_threads())
+    root = str(Path(__file__).resolve().parent.parent)
+    with tempfile.TemporaryDirectory(prefix="evomerge-calibrate-") as tmp, ProcessGroup(grace=3) as group:
+        procs, errs, outs = [], [], []
+        for r in range(N):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(N), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(N),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EVOMERGE_THREADS=threads,
+                       PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+            out, err = open(Path(tmp) / f"out-{r}", "w+"), open(Path(tmp) / f"err-{r}", "w+")
+            outs.append(out)
+            errs.append(err)
+            procs.append(group.popen(cmd, env=env, stdout=out, stderr=err))
+        deadline = time.monotonic() + args.timeout
+        failed_at = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c == 0 for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes) and failed_at is None:
+                failed_at = time.monotonic()  # let the others find out and leave, briefly
+            if failed_at is not None and (all(c is not None for c in codes) or time.monotonic() - failed_at > 2):
+                own = [r for r, c in enumerate(codes) if c not in (None, 0, PEER_GONE)]
+                r = own[0] if own else next(r for r, c in enumerate(codes) if c not in (None, 0))
+                last = _last_line(errs[r]) or f"exit status {codes[r]}"
+                if codes[r] == 2 and last.startswith("error: "):
+                    raise ConfigError("", last.removeprefix("error: "))
+                how = f"killed by signal {-codes[r]}" if codes[r] < 0 else f"exit {codes[r]}"
+                last = last.removeprefix("error: ").removeprefix(f"rank {r}: ")
+                raise RunError(f"calibration rank {r} failed ({how}): {last}")
+            if time.monotonic() > deadline:
+                hung = [r for r, c in enumerate(codes) if c is None]
+                raise RunError(f"calibration rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} did not "
+                               f"finish within --timeout {args.timeout:g} s; stopped")
+            time.sleep(0.05)
+        outs[0].seek(0)
+        sys.stdout.write(outs[0].read())
+        for f in outs + errs:
+            f.close()
+    return 0
+
+
+def _last_line(f) -> str:
+    f.flush()
+    f.seek(0)
+    lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    return (errors or lines or [""])[-1]
+
+
+def from_trace_command(args) -> int:
+    """``evomerge calibrate --from-trace DIR -o FILE``."""
+    check_options(args)
+    m = from_trace(args.from_trace, args.warmup)
+    env = write(m, args.output, args.fit)
+    print(summary(env, len(m.step_times), args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    rc = main()
+    # leave without the interpreter's finalisation: gloo's threads, torn down there, abort the process now and
+    # then ("terminate called without an active exception", SIGABRT, seen 2 in 6 runs of 3 ranks here) after
+    # the file is written; everything is flushed and closed by now
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

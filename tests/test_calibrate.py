@@ -1,0 +1,346 @@
+"""``evomerge calibrate`` (issue 29): a cluster measured into an ``[environment]`` that a study takes with
+``from = "cluster.toml"``.
+
+The fits are checked on made-up figures (no processes); the measurement on real gloo ranks: a rank slowed by
+sleeping, links shaped by netlab (its own network namespace and tbf link per rank), a Merger's traces, a rank
+that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evomerge import calibrate, cli
+from evomerge import study as study_mod
+from evomerge.errors import ConfigError
+from evomerge.search import fingerprint
+
+ROOT = Path(__file__).resolve().parent.parent
+NETLAB = ROOT.parent / "shared" / "netlab" / "netlab.sh"
+LOOP = Path(__file__).resolve().parent / "merger_loop.py"
+
+STUDY = """
+[study]
+name = "calibrated"
+[data]
+dataset = "mnist"
+val_size = 500
+train_size = 2000
+partition = "iid"
+[model]
+{model}
+[run]
+workers = {workers}
+batch_size = {batch}
+steps = 20
+rounds = 2
+score_samples = 8
+{environment}
+"""
+
+
+def study_text(workers: int = 3, model: str = 'name = "mlp"\nhidden = [16]', batch: int = 16,
+               environment: str = "") -> str:
+    return STUDY.format(workers=workers, model=model, batch=batch, environment=environment)
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+# -- the fits, on made-up figures -------------------------------------------------------------------------
+def made_up(speeds, n=400, jitter=0.05, spells=None, seed=0):
+    """Step times of ranks with these speeds (step 10 ms at speed 1), lognormal jitter, and slow spells
+    (rank, start, length, factor)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in speeds:
+        out.append(0.01 / s * np.exp(jitter * rng.standard_normal(n)))
+    for r, start, length, factor in spells or []:
+        out[r][start:start + length] *= factor
+    return [list(map(float, t)) for t in out]
+
+
+def test_compute_fit_gives_speeds_jitter_and_slow_spells():
+    spells = [(1, 20 + 60 * k, 3, 5.0) for k in range(6)]
+    env, notes = calibrate.fit_compute(made_up([1.0, 1.0, 0.5, 0.25], spells=spells))
+    assert env["step_time"] == pytest.approx(0.01, rel=0.03)
+    np.testing.assert_allclose(env["speeds"], [1.0, 1.0, 0.5, 0.25], rtol=0.03)
+    assert env["jitter"] == pytest.approx(0.05, rel=0.2)
+    assert env["straggle_factor"] == pytest.approx(5.0, rel=0.1)
+    assert env["straggle_length"] == pytest.approx(3.0)
+    assert env["straggle_p"] == pytest.approx(6 / (1600 - 18), rel=0.01)  # spells / other steps
+    assert any(n.strip().startswith("rank 3: ") and n.endswith("over 400 steps") for n in notes)
+
+
+def test_no_clear_tail_no_slow_spells():
+    env, notes = calibrate.fit_compute(made_up([1.0, 1.0], spells=[(0, 10, 2, 5.0)]))  # one spell: not clear
+    assert env["straggle_p"] == 0 and "straggle_factor" not in env
+    assert any("none written" in n for n in notes)
+
+
+def test_speed_models_for_another_number_of_workers():
+    times = made_up([1.0, 0.8, 0.5, 0.4])
+    env, _ = calibrate.fit_compute(times, "lognormal")
+    logs = np.log([1.0, 0.8, 0.5, 0.4])
+    assert env["speeds"] == "lognormal" and env["sigma"] == pytest.approx(np.std(logs, ddof=1), rel=0.05)
+    env, _ = calibrate.fit_compute(times, "pareto")
+    assert env["speeds"] == "pareto" and env["step_time"] == pytest.approx(0.01, rel=0.03)
+    assert env["alpha"] == pytest.approx(4 / -logs.sum(), rel=0.05)
+    env, _ = calibrate.fit_compute(made_up([1.0, 1.0], jitter=0.0), "pareto")
+    assert env["speeds"] == "equal"
+
+
+def links(W, lat, bw):
+    """Matrices from a function of (i, j)."""
+    return ([[None if i == j else lat(i, j) for j in range(W)] for i in range(W)],
+            [[None if i == j else bw(i, j) for j in range(W)] for i in range(W)])
+
+
+def test_links_in_clear_groups_give_sites_else_matrices():
+    same = lambda i, j: i // 2 == j // 2  # noqa: E731 - two hosts of two ranks
+    lat, bw = links(4, lambda i, j: 2e-5 if same(i, j) else 1e-3, lambda i, j: 5e9 if same(i, j) else 1.2e8 + i)
+    env, notes = calibrate.fit_links(calibrate.Measured([[0.01]] * 4, lat, bw))
+    assert env == {"sites": 2, "latency": 2e-5, "bandwidth": 5e9, "latency_inter": 1e-3,
+                   "bandwidth_inter": pytest.approx(1.2e8, rel=1e-4)}
+    # uneven links without groups: the matrices, as measured
+    lat, bw = links(3, lambda i, j: 1e-4 * (1 + i + j), lambda i, j: 1e8 * (1 + i))
+    env, _ = calibrate.fit_links(calibrate.Measured([[0.01]] * 3, lat, bw))
+    assert "sites" not in env and env["latency_matrix"][0] == [0.0, 2e-4, 3e-4]
+    assert env["bandwidth_matrix"][2] == [3e8, 3e8, 0.0]
+    env, _ = calibrate.fit_links(calibrate.Measured([[0.01]] * 3, lat, bw), "lognormal")  # --fit: the median link
+    assert env == {"latency": 3e-4, "bandwidth": 2e8}
+    # a link too fast to tell is unlimited (0)
+    lat, bw = links(2, lambda i, j: 1e-5, lambda i, j: float("inf"))
+    env, _ = calibrate.fit_links(calibrate.Measured([[0.01]] * 2, lat, bw))
+    assert env["bandwidth_matrix"] == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_written_file_loads_as_a_studys_environment(tmp_path):
+    lat, bw = links(3, lambda i, j: 1e-4, lambda i, j: 1e8 * (1 + i))
+    m = calibrate.Measured(made_up([1.0, 0.5, 0.5], n=50), lat, bw, source="made up")
+    env = calibrate.write(m, tmp_path / "cluster.toml")
+    text = (tmp_path / "cluster.toml").read_text()
+    assert text.startswith("# made up\n") and "# compute:" in text
+    assert tomllib.loads(text)["environment"] == env
+    (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\n'
+                                                            'time_budget = 3.0\noverlap = "blocking"'))
+    st = study_mod.load(tmp_path / "s.toml")
+    e = st.environment
+    assert e.speeds == tuple(env["speeds"]) and e.step_time == env["step_time"] and e.jitter == env["jitter"]
+    assert e.bandwidth_matrix == tuple(map(tuple, env["bandwidth_matrix"]))
+    assert (e.time_budget, e.overlap) == (3.0, "blocking")  # the keys beside from
+    # the same file's content is the same fingerprint; another content is another
+    before = fingerprint.of(st)["hash"]
+    assert fingerprint.of(study_mod.load(tmp_path / "s.toml"))["hash"] == before
+    (tmp_path / "cluster.toml").write_text(text.replace(f"jitter = {env['jitter']}", "jitter = 0.5"))
+    after = study_mod.load(tmp_path / "s.toml")
+    assert after.environment.jitter == 0.5 and fingerprint.of(after)["hash"] != before
+    # keys beside from override the file's
+    (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\njitter = 0.1'))
+    assert study_mod.load(tmp_path / "s.toml").environment.jitter == 0.1
+
+
+def test_a_fitted_file_drives_any_number_of_workers(tmp_path):
+    lat, bw = links(4, lambda i, j: 1e-4, lambda i, j: 1e8)
+    calibrate.write(calibrate.Measured(made_up([1.0, 0.8, 0.5, 0.4], n=50), lat, bw), tmp_path / "c.toml", "lognormal")
+    (tmp_path / "s.toml").write_text(study_text(workers=16, environment='[environment]\nfrom = "c.toml"'))
+    e = study_mod.load(tmp_path / "s.toml").environment
+    assert e.speeds == "lognormal" and e.sigma > 0 and (e.latency, e.bandwidth) == (1e-4, 1e8)
+
+
+@pytest.mark.parametrize("case, content, field, words", [
+    ("missing", None, "study.environment.from", "no such file"),
+    ("malformed", "[environment\nstep_time = ", "study.environment.from", "invalid TOML"),
+    ("unknown key", "[environment]\nstep_tme = 0.1", "study.environment.from", "unknown key 'step_tme'"),
+    ("empty", "", "study.environment.from", "no environment keys"),
+    ("bad value", "[environment]\njitter = -1.0", "study.environment.jitter", "(from "),
+    ("other workers", "[environment]\nspeeds = [1.0, 0.5]", "study.environment.speeds", "measured on 2 ranks"),
+])
+def test_bad_from_files_are_one_line_naming_the_field(tmp_path, capsys, case, content, field, words):
+    if content is not None:
+        (tmp_path / "cluster.toml").write_text(content)
+    (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"'))
+    with pytest.raises(ConfigError) as e:
+        study_mod.load(tmp_path / "s.toml")
+    assert e.value.field == field and words in e.value.message
+    assert cli.main(["run", "--study", str(tmp_path / "s.toml"), "--policy", "ring-gossip"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {field}: ") and words in err
+
+
+def test_from_trace_of_a_folder_without_traces_is_one_line(tmp_path, capsys):
+    assert cli.main(["calibrate", "--from-trace", str(tmp_path), "-o", str(tmp_path / "c.toml")]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("error: --from-trace: ") and "no traces" in err
+    assert not (tmp_path / "c.toml").exists()
+    assert cli.main(["calibrate", "-o", str(tmp_path / "c.toml")]) == 2
+    assert "--study" in one_line_error(capsys)
+
+
+def test_pairs_every_pair_up_to_16_ranks_else_the_ring_and_a_sample():
+    import itertools
+
+    for W in (2, 3, 4, 7, 16):
+        rounds = calibrate.pair_rounds(W, 16, 0)
+        got = [p for r in rounds for p in r]
+        assert sorted(got) == list(itertools.combinations(range(W), 2))
+        assert all(len({k for p in r for k in p}) == 2 * len(r) for r in rounds)  # disjoint pairs in a round
+    rounds = calibrate.pair_rounds(20, 16, 0)
+    got = {p for r in rounds for p in r}
+    assert {(min(r, (r + 1) % 20), max(r, (r + 1) % 20)) for r in range(20)} <= got and len(got) == 40
+    assert calibrate.pair_rounds(20, 16, 0) == rounds
+
+
+# -- real ranks ------------------------------------------------------------------------------------------
+SLOW_MODEL = 'name = "mlp"\nhidden = [32]'
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory, data_dir):
+    """3 gloo ranks started by the command; rank 2 is a device 3x slower (every rank's step padded with 20 ms
+    of sleep, as a device that takes that long; rank 2 sleeps to take 3x its own step)."""
+    d = tmp_path_factory.mktemp("calibrated")
+    (d / "s.toml").write_text(study_text(model=SLOW_MODEL))
+    out = d / "cluster.toml"
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(d / "s.toml"), "--procs", "3",
+                        "-o", str(out), "--data-dir", str(data_dir), "--steps", "25", "--warmup", "3", "--repeats", "3",
+                        "--step-sleep", "0.02", "--slow-rank", "2", "--slow-factor", "3", "--timeout", "120"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d, out, p.stdout
+
+
+@pytest.mark.system
+def test_a_slow_rank_gets_a_third_of_the_speed(calibrated):
+    d, out, stdout = calibrated
+    assert stdout.startswith(f"wrote {out}: 3 ranks")
+    env = tomllib.loads(out.read_text())["environment"]
+    s = env["speeds"]
+    ratio = s[2] / np.mean(s[:2])
+    print(f"speeds {s}: the slow rank at {ratio:.3f} of the others")
+    assert abs(ratio - 1 / 3) <= 0.2 / 3, s
+    assert len(env["latency_matrix"]) == 3 and len(env["bandwidth_matrix"]) == 3
+    assert all(v > 0 for i, row in enumerate(env["latency_matrix"]) for j, v in enumerate(row) if i != j)
+
+
+@pytest.mark.system
+def test_a_calibrated_file_runs_as_a_studys_environment(calibrated, data_dir, capsys):
+    d, out, _ = calibrated
+    (d / "run.toml").write_text(study_text(environment=f'[environment]\nfrom = "{out.name}"\ntime_budget = 1.0'))
+    assert cli.main(["run", "--study", str(d / "run.toml"), "--policy", "ring-gossip", "--data-dir", str(data_dir),
+                     "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "simulated time" in text and "slowest / mean / fastest" in text
+
+
+@pytest.mark.system
+def test_a_rank_that_fails_is_named_in_one_line(tmp_path, data_dir):
+    (tmp_path / "s.toml").write_text(study_text())
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(tmp_path / "s.toml"),
+                        "--procs", "3", "-o", str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--steps", "5",
+                        "--timeout", "60"], env=dict(os.environ, **{calibrate.FAIL_RANK: "1"}),
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    err = p.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: calibration rank 1 failed"), err
+    assert not (tmp_path / "c.toml").exists()
+
+
+def _netlab_usable() -> str:
+    """Why netlab cannot run here ('' if it can)."""
+    if not NETLAB.is_file():
+        return f"{NETLAB} not found"
+    for tool in ("unshare", "ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    p = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"unshare -n is not permitted here ({p.stderr.strip() or p.returncode})"
+    return ""
+
+
+@pytest.mark.system
+def test_links_under_netlab_give_the_tbf_rate(tmp_path, data_dir):
+    """2 ranks, each in its own network namespace with its own 50 Mbit/s link (tbf both ways): the fitted
+    bandwidth is within 25% of 6.25e6 bytes/s."""
+    why = _netlab_usable()
+    if why:
+        print(f"SKIPPED: netlab needs unshare, ip and tc: {why}")
+        pytest.skip(f"netlab cannot run here: {why}")
+    (tmp_path / "s.toml").write_text(study_text(model='name = "mlp"\nhidden = [128]'))  # 407 KB of parameters
+    out = tmp_path / "net.toml"
+    env = dict(os.environ, EVOMERGE_THREADS="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run([str(NETLAB), "2", "50mbit", "--", sys.executable, "-m", "evomerge.calibrate", "--study",
+                        str(tmp_path / "s.toml"), "-o", str(out), "--data-dir", str(data_dir), "--steps", "5",
+                        "--warmup", "1", "--repeats", "3", "--timeout", "90"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stderr[-3000:]
+    bw = tomllib.loads(out.read_text())["environment"]["bandwidth_matrix"]
+    rate = 50e6 / 8
+    print(f"netlab 50mbit ({rate:.3g} B/s): fitted {bw[0][1]:.4g} (0 -> 1) and {bw[1][0]:.4g} B/s (1 -> 0)")
+    for v in (bw[0][1], bw[1][0]):
+        assert abs(v - rate) <= 0.25 * rate, bw
+
+
+TRACE_STUDY = STUDY.replace("[model]\n{model}", '[model]\nfactory = "user_mlp:mlp"')
+USER_MLP = """
+import torch.nn as nn
+
+
+def mlp(hidden=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+"""
+
+
+@pytest.mark.system
+def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
+    """A Merger job of 3 ranks (ring gossip, push-pull), rank 2 a device 3x slower (the loop's sleep): its
+    traces give the slow rank about a third of the speed, measured links, and a file a study runs on."""
+    (tmp_path / "user_mlp.py").write_text(USER_MLP)
+    (tmp_path / "s.toml").write_text(TRACE_STUDY.format(workers=3, batch=16, environment="").replace(
+        "steps = 20", "steps = 40"))
+    (tmp_path / "ring.json").write_text(json.dumps({"scheme": "gossip", "topology": "ring", "exchange": "push_pull",
+                                                    "mean_interval": 3}))
+    port, procs = calibrate._free_port(), []
+    for r in range(3):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
+                                       str(data_dir), "--policy", str(tmp_path / "ring.json"), "--out",
+                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", "2",
+                                       "--slow-factor", "3"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:
+            p.kill()
+    trace = tmp_path / "out" / "trace-0"
+    out = tmp_path / "cluster.toml"
+    assert cli.main(["calibrate", "--from-trace", str(trace), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out}: 3 ranks")
+    env = tomllib.loads(out.read_text())["environment"]
+    s = env["speeds"]
+    print(f"from the trace: speeds {s}, the slow rank at {s[2] / np.mean(s[:2]):.3f} of the others")
+    assert abs(s[2] / np.mean(s[:2]) - 1 / 3) <= 0.2 / 3, s
+    ring = [(0, 1), (1, 2), (2, 0)]
+    assert all(env["bandwidth_matrix"][i][j] >= 0 and env["bandwidth_matrix"][j][i] >= 0 for i, j in ring)
+    assert "# transfers:" in out.read_text()
+    (tmp_path / "run.toml").write_text(TRACE_STUDY.format(workers=3, batch=16, environment=(
+        f'[environment]\nfrom = "{out.name}"\ntime_budget = 0.5')))
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", "ring-gossip", "--data-dir",
+                     str(data_dir), "--quiet"]) == 0
