@@ -223,6 +223,8 @@ class Tracker:
             tags["evomerge.error"] = record["error"][:5000]
         if record.get("pruned_at") is not None:
             tags["evomerge.pruned_at_step"] = str(record["pruned_at"])
+        if record.get("reused_from") is not None:  # proposed again: the earlier trial's results, not a new run
+            tags["evomerge.reused_from"] = str(record["reused_from"])
         name = f"trial-{record['number']}" + ("" if label == "complete" else f" ({label})")
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags, start_time=int(record["start"] * 1000))
         rid = run.info.run_id

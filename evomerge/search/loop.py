@@ -23,6 +23,7 @@ from .trial import Interrupted, bare_record, mark_interrupted, run_batch, run_tr
 #: trials in a row that fail with an error before a search process stops (every trial failing, e.g. a user's
 #: model that raises, would otherwise be asked again forever: failed trials do not count toward n_trials)
 MAX_ERRORS = 10
+MAX_REUSES = 10  # proposals in a row of policies already evaluated: the sampler has converged
 
 
 # -- the worker loop ---------------------------------------------------------------------------
@@ -60,6 +61,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     engines: dict = {}
     Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     errors = 0  # trials of this process that failed with an error since the last one that finished
+    reuses = 0  # trials of this process in a row whose policy was already evaluated (reused, not trained)
 
     while not should_stop():
         asked: list = []
@@ -114,6 +116,14 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
                                    "finished trials are kept; fix the cause and run the same command again")
             elif record.get("state") in ("COMPLETE", "PRUNED"):
                 errors = 0
+            if record.get("reused_from") is not None:
+                reuses += 1
+                if reuses >= MAX_REUSES:
+                    raise RunError(f"search stopped: the sampler proposed {reuses} policies in a row that were already "
+                                   f"evaluated (the last: trial {record['reused_from']}'s), so it has converged; "
+                                   "finished trials are kept; widen [search.space] or search with another --seed")
+            elif record.get("state") in ("COMPLETE", "PRUNED"):
+                reuses = 0
 
 
 def _fail_orphans(ostudy, n_before: int) -> None:

@@ -175,7 +175,9 @@ def run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) -
 def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) -> dict:
     t = TrialRun(trial, ostudy, setup, cfg, storage)
     try:
-        if t.start():
+        if t.start() and (src := t.reused()) is not None:
+            t.complete_from(src)
+        elif not t.ended:
             out = evaluate(trial, ostudy, t.setup, t.policy, cfg, storage, simulate_fn)
             t.complete(out)
     except KeyboardInterrupt:
@@ -207,6 +209,8 @@ class TrialRun:
             self.record["policy"] = self.policy.to_dict()
             trial.set_user_attr("policy", self.record["policy"])
             run = space_mod.run_values(trial.params)  # a searched step size: this trial's runs use it
+            self.record["policy_key"] = policy_key(self.record["policy"], run, cfg.study.run.seeds)
+            trial.set_user_attr(ATTR_KEY, self.record["policy_key"])
             if run:
                 self.setup = dataclasses.replace(self.setup, study=space_mod.with_run(self.setup.study, run))
                 self.record["run"] = run
@@ -224,14 +228,34 @@ class TrialRun:
             return False
         return True
 
-    def complete(self, out: dict) -> None:
+    def reused(self):
+        """A complete trial of this study that ran the same policy with the same run settings and seeds (the
+        sampler proposed it again), or None. Its results are this trial's: a repeated proposal is not trained."""
+        import optuna
+
+        key = self.record["policy_key"]
+        for t in self.ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.user_attrs.get(ATTR_KEY) == key and "metrics" in t.user_attrs and t.number != self.trial.number:
+                return t
+        return None
+
+    def complete_from(self, src) -> None:
+        """This trial's results are ``src``'s (:meth:`reused`), marked ``reused_from``."""
+        seeds = self.cfg.study.run.seeds
+        finals = [dict(src.user_attrs["metrics"][str(s)]) for s in seeds]
+        self.trial.set_user_attr(ATTR_REUSED, src.number)
+        self.record["reused_from"] = src.number
+        self.complete({"histories": [], "finals": finals, "status": src.user_attrs.get(RUN_STATUS, "ok"),
+                       "curve": src.user_attrs.get("curve", {})}, history=src.user_attrs.get("history", {}))
+
+    def complete(self, out: dict, history: dict | None = None) -> None:
         trial, cfg, record = self.trial, self.cfg, self.record
         record.update(histories=out["histories"], final=summarise(out["finals"]), run_status=out["status"])
         values = objective_values(cfg.study, out["finals"])
         trial.set_user_attr("metrics", {str(s): _slim(f) for s, f in zip(cfg.study.run.seeds, out["finals"])})
         trial.set_user_attr("spread", {k: v for k, v in record["final"].items() if k.endswith("_std")})
         trial.set_user_attr(RUN_STATUS, out["status"])  # "diverged": kept off best and the Pareto set (results.py)
-        trial.set_user_attr("history", curve_of(out["histories"][0]))
+        trial.set_user_attr("history", curve_of(out["histories"][0]) if out["histories"] else history or {})
         if cfg.multi:
             trial.set_user_attr("curve", out["curve"])
         self.ostudy.tell(trial, values)
@@ -295,6 +319,9 @@ def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]
             evals = {}
             for r in runs:
                 if r.start():
+                    if (src := r.reused()) is not None:  # proposed again: its results, not a run
+                        r.complete_from(src)
+                        continue
                     evals[id(r)] = Evaluation(r.trial, ostudy, setup, r.policy, cfg, storage)
             alive = [r for r in runs if not r.ended]
             for k, seed in enumerate(cfg.study.run.seeds):
@@ -328,6 +355,20 @@ def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]
             # every record: the batch's trials that ended before the Ctrl-C (complete, pruned, failed) are logged too
             raise Interrupted(*[r.finish() for r in runs]) from None
     return [r.finish() for r in runs]
+
+
+ATTR_KEY, ATTR_REUSED = "policy_key", "reused_from"
+
+
+def policy_key(policy: dict, run: dict, seeds) -> str:
+    """What a trial's results depend on within one study (its fingerprint is the study's): the canonical
+    policy (fields that do not apply switched off, fitted to the workers), the searched run settings and the
+    seeds. Two trials with one key would train the same runs."""
+    import hashlib
+    import json
+
+    doc = {"policy": {k: v for k, v in policy.items() if k != "name"}, "run": run, "seeds": list(seeds)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _slim(f: dict) -> dict:
