@@ -343,9 +343,9 @@ class Merger:
         self._drain(final=False)
         self._settle_streams()
         return {"format": 1, "step": self.t,
-                "streams": {int(ev): {"sum": wire.clone().cpu(), "lands": land}
-                            for land, evs in self._landing.items() for ev in evs
-                            for wire in [self._in_flight[ev][1]]}, "world": self.W, "seed": self.seed, "total_steps": self.T,
+                "streams": {int(ev): {"sum": self._in_flight[ev][1].clone().cpu(), "lands": land,
+                                      "sent": {k: v.clone().cpu() for k, v in self._in_flight[ev][4].items()}}
+                            for land, evs in self._landing.items() for ev in evs}, "world": self.W, "seed": self.seed, "total_steps": self.T,
                 "policy": self.p.to_dict(), "examples": float(self.examples[0]), "epoch": self.epoch,
                 "merges": self.merges, "score": float(self.score[0]), "score_weight": float(self.score_weight[0]),
                 "accum": None if self.accum is None else [a.clone().cpu() for a in self.accum],
@@ -372,7 +372,8 @@ class Merger:
             ev = int(ev)
             frag = self.fragments[int(self.sched.fragment[ev])] if self.fragments is not None else \
                 list(range(len(self.blocks)))
-            self._in_flight[ev] = (None, saved["sum"].to(self.wire_dev), frag, time.perf_counter())
+            self._in_flight[ev] = (None, saved["sum"].to(self.wire_dev), frag, time.perf_counter(),
+                                   {int(k): v.to(self.dev) for k, v in saved.get("sent", {}).items()})
             self._landing.setdefault(int(saved["lands"]), []).append(ev)
         self._done_in = {e for e in self._incoming if int(self.sched.step[e]) <= self.t}
         if self.overlap != "lockstep":
@@ -766,14 +767,17 @@ class Merger:
             work = dist.all_reduce(wire, group=self.group, async_op=True)
         except RuntimeError:
             raise self._fail(f"merge event {ev}") from None
-        self._in_flight[ev] = (work, wire, frag, time.perf_counter())
+        # counters: the engine sets them to the sum at the send and counts on from there
+        sent = {k: self.blocks[k].clone() for k in frag if self.rules[k] == kernel.SUM}
+        self._in_flight[ev] = (work, wire, frag, time.perf_counter(), sent)
+        self.merges += 1  # a merge is counted when it starts, as the engine counts it
         if self.p.fragment_delay:
             self._landing.setdefault(self.t + self.p.fragment_delay, []).append(ev)
 
     def _stream_land(self, ev: int) -> None:
         """The fragment's sum has arrived (waited for here, within the timeout): its average, the outer step on it,
         and every block of the fragment moves ``1 - fragment_alpha`` of the way there; counters take the sum."""
-        work, wire, frag, t0 = self._in_flight.pop(ev)
+        work, wire, frag, t0, sent = self._in_flight.pop(ev)
         if work is not None:
             self._collective(lambda: work, f"merge event {ev}")
         step, lay = int(self.sched.step[ev]), self.layout
@@ -789,9 +793,8 @@ class Merger:
                 if self.outer is not None and k < self.outer.blocks:
                     avg = self.outer.step_(avg, o, n)
                 kernel.lerp_rows_(blk, [0], [avg.to(blk.dtype)], w)
-            elif self.rules[k] == kernel.SUM:  # counters are summed, not averaged
-                kernel.counters_from_sum_(blk, seg)
-        self.merges += 1
+            elif self.rules[k] == kernel.SUM:  # counters are summed, not averaged, then counted on since the send
+                kernel.counters_from_sum_(blk, seg + (blk - sent[k]).to(seg.dtype).reshape(-1) if k in sent else seg)
         if self._trace is not None:
             self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": 4 * wire.numel(),
                          "fragment": None if self.fragments is None else int(self.sched.fragment[ev]),
@@ -800,10 +803,10 @@ class Merger:
     def _settle_streams(self) -> None:
         """Wait (within the timeout) for every fragment in flight, without landing it: a checkpoint keeps the sums,
         and a fragment whose landing is past the run's end never lands (as in the simulator)."""
-        for ev, (work, wire, frag, t0) in list(self._in_flight.items()):
+        for ev, (work, wire, frag, t0, sent) in list(self._in_flight.items()):
             if work is not None:
                 self._collective(lambda: work, f"merge event {ev}")
-            self._in_flight[ev] = (None, wire, frag, t0)
+            self._in_flight[ev] = (None, wire, frag, t0, sent)
 
     def _collective(self, start, what: str) -> None:
         """Run an async collective to completion within ``timeout``; if it fails or times out, find who is gone."""

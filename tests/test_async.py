@@ -124,3 +124,14 @@ def test_without_a_clock_it_is_refused_in_one_line(setup, tmp_path):
     f.write_text(text.replace('"diloco"]', '"diloco", "async-diloco"]'))
     with pytest.raises(ConfigError, match=r"^study.baselines.policies: async-diloco: 'async'"):
         study_mod.load(f)
+
+
+def test_a_distributed_search_refuses_a_space_that_samples_async(tmp_path):
+    from evomerge.search.config import make_config
+
+    s = study_mod.load("mnist-stragglers")
+    space = tuple(p for p in s.search.space if not p.name.startswith("fragment"))  # only the scheme is the problem
+    s = dataclasses.replace(s, search=dataclasses.replace(s.search, space=space))
+    with pytest.raises(ConfigError, match=r"^study.search.space.scheme: choice 'async' is not supported by the "
+                                          r"distributed backend; allowed: gossip, allreduce, none"):
+        make_config(s, backend="distributed", runs_dir=tmp_path)

@@ -129,3 +129,18 @@ def test_the_merger_warns_when_the_loops_lr_is_not_the_one_the_policy_was_found_
     first, second = p.stdout.strip().splitlines()
     assert first.startswith("0.05 [\"policy: found with sgd at lr 0.2; this optimizer's lr is 0.05. The best merge")
     assert second == "0.2 []"  # the found lr: nothing to say
+
+
+def test_a_found_step_size_is_applied_only_where_it_was_searched_and_with_its_optimizer():
+    from conftest import tiny_study
+    from evomerge.backends import found_with
+
+    s = tiny_study(lr=0.1)
+    export = {"run": {"optimizer": "sgd", "lr": 0.3, "weight_decay": 0.0}, "run_searched": ["lr"]}
+    st, note = found_with(s, export)
+    assert st.run.lr == 0.3 and note.endswith("this run uses the found values")
+    st, note = found_with(s, export | {"run_searched": []})  # the source study's fixed lr: not the policy's
+    assert st.run.lr == 0.1 and note is None
+    adam = tiny_study(lr=1e-3, optimizer="adam")
+    st, note = found_with(adam, export)
+    assert st.run.lr == 1e-3 and "this study trains with adam, so its own values are used" in note

@@ -86,7 +86,7 @@ def test_fragments_are_contiguous_groups_of_tensors_balanced_by_size(setup):
     assert schedule.build(P(**DILOCO), 4, 40, 0).fragment is None  # one fragment: today's schedule
 
 
-@pytest.mark.parametrize("k,delay,alpha", [(2, 0, 0.0), (4, 1, 0.0), (2, 3, 0.5)])
+@pytest.mark.parametrize("k,delay,alpha", [(4, 1, 0.0), (2, 3, 0.5)])
 def test_streaming_diloco_equals_a_hand_written_loop(setup, k, delay, alpha):
     policy = P(**DILOCO, fragments=k, fragment_delay=delay, fragment_alpha=alpha)
     res = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
@@ -109,8 +109,7 @@ def test_a_free_clock_and_a_population_stream_bit_for_bit(setup):
     from evomerge.engine.population import Member, run_population
 
     free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
-    for kw in (dict(fragments=4, fragment_delay=1), dict(fragments=2, fragment_delay=3, fragment_alpha=0.5),
-               dict(fragment_delay=2)):
+    for kw in (dict(fragments=4, fragment_delay=1), dict(fragment_delay=2, fragment_alpha=0.5)):
         policy = P(**DILOCO, **kw)
         lockstep = simulate.simulate(setup, policy, 1, device="cpu", keep_params=True)
         timed = simulate.simulate(free, policy, 1, device="cpu", keep_params=True)
@@ -170,3 +169,18 @@ def test_the_search_switches_streaming_off_where_it_does_not_apply():
     p = space.policy_from_params(fixed, {"scheme": "allreduce", "mean_interval": 3.0, "weighting": "adaptive",
                                          "mixing_weight": 0.3})
     assert (p.fragments, p.fragment_delay, p.weighting, p.mixing_weight) == (3, 0, "uniform", 1.0)  # fitted to H = 3
+
+
+def test_the_example_counters_agree_on_the_clock_and_in_lockstep(setup):
+    """Counters are summed once per sync of the whole model (with its last fragment), on every path."""
+    from evomerge.backends.inprocess import InProcess
+    from evomerge.engine.run import execute
+
+    policy = P(**DILOCO, fragments=4)
+    free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
+    got = []
+    for s in (setup, free):
+        backend = InProcess(s, policy, 1, torch.device("cpu"))
+        execute(s, policy, 1, backend)
+        got.append(backend.state.examples.clone())
+    assert torch.equal(got[0], got[1])  # the clock once summed them at every fragment: 1e16 against 7e5

@@ -143,9 +143,18 @@ def check_model(backend: str, model) -> None:
     capabilities(backend).check_model(model)
 
 
-def check_space(backend: str, names) -> None:
-    """Refuse a search space that would sample fields the backend cannot run."""
-    capabilities(backend).check_space(names)
+def check_space(backend: str, names, space=()) -> None:
+    """Refuse a search space that would sample fields the backend cannot run, or choices of a field whose
+    values it runs only some of (``space``: the study's params, for their choices)."""
+    caps = capabilities(backend)
+    caps.check_space(names)
+    for p in space:
+        known = caps.rules.get(p.name)
+        bad = [c for c in p.choices if known is not None and c not in known]
+        if bad:
+            raise ConfigError(f"study.search.space.{p.name}", f"choice {bad[0]!r} is not supported by the {caps.name} "
+                                                              f"backend; allowed: {', '.join(known)}, or --backend "
+                                                              "inprocess")
 
 
 def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:
@@ -164,16 +173,21 @@ def runner(backend: str = "inprocess", procs: int | None = None, workers: int | 
 
 
 def found_with(study, exported: dict | None):
-    """The study a replay of an exported policy runs: with the step size (``run.lr``, ``run.weight_decay``) the
-    policy was found with, where the export says so and the study differs, and a line saying what changed
-    (None when nothing did). A searched step size belongs to the policy: the trial's value was judged with it."""
+    """The study a replay of an exported policy runs: with the step size the search chose for it (the keys in
+    the export's ``run_searched``: ``run.lr``, ``run.weight_decay``) where the study's differs, and a line saying
+    what changed (None when nothing did). A searched step size belongs to the policy: the trial's value was
+    judged with it. It is applied only with the optimiser it was found with; otherwise the line says it is not."""
     from ..study import RUN_SEARCHABLE, with_run
 
     run = (exported or {}).get("run") or {}
-    differ = {k: run[k] for k in RUN_SEARCHABLE if k in run and run[k] != getattr(study.run, k)}
+    searched = set((exported or {}).get("run_searched") or ())
+    differ = {k: run[k] for k in RUN_SEARCHABLE if k in searched and k in run and run[k] != getattr(study.run, k)}
     if not differ:
         return study, None
     said = ", ".join(f"run.{k} {v:g} (the study says {getattr(study.run, k):g})" for k, v in differ.items())
+    if run.get("optimizer", study.run.optimizer) != study.run.optimizer:
+        return study, (f"note: the exported policy was found with {run['optimizer']} and {said}; this study trains "
+                       f"with {study.run.optimizer}, so its own values are used")
     return with_run(study, differ), f"note: the exported policy was found with {said}; this run uses the found values"
 
 

@@ -532,6 +532,12 @@ def main(argv=None) -> int:
         study = load(args.study)
         policy = study.resolve_policy(args.policy)
         check_policy("distributed", policy)
+        from . import found_with
+        from ..policy import read_export
+
+        study, note = found_with(study, read_export(args.policy) if os.path.isfile(args.policy) else None)
+        if note and int(os.environ.get("RANK", 0)) == 0:
+            print(note, flush=True)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         groups(study.run.workers, world)
     except _CE as e:

@@ -272,7 +272,8 @@ class Timed:
         s, st = self.timeline.schedule, self.backend.state
         step = int(s.step[a.event])
         self.backend.allreduce(a.event, step, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event])))
-        st.examples.fill_(self.backend.sum_examples())
+        if s.fragment is None or int(s.fragment[a.event]) == self.p.fragments - 1:  # as the lockstep merger: once
+            st.examples.fill_(self.backend.sum_examples())  # per sync of the whole model (its last fragment)
         st.rescale_supports()
 
     # -- a batched local step of some rows ---------------------------------------------------------
