@@ -8,7 +8,9 @@ Arms, each searched by CMA-ES (categoricals by Optuna's independent sampler, as 
 shipped study's data, model, workers and [environment]:
 
 - ``diloco``: scheme allreduce with the outer Nesterov step; searched: the local steps H (``mean_interval``,
-  log [2, 100]), ``outer_lr`` log [0.1, 2], ``outer_momentum`` [0, 0.95] and ``run.lr`` log [0.01, 0.5].
+  log [2, 100]), ``outer_lr`` log [0.1, 2], ``outer_momentum`` [0, 0.95] and ``run.lr`` log [0.01, 0.5]; on the
+  time studies also Streaming DiLoCo's ``fragments`` {1, 2, 4}, ``fragment_delay`` [0, 4], ``fragment_alpha``
+  [0, 0.5].
 - ``evomerge``: the study's own [search.space] (scheme, gossip fields, the outer step) plus ``run.lr`` log
   [0.01, 0.5].
 
@@ -39,18 +41,24 @@ DILOCO_SPACE = (Param("mean_interval", "log-float", 2.0, 100.0), Param("outer_lr
                 Param("outer_momentum", "float", 0.0, 0.95), LR)
 
 
+STREAMING_SPACE = (Param("fragments", "categorical", choices=(1, 2, 4)), Param("fragment_delay", "int", 0, 4),
+                   Param("fragment_alpha", "float", 0.0, 0.5))
+
+
 def arms(s) -> dict:
+    space = DILOCO_SPACE + (STREAMING_SPACE if s.environment is not None else ())  # time studies: Streaming DiLoCo
     diloco = dataclasses.replace(
         s, name=f"{s.name}-rival-diloco",
         policy=s.policy.replace(scheme="allreduce", mixing_weight=1.0, outer_optimizer="nesterov"),
-        search=dataclasses.replace(s.search, space=DILOCO_SPACE))
+        search=dataclasses.replace(s.search, space=space))
     full = dataclasses.replace(s, name=f"{s.name}-rival-evomerge",
                                search=dataclasses.replace(s.search, space=(*s.search.space, LR)))
     return {"diloco": diloco, "evomerge": full}
 
 
 def is_diloco(p: MergePolicy) -> bool:
-    return p.scheme == "allreduce" and p.outer_optimizer != "none"
+    """DiLoCo, streamed or asynchronous: an outer step on the workers' pseudo-gradients."""
+    return p.scheme in ("allreduce", "async") and p.outer_optimizer != "none"
 
 
 def reevaluate(s, data, policy: MergePolicy, run: dict, seeds: list[int]) -> dict:
