@@ -151,6 +151,12 @@ def add_export(sub):
     _store(p, tracking=False)
     p.add_argument("-o", "--output", required=True, help="a file (best policy) or, with --pareto, a folder; required")
     p.add_argument("--pareto", action="store_true", help="one file per Pareto-optimal trial")
+    p.add_argument("--tolerance", type=float, default=0.005,
+                   help="several objectives: the Pareto-optimal trials within this of the best first objective (in "
+                        "its unit) are candidates, and the best by the second is written (default: 0.005)")
+    p.add_argument("--limit", action="append", default=None, metavar="OBJECTIVE=VALUE",
+                   help="several objectives: only trials whose OBJECTIVE is at most VALUE (minimised) or at least "
+                        "VALUE (maximised), e.g. --limit bytes=1e8; repeatable (default: none)")
     p.set_defaults(handler=cmd_export)
 
 
@@ -623,10 +629,20 @@ def cmd_export(args) -> int:
         paths = export_pareto(study, url, out)
         print(f"wrote {len(paths)} Pareto-optimal policies to {out}/")
     else:
-        doc = export_best(study, url, out)
+        if args.tolerance < 0:
+            raise ConfigError("--tolerance", f"{args.tolerance} is out of range; allowed: [0, inf)")
+        limits = {}
+        for item in args.limit or ():
+            name, eq, value = item.partition("=")
+            try:
+                limits[name.strip()] = float(value)
+            except ValueError:
+                raise ConfigError("--limit", f"{item!r} is not OBJECTIVE=VALUE (e.g. bytes=1e8)") from None
+            if not eq:
+                raise ConfigError("--limit", f"{item!r} is not OBJECTIVE=VALUE (e.g. bytes=1e8)")
+        doc = export_best(study, url, out, args.tolerance, limits)
         values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
-        note = " (best by the first objective among the Pareto set)" if len(doc["objectives"]) > 1 else ""
-        print(f"wrote trial {doc['trial']} ({values}){note} to {out}")
+        print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
     return 0
 
 

@@ -45,14 +45,16 @@ def load_study_trials(study: Study, storage_url: str):
     return load_study(study, storage_url)
 
 
-def export_best(study: Study, storage_url: str, out: Path) -> dict:
-    from .search.results import best_trials
+def export_best(study: Study, storage_url: str, out: Path, tolerance: float = 0.005,
+                limits: dict[str, float] | None = None) -> dict:
+    """The one policy :func:`evomerge.search.results.pick_one` picks (its rule in words under ``picked_by``)."""
+    from .search.results import pick_one
 
     ostudy = load_study_trials(study, storage_url)
-    best = best_trials(ostudy, study, 1)
-    if not best:
+    best, rule = pick_one(ostudy, study, tolerance, limits)
+    if best is None:
         raise ConfigError("--study", f"{study.name!r} has no completed trial yet{_diverged_note(ostudy)}")
-    doc = export_document(best[0], study)
+    doc = export_document(best, study) | {"picked_by": rule}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
     return doc

@@ -123,6 +123,40 @@ def best_trials(ostudy, study: Study, n: int = 5) -> list[dict]:
     return [trial_summary(t, study) for t in ranked]
 
 
+def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, float] | None = None):
+    """One policy of a study (what ``evomerge export`` writes), and the rule that picked it, in words.
+
+    One objective: the best trial. Several: among the Pareto set, the trials that meet every limit in ``limits``
+    (objective -> value: at most it for a minimised objective, at least for a maximised one); of those, the ones
+    within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a point of accuracy); of
+    those, the best by the second objective (then the third). A limit or tolerance that no trial meets raises a
+    ConfigError naming ``--limit`` (None: no trial at all)."""
+    from ..errors import ConfigError
+
+    if len(study.objectives) == 1:
+        best = best_trials(ostudy, study, 1)
+        return (best[0], f"the best {study.objectives[0]}") if best else (None, "")
+    front = pareto_trials(ostudy, study)
+    if not front:
+        return None, ""
+    dirs = study.directions
+    names = list(study.objectives)
+    for name, bound in (limits or {}).items():
+        if name not in names:
+            raise ConfigError("--limit", f"{name!r} is not an objective of {study.name}; allowed: {', '.join(names)}")
+        k = names.index(name)
+        front = [t for t in front if (t.values[k] <= bound if dirs[k] == "minimize" else t.values[k] >= bound)]
+        if not front:
+            raise ConfigError("--limit", f"{name}={bound:g}: no Pareto-optimal trial meets it")
+    sign = [1 if d == "minimize" else -1 for d in dirs]
+    best0 = min(sign[0] * t.values[0] for t in front)
+    close = [t for t in front if sign[0] * t.values[0] <= best0 + tolerance]
+    pick = min(close, key=lambda t: tuple(sign[k] * t.values[k] for k in range(1, len(names))) + (t.number,))
+    said = (f"the best {names[1]} among the Pareto-optimal trials within {tolerance:g} of the best {names[0]}"
+            + (f", with {', '.join(f'{k} limited to {v:g}' for k, v in limits.items())}" if limits else ""))
+    return trial_summary(pick, study), said
+
+
 def trial_summary(t, study: Study) -> dict:
     return {"number": t.number, "values": list(t.values), "objectives": list(study.objectives),
             "params": dict(t.params), "policy": t.user_attrs.get("policy", {}), "metrics": t.user_attrs.get("metrics", {}),
