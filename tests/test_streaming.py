@@ -184,3 +184,18 @@ def test_the_example_counters_agree_on_the_clock_and_in_lockstep(setup):
         execute(s, policy, 1, backend)
         got.append(backend.state.examples.clone())
     assert torch.equal(got[0], got[1])  # the clock once summed them at every fragment: 1e16 against 7e5
+
+
+@pytest.mark.system
+def test_a_space_with_more_fragments_than_tensors_stops_before_any_trial(tmp_path, data_dir):
+    from conftest import write_study
+    from searchutil import cli, states
+
+    f = write_study(tmp_path, name="frag")  # MLP 784-16-10: 4 parameter tensors
+    f.write_text(f.read_text().replace("[search.space]\n", "[search.space]\n"
+                                       'fragments = { kind = "categorical", choices = [1, 8] }\n'))
+    p = cli("search", "--study", str(f), "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == ("error: study.search.space.fragments: 8 is more than the model's 4 "
+                                                 "parameter tensors; allowed: at most 4")
+    assert not (tmp_path / "runs" / "frag" / "optuna.db").exists() or not states(tmp_path / "runs" / "frag" / "optuna.db")

@@ -26,6 +26,22 @@ MAX_ERRORS = 10
 MAX_REUSES = 10  # proposals in a row of policies already evaluated: the sampler has converged
 
 
+def check_fragments(study, model) -> None:
+    """Before any trial: Streaming DiLoCo's fragments (fixed or searched) are at most the model's parameter tensors."""
+    from ..errors import ConfigError
+
+    n = model.n_trained_blocks
+    for p in study.search.space:
+        if p.name == "fragments":
+            top = max(p.choices) if p.kind == "categorical" else p.high
+            if top > n:
+                raise ConfigError("study.search.space.fragments", f"{top:g} is more than the model's {n} parameter "
+                                                                  f"tensors; allowed: at most {n}")
+    if study.policy.fragments > n:
+        raise ConfigError("study.policy.fragments", f"{study.policy.fragments} is more than the model's {n} parameter "
+                                                    f"tensors; allowed: at most {n}")
+
+
 # -- the worker loop ---------------------------------------------------------------------------
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False) -> None:
     """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials."""
@@ -44,6 +60,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
     setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
     backends.check_model(cfg.backend, setup.model)
+    check_fragments(cfg.study, setup.model)
     ostudy = load_or_create(cfg, storage, worker, setup.total_steps)  # the pruner judges by the run's local steps
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
