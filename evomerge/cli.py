@@ -546,6 +546,8 @@ def cmd_transfer(args) -> int:
             result = transfer(source, target, on_run=lambda d, n: bar.update(task, completed=d, total=n), **kw)
     run_id = Tracker(uri, source.name, study_dir / "mlartifacts", study=source).log_transfer(result)
     _print_transfer(result)
+    for x in result.get("left_out", []):
+        print(f"note: trial {x['trial']} left out: {x['why']}")
     rho = result["spearman"]
     print(f"Spearman rho {rho:.3f} (p {result['spearman_p']:.3g}), Kendall tau {result['kendall']:.3f} "
           f"(p {result['kendall_p']:.3g}) over {result['top']} policies: {verdict(rho)}")

@@ -93,12 +93,20 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     if len(trials) < 2:
         raise ConfigError("--study", f"{source.name} has {len(trials)} completed trials that did not diverge; "
                                      "transfer ranks at least 2 (search further first)")
-    policies = []
+    policies, kept, left_out = [], [], []
     for t in trials:  # each policy on the target's workers (degree and communities to what they allow)
         pol = MergePolicy.from_dict(t.user_attrs["policy"])
         bound = {k: getattr(pol, k) for k in WORKER_BOUND}
         pol = pol.replace(**fit_to_workers(bound, target.run.workers))
-        policies.append(run_inputs(target, pol, 0, backend=backend, procs=procs)[0])  # checked before data is read
+        try:
+            policies.append(run_inputs(target, pol, 0, backend=backend, procs=procs)[0])  # checked before data is read
+            kept.append(t)
+        except ConfigError as e:  # a rule the target cannot run (asynchronous DiLoCo without a clock): said, not run
+            left_out.append({"trial": t.number, "why": str(e)})
+    trials = kept
+    if len(trials) < 2:
+        raise ConfigError("--target", f"{target.name} can run {len(trials)} of the top policies of {source.name}"
+                                      f"{' (' + left_out[0]['why'] + ')' if left_out else ''}; transfer ranks at least 2")
     run_fn = runner(backend, procs, target.run.workers)
     base = simulate.prepare(target, data=data, data_dir=data_dir)
     from .study import with_run
@@ -125,7 +133,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     corr = correlations([r["source_value"] for r in rows], [r["target_value"] for r in rows])
     result = {"source": source.name, "target": target.name, "metric": metric, "direction": source.directions[0],
               "top": len(rows), "seeds": fresh, "rows": rows, **corr,
-              "target_workers": target.run.workers, "target_total_steps": base.total_steps,
+              "target_workers": target.run.workers, "target_total_steps": base.total_steps, "left_out": left_out,
               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_time": time.time() - t0}
     ostudy.set_user_attr(ATTR_PREFIX + target.name, _finite(result))
     return result

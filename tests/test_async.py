@@ -135,3 +135,31 @@ def test_a_distributed_search_refuses_a_space_that_samples_async(tmp_path):
     with pytest.raises(ConfigError, match=r"^study.search.space.scheme: choice 'async' is not supported by the "
                                           r"distributed backend; allowed: gossip, allreduce, none"):
         make_config(s, backend="distributed", runs_dir=tmp_path)
+
+
+@pytest.mark.system
+def test_transfer_to_a_study_without_a_clock_leaves_out_the_async_policies_and_says_so(tmp_path, data_dir):
+    import json
+
+    import evomerge
+    from conftest import write_study
+    from searchutil import cli
+
+    src = write_study(tmp_path, name="timed")
+    text = src.read_text()
+    text = text.replace("[search.space]\n", "[search.space]\n"
+                        'scheme = { kind = "categorical", choices = ["gossip", "async"] }\n'
+                        'outer_optimizer = { kind = "categorical", choices = ["nesterov"] }\n')
+    src.write_text(text.replace("[objectives]", "[environment]\nstep_time = 0.1\n\n[objectives]"))
+    res = evomerge.search(study_mod.load(src), n_trials=6, sampler="random", runs_dir=tmp_path / "runs", seed=2,
+                          data_dir=data_dir, prune=False)
+    schemes = [t.user_attrs["policy"]["scheme"] for t in res.optuna_study.get_trials()]
+    assert "async" in schemes and schemes.count("gossip") >= 2
+    dst = write_study(tmp_path, name="plain")
+    p = cli("transfer", "--study", str(src), "--target", str(dst), "--top", "6", "--quiet", "--json", "t.json",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert len(doc["rows"]) == schemes.count("gossip") and len(doc["left_out"]) == schemes.count("async")
+    assert p.stdout.count("left out: policy.scheme: 'async' (asynchronous DiLoCo) runs on a simulated cluster") == \
+        schemes.count("async")
