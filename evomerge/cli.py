@@ -246,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, parser) of every command and sub-command under ``parser``, depth first: what the CLI
+    reference (docs/hooks/reference.py) documents and the CLI tests walk."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, p in action.choices.items():
+                yield path + (name,), p
+                yield from commands(p, path + (name,))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -14,13 +14,7 @@ from evomerge import cli
 FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction, argparse._HelpAction)
 
 
-def commands(parser, path=()):
-    """(command path, parser) of every command and sub-command, depth first."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, p in action.choices.items():
-                yield path + (name,), p
-                yield from commands(p, path + (name,))
+commands = cli.commands
 
 
 def options(parser) -> dict[str, argparse.Action]:

@@ -20,13 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS_PACKAGES = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocstrings_handlers.python": "mkdocstrings-python"}
 
 
-def commands(parser, path=()):
-    """(command path, parser) of every command and sub-command, depth first (as in test_cli_options.py)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, p in action.choices.items():
-                yield path + (name,), p
-                yield from commands(p, path + (name,))
+commands = cli.commands  # the walker the reference page is built with
 
 
 def _missing_packages() -> list[str]:

@@ -30,15 +30,6 @@ GENERATED = {"reference/cli.md", "reference/policy.md", "results.md"}
 
 
 # -- the command line -----------------------------------------------------------------------------------------
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    """(command path, parser) of every command and sub-command, depth first (as tests/test_cli_options.py)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, p in action.choices.items():
-                yield path + (name,), p
-                yield from commands(p, path + (name,))
-
-
 def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
 
@@ -80,7 +71,7 @@ def cli_page() -> str:
            "Generated from the argparse parsers of `evomerge/cli.py` when the site is built: every command and every "
            "option, with its help and the default it states. `evomerge COMMAND --help` prints the same.", "",
            "```text", top.format_help().rstrip(), "```", ""]
-    for path, p in commands(top):
+    for path, p in cli.commands(top):
         name = " ".join(path)
         out += [f"## `evomerge {name}`", "", p.description or "", "", "```text", _usage(p), "```", ""]
         opts = options(p)
