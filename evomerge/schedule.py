@@ -50,9 +50,15 @@ class Schedule:
     u_peer: np.ndarray | None = None  # [E] uniforms for peers drawn during the run (similarity, regrouping)
     u_swap: np.ndarray | None = None  # [E] uniforms deciding model swaps
     fragment: np.ndarray | None = None  # [E] the fragment an all-reduce syncs (policy.fragments; None: the whole model)
+    fragments: int = 1  # how many fragments the model is synced in
 
     def __len__(self) -> int:
         return len(self.step)
+
+    def syncs_whole_model(self, event: int) -> bool:
+        """Whether an all-reduce event completes a sync of the whole model (the last of its fragments): where the
+        example counters are summed, once per sync, on every path."""
+        return self.fragment is None or int(self.fragment[event]) == self.fragments - 1
 
     def events_at(self, step: int) -> range:
         lo, hi = np.searchsorted(self.step, [step, step + 1])
@@ -90,7 +96,7 @@ def build(policy, workers: int, total_steps: int, seed: int, local_steps: list[i
             steps, frag = steps[order], frag[order]
         u = rng_for(seed, TAG_LERP).random(len(steps))
         return Schedule("allreduce", total_steps, steps, np.zeros_like(steps), np.full_like(steps, -1), u, None,
-                        fragment=frag)
+                        fragment=frag, fragments=k)
 
     topology = topo_mod.build(policy, workers, rng_for(seed, TAG_TOPOLOGY))
     timers = rng_for(seed, TAG_TIMERS)

@@ -415,7 +415,7 @@ class StepMerger:
                     self.landing.setdefault(step + p.fragment_delay, []).append(ev)
                 else:
                     self.backend.allreduce(ev, step, plan_mod.allreduce_weight(p, step, self.T, float(s.u[ev])))
-                if frag is None or frag == p.fragments - 1:  # counters are summed, not averaged (with the last
+                if s.syncs_whole_model(ev):  # counters are summed, not averaged (with the last
                     ex.fill_(float(ex.sum()))  # fragment, which holds the buffers, when the model is streamed)
                 self.bytes += self.cost.allreduce(len(ex), frag)
                 self._rescale()

@@ -264,7 +264,7 @@ class Timed:
                 step = int(s.step[e])
                 b.allreduce_land(e, workers, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[e])))
             elif b.allreduce_send(e, workers):  # every worker has sent: the average is taken
-                if s.fragment is None or int(s.fragment[e]) == self.p.fragments - 1:
+                if s.syncs_whole_model(e):
                     b.state.examples.fill_(b.sum_examples())  # counters are summed, not averaged
                 b.state.rescale_supports()
 
@@ -272,7 +272,7 @@ class Timed:
         s, st = self.timeline.schedule, self.backend.state
         step = int(s.step[a.event])
         self.backend.allreduce(a.event, step, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event])))
-        if s.fragment is None or int(s.fragment[a.event]) == self.p.fragments - 1:  # as the lockstep merger: once
+        if s.syncs_whole_model(a.event):  # as the lockstep merger: once
             st.examples.fill_(self.backend.sum_examples())  # per sync of the whole model (its last fragment)
         st.rescale_supports()
 
