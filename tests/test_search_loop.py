@@ -94,7 +94,9 @@ def interrupt_mid_trial(proc, db, after_complete):
             return False
         time.sleep(0.5)
         return running_number(db) == n
-    assert wait_for(settled_in_a_trial, timeout=900), proc.communicate(timeout=5)  # a loaded machine: minutes
+    # a loaded machine: minutes; a search that ended before a trial settled fails at once, with its output
+    assert wait_for(lambda: proc.poll() is not None or settled_in_a_trial(), timeout=900) and proc.poll() is None, \
+        proc.communicate(timeout=5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
@@ -123,9 +125,10 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=3000)  # trials of a few seconds: the signal lands inside one
+    f = write_study(tmp_path, steps=9000)  # trials of about 2 s here: the signal lands inside one
+    # --no-prune: a pruned trial can end within the half second the signal waits for (it then never lands)
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3", "--cmaes-categoricals", "fixed",
-            "--n-trials", "7", "--seed", "4"]
+            "--n-trials", "7", "--seed", "4", "--no-prune"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
