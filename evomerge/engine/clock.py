@@ -18,11 +18,15 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   local SGD and gossip implementations trigger), a slow worker merges less often per second
   because its timer ticks with its work, and without heterogeneity the events are exactly the
   lockstep ones.
-- **network**: a send of ``B`` bytes from ``i`` to ``j`` starts when ``i``'s uplink is free
-  (a node's concurrent sends share its uplink first come, first served), occupies it for
-  ``B / bandwidth[i, j]`` and lands ``latency[i, j]`` later. Links are per site (``sites``
-  contiguous groups, split as topology communities are: intra and inter values) or given as
-  matrices.
+- **network**: a send of ``B`` bytes from ``i`` to ``j`` starts when ``i``'s uplink, ``j``'s
+  downlink and the pair's connection are free (first come, first served: a node's concurrent
+  sends share its uplink, its concurrent receives its downlink, and a pair's two directions take
+  turns), occupies them for ``B / bandwidth[i, j]`` and lands ``latency[i, j]`` later. Measured
+  under netlab (each rank its own 50 Mbit/s link, gloo, 407 KB): one send 68 ms, two into one
+  receiver 139 ms, a pair both ways at once 122 ms, one rank sending and receiving with two
+  others 75 ms (``benchmarks/sim_vs_real.py`` holds the clock against real runs). Links are per
+  site (``sites`` contiguous groups, split as topology communities are: intra and inter values)
+  or given as matrices.
 - **staleness**: a payload is the sender's state when it was sent; the receiver applies it at
   its first step boundary at or after the landing (at once if it is idle). In push-pull the
   receiver answers with its state when it applies the request.
@@ -268,7 +272,9 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
     idle_since: list[float | None] = [None] * W
     idle_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]
     finished = [False] * W
-    uplink = [0.0] * W
+    uplink = [0.0] * W  # when each node's uplink / downlink is free (its sends / receives go one at a time)
+    downlink = [0.0] * W
+    duplex: dict[tuple[int, int], float] = {}  # when each pair's connection is free (one direction at a time)
     actions: list[list[Action]] = [[] for _ in range(W)]
     sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
     barrier: dict[int, float] = {}
@@ -296,9 +302,10 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
 
     def send(e: int, i: int, j: int, t: float, kind: int) -> None:
         nbytes = cost.sent * cost.fan(i)
-        start = max(t, uplink[i])
+        pair = (min(i, j), max(i, j))
+        start = max(t, uplink[i], downlink[j], duplex.get(pair, 0.0))
         tx = net.transmit(i, j, nbytes)
-        uplink[i] = start + tx
+        uplink[i] = downlink[j] = duplex[pair] = start + tx
         push(start + tx + net.latency[i, j], "land", (e, i, j, t, kind))
 
     def ring(e: int) -> float:
@@ -322,9 +329,9 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
         evs = fire.get((w, k), ())
         if asynchronous and evs:  # push the pseudo-gradient to the server over this worker's link to it
             e = evs[0]
-            start = max(t, uplink[w])
+            start = max(t, uplink[w], downlink[SERVER])
             tx = net.transmit(w, SERVER, cost.dense)
-            uplink[w] = start + tx
+            uplink[w] = downlink[SERVER] = start + tx
             sends.append((t, 2 * cost.dense))  # the push and the pull
             parked_at[w] = t
             push(start + tx + net.latency[w, SERVER], "server", (e, w, k, t))

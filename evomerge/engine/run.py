@@ -175,6 +175,17 @@ def round_bounds(total: int, rounds: int) -> list[int]:
     return [round(total * (r + 1) / rounds) for r in range(rounds)]
 
 
+def crossing(prev: tuple[float, float] | None, t: float, acc: float, target: float) -> float:
+    """When the accuracy reached ``target``, given that it is ``acc >= target`` at time ``t`` and was
+    ``prev = (t0, a0)`` (below the target) at the point before: linear between the two, at ``t`` without a
+    point before. The one definition of time to target: the engine's rounds and ``benchmarks/sim_vs_real.py``'s
+    real runs use it."""
+    if prev is None:
+        return t
+    t0, a0 = prev
+    return t0 + (target - a0) / (acc - a0) * (t - t0) if acc > a0 else t
+
+
 class Judge:
     """What every backend does with all workers' parameters at the end of a round: evaluate
     the consensus model and the workers on the validation split, measure similarity, build
@@ -234,11 +245,7 @@ class Judge:
         if self.target is None:
             return out
         if self.reached is None and acc >= self.target:
-            if self.prev_point is None:
-                self.reached = t
-            else:
-                t0, a0 = self.prev_point
-                self.reached = t0 + (self.target - a0) / (acc - a0) * (t - t0) if acc > a0 else t
+            self.reached = crossing(self.prev_point, t, acc, self.target)
         self.best = max(self.best, acc)
         self.prev_point = (t, acc)
         if self.reached is not None:
