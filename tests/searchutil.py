@@ -62,11 +62,15 @@ def _in_process(args, cwd, data_dir, env_extra: dict) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(["evomerge", *args], rc, out.getvalue(), err.getvalue())
 
 
-def wait_for(pred, timeout=120):
+def wait_for(pred, timeout=120, proc=None):
+    """Poll ``pred`` until it holds (True) or ``timeout`` seconds pass; with ``proc``, give up (False) as soon as
+    that process has ended, so that a search that finished before the awaited moment fails at once."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
             return True
+        if proc is not None and proc.poll() is not None:
+            return False
         time.sleep(0.2)
     return False
 

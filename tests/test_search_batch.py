@@ -84,7 +84,7 @@ def test_a_trial_that_fails_fails_alone_and_the_batch_goes_on(tmp_path, data_dir
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_one_does(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=3000)  # populations of a few seconds: the signal lands inside one
+    f = write_study(tmp_path, steps=9000)  # populations of a few seconds: the signal lands inside one
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--cmaes-popsize", "2",
             "--cmaes-categoricals", "fixed", "--n-trials", "6", "--seed", "4"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
@@ -102,7 +102,7 @@ def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_on
         time.sleep(1.0)
         return states(db_b).get("RUNNING", 0) == 2
 
-    assert wait_for(second_generation_running, timeout=900), proc.communicate(timeout=5)
+    assert wait_for(second_generation_running, timeout=900, proc=proc), proc.communicate(timeout=5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -95,8 +95,7 @@ def interrupt_mid_trial(proc, db, after_complete):
         time.sleep(0.5)
         return running_number(db) == n
     # a loaded machine: minutes; a search that ended before a trial settled fails at once, with its output
-    assert wait_for(lambda: proc.poll() is not None or settled_in_a_trial(), timeout=900) and proc.poll() is None, \
-        proc.communicate(timeout=5)
+    assert wait_for(settled_in_a_trial, timeout=900, proc=proc), proc.communicate(timeout=5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
@@ -159,7 +158,7 @@ def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
 def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(tmp_path, data_dir):
     from procutil import children, in_group, wait_gone
 
-    f = write_study(tmp_path, steps=3000)  # trials long enough that the signal lands inside both
+    f = write_study(tmp_path, steps=9000)  # trials long enough that the signal lands inside both
     db = tmp_path / "runs" / "tiny" / "optuna.db"
     proc = cli("search", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
                "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False)
@@ -169,7 +168,7 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
                 return states(db).get("RUNNING", 0) == 2
             except sqlite3.Error:
                 return False
-        assert wait_for(both_running, timeout=900), proc.communicate(timeout=5)
+        assert wait_for(both_running, timeout=900, proc=proc), proc.communicate(timeout=5)
         time.sleep(1.0)
         workers = [p for p in children(proc.pid) if in_group(p) and p in in_group(p)]  # each leads its own group
         members = [m for w in workers for m in in_group(w)]
