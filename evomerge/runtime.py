@@ -153,6 +153,27 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
                                                 f"allowed: {', '.join(repr(a) for a in allowed)}")
 
 
+def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
+    """For ``Merger(worker_group=...)``: the group of the workers' leaders (every rank builds it, collectively),
+    whether this rank follows its leader, its leader's global rank, and the number of workers."""
+    if group is not None:
+        raise ConfigError("group", "set with worker_group; allowed: None (merges run between one leader rank per "
+                                   "worker, over a group of the leaders built from the world)")
+    try:
+        leader = dist.get_global_rank(worker_group, 0)
+        inside = dist.get_rank(worker_group) >= 0
+    except (RuntimeError, ValueError, AttributeError, TypeError):
+        inside = False
+    if not inside:
+        raise ConfigError("worker_group", f"{worker_group!r} is not a process group holding this rank; allowed: "
+                                          "the group of this rank's worker (dist.new_subgroups or dist.new_group)")
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, torch.tensor([leader], dtype=torch.int64))
+    leaders = sorted({int(t[0]) for t in every})
+    leaders_group = dist.new_group(leaders)  # collective over the world: every rank calls it
+    return leaders_group, dist.get_rank() != leader, leader, len(leaders)
+
+
 class _Layout:
     """What the kernel reads from a model, for one ``nn.Module``: its parameters then its buffers, flat."""
 
@@ -176,11 +197,18 @@ class Merger:
     the process group (default: the world). ``timeout``: seconds any wait may last before the run stops with
     :class:`MergerError`. ``trace``: a directory for one JSON Lines file per rank (each local step's compute
     time, each transfer's bytes, peer and duration). ``overlap``: see the module's docstring.
+
+    ``worker_group``: the process group of this rank's worker, when a worker is several ranks (a node whose GPUs
+    train one replica with DDP inside: ``dist.new_subgroups``). Merges then run between one leader per worker (the
+    group's rank 0, over a group of the leaders that every rank builds here, so every rank must pass its own
+    worker's group), and after each step the leader's model is broadcast inside its worker when a merge changed it
+    (a one-float flag, then the model); the other ranks reset their optimiser's state where the leader's was.
+    W is the number of workers; schedule, traces and ``merges`` are the leaders'. ``group`` must then be None.
     """
 
     def __init__(self, policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, seed: int,
                  total_steps: int, group=None, timeout: float = 60.0, trace: str | os.PathLike | None = None,
-                 overlap: str = "nonblocking"):
+                 overlap: str = "nonblocking", worker_group=None):
         p, found = read_policy_and_run(policy)
         if not isinstance(model, torch.nn.Module):
             raise ConfigError("model", f"got {type(model).__name__}; allowed: a torch.nn.Module")
@@ -199,8 +227,15 @@ class Merger:
         said = step_size_warning(found, optimizer)
         if said:
             warnings.warn(said, stacklevel=2)
+        self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
+        if worker_group is not None:
+            group, self._follower, self._leader, n_workers = _leaders(worker_group, group)
         self.group = group
-        self.W, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        if self._follower:
+            self.W, self.rank = n_workers, -1
+        else:
+            self.W = n_workers if worker_group is not None else dist.get_world_size(group)
+            self.rank = dist.get_rank(group)
         check_policy(p, self.W)
         params = [t for t in model.parameters()]
         buffers = [t for t in model.buffers()]
@@ -225,7 +260,13 @@ class Merger:
         self.rules = kernel.block_rules(self.layout, p.buffers)
         self.dev = params[0].device if params else torch.device("cpu")
         # payloads cross gloo through host memory
-        self.wire_dev = torch.device("cpu") if dist.get_backend(group) == "gloo" else self.dev
+        self.wire_dev = torch.device("cpu") if dist.get_backend(worker_group if self._follower else group) == "gloo" \
+            else self.dev
+        if self._follower:  # merges are the leader's: this rank takes its worker's model when it changes
+            self.accum, self._hook, self._trace, self.t, self.merges, self.T = None, None, None, 0, 0, int(total_steps)
+            self.timeout, self.optimizer = float(timeout), optimizer
+            self._sync_worker(force=True)
+            return
         self.accum = [torch.zeros_like(b, dtype=torch.float32) for b in self.blocks] \
             if self.weighting.accumulators else None
         self._hook = None
@@ -274,6 +315,8 @@ class Merger:
             d.mkdir(parents=True, exist_ok=True)
             self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
         self._t_last = time.perf_counter()
+        if worker_group is not None:
+            self._sync_worker(force=True)
 
     # -- the loop's calls ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -281,6 +324,14 @@ class Merger:
         """After this rank's local step: apply the merges the policy has for it. ``loss`` is recorded in the
         trace; ``examples`` is what ``examples`` weighting counts (default 1: steps, which gives the same
         weights when every rank's batches are equally large)."""
+        if self._follower:
+            self.t += 1
+        else:
+            self._step(loss, examples)
+        if self.worker_group is not None:
+            self._sync_worker()
+
+    def _step(self, loss, examples) -> None:
         now = time.perf_counter()
         if loss is None and self.p.winner_bias > 0:
             raise ConfigError("loss", "None, but winner_bias compares the models' running training losses; allowed: "
@@ -326,6 +377,9 @@ class Merger:
     def finish(self) -> torch.nn.Module:
         """Complete every merge of the run (answering the peers that are still at it), then average every rank's
         model into the consensus model, in place on ``model``, which it returns; the same on every rank."""
+        if self._follower:
+            self._sync_worker(force=True)
+            return self.model
         self._drain(final=True)
         self._settle_streams()
         flat = self._flat().to(self.wire_dev)
@@ -334,12 +388,16 @@ class Merger:
         for k, (blk, (o, n)) in enumerate(zip(self.blocks, self.layout.offsets)):
             blk.copy_(flat[o:o + n].view(1, -1).to(blk.dtype))
         self._release()
+        if self.worker_group is not None:
+            self._sync_worker(force=True)
         return self.model
 
     def state_dict(self) -> dict:
         """The merge state at this step (after every merge due by now is done): with the model's and the optimiser's
         own state dicts, what a resumed run needs to go on as if it had never stopped. Call it on every rank at the
         same step."""
+        if self._follower:
+            return {"format": 1, "step": self.t, "follower": True}
         self._drain(final=False)
         self._settle_streams()
         return {"format": 1, "step": self.t,
@@ -354,6 +412,10 @@ class Merger:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` (on a Merger built with the same policy, seed, total_steps and world)."""
+        if self._follower:
+            self.t = int(state["step"])
+            self._sync_worker(force=True)
+            return
         for key, mine in (("world", self.W), ("seed", self.seed), ("total_steps", self.T),
                           ("policy", self.p.to_dict())):
             if state.get(key) != mine:
@@ -378,6 +440,47 @@ class Merger:
         self._done_in = {e for e in self._incoming if int(self.sched.step[e]) <= self.t}
         if self.overlap != "lockstep":
             self._post_window()
+        if self.worker_group is not None:
+            self._sync_worker(force=True)
+
+    # -- a worker of several ranks -------------------------------------------------------------------------
+    def _sync_worker(self, force: bool = False) -> None:
+        """Inside this rank's worker: the leader says whether a merge changed its model since the last time (a
+        one-float flag; not with ``force``), and if so broadcasts it; the others take it (and reset their
+        optimiser's state where the policy resets the leader's on a merge). Within ``timeout``."""
+        g, src = self.worker_group, self._leader
+        if not force:
+            flag = torch.tensor([float(self._version != self._synced)], device=self.wire_dev)
+            self._in_worker(lambda: dist.broadcast(flag, src=src, group=g, async_op=True))
+            if not flag.item():
+                return
+        self._synced = self._version
+        flat = self._flat().to(self.wire_dev)
+        self._in_worker(lambda: dist.broadcast(flat, src=src, group=g, async_op=True))
+        if self._follower:
+            for blk, (o, n) in zip(self.blocks, self.layout.offsets):
+                blk.copy_(flat[o:o + n].view(1, -1).to(blk.dtype))
+            if not force and self.p.optimizer_state == "reset":
+                for t in self.tensors[:self.layout.n_trained_blocks]:
+                    self.optimizer.state.pop(t, None)
+
+    def _in_worker(self, start) -> None:
+        """A collective inside this rank's worker, to completion within ``timeout``, else one line naming the
+        worker's ranks."""
+        try:
+            work = start()
+            t0 = time.perf_counter()
+            while not work.is_completed():
+                if time.perf_counter() - t0 > self.timeout:
+                    ranks = dist.get_process_group_ranks(self.worker_group)
+                    raise MergerError(f"the ranks of worker {ranks} did not all answer for {self.timeout:g} s "
+                                      f"(step {self.t}); stopped")
+                time.sleep(0.0005)
+            work.wait()
+        except RuntimeError as e:
+            ranks = dist.get_process_group_ranks(self.worker_group)
+            raise MergerError(f"a rank of worker {ranks} is gone (step {self.t}: {str(e).splitlines()[0]}); "
+                              "stopped") from None
 
     # -- state ---------------------------------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:
@@ -462,6 +565,7 @@ class Merger:
             for t in self.tensors[:lay.n_trained_blocks]:
                 self.optimizer.state.pop(t, None)  # a fresh state at the next step, as a new optimiser's
         self.merges += 1
+        self._version += 1
 
     def _moves(self, ev: int, winner: int | None) -> tuple[float, float]:
         step = int(self.sched.step[ev])
@@ -752,6 +856,7 @@ class Merger:
             for t in self.tensors[:lay.n_trained_blocks]:
                 self.optimizer.state.pop(t, None)
         self.merges += 1
+        self._version += 1
         if self._trace is not None:
             self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": sent[0],
                          "seconds": time.perf_counter() - t0})
@@ -795,6 +900,7 @@ class Merger:
                 kernel.lerp_rows_(blk, [0], [avg.to(blk.dtype)], w)
             elif self.rules[k] == kernel.SUM:  # counters are summed, not averaged, then counted on since the send
                 kernel.counters_from_sum_(blk, seg + (blk - sent[k]).to(seg.dtype).reshape(-1) if k in sent else seg)
+        self._version += 1
         if self._trace is not None:
             self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": 4 * wire.numel(),
                          "fragment": None if self.fragments is None else int(self.sched.fragment[ev]),
@@ -832,6 +938,8 @@ class Merger:
         """Leave the run without the final average (after :meth:`state_dict`, to stop and resume later): tell every
         other rank this one is done and wait until they say so too. :meth:`finish` calls it; call it on every rank
         before the process ends, so that no receive is left waiting."""
+        if self._follower:
+            return
         self._drain(final=False)
         self._release()
 

@@ -44,10 +44,14 @@ def main() -> int:
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
     ap.add_argument("--resume", default=None, help="a checkpoint directory written by --stop-at")
     ap.add_argument("--mixing", action="store_true")
+    ap.add_argument("--worker-size", type=int, default=1, help="ranks per worker: DDP inside each worker "
+                                                                 "(dist.new_subgroups), Merger(worker_group=...)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    sub = dist.new_subgroups(args.worker_size)[0] if args.worker_size > 1 else None
+    worker = rank // args.worker_size  # whose shard and batches this rank trains on
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     st = study_mod.load(args.study)
@@ -70,10 +74,11 @@ def main() -> int:
                         t.copy_(row[o:o + t.numel()].view_as(t))
                         o += t.numel()
                 opt = torch.optim.SGD(model.parameters(), lr=st.run.lr)
+            net = torch.nn.parallel.DistributedDataParallel(model, process_group=sub) if sub is not None else model
             overlaps = args.overlap or ["lockstep"]
             overlap = overlaps[min(i, len(overlaps) - 1)]
             merger = evomerge.Merger(policy, model, opt, seed=args.seed, total_steps=T, overlap=overlap,
-                                     timeout=args.timeout, trace=out / f"trace-{i}")
+                                     timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub)
             if args.mixing and rank != 0:  # the Merger starts every rank from rank 0's model, as DDP does
                 with torch.no_grad():
                     for p in model.parameters():
@@ -85,7 +90,7 @@ def main() -> int:
                 opt.load_state_dict(ck["optimizer"])
                 merger.load_state_dict(ck["merger"])
                 start = ck["merger"]["step"]
-            idx = batch_indices(setup.shards[rank], B, 0, T, args.seed, rank)
+            idx = batch_indices(setup.shards[worker], B, 0, T, args.seed, worker)
             values = []
             t0 = time.perf_counter()
             for t in range(start, T):
@@ -100,7 +105,7 @@ def main() -> int:
                 if not args.mixing:
                     bi = torch.as_tensor(idx[t])
                     x, y = normalise(setup.data.train_x[bi], setup.data.spec), setup.data.train_y[bi]
-                    loss = F.cross_entropy(model(x), y)
+                    loss = F.cross_entropy(net(x), y)
                     loss.backward()
                     opt.step()
                     opt.zero_grad()

@@ -255,6 +255,35 @@ def test_merger_with_a_slow_rank_blocking_and_nonblocking(folder, data_dir, tmp_
 
 
 @pytest.mark.system
+def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, tmp_path):
+    """4 ranks as 2 workers of 2 (dist.new_subgroups), DDP inside each worker, Merger(worker_group=...): the two
+    ranks of a worker train on the worker's batches, so DDP keeps them identical, and the merges between the
+    leaders give the in-process engine's run of the same study with 2 workers (FedAvg, DiLoCo's outer step and
+    push-pull gossip, lockstep); gossip with the payloads applied as they come (nonblocking) completes too."""
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "user_mlp.py").write_text(USER_MLP)
+    (d / "study.toml").write_text(STUDY.replace("workers = 4", "workers = 2"))
+    names = ["fedavg", "diloco", "ring-push-pull", "ring-push-pull"]
+    for name in names:
+        (d / f"{name}.json").write_text(json.dumps(POLICIES[name]))
+    out = tmp_path / "out"
+    ranks = launch(d, data_dir, out, *policies(d, names), "--worker-size", 2, "--overlap", "lockstep",
+                   "--overlap", "lockstep", "--overlap", "lockstep", "--overlap", "nonblocking")
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    two = simulate.prepare(study_mod.load(d / "study.toml"), data_dir=data_dir)
+    for i, name in enumerate(names):
+        got = [result(out, i, r)["consensus"] for r in range(4)]
+        assert all(torch.equal(got[0], g) for g in got[1:]), name
+        if i < 3:
+            res = simulate.simulate(two, MergePolicy.from_dict(POLICIES[name]), 0, device="cpu", keep_params=True)
+            torch.testing.assert_close(got[0], res.params.mean(0), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        assert result(out, i, 0)["merges"] > 0 and result(out, i, 1)["merges"] == 0  # the leaders merge
+    # one Merger per worker: the traces are the leaders', as ranks 0 and 1 of 2 workers
+    assert sorted(p.name for p in (out / "trace-0").iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("name,overlap", [("ring-push-pull", "nonblocking"), ("fedavg", "lockstep")])
 def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, data_dir, tmp_path, name, overlap):
     t0 = time.time()
@@ -371,6 +400,8 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(timeout=0), r"^timeout: 0"),
             (dict(policy={"weighting": "adaptive"}), r"^optimizer: None, but weighting 'adaptive'"),
             (dict(policy={"winner_bias": 0.3}), r"^policy.score: 'holdout' cannot run"),
+            (dict(worker_group="ranks 0-1"), r"^worker_group: 'ranks 0-1' is not a process group holding this rank"),
+            (dict(worker_group=dist.group.WORLD, group=dist.group.WORLD), r"^group: set with worker_group; "),
         ]
         for kw, pattern in cases:
             args = dict(policy={"scheme": "gossip"}, model=model, seed=0, total_steps=10) | kw
@@ -382,5 +413,10 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         for _ in range(4):
             m.step()
         assert m.merges == 0 and m.finish() is model  # one worker: nothing to merge with
+        m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4,
+                            worker_group=dist.group.WORLD)  # a worker of one rank, its own leader
+        for _ in range(4):
+            m.step()
+        assert m.W == 1 and m.finish() is model
     finally:
         dist.destroy_process_group()
