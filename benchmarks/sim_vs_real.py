@@ -197,7 +197,7 @@ def scenario(kind: str, args) -> list[dict]:
     root = Path(args.out) / kind
     rows = []
     real = {}
-    for name in POLICIES:
+    for name in args.policies:
         real[name] = real_run(name, rate, root / name, args)
         r = real[name]
         print(f"  {kind}: {name} real {fmt(r['time_to_target'], r['accuracy'])} ({r['merges']} merges, "
@@ -206,7 +206,7 @@ def scenario(kind: str, args) -> list[dict]:
     cluster = root / "cluster.toml"
     env = calibrate.write(calibrate.from_trace(root / CALIBRATE_FROM / "trace"), cluster)
     print("  " + calibrate.summary(env, W, cluster), flush=True)
-    for name in POLICIES:
+    for name in args.policies:
         p = predict(name, cluster, root, args)
         m, s = real[name]["time_to_target"], p["time_to_target"]
         err = (s - m) / m if m and s else None
@@ -227,6 +227,8 @@ def main() -> int:
     ap.add_argument("--study", default=str(STUDY), help=argparse.SUPPRESS)
     ap.add_argument("--policy", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--scenarios", nargs="+", default=["compute", "network"], choices=["compute", "network"])
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES),
+                    help=f"which to run (the calibration reads {CALIBRATE_FROM}'s traces, so it is always run)")
     ap.add_argument("--rate", default="50mbit", help="each rank's link in the network scenario (tbf rate)")
     ap.add_argument("--step-sleep", type=float, default=0.02, help="seconds every rank sleeps per step")
     ap.add_argument("--slow-rank", type=int, default=3)
@@ -244,6 +246,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    args.policies = [CALIBRATE_FROM] + [p for p in args.policies if p != CALIBRATE_FROM]
     if os.geteuid() != 0 or not shutil.which("unshare"):
         sys.exit("error: netlab needs root and unshare (each rank gets its own network namespace)")
     rows = []
