@@ -26,9 +26,11 @@ validation slices for the holdout one).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,11 +128,18 @@ def worker(args) -> int:
 
 
 # -- the driver ------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _setup(data_dir):
+    """The study's data and model, loaded once for every run's scoring."""
+    from evomerge import simulate, study as study_mod
+
+    return simulate.prepare(study_mod.load(STUDY), data_dir=data_dir)
+
+
 def real_run(name: str, rate: str, out: Path, args) -> dict:
     """Run policy ``name`` on 4 netlab ranks; its real time to target from the consensus at each mark."""
     import torch
 
-    from evomerge import simulate, study as study_mod
     from evomerge.engine.run import _accuracy, crossing, validation
 
     reuse = args.reuse and all((out / f"snap-{r}.pt").exists() for r in range(W))
@@ -148,8 +157,7 @@ def real_run(name: str, rate: str, out: Path, args) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget + 300) if not reuse else None
     if p is not None and p.returncode != 0:
         sys.exit(f"error: the real run of {name} failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
-    st = study_mod.load(STUDY)
-    setup = simulate.prepare(st, data_dir=args.data_dir)
+    setup = _setup(args.data_dir)
     vx, vy = validation(setup, torch.device("cpu"))
     ranks = [torch.load(out / f"snap-{r}.pt") for r in range(W)]
     n = max(len(r["marks"]) for r in ranks)
@@ -170,13 +178,13 @@ def real_run(name: str, rate: str, out: Path, args) -> dict:
 def predict(name: str, cluster: Path, out: Path, args) -> dict:
     """Simulate policy ``name`` on the study with the calibrated environment."""
     import evomerge
-    from evomerge import study as study_mod
 
     text = STUDY.read_text(encoding="utf-8").split("\n[environment]")[0] + "\n"
     rounds = int(round(args.budget / args.dt))
-    text = text.replace("rounds = 40", f"rounds = {rounds}")
+    text, n = re.subn(r"(?m)^rounds = \d+", f"rounds = {rounds}", text)
+    assert n == 1, f"{STUDY} has no [run] rounds to set"
     text += (f'[environment]\nfrom = "{cluster.name}"\noverlap = "{args.overlap}"\ntime_budget = {args.budget}\n\n'
-             f'[objectives]\nmetrics = ["time_to_target"]\ntarget = {study_mod.load(STUDY).target}\n')
+             f'[objectives]\nmetrics = ["time_to_target"]\ntarget = {_setup(args.data_dir).study.target}\n')
     path = out / "calibrated.toml"
     path.write_text(text, encoding="utf-8")
     res = evomerge.run(str(path), evomerge.MergePolicy.from_dict(POLICIES[name]), seed=args.seed,

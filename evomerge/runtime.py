@@ -263,8 +263,7 @@ class Merger:
         self.wire_dev = torch.device("cpu") if dist.get_backend(worker_group if self._follower else group) == "gloo" \
             else self.dev
         if self._follower:  # merges are the leader's: this rank takes its worker's model when it changes
-            self.accum, self._hook, self._trace, self.t, self.merges, self.T = None, None, None, 0, 0, int(total_steps)
-            self.timeout, self.optimizer = float(timeout), optimizer
+            self.accum, self._hook, self._trace, self.t, self.merges = None, None, None, 0, 0
             self._sync_worker(force=True)
             return
         self.accum = [torch.zeros_like(b, dtype=torch.float32) for b in self.blocks] \
