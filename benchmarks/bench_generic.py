@@ -13,7 +13,10 @@
 Each case is timed in rounds that alternate the contenders (interleaved), and the medians
 and their ratio are printed. Run:
 
-    .venv/bin/python benchmarks/bench_generic.py [--workers 8 64] [--repeats 5] [--steps 10]
+    .venv/bin/python benchmarks/bench_generic.py [--workers 8 64] [--repeats 5] [--steps 10] [--device cuda]
+
+On CUDA every contender's parameters and batches live on the GPU, and each timing ends with a
+synchronize.
 """
 
 from __future__ import annotations
@@ -60,10 +63,10 @@ class Run:
 class Stacked:
     """W workers of ``model`` as a run steps them."""
 
-    def __init__(self, model, W, run):
+    def __init__(self, model, W, run, device="cpu"):
         self.model, self.run = model, run
-        self.params = model.stack(W)
-        self.params.set_rows(model.init(torch.Generator().manual_seed(0)).unsqueeze(0).expand(W, -1))
+        self.params = model.stack(W, device)
+        self.params.set_rows(model.init(torch.Generator().manual_seed(0)).to(device).unsqueeze(0).expand(W, -1))
         self.grad = self.params.like()
         self.opt = Optimizer(run, self.params)
         self.fused = run.optimizer == "sgd" and not run.weight_decay
@@ -78,8 +81,8 @@ class Stacked:
 class Loop:
     """W nn.Modules, each with its own torch.optim optimiser."""
 
-    def __init__(self, build, W, run):
-        self.mods = [build() for _ in range(W)]
+    def __init__(self, build, W, run, device="cpu"):
+        self.mods = [build().to(device) for _ in range(W)]
         cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[run.optimizer]
         kw = dict(lr=run.lr, weight_decay=run.weight_decay)
         self.opts = [cls(m.parameters(), **kw) for m in self.mods]
@@ -94,10 +97,10 @@ class Loop:
 class VmapGrad:
     """The alternative gradient: vmap(grad(loss)) over the stacked parameters and buffers."""
 
-    def __init__(self, model: GenericModel, W):
+    def __init__(self, model: GenericModel, W, device="cpu"):
         self.m = model
-        st = model.stack(W)
-        st.set_rows(model.init(torch.Generator().manual_seed(0)).unsqueeze(0).expand(W, -1))
+        st = model.stack(W, device)
+        st.set_rows(model.init(torch.Generator().manual_seed(0)).to(device).unsqueeze(0).expand(W, -1))
         k = model.n_trained_blocks
         self.p = dict(zip(model.names[:k], st.params[:k]))
         self.b = dict(zip(model.names[k:], st.params[k:]))
@@ -112,20 +115,25 @@ class VmapGrad:
         self.g(self.p, {k: v.clone() for k, v in self.b.items()}, x, y)
 
 
-def batches(W, B, shape, steps, seed=0):
+def batches(W, B, shape, steps, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(W, B, *shape, generator=g), torch.randint(0, 10, (W, B), generator=g)) for _ in range(steps)]
+    return [(torch.randn(W, B, *shape, generator=g).to(device), torch.randint(0, 10, (W, B), generator=g).to(device))
+            for _ in range(steps)]
 
 
 def timed(contenders: dict, data, repeats: int) -> dict:
+    cuda = data[0][0].is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for c in contenders.values():  # warm up
         c.step(*data[0])
     out = {k: [] for k in contenders}
     for _ in range(repeats):
         for name, c in contenders.items():  # interleaved: every round times each contender once
+            sync()
             t = time.perf_counter()
             for x, y in data:
                 c.step(x, y)
+            sync()
             out[name].append((time.perf_counter() - t) / len(data))
     return {k: statistics.median(v) for k, v in out.items()}
 
@@ -141,25 +149,29 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; per local step of all W workers, "
+    dev = a.device
+    where = torch.cuda.get_device_name(0) if torch.device(dev).type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}; per local step of all W workers, "
           f"batch {a.batch} each; medians of {a.repeats} interleaved rounds of {a.steps} steps")
     mlp = models.build("mlp", (28, 28), 10, hidden=[128])
     resnet = _resnet()
     for W in a.workers:
-        data = batches(W, a.batch, (28, 28), a.steps)
+        data = batches(W, a.batch, (28, 28), a.steps, device=dev)
         sgd = Run("sgd", 0.05)
-        med = timed({"hand-written": Stacked(mlp, W, sgd), "generic": Stacked(GenericModel(mlp.module, (28, 28), 10), W, sgd)},
+        med = timed({"hand-written": Stacked(mlp, W, sgd, dev),
+                     "generic": Stacked(GenericModel(mlp.module, (28, 28), 10), W, sgd, dev)},
                     data, a.repeats)
         show("MLP 784-128-10, SGD", W, med, "hand-written", "generic")
-        data = batches(W, a.batch, (1, 28, 28), a.steps)
+        data = batches(W, a.batch, (1, 28, 28), a.steps, device=dev)
         adamw = Run("adamw", 0.003, 0.01)
         for name, build in (("BatchNorm CNN (2 conv), AdamW", bn_cnn), ("ResNet example (w=8), AdamW", resnet)):
             g = GenericModel(build, (1, 28, 28), 10)
-            med = timed({"loop": Loop(build, W, adamw), "generic": Stacked(g, W, adamw)}, data, a.repeats)
+            med = timed({"loop": Loop(build, W, adamw, dev), "generic": Stacked(g, W, adamw, dev)}, data, a.repeats)
             show(name, W, med, "generic", "loop")
         g = GenericModel(bn_cnn, (1, 28, 28), 10)
-        med = timed({"autograd": Stacked(g, W, Run("sgd", 0.05)), "vmap(grad)": VmapGrad(g, W)}, data, a.repeats)
+        med = timed({"autograd": Stacked(g, W, Run("sgd", 0.05), dev), "vmap(grad)": VmapGrad(g, W, dev)}, data, a.repeats)
         show("CNN gradient: vmap(grad) / leaves", W, med, "autograd", "vmap(grad)")
 
 

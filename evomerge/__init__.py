@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 
 from .errors import ConfigError  # noqa: E402
 
-__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "run", "search"]
+__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "rank_device", "run", "search"]
 
 
 def __getattr__(name: str):
@@ -21,6 +21,10 @@ def __getattr__(name: str):
         from . import runtime
 
         return getattr(runtime, name)
+    if name == "rank_device":  # a torchrun rank's device and process-group backend
+        from .procs import rank_device
+
+        return rank_device
     raise AttributeError(f"module 'evomerge' has no attribute {name!r}")
 
 

@@ -773,8 +773,7 @@ def measure(args) -> Measured | None:
     from . import study as study_mod
 
     rank, W = dist.get_rank(), dist.get_world_size()
-    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
+    dev = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
     st = study_mod.load(args.study)
     setup = simulate.prepare(st, data_dir=args.data_dir)
     model = setup.model.module()
@@ -784,9 +783,10 @@ def measure(args) -> Measured | None:
     times = _timed_steps(setup, rank, args, dev)
     if str(rank) == os.environ.get(FAIL_RANK):  # for the tests: a rank that fails between the measurements
         raise RuntimeError(f"rank {rank} fails on purpose (${FAIL_RANK})")
+    wire = dev if dist.get_backend() == "nccl" else torch.device("cpu")  # gloo: ranks sharing a GPU talk via host
     with _talking():
-        lat, bw = _links(rank, W, nbytes, args, dev) if W > 1 else ({}, {})
-        ar = _allreduce(nbytes, args, dev) if W > 1 else None
+        lat, bw = _links(rank, W, nbytes, args, wire) if W > 1 else ({}, {})
+        ar = _allreduce(nbytes, args, wire) if W > 1 else None
     host = socket.gethostname()
     mine = {"rank": rank, "times": times, "lat": list(lat.items()), "bw": list(bw.items()), "host": host,
             "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev)}
@@ -831,16 +831,14 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
 
-        from .procs import apply_threads
+        from .procs import apply_threads, rank_device
 
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        else:
+        dev, backend = rank_device()
+        if dev.type == "cpu":
             apply_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         if "MASTER_ADDR" not in os.environ:  # one process alone
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

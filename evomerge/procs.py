@@ -253,3 +253,20 @@ def apply_threads(share: int = 1) -> int:
     n = max(1, total // max(1, share))
     torch.set_num_threads(n)
     return n
+
+
+# -- a rank's device ----------------------------------------------------------------------------
+def rank_device() -> tuple[Any, str]:
+    """This rank's device and process-group backend, for a process torchrun started (``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``): the GPU ``LOCAL_RANK % GPUs`` and NCCL when every local rank has a GPU of its
+    own; several ranks on one GPU share it under gloo (NCCL refuses two ranks on one device), their
+    payloads staged through host memory; the CPU and gloo where there is no GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), "gloo"
+    local, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count()
+    dev = torch.device(f"cuda:{local % gpus}")
+    torch.cuda.set_device(dev)
+    return dev, "nccl" if gpus >= local_world else "gloo"

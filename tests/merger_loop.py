@@ -44,10 +44,13 @@ def main() -> int:
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
     ap.add_argument("--resume", default=None, help="a checkpoint directory written by --stop-at")
     ap.add_argument("--mixing", action="store_true")
+    ap.add_argument("--device", default="cpu", help="the model's device (cuda: every rank on cuda:0, gloo between "
+                                                      "them, payloads staged through host memory)")
     ap.add_argument("--worker-size", type=int, default=1, help="ranks per worker: DDP inside each worker "
                                                                  "(dist.new_subgroups), Merger(worker_group=...)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    dev = torch.device(args.device)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     sub = dist.new_subgroups(args.worker_size)[0] if args.worker_size > 1 else None
@@ -60,7 +63,7 @@ def main() -> int:
     try:
         for i, policy in enumerate(args.policy):
             if args.mixing:
-                model = torch.nn.Linear(3, 2)
+                model = torch.nn.Linear(3, 2).to(dev)
                 with torch.no_grad():
                     for p in model.parameters():
                         p.fill_(float(rank))
@@ -73,6 +76,7 @@ def main() -> int:
                     for t in list(model.parameters()) + list(model.buffers()):
                         t.copy_(row[o:o + t.numel()].view_as(t))
                         o += t.numel()
+                model.to(dev)
                 opt = torch.optim.SGD(model.parameters(), lr=st.run.lr)
             net = torch.nn.parallel.DistributedDataParallel(model, process_group=sub) if sub is not None else model
             overlaps = args.overlap or ["lockstep"]
@@ -104,7 +108,7 @@ def main() -> int:
                 loss = None
                 if not args.mixing:
                     bi = torch.as_tensor(idx[t])
-                    x, y = normalise(setup.data.train_x[bi], setup.data.spec), setup.data.train_y[bi]
+                    x, y = normalise(setup.data.train_x[bi], setup.data.spec).to(dev), setup.data.train_y[bi].to(dev)
                     loss = F.cross_entropy(net(x), y)
                     loss.backward()
                     opt.step()
@@ -114,12 +118,12 @@ def main() -> int:
                     time.sleep(sleep)
                 merger.step(loss=loss)
                 if args.mixing:
-                    values.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+                    values.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
             else:
                 seconds = time.perf_counter() - t0
                 merger.finish()
                 flat = torch.cat([t.detach().float().reshape(-1) for t in
-                                  list(model.parameters()) + list(model.buffers())])
+                                  list(model.parameters()) + list(model.buffers())]).cpu()
                 torch.save({"consensus": flat, "values": values, "merges": merger.merges, "seconds": seconds},
                            out / f"result-{i}-{rank}.pt")
     except evomerge.MergerError as e:

@@ -24,6 +24,10 @@ from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
+# The device of the loop's model and of the engine it is held against. CI has no GPU: cpu. On a machine with one,
+# EVOMERGE_TEST_DEVICE=cuda runs these tests on the Merger's CUDA path (every rank on cuda:0, gloo between them,
+# payloads staged through host memory) against the engine on CUDA.
+DEVICE = os.environ.get("EVOMERGE_TEST_DEVICE", "cpu")
 LOOP = Path(__file__).resolve().parent / "merger_loop.py"
 
 USER_MLP = """
@@ -106,9 +110,10 @@ def launch(folder: Path, data_dir, out: Path, *args, world: int = 4, timeout: fl
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+                   MASTER_PORT=str(port),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         cmd = [sys.executable, str(LOOP), "--study", str(folder / "study.toml"), "--data-dir", str(data_dir),
-               "--out", str(out), *[str(a) for a in args]]
+               "--out", str(out), "--device", DEVICE, *[str(a) for a in args]]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     deadline = time.time() + timeout
@@ -132,8 +137,8 @@ def result(out: Path, i: int, rank: int = 0) -> dict:
 
 
 def engine_consensus(setup, name: str, seed: int = 0) -> torch.Tensor:
-    res = simulate.simulate(setup, MergePolicy.from_dict(POLICIES[name]), seed, device="cpu", keep_params=True)
-    return res.params.mean(0)
+    res = simulate.simulate(setup, MergePolicy.from_dict(POLICIES[name]), seed, device=DEVICE, keep_params=True)
+    return res.params.mean(0).cpu()
 
 
 def trace(out: Path, i: int, rank: int) -> list[dict]:
@@ -276,8 +281,8 @@ def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, t
         got = [result(out, i, r)["consensus"] for r in range(4)]
         assert all(torch.equal(got[0], g) for g in got[1:]), name
         if i < 3:
-            res = simulate.simulate(two, MergePolicy.from_dict(POLICIES[name]), 0, device="cpu", keep_params=True)
-            torch.testing.assert_close(got[0], res.params.mean(0), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+            res = simulate.simulate(two, MergePolicy.from_dict(POLICIES[name]), 0, device=DEVICE, keep_params=True)
+            torch.testing.assert_close(got[0], res.params.mean(0).cpu(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
         assert result(out, i, 0)["merges"] > 0 and result(out, i, 1)["merges"] == 0  # the leaders merge
     # one Merger per worker: the traces are the leaders', as ranks 0 and 1 of 2 workers
     assert sorted(p.name for p in (out / "trace-0").iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]

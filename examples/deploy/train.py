@@ -50,12 +50,11 @@ def main() -> int:
     ap.add_argument("--slow-factor", type=float, default=1.0)
     args = ap.parse_args()
 
-    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    else:
+    # a GPU per rank with NCCL; ranks that share one GPU talk through host memory under gloo; else the CPU
+    dev, backend = evomerge.rank_device()
+    if dev.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     data = load(args.dataset, args.data_dir, val_size=2000, train_size=args.train_size)
