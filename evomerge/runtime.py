@@ -33,9 +33,12 @@ iterations), not optimiser steps, since a GradScaler may skip one on one rank.
 **How it communicates.** Point-to-point messages (``torch.distributed.isend`` / ``irecv``, tagged with the
 event) and async collectives, on the caller's thread: nothing blocks the training thread except where the
 policy says wait. Receives for the next :data:`WINDOW` incoming events are posted ahead (memory: that many
-payloads); a payload sent later is taken when the window reaches it. A payload is one flat float32 tensor:
-the parameters, then the buffers, then the supports (examples seen and their scale, as float64 bits), then
-the squared-gradient accumulators under ``adaptive`` weighting.
+payloads per sender); a payload sent later is taken when the window reaches it. A payload is one flat float32
+tensor: the parameters, then the buffers (delta payloads: the encoded change since the sender's public copy, then
+its counters), then the scalars (examples seen and their scale, running score, winner, the sender's message number,
+as float64 bits), then the squared-gradient accumulators under ``adaptive`` weighting, then the optimiser's state
+under ``optimizer_state = "average"``. With delta payloads every rank that receives from a sender keeps its
+public copy, so the sender's messages go to all of them, and each applies them in the order they were sent.
 
 **Faults.** Every wait is bounded by ``timeout``: a rank that died or hangs ends every rank that needs it with
 :class:`MergerError`, one line naming it (``rank 2 did not answer for 30 s (merge event 1234); stopped``).
@@ -58,7 +61,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import registry, schedule as schedule_mod
+from . import ops, registry, schedule as schedule_mod
 from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError
@@ -68,7 +71,8 @@ OVERLAPS = ("nonblocking", "blocking", "lockstep")
 WINDOW = 4  # incoming payloads whose receives are posted ahead
 REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload, the peer's answer (push-pull)
 STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done
-META = 8  # float32 slots of a payload's scalars (four float64): examples, their scale epoch, running score, winner
+META = 10  # float32 slots of a payload's scalars (five float64): examples, their scale epoch, running score, winner,
+# and the sender's message number (delta payloads: its neighbours apply its deltas in the order it sent them)
 
 #: policy fields a user's loop cannot honour (or the runtime does not run yet), and why; each must stay at its default
 REFUSED = {
@@ -78,11 +82,8 @@ REFUSED = {
     "retire_threshold": "the loop owns its data; examples cannot be retired",
     "swap_p": "model swaps would move the loop's data to another model",
     "stop_tol": "the loop decides when to stop",
-    "optimizer_state": "averaging the optimiser's state between ranks is not built in the runtime yet "
-                       "(keep and reset are)",
-    "payload": "delta payloads (public copies at every neighbour) are not built in the runtime yet",
 }
-_ALLOWED = {"optimizer_state": ("keep", "reset"), "payload": ("weights",)}
+_ALLOWED: dict[str, tuple] = {}
 
 
 class MergerError(RunError):
@@ -144,6 +145,9 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
         raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
                                           "would score both models on validation slices, which a loop does not have); "
                                           "allowed: 'running' (each model's running training loss), or winner_bias 0")
+    if registry.PAYLOADS.get_object(policy.payload).public and policy.scheme != "gossip":
+        raise ConfigError("policy.payload", f"{policy.payload!r} with scheme {policy.scheme!r} is not built in the "
+                                            "runtime yet (gossip runs it); allowed: 'weights'")
     defaults = MergePolicy()
     for name, why in REFUSED.items():
         value = getattr(policy, name)
@@ -172,6 +176,19 @@ def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     leaders = sorted({int(t[0]) for t in every})
     leaders_group = dist.new_group(leaders)  # collective over the world: every rank calls it
     return leaders_group, dist.get_rank() != leader, leader, len(leaders)
+
+
+def _state_keys(optimizer: torch.optim.Optimizer) -> tuple[list[str], bool]:
+    """For ``optimizer_state = "average"``: the per-parameter state tensors of ``optimizer`` that merges lerp as the
+    parameters, and whether it counts steps (Adam's ``step``, lerped by the move, as the engine does)."""
+    groups = optimizer.param_groups
+    if isinstance(optimizer, torch.optim.SGD):
+        return (["momentum_buffer"] if any(g.get("momentum", 0) for g in groups) else []), False
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if any(g.get("amsgrad") for g in groups) else []), True
+    raise ConfigError("optimizer", f"{type(optimizer).__name__}: optimizer_state 'average' merges the state of "
+                                   "torch.optim.SGD, Adam and AdamW; allowed: one of those, or optimizer_state 'keep' "
+                                   "or 'reset'")
 
 
 class _Layout:
@@ -248,9 +265,10 @@ class Merger:
         if self.weighting.accumulators and optimizer is None:
             raise ConfigError("optimizer", f"None, but weighting {p.weighting!r} gathers squared gradients at each "
                                            "optimiser step; allowed: the loop's torch.optim.Optimizer")
-        if p.optimizer_state == "reset" and optimizer is None:
-            raise ConfigError("optimizer", "None, but optimizer_state 'reset' zeroes its state on a merge; allowed: "
-                                           "the loop's torch.optim.Optimizer")
+        if p.optimizer_state in ("reset", "average") and optimizer is None:
+            raise ConfigError("optimizer", f"None, but optimizer_state {p.optimizer_state!r} changes its state on a "
+                                           "merge; allowed: the loop's torch.optim.Optimizer")
+        self._opt_keys, self._opt_steps = _state_keys(optimizer) if p.optimizer_state == "average" else ([], False)
         self.p, self.model, self.optimizer = p, model, optimizer
         self.seed, self.T, self.timeout, self.overlap = int(seed), int(total_steps), float(timeout), overlap
         self.tensors = params + buffers
@@ -301,11 +319,31 @@ class Merger:
         self._in_flight: dict[int, tuple] = {}
         self._landing: dict[int, list[int]] = {}
         s, r = self.sched, self.rank
-        self._mine = np.flatnonzero((s.initiator == r) | (s.peer == r)) if s.scheme == "gossip" else np.zeros(0, int)
-        self._incoming = [int(e) for e in self._mine if int(s.peer[e]) == r]  # events whose request this rank gets
-        self._out = [int(e) for e in self._mine if int(s.initiator[e]) == r]  # events this rank starts
+        # delta payloads (policy.payload): what a rank sends is its change since its public copy, compressed, and
+        # every rank that ever receives from it keeps that copy (the engine's public copies), so each of its
+        # messages goes to all of them (its fan-out), and they apply its deltas in the order it sent them
+        self.delta = registry.PAYLOADS.get_object(p.payload).public
+        self._counter_blocks = [k for k, rule in enumerate(self.rules) if rule == kernel.SUM]
+        self._n_counters = sum(self.layout.offsets[k][1] for k in self._counter_blocks) if self.delta else 0
+        if self.delta:
+            self._spec = ops.wire_spec(self.P, p.topk_fraction, p.quantize_bits)
+            self._spec_bytes = [int(np.prod(shape)) * torch.empty(0, dtype=dt).element_size() for shape, dt in self._spec]
+            self._nw = -(-sum(self._spec_bytes) // 4)  # float32 slots of the encoded delta
+        self._fan = self._fan_out() if s.scheme == "gossip" else [set() for _ in range(self.W)]
+        # per sender, the messages this rank receives from it (event, kind) in event order; replies to this rank's
+        # own events are posted when it starts them
+        self._expect = {q: self._messages(q, r) for q in range(self.W) if q != r} if s.scheme == "gossip" else {}
+        self._cursor = {q: 0 for q in self._expect}  # where each sender's list has nothing received before it
         self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, float]] = {}  # (event, kind) -> work, buffer, t0
-        self._done_in: set[int] = set()  # incoming events applied
+        self._done_in: set[tuple[int, int]] = set()  # incoming messages (event, kind) applied
+        self._came: set[tuple[int, int]] = set()  # incoming messages received (applied, or held for an earlier one)
+        self._seq = 0  # messages this rank has sent (delta payloads)
+        self._next = {q: 0 for q in self._expect}  # per sender, the number of its next message to apply
+        self._held: dict[int, dict[int, tuple]] = {q: {} for q in self._expect}  # per sender, arrived early
+        self.public = None
+        if self.delta and s.scheme == "gossip":  # the start model, as every rank holds it now
+            start = self._flat()
+            self.public = {q: start.clone() for q in sorted({r} | {q for q in self._expect if r in self._fan[q]})}
         self._await_reply: dict[int, float] = {}  # push-pull events started, answer not merged yet -> time sent
         self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
         self._trace = None
@@ -407,7 +445,9 @@ class Merger:
                 "merges": self.merges, "score": float(self.score[0]), "score_weight": float(self.score_weight[0]),
                 "accum": None if self.accum is None else [a.clone().cpu() for a in self.accum],
                 "outer": None if self.outer is None else {"anchor": self.outer.anchor.clone().cpu(),
-                                                          "momentum": self.outer.momentum.clone().cpu()}}
+                                                          "momentum": self.outer.momentum.clone().cpu()},
+                "public": None if self.public is None else {q: v.clone().cpu() for q, v in self.public.items()},
+                "seq": self._seq, "next": dict(self._next)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` (on a Merger built with the same policy, seed, total_steps and world)."""
@@ -436,7 +476,13 @@ class Merger:
             self._in_flight[ev] = (None, saved["sum"].to(self.wire_dev), frag, time.perf_counter(),
                                    {int(k): v.to(self.dev) for k, v in saved.get("sent", {}).items()})
             self._landing.setdefault(int(saved["lands"]), []).append(ev)
-        self._done_in = {e for e in self._incoming if int(self.sched.step[e]) <= self.t}
+        self._done_in = {key for msgs in self._expect.values() for key in msgs if int(self.sched.step[key[0]]) <= self.t}
+        self._came = set(self._done_in)
+        if self.public is not None:  # delta payloads: the public copies, and where each sender's messages are
+            for q, saved in state["public"].items():
+                self.public[int(q)].copy_(saved)
+            self._seq = int(state["seq"])
+            self._next.update({int(q): int(n) for q, n in state["next"].items()})
         if self.overlap != "lockstep":
             self._post_window()
         if self.worker_group is not None:
@@ -459,6 +505,12 @@ class Merger:
         if self._follower:
             for blk, (o, n) in zip(self.blocks, self.layout.offsets):
                 blk.copy_(flat[o:o + n].view(1, -1).to(blk.dtype))
+        if not force and (self._opt_keys or self._opt_steps):  # averaged state: the leader's, as its model
+            opt = self._opt_flat().to(self.wire_dev)
+            self._in_worker(lambda: dist.broadcast(opt, src=src, group=g, async_op=True))
+            if self._follower:
+                self._set_opt_flat(opt.to(self.dev))
+        if self._follower:
             if not force and self.p.optimizer_state == "reset":
                 for t in self.tensors[:self.layout.n_trained_blocks]:
                     self.optimizer.state.pop(t, None)
@@ -485,6 +537,81 @@ class Merger:
     def _flat(self) -> torch.Tensor:
         return torch.cat([b.reshape(-1).to(torch.float32) for b in self.blocks])
 
+    # the optimiser's state, with optimizer_state = "average": its tensors, then its step counts (float64 bits)
+    def _state(self, t: torch.Tensor, key: str) -> torch.Tensor:
+        """The optimiser's ``key`` state of parameter ``t``, made (zeros, as a fresh optimiser's) if missing."""
+        st = self.optimizer.state[t]
+        if not st:  # before its first step (e.g. a GradScaler skipped it): a fresh state
+            if self._opt_steps:
+                st["step"] = torch.zeros((), dtype=torch.float32)
+            for k in self._opt_keys:
+                st[k] = torch.zeros_like(t, memory_format=torch.preserve_format)
+        if st.get(key) is None:
+            st[key] = torch.zeros_like(t, memory_format=torch.preserve_format)
+        return st[key]
+
+    def _opt_size(self) -> int:
+        n_tr = self.layout.n_trained_blocks
+        return len(self._opt_keys) * sum(n for _, n in self.layout.offsets[:n_tr]) + (2 * n_tr if self._opt_steps else 0)
+
+    def _opt_flat(self) -> torch.Tensor:
+        trained = self.tensors[:self.layout.n_trained_blocks]
+        parts = [self._state(t, k).reshape(-1).to(torch.float32) for k in self._opt_keys for t in trained]
+        if self._opt_steps:
+            steps = torch.tensor([float(self._state(t, "step")) for t in trained], dtype=torch.float64)
+            parts.append(steps.view(torch.float32).to(self.dev))
+        return torch.cat(parts) if parts else torch.zeros(0, device=self.dev)
+
+    def _opt_merge(self, flat: torch.Tensor, weights, move: float) -> None:
+        """Lerp the optimiser's state towards ``flat`` (another's :meth:`_opt_flat`) with the parameters' weights
+        (a column, or one tensor per block); step counts by the weight, or by the move when the weights are per
+        coordinate (the engine's ``Optimizer.merge_pairs``)."""
+        trained, at = self.tensors[:self.layout.n_trained_blocks], 0
+        for key in self._opt_keys:
+            for k, t in enumerate(trained):
+                n = t.numel()
+                kernel.lerp_rows_(self._state(t, key).view(1, -1), [0], [flat[at:at + n].to(t.dtype)],
+                                  weights[k] if isinstance(weights, list) else weights)
+                at += n
+        if self._opt_steps:
+            w = move if isinstance(weights, list) else float(weights.reshape(-1)[0])
+            theirs = flat[at:at + 2 * len(trained)].contiguous().view(torch.float64).tolist()
+            for t, x in zip(trained, theirs):
+                step = self._state(t, "step")
+                step.fill_(float(step) + w * (x - float(step)))
+
+    def _opt_average(self, supports: torch.Tensor | None, weight: float, reduce_) -> None:
+        """All-reduce: the optimiser's state moves ``weight`` towards every rank's (support-weighted) average, its
+        step counts towards their mean (the engine's ``Optimizer.merge_all``)."""
+        trained = self.tensors[:self.layout.n_trained_blocks]
+        n = sum(t.numel() for t in trained)
+        w = torch.full((1, 1), float(weight), device=self.dev)
+        for key in self._opt_keys:
+            x = torch.cat([self._state(t, key).reshape(-1).to(torch.float32) for t in trained]).unsqueeze(0)
+            avg = kernel.reduced_average(x, None if supports is None else supports[:, :n], reduce_, self.W)[0]
+            at = 0
+            for t in trained:
+                kernel.lerp_rows_(self._state(t, key).view(1, -1), [0], [avg[at:at + t.numel()].to(t.dtype)], w)
+                at += t.numel()
+        if self._opt_steps:
+            steps = torch.tensor([float(self._state(t, "step")) for t in trained], dtype=torch.float64,
+                                 device=self.dev)
+            total = steps.clone()
+            reduce_(total)
+            for t, old, mean in zip(trained, steps.tolist(), (total / self.W).tolist()):
+                self._state(t, "step").fill_(old + weight * (mean - old))
+
+    def _set_opt_flat(self, flat: torch.Tensor) -> None:
+        """Take another's optimiser state as it is (inside a worker, from its leader)."""
+        trained, at = self.tensors[:self.layout.n_trained_blocks], 0
+        for key in self._opt_keys:
+            for t in trained:
+                self._state(t, key).view(-1).copy_(flat[at:at + t.numel()])
+                at += t.numel()
+        if self._opt_steps:
+            for t, x in zip(trained, flat[at:].contiguous().view(torch.float64).tolist()):
+                self._state(t, "step").fill_(x)
+
     def _broadcast_start(self) -> None:
         flat = self._flat().to(self.wire_dev)
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
@@ -498,22 +625,40 @@ class Merger:
             if t.grad is not None:
                 a.addcmul_(t.grad.view(1, -1).float(), t.grad.view(1, -1).float())
 
-    def _payload(self, winner: int | None = None) -> torch.Tensor:
-        """This rank's state as one flat float32 tensor (a snapshot: later steps do not change it); ``winner``: the
-        winner the peer found, sent with a push-pull answer."""
+    def _payload(self, ev: int, kind: int, winner: int | None = None) -> torch.Tensor:
+        """This rank's message for ``(ev, kind)`` as one flat float32 tensor (a snapshot: later steps do not change
+        it): its model, or with delta payloads its encoded change since its public copy (which moves by what is
+        sent: error feedback keeps the rest) and its counters as they are; then the scalars; then the
+        accumulators. ``winner``: the winner the peer found, sent with a push-pull answer."""
         meta = torch.tensor([float(self.examples[0]), float(self.epoch), float(self.score[0]),
-                             -1.0 if winner is None else float(winner)], dtype=torch.float64, device=self.dev)
-        parts = [b.reshape(-1).to(torch.float32) for b in self.blocks] + [meta.view(torch.float32)]
+                             -1.0 if winner is None else float(winner), float(self._seq)], dtype=torch.float64,
+                            device=self.dev)
+        if self.delta:
+            p, mine = self.p, self.public[self.rank]
+            gen = plan_mod.quant_generator(self.seed, ev, 0 if kind == REQUEST else 1) if p.quantize_bits else None
+            enc = ops.encode(ops.delta(self._flat(), mine), p.topk_fraction, p.quantize_bits, gen)
+            mine += ops.decode(enc, self.P, p.topk_fraction, p.quantize_bits)
+            parts = [self._pack(enc).to(self.dev), meta.view(torch.float32)]
+            parts += [self.blocks[k].reshape(-1).to(torch.float32) for k in self._counter_blocks]
+        else:
+            parts = [b.reshape(-1).to(torch.float32) for b in self.blocks] + [meta.view(torch.float32)]
         if self.accum is not None:
             parts += [a.reshape(-1) for a in self.accum]
+        if self._opt_keys or self._opt_steps:
+            parts.append(self._opt_flat())
+        self._seq += 1
         return torch.cat(parts).to(self.wire_dev)  # one copy (and one transfer to the host under gloo)
 
     def _size(self) -> int:
-        return self.P + META + (self.P if self.accum is not None else 0)
+        return self._at_meta() + META + self._n_counters + (self.P if self.accum is not None else 0) + \
+            (self._opt_size() if self._opt_keys or self._opt_steps else 0)
 
-    @staticmethod
-    def _meta(buf: torch.Tensor, P: int) -> list[float]:
-        return buf[P:P + META].clone().view(torch.float64).tolist()
+    def _at_meta(self) -> int:
+        return self._nw if self.delta else self.P
+
+    def _meta(self, buf: torch.Tensor) -> list[float]:
+        o = self._at_meta()
+        return buf[o:o + META].clone().view(torch.float64).tolist()
 
     def _take_request(self, ev: int, buf: torch.Tensor) -> None:
         """This rank is the peer of ``ev`` and its initiator's payload came: the winner test on the running scores,
@@ -521,29 +666,37 @@ class Merger:
         a = int(self.sched.initiator[ev])
         winner = None
         if self.p.winner_bias > 0:
-            winner = plan_mod.winner(self._meta(buf, self.P)[2], float(self.score[0]))
+            winner = plan_mod.winner(self._meta(buf)[2], float(self.score[0]))
         if self.p.exchange == "push_pull":
-            self._send(ev, REPLY, a, winner)
-        self._merge(ev, buf, self._moves(ev, winner)[1])
-        self._done_in.add(ev)
+            self._send(ev, REPLY, winner)
+        self._merge(ev, buf, self._moves(ev, winner)[1], a)
 
     def _take_reply(self, ev: int, buf: torch.Tensor) -> None:
         """This rank started ``ev`` (push-pull) and the answer came, with the winner its peer found."""
-        w = self._meta(buf, self.P)[3]
-        self._merge(ev, buf, self._moves(ev, None if w < 0 else int(w))[0])
+        w = self._meta(buf)[3]
+        self._merge(ev, buf, self._moves(ev, None if w < 0 else int(w))[0], int(self.sched.peer[ev]))
 
-    def _merge(self, ev: int, buf: torch.Tensor, move: float) -> None:
-        """Merge the payload ``buf`` of event ``ev`` with move ``move``, by the kernel and the policy's weighting."""
+    def _merge(self, ev: int, buf: torch.Tensor, move: float, src: int) -> None:
+        """Merge the payload ``buf`` of event ``ev`` from rank ``src`` with move ``move``, by the kernel and the
+        policy's weighting (delta payloads: with ``src``'s public copy, and its counters as they were)."""
         P, lay = self.P, self.layout
-        row = buf[:P].to(self.dev)
-        ex_in, ep_in, score_in, _ = self._meta(buf, P)
+        at = self._at_meta() + META
+        if self.delta:
+            row = self.public[src].clone()
+            for k in self._counter_blocks:
+                o, n = lay.offsets[k]
+                row[o:o + n] = buf[at:at + n].to(self.dev)
+                at += n
+        else:
+            row = buf[:P].to(self.dev)
+        ex_in, ep_in, score_in = self._meta(buf)[:3]
         if self.p.score == "running":
             self.score[0] = kernel.merged_score(float(self.score[0]), score_in, move)
         factor = kernel.support_factor(self.epoch - int(ep_in))  # the sender's supports on this rank's scale
         ex_in *= factor
         acc_in = None
         if self.accum is not None:
-            flat = buf[P + META:].to(self.dev) * factor
+            flat = buf[at:at + P].to(self.dev) * factor
             acc_in = [flat[o:o + n].view(1, -1) for o, n in lay.offsets]
         st = SimpleNamespace(examples=self.examples, params=SimpleNamespace(device=self.dev),
                              accum=SimpleNamespace(blocks=self.accum))
@@ -551,6 +704,9 @@ class Merger:
         blocks = self.blocks
         kernel.receive_(blocks, None, self.rules, lay.offsets, [0],
                         lambda k, o, n: [row[o:o + n].to(blocks[k].dtype)], weights)
+        if self._opt_keys or self._opt_steps:  # optimizer_state = "average": the state moves as the parameters did
+            o = at + (P if self.accum is not None else 0)
+            self._opt_merge(buf[o:o + self._opt_size()].to(self.dev), weights, move)
         self.examples += ex_in  # supports are summed on merge (VW), as the engine's counters
         if acc_in is not None:
             for a, s in zip(self.accum, acc_in):
@@ -571,21 +727,79 @@ class Merger:
         return plan_mod.moves(self.p, plan_mod.scheduled_weight(self.p, step, self.T), float(self.sched.u[ev]), winner)
 
     # -- messages ------------------------------------------------------------------------------------------
+    def _fan_out(self) -> list[set[int]]:
+        """Per rank, the ranks its messages go to: with delta payloads every rank that ever receives from it (its
+        topology neighbours, which hold its public copy); with weights only the event's receiver (see _dests)."""
+        s, W = self.sched, self.W
+        fan = [set() for _ in range(W)]
+        for a, b in zip(s.initiator.tolist(), s.peer.tolist()):
+            fan[a].add(b)
+            if self.p.exchange == "push_pull":
+                fan[b].add(a)
+        if self.delta and s.topology is not None:
+            for q in range(W):
+                fan[q] |= {int(n) for n in s.topology.neighbours(q)}
+        for q in range(W):
+            fan[q].discard(q)
+        return fan
+
+    def _dests(self, ev: int, kind: int) -> list[int]:
+        """Where this rank's message of ``(ev, kind)`` goes."""
+        s = self.sched
+        if self.delta:
+            return sorted(self._fan[self.rank])
+        return [int(s.peer[ev]) if kind == REQUEST else int(s.initiator[ev])]
+
+    def _messages(self, src: int, dst: int) -> list[tuple[int, int]]:
+        """The messages ``(event, kind)`` that rank ``src`` sends to rank ``dst``, in event order, without the
+        answers to ``dst``'s own events (those are posted when ``dst`` starts them)."""
+        s = self.sched
+        if self.delta:
+            if dst not in self._fan[src]:
+                return []
+            req = s.initiator == src
+            rep = (s.peer == src) & (s.initiator != dst) if self.p.exchange == "push_pull" else np.zeros(len(s), bool)
+        else:
+            req, rep = (s.initiator == src) & (s.peer == dst), np.zeros(len(s), bool)
+        out = [(int(e), REQUEST) for e in np.flatnonzero(req)] + [(int(e), REPLY) for e in np.flatnonzero(rep)]
+        return sorted(out)
+
+    def _src(self, ev: int, kind: int) -> int:
+        return int(self.sched.initiator[ev]) if kind == REQUEST else int(self.sched.peer[ev])
+
+    def _pack(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """A delta's encoded parts (``ops.encode``) as float32 slots: their bytes, padded."""
+        raw = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in parts])
+        pad = 4 * self._nw - raw.numel()
+        if pad:
+            raw = torch.cat([raw, raw.new_zeros(pad)])
+        return raw.view(torch.float32)
+
+    def _unpack(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        raw = buf[:self._nw].contiguous().view(torch.uint8)
+        out, at = [], 0
+        for (shape, dt), n in zip(self._spec, self._spec_bytes):
+            out.append(raw[at:at + n].clone().view(dt).view(shape))
+            at += n
+        return out
+
     def _tag(self, ev: int, kind: int) -> int:
         return (ev * 2 + kind) % STOP_TAG
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.group, r) if self.group is not None else r
 
-    def _send(self, ev: int, kind: int, to: int, winner: int | None = None) -> None:
-        buf = self._payload(winner)
-        sent_at = time.time()  # before the message can go (the trace's wall clock)
-        try:
-            work = _Pending(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
-        except RuntimeError as e:
-            raise self._gone(to, ev, e) from None
-        self._sending.append((work, buf, ev, time.perf_counter(), to))
-        self._trace_transfer("send", ev, to, buf, t=sent_at)
+    def _send(self, ev: int, kind: int, winner: int | None = None) -> None:
+        """This rank's message of ``(ev, kind)`` to where it goes (:meth:`_dests`)."""
+        buf = self._payload(ev, kind, winner)
+        for to in self._dests(ev, kind):
+            sent_at = time.time()  # before the message can go (the trace's wall clock)
+            try:
+                work = _Pending(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
+            except RuntimeError as e:
+                raise self._gone(to, ev, e) from None
+            self._sending.append((work, buf, ev, time.perf_counter(), to))
+            self._trace_transfer("send", ev, to, buf, t=sent_at)
 
     def _post(self, ev: int, kind: int, src: int) -> None:
         if (ev, kind) not in self._posted:
@@ -597,15 +811,44 @@ class Merger:
             self._posted[(ev, kind)] = (work, buf, time.perf_counter())
 
     def _post_window(self) -> None:
-        """Post the receives of the next :data:`WINDOW` incoming requests not applied yet."""
-        n = 0
-        for ev in self._incoming:
-            if ev in self._done_in:
-                continue
-            self._post(ev, REQUEST, int(self.sched.initiator[ev]))
-            n += 1
-            if n >= WINDOW:
-                break
+        """Post the receives of each sender's next :data:`WINDOW` messages not applied yet."""
+        for q, msgs in self._expect.items():
+            i = self._cursor[q]
+            while i < len(msgs) and msgs[i] in self._came:
+                i += 1
+            self._cursor[q] = i
+            n = 0
+            for key in msgs[i:]:
+                if key in self._came:
+                    continue
+                self._post(key[0], key[1], q)
+                n += 1
+                if n >= WINDOW:
+                    break
+
+    def _arrived(self, ev: int, kind: int, src: int, buf: torch.Tensor) -> None:
+        """A message has come: with weights, applied now; with delta payloads, applied in its sender's order (each
+        delta moves the sender's public copy here, and the receiver of the event merges with that copy)."""
+        self._came.add((ev, kind))
+        if not self.delta:
+            self._apply(ev, kind, buf)
+            return
+        self._held[src][int(self._meta(buf)[4])] = (ev, kind, buf)
+        while self._next[src] in self._held[src]:
+            e, k, b = self._held[src].pop(self._next[src])
+            self._next[src] += 1
+            self.public[src] += ops.decode(self._unpack(b.to(self.dev)), self.P, self.p.topk_fraction,
+                                           self.p.quantize_bits)
+            self._apply(e, k, b)
+
+    def _apply(self, ev: int, kind: int, buf: torch.Tensor) -> None:
+        s, r = self.sched, self.rank
+        if kind == REQUEST and int(s.peer[ev]) == r:
+            self._take_request(ev, buf)
+        elif kind == REPLY and int(s.initiator[ev]) == r:
+            self._take_reply(ev, buf)
+            self._await_reply.pop(ev, None)
+        self._done_in.add((ev, kind))
 
     def _ready(self, ev: int, kind: int, peer: int) -> torch.Tensor | None:
         """The payload of ``(ev, kind)`` if it has arrived (raises MergerError if the peer is gone)."""
@@ -705,18 +948,26 @@ class Merger:
         push_pull = self.p.exchange == "push_pull"
         for ev in s.events_at(step):
             a, b = int(s.initiator[ev]), int(s.peer[ev])
-            if r not in (a, b):
-                continue
             if r == a:
                 if push_pull:
                     self._post(ev, REPLY, b)
-                self._send(ev, REQUEST, b)
+                self._send(ev, REQUEST)
                 if push_pull:
-                    self._take_reply(ev, self._wait(lambda: self._ready(ev, REPLY, b), (ev, b)))
-            else:
-                self._post(ev, REQUEST, a)
-                self._take_request(ev, self._wait(lambda: self._ready(ev, REQUEST, a), (ev, a)))
+                    self._take(ev, REPLY, b)
+                continue
+            if r == b:
+                self._take(ev, REQUEST, a)  # which answers first in push-pull
+            elif self.delta:  # a rank that keeps the public copies of a (and b): their fan-out
+                if r in self._fan[a]:
+                    self._take(ev, REQUEST, a)
+                if push_pull and r in self._fan[b]:
+                    self._take(ev, REPLY, b)
         self._reap_sends()
+
+    def _take(self, ev: int, kind: int, src: int) -> None:
+        """Lockstep: wait for the message of ``(ev, kind)`` from ``src`` and apply it."""
+        self._post(ev, kind, src)
+        self._arrived(ev, kind, src, self._wait(lambda: self._ready(ev, kind, src), (ev, src)))
 
     def _start(self, ev: int) -> None:
         """This rank starts event ``ev`` (it is the initiator): its payload goes out; blocking, it waits."""
@@ -725,7 +976,7 @@ class Merger:
         if push_pull:
             self._post(ev, REPLY, b)
             self._await_reply[ev] = time.perf_counter()
-        self._send(ev, REQUEST, b)
+        self._send(ev, REQUEST)
         if self.overlap == "blocking":
             if push_pull:
                 self._wait(lambda: None if ev in self._await_reply else True, (ev, b))
@@ -735,18 +986,13 @@ class Merger:
 
     def _service(self) -> None:
         """Apply every payload that has arrived: requests (answered first in push-pull) and answers."""
-        s = self.sched
         for (ev, kind) in sorted(self._posted):
-            if kind == REQUEST:
-                a = int(s.initiator[ev])
-                buf = self._ready(ev, REQUEST, a)
-                if buf is not None:
-                    self._take_request(ev, buf)
-            elif ev in self._await_reply:
-                buf = self._ready(ev, REPLY, int(s.peer[ev]))
-                if buf is not None:
-                    self._take_reply(ev, buf)
-                    del self._await_reply[ev]
+            if (ev, kind) not in self._posted:
+                continue
+            src = self._src(ev, kind)
+            buf = self._ready(ev, kind, src)
+            if buf is not None:
+                self._arrived(ev, kind, src, buf)
         self._post_window()
         self._reap_sends()
 
@@ -767,11 +1013,11 @@ class Merger:
             work.wait()
             last = torch.cat(out)
         self._last = last
-        due = [e for e in self._incoming if e not in self._done_in
-               and int(s.step[e]) <= int(last[int(s.initiator[e])])]
-        for ev in due:
-            self._post(ev, REQUEST, int(s.initiator[ev]))
-        pending = set(due)
+        due = [(q, key) for q, msgs in self._expect.items() for key in msgs if key not in self._came
+               and int(s.step[key[0]]) <= int(last[int(s.initiator[key[0]])])]
+        for q, (ev, kind) in due:
+            self._post(ev, kind, q)
+        pending = {key for _, key in due} | {(e, k) for held in self._held.values() for e, k, _ in held.values()}
         self._wait(lambda: True if not (pending - self._done_in) and not self._await_reply else None,
                    (f"merges due by step {self.t}", None))
         self._flush_sends()
@@ -793,16 +1039,17 @@ class Merger:
         for b in range(self.W):
             if b == self.rank:
                 continue
-            window = np.flatnonzero(later & (s.peer == b))[:WINDOW]
-            for ev in window[s.initiator[window] == self.rank].tolist():
+            # b's window of this rank's messages: its first WINDOW not applied, i.e. of those that will not happen
+            window = [key for key in self._messages(self.rank, b) if later[key[0]]][:WINDOW]
+            for ev, kind in window:
                 buf = torch.zeros(self._size(), device=self.wire_dev)
                 try:
                     voids.append((_Pending(dist.isend(buf, self._global(b), group=self.group,
-                                                      tag=self._tag(ev, REQUEST))), buf, ev, b))
+                                                      tag=self._tag(ev, kind))), buf, ev, b))
                 except RuntimeError as e:
                     raise self._gone(b, ev, e) from None
         for (ev, kind), (work, buf, t0) in list(self._posted.items()):
-            peer = int(s.initiator[ev])
+            peer = self._src(ev, kind)
             self._wait(lambda: self._sent(work, ev, peer), (ev, peer))
         self._posted.clear()
         for work, buf, ev, b in voids:
@@ -832,9 +1079,11 @@ class Merger:
             wire = t.to(self.wire_dev)
             self._collective(lambda: dist.all_reduce(wire, group=self.group, async_op=True), f"merge event {ev}")
             t.copy_(wire)
-            sent[0] = 4 * wire.numel()
+            sent[0] += wire.numel() * wire.element_size()
 
         t0 = time.perf_counter()
+        if self._opt_keys or self._opt_steps:  # before the supports merge, with the parameters' supports
+            self._opt_average(s, weight, reduce_)
         avg, total, counts = kernel.reduced_average(x, s, reduce_, self.W)
         if self.outer is not None:
             self.outer.step_flat_(avg, lay.offsets)

@@ -22,9 +22,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import evomerge
-from evomerge import simulate, study as study_mod
+from evomerge import reference, simulate, study as study_mod
 from evomerge.engine.run import batch_indices, normalise
 from evomerge.engine.state import initial_row
+
+
+@torch.no_grad()
+def fill(model: torch.nn.Module, rank: int, ramp: bool) -> None:
+    """--mixing: every parameter at the rank, or with ``ramp`` parameter i (in order) at r + 0.37 i (r + 1)."""
+    o = 0
+    for p in model.parameters():
+        i = torch.arange(o, o + p.numel(), dtype=torch.float32, device=p.device).view_as(p)
+        p.copy_(rank + 0.37 * i * (rank + 1) if ramp else torch.full_like(p, float(rank)))
+        o += p.numel()
 
 
 def main() -> int:
@@ -44,6 +54,8 @@ def main() -> int:
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
     ap.add_argument("--resume", default=None, help="a checkpoint directory written by --stop-at")
     ap.add_argument("--mixing", action="store_true")
+    ap.add_argument("--ramp", action="store_true", help="with --mixing: parameter i of rank r starts at "
+                                                        "r + 0.37 i (r + 1), distinct values (for top-k payloads)")
     ap.add_argument("--device", default="cpu", help="the model's device (cuda: every rank on cuda:0, gloo between "
                                                       "them, payloads staged through host memory)")
     ap.add_argument("--worker-size", type=int, default=1, help="ranks per worker: DDP inside each worker "
@@ -64,9 +76,7 @@ def main() -> int:
         for i, policy in enumerate(args.policy):
             if args.mixing:
                 model = torch.nn.Linear(3, 2).to(dev)
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.fill_(float(rank))
+                fill(model, rank, args.ramp)
                 opt = None
             else:
                 model = setup.model.builder()  # the user's own nn.Module
@@ -77,16 +87,14 @@ def main() -> int:
                         t.copy_(row[o:o + t.numel()].view_as(t))
                         o += t.numel()
                 model.to(dev)
-                opt = torch.optim.SGD(model.parameters(), lr=st.run.lr)
+                opt = reference.optimizer(model, st.run)  # the study's optimiser, as torch offers it
             net = torch.nn.parallel.DistributedDataParallel(model, process_group=sub) if sub is not None else model
             overlaps = args.overlap or ["lockstep"]
             overlap = overlaps[min(i, len(overlaps) - 1)]
             merger = evomerge.Merger(policy, model, opt, seed=args.seed, total_steps=T, overlap=overlap,
                                      timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub)
             if args.mixing and rank != 0:  # the Merger starts every rank from rank 0's model, as DDP does
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.fill_(float(rank))
+                fill(model, rank, args.ramp)
             start = 0
             if args.resume:
                 ck = torch.load(Path(args.resume) / f"ck-{i}-{rank}.pt", weights_only=False)
