@@ -145,9 +145,11 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
         raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
                                           "would score both models on validation slices, which a loop does not have); "
                                           "allowed: 'running' (each model's running training loss), or winner_bias 0")
-    if registry.PAYLOADS.get_object(policy.payload).public and policy.scheme != "gossip":
-        raise ConfigError("policy.payload", f"{policy.payload!r} with scheme {policy.scheme!r} is not built in the "
-                                            "runtime yet (gossip runs it); allowed: 'weights'")
+    if registry.PAYLOADS.get_object(policy.payload).public and policy.scheme == "allreduce" and \
+            policy.weighting != "uniform":
+        raise ConfigError("policy.weighting", f"{policy.weighting!r} with a delta payload on the all-reduce scheme "
+                                              "would need every rank's public copy on every rank, which the runtime "
+                                              "does not keep (it keeps their sum); allowed: 'uniform'")
     defaults = MergePolicy()
     for name, why in REFUSED.items():
         value = getattr(policy, name)
@@ -344,6 +346,9 @@ class Merger:
         if self.delta and s.scheme == "gossip":  # the start model, as every rank holds it now
             start = self._flat()
             self.public = {q: start.clone() for q in sorted({r} | {q for q in self._expect if r in self._fan[q]})}
+        elif self.delta and s.scheme == "allreduce":  # this rank's public copy, and the sum of everyone's (key -1)
+            start = self._flat()
+            self.public = {r: start.clone(), -1: start * self.W}
         self._await_reply: dict[int, float] = {}  # push-pull events started, answer not merged yet -> time sent
         self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
         self._trace = None
@@ -600,6 +605,22 @@ class Merger:
             reduce_(total)
             for t, old, mean in zip(trained, steps.tolist(), (total / self.W).tolist()):
                 self._state(t, "step").fill_(old + weight * (mean - old))
+
+    def _delta_average(self, ev: int, sent: list) -> tuple[torch.Tensor, None, torch.Tensor]:
+        """All-reduce with delta payloads (uniform weighting): this rank's change since its public copy, compressed
+        (the engine's noise: side = the rank), moves its copy; every rank's encoded change is all-gathered and
+        added to the sum of the copies. Returns their average, and the sum (what counters become)."""
+        p, mine, total = self.p, self.public[self.rank], self.public[-1]
+        gen = plan_mod.quant_generator(self.seed, ev, self.rank) if p.quantize_bits else None
+        enc = ops.encode(ops.delta(self._flat(), mine), p.topk_fraction, p.quantize_bits, gen)
+        mine += ops.decode(enc, self.P, p.topk_fraction, p.quantize_bits)
+        packed = self._pack(enc).to(self.wire_dev)
+        every = [torch.empty_like(packed) for _ in range(self.W)]
+        self._collective(lambda: dist.all_gather(every, packed, group=self.group, async_op=True), f"merge event {ev}")
+        for q in range(self.W):
+            total += ops.decode(self._unpack(every[q].to(self.dev)), self.P, p.topk_fraction, p.quantize_bits)
+        sent[0] += packed.numel() * packed.element_size()
+        return total / self.W, None, total.clone()
 
     def _set_opt_flat(self, flat: torch.Tensor) -> None:
         """Take another's optimiser state as it is (inside a worker, from its leader)."""
@@ -1084,7 +1105,10 @@ class Merger:
         t0 = time.perf_counter()
         if self._opt_keys or self._opt_steps:  # before the supports merge, with the parameters' supports
             self._opt_average(s, weight, reduce_)
-        avg, total, counts = kernel.reduced_average(x, s, reduce_, self.W)
+        if self.delta:  # every rank's compressed change goes to all (all-gather); the average of the public copies
+            avg, total, counts = self._delta_average(ev, sent)
+        else:
+            avg, total, counts = kernel.reduced_average(x, s, reduce_, self.W)
         if self.outer is not None:
             self.outer.step_flat_(avg, lay.offsets)
         w = torch.full((1, 1), float(weight), device=self.dev)

@@ -98,11 +98,16 @@ POLICIES = {
                                    "exchange": "push_pull", "mean_interval": 2, "payload": "delta",
                                    "topk_fraction": 1.0, "winner_bias": 0.5, "score": "running",
                                    "weighting": "adaptive"},
+    # the all-reduce scheme with deltas: each rank's compressed change all-gathered, the public copies averaged
+    "fedavg-delta-whole": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 0.5, "payload": "delta",
+                           "topk_fraction": 1.0},
+    "fedavg-topk-delta": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 1.0, "payload": "delta",
+                          "topk_fraction": 0.2, "quantize_bits": 8},
 }
 # Compressed payloads are discontinuous in the model (which coordinates are the top k, where stochastic rounding
 # falls): float noise moves them, and the run amplifies it. The engine itself moves as much when its lr changes by
 # one part in a million; their mechanics are checked exactly without training (the by-hand replay below).
-COMPRESSED = ["ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner"]
+COMPRESSED = ["ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "fedavg-topk-delta"]
 # the optimiser's state averaged with the parameters: the study's optimiser is SGD with momentum, or AdamW
 STATE_POLICIES = {
     "ring-state": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
@@ -180,7 +185,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 IDENTITY = ["fedavg", "diloco", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
             "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
-            "regular-delta-winner-whole"]
+            "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta"]
 
 
 @pytest.fixture(scope="module")
@@ -329,9 +334,10 @@ def test_merger_sends_compressed_deltas_exactly_as_predicted(folder, data_dir, t
     from evomerge import ops
     from evomerge.engine import plan as plan_mod
 
-    names = ["ring-topk-delta-uniform", "complete-push-delta-4bit-uniform"]
+    names = ["ring-topk-delta-uniform", "complete-push-delta-4bit-uniform", "fedavg-topk-delta-half"]
     pols = {names[0]: dict(POLICIES["ring-topk-delta"], topk_fraction=0.25),
-            names[1]: dict(POLICIES["complete-push-delta-4bit"], weighting="uniform")}
+            names[1]: dict(POLICIES["complete-push-delta-4bit"], weighting="uniform"),
+            names[2]: dict(POLICIES["fedavg-topk-delta"], mixing_weight=0.5, topk_fraction=0.25)}
     for name in names:
         (tmp_path / f"{name}.json").write_text(json.dumps(pols[name]))
     ranks = launch(folder, data_dir, tmp_path, *[a for n in names for a in ("--policy", tmp_path / f"{n}.json")],
@@ -352,6 +358,12 @@ def test_merger_sends_compressed_deltas_exactly_as_predicted(folder, data_dir, t
         want = []
         for step in range(1, T + 1):
             for e in s.events_at(step):
+                if s.scheme == "allreduce":  # every rank sends (side: its rank) and moves to the copies' mean
+                    for w in range(4):
+                        send(w, e, w)
+                    avg = torch.stack(pub).sum(0) / 4
+                    x = [torch.lerp(v, avg, p.mixing_weight) for v in x]
+                    continue
                 a, b = int(s.initiator[e]), int(s.peer[e])
                 send(a, e, 0)
                 if p.exchange == "push_pull":
@@ -364,7 +376,10 @@ def test_merger_sends_compressed_deltas_exactly_as_predicted(folder, data_dir, t
             values = result(tmp_path, i, r)["values"]
             assert len(values) == T
             for k in range(T):
-                assert torch.equal(values[k], want[k][r]), (name, r, k, values[k], want[k][r])
+                if p.scheme == "allreduce":  # the copies' sum is kept as a running total there: float rounding
+                    torch.testing.assert_close(values[k], want[k][r], rtol=1e-6, atol=1e-6)
+                else:
+                    assert torch.equal(values[k], want[k][r]), (name, r, k, values[k], want[k][r])
         assert not torch.equal(want[-1][1], x[0] * 0 + (1 + ramp * 2))  # it moved
 
 
@@ -512,9 +527,10 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
     check_policy(MergePolicy(optimizer_state="reset"), 4)  # what it runs passes
     check_policy(MergePolicy(optimizer_state="average", payload="delta", topk_fraction=0.1), 4)
     check_policy(MergePolicy(winner_bias=0.5, score="running"), 4)
-    with pytest.raises(ConfigError, match=r"^policy.payload: 'delta' with scheme 'allreduce' is not built in the "
-                                          r"runtime yet .*; allowed: 'weights'$"):
-        check_policy(MergePolicy(scheme="allreduce", payload="delta"), 4)
+    check_policy(MergePolicy(scheme="allreduce", payload="delta"), 4)
+    with pytest.raises(ConfigError, match=r"^policy.weighting: 'examples' with a delta payload on the all-reduce "
+                                          r"scheme .*; allowed: 'uniform'$"):
+        check_policy(MergePolicy(scheme="allreduce", payload="delta", weighting="examples"), 4)
     with pytest.raises(ConfigError, match=r"^policy.score: 'holdout' cannot run in a training loop \(winner_bias 0.5 "
                                           r"would score both models on validation slices.*allowed: 'running'"):
         check_policy(MergePolicy(winner_bias=0.5), 4)
