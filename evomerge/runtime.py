@@ -298,6 +298,11 @@ class Merger:
         self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
         self.t = 0  # local steps done (calls of step())
         self.merges = 0
+        self._trace = None  # before the first collective: a rank that dies during the start leaves a trace
+        if trace is not None:
+            d = Path(trace)
+            d.mkdir(parents=True, exist_ok=True)
+            self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._stop_in = {}
         for r in range(self.W):
@@ -351,11 +356,6 @@ class Merger:
             self.public = {r: start.clone(), -1: start * self.W}
         self._await_reply: dict[int, float] = {}  # push-pull events started, answer not merged yet -> time sent
         self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
-        self._trace = None
-        if trace is not None:
-            d = Path(trace)
-            d.mkdir(parents=True, exist_ok=True)
-            self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
         self._t_last = time.perf_counter()
         if worker_group is not None:
             self._sync_worker(force=True)
