@@ -70,14 +70,11 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
 from . import search as _search_package  # noqa: E402,F401
 
 
-def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=None, runs_dir=None, jobs: int = 1,
-           seed: int = 0, data_dir=None, device=None, prune: bool = True, pruner: str = "median",
-           warm_start_from: str | None = None, cmaes_categoricals: str = "independent",
-           cmaes_restarts: int = 0, cmaes_popsize: int = 0, grace_period: int = 30, backend: str = "inprocess",
-           procs=None, batch: int = 1, data=None):
+def search(study, *, data=None, **options):
     """Search merge policies for ``study`` (a name, path or Study) and return a ``SearchResult``.
 
-    The keywords are ``evomerge search``'s options, with the same defaults: the study's sampler
+    The keywords are ``evomerge search``'s options, with the same defaults, from one table
+    (:mod:`evomerge.search.options`; ``help(evomerge.search)`` lists them): the study's sampler
     and ``n_trials``, SQLite at ``RUNS_DIR/<study>/optuna.db``, MLflow at ``RUNS_DIR/<study>/mlflow.db``
     (or ``$MLFLOW_TRACKING_URI``), ``RUNS_DIR`` = ``$EVOMERGE_RUNS_DIR`` or ``runs``. ``data``: already
     loaded data (tests). Calling it again resumes the study; ``n_trials`` is the total of finished
@@ -85,12 +82,20 @@ def search(study, *, n_trials=None, sampler=None, storage=None, tracking_uri=Non
     """
     from .search.config import make_config
     from .search.loop import run_search
+    from .search.options import check_keywords
     from .study import Study, load
 
+    check_keywords("search", options)
     st = study if isinstance(study, Study) else load(study)
-    cfg = make_config(st, n_trials=n_trials, sampler=sampler, storage=storage, tracking_uri=tracking_uri,
-                      runs_dir=runs_dir, jobs=jobs, seed=seed, data_dir=data_dir, device=device,
-                      cmaes_categoricals=cmaes_categoricals, cmaes_restarts=cmaes_restarts,
-                      cmaes_popsize=cmaes_popsize, prune=prune, pruner=pruner,
-                      warm_start_from=warm_start_from, grace_period=grace_period, backend=backend, procs=procs, batch=batch)
-    return run_search(cfg, data=data)
+    return run_search(make_config(st, **options), data=data)
+
+
+def _search_signature():
+    import inspect
+
+    from .search.options import signature
+
+    return signature(search, inspect.Parameter("data", inspect.Parameter.KEYWORD_ONLY, default=None))
+
+
+search.__signature__ = _search_signature()

@@ -47,24 +47,26 @@ def _study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study", required=True, help=STUDY_HELP)
 
 
+def _option(p: argparse.ArgumentParser, name: str, why: str = "") -> None:
+    """A flag that is one of the search's options (search/options.py: its help and default, defined once)."""
+    from .search.options import BY_NAME
+
+    BY_NAME[name].add_to(p, why)
+
+
 def _data_dir(p: argparse.ArgumentParser, why: str = "") -> None:
-    p.add_argument("--data-dir", default=None,
-                   help=f"where the dataset's IDX files are{why} (default: $EVOMERGE_DATA_DIR, else the user cache)")
+    _option(p, "data_dir", why)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     _study(p)
     _data_dir(p)
-    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    _option(p, "device")
     p.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="also write the results as JSON to FILE "
                                                                                   "(default: no file)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--backend", default="inprocess",
-                   help="inprocess (all workers in one process) or distributed (one process per worker, "
-                        "torch.distributed on 127.0.0.1) (default: inprocess)")
-    p.add_argument("--procs", type=int, default=None,
-                   help="distributed backend: number of processes, each running workers/procs workers "
-                        "(default: one per worker)")
+    _option(p, "backend")
+    _option(p, "procs")
 
 
 def _emulate(p: argparse.ArgumentParser) -> None:
@@ -74,14 +76,10 @@ def _emulate(p: argparse.ArgumentParser) -> None:
 
 
 def _store(p: argparse.ArgumentParser, tracking: bool = True) -> None:
-    p.add_argument("--runs-dir", default=os.environ.get("EVOMERGE_RUNS_DIR", "runs"),
-                   help="where default stores live: RUNS_DIR/STUDY/optuna.db and mlflow.db "
-                        "(default: $EVOMERGE_RUNS_DIR, else ./runs)")
-    p.add_argument("--storage", default=None, help="Optuna storage URL, e.g. postgresql+psycopg://host/db to share "
-                                                   "a study (default: sqlite:///RUNS_DIR/STUDY/optuna.db)")
+    _option(p, "runs_dir")
+    _option(p, "storage")
     if tracking:
-        p.add_argument("--tracking-uri", default=None,
-                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///RUNS_DIR/STUDY/mlflow.db)")
+        _option(p, "tracking_uri")
 
 
 @command
@@ -90,33 +88,11 @@ def add_search(sub):
                 "evomerge search --study mnist-gossip --n-trials 30 --jobs 2")
     _common(p)
     _store(p)
-    p.add_argument("--sampler", default=None,
-                   help="tpe, random, nsga2 or cmaes (default: the study's [search] sampler, which defaults to tpe)")
-    p.add_argument("--n-trials", type=int, default=None,
-                   help="total finished trials the study should hold (default: the study's [search] n_trials)")
-    p.add_argument("--jobs", type=int, default=1, help="trials at once, in separate processes (default: 1)")
-    p.add_argument("--batch", type=int, default=1,
-                   help="trials asked at once and trained as one stacked computation in each process (a population: "
-                        "N trials x W workers as N*W rows; cmaes asks a generation, its population size defaults to "
-                        "N; tpe asks with its constant liar); in-process backend only (default: 1)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
-    p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
-    p.add_argument("--pruner", default="median",
-                   help="median, hyperband or successive-halving (Optuna's, over the rounds), or wilcoxon (over the "
-                        "seeds, for studies with 5 or more seeds); one objective only, multi-objective studies keep "
-                        "evomerge's dominance rule (default: median)")
-    p.add_argument("--warm-start-from", default=None, metavar="STUDY",
-                   help="start from another study's completed trials: a study name in --runs-dir, or STORAGE_URL#NAME; "
-                        "cmaes starts from their best solutions, other samplers evaluate them first (default: none)")
-    p.add_argument("--cmaes-categoricals", default="independent",
-                   help="cmaes: 'independent' (sampled at random) or 'fixed' (study values) (default: independent)")
-    p.add_argument("--cmaes-restarts", type=int, default=0,
-                   help="cmaes: IPOP restarts with doubled population (default: 0)")
-    p.add_argument("--cmaes-popsize", type=int, default=0,
-                   help="cmaes: population size (default: 0, meaning 4 + 3 ln d for d numeric fields)")
-    p.add_argument("--grace-period", type=int, default=30,
-                   help="seconds without a heartbeat before another process fails a running trial and retries it "
-                        "(default: 30)")
+    from .search.options import OPTIONS
+
+    for o in OPTIONS:  # the rest of the search's options, from the one table (search/options.py)
+        if not o.common:
+            o.add_to(p)
     p.set_defaults(handler=cmd_search)
 
 
@@ -504,12 +480,9 @@ def cmd_search(args) -> int:
     from .procs import apply_threads
 
     apply_threads()  # trials in this process (--jobs 1); --jobs N workers take a share each
-    cfg = make_config(study, n_trials=args.n_trials, sampler=args.sampler, storage=args.storage,
-                      tracking_uri=args.tracking_uri, runs_dir=args.runs_dir, jobs=args.jobs, seed=args.seed,
-                      data_dir=args.data_dir, device=args.device, cmaes_categoricals=args.cmaes_categoricals,
-                      cmaes_restarts=args.cmaes_restarts, cmaes_popsize=args.cmaes_popsize, prune=not args.no_prune,
-                      pruner=args.pruner, warm_start_from=args.warm_start_from, grace_period=args.grace_period, backend=args.backend, procs=args.procs,
-                      batch=args.batch)
+    from .search.options import from_args
+
+    cfg = make_config(study, **from_args(args))
     from .search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)

@@ -75,6 +75,26 @@ def test_api_keywords_and_cli_options_are_one_set_with_equal_defaults(monkeypatc
             assert cli_opts[name] == api[name], name
 
 
+def test_the_options_are_one_table_and_a_keyword_outside_it_is_refused(tmp_path):
+    """search/options.py drives the flags, the keywords and SearchConfig: every option is a field of the resolved
+    config, every non-shared one a flag of `evomerge search` with the table's help; a keyword that is not an option
+    is a TypeError naming it, from the API as from make_config."""
+    import dataclasses
+
+    from evomerge.search import options
+
+    assert {f.name for f in dataclasses.fields(config.SearchConfig)} == set(options.DEFAULTS) | {"study"}
+    helps = {a.dest: a.help for a in _search_parser()._actions}
+    for o in options.OPTIONS:
+        assert helps[o.dest].startswith(o.help), o.name
+    s = study.load(write_study(tmp_path))
+    with pytest.raises(TypeError, match="make_config\\(\\) got an unexpected keyword argument 'n_trial'"):
+        config.make_config(s, n_trial=3)
+    with pytest.raises(TypeError, match="search\\(\\) got an unexpected keyword argument 'pruners'"):
+        evomerge.search(s, pruners="median", runs_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
+
+
 def test_runs_dir_follows_the_environment_in_the_api_too(tmp_path, monkeypatch):
     s = study.load(write_study(tmp_path))
     monkeypatch.setenv("EVOMERGE_RUNS_DIR", str(tmp_path / "elsewhere"))

@@ -1,22 +1,25 @@
 """What a search is: :class:`SearchConfig`, validated once by :func:`make_config` before any
 trial runs, and the registries of samplers and objectives that outside code can extend.
 
-The defaults here are the defaults of ``evomerge.search()`` and of ``evomerge search``
-(``tests/test_search_config.py`` holds the three to one set of names and defaults).
+The options and their defaults are one table, :mod:`.options`, which also makes ``evomerge.search()``'s keywords
+and ``evomerge search``'s flags (``tests/test_search_config.py`` holds the three to one set of names and
+defaults).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..study import OBJECTIVES as _DIRECTIONS
 from ..study import Study
-from .storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, default_storage, normalise_url  # noqa: F401
+from . import options as options_mod
+from .options import DEFAULTS, GRACE_PERIOD  # noqa: F401
+from .storage import HEARTBEAT_INTERVAL, default_storage, normalise_url  # noqa: F401
 
 CMAES_CATEGORICALS = ("independent", "fixed")
 
@@ -164,26 +167,28 @@ def default_runs_dir() -> Path:
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """A search as :func:`make_config` resolved it: every option of :mod:`.options` (what each means is there),
+    with the study's and the environment's defaults filled in."""
     study: Study
     n_trials: int
-    sampler: str = "tpe"
-    storage: str = ""  # Optuna storage URL; default runs/<study>/optuna.db
-    tracking_uri: str = ""  # MLflow; empty: $MLFLOW_TRACKING_URI, else runs/<study>/mlflow.db (tracking.resolve_tracking_uri)
-    runs_dir: Path = Path("runs")
-    jobs: int = 1
-    seed: int = 0
-    data_dir: str | None = None
-    device: str | None = None
-    cmaes_categoricals: str = "independent"
-    cmaes_restarts: int = 0
-    cmaes_popsize: int = 0
-    prune: bool = True
-    pruner: str = "median"  # PRUNERS; multi-objective studies are pruned by search.trial.mo_should_prune
-    warm_start_from: str | None = None  # a study name in runs_dir, or STORAGE_URL#NAME (search.warmstart)
-    grace_period: int = GRACE_PERIOD  # seconds without a heartbeat before a running trial is failed and retried
-    backend: str = "inprocess"  # how each trial's runs execute: backends.BACKENDS
-    procs: int | None = None  # distributed backend: processes per run (default: one per worker)
-    batch: int = 1  # trials asked at once and trained as one population (engine/population.py)
+    sampler: str
+    storage: str  # Optuna storage URL; default runs/<study>/optuna.db
+    tracking_uri: str  # MLflow; empty: $MLFLOW_TRACKING_URI, else runs/<study>/mlflow.db (tracking.resolve_tracking_uri)
+    runs_dir: Path
+    jobs: int
+    batch: int
+    seed: int
+    data_dir: str | None
+    device: str | None
+    prune: bool
+    pruner: str  # PRUNERS; multi-objective studies are pruned by search.trial.mo_should_prune
+    warm_start_from: str | None  # a study name in runs_dir, or STORAGE_URL#NAME (search.warmstart)
+    cmaes_categoricals: str
+    cmaes_restarts: int
+    cmaes_popsize: int
+    grace_period: int
+    backend: str  # how each trial's runs execute: backends.BACKENDS
+    procs: int | None
 
     @property
     def study_dir(self) -> Path:
@@ -221,21 +226,19 @@ class SearchConfig:
         return PRUNERS[self.pruner].make(self, total_steps)
 
 
-# keyword -> default of make_config(), evomerge.search() and `evomerge search` (None: from the study / the environment)
-DEFAULTS: dict[str, Any] = {"n_trials": None, "sampler": None, "storage": None, "tracking_uri": None, "runs_dir": None,
-                            **{f.name: f.default for f in fields(SearchConfig)
-                               if f.name not in ("study", "n_trials", "sampler", "storage", "tracking_uri", "runs_dir")}}
-
-
-def make_config(study: Study, *, n_trials: int | None = None, sampler: str | None = None, storage: str | None = None,
-                tracking_uri: str | None = None, runs_dir: str | Path | None = None, jobs: int = 1, seed: int = 0,
-                data_dir=None, device=None, cmaes_categoricals: str = "independent", cmaes_restarts: int = 0,
-                cmaes_popsize: int = 0, prune: bool = True, pruner: str = "median", warm_start_from: str | None = None,
-                grace_period: int = GRACE_PERIOD, backend: str = "inprocess", procs: int | None = None,
-                batch: int = 1) -> SearchConfig:
-    """Validate everything a search needs before any trial runs."""
+def make_config(study: Study, **options) -> SearchConfig:
+    """Validate everything a search needs before any trial runs. The keywords are the options of
+    :mod:`.options` (``help(make_config)`` lists them with their defaults)."""
     from .. import backends
     from .. import space as space_mod
+
+    options_mod.check_keywords("make_config", options)
+    opts = {**DEFAULTS, **options}
+    n_trials, sampler, storage, tracking_uri, runs_dir = (opts[k] for k in ("n_trials", "sampler", "storage",
+                                                                         "tracking_uri", "runs_dir"))
+    jobs, batch, prune, pruner, backend, procs = (opts[k] for k in ("jobs", "batch", "prune", "pruner", "backend",
+                                                                 "procs"))
+    grace_period, warm_start_from, cmaes_categoricals = opts["grace_period"], opts["warm_start_from"], opts["cmaes_categoricals"]
 
     sampler = sampler or study.search.sampler
     if sampler not in SAMPLERS:
@@ -284,10 +287,12 @@ def make_config(study: Study, *, n_trials: int | None = None, sampler: str | Non
         from .warmstart import check_source
 
         check_source(warm_start_from, study, runs_dir)
-    return SearchConfig(study, n_trials, sampler, normalise_url(storage) if storage else default_storage(study_dir),
-                        tracking_uri or "", runs_dir, jobs, seed,
-                        str(data_dir) if data_dir else None, device, cmaes_categoricals, cmaes_restarts, cmaes_popsize, prune,
-                        pruner, warm_start_from, grace_period, backend, procs, batch)
+    return SearchConfig(**{**opts, "study": study, "n_trials": n_trials, "sampler": sampler, "runs_dir": runs_dir,
+                           "storage": normalise_url(storage) if storage else default_storage(study_dir),
+                           "tracking_uri": tracking_uri or "", "data_dir": str(opts["data_dir"]) if opts["data_dir"] else None})
+
+
+make_config.__signature__ = options_mod.signature(make_config)
 
 
 def check_pruner(pruner: str, sampler: str, study: Study, prune: bool) -> None:

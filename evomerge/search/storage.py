@@ -29,7 +29,8 @@ from ..errors import ConfigError
 if TYPE_CHECKING:  # config imports this module, not the other way round
     from .config import SearchConfig
 
-HEARTBEAT_INTERVAL, GRACE_PERIOD = 5, 30  # seconds
+HEARTBEAT_INTERVAL = 5  # seconds
+from .options import GRACE_PERIOD  # noqa: E402  (seconds; a search option)
 
 
 DEFINITION = "definition"  # the study file's text and place, stored with its trials
