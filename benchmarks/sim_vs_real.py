@@ -10,7 +10,7 @@ study's lr, and every rank sleeping ``--step-sleep`` per step after its compute,
 ``--slow-factor`` times that (a slower device). Every ``--dt`` seconds of wall clock after a common start, each
 rank keeps a copy of its model; afterwards the consensus at each mark (the ranks' copies averaged) is scored on
 the validation split, and the real time to the target is found as the simulated clock finds it
-(:func:`evomerge.engine.run.crossing`, on the same grid of marks).
+(:func:`evomerge.engine.judge.crossing`, on the same grid of marks).
 
 Then ``evomerge calibrate --from-trace`` fits an ``[environment]`` from the traces of the scenario's ring-gossip
 run (step times and point-to-point transfers), the study takes it (``[environment] from = ...``) and each
@@ -62,7 +62,7 @@ def worker(args) -> int:
 
     import evomerge
     from evomerge import simulate, study as study_mod
-    from evomerge.engine.run import batch_indices, normalise
+    from evomerge.engine.setup import batch_indices, normalise
     from evomerge.engine.state import initial_row
 
     torch.set_num_threads(1)
@@ -140,7 +140,7 @@ def real_run(name: str, rate: str, out: Path, args) -> dict:
     """Run policy ``name`` on 4 netlab ranks; its real time to target from the consensus at each mark."""
     import torch
 
-    from evomerge.engine.run import _accuracy, crossing, validation
+    from evomerge.engine.judge import _accuracy, crossing, validation
 
     reuse = args.reuse and all((out / f"snap-{r}.pt").exists() for r in range(W))
     if not reuse:

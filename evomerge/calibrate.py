@@ -633,7 +633,7 @@ def _timed_steps(setup, rank: int, args, dev) -> list[float]:
     import torch.nn.functional as F
 
     from . import models as models_mod
-    from .engine.run import batch_indices, normalise
+    from .engine.setup import batch_indices, normalise
     from .engine.state import initial_row
     from .reference import _module_input, optimizer
 

@@ -14,9 +14,11 @@ from typing import Callable
 import torch
 
 from .engine.plan import TAG_QUANT  # noqa: F401
-from .engine.run import (  # noqa: F401
-    TAG_BATCHES, TAG_SLICES, Judge, RoundMetrics, RunResult, Setup, Similarity, batch_indices, execute, normalise,
-    prepare, resolve_device, round_bounds, slice_losses, total_steps, train_steps, update_norms,
+from .engine.judge import Judge, Similarity, slice_losses, update_norms  # noqa: F401
+from .engine.run import execute, train_steps  # noqa: F401
+from .engine.setup import (  # noqa: F401
+    TAG_BATCHES, TAG_SLICES, RoundMetrics, RunResult, Setup, batch_indices, normalise, prepare, resolve_device,
+    round_bounds, total_steps,
 )
 from .engine.kernel import SUPPORT_LIMIT, rescale_supports  # noqa: F401
 from .engine.state import TAG_INIT, Workers, initial_row  # noqa: F401

@@ -14,7 +14,9 @@ import torch
 from evomerge import data as data_mod
 from evomerge import datapool, ops, similarity
 from evomerge import schedule as schedule_mod
-from evomerge.engine.run import Judge, RoundMetrics, Similarity, RunResult, Setup, normalise, round_bounds, slice_losses, train_steps, update_norms
+from evomerge.engine.setup import RoundMetrics, RunResult, Setup, normalise, round_bounds
+from evomerge.engine.judge import Judge, Similarity, slice_losses, update_norms
+from evomerge.engine.run import train_steps
 from evomerge.engine.plan import TAG_QUANT
 from evomerge.engine.kernel import rescale_supports
 from evomerge.engine.state import Workers

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import evomerge
 from evomerge import reference, simulate, study as study_mod
-from evomerge.engine.run import batch_indices, normalise
+from evomerge.engine.setup import batch_indices, normalise
 from evomerge.engine.state import initial_row
 
 

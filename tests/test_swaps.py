@@ -22,7 +22,7 @@ def test_swap_with_probability_one_applied_twice_restores_the_assignment(setup):
     run = setup.study.run
     from evomerge.backends.inprocess import InProcess
     from evomerge.engine.plan import PairSet
-    from evomerge.engine.run import StepMerger
+    from evomerge.engine.merger import StepMerger
 
     backend = InProcess(setup, pol, 0, torch.device("cpu"))
     st, sched = backend.state, backend.sched

@@ -18,14 +18,14 @@ import torch
 
 from .. import registry
 from ..engine import kernel, plan as plan_mod
-from ..engine import run as run_mod
+from ..engine import judge as judge_mod, run as run_mod, setup as setup_mod
 from ..engine.plan import PairSet
 from ..engine.state import Workers
 from ..policy import MergePolicy
 from ..schedule import Schedule, build
 
 
-def device_tensors(setup: run_mod.Setup, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def device_tensors(setup: setup_mod.Setup, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The study's training data and validation slices (``[W, score_samples]``) on ``device``."""
     data = setup.data
     return (data.train_x.to(device), data.train_y.to(device),
@@ -38,7 +38,7 @@ class Backend(ABC):
     #: whether this backend (this rank) sees every row at the end of a round, evaluates and decides
     judges: bool = True
 
-    def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device, own: list[int],
+    def __init__(self, setup: setup_mod.Setup, policy: MergePolicy, seed: int, device: torch.device, own: list[int],
                  public: bool = True, state: Workers | None = None, tensors: tuple | None = None):
         """``state``: the rows' state, if not a fresh one (a population's member); ``tensors``: the
         study's ``(train_x, train_y, slices)`` on ``device``, if already there (shared by a population)."""
@@ -74,7 +74,7 @@ class Backend(ABC):
         return self.fragments[int(self.sched.fragment[event])]
 
     # -- what every backend does ------------------------------------------------------------------
-    def start(self, judge: "run_mod.Judge | None") -> None:
+    def start(self, judge: "judge_mod.Judge | None") -> None:
         """Called once before the first step, with the judge where this backend judges."""
 
     def train(self, start: int, end: int, after_step: Callable[[int], None]) -> torch.Tensor:

@@ -38,7 +38,8 @@ import torch.distributed as dist
 from .. import ops
 from ..engine import kernel, plan as plan_mod
 from ..engine.plan import PairSet
-from ..engine.run import RoundMetrics, RunResult, Setup, execute, prepare, resolve_device
+from ..engine.run import execute
+from ..engine.setup import RoundMetrics, RunResult, Setup, prepare, resolve_device
 from ..engine.state import initial_row
 from ..errors import ConfigError, RunError
 from ..policy import MergePolicy

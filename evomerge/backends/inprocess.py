@@ -19,14 +19,14 @@ import torch
 
 from .. import datapool, similarity
 from ..engine import kernel, plan as plan_mod
-from ..engine import run as run_mod
+from ..engine import run as run_mod, setup as setup_mod
 from ..engine.plan import PairSet
 from ..policy import MergePolicy
 from .base import Backend
 
 
 class InProcess(Backend):
-    def __init__(self, setup: run_mod.Setup, policy: MergePolicy, seed: int, device: torch.device,
+    def __init__(self, setup: setup_mod.Setup, policy: MergePolicy, seed: int, device: torch.device,
                  state=None, tensors=None):
         W = setup.study.run.workers
         super().__init__(setup, policy, seed, device, list(range(W)), state=state, tensors=tensors)

@@ -438,7 +438,7 @@ def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched:
     if env.time_budget:
         round_ends = [env.time_budget * (r + 1) / rounds for r in range(rounds)]
     else:
-        from .run import round_bounds
+        from .setup import round_bounds
 
         done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
         round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]

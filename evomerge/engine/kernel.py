@@ -373,7 +373,7 @@ def pair_examples(train_x: torch.Tensor, train_y: torch.Tensor, slices: torch.Te
     """The winner test's examples for pairs ``(a[r], b[r])``: both models of a pair are scored on the pair's
     two validation slices (the initiator's, then the peer's), so ``x`` ``[2m, 2s, ...]`` (normalised) and
     ``y`` ``[2m, 2s]``, in the order of :func:`pair_losses`' models."""
-    from .run import normalise
+    from .setup import normalise
 
     dev = slices.device
     idx = torch.cat([slices[torch.as_tensor(a, device=dev)], slices[torch.as_tensor(b, device=dev)]], dim=1)

@@ -30,8 +30,11 @@ import torch
 
 from .. import datapool, registry
 from ..policy import MergePolicy
-from . import kernel, run as run_mod
-from .run import Judge, RoundMetrics, RunResult, Setup, StepMerger, batch_indices, local_step, normalise, round_bounds
+from . import judge as judge_mod, kernel, run as run_mod, setup as setup_mod
+from .judge import Judge
+from .merger import StepMerger
+from .run import local_step
+from .setup import RoundMetrics, RunResult, Setup, batch_indices, normalise, round_bounds
 from .state import Workers, initial_row
 
 
@@ -220,7 +223,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     launches, not on the CPU, where gathering rows costs more than the launches it saves."""
     from ..backends.base import device_tensors
 
-    dev = run_mod.resolve_device(device)
+    dev = setup_mod.resolve_device(device)
     cross = dev.type == "cuda" if cross is None else cross
     if not members:
         return []
@@ -235,7 +238,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     t0 = time.perf_counter()
     run, W, T = setup.study.run, setup.study.run.workers, setup.total_steps
     tensors = device_tensors(setup, dev)
-    val = run_mod.validation(setup, dev)
+    val = judge_mod.validation(setup, dev)
     groups: list[_Group] = []
     runs: list[_Run | None] = [None] * len(members)
     by_key: dict[bool, list[int]] = {}

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from . import clock, plan as plan_mod
-from .run import Setup, batch_indices, local_step, normalise
+from .run import local_step
+from .setup import Setup, batch_indices, normalise
 
 from ..policy import TIMED_UNSUPPORTED as UNSUPPORTED, check_timed as check_policy  # noqa: F401  (re-exported)
 

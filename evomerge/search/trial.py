@@ -53,7 +53,7 @@ class Evaluation:
     def __init__(self, trial, ostudy, setup, policy, cfg: "SearchConfig", storage):
         import optuna
 
-        from ..engine.run import round_bounds
+        from ..engine.setup import round_bounds
         from .config import OBJECTIVES, PRUNERS
 
         self.trial, self.policy, self.cfg, self.storage = trial, policy, cfg, storage

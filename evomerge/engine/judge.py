@@ -1,0 +1,174 @@
+"""The round's end, the same on every backend: the judge evaluates the consensus model and the workers on the
+validation split, measures similarity and the update norms, builds the round's metrics, computes time to target
+(:func:`crossing`, the one interpolation) and applies the convergence stop; at the end, the test set."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from .. import models as models_mod
+from .. import ops
+from .. import similarity
+from ..policy import MergePolicy
+from .setup import RoundMetrics, Setup, normalise
+from .state import Workers, initial_row
+
+
+def crossing(prev: tuple[float, float] | None, t: float, acc: float, target: float) -> float:
+    """When the accuracy reached ``target``, given that it is ``acc >= target`` at time ``t`` and was
+    ``prev = (t0, a0)`` (below the target) at the point before: linear between the two, at ``t`` without a
+    point before. The one definition of time to target: the engine's rounds and ``benchmarks/sim_vs_real.py``'s
+    real runs use it."""
+    if prev is None:
+        return t
+    t0, a0 = prev
+    return t0 + (target - a0) / (acc - a0) * (t - t0) if acc > a0 else t
+
+
+class Judge:
+    """What every backend does with all workers' parameters at the end of a round: evaluate
+    the consensus model and the workers on the validation split, measure similarity, build
+    the round's :class:`RoundMetrics` and apply the convergence stop; at the end, the test set."""
+
+    def __init__(self, setup: Setup, policy: MergePolicy, seed: int, dev: torch.device, train_x: torch.Tensor, t0: float,
+                 val: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """``val``: the normalised validation inputs and labels on ``dev``, if already there (a population shares them)."""
+        data, run, model = setup.data, setup.study.run, setup.model
+        self.model, self.data, self.policy, self.dev, self.t0 = model, data, policy, dev, t0
+        self.val_x, self.val_y = val if val is not None else validation(setup, dev)
+        self.n_eval = run.eval_samples or len(self.val_y)
+        start = initial_row(model, seed).to(dev)
+        self.similarity = Similarity(model, policy, seed, start, data, train_x)
+        self.prev_center = start
+        self.eval_time, self.calm, self.finite = 0.0, 0, True
+        self.target = setup.study.target
+        self.reached: float | None = None  # simulated time at which the target was reached
+        self.best, self.prev_point = 0.0, None
+
+    def round(self, r: int, end: int, steps: float, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
+              sent: int, merges: int, label_skew: float, moved: int, timing: dict | None = None,
+              horizon: float = 0.0) -> RoundMetrics:
+        te = time.perf_counter()
+        train_loss = loss_sum / (stack.W * steps)
+        # a sum is non-finite iff an entry is
+        self.finite = finite = math.isfinite(train_loss) and math.isfinite(stack.total())
+        center = stack.mean()
+        metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite)
+        sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
+        n = self.model.n_train
+        update = float((center[:n] - self.prev_center[:n]).norm()) / steps if finite else float("nan")
+        self.prev_center = center
+        self.eval_time += time.perf_counter() - te
+        timing = dict(timing or {})
+        if timing:
+            timing.update(self.timing(timing["sim_time"], metrics["val_accuracy"], horizon))
+            if not finite and self.target is not None:  # a diverged run is no run to copy, whenever it got there
+                timing["time_to_target"] = 2.0 * horizon
+        return RoundMetrics(
+            round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=sent, merges=merges,
+            wall_time=time.perf_counter() - self.t0, local_update_norm=local, merge_update_norm=merged,
+            similarity_mean=sim_mean, similarity_min=sim_min, label_skew=label_skew, examples_moved=moved, **metrics,
+            **timing,
+        )
+
+    def timing(self, t: float, acc: float, horizon: float) -> dict[str, float]:
+        """Time to target and accuracy at time after a round that ended at simulated time ``t``.
+
+        Time to target is the first time the consensus validation accuracy reaches the target,
+        interpolated linearly between the two rounds around the crossing (at round resolution
+        when the first round already reaches it). Not reached (yet): ``horizon x (2 - best / target)``
+        with the best accuracy so far, which ranks after every reached value (at most the
+        horizon, the time budget) and orders the runs that missed by how close they came. A run
+        that diverged gets the worst value, ``2 x horizon``, even if it reached the target first."""
+        out = {"accuracy_at_time": acc}
+        if self.target is None:
+            return out
+        if self.reached is None and acc >= self.target:
+            self.reached = crossing(self.prev_point, t, acc, self.target)
+        self.best = max(self.best, acc)
+        self.prev_point = (t, acc)
+        if self.reached is not None:
+            out["time_to_target"] = self.reached
+        else:
+            out["time_to_target"] = horizon * (2.0 - self.best / self.target) if self.target > 0 else horizon
+        return out
+
+    def converged(self, rm: RoundMetrics, total: int) -> bool:
+        """The convergence stop: local and merge updates below ``stop_tol`` for ``stop_patience`` rounds."""
+        tol = self.policy.stop_tol
+        self.calm = self.calm + 1 if tol and rm.local_update_norm < tol and rm.merge_update_norm < tol else 0
+        return bool(tol) and self.calm >= self.policy.stop_patience and rm.step < total
+
+    def test_accuracy(self, stack: models_mod.Stack) -> float:
+        tx, ty = self.data.test()
+        center = stack.mean().unsqueeze(0)
+        return _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec), ty.to(self.dev))[0][0]
+
+
+def validation(setup: Setup, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation split on ``dev``, inputs normalised."""
+    data = setup.data
+    return normalise(data.val_x.to(dev), data.spec), data.val_y.to(dev)
+
+
+def update_norms(st: Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
+    """Per-step norms of what local steps and what merges changed this round, means over workers."""
+    model, W = st.params.model, st.W
+    k = model.n_trained_blocks  # buffers (running statistics, counters) are not updates
+    merged = st.merge_change.row_norms(k)
+    local = torch.stack([(p - s - m).pow(2).sum(1) for p, s, m in
+                         zip(st.params.blocks[:k], round_start.blocks[:k], st.merge_change.blocks[:k])]).sum(0).sqrt()
+    return float(local.mean()) / steps, float(merged.mean()) / steps
+
+
+class Similarity:
+    """A run's model-similarity measure (``policy.similarity``): sketches or linear CKA."""
+
+    def __init__(self, model, policy: MergePolicy, seed: int, start_row: torch.Tensor, data, train_x):
+        self.model, self.kind = model, policy.similarity
+        trained = model.offsets[:model.n_trained_blocks]  # the parameters' change, not the buffers'
+        self.sketcher = similarity.Sketcher(trained, start_row, seed) if self.kind == "sketch" else None
+        self.probe = None
+        if self.kind == "cka":
+            pos = torch.as_tensor(similarity.probe_positions(len(train_x), seed), device=train_x.device)
+            self.probe = normalise(train_x[pos], data.spec)
+
+    @torch.no_grad()
+    def matrix(self, stack: models_mod.Stack) -> torch.Tensor:
+        if self.sketcher is not None:
+            return similarity.cosine_matrix(self.sketcher(stack.blocks))
+        return similarity.linear_cka(self.model.logits(stack.params, self.probe))
+
+    def summary(self, stack: models_mod.Stack) -> tuple[float, float]:
+        return similarity.summary(self.matrix(stack))
+
+
+@torch.no_grad()
+def slice_losses(model, params: list[torch.Tensor], rows: list[int], x, y) -> torch.Tensor:
+    """Loss of each of the given rows of stacked ``params`` on the same examples (normalised ``x``)."""
+    views = [p[rows] for p in params]
+    logits = model.forward(views, x.unsqueeze(0).expand(len(rows), *x.shape))
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(rows), -1), reduction="none").mean(1)
+
+
+@torch.no_grad()
+def _accuracy(model, params: list[torch.Tensor], x, y) -> tuple[list[float], list[float]]:
+    logits = model.logits(params, x)
+    acc = (logits.argmax(-1) == y).float().mean(1)
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(logits), -1), reduction="none").mean(1)
+    return acc.tolist(), loss.tolist()
+
+
+def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, float]:
+    if not finite:
+        return dict(val_accuracy=0.0, val_loss=float("nan"), mean_worker_accuracy=0.0,
+                    worst_worker_accuracy=0.0, consensus_distance=float("nan"))
+    acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
+    wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
+    return dict(val_accuracy=acc[0], val_loss=loss[0], mean_worker_accuracy=float(np.mean(wacc)),
+                worst_worker_accuracy=float(np.min(wacc)),
+                consensus_distance=ops.consensus_distance(stack.rows()[:, :model.n_train], center[:model.n_train]))

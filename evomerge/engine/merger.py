@@ -1,0 +1,109 @@
+"""The merges due after each local step: :class:`StepMerger` plans them (:mod:`.plan`) and has a backend apply
+them, a set of disjoint pairs or an all-reduce at a time, with the swaps, the similarity-biased peers, the data that
+travels and the supports' rescaling."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import schedule as schedule_mod
+from ..policy import MergePolicy
+from . import plan as plan_mod
+from .setup import Setup
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+
+class StepMerger:
+    """Applies the merges due after each local step through a backend, a set of disjoint
+    pairs at a time (:func:`plan.group_disjoint`), and keeps what every backend agrees on:
+    the example counters (summed on merge), the bytes on the wire and the merge count."""
+
+    def __init__(self, setup: Setup, policy: MergePolicy, sched: schedule_mod.Schedule, backend: "Backend"):
+        self.p, self.sched, self.backend = policy, sched, backend
+        self.T, self.B = setup.total_steps, setup.study.run.batch_size
+        self.st = backend.state
+        neighbours = None
+        if sched.topology is not None:
+            neighbours = [len(sched.topology.neighbours(i)) for i in range(setup.study.run.workers)]
+        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(self.st.optim.stacks()),
+                                   setup.model)
+        self.bytes = 0
+        self.count = 0
+        self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
+
+    def after_step(self, step: int) -> None:
+        plan = self.plan(step)
+        if plan is None:
+            return
+        for ps in plan[3]:
+            self.apply_set(ps)
+        self.finish(plan)
+
+    def plan(self, step: int):
+        """After local step ``step``: count the examples and plan the step's gossip as sets of disjoint
+        pairs ``(events, a, b, sets)``, for :meth:`apply_set` in order and then :meth:`finish`. None
+        when nothing is left to do (no event; an all-reduce, applied here)."""
+        ex = self.st.examples
+        ex += self.B
+        s, p = self.sched, self.p
+        for ev in self.landing.pop(step, ()):  # fragments sent fragment_delay steps ago land first
+            self.backend.allreduce_finish(ev, plan_mod.allreduce_weight(p, int(s.step[ev]), self.T, float(s.u[ev])))
+        evs = self.sched.events_at(step)
+        if not len(evs):
+            return None
+        if s.scheme == "allreduce":
+            for ev in evs:
+                frag = None if s.fragment is None else int(s.fragment[ev])
+                if p.fragment_delay:
+                    self.backend.allreduce_start(ev)
+                    self.landing.setdefault(step + p.fragment_delay, []).append(ev)
+                else:
+                    self.backend.allreduce(ev, step, plan_mod.allreduce_weight(p, step, self.T, float(s.u[ev])))
+                if s.syncs_whole_model(ev):  # counters are summed, not averaged (with the last
+                    ex.fill_(float(ex.sum()))  # fragment, which holds the buffers, when the model is streamed)
+                self.bytes += self.cost.allreduce(len(ex), frag)
+                self._rescale()
+            self.count += len(evs)
+            return None
+        events = np.arange(evs.start, evs.stop)
+        a = s.initiator[events]
+        b = self.backend.peers(events, step)
+        swap = (s.u_swap[events] < p.swap_p) if p.swap_p else np.zeros(len(events), dtype=bool)
+        weight = plan_mod.scheduled_weight(p, step, self.T)
+        sets = []
+        for members in plan_mod.group_disjoint(a, b):
+            m = np.asarray(members)
+            sets.append(plan_mod.PairSet(step, events[m], a[m], b[m], s.u[events[m]], swap[m], weight))
+        return events, a, b, sets
+
+    def finish(self, plan) -> None:
+        events, a, b, _ = plan
+        self.bytes += self.backend.after_events(events, a, b)
+        self.count += len(events)
+
+    def apply_set(self, ps: plan_mod.PairSet) -> None:
+        """One set of disjoint gossip events: the backend moves the tensors; counters and bytes here."""
+        self.backend.pairs(ps)
+        self.account(ps)
+
+    def account(self, ps: plan_mod.PairSet) -> None:
+        """The counters and bytes of a set of disjoint gossip events the tensors of which were moved."""
+        ex, push_pull = self.st.examples, self.p.exchange == "push_pull"
+        for i, j, sw in zip(ps.a.tolist(), ps.b.tolist(), ps.swap.tolist()):
+            if sw:
+                ex[[i, j]] = ex[[j, i]]
+                self.bytes += self.cost.swap()
+            else:
+                total = ex[i] + ex[j]
+                ex[j] = total
+                if push_pull:
+                    ex[i] = total
+                self.bytes += self.cost.pair(i, j)
+        self._rescale()
+
+    def _rescale(self) -> None:
+        self.st.rescale_supports()

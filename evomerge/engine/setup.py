@@ -1,0 +1,166 @@
+"""What a merge run is made of, before any policy: the study's data split into shards and validation slices, the
+model, the budget in local steps and rounds (:class:`Setup`, :func:`prepare`), the minibatches each worker draws
+(:func:`batch_indices`), the inputs' normalisation, and the result types every run returns (:class:`RoundMetrics`,
+:class:`RunResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import data as data_mod
+from .. import models as models_mod
+from .. import schedule as schedule_mod
+from ..study import Study
+
+TAG_BATCHES, TAG_SLICES = schedule_mod.STREAMS["batches"], schedule_mod.STREAMS["slices"]
+
+
+@dataclass
+class RoundMetrics:
+    round: int
+    step: int  # local steps done by each worker
+    val_accuracy: float  # consensus model on the validation split
+    val_loss: float
+    mean_worker_accuracy: float
+    worst_worker_accuracy: float
+    consensus_distance: float
+    bytes: int  # cumulative bytes on the wire
+    update_norm: float  # norm of the consensus model's change per local step in this round
+    train_loss: float  # mean local minibatch loss over the round
+    merges: int  # cumulative merge events
+    wall_time: float
+    local_update_norm: float = 0.0  # mean over workers of |change made by local steps| per step, this round
+    merge_update_norm: float = 0.0  # mean over workers of |change made by merges and swaps| per step, this round
+    similarity_mean: float = 1.0  # pairwise model similarity (policy.similarity): mean over pairs
+    similarity_min: float = 1.0
+    label_skew: float = 0.0  # of the data the workers hold now (it changes when data travels)
+    examples_moved: int = 0  # cumulative training examples sent between workers
+    # simulated time ([environment] only; None in the lockstep world)
+    sim_time: float | None = None  # simulated seconds at the end of this round
+    steps_min: int | None = None  # local steps done by the slowest / mean / fastest worker
+    steps_mean: float | None = None
+    steps_max: int | None = None
+    idle_fraction: float | None = None  # of the workers' time in this round spent waiting (barriers, blocking merges)
+    staleness: float | None = None  # mean age (simulated seconds) of the payloads applied in this round
+    time_to_target: float | None = None  # see Judge.timing (running value: what it would be if accuracy stalled here)
+    accuracy_at_time: float | None = None  # consensus validation accuracy at this round's simulated time
+
+
+@dataclass
+class RunResult:
+    status: str  # "ok" or "diverged"
+    seed: int
+    policy: dict
+    history: list[RoundMetrics]
+    total_steps: int
+    wall_time: float
+    label_skew: float
+    workers: int
+    test_accuracy: float | None = None
+    eval_time: float = 0.0  # seconds of wall_time spent evaluating (the rest is training and merging)
+    params: torch.Tensor | None = None  # final [W, P] parameters, with keep_params=True
+    converged_step: int | None = None  # the step at which the convergence stop ended the run
+    communities: list[int] | None = None  # the last self-formed communities (policy.regroup_every)
+    model_at: list[int] | None = None  # which starting worker's model each worker holds (swaps move them)
+
+    @property
+    def final(self) -> RoundMetrics:
+        return self.history[-1]
+
+    def metrics(self) -> dict[str, Any]:
+        """Final metrics, flat: what tables, MLflow and the search read."""
+        out = {k: v for k, v in asdict(self.final).items() if v is not None}
+        out.update(status=self.status, wall_time=self.wall_time, local_steps=self.final.step)
+        if self.converged_step is not None:
+            out["converged_step"] = self.converged_step
+        if self.test_accuracy is not None:
+            out["test_accuracy"] = self.test_accuracy
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "seed": self.seed, "policy": self.policy, "workers": self.workers,
+            "total_steps": self.total_steps, "wall_time": self.wall_time, "label_skew": self.label_skew,
+            "final": self.metrics(), "history": [asdict(h) for h in self.history],
+            "converged_step": self.converged_step, "communities": self.communities, "model_at": self.model_at,
+        }
+
+
+def total_steps(study: Study, shard_sizes: list[int]) -> int:
+    """The budget in local steps: ``run.steps``, or ``run.epochs`` passes over the mean shard."""
+    if study.run.steps:
+        return study.run.steps
+    return max(1, round(study.run.epochs * float(np.mean(shard_sizes)) / study.run.batch_size))
+
+
+@dataclass
+class Setup:
+    """What a run needs besides the policy and the seed; built once per study and reused."""
+
+    study: Study
+    data: data_mod.Data
+    model: models_mod.StackedModel
+    shards: list[np.ndarray]  # training positions per worker
+    slices: list[np.ndarray]  # local validation slices per worker (for the winner-biased lerp)
+    total_steps: int
+    label_skew: float
+
+
+def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> Setup:
+    base_dir = study.path.parent if study.path is not None else None  # a user's loader / factory lives there
+    if data is None:
+        data = data_mod.load_spec(study.data, data_dir, base_dir)
+    model = models_mod.build_spec(study.model, data.input_shape, data.n_classes, base_dir)
+    if hasattr(model, "check"):  # a user's model: refused in one line before any trial if it cannot run
+        model.check(normalise(data.train_x[:4], data.spec), data.train_y[:4])
+    labels = data.train_y.numpy()
+    run = study.run
+    parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha,
+                               seed=study.data.seed, min_size=run.score_samples + 1)
+    rng = schedule_mod.rng_for(study.data.seed, TAG_SLICES)
+    shards, slices = [], []
+    for p in parts:
+        p = rng.permutation(p)
+        slices.append(np.sort(p[:run.score_samples]))
+        shards.append(np.sort(p[run.score_samples:]))
+    skew = data_mod.label_skew(labels, shards, data.n_classes)
+    return Setup(study, data, model, shards, slices, total_steps(study, [len(s) for s in shards]), skew)
+
+
+def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed: int, worker: int) -> np.ndarray:
+    """Positions ``[n_steps, batch]`` of worker ``worker``'s minibatches for local steps ``start..start+n_steps``.
+
+    The worker walks through its shard in passes, each a fresh permutation drawn from
+    ``(seed, worker, pass)``; a pure function of its arguments, so any backend (or a
+    reference model in a test) draws the same samples.
+    """
+    n = len(shard)
+    lo, hi = start * batch, (start + n_steps) * batch
+    out = []
+    for e in range(lo // n, (hi - 1) // n + 1):
+        perm = shard[schedule_mod.rng_for(seed, TAG_BATCHES, worker, e).permutation(n)]
+        a, b = max(lo - e * n, 0), min(hi - e * n, n)
+        out.append(perm[a:b])
+    return np.concatenate(out).reshape(n_steps, batch)
+
+
+def normalise(x_uint8: torch.Tensor, spec: data_mod.DatasetSpec) -> torch.Tensor:
+    if x_uint8.dtype != torch.uint8:  # a loader's data (study.data.loader) are used as it gave them
+        return x_uint8.float()
+    return x_uint8.float().mul_(1.0 / (255.0 * spec.std)).sub_(spec.mean / spec.std)
+
+
+def round_bounds(total: int, rounds: int) -> list[int]:
+    rounds = min(rounds, total)
+    return [round(total * (r + 1) / rounds) for r in range(rounds)]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device a run uses: the one asked for, else CUDA when present, else the CPU (every backend)."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
