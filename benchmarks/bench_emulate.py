@@ -19,7 +19,7 @@ from pathlib import Path
 
 from evomerge import data as data_mod
 from evomerge import simulate, study
-from evomerge.backends import distributed
+from evomerge.backends import launch as distributed
 from evomerge.policy import MergePolicy
 from evomerge.study import EnvSpec
 

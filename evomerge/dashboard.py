@@ -375,7 +375,8 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     from plotly.offline import get_plotlyjs
 
     from .export import load_study_trials
-    from .search.results import baseline_rows, best_trials, count_states, trial_summary
+    from .search.baselines import baseline_rows
+    from .search.results import best_trials, count_states, trial_summary
     from .tracking import review_url
 
     ostudy = load_study_trials(study, storage_url)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from .search.results import DIVERGED, RUN_STATUS, baseline_rows, format_counts, objective_label
+from .search.baselines import baseline_rows
+from .search.results import DIVERGED, RUN_STATUS, format_counts, objective_label
 from .study import Study
 
 if TYPE_CHECKING:

@@ -278,7 +278,7 @@ def setup4(mnist):
 @pytest.mark.system
 @pytest.mark.parametrize("name, procs", [("push-pull-winner-examples", 4), ("allreduce-examples", 2)])
 def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, name, procs):
-    from evomerge.backends import distributed
+    from evomerge.backends import launch as distributed
 
     policy = {"push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
               "allreduce-examples": P(scheme="allreduce", mean_interval=3.0, weighting="examples")}[name]
@@ -306,7 +306,7 @@ def test_distributed_refuses_delta_payloads_on_a_clock_in_one_line(tmp_path, dat
 
 @pytest.mark.system
 def test_emulated_time_paces_the_ranks_to_the_simulated_clock(setup4):
-    from evomerge.backends import distributed
+    from evomerge.backends import launch as distributed
 
     env = EnvSpec(step_time=0.05, speeds=(1.0, 1.0, 1.0, 0.5), latency=0.01, time_budget=1.5)
     s = with_env(setup4, env)

@@ -22,7 +22,7 @@ from ..policy import MergePolicy
 # name -> "module:function" of the run function, imported when used (torch is heavy)
 BACKENDS: dict[str, str] = {
     "inprocess": "evomerge.simulate:simulate",
-    "distributed": "evomerge.backends.distributed:simulate",
+    "distributed": "evomerge.backends.launch:simulate",
 }
 
 

@@ -11,9 +11,9 @@ topology neighbour of the sender, since neighbours keep the sender's public copy
 parameters are gathered to rank 0, which evaluates and reports through the callback
 (so a search can prune), and tells the others whether to go on.
 
-Launch: :func:`simulate` spawns the processes on this machine (gloo on CPU, NCCL on
-CUDA), rendezvous on a free 127.0.0.1 port. Across hosts, run ``python -m evomerge.dist``
-under ``torchrun``, which sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``.
+Launch: :func:`evomerge.backends.launch.simulate` spawns the processes on this machine (gloo on CPU,
+NCCL on CUDA). Across hosts, run ``python -m evomerge.dist`` under ``torchrun``, which sets ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (:mod:`evomerge.dist`).
 
 Deadlock freedom: all ranks walk the events in the same global order and post every
 send and receive of an event without blocking before waiting on any, so the earliest
@@ -22,13 +22,7 @@ unfinished event always has all its ranks at it.
 
 from __future__ import annotations
 
-import multiprocessing.connection
-import os
-import queue as queue_mod
-import signal
-import tempfile
 import time
-from datetime import timedelta
 from typing import Callable
 
 import numpy as np
@@ -39,11 +33,10 @@ from .. import ops
 from ..engine import kernel, plan as plan_mod
 from ..engine.plan import PairSet
 from ..engine.run import execute
-from ..engine.setup import RoundMetrics, RunResult, Setup, prepare, resolve_device
+from ..engine.setup import RoundMetrics, RunResult, Setup, resolve_device
 from ..engine.state import initial_row
-from ..errors import ConfigError, RunError
+from ..errors import RunError
 from ..policy import MergePolicy
-from ..procs import ProcessGroup
 from . import check, check_model, check_policy
 from .base import Backend
 from .pending import Pending
@@ -366,209 +359,3 @@ def run_rank(setup: Setup, policy: MergePolicy, seed: int, *, rank: int, world: 
         for works, _ in backend._outbox:  # a timed run's last sends
             for w in works:
                 w.wait()
-
-
-# -- local launch --------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the launcher dies, however it dies (no orphaned ranks)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the launcher died before we got here
-        os._exit(1)
-
-
-def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, down, device: str,
-               evaluate_test: bool, keep_params: bool, threads: int, emulate_time: bool = False) -> None:
-    """Entry point of a spawned rank: join the group, run, send rank 0's rounds and result up."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a Ctrl-C reaches it too
-    torch.set_num_threads(threads)
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    # rendezvous through a file: nothing listens on a network port but gloo's own 127.0.0.1 pairs
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store,
-                            rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    try:
-        def report(rm):
-            up.put(("round", rm))
-            return down.get()
-
-        res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None,
-                       device=dev, evaluate_test=evaluate_test, keep_params=keep_params, emulate_time=emulate_time)
-        if rank == 0:
-            up.put(("result", res))
-    finally:
-        dist.destroy_process_group()
-
-
-def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
-             evaluate_test: bool = False, keep_params: bool = False, procs: int | None = None,
-             emulate_time: bool = False, _entry=None) -> RunResult:
-    """Like :func:`evomerge.simulate.simulate`, on ``procs`` processes (default: one per worker)
-    spawned on this machine. ``callback`` runs here, in the caller's process; if it raises, the
-    ranks stop at the end of that round and the exception propagates. A rank that dies or raises
-    ends the run with :class:`DistributedRunError` naming it, and no rank is left running."""
-    import torch.multiprocessing as mp
-
-    check_policy("distributed", policy)
-    check_model("distributed", setup.model)
-    world = procs or setup.study.run.workers
-    groups(setup.study.run.workers, world)  # a clear error before anything starts
-    device = str(resolve_device(device))
-    if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
-        raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
-                                     f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
-    ctx = mp.get_context("spawn")
-    up, down = ctx.Queue(), ctx.Queue()
-    threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
-    tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
-    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads,
-            emulate_time)
-    result, error = None, None
-    # one supervisor for every process evomerge starts: each rank leads its own process group, and
-    # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
-    with ProcessGroup(grace=3) as ranks:
-        for rank in range(world):
-            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), args), ctx=ctx)
-        try:
-            while True:
-                try:
-                    kind, payload = up.get(timeout=0.05)
-                except queue_mod.Empty:
-                    kind = None
-                if kind == "round":
-                    go = True
-                    if error is None and callback is not None:
-                        try:
-                            callback(payload)
-                        except BaseException as e:  # noqa: BLE001 - re-raised once the ranks have stopped
-                            error, go = e, False
-                    down.put(go)
-                elif kind == "result":
-                    result = payload
-                if kind is None:
-                    multiprocessing.connection.wait([p.sentinel for p in ranks.processes], timeout=0.05)
-                _raise_if_failed(ranks.processes, tmp.name)
-                if all(p.exitcode == 0 for p in ranks.processes):
-                    break
-        finally:
-            ranks.stop()
-            tmp.cleanup()
-    while result is None:  # the result may still sit in the queue after every rank exited
-        try:
-            kind, payload = up.get(timeout=5)
-        except queue_mod.Empty:
-            raise DistributedRunError(0, "ended without a result") from None
-        if kind == "result":
-            result = payload
-    if error is not None:
-        raise error
-    return result
-
-
-def _rank_process(entry, rank: int, error_path: str, args: tuple) -> None:
-    """A spawned rank: ``entry(rank, *args)``; if it raises, its last traceback line goes to
-    ``error_path`` for the launcher's one-line message, and the process exits with code 1."""
-    try:
-        entry(rank, *args)
-    except BaseException:  # noqa: BLE001 - reported by the launcher
-        import traceback
-
-        with open(error_path, "w") as fh:
-            fh.write(traceback.format_exc())
-        os._exit(1)
-
-
-def _raise_if_failed(processes, error_dir: str) -> None:
-    """The first rank that exited non-zero, as a one-line error naming it (the others are stopped
-    by the caller's ``finally``)."""
-    for rank, p in enumerate(processes):
-        if p.exitcode is None or p.exitcode == 0:
-            continue
-        if p.exitcode < 0:
-            try:
-                why = f"was killed by {signal.Signals(-p.exitcode).name}"
-            except ValueError:
-                why = f"was killed by signal {-p.exitcode}"
-            raise DistributedRunError(rank, f"(pid {p.pid}) {why}; the run was stopped")
-        last = f"exited with code {p.exitcode}"
-        path = os.path.join(error_dir, f"error-{rank}")
-        if os.path.exists(path):
-            with open(path) as fh:
-                lines = [ln.strip() for ln in fh.read().strip().splitlines() if ln.strip()]
-            if lines:
-                last = f"raised {lines[-1]}"
-        raise DistributedRunError(rank, f"(pid {p.pid}) {last}")
-
-
-# -- torchrun entry point ----------------------------------------------------------------------------------
-def main(argv=None) -> int:
-    """``python -m evomerge.dist --study S --policy P`` under torchrun (or any launcher setting the env)."""
-    import argparse
-    import json
-
-    from ..errors import ConfigError as _CE
-    from ..study import load
-
-    ap = argparse.ArgumentParser(prog="python -m evomerge.dist", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--study", required=True)
-    ap.add_argument("--policy", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    ap.add_argument("--json", dest="json_out", default=None, help="rank 0 writes the result here")
-    args = ap.parse_args(argv)
-    try:
-        for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            if var not in os.environ:
-                raise _CE(var, "is not set; launch with torchrun (or use `evomerge run --backend distributed`)")
-        study = load(args.study)
-        policy = study.resolve_policy(args.policy)
-        check_policy("distributed", policy)
-        from . import found_with
-        from ..policy import read_export
-
-        study, note = found_with(study, read_export(args.policy) if os.path.isfile(args.policy) else None)
-        if note and int(os.environ.get("RANK", 0)) == 0:
-            print(note, flush=True)
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        groups(study.run.workers, world)
-    except _CE as e:
-        print(f"error: {e}", file=__import__("sys").stderr)
-        return 2
-    dev = resolve_device(args.device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://")
-    try:
-        setup = prepare(study, data_dir=args.data_dir)
-        seed = study.run.seeds[0] if args.seed is None else args.seed
-
-        def report(rm):
-            print(f"round {rm.round}: step {rm.step}, val accuracy {rm.val_accuracy:.4f}, "
-                  f"{rm.bytes / 1e6:.1f} MB", flush=True)
-            return True
-
-        res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None, device=dev)
-        if rank == 0:
-            print(f"{res.status}: val accuracy {res.final.val_accuracy:.4f}, {res.final.bytes / 1e6:.1f} MB, "
-                  f"{res.wall_time:.1f} s on {world} processes", flush=True)
-            if args.json_out:
-                with open(args.json_out, "w") as fh:
-                    json.dump(res.to_dict(), fh, indent=1)
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -237,239 +237,257 @@ def build(env, policy, workers: int, total_steps: int, rounds: int, seed: int, p
     compute = Compute(env, workers, seed)
     _, horizon = free_horizon(compute, workers, total_steps, env.time_budget)
     while True:
-        tl = _simulate(env, policy, workers, total_steps, rounds, compute, make_schedule(horizon), payload_bytes, horizon)
+        tl = Simulation(env, policy, workers, total_steps, rounds, compute, make_schedule(horizon), payload_bytes,
+                        horizon).run()
         if env.time_budget or max(len(c) for c in tl.completions) <= horizon:
             return tl
         horizon *= 2  # waiting let a fast worker run past the horizon (step budget only): more events
 
 
-def _simulate(env, policy, W: int, T: int, rounds: int, compute: Compute, sched: Schedule, cost, horizon: int) -> Timeline:
-    net = Network(env, W)
-    blocking = env.overlap == "blocking"
-    push_pull = policy.exchange == "push_pull"
-    budget = env.time_budget or float("inf")
-    need = W * T  # step budget: the run's work in local steps
-    # events by (initiator, step), in schedule order
-    allreduce = sched.scheme == "allreduce"
+class Simulation:
+    """One run's discrete-event simulation of the clocks: the workers' steps, sends, landings, barriers, streamed
+    fragments and server pushes on a heap of timed events; :meth:`run` returns the :class:`Timeline`."""
+
     SERVER = 0  # asynchronous DiLoCo's server sits at worker 0's node: worker w reaches it over link (w, 0)
-    fire: dict[tuple[int, int], list[int]] = {}
-    for e, (s, i) in enumerate(zip(sched.step.tolist(), sched.initiator.tolist())):
-        for w in (range(W) if allreduce else (i,)):  # an all-reduce involves everybody
-            fire.setdefault((w, s), []).append(e)
 
-    heap: list = []
-    seq = [0]
+    def __init__(self, env, policy, W: int, T: int, rounds: int, compute: Compute, sched: Schedule, cost,
+                 horizon: int):
+        self.env, self.policy, self.W, self.T, self.rounds = env, policy, W, T, rounds
+        self.compute, self.sched, self.cost, self.horizon = compute, sched, cost, horizon
+        self.net = Network(env, W)
+        self.blocking = env.overlap == "blocking"
+        self.push_pull = policy.exchange == "push_pull"
+        self.budget = env.time_budget or float("inf")
+        self.need = W * T  # step budget: the run's work in local steps
+        self.allreduce = sched.scheme == "allreduce"
+        self.asynchronous = sched.scheme == "async"
+        self.delay = policy.fragment_delay if self.allreduce else 0
+        # events by (initiator, step), in schedule order
+        self.fire: dict[tuple[int, int], list[int]] = {}
+        for e, (s, i) in enumerate(zip(sched.step.tolist(), sched.initiator.tolist())):
+            for w in (range(W) if self.allreduce else (i,)):  # an all-reduce involves everybody
+                self.fire.setdefault((w, s), []).append(e)
+        self.heap: list = []
+        self.seq = 0
+        self.done = [0] * W
+        self.completions: list[list[float]] = [[] for _ in range(W)]
+        self.busy = [False] * W  # in a step
+        self.step_end = [0.0] * W
+        self.waits = [0] * W  # merges this worker is blocked on
+        self.idle_since: list[float | None] = [None] * W
+        self.idle_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]
+        self.finished = [False] * W
+        self.uplink = [0.0] * W  # when each node's uplink / downlink is free (its sends / receives go one at a time)
+        self.downlink = [0.0] * W
+        self.duplex: dict[tuple[int, int], float] = {}  # when each pair's connection is free (one direction at a time)
+        self.actions: list[list[Action]] = [[] for _ in range(W)]
+        self.sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
+        self.barrier: dict[int, float] = {}
+        self.total = 0
+        self.end = self.budget
+        self.streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
+        self.t_landed: dict[int, float] = {}  # streamed event -> when its average has reached every worker
+        self.due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event landing there
+        self.parked: dict[int, list[int]] = {}  # streamed event -> workers waiting for it
+        self.parked_at: dict[int, float] = {}  # worker -> since when it waits for a streamed fragment (or the server)
 
-    def push(t, kind, data):
-        heapq.heappush(heap, (t, seq[0], kind, data))
-        seq[0] += 1
+    # -- what the events do ---------------------------------------------------------------------------------
+    def push(self, t, kind, data) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, data))
+        self.seq += 1
 
-    done = [0] * W
-    completions: list[list[float]] = [[] for _ in range(W)]
-    busy = [False] * W  # in a step
-    step_end = [0.0] * W
-    waits = [0] * W  # merges this worker is blocked on
-    idle_since: list[float | None] = [None] * W
-    idle_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]
-    finished = [False] * W
-    uplink = [0.0] * W  # when each node's uplink / downlink is free (its sends / receives go one at a time)
-    downlink = [0.0] * W
-    duplex: dict[tuple[int, int], float] = {}  # when each pair's connection is free (one direction at a time)
-    actions: list[list[Action]] = [[] for _ in range(W)]
-    sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
-    barrier: dict[int, float] = {}
-    total = [0]
-    end = [budget]
-
-    def start_step(w: int, t: float) -> None:
-        d = compute.duration(w, done[w] + 1)
-        if t + d > budget:
-            finished[w] = True
+    def start_step(self, w: int, t: float) -> None:
+        d = self.compute.duration(w, self.done[w] + 1)
+        if t + d > self.budget:
+            self.finished[w] = True
             return
-        busy[w], step_end[w] = True, t + d
-        push(t + d, "end", w)
+        self.busy[w], self.step_end[w] = True, t + d
+        self.push(t + d, "end", w)
 
-    def go_idle(w: int, t: float) -> None:
-        idle_since[w] = t
+    def resume(self, w: int, t: float) -> None:
+        self.waits[w] -= 1
+        if self.waits[w] == 0 and not self.busy[w] and not self.finished[w]:
+            if self.idle_since[w] is not None:
+                self.idle_spans[w].append((self.idle_since[w], t))
+                self.idle_since[w] = None
+            self.start_step(w, t)
 
-    def resume(w: int, t: float) -> None:
-        waits[w] -= 1
-        if waits[w] == 0 and not busy[w] and not finished[w]:
-            if idle_since[w] is not None:
-                idle_spans[w].append((idle_since[w], t))
-                idle_since[w] = None
-            start_step(w, t)
-
-    def send(e: int, i: int, j: int, t: float, kind: int) -> None:
-        nbytes = cost.sent * cost.fan(i)
+    def send(self, e: int, i: int, j: int, t: float, kind: int) -> None:
+        nbytes = self.cost.sent * self.cost.fan(i)
         pair = (min(i, j), max(i, j))
-        start = max(t, uplink[i], downlink[j], duplex.get(pair, 0.0))
-        tx = net.transmit(i, j, nbytes)
-        uplink[i] = downlink[j] = duplex[pair] = start + tx
-        push(start + tx + net.latency[i, j], "land", (e, i, j, t, kind))
+        start = max(t, self.uplink[i], self.downlink[j], self.duplex.get(pair, 0.0))
+        tx = self.net.transmit(i, j, nbytes)
+        self.uplink[i] = self.downlink[j] = self.duplex[pair] = start + tx
+        self.push(start + tx + self.net.latency[i, j], "land", (e, i, j, t, kind))
 
-    def ring(e: int) -> float:
-        share = cost.allreduce_share(None if sched.fragment is None else int(sched.fragment[e]))
-        return net.ring_allreduce(cost.sent * share, cost.dense * share)
+    def ring(self, e: int) -> float:
+        share = self.cost.allreduce_share(None if self.sched.fragment is None else int(self.sched.fragment[e]))
+        return self.net.ring_allreduce(self.cost.sent * share, self.cost.dense * share)
 
-    def at_boundary(w: int, t: float, applied: bool = False) -> None:
+    def at_boundary(self, w: int, t: float, applied: bool = False) -> None:
         """Worker ``w`` at the boundary after its ``done[w]`` local steps, at time ``t``: a streamed fragment due
         here lands (or the worker waits for it), then the merges drawn for this step start."""
-        k = done[w]
-        e = None if applied else due_landing.pop((w, k), None)
+        k, sched, cost, W = self.done[w], self.sched, self.cost, self.W
+        e = None if applied else self.due_landing.pop((w, k), None)
         if e is not None:
-            if e not in t_landed or t_landed[e] > t:  # still in flight: wait for it (streaming blocks only here)
-                parked_at[w] = t
-                if e in t_landed:
-                    push(t_landed[e], "landed", (w, e))
+            if e not in self.t_landed or self.t_landed[e] > t:  # still in flight: wait (streaming blocks only here)
+                self.parked_at[w] = t
+                if e in self.t_landed:
+                    self.push(self.t_landed[e], "landed", (w, e))
                 else:
-                    parked.setdefault(e, []).append(w)
+                    self.parked.setdefault(e, []).append(w)
                 return
-            actions[w].append(Action(w, k, t, e, AR_APPLY))
-        evs = fire.get((w, k), ())
-        if asynchronous and evs:  # push the pseudo-gradient to the server over this worker's link to it
-            e = evs[0]
-            start = max(t, uplink[w], downlink[SERVER])
-            tx = net.transmit(w, SERVER, cost.dense)
-            uplink[w] = downlink[SERVER] = start + tx
-            sends.append((t, 2 * cost.dense))  # the push and the pull
-            parked_at[w] = t
-            push(start + tx + net.latency[w, SERVER], "server", (e, w, k, t))
+            self.actions[w].append(Action(w, k, t, e, AR_APPLY))
+        evs = self.fire.get((w, k), ())
+        if self.asynchronous and evs:  # push the pseudo-gradient to the server over this worker's link to it
+            e, S = evs[0], self.SERVER
+            start = max(t, self.uplink[w], self.downlink[S])
+            tx = self.net.transmit(w, S, cost.dense)
+            self.uplink[w] = self.downlink[S] = start + tx
+            self.sends.append((t, 2 * cost.dense))  # the push and the pull
+            self.parked_at[w] = t
+            self.push(start + tx + self.net.latency[w, S], "server", (e, w, k, t))
             return
-        if allreduce and evs and delay:  # Streaming DiLoCo: the fragment travels while training goes on
+        if self.allreduce and evs and self.delay:  # Streaming DiLoCo: the fragment travels while training goes on
             e = evs[0]
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
-            actions[w].append(Action(w, k, t, e, AR_SEND))
-            sends.append((t, cost.allreduce(1, frag)))
-            due_landing[(w, k + delay)] = e
-            bar = streams.setdefault(e, {})
+            self.actions[w].append(Action(w, k, t, e, AR_SEND))
+            self.sends.append((t, cost.allreduce(1, frag)))
+            self.due_landing[(w, k + self.delay)] = e
+            bar = self.streams.setdefault(e, {})
             bar[w] = t
             if len(bar) == W:
-                t_landed[e] = max(bar.values()) + ring(e)
-                for v in parked.pop(e, []):
-                    push(max(t_landed[e], parked_at[v]), "landed", (v, e))
-            start_step(w, t)
+                self.t_landed[e] = max(bar.values()) + self.ring(e)
+                for v in self.parked.pop(e, []):
+                    self.push(max(self.t_landed[e], self.parked_at[v]), "landed", (v, e))
+            self.start_step(w, t)
             return
-        if allreduce and evs:
+        if self.allreduce and evs:
             e = evs[0]
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
-            barrier[w] = t
-            sends.append((t, cost.allreduce(1, frag)))  # this worker's share of the bytes
-            if len(barrier) == W:
-                t_done = max(barrier.values()) + ring(e)
+            self.barrier[w] = t
+            self.sends.append((t, cost.allreduce(1, frag)))  # this worker's share of the bytes
+            if len(self.barrier) == W:
+                t_done = max(self.barrier.values()) + self.ring(e)
                 for v in range(W):
-                    actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
-                    idle_spans[v].append((barrier[v], t_done))
-                barrier.clear()
+                    self.actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
+                    self.idle_spans[v].append((self.barrier[v], t_done))
+                self.barrier.clear()
                 for v in range(W):
-                    push(t_done, "go", v)
+                    self.push(t_done, "go", v)
             return
         for e in evs:
             j = int(sched.peer[e])
-            actions[w].append(Action(w, k, t, e, SEND))
-            sends.append((t, cost.pair(w, j)))
-            send(e, w, j, t, LAND)
-            if blocking:
-                waits[w] += 1
-        if waits[w]:
-            go_idle(w, t)
+            self.actions[w].append(Action(w, k, t, e, SEND))
+            self.sends.append((t, cost.pair(w, j)))
+            self.send(e, w, j, t, LAND)
+            if self.blocking:
+                self.waits[w] += 1
+        if self.waits[w]:
+            self.idle_since[w] = t
         else:
-            start_step(w, t)
+            self.start_step(w, t)
 
-    delay = policy.fragment_delay if allreduce else 0
-    asynchronous = sched.scheme == "async"
-    streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
-    t_landed: dict[int, float] = {}  # streamed event -> when its average has reached every worker
-    due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event that lands there
-    parked: dict[int, list[int]] = {}  # streamed event -> workers waiting for it
-    parked_at: dict[int, float] = {}  # worker -> since when it waits for a streamed fragment
-    for w in range(W):
-        start_step(w, 0.0)
-    while heap:
-        t, _, kind, data = heapq.heappop(heap)
-        if t > end[0]:
-            break
-        if kind == "end":
-            w = data
-            busy[w] = False
-            done[w] += 1
-            completions[w].append(t)
-            total[0] += 1
-            if not env.time_budget and total[0] == need:
-                end[0] = t  # the step budget's work is done; what happens at this instant still counts
-            at_boundary(w, t)
-        elif kind == "landed":  # a streamed fragment a worker waited for has landed: apply it, go on
-            w, e = data
-            actions[w].append(Action(w, done[w], t, e, AR_APPLY))
-            idle_spans[w].append((parked_at.pop(w), t))
-            at_boundary(w, t, applied=True)
-        elif kind == "server":  # pushes arriving together are one batch; each worker pulls the new model
-            batch = [data] + [x[3] for x in heap if x[0] == t and x[2] == "server"]
-            heap[:] = [x for x in heap if not (x[0] == t and x[2] == "server")]
-            heapq.heapify(heap)
-            for e, w, k, t_sent in sorted(batch, key=lambda b: b[1]):
-                actions[w].append(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
-                push(t + net.transmit(SERVER, w, cost.dense) + net.latency[SERVER, w], "pulled", w)
-        elif kind == "pulled":
-            idle_spans[data].append((parked_at.pop(data), t))
-            start_step(data, t)
-        elif kind == "go":  # leaving an all-reduce
-            start_step(data, t)
-        elif kind == "land":
-            e, i, j, t_sent, what = data
-            # applied at the receiver's first boundary at or after t (at once if it is not in a step)
-            if busy[j] and not (completions[j] and completions[j][-1] == t):
-                at, boundary = step_end[j], done[j] + 1
-            else:
-                at, boundary = t, done[j]
-            if at > end[0] or (busy[j] and at > budget):
-                continue
-            actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t))
-            if what == LAND and push_pull:
-                push(at, "reply", (e, j, i))
-            elif blocking:
-                push(t, "resume", i if what == LAND else j)  # the initiator: push when it lands, push-pull when the answer does
-        elif kind == "reply":
-            e, j, i = data
-            send(e, j, i, t, REPLY)
-        elif kind == "resume":
-            resume(data, t)
-    end_t = end[0] if end[0] < float("inf") else max((c[-1] for c in completions if c), default=0.0)
-    if env.time_budget:
-        round_ends = [env.time_budget * (r + 1) / rounds for r in range(rounds)]
-    else:
-        from .setup import round_bounds
+    # -- the event loop ----------------------------------------------------------------------------------
+    def run(self) -> Timeline:
+        env, W = self.env, self.W
+        for w in range(W):
+            self.start_step(w, 0.0)
+        heap = self.heap
+        while heap:
+            t, _, kind, data = heapq.heappop(heap)
+            if t > self.end:
+                break
+            if kind == "end":
+                w = data
+                self.busy[w] = False
+                self.done[w] += 1
+                self.completions[w].append(t)
+                self.total += 1
+                if not env.time_budget and self.total == self.need:
+                    self.end = t  # the step budget's work is done; what happens at this instant still counts
+                self.at_boundary(w, t)
+            elif kind == "landed":  # a streamed fragment a worker waited for has landed: apply it, go on
+                w, e = data
+                self.actions[w].append(Action(w, self.done[w], t, e, AR_APPLY))
+                self.idle_spans[w].append((self.parked_at.pop(w), t))
+                self.at_boundary(w, t, applied=True)
+            elif kind == "server":  # pushes arriving together are one batch; each worker pulls the new model
+                batch = [data] + [x[3] for x in heap if x[0] == t and x[2] == "server"]
+                heap[:] = [x for x in heap if not (x[0] == t and x[2] == "server")]
+                heapq.heapify(heap)
+                S = self.SERVER
+                for e, w, k, t_sent in sorted(batch, key=lambda b: b[1]):
+                    self.actions[w].append(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
+                    self.push(t + self.net.transmit(S, w, self.cost.dense) + self.net.latency[S, w], "pulled", w)
+            elif kind == "pulled":
+                self.idle_spans[data].append((self.parked_at.pop(data), t))
+                self.start_step(data, t)
+            elif kind == "go":  # leaving an all-reduce
+                self.start_step(data, t)
+            elif kind == "land":
+                e, i, j, t_sent, what = data
+                # applied at the receiver's first boundary at or after t (at once if it is not in a step)
+                if self.busy[j] and not (self.completions[j] and self.completions[j][-1] == t):
+                    at, boundary = self.step_end[j], self.done[j] + 1
+                else:
+                    at, boundary = t, self.done[j]
+                if at > self.end or (self.busy[j] and at > self.budget):
+                    continue
+                self.actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t))
+                if what == LAND and self.push_pull:
+                    self.push(at, "reply", (e, j, i))
+                elif self.blocking:
+                    # the initiator: push when it lands, push-pull when the answer does
+                    self.push(t, "resume", i if what == LAND else j)
+            elif kind == "reply":
+                e, j, i = data
+                self.send(e, j, i, t, REPLY)
+            elif kind == "resume":
+                self.resume(data, t)
+        return self.timeline()
 
-        done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
-        round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]
-    comp = [np.asarray([x for x in c if x <= end_t]) for c in completions]
-    for w in range(W):
-        if idle_since[w] is not None:
-            idle_spans[w].append((idle_since[w], end_t))
-        if w in barrier:  # waiting at a barrier that never filled
-            idle_spans[w].append((barrier[w], end_t))
-        if w in parked_at:  # waiting for a streamed fragment that never landed
-            idle_spans[w].append((parked_at[w], end_t))
-        actions[w] = sorted((a for a in actions[w] if a.time <= end_t), key=lambda a: (a.boundary, a.key))
-    R = len(round_ends)
-    idle = np.zeros((R, W))
-    starts = [0.0, *round_ends[:-1]]
-    for w in range(W):
-        for a, b in idle_spans[w]:
-            for r in range(R):
-                idle[r, w] += max(0.0, min(b, round_ends[r]) - max(a, starts[r]))
-    stale: list[list[float]] = [[] for _ in range(R)]
-    for acts in actions:
-        for a in acts:
-            if a.kind in (LAND, REPLY, ASYNC):
-                r = min(int(np.searchsorted(round_ends, a.time, side="left")), R - 1)
-                stale[r].append(a.time - a.sent)
-    sends.sort()
-    times = np.asarray([s[0] for s in sends])
-    cum = np.cumsum([s[1] for s in sends]) if sends else np.zeros(0)
-    nbytes, merges = [], []
-    for t in round_ends:
-        n = int(np.searchsorted(times, t, side="right"))
-        nbytes.append(int(cum[n - 1]) if n else 0)
-        merges.append(n // W if allreduce else n)
-    return Timeline(sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, horizon)
+    def timeline(self) -> Timeline:
+        """The run as it happened: what each worker did at each boundary, the rounds' ends, idle time,
+        staleness, bytes and merges per round."""
+        env, W, T, rounds = self.env, self.W, self.T, self.rounds
+        completions, actions, idle_spans = self.completions, self.actions, self.idle_spans
+        end_t = self.end if self.end < float("inf") else max((c[-1] for c in completions if c), default=0.0)
+        if env.time_budget:
+            round_ends = [env.time_budget * (r + 1) / rounds for r in range(rounds)]
+        else:
+            from .setup import round_bounds
+
+            done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
+            round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]
+        comp = [np.asarray([x for x in c if x <= end_t]) for c in completions]
+        for w in range(W):
+            if self.idle_since[w] is not None:
+                idle_spans[w].append((self.idle_since[w], end_t))
+            if w in self.barrier:  # waiting at a barrier that never filled
+                idle_spans[w].append((self.barrier[w], end_t))
+            if w in self.parked_at:  # waiting for a streamed fragment that never landed
+                idle_spans[w].append((self.parked_at[w], end_t))
+            actions[w] = sorted((a for a in actions[w] if a.time <= end_t), key=lambda a: (a.boundary, a.key))
+        R = len(round_ends)
+        idle = np.zeros((R, W))
+        starts = [0.0, *round_ends[:-1]]
+        for w in range(W):
+            for a, b in idle_spans[w]:
+                for r in range(R):
+                    idle[r, w] += max(0.0, min(b, round_ends[r]) - max(a, starts[r]))
+        stale: list[list[float]] = [[] for _ in range(R)]
+        for acts in actions:
+            for a in acts:
+                if a.kind in (LAND, REPLY, ASYNC):
+                    r = min(int(np.searchsorted(round_ends, a.time, side="left")), R - 1)
+                    stale[r].append(a.time - a.sent)
+        sends = sorted(self.sends)
+        times = np.asarray([s[0] for s in sends])
+        cum = np.cumsum([s[1] for s in sends]) if sends else np.zeros(0)
+        nbytes, merges = [], []
+        for t in round_ends:
+            n = int(np.searchsorted(times, t, side="right"))
+            nbytes.append(int(cum[n - 1]) if n else 0)
+            merges.append(n // W if self.allreduce else n)
+        return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon)

@@ -5,7 +5,9 @@
 - :mod:`.fingerprint`: what a study's stored results depend on, checked on every search;
 - :mod:`.trial`: judging one trial (seeds, pruning, the multi-objective prune rule);
 - :mod:`.loop`: the worker loop, ``--jobs`` processes, :func:`run_search`;
-- :mod:`.results`: reading results back (status, export, the dashboard); it does not import the loop;
+- :mod:`.results`: reading results back (status, export, the dashboard); it trains nothing and does not import
+  the loop;
+- :mod:`.baselines`: the study's baselines, run and cached;
 - :mod:`.cmaes`: CMA-ES through ask/tell, its state replayed from the study.
 
 Importing this package is cheap: the names below are loaded from their modules on first use.
@@ -27,7 +29,7 @@ _WHERE = {
     "mo_should_prune": "trial", "evaluate": "trial", "run_trial": "trial",
     "run_search": "loop", "work": "loop", "SearchResult": "loop",
     "load_study": "results", "best_trials": "results", "trial_summary": "results", "pareto_trials": "results",
-    "baseline_rows": "results", "count_states": "results", "count_line": "results", "dominated_count": "results",
+    "baseline_rows": "baselines", "count_states": "results", "count_line": "results", "dominated_count": "results",
     "objective_label": "results", "objective_values": "results", "curve_of": "results", "diverged": "results",
     "RUN_STATUS": "results", "DIVERGED": "results",
     "CmaDriver": "cmaes",

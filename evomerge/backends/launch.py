@@ -1,0 +1,166 @@
+"""Launching a distributed run on this machine: :func:`simulate` spawns one process per rank (or per group of
+workers), each running :func:`evomerge.backends.distributed.run_rank` (gloo on the CPU, NCCL on CUDA, rendezvous
+through a file), relays rank 0's rounds to the caller's callback, and stops every rank however it ends: a rank
+that dies or raises ends the run with one line naming it."""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import queue as queue_mod
+import signal
+import tempfile
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..engine.setup import RunResult, Setup, resolve_device
+from ..errors import ConfigError
+from ..policy import MergePolicy
+from ..procs import ProcessGroup
+from . import check_model, check_policy
+from .distributed import DistributedRunError, groups, run_rank
+
+
+# -- local launch --------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the launcher dies, however it dies (no orphaned ranks)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the launcher died before we got here
+        os._exit(1)
+
+
+def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, down, device: str,
+               evaluate_test: bool, keep_params: bool, threads: int, emulate_time: bool = False) -> None:
+    """Entry point of a spawned rank: join the group, run, send rank 0's rounds and result up."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a Ctrl-C reaches it too
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    # rendezvous through a file: nothing listens on a network port but gloo's own 127.0.0.1 pairs
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    try:
+        def report(rm):
+            up.put(("round", rm))
+            return down.get()
+
+        res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None,
+                       device=dev, evaluate_test=evaluate_test, keep_params=keep_params, emulate_time=emulate_time)
+        if rank == 0:
+            up.put(("result", res))
+    finally:
+        dist.destroy_process_group()
+
+
+def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
+             evaluate_test: bool = False, keep_params: bool = False, procs: int | None = None,
+             emulate_time: bool = False, _entry=None) -> RunResult:
+    """Like :func:`evomerge.simulate.simulate`, on ``procs`` processes (default: one per worker)
+    spawned on this machine. ``callback`` runs here, in the caller's process; if it raises, the
+    ranks stop at the end of that round and the exception propagates. A rank that dies or raises
+    ends the run with :class:`DistributedRunError` naming it, and no rank is left running."""
+    import torch.multiprocessing as mp
+
+    check_policy("distributed", policy)
+    check_model("distributed", setup.model)
+    world = procs or setup.study.run.workers
+    groups(setup.study.run.workers, world)  # a clear error before anything starts
+    device = str(resolve_device(device))
+    if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
+        raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
+                                     f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
+    ctx = mp.get_context("spawn")
+    up, down = ctx.Queue(), ctx.Queue()
+    threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
+    tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
+    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads,
+            emulate_time)
+    result, error = None, None
+    # one supervisor for every process evomerge starts: each rank leads its own process group, and
+    # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
+    with ProcessGroup(grace=3) as ranks:
+        for rank in range(world):
+            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), args), ctx=ctx)
+        try:
+            while True:
+                try:
+                    kind, payload = up.get(timeout=0.05)
+                except queue_mod.Empty:
+                    kind = None
+                if kind == "round":
+                    go = True
+                    if error is None and callback is not None:
+                        try:
+                            callback(payload)
+                        except BaseException as e:  # noqa: BLE001 - re-raised once the ranks have stopped
+                            error, go = e, False
+                    down.put(go)
+                elif kind == "result":
+                    result = payload
+                if kind is None:
+                    multiprocessing.connection.wait([p.sentinel for p in ranks.processes], timeout=0.05)
+                _raise_if_failed(ranks.processes, tmp.name)
+                if all(p.exitcode == 0 for p in ranks.processes):
+                    break
+        finally:
+            ranks.stop()
+            tmp.cleanup()
+    while result is None:  # the result may still sit in the queue after every rank exited
+        try:
+            kind, payload = up.get(timeout=5)
+        except queue_mod.Empty:
+            raise DistributedRunError(0, "ended without a result") from None
+        if kind == "result":
+            result = payload
+    if error is not None:
+        raise error
+    return result
+
+
+def _rank_process(entry, rank: int, error_path: str, args: tuple) -> None:
+    """A spawned rank: ``entry(rank, *args)``; if it raises, its last traceback line goes to
+    ``error_path`` for the launcher's one-line message, and the process exits with code 1."""
+    try:
+        entry(rank, *args)
+    except BaseException:  # noqa: BLE001 - reported by the launcher
+        import traceback
+
+        with open(error_path, "w") as fh:
+            fh.write(traceback.format_exc())
+        os._exit(1)
+
+
+def _raise_if_failed(processes, error_dir: str) -> None:
+    """The first rank that exited non-zero, as a one-line error naming it (the others are stopped
+    by the caller's ``finally``)."""
+    for rank, p in enumerate(processes):
+        if p.exitcode is None or p.exitcode == 0:
+            continue
+        if p.exitcode < 0:
+            try:
+                why = f"was killed by {signal.Signals(-p.exitcode).name}"
+            except ValueError:
+                why = f"was killed by signal {-p.exitcode}"
+            raise DistributedRunError(rank, f"(pid {p.pid}) {why}; the run was stopped")
+        last = f"exited with code {p.exitcode}"
+        path = os.path.join(error_dir, f"error-{rank}")
+        if os.path.exists(path):
+            with open(path) as fh:
+                lines = [ln.strip() for ln in fh.read().strip().splitlines() if ln.strip()]
+            if lines:
+                last = f"raised {lines[-1]}"
+        raise DistributedRunError(rank, f"(pid {p.pid}) {last}")
+
+
