@@ -1,4 +1,4 @@
-"""The generic stacked model (any nn.Module: evomerge.generic) measured side by side, interleaved.
+"""The generic stacked model (any nn.Module: evomerge.models.generic) measured side by side, interleaved.
 
 1. The generic path against the hand-written MLP (784-128-10, SGD, batch 32 per worker) at
    W = 8 and W = 64: one local step of all W workers (forward, backward, update), each the
@@ -34,7 +34,7 @@ from torch.func import functional_call, grad, vmap
 
 from evomerge import models
 from evomerge.engine.optim import Optimizer
-from evomerge.generic import GenericModel
+from evomerge.models.generic import GenericModel
 
 ROOT = Path(__file__).resolve().parent.parent
 

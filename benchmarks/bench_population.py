@@ -28,7 +28,7 @@ def policies(study, n: int, seed: int = 0):
     """``n`` policies of the study's space, drawn by Optuna's RandomSampler (seeded)."""
     import optuna
 
-    from evomerge import space
+    from evomerge.search import space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))

@@ -302,13 +302,13 @@ def _run_with_progress(run_fn, setup, policy, seed, device, quiet, label):
 
 
 def _console():
-    from .search_view import console
+    from .report.search_view import console
 
     return console()
 
 
 def _mb(n: int) -> str:
-    from .search_view import mb
+    from .report.search_view import mb
 
     return mb(n)
 
@@ -483,7 +483,7 @@ def cmd_search(args) -> int:
     from .search.options import from_args
 
     cfg = make_config(study, **from_args(args))
-    from .search_view import SearchView
+    from .report.search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)
     with view, signals_raise():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the running trial failed, the rest kept
@@ -503,8 +503,8 @@ def cmd_search(args) -> int:
 
 def cmd_transfer(args) -> int:
     from .study import load
-    from .tracking import Tracker, check_reachable, resolve_tracking_uri
-    from .transfer import transfer, verdict
+    from .report.tracking import Tracker, check_reachable, resolve_tracking_uri
+    from .search.transfer import transfer, verdict
 
     _quiet_libraries()
     source, target = _load_stored(args), load(args.target)
@@ -541,7 +541,7 @@ def cmd_transfer(args) -> int:
 
 
 def _console_err():
-    from .search_view import console
+    from .report.search_view import console
 
     return console(stderr=True)
 
@@ -571,7 +571,7 @@ def _print_transfer(result: dict) -> None:
 
 def cmd_status(args) -> int:
     from .search.results import best_trials, count_line, diverged, load_study
-    from .search_view import best_table, diverged_line, no_best_line
+    from .report.search_view import best_table, diverged_line, no_best_line
 
     _quiet_libraries(mlflow=False)
     study = _load_stored(args)
@@ -605,7 +605,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .export import export_best, export_pareto
+    from .report.export import export_best, export_pareto
 
     study = _load_stored(args)
     url = _storage_url(study, args)
@@ -632,8 +632,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_dashboard(args) -> int:
-    from . import dashboard
-    from .tracking import resolve_tracking_uri
+    from .report import dashboard
+    from .report.tracking import resolve_tracking_uri
 
     _quiet_libraries()
     study = _load_stored(args)
@@ -653,7 +653,7 @@ def cmd_ui(args) -> int:
     import socket
 
     from .procs import ProcessGroup, Terminated
-    from .tracking import resolve_tracking_uri
+    from .report.tracking import resolve_tracking_uri
 
     study = _load_stored(args)
     study_dir = Path(args.runs_dir) / study.name
@@ -698,7 +698,7 @@ def _review_address(server: str, study_name: str) -> str:
     model-training view (MLflow 3's home is the GenAI view); the experiments list before any search logged."""
     from mlflow import MlflowClient
 
-    from .tracking import review_url
+    from .report.tracking import review_url
 
     exp = MlflowClient(tracking_uri=server).get_experiment_by_name(study_name)
     if exp is None:

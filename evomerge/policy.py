@@ -21,7 +21,7 @@ from pydantic_core import ArgsKwargs
 from . import settings
 from .errors import ConfigError
 from .settings import Choice
-from .topology import TOPOLOGIES
+from .engine.topology import TOPOLOGIES
 
 SCHEMA_VERSION = 6
 # Fields added by each schema version; older files lack them and get their defaults (off).

@@ -41,9 +41,9 @@ class Registry(dict):
 
 
 #: stacked models (``study.model.name``): classes built as ``cls(input_shape, n_classes, **options)``
-#: ``module`` is any ``nn.Module`` a study's ``[model] factory`` returns (:class:`evomerge.generic.GenericModel`)
+#: ``module`` is any ``nn.Module`` a study's ``[model] factory`` returns (:class:`evomerge.models.generic.GenericModel`)
 MODELS = Registry("study.model.name", {"mlp": "evomerge.models:MLP", "cnn": "evomerge.models:CNN",
-                                       "module": "evomerge.generic:GenericModel"})
+                                       "module": "evomerge.models.generic:GenericModel"})
 
 #: how supports weight a merge (``policy.weighting``): :class:`evomerge.engine.weighting.Weighting`
 WEIGHTINGS = Registry("policy.weighting", {

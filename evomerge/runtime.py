@@ -61,7 +61,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import ops, registry, schedule as schedule_mod
+from .engine import ops, schedule as schedule_mod
+from . import registry
 from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from evomerge import data as data_mod
-from evomerge import datapool, ops, similarity
-from evomerge import schedule as schedule_mod
+from evomerge.engine import datapool, ops, similarity
+from evomerge.engine import schedule as schedule_mod
 from evomerge.engine.setup import RoundMetrics, RunResult, Setup, normalise, round_bounds
 from evomerge.engine.judge import Judge, Similarity, slice_losses, update_norms
 from evomerge.engine.run import train_steps
@@ -171,7 +171,7 @@ class _Merger:
 
     def regroup(self) -> None:
         """Self-forming communities: cluster the workers by similarity into ``n_communities`` groups."""
-        from evomerge.topology import Communities
+        from evomerge.engine.topology import Communities
 
         self.groups = similarity.cluster(self.sim.matrix(self.st.params), self.p.n_communities)
         self.peer_p = Communities(self.st.W, self.p.n_communities, self.p.p_intra, groups=self.groups).probabilities()

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from conftest import tiny_study, write_study
-from evomerge import dist, ops, simulate
+from evomerge import dist, simulate
+from evomerge.engine import ops
 from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy
 
@@ -317,7 +318,7 @@ def test_ctrl_c_stops_every_rank(tmp_path, data_dir):
     assert [p for p in ranks if _alive(p)] == []
 
 
-# -- a user's model (evomerge.generic) -----------------------------------------------------------------
+# -- a user's model (evomerge.models.generic) -----------------------------------------------------------------
 USER_MODELS = '''
 from torch import nn
 
@@ -341,7 +342,7 @@ def test_distributed_runs_a_users_model_with_adamw_as_inprocess(mnist, user_fold
     """The ranks import the factory again from the study's folder (the model pickles by reference)."""
     import dataclasses
 
-    from evomerge.generic import GenericModel
+    from evomerge.models.generic import GenericModel
 
     s = tiny_study(optimizer="adamw", lr=0.01, weight_decay=0.01)
     s = dataclasses.replace(s, path=user_folder / "s.toml",

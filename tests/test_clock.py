@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evomerge import schedule as schedule_mod
+from evomerge.engine import schedule as schedule_mod
 from evomerge.engine import clock, plan
 from evomerge.policy import MergePolicy
 from evomerge.study import EnvSpec

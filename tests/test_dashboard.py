@@ -7,9 +7,10 @@ import pytest
 
 import evomerge
 from conftest import write_study
-from evomerge import dashboard, study
+from evomerge.report import dashboard
+from evomerge import study
 from evomerge.search.storage import default_storage
-from evomerge.tracking import default_tracking_uri
+from evomerge.report.tracking import default_tracking_uri
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

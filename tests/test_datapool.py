@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import tiny_study
-from evomerge import datapool, simulate
+from evomerge.engine import datapool
+from evomerge import simulate
 from evomerge.policy import MergePolicy
 
 

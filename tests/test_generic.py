@@ -1,4 +1,4 @@
-"""The generic stacked model (any nn.Module: evomerge.generic) against the hand-written MLP and
+"""The generic stacked model (any nn.Module: evomerge.models.generic) against the hand-written MLP and
 against W separate modules, and how merges treat its buffers (policy.buffers)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from evomerge import reference, simulate
 from evomerge.backends.inprocess import InProcess
 from evomerge.engine.plan import PairSet
 from evomerge.errors import ConfigError
-from evomerge.generic import GenericModel
+from evomerge.models.generic import GenericModel
 from evomerge.models import load_row
 from evomerge.policy import MergePolicy
 

@@ -13,14 +13,14 @@ ROOT = Path(evomerge.__file__).resolve().parent
 
 # lowest first; a module belongs to the first layer whose prefix it matches (the longest prefix wins)
 LAYERS = [
-    ("foundations", ["errors", "settings", "registry", "userref", "ops", "topology", "procs"]),
-    ("what a run is made of", ["schedule", "policy", "data", "models", "generic", "similarity", "datapool", "study",
-                               "studies", "dashboards"]),
+    ("foundations", ["errors", "settings", "registry", "userref", "engine.ops", "engine.topology", "procs"]),
+    ("what a run is made of", ["engine.schedule", "policy", "data", "models", "engine.similarity", "engine.datapool",
+                               "study", "studies", "dashboards"]),
     ("engine", ["engine"]),
     ("backends", ["backends"]),
-    ("entry points of a run, and their logging", ["simulate", "dist", "reference", "tracking", "runtime"]),
-    ("search", ["search", "space", "transfer"]),
-    ("report", ["export", "dashboard", "search_view"]),
+    ("entry points of a run, and their logging", ["simulate", "dist", "reference", "report.tracking", "runtime"]),
+    ("search", ["search"]),
+    ("report", ["report"]),
     ("commands and the package", ["cli", ""]),
 ]
 
@@ -32,7 +32,7 @@ KNOWN = {
     ("engine.population", "backends.base"), ("engine.population", "backends.inprocess"),
     ("engine.population", "simulate"), ("engine.run", "backends.base"), ("engine.merger", "backends.base"),
     ("search.storage", ""), ("search.loop", ""),
-    ("export", ""), ("dashboard", ""),
+    ("report.export", ""), ("report.dashboard", ""),
 }
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from evomerge import ops, registry
+from evomerge.engine import ops
+from evomerge import registry
 from evomerge.engine import kernel
 
 

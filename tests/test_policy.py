@@ -97,7 +97,7 @@ def test_a_policy_is_hashable_and_replace_validates():
 
 
 def test_choices_come_from_the_registries():
-    from evomerge.topology import TOPOLOGIES
+    from evomerge.engine.topology import TOPOLOGIES
 
     assert field_specs()["topology"]["choices"] == tuple(TOPOLOGIES)
     assert json_schema()["properties"]["topology"]["enum"] == list(TOPOLOGIES)
@@ -120,7 +120,7 @@ def test_degree_and_communities_are_fitted_to_the_workers(workers):
     import numpy as np
 
     from evomerge.policy import check_workers, fit_to_workers
-    from evomerge.topology import build
+    from evomerge.engine.topology import build
 
     for d in range(1, 12):
         fitted = fit_to_workers({"degree": d, "n_communities": d}, workers)

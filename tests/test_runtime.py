@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from evomerge import schedule, simulate, study as study_mod
+from evomerge.engine import schedule
+from evomerge import simulate, study as study_mod
 from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy
 
@@ -331,7 +332,7 @@ def test_merger_sends_compressed_deltas_exactly_as_predicted(folder, data_dir, t
     holds exactly what replaying the schedule by hand predicts: each sender's change since its public copy, top-k
     (and 4-bit stochastic rounding with the schedule's noise), moves its public copy, which every neighbour keeps
     and the receiver merges with (error feedback: what was not sent stays in the model's distance to the copy)."""
-    from evomerge import ops
+    from evomerge.engine import ops
     from evomerge.engine import plan as plan_mod
 
     names = ["ring-topk-delta-uniform", "complete-push-delta-4bit-uniform", "fedavg-topk-delta-half"]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from evomerge import schedule
+from evomerge.engine import schedule
 from evomerge.policy import MergePolicy
 
 

@@ -90,7 +90,7 @@ def test_results_do_not_import_the_search_loop():
     import subprocess
     import sys
 
-    code = ("import sys, evomerge.search.results, evomerge.export; "
+    code = ("import sys, evomerge.search.results, evomerge.report.export; "
             "print([m for m in sys.modules if m in ('evomerge.search.loop', 'evomerge.search.trial', 'optuna', 'mlflow')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

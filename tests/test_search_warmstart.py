@@ -6,7 +6,7 @@ import pytest
 
 import evomerge
 from conftest import write_study
-from evomerge import space as space_mod
+from evomerge.search import space as space_mod
 from evomerge import study
 from evomerge.errors import ConfigError
 from evomerge.search import config, warmstart

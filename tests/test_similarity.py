@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_study
-from evomerge import models, simulate, similarity
+from evomerge import models, simulate
+from evomerge.engine import similarity
 from evomerge.policy import MergePolicy
 
 

@@ -2,7 +2,8 @@ import optuna
 import pytest
 
 from conftest import write_study
-from evomerge import space, study
+from evomerge.search import space
+from evomerge import study
 from evomerge.study import Param
 
 
@@ -60,7 +61,7 @@ def test_no_point_of_the_space_makes_a_policy_the_workers_cannot_run(tmp_path, w
     import numpy as np
 
     from evomerge.policy import check_workers
-    from evomerge.topology import build
+    from evomerge.engine.topology import build
 
     s = _mnist_gossip_with(tmp_path, workers, 'degree = { kind = "int", low = 1, high = 6 }')
     in_code = dataclasses.replace(study.load("mnist-gossip"), run=dataclasses.replace(s.run, workers=workers))

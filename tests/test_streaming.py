@@ -13,7 +13,9 @@ import torch.nn.functional as F
 
 from conftest import tiny_study
 from evomerge import models as models_mod
-from evomerge import reference, schedule, simulate, space, study
+from evomerge import reference, simulate, study
+from evomerge.engine import schedule
+from evomerge.search import space
 from evomerge.engine import kernel
 from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy

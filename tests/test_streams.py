@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evomerge import schedule
+from evomerge.engine import schedule
 
 PACKAGE = Path(schedule.__file__).resolve().parent
 

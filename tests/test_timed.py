@@ -323,7 +323,7 @@ def test_emulated_time_paces_the_ranks_to_the_simulated_clock(setup4):
 def bn_setup(setup):
     from test_generic import small_bn
 
-    from evomerge.generic import GenericModel
+    from evomerge.models.generic import GenericModel
 
     study = dataclasses.replace(setup.study, run=dataclasses.replace(setup.study.run, optimizer="adamw", lr=0.01,
                                                                      weight_decay=0.01, steps=20))
@@ -352,7 +352,7 @@ def test_a_user_model_steps_unevenly_with_its_optimizer_state(bn_setup):
 def _unscaled_max_examples(policy, workers: int, steps: int, seed: int, batch: int) -> float:
     """The largest example counter the run would reach without rescaling: counters are a function of the
     schedule alone (batch per step, summed on merge), replayed here in float64."""
-    from evomerge import schedule as schedule_mod
+    from evomerge.engine import schedule as schedule_mod
 
     s = schedule_mod.build(policy, workers, steps, seed)
     ex, top = np.zeros(workers), 0.0

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from evomerge import topology
+from evomerge.engine import topology
 from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy
 

@@ -167,7 +167,7 @@ def test_pruned_failed_and_diverged_trials_are_told_apart_in_the_runs_list(tmp_p
     """A real local MLflow store: the run status and name a person sees in the list, and the tag."""
     from mlflow import MlflowClient
 
-    from evomerge.tracking import Tracker, default_tracking_uri
+    from evomerge.report.tracking import Tracker, default_tracking_uri
 
     s = study.load(write_study(tmp_path, name="marks"))
     uri = default_tracking_uri(tmp_path)
@@ -215,7 +215,7 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
 
     from evomerge import data as data_mod
     from evomerge import simulate
-    from evomerge.tracking import review_url
+    from evomerge.report.tracking import review_url
     from test_dashboard import ARGS, CHROMIUM
 
     s = study.load(write_study(tmp_path, name="review", seeds=(0,)))
@@ -259,7 +259,7 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     assert acc == pytest.approx(trial.user_attrs["metrics"]["0"]["val_accuracy"], abs=1e-6)
 
     # the dashboard of a study tracked on a server links its top trials to their runs, and the study to its runs list
-    from evomerge import dashboard
+    from evomerge.report import dashboard
     from evomerge.search.storage import default_storage
 
     page_path = dashboard.build(s, default_storage(tmp_path / "runs" / "review"), mlflow_server, tmp_path / "dash",

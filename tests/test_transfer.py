@@ -9,7 +9,9 @@ from scipy.stats import kendalltau, spearmanr
 
 import evomerge
 from conftest import write_study
-from evomerge import dashboard, study, transfer
+from evomerge.report import dashboard
+from evomerge import study
+from evomerge.search import transfer
 from evomerge.errors import ConfigError
 from searchutil import cli
 

@@ -22,7 +22,7 @@ from ..engine import judge as judge_mod, run as run_mod, setup as setup_mod
 from ..engine.plan import PairSet
 from ..engine.state import Workers
 from ..policy import MergePolicy
-from ..schedule import Schedule, build
+from ..engine.schedule import Schedule, build
 
 
 def device_tensors(setup: setup_mod.Setup, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

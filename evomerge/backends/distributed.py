@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import ops
+from ..engine import ops
 from ..engine import kernel, plan as plan_mod
 from ..engine.plan import PairSet
 from ..engine.run import execute

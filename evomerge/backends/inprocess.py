@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import datapool, similarity
+from ..engine import datapool, similarity
 from ..engine import kernel, plan as plan_mod
 from ..engine import run as run_mod, setup as setup_mod
 from ..engine.plan import PairSet
@@ -93,7 +93,7 @@ class InProcess(Backend):
 
     def end_round(self, r: int) -> None:
         if self.p.regroup_every and (r + 1) % self.p.regroup_every == 0:
-            from ..topology import Communities
+            from ..engine.topology import Communities
 
             self.groups = similarity.cluster(self.sim.matrix(self.state.params), self.p.n_communities)
             self.peer_p = Communities(self.W, self.p.n_communities, self.p.p_intra, groups=self.groups).probabilities()

@@ -13,7 +13,7 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   ``exp(sigma z)``, Pareto multipliers ``1 + Pareto(alpha)``, or a list / file of speeds;
   ``slow_workers`` times ``slow_factor``), per-step lognormal jitter, and slow spells (a
   two-state chain: enter with ``straggle_p`` per step, leave with ``1/straggle_length``).
-- **merge timers count the worker's own local steps** (the schedule of :mod:`evomerge.schedule`,
+- **merge timers count the worker's own local steps** (the schedule of :mod:`evomerge.engine.schedule`,
   unchanged): a policy's ``mean_interval`` keeps its meaning (merge every ~k local steps, as
   local SGD and gossip implementations trigger), a slow worker merges less often per second
   because its timer ticks with its work, and without heterogeneity the events are exactly the
@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..schedule import STREAMS, Schedule, rng_for
+from .schedule import STREAMS, Schedule, rng_for
 
 TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
 CHUNK = 256  # step times are drawn in blocks of this many per worker (the same numbers however many are used)

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from .. import models as models_mod
-from .. import ops
-from .. import similarity
+from . import ops
+from . import similarity
 from ..policy import MergePolicy
 from .setup import RoundMetrics, Setup, normalise
 from .state import Workers, initial_row

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import ops
+from . import ops
 
 COUNTER_LIMIT = 2.0**62  # summed counter buffers stop here (float32 holds it exactly)
 SUPPORT_LIMIT = 2.0**64  # supports are scaled down by this power of two once a counter passes it

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import schedule as schedule_mod
+from . import schedule as schedule_mod
 from ..policy import MergePolicy
 from . import plan as plan_mod
 from .setup import Setup

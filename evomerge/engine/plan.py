@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import ops, registry
+from . import ops
+from .. import registry
 from ..errors import ConfigError
 from ..policy import MergePolicy
-from ..schedule import STREAMS, rng_for
+from .schedule import STREAMS, rng_for
 
 TAG_QUANT = STREAMS["quant"]
 

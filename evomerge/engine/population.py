@@ -28,7 +28,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import datapool, registry
+from . import datapool
+from .. import registry
 from ..policy import MergePolicy
 from . import judge as judge_mod, kernel, run as run_mod, setup as setup_mod
 from .judge import Judge

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from .. import datapool
+from . import datapool
 from ..policy import MergePolicy
 from . import kernel
 from .judge import Judge, update_norms

@@ -13,7 +13,7 @@ import torch
 
 from .. import data as data_mod
 from .. import models as models_mod
-from .. import schedule as schedule_mod
+from . import schedule as schedule_mod
 from ..study import Study
 
 TAG_BATCHES, TAG_SLICES = schedule_mod.STREAMS["batches"], schedule_mod.STREAMS["slices"]

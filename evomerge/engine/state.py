@@ -16,7 +16,7 @@ import torch
 from .. import models as models_mod
 from .. import registry
 from ..policy import MergePolicy
-from ..schedule import STREAMS, rng_for
+from .schedule import STREAMS, rng_for
 from . import kernel
 from .optim import Optimizer
 

@@ -53,7 +53,7 @@ class Timed:
 
     def __init__(self, setup: Setup, policy, seed: int, backend, emulate: bool = False):
         check_policy(policy)
-        from .. import schedule as schedule_mod
+        from . import schedule as schedule_mod
 
         run = setup.study.run
         self.setup, self.p, self.seed, self.backend = setup, policy, seed, backend
@@ -66,7 +66,7 @@ class Timed:
                                                 "an [environment] yet; allowed: weights, or --backend inprocess")
         neighbours = None
         if policy.scheme == "gossip":
-            from .. import topology as topo_mod
+            from . import topology as topo_mod
 
             topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
             neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]

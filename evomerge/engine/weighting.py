@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import ops
+from . import ops
 from . import plan as plan_mod
 from .state import Workers
 

@@ -230,7 +230,7 @@ def make_config(study: Study, **options) -> SearchConfig:
     """Validate everything a search needs before any trial runs. The keywords are the options of
     :mod:`.options` (``help(make_config)`` lists them with their defaults)."""
     from .. import backends
-    from .. import space as space_mod
+    from . import space as space_mod
 
     options_mod.check_keywords("make_config", options)
     opts = {**DEFAULTS, **options}

@@ -53,7 +53,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
     import optuna
 
     from .. import backends, simulate
-    from .. import space as space_mod
+    from . import space as space_mod
     from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
     from .warmstart import ATTR as ATTR_WARM
 
@@ -244,7 +244,7 @@ class SearchResult:
 def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial."""
     from .. import __version__
-    from ..tracking import Tracker, check_reachable, resolve_tracking_uri
+    from ..report.tracking import Tracker, check_reachable, resolve_tracking_uri
     from . import warmstart
     from .results import diverged
 

@@ -200,7 +200,7 @@ class TrialRun:
 
     def start(self) -> bool:
         """The trial's policy and attributes; False (and the trial failed) if they cannot be made."""
-        from .. import space as space_mod
+        from . import space as space_mod
 
         try:
             trial, cfg = self.trial, self.cfg

@@ -101,7 +101,7 @@ def cma_start(trials: list, space) -> dict[str, Any]:
     """WS-CMA-ES' start (diagonal) from the source trials, best first: mean, step size, per-coordinate scales."""
     import numpy as np
 
-    from .. import space as space_mod
+    from . import space as space_mod
 
     names = [p.name for p in space_mod.numeric(space)]
     xs = [np.clip(space_mod.encode(space, t.params), 0.0, 1.0) for t in trials if all(n in t.params for n in names)]
@@ -118,7 +118,7 @@ def cma_start(trials: list, space) -> dict[str, Any]:
 def apply(cfg: "SearchConfig", ostudy) -> dict[str, Any] | None:
     """Apply ``cfg.warm_start_from`` to the study, once; return the study's warm start (None: it has none).
     The caller holds the search lock."""
-    from .. import space as space_mod
+    from . import space as space_mod
 
     stored = ostudy.user_attrs.get(ATTR)
     if cfg.warm_start_from is None:

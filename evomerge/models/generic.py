@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .errors import ConfigError
-from .models import StackedModel
-from .userref import one_line, resolve
+from ..errors import ConfigError
+from . import StackedModel
+from ..userref import one_line, resolve
 
 FIELD = "study.model.factory"
 

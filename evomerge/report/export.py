@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import __version__
-from .errors import ConfigError
-from .policy import MergePolicy
-from .study import RUN_SEARCHABLE, Study
+from .. import __version__
+from ..errors import ConfigError
+from ..policy import MergePolicy
+from ..study import RUN_SEARCHABLE, Study
 
 EXPORT_FORMAT = 2  # 2: the run settings the policy was found with (run.lr, run.weight_decay)
 
@@ -40,7 +40,7 @@ def export_document(summary: dict, study: Study) -> dict:
 
 def load_study_trials(study: Study, storage_url: str):
     """The stored Optuna study (``evomerge.search.results.load_study``; kept here for the dashboard)."""
-    from .search.results import load_study
+    from ..search.results import load_study
 
     return load_study(study, storage_url)
 
@@ -48,7 +48,7 @@ def load_study_trials(study: Study, storage_url: str):
 def export_best(study: Study, storage_url: str, out: Path, tolerance: float = 0.005,
                 limits: dict[str, float] | None = None) -> dict:
     """The one policy :func:`evomerge.search.results.pick_one` picks (its rule in words under ``picked_by``)."""
-    from .search.results import pick_one
+    from ..search.results import pick_one
 
     ostudy = load_study_trials(study, storage_url)
     best, rule = pick_one(ostudy, study, tolerance, limits)
@@ -61,7 +61,7 @@ def export_best(study: Study, storage_url: str, out: Path, tolerance: float = 0.
 
 
 def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
-    from .search.results import pareto_trials, trial_summary
+    from ..search.results import pareto_trials, trial_summary
 
     ostudy = load_study_trials(study, storage_url)
     trials = pareto_trials(ostudy, study)  # diverged runs are never exported
@@ -77,10 +77,10 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
 
 
 def _diverged_note(ostudy) -> str:
-    from .search.results import diverged
+    from ..search.results import diverged
 
     n = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and diverged(t))
     return f" that did not diverge ({n} diverged)" if n else ""
 
 
-from .policy import read_export  # noqa: E402,F401  (read by `run`; it lives beside the policy it holds)
+from ..policy import read_export  # noqa: E402,F401  (read by `run`; it lives beside the policy it holds)

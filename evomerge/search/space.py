@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .policy import WORKER_BOUND, MergePolicy, fit_to_workers, switch_off_inapplicable
-from .study import RUN_PREFIX, Param, Study, with_run  # noqa: F401  (with_run: the trial's run)
+from ..policy import WORKER_BOUND, MergePolicy, fit_to_workers, switch_off_inapplicable
+from ..study import RUN_PREFIX, Param, Study, with_run  # noqa: F401  (with_run: the trial's run)
 
 
 def distributions(space: tuple[Param, ...]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class StackedModel:
@@ -111,7 +111,7 @@ class StackedModel:
 
 def load_row(module: nn.Module, row: torch.Tensor) -> nn.Module:
     """Copy one flat parameter row into ``module`` (same parameter order); a longer row also
-    fills the module's buffers, which follow the parameters (:mod:`evomerge.generic`)."""
+    fills the module's buffers, which follow the parameters (:mod:`evomerge.models.generic`)."""
     with torch.no_grad():
         off = 0
         ts = list(module.parameters())
@@ -338,11 +338,11 @@ class Stack:
         return torch.cat([b.mean(0) for b in self.blocks])
 
 
-from .registry import MODELS  # noqa: E402  (name -> model class; code outside the package may register more)
+from ..registry import MODELS  # noqa: E402  (name -> model class; code outside the package may register more)
 
 
 def build_spec(spec, input_shape, n_classes: int, base_dir=None) -> StackedModel:
-    """The model of a study's ``[model]``: a user's factory (:mod:`evomerge.generic`) or a named model."""
+    """The model of a study's ``[model]``: a user's factory (:mod:`evomerge.models.generic`) or a named model."""
     if getattr(spec, "factory", ""):
         from .generic import build as build_generic
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .policy import MergePolicy
-from .study import Study
+from .. import __version__
+from ..policy import MergePolicy
+from ..study import Study
 from .tracking import diverged
 
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
@@ -136,7 +136,7 @@ def parallel_figure(ostudy, study: Study):
 
 def pareto_2d(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
     """Non-dominated points for (accuracy up, bytes down), sorted by bytes."""
-    from .search.results import dominated_count
+    from ..search.results import dominated_count
 
     xy = [(a, b) for a, b, _ in points]
     front = [p for p in points if dominated_count(p[:2], xy, ["maximize", "minimize"]) == 0]
@@ -180,7 +180,7 @@ def tradeoff_figure(summaries: list[dict], baselines: list[dict]):
 
 
 def transfer_figure(result: dict):
-    """A transfer check (:mod:`evomerge.transfer`): each policy's value on the source study against its value on
+    """A transfer check (:mod:`evomerge.search.transfer`): each policy's value on the source study against its value on
     the target, labelled by trial; a rising cloud means the small study ranks policies as the target does."""
     import plotly.graph_objects as go
 
@@ -207,7 +207,7 @@ def transfer_table(result: dict) -> dict[str, Any]:
 
 
 def transfer_text(result: dict) -> str:
-    from .transfer import verdict
+    from ..search.transfer import verdict
 
     def num(v):
         return "n/a" if v is None else f"{v:.3f}"
@@ -258,7 +258,7 @@ def policy_figure(policy: MergePolicy, workers: int, seed: int = 0):
     import numpy as np
     import plotly.graph_objects as go
 
-    from . import topology
+    from ..engine import topology
 
     fig = go.Figure()
     angle = np.linspace(0, 2 * np.pi, workers, endpoint=False)
@@ -354,7 +354,7 @@ def template_dir() -> Path:
 
         return Path(shipped.__file__).resolve().parent
     except ImportError:
-        return Path(__file__).resolve().parent.parent / "dashboards"
+        return Path(__file__).resolve().parents[2] / "dashboards"
 
 
 def render(**context: Any) -> str:
@@ -375,8 +375,8 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     from plotly.offline import get_plotlyjs
 
     from .export import load_study_trials
-    from .search.baselines import baseline_rows
-    from .search.results import best_trials, count_states, trial_summary
+    from ..search.baselines import baseline_rows
+    from ..search.results import best_trials, count_states, trial_summary
     from .tracking import review_url
 
     ostudy = load_study_trials(study, storage_url)
@@ -443,7 +443,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         section("policy", f"The best policy: trial {top['number']}", words,
                 _div(policy_figure(policy, study.run.workers), "plot-policy", toolbar=False),
                 details_title="policy JSON", details=json.dumps(policy.to_dict(), indent=2))
-        from .transfer import stored
+        from ..search.transfer import stored
 
         for tr in stored(ostudy):  # `evomerge transfer` checks of this study against bigger ones
             section(f"transfer-{tr['target']}", f"Transfer to {tr['target']}", transfer_text(tr),

@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def default_tracking_uri(runs_dir: Path) -> str:
@@ -118,7 +118,7 @@ def study_datasets(study) -> list:
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
-    from . import data as data_mod
+    from .. import data as data_mod
 
     d = study.data
     name = d.loader or d.dataset  # a user's loader names its data
@@ -303,11 +303,11 @@ class Tracker:
         from mlflow.models import Model, infer_signature
         import mlflow.pytorch
 
-        from . import models as models_mod
-        from . import simulate
-        from .policy import MergePolicy
+        from .. import models as models_mod
+        from .. import simulate
+        from ..policy import MergePolicy
 
-        from .study import with_run
+        from ..study import with_run
 
         study = with_run(self.study, best.get("run") or {})  # the step size the trial ran with
         setup = simulate.prepare(study, data=data, data_dir=data_dir)
@@ -360,7 +360,7 @@ class Tracker:
 
     def log_transfer(self, result: dict[str, Any]) -> str:
         """One run ``transfer-to-TARGET`` in this (the source study's) experiment: the rank correlations as
-        metrics, the settings as params, both rankings as ``transfer.json`` (:mod:`evomerge.transfer`)."""
+        metrics, the settings as params, both rankings as ``transfer.json`` (:mod:`evomerge.search.transfer`)."""
         tags = {**self._source_tags(), "evomerge.kind": "transfer", "evomerge.study": result["source"],
                 "evomerge.target": result["target"]}
         run = self.client.create_run(self.experiment_id, run_name=f"transfer-to-{result['target']}", tags=tags)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from .search.baselines import baseline_rows
-from .search.results import DIVERGED, RUN_STATUS, format_counts, objective_label
-from .study import Study
+from ..search.baselines import baseline_rows
+from ..search.results import DIVERGED, RUN_STATUS, format_counts, objective_label
+from ..study import Study
 
 if TYPE_CHECKING:
-    from .search.config import SearchConfig
-    from .search.loop import SearchResult
+    from ..search.config import SearchConfig
+    from ..search.loop import SearchResult
 
 
 def console(stderr: bool = False):
@@ -54,7 +54,7 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
 
 
 def _describe(policy: dict) -> str:
-    from .policy import MergePolicy
+    from ..policy import MergePolicy
 
     try:
         return MergePolicy.from_dict(policy).describe()
@@ -108,7 +108,7 @@ class SearchView:
                 extra += f"; pruner {cfg.pruner}"
             if cfg.batch > 1:
                 extra += f"; {cfg.batch} trials at a time trained as one population"
-            from .search.warmstart import describe
+            from ..search.warmstart import describe
 
             warm = describe(info.get("warm_start"))
             msg = (f"{cfg.study.name}: {self.done} of {cfg.n_trials} trials already finished; sampler {cfg.sampler}"

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class Topology:

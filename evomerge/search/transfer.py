@@ -21,10 +21,10 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .study import Study
+    from ..study import Study
 
 ATTR_PREFIX = "transfer:"
 SEED_OFFSET = 1000  # fresh seeds start this far past the target's own (as `evomerge run --reevaluate`)
@@ -58,7 +58,7 @@ def correlations(a: list[float], b: list[float]) -> dict[str, float]:
 def top_trials(ostudy, study: "Study", k: int) -> list:
     """The ``k`` best judged trials of ``study`` by its first objective (the Pareto set is not the point here:
     a ranking is)."""
-    from .search.results import judged
+    from .results import judged
 
     rev = study.directions[0] == "maximize"
     return sorted(judged(ostudy), key=lambda t: (-t.values[0] if rev else t.values[0], t.number))[:k]
@@ -71,13 +71,13 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     (both rankings and the correlations). ``on_run(done, total)`` is told of each run."""
     from pathlib import Path
 
-    from . import simulate
-    from .backends import runner
-    from .policy import WORKER_BOUND, MergePolicy, fit_to_workers
-    from .search.config import OBJECTIVES, default_runs_dir
-    from .search.results import load_study
-    from .search.storage import default_storage
-    from .backends import run_inputs
+    from .. import simulate
+    from ..backends import runner
+    from ..policy import WORKER_BOUND, MergePolicy, fit_to_workers
+    from .config import OBJECTIVES, default_runs_dir
+    from .results import load_study
+    from .storage import default_storage
+    from ..backends import run_inputs
 
     if top < 2:
         raise ConfigError("--top", f"{top} is out of range; allowed: [2, inf) (a correlation needs two policies)")
@@ -109,7 +109,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
                                       f"{' (' + left_out[0]['why'] + ')' if left_out else ''}; transfer ranks at least 2")
     run_fn = runner(backend, procs, target.run.workers)
     base = simulate.prepare(target, data=data, data_dir=data_dir)
-    from .study import with_run
+    from ..study import with_run
     fresh = fresh_seeds(target, seeds)
     maximize = source.directions[0] == "maximize"
     rows, total, done, t0 = [], len(policies) * len(fresh), 0, time.time()
