@@ -1,4 +1,4 @@
-"""evomerge transfer (evomerge/transfer.py): a small study's top policies re-run on a bigger one, both rankings and
+"""evomerge transfer (evomerge/search/transfer.py): a small study's top policies re-run on a bigger one, both rankings and
 their correlations printed, logged to MLflow and drawn on the dashboard; real SQLite, MLflow and runs."""
 
 import json
