@@ -1,5 +1,5 @@
 """Trials per minute: mnist-gossip trials run one at a time against the same trials trained as one
-population (engine/population.py, what ``evomerge search --batch N`` does), at N = 1, 8, 32, 128.
+population (backends/population.py, what ``evomerge search --batch N`` does), at N = 1, 8, 32, 128.
 
 The trials are N policies drawn at random (seeded) from mnist-gossip's search space, each run on
 the study's seed, as a search's trials are. The population is timed twice: with each member
@@ -52,7 +52,7 @@ def main() -> None:
     import torch
 
     from evomerge import simulate, study
-    from evomerge.engine.population import Member, run_population
+    from evomerge.backends.population import Member, run_population
     from evomerge.procs import apply_threads
 
     apply_threads()

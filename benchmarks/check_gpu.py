@@ -67,7 +67,7 @@ def main() -> None:
         print(f"{name:<26} dist {time.perf_counter() - t:6.2f} s  in-process acc {a.final.val_accuracy:.4f}  "
               f"dist acc {b.final.val_accuracy:.4f}  max |d acc| {compare(a, b):.5f}  "
               f"bytes equal {[h.bytes for h in a.history] == [h.bytes for h in b.history]}", flush=True)
-    from evomerge.engine.population import Member, run_population
+    from evomerge.backends.population import Member, run_population
 
     print("\na population on CUDA (merges together) against each member alone on CUDA", flush=True)
     pols = list(POLICIES.items())

@@ -3,7 +3,7 @@
 Importing this package is cheap; torch is imported by the modules that need it.
 """
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402,F401
 
 from .errors import ConfigError  # noqa: E402
 
@@ -40,7 +40,7 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     simulated clock of a study with an ``[environment]``. The keywords are the options of
     ``evomerge run`` with the same names and defaults (tests/test_cli.py holds them together).
     """
-    from . import simulate
+    from .engine.setup import prepare
     from .backends import runner
     from .backends import found_with, run_inputs
     from .study import Study, load
@@ -60,7 +60,7 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
         if backend != "distributed" or st.environment is None:
             raise ConfigError("--emulate-time", "needs --backend distributed and a study with an [environment]")
         extra["emulate_time"] = True
-    setup = simulate.prepare(st, data_dir=data_dir)
+    setup = prepare(st, data_dir=data_dir)
     return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test, **extra)
 
 

@@ -769,13 +769,13 @@ def measure(args) -> Measured | None:
     import torch
     import torch.distributed as dist
 
-    from . import simulate
+    from .engine.setup import prepare
     from . import study as study_mod
 
     rank, W = dist.get_rank(), dist.get_world_size()
     dev = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
     st = study_mod.load(args.study)
-    setup = simulate.prepare(st, data_dir=args.data_dir)
+    setup = prepare(st, data_dir=args.data_dir)
     model = setup.model.module()
     nbytes = 4 * (sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
     with _talking():

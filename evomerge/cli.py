@@ -209,7 +209,7 @@ def add_policy(sub):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     parser = argparse.ArgumentParser(
         prog="evomerge", description="Search for the best way for data-parallel workers to merge their models.",
@@ -265,11 +265,11 @@ def cmd_policy_validate(args) -> int:
 
 
 def _prepare(study, args):
-    from . import simulate
+    from .engine.setup import prepare
     from .procs import apply_threads
 
     apply_threads()  # as many torch threads as there are idle cores, or $EVOMERGE_THREADS
-    return simulate.prepare(study, data_dir=args.data_dir)
+    return prepare(study, data_dir=args.data_dir)
 
 
 def _runner(args, study):

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from . import models as models_mod
-from .simulate import Setup, batch_indices, initial_row, normalise
+from .engine.setup import Setup, batch_indices, normalise
+from .engine.state import initial_row
 
 
 def optimizer(module, run) -> torch.optim.Optimizer:

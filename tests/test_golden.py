@@ -64,7 +64,7 @@ def _run(setup, policy, mode: str) -> dict:
 
 def _run_on_one_thread(setup, policy, mode: str) -> dict:
     from evomerge import simulate
-    from evomerge.engine.population import Member, run_population
+    from evomerge.backends.population import Member, run_population
     from evomerge.study import EnvSpec
 
     if mode == "inprocess":

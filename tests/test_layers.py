@@ -13,7 +13,8 @@ ROOT = Path(evomerge.__file__).resolve().parent
 
 # lowest first; a module belongs to the first layer whose prefix it matches (the longest prefix wins)
 LAYERS = [
-    ("foundations", ["errors", "settings", "registry", "userref", "engine.ops", "engine.topology", "procs"]),
+    ("foundations", ["errors", "settings", "registry", "userref", "engine.ops", "engine.topology", "procs",
+                     "version"]),
     ("what a run is made of", ["engine.schedule", "policy", "data", "models", "engine.similarity", "engine.datapool",
                                "study", "studies", "dashboards"]),
     ("engine", ["engine"]),
@@ -24,16 +25,9 @@ LAYERS = [
     ("commands and the package", ["cli", ""]),
 ]
 
-# imports that break the order today (importer -> imported), each a job of issue "One merge kernel and one
-# layer order" part 3: the backend the driver (engine/run.py) and the step merger (engine/merger.py, split out of
-# it, the same annotation) are typed with, the population beside the in-process backend,
-# the version in the package root
-KNOWN = {
-    ("engine.population", "backends.base"), ("engine.population", "backends.inprocess"),
-    ("engine.population", "simulate"), ("engine.run", "backends.base"), ("engine.merger", "backends.base"),
-    ("search.storage", ""), ("search.loop", ""),
-    ("report.export", ""), ("report.dashboard", ""),
-}
+# imports that break the order today (importer -> imported): the backend that the driver (engine/run.py) and the
+# step merger (engine/merger.py) are typed with, under TYPE_CHECKING only
+KNOWN = {("engine.run", "backends.base"), ("engine.merger", "backends.base")}
 
 
 def _layer(module: str) -> int:

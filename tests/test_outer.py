@@ -83,7 +83,7 @@ def test_outer_sgd_with_lr_1_and_no_momentum_is_fedavg(setup):
 
 
 def test_a_free_clock_and_a_population_keep_diloco_bit_for_bit(setup):
-    from evomerge.engine.population import Member, run_population
+    from evomerge.backends.population import Member, run_population
     from evomerge.study import EnvSpec
 
     policy = P(scheme="allreduce", mean_interval=H, mixing_weight=1.0, outer_optimizer="nesterov")

@@ -1,4 +1,4 @@
-"""A population (engine/population.py): N members trained as one stacked computation give each
+"""A population (backends/population.py): N members trained as one stacked computation give each
 member exactly its one-at-a-time run, whatever the others do (diverge, get pruned, stop)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_study
 from evomerge import simulate
-from evomerge.engine.population import Member, run_population
+from evomerge.backends.population import Member, run_population
 from evomerge.policy import MergePolicy
 
 

@@ -55,7 +55,7 @@ def test_the_running_score_picks_winners_without_a_forward_and_changes_the_run(s
 
 @pytest.mark.parametrize("name", list(WINNERS))
 def test_a_free_clock_and_a_population_keep_the_running_score_bit_for_bit(setup, name):
-    from evomerge.engine.population import Member, run_population
+    from evomerge.backends.population import Member, run_population
 
     policy = WINNERS[name]
     lockstep = simulate.simulate(setup, policy, 1, device="cpu", keep_params=True)

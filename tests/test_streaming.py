@@ -108,7 +108,7 @@ def test_one_fragment_without_delay_or_alpha_is_diloco_bit_for_bit(setup):
 
 
 def test_a_free_clock_and_a_population_stream_bit_for_bit(setup):
-    from evomerge.engine.population import Member, run_population
+    from evomerge.backends.population import Member, run_population
 
     free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
     for kw in (dict(fragments=4, fragment_delay=1), dict(fragment_delay=2, fragment_alpha=0.5)):

@@ -21,7 +21,7 @@ from ..policy import MergePolicy
 
 # name -> "module:function" of the run function, imported when used (torch is heavy)
 BACKENDS: dict[str, str] = {
-    "inprocess": "evomerge.simulate:simulate",
+    "inprocess": "evomerge.backends.inprocess:run",
     "distributed": "evomerge.backends.launch:simulate",
 }
 

@@ -270,7 +270,7 @@ class Stack:
     @classmethod
     def view(cls, whole: "Stack", lo: int, hi: int) -> "Stack":
         """Rows ``lo..hi-1`` of ``whole`` as a stack of their own that shares its memory (a member of a
-        population, :mod:`evomerge.engine.population`). Its blocks are views; it has no 1-D ``buf``
+        population, :mod:`evomerge.backends.population`). Its blocks are views; it has no 1-D ``buf``
         (the rows of one worker range are not contiguous in a block-major buffer)."""
         st = object.__new__(cls)
         st.model, st.W, st.buf = whole.model, hi - lo, None

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..policy import MergePolicy
 from ..study import Study
 from .tracking import diverged

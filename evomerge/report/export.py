@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 from ..errors import ConfigError
 from ..policy import MergePolicy
 from ..study import RUN_SEARCHABLE, Study

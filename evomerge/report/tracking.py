@@ -304,18 +304,19 @@ class Tracker:
         import mlflow.pytorch
 
         from .. import models as models_mod
-        from .. import simulate
+        from ..backends.inprocess import run
+        from ..engine.setup import normalise, prepare
         from ..policy import MergePolicy
 
         from ..study import with_run
 
         study = with_run(self.study, best.get("run") or {})  # the step size the trial ran with
-        setup = simulate.prepare(study, data=data, data_dir=data_dir)
+        setup = prepare(study, data=data, data_dir=data_dir)
         policy = MergePolicy.from_dict(best["policy"])
         seed = study.run.seeds[0]
-        res = simulate.simulate(setup, policy, seed, keep_params=True, device=device)
+        res = run(setup, policy, seed, keep_params=True, device=device)
         module = models_mod.load_row(setup.model.module(), res.params.mean(0).float()).eval()
-        x = simulate.normalise(setup.data.val_x[:8], setup.data.spec).reshape(-1, *setup.model.input_shape)
+        x = normalise(setup.data.val_x[:8], setup.data.spec).reshape(-1, *setup.model.input_shape)
         with torch.no_grad():
             signature = infer_signature(x.numpy(), module(x).numpy())
         source = run_id or self.parent_id

@@ -12,13 +12,14 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     key = "baselines-v2:" + ",".join(map(str, study.run.seeds))
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
-    from .. import simulate
+    from ..backends.inprocess import run
+    from ..engine.setup import prepare
 
-    setup = simulate.prepare(study, data=data, data_dir=data_dir)
+    setup = prepare(study, data=data, data_dir=data_dir)
     rows = []
     for name in study.baselines:
         pol = study.resolve_policy(name)
-        results = [simulate.simulate(setup, pol, s, device=device) for s in study.run.seeds]
+        results = [run(setup, pol, s, device=device) for s in study.run.seeds]
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
                      "history": curve_of([round_dict(h) for h in results[0].history]), "policy": pol.to_dict(),

@@ -65,7 +65,7 @@ SAMPLERS: dict[str, Sampler] = {
 @dataclass(frozen=True)
 class Objective:
     """A metric a study may optimise: its direction, a short label for tables, and how to read it
-    from one round's metrics (``simulate.RoundMetrics``) for pruning."""
+    from one round's metrics (``engine.setup.RoundMetrics``) for pruning."""
     direction: str
     label: str
     from_round: Callable[[Any], float]
@@ -97,7 +97,7 @@ class Pruner:
 def warmup_step(cfg, total_steps: int) -> int:
     """The local step of the round that ends the first fifth of the rounds (at least the first round):
     no trial is pruned before it, and multi-fidelity pruners take it as their smallest budget."""
-    from ..simulate import round_bounds
+    from ..engine.setup import round_bounds
 
     bounds = round_bounds(total_steps, cfg.study.run.rounds)
     return bounds[min(len(bounds), max(1, cfg.study.run.rounds // 5)) - 1]

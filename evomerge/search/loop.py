@@ -52,13 +52,14 @@ def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data
 def _work(cfg, worker, on_record, data, should_stop) -> None:
     import optuna
 
-    from .. import backends, simulate
+    from .. import backends
+    from ..engine.setup import prepare
     from . import space as space_mod
     from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
     from .warmstart import ATTR as ATTR_WARM
 
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
-    setup = simulate.prepare(cfg.study, data=data, data_dir=cfg.data_dir)
+    setup = prepare(cfg.study, data=data, data_dir=cfg.data_dir)
     backends.check_model(cfg.backend, setup.model)
     check_fragments(cfg.study, setup.model)
     ostudy = load_or_create(cfg, storage, worker, setup.total_steps)  # the pruner judges by the run's local steps
@@ -243,7 +244,7 @@ class SearchResult:
 
 def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial."""
-    from .. import __version__
+    from ..version import __version__
     from ..report.tracking import Tracker, check_reachable, resolve_tracking_uri
     from . import warmstart
     from .results import diverged

@@ -185,7 +185,7 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
             study.set_user_attr(DEFINITION, definition)
         attrs = study.user_attrs
         if "objectives" not in attrs:
-            from .. import __version__
+            from ..version import __version__
 
             study.set_user_attr("objectives", list(cfg.study.objectives))
             study.set_user_attr("evomerge_version", __version__)

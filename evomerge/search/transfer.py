@@ -71,7 +71,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     (both rankings and the correlations). ``on_run(done, total)`` is told of each run."""
     from pathlib import Path
 
-    from .. import simulate
+    from ..engine.setup import prepare
     from ..backends import runner
     from ..policy import WORKER_BOUND, MergePolicy, fit_to_workers
     from .config import OBJECTIVES, default_runs_dir
@@ -108,7 +108,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
         raise ConfigError("--target", f"{target.name} can run {len(trials)} of the top policies of {source.name}"
                                       f"{' (' + left_out[0]['why'] + ')' if left_out else ''}; transfer ranks at least 2")
     run_fn = runner(backend, procs, target.run.workers)
-    base = simulate.prepare(target, data=data, data_dir=data_dir)
+    base = prepare(target, data=data, data_dir=data_dir)
     from ..study import with_run
     fresh = fresh_seeds(target, seeds)
     maximize = source.directions[0] == "maximize"

@@ -308,10 +308,10 @@ class TrialRun:
 
 
 def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]:
-    """Several trials at once, as one population per seed (:mod:`evomerge.engine.population`): each
+    """Several trials at once, as one population per seed (:mod:`evomerge.backends.population`): each
     trial's run of seed k is a member; a member pruned, diverged or failed ends alone. Returns the
     trials' records; a Ctrl-C fails every unfinished one as interrupted (:class:`Interrupted` carries them all)."""
-    from ..engine.population import Member, run_population
+    from ..backends.population import Member, run_population
 
     runs = [TrialRun(t, ostudy, setup, cfg, storage) for t in trials]
     with heartbeat(storage, [t._trial_id for t in trials], max(0.5, cfg.grace_period / 3)):

@@ -28,15 +28,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import datapool
 from .. import registry
+from ..engine import datapool, judge as judge_mod, kernel, run as run_mod, setup as setup_mod
+from ..engine.judge import Judge
+from ..engine.merger import StepMerger
+from ..engine.run import local_step
+from ..engine.setup import RoundMetrics, RunResult, Setup, batch_indices, normalise, round_bounds
+from ..engine.state import Workers, initial_row
 from ..policy import MergePolicy
-from . import judge as judge_mod, kernel, run as run_mod, setup as setup_mod
-from .judge import Judge
-from .merger import StepMerger
-from .run import local_step
-from .setup import RoundMetrics, RunResult, Setup, batch_indices, normalise, round_bounds
-from .state import Workers, initial_row
 
 
 @dataclass
@@ -53,7 +52,7 @@ class _Run:
     """A member while it runs."""
 
     def __init__(self, m: Member, setup: Setup, state: Workers, dev, tensors, val, t0: float):
-        from ..backends.inprocess import InProcess
+        from .inprocess import InProcess
 
         self.m = m
         self.backend = InProcess(setup, m.policy, m.seed, dev, state=state, tensors=tensors)
@@ -157,7 +156,7 @@ class _Group:
         """Sets of disjoint pairs of several members, ``(run, PairSet, row offset)`` each, applied as one:
         one winner-test forward for every pair that needs it, then per parameter block one gather, lerp and
         scatter for all pairs. The arithmetic of :meth:`InProcess.pairs` (the tests hold them bit for bit)."""
-        from . import plan as plan_mod
+        from ..engine import plan as plan_mod
 
         st, model = self.state, setup.model
         dev = st.params.device
@@ -222,7 +221,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     callback raised (a KeyboardInterrupt is not caught: it ends the population). ``cross``: apply the
     members' plain gossip merges together (:meth:`_Group.merge`); default: on CUDA, where it saves kernel
     launches, not on the CPU, where gathering rows costs more than the launches it saves."""
-    from ..backends.base import device_tensors
+    from .base import device_tensors
 
     dev = setup_mod.resolve_device(device)
     cross = dev.type == "cuda" if cross is None else cross
@@ -320,7 +319,7 @@ def _result(x: _Run, setup: Setup, evaluate_test: bool, keep_params: bool, t0: f
 
 
 def _alone(setup: Setup, m: Member, dev, evaluate_test: bool, keep_params: bool) -> RunResult | BaseException:
-    from ..simulate import simulate
+    from .inprocess import run as simulate
 
     try:
         return simulate(setup, m.policy, m.seed, callback=m.callback, device=dev, evaluate_test=evaluate_test,
