@@ -32,7 +32,7 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError
 
@@ -256,11 +256,12 @@ class Tracker:
                                        order_by=["attributes.start_time DESC"], max_results=1)
         return runs[0].info.run_id if runs else None
 
-    def log_best(self, best: dict[str, Any], *, data=None, data_dir=None, device=None, model: bool = True) -> str | None:
+    def log_best(self, best: dict[str, Any], *, model: Callable[[], Any] | None = None) -> str | None:
         """Put the best trial on the parent run: its objective values under the trial runs' metric names
-        (``final_<objective>``), its number and run as tags, its policy as ``best/policy.json``; and, with
-        ``model``, its consensus model as a logged pytorch model, output of the best trial's run and of the
-        parent. ``best`` is a ``search.results.trial_summary`` dict. Returns the logged model's id (or None)."""
+        (``final_<objective>``), its number and run as tags, its policy as ``best/policy.json``; and, given
+        ``model`` (called only when a model is to be logged: the search's :func:`evomerge.search.consensus.consensus`),
+        its consensus model as a logged pytorch model, output of the best trial's run and of the parent. ``best`` is
+        a ``search.results.trial_summary`` dict. Returns the logged model's id (or None)."""
         if self.parent_id is None or self.study is None:
             return None
         study, pid = self.study, self.parent_id
@@ -281,18 +282,18 @@ class Tracker:
         if diverged(best):  # every trial diverged: its weights are not a model
             self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
             return None
-        if not model:
+        if model is None:
             return None
         try:
-            return self.log_consensus_model(best, best_rid, data=data, data_dir=data_dir, device=device)
+            return self.log_consensus_model(best, best_rid, model())
         except Exception as e:  # data missing here, a store that refuses models: the search's results stand
             self.client.set_tag(pid, "evomerge.model_error", f"{type(e).__name__}: {e}"[:5000])
             return None
 
-    def log_consensus_model(self, best: dict[str, Any], run_id: str | None, *, data=None, data_dir=None,
-                            device=None) -> str:
-        """Re-run the best policy on the study's first seed, keep the workers' final parameters, and log
-        their mean (the consensus model) as an ``nn.Module`` with MLflow's pytorch flavour.
+    def log_consensus_model(self, best: dict[str, Any], run_id: str | None, consensus: Any) -> str:
+        """Log ``consensus`` (a :class:`evomerge.search.consensus.Consensus`: the best trial's ``nn.Module``, an input
+        example, its validation accuracy and seed) with
+        MLflow's pytorch flavour, as output of the trial's run and of the parent.
 
         This is what ``mlflow.pytorch.log_model`` does, written against this tracker's client: the
         fluent call would log to the process-wide tracking URI and active run instead."""
@@ -303,20 +304,7 @@ class Tracker:
         from mlflow.models import Model, infer_signature
         import mlflow.pytorch
 
-        from .. import models as models_mod
-        from ..backends.inprocess import run
-        from ..engine.setup import normalise, prepare
-        from ..policy import MergePolicy
-
-        from ..study import with_run
-
-        study = with_run(self.study, best.get("run") or {})  # the step size the trial ran with
-        setup = prepare(study, data=data, data_dir=data_dir)
-        policy = MergePolicy.from_dict(best["policy"])
-        seed = study.run.seeds[0]
-        res = run(setup, policy, seed, keep_params=True, device=device)
-        module = models_mod.load_row(setup.model.module(), res.params.mean(0).float()).eval()
-        x = normalise(setup.data.val_x[:8], setup.data.spec).reshape(-1, *setup.model.input_shape)
+        module, x = consensus.module, consensus.example
         with torch.no_grad():
             signature = infer_signature(x.numpy(), module(x).numpy())
         source = run_id or self.parent_id
@@ -324,8 +312,8 @@ class Tracker:
             self.experiment_id, name=f"consensus-trial-{best['number']}", source_run_id=source,
             params={k: str(v) for k, v in best["policy"].items()} |
             {f"run.{k}": str(v) for k, v in (best.get("run") or {}).items()}, model_type="consensus",
-            tags={"evomerge.trial": str(best["number"]), "evomerge.seed": str(seed), "evomerge.study": study.name,
-                  "evomerge.val_accuracy": f"{res.final.val_accuracy:.6f}"})
+            tags={"evomerge.trial": str(best["number"]), "evomerge.seed": str(consensus.seed),
+                  "evomerge.study": self.study.name, "evomerge.val_accuracy": f"{consensus.val_accuracy:.6f}"})
         try:
             for rid in dict.fromkeys(r for r in (source, self.parent_id) if r):
                 self.client.log_outputs(rid, [LoggedModelOutput(logged.model_id, step=0)])

@@ -8,6 +8,7 @@
 - :mod:`.results`: reading results back (status, export, the dashboard); it trains nothing and does not import
   the loop;
 - :mod:`.baselines`: the study's baselines, run and cached;
+- :mod:`.consensus`: the best trial's consensus model (for MLflow; the tracker only logs it);
 - :mod:`.cmaes`: CMA-ES through ask/tell, its state replayed from the study.
 
 Importing this package is cheap: the names below are loaded from their modules on first use.

@@ -305,5 +305,9 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
         tracker.end_parent(status, {"best_" + cfg.study.objectives[0]: best_value,
                                     "trials_complete": result.counts.get("COMPLETE", 0)})
         if result.best and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
-            tracker.log_best(result.best[0], data=data, data_dir=cfg.data_dir, device=cfg.device)
+            from .consensus import consensus
+
+            best = result.best[0]
+            tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
+                                                           device=cfg.device))
     return result
