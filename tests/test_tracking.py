@@ -257,6 +257,8 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     # the consensus of the best policy's seed-0 run is what the trial's seed-0 validation accuracy measured
     trial = next(t for t in res.optuna_study.get_trials() if t.number == int(best.data.tags["optuna.trial_number"]))
     assert acc == pytest.approx(trial.user_attrs["metrics"]["0"]["val_accuracy"], abs=1e-6)
+    # kept from the trial's own run (one search process), not trained again
+    assert logged.tags["evomerge.consensus_from"] == "trial run"
 
     # the dashboard of a study tracked on a server links its top trials to their runs, and the study to its runs list
     from evomerge.report import dashboard

@@ -313,7 +313,8 @@ class Tracker:
             params={k: str(v) for k, v in best["policy"].items()} |
             {f"run.{k}": str(v) for k, v in (best.get("run") or {}).items()}, model_type="consensus",
             tags={"evomerge.trial": str(best["number"]), "evomerge.seed": str(consensus.seed),
-                  "evomerge.study": self.study.name, "evomerge.val_accuracy": f"{consensus.val_accuracy:.6f}"})
+                  "evomerge.study": self.study.name, "evomerge.val_accuracy": f"{consensus.val_accuracy:.6f}",
+                  "evomerge.consensus_from": consensus.source})
         try:
             for rid in dict.fromkeys(r for r in (source, self.parent_id) if r):
                 self.client.log_outputs(rid, [LoggedModelOutput(logged.model_id, step=0)])

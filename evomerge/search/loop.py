@@ -43,13 +43,15 @@ def check_fragments(study, model) -> None:
 
 
 # -- the worker loop ---------------------------------------------------------------------------
-def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False) -> None:
-    """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials."""
+def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
+         keeper=None) -> None:
+    """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials; ``keeper`` keeps the best
+    trial's consensus model (search/consensus.py)."""
     with quiet_optuna():
-        _work(cfg, worker, on_record, data, should_stop)
+        _work(cfg, worker, on_record, data, should_stop, keeper)
 
 
-def _work(cfg, worker, on_record, data, should_stop) -> None:
+def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
     import optuna
 
     from .. import backends
@@ -112,7 +114,7 @@ def _work(cfg, worker, on_record, data, should_stop) -> None:
                 time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
                 continue
             if cfg.batch == 1:
-                records = [run_trial(asked[0], ostudy, setup, cfg, storage, run_fn)]
+                records = [run_trial(asked[0], ostudy, setup, cfg, storage, run_fn, keeper)]
             else:
                 records = run_batch(asked, ostudy, setup, cfg, storage)
         except KeyboardInterrupt:
@@ -282,11 +284,14 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
         if progress:
             progress("trial", record=rec)
 
+    from .consensus import Keeper
+
+    keeper = Keeper(cfg.study.directions[0] == "maximize")  # the best trial's model, from its own run (--jobs 1)
     status = "FINISHED"
     try:
         if cfg.jobs == 1:
             try:
-                work(cfg, 0, on_record, data=data)
+                work(cfg, 0, on_record, data=data, keeper=keeper)
             except Interrupted as i:
                 for rec in i.args:
                     on_record(rec)
@@ -309,5 +314,5 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
 
             best = result.best[0]
             tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
-                                                           device=cfg.device))
+                                                           device=cfg.device, keeper=keeper))
     return result

@@ -111,14 +111,22 @@ class Evaluation:
                 "status": DIVERGED if any(f["status"] == DIVERGED for f in self.finals) else "ok"}
 
 
-def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulate_fn) -> dict:
-    """Run the policy on every seed of the study, reporting each round; return a record."""
+def evaluate(trial, ostudy, setup, policy, cfg: "SearchConfig", storage, simulate_fn, keeper=None) -> dict:
+    """Run the policy on every seed of the study, reporting each round; return a record. With ``keeper``
+    (:class:`evomerge.search.consensus.Keeper`) the first seed's consensus model is kept in ``out["consensus"]``."""
     ev = Evaluation(trial, ostudy, setup, policy, cfg, storage)
+    center = None
     for k, seed in enumerate(cfg.study.run.seeds):
-        res = simulate_fn(setup, policy, seed, callback=ev.on_round(k), device=cfg.device)
+        keep = keeper is not None and k == 0
+        more = {"keep_params": True} if keep else {}  # a runner registered from outside may not take it otherwise
+        res = simulate_fn(setup, policy, seed, callback=ev.on_round(k), device=cfg.device, **more)
+        if keep and res.params is not None:
+            center = res.params.mean(0)
         if not ev.add(k, res):
             break
-    return ev.outcome()
+    out = ev.outcome()
+    out["consensus"] = center
+    return out
 
 
 def bare_record(trial, cfg: "SearchConfig", total_steps: int, **state) -> dict[str, Any]:
@@ -167,19 +175,21 @@ def heartbeat(storage, trial_id, every: float):
         thread.join()
 
 
-def run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) -> dict:
+def run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn, keeper=None) -> dict:
     with heartbeat(storage, trial._trial_id, max(0.5, cfg.grace_period / 3)):
-        return _run_trial(trial, ostudy, setup, cfg, storage, simulate_fn)
+        return _run_trial(trial, ostudy, setup, cfg, storage, simulate_fn, keeper)
 
 
-def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn) -> dict:
+def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn, keeper=None) -> dict:
     t = TrialRun(trial, ostudy, setup, cfg, storage)
     try:
         if t.start() and (src := t.reused()) is not None:
             t.complete_from(src)
         elif not t.ended:
-            out = evaluate(trial, ostudy, t.setup, t.policy, cfg, storage, simulate_fn)
+            out = evaluate(trial, ostudy, t.setup, t.policy, cfg, storage, simulate_fn, keeper)
             t.complete(out)
+            if keeper is not None and out["status"] != DIVERGED:  # the best so far keeps its model
+                keeper.offer(trial.number, t.record["values"][0], out["consensus"], out["finals"][0]["val_accuracy"])
     except KeyboardInterrupt:
         t.interrupted()
         raise Interrupted(t.record) from None
