@@ -614,12 +614,14 @@ class Merger:
         p, mine, total = self.p, self.public[self.rank], self.public[-1]
         gen = plan_mod.quant_generator(self.seed, ev, self.rank) if p.quantize_bits else None
         enc = ops.encode(ops.delta(self._flat(), mine), p.topk_fraction, p.quantize_bits, gen)
-        mine += ops.decode(enc, self.P, p.topk_fraction, p.quantize_bits)
+        own = ops.decode(enc, self.P, p.topk_fraction, p.quantize_bits)
+        mine += own
         packed = self._pack(enc).to(self.wire_dev)
         every = [torch.empty_like(packed) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, packed, group=self.group, async_op=True), f"merge event {ev}")
-        for q in range(self.W):
-            total += ops.decode(self._unpack(every[q].to(self.dev)), self.P, p.topk_fraction, p.quantize_bits)
+        for q in range(self.W):  # in rank order; this rank's own change is decoded once
+            total += own if q == self.rank else ops.decode(self._unpack(every[q]), self.P, p.topk_fraction,
+                                                            p.quantize_bits)
         sent[0] += packed.numel() * packed.element_size()
         return total / self.W, None, total.clone()
 
@@ -798,7 +800,8 @@ class Merger:
         return raw.view(torch.float32)
 
     def _unpack(self, buf: torch.Tensor) -> list[torch.Tensor]:
-        raw = buf[:self._nw].contiguous().view(torch.uint8)
+        """:meth:`_pack`'s parts again, on this rank's device (only the encoded slots of a message move there)."""
+        raw = buf[:self._nw].to(self.dev).contiguous().view(torch.uint8)
         out, at = [], 0
         for (shape, dt), n in zip(self._spec, self._spec_bytes):
             out.append(raw[at:at + n].clone().view(dt).view(shape))
@@ -859,8 +862,7 @@ class Merger:
         while self._next[src] in self._held[src]:
             e, k, b = self._held[src].pop(self._next[src])
             self._next[src] += 1
-            self.public[src] += ops.decode(self._unpack(b.to(self.dev)), self.P, self.p.topk_fraction,
-                                           self.p.quantize_bits)
+            self.public[src] += ops.decode(self._unpack(b), self.P, self.p.topk_fraction, self.p.quantize_bits)
             self._apply(e, k, b)
 
     def _apply(self, ev: int, kind: int, buf: torch.Tensor) -> None:
