@@ -15,6 +15,7 @@ pruned trial counts the fraction it ran) and the wall time it took until its bes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -25,7 +26,7 @@ import optuna
 import evomerge
 from evomerge import data as data_mod
 from evomerge import simulate, study
-from evomerge.cli import fresh_seeds
+from evomerge.search.baselines import fresh_seeds
 from evomerge.policy import MergePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +74,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     s = study.load(args.study)
+    s = dataclasses.replace(s, objectives=s.objectives[:1])  # CMA-ES and Optuna's pruners take one: the first
     n = args.n_trials or s.search.n_trials
     d = s.data
     data = data_mod.load(d.dataset, args.data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)

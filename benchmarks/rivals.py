@@ -46,6 +46,7 @@ STREAMING_SPACE = (Param("fragments", "categorical", choices=(1, 2, 4)), Param("
 
 
 def arms(s) -> dict:
+    s = dataclasses.replace(s, objectives=s.objectives[:1])  # CMA-ES takes one objective: the study's first
     space = DILOCO_SPACE + (STREAMING_SPACE if s.environment is not None else ())  # time studies: Streaming DiLoCo
     diloco = dataclasses.replace(
         s, name=f"{s.name}-rival-diloco",

@@ -22,7 +22,7 @@ import optuna
 import evomerge
 from evomerge import data as data_mod
 from evomerge import simulate, study
-from evomerge.cli import fresh_seeds
+from evomerge.search.baselines import fresh_seeds
 from evomerge.policy import MergePolicy
 
 ROOT = Path(__file__).resolve().parent.parent

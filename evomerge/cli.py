@@ -381,14 +381,10 @@ def _time_rows(study, f) -> list[tuple[str, str]]:
     return rows
 
 
-def fresh_seeds(study, n: int) -> list[int]:
-    """Seeds no search of this study used: past the study's own seeds."""
-    start = max(study.run.seeds) + 1000
-    return list(range(start, start + n))
-
-
 def _reevaluate(study, setup, policy, args, run_fn) -> int:
     import statistics
+
+    from .search.baselines import fresh_seeds
 
     seeds = fresh_seeds(study, args.reevaluate)
     results = []
@@ -589,6 +585,11 @@ def cmd_status(args) -> int:
         print(no_best_line(len(gone)))
         return 0
     _console().print(best_table(study, best, [], title=f"{study.name}: top {len(best)}"))
+    stored = ostudy.user_attrs.get("verdict")  # the last search's verdict (search/verdict.py)
+    if stored:
+        from .search.verdict import render
+
+        render(stored, _console())
     return 0
 
 

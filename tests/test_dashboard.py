@@ -104,6 +104,12 @@ def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_pat
     for section in dashboard.SECTIONS:
         assert drawn.get(section), (section, drawn)
     assert "Top trials" in text and "ring-gossip" in text and "no-merging" in text
+    # the search's verdict (search/verdict.py) heads the page, as stored with the study
+    import optuna
+
+    stored = optuna.load_study(study_name="tiny", storage=default_storage(study_dir)).user_attrs["verdict"]
+    assert text.index("Verdict") < text.index("Optimisation history") and stored["headline"] in text
+    assert all(line.strip() in text for line in stored["lines"])
     assert "tpe: best so far" in page.read_text() and "random: best so far" in page.read_text()
     assert shot.stat().st_size > 50_000
     # learning curves: accuracy against MB on a log axis (nothing sent: drawn at a positive floor, said so);

@@ -10,7 +10,7 @@ def test_shipped_study_loads_with_its_space_and_baselines():
     assert s.name == "mnist-gossip" and s.run.workers == 8 and s.data.partition == "dirichlet"
     names = {p.name for p in s.search.space}
     assert {"mean_interval", "topology", "mixing_weight"} <= names
-    assert s.directions == ["maximize"]
+    assert s.objectives == ("val_accuracy", "bytes") and s.directions == ["maximize", "minimize"]
     for b in s.baselines:
         s.resolve_policy(b)
 

@@ -93,6 +93,6 @@ def test_the_shipped_64_worker_study_is_mnist_gossip_with_64_workers_and_4x_the_
     assert big.name == "mnist-gossip-64" and big.run.workers == 64 and small.run.workers == 8
     # the same data, model, policy and search space, so warm starts and transfer checks compare like with like
     assert big.search.space == small.search.space and big.policy == small.policy and big.data == small.data
-    assert big.objectives == small.objectives
+    assert big.objectives[0] == small.objectives[0]  # the big run is judged on accuracy alone
     # 4x the samples trained on in all: passes over each shard times the workers' share of the data
     assert big.run.epochs == 4 * small.run.epochs and big.run.batch_size == small.run.batch_size

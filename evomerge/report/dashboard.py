@@ -414,6 +414,9 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
             sections.append({"id": sid, "title": title, "text": text, "body": Markup(body), "details": None,
                              "table": None, "transfer": None, **extra})
 
+        stored_verdict = ostudy.user_attrs.get("verdict")  # the last search's (search/verdict.py)
+        if stored_verdict:
+            section("verdict", "Verdict", stored_verdict["headline"], verdict_html(stored_verdict))
         section("history", "Optimisation history",
                 "Every trial's value in the order it was asked; the line is the best so far for each sampler."
                 + (" Diverged trials are marked and left out of the best so far." if n_diverged else ""),
@@ -440,7 +443,9 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                     f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
                     _div(curves_figure(top, baselines), "plot-curves", top=90))
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
-        section("policy", f"The best policy: trial {top['number']}", words,
+        beaten = (stored_verdict or {}).get("beaten_by")
+        section("policy", f"The best trial, beaten by {', '.join(beaten)}: trial {top['number']}" if beaten
+                else f"The best policy: trial {top['number']}", words,
                 _div(policy_figure(policy, study.run.workers), "plot-policy", toolbar=False),
                 details_title="policy JSON", details=json.dumps(policy.to_dict(), indent=2))
         from ..search.transfer import stored
@@ -459,6 +464,25 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     path = out_dir / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def verdict_html(verdict: dict[str, Any]) -> str:
+    """The verdict's lines (each pick against each baseline) and notes, as HTML (escaped)."""
+    from markupsafe import escape
+
+    items, sub = [], []
+    for line in verdict["lines"]:
+        if line.startswith("  "):
+            sub.append(f"<li>{escape(line.strip())}</li>")
+            continue
+        if items:
+            items[-1] += f"<ul>{''.join(sub)}</ul></li>"
+        items.append(f"<li>{escape(line)}")
+        sub = []
+    if items:
+        items[-1] += f"<ul>{''.join(sub)}</ul></li>"
+    notes = "".join(f"<li>{escape(n)}</li>" for n in verdict["notes"])
+    return f'<ul class="verdict">{"".join(items)}</ul><ul class="notes">{notes}</ul>'
 
 
 def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> dict[str, Any]:

@@ -118,6 +118,12 @@ class SearchView:
             self.err.print(msg, highlight=False)
             if self.bar is not None:
                 self.task = self.bar.add_task("trials", total=cfg.n_trials, completed=min(self.done, cfg.n_trials), info="")
+        elif kind == "verdict":
+            n = info["reevaluate"]
+            study = cfg.study
+            self.err.print(f"verdict: running the picks and {len(study.baselines)} baselines "
+                           + (f"on {n} fresh seed{'s' if n > 1 else ''}" if n else "(on the search's own seeds)"),
+                           highlight=False)
         elif kind == "trial":
             r = info["record"]
             if r["state"] in ("COMPLETE", "PRUNED"):
@@ -156,3 +162,7 @@ class SearchView:
             baselines = baseline_rows(study, data_dir=data_dir, device=self.cfg.device, storage_study=result.optuna_study)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
         out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} (means over seeds {list(study.run.seeds)})"))
+        if result.verdict:
+            from ..search.verdict import render
+
+            render(result.verdict, out)

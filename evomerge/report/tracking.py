@@ -205,6 +205,14 @@ class Tracker:
             self._metrics(self.parent_id, {k: v for k, v in metrics.items() if v is not None})
         self.client.set_terminated(self.parent_id, status=status)
 
+    def describe_parent(self, markdown: str, headline: str) -> None:
+        """The search's verdict as the parent run's description (what the MLflow UI shows on the run's page) and
+        its headline as a tag (a column of the runs table)."""
+        if self.parent_id is None:
+            return
+        self.client.set_tag(self.parent_id, "mlflow.note.content", markdown)
+        self.client.set_tag(self.parent_id, "evomerge.verdict", headline[:5000])
+
     def log_trial(self, record: dict[str, Any]) -> str:
         """One nested run for a finished (or interrupted) trial record from the search."""
         from mlflow.entities import Metric

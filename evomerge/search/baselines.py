@@ -1,15 +1,27 @@
-"""The baselines of a study, run: every policy of its ``[baselines]`` on its seeds, summarised as the search's
-trials are and cached in the Optuna study. (Reading results back, :mod:`.results`, trains nothing.)"""
+"""The baselines of a study, run: every policy of its ``[baselines]`` on its seeds (or on fresh seeds, for the
+verdict), summarised as the search's trials are and cached in the Optuna study. (Reading results back,
+:mod:`.results`, trains nothing.)"""
 
 from __future__ import annotations
 
 from ..study import Study
-from .results import DIVERGED, RUN_STATUS, curve_of, objective_values, round_dict, summarise
+from .results import DIVERGED, RUN_STATUS, curve_of, objective_values, round_dict, slim, summarise
+
+SEED_OFFSET = 1000  # fresh seeds start this far past the study's own (`run --reevaluate`, the verdict, transfer)
 
 
-def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None) -> list[dict]:
-    """Every baseline on the study's seeds (mean over seeds); cached in the Optuna study's user attributes."""
-    key = "baselines-v2:" + ",".join(map(str, study.run.seeds))
+def fresh_seeds(study: Study, n: int) -> list[int]:
+    """``n`` seeds no search of ``study`` used: past the study's own seeds."""
+    start = max(study.run.seeds) + SEED_OFFSET
+    return list(range(start, start + n))
+
+
+def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None,
+                  seeds=None) -> list[dict]:
+    """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
+    (``per_seed``); cached in the Optuna study's user attributes, per list of seeds."""
+    seeds = list(study.run.seeds if seeds is None else seeds)
+    key = "baselines-v3:" + ",".join(map(str, seeds))
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
     from ..backends.inprocess import run
@@ -19,9 +31,10 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     rows = []
     for name in study.baselines:
         pol = study.resolve_policy(name)
-        results = [run(setup, pol, s, device=device) for s in study.run.seeds]
+        results = [run(setup, pol, s, device=device) for s in seeds]
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
+                     "per_seed": [slim(f) for f in finals], "seeds": seeds,
                      "history": curve_of([round_dict(h) for h in results[0].history]), "policy": pol.to_dict(),
                      RUN_STATUS: DIVERGED if any(r.status == DIVERGED for r in results) else "ok"})
     if storage_study is not None:

@@ -178,6 +178,7 @@ class SearchConfig:
     jobs: int
     batch: int
     seed: int
+    reevaluate: int  # fresh seeds for the verdict (search/verdict.py); 0: the search's own
     data_dir: str | None
     device: str | None
     prune: bool
@@ -265,6 +266,8 @@ def make_config(study: Study, **options) -> SearchConfig:
     if batch > 1 and backend != "inprocess":
         raise ConfigError("--batch", f"{batch} trains trials as one population in one process; allowed with "
                                      f"--backend {backend}: 1 (or use --backend inprocess)")
+    if opts["reevaluate"] < 0:
+        raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
     if grace_period < 2:
         raise ConfigError("--grace-period", f"{grace_period} is out of range; allowed: [2, inf) seconds")
     if not study.search.space:

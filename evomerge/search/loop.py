@@ -236,6 +236,7 @@ class SearchResult:
     errors: list[str] = field(default_factory=list)
     fatal: list[tuple[str, int]] = field(default_factory=list)  # what stopped a worker process, and its exit status
     warm_start: dict | None = None  # the study's warm start (search/warmstart.py), if it has one
+    verdict: dict | None = None  # the picks against the baselines on fresh seeds (search/verdict.py)
 
     @property
     def optuna_study(self):
@@ -287,7 +288,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     from .consensus import Keeper
 
     keeper = Keeper(cfg.study.directions[0] == "maximize")  # the best trial's model, from its own run (--jobs 1)
-    status = "FINISHED"
+    status, ended = "FINISHED", False
     try:
         if cfg.jobs == 1:
             try:
@@ -298,6 +299,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
                 raise KeyboardInterrupt from None
         else:
             _run_processes(cfg, on_record)
+        ended = True
     except KeyboardInterrupt:
         result.interrupted = True
         status = "KILLED"
@@ -315,4 +317,13 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             best = result.best[0]
             tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
+        if ended and result.best:  # the verdict: the picks against the baselines, on fresh seeds
+            from . import verdict
+
+            if progress:
+                progress("verdict", reevaluate=cfg.reevaluate)
+            result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir,
+                                             device=cfg.device)
+            if result.verdict:
+                tracker.describe_parent(verdict.markdown(result.verdict), result.verdict["headline"])
     return result

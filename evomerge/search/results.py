@@ -105,6 +105,28 @@ def judged(ostudy) -> list:
     return [t for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if not diverged(t)]
 
 
+def rank_trials(trials: list, directions: list[str]) -> list:
+    """``trials`` (finished, with values) best first: with one objective by its value; with several by Pareto
+    layer (the non-dominated trials first, then the trials only those dominate, and so on), and by the first
+    objective within a layer. So a warm start or a transfer of a multi-objective study carries the trade-offs
+    over first, not the trials that bought the first objective at any cost."""
+    sign = -1.0 if directions[0] == "maximize" else 1.0
+
+    def first(t):
+        return (sign * t.values[0], t.number)
+
+    if len(directions) == 1:
+        return sorted(trials, key=first)
+    out, rest = [], list(trials)
+    while rest:
+        points = [tuple(t.values) for t in rest]
+        front = [t for t, p in zip(rest, points) if dominated_count(p, points, directions) == 0]
+        out += sorted(front, key=first)
+        taken = {t.number for t in front}
+        rest = [t for t in rest if t.number not in taken]
+    return out
+
+
 def pareto_trials(ostudy, study: Study) -> list:
     """The non-dominated trials among :func:`judged` ones, by trial number."""
     trials = judged(ostudy)
@@ -180,6 +202,11 @@ def summarise(finals: list[dict]) -> dict[str, float]:
             if len(vals) > 1:
                 out[f"{k}_std"] = statistics.stdev(vals)
     return out
+
+
+def slim(f: dict) -> dict:
+    """A run's final metrics as stored with a trial: the numbers and words, not the lists."""
+    return {k: v for k, v in f.items() if isinstance(v, (int, float, str))}
 
 
 def round_dict(h) -> dict:

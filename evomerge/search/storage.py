@@ -176,8 +176,12 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
                                     load_if_exists=True, sampler=sampler, pruner=pruner)
     have = [d.name.lower() for d in study.directions]
     if have != directions:
-        raise ConfigError("study.objectives.metrics", f"the stored study {cfg.study.name!r} has directions {have}; "
-                                                      f"this study file asks {directions} (use another --storage)")
+        was = study.user_attrs.get("objectives") or have
+        where = (f"move {cfg.study_dir} away or search with another --runs-dir" if cfg.default_store
+                 else "search with another --storage")
+        raise ConfigError("study.objectives.metrics", f"the {resumed_at} stored trials of {cfg.study.name!r} were searched "
+                                                      f"for {was}; the study now asks {list(cfg.study.objectives)}; to "
+                                                      f"start afresh, {where} (the old results stay readable there)")
     fingerprint.check(study, cfg, resumed_at)
     if worker == 0:
         definition = stored_definition_of(cfg.study)

@@ -1,6 +1,7 @@
 """Does a policy found on a small study hold on the big run? ``evomerge transfer --study S --target T --top K``.
 
-The top K policies of S (its completed trials that did not diverge, ranked by S's first objective) are run
+The top K policies of S (its completed trials that did not diverge, ranked by S's objective; a multi-objective
+S by Pareto layer, then its first objective within a layer: ``results.rank_trials``) are run
 again on the target study T (more workers, a longer budget, another dataset) on fresh seeds, seeds no
 search of T used (past T's own seeds, as ``run --reevaluate`` takes them). The same metric (S's first
 objective, e.g. the consensus model's validation accuracy) ranks them on T. The two rankings are
@@ -27,12 +28,6 @@ if TYPE_CHECKING:
     from ..study import Study
 
 ATTR_PREFIX = "transfer:"
-SEED_OFFSET = 1000  # fresh seeds start this far past the target's own (as `evomerge run --reevaluate`)
-
-
-def fresh_seeds(study: "Study", n: int) -> list[int]:
-    start = max(study.run.seeds) + SEED_OFFSET
-    return list(range(start, start + n))
 
 
 def average_ranks(values: list[float], maximize: bool) -> list[float]:
@@ -56,12 +51,11 @@ def correlations(a: list[float], b: list[float]) -> dict[str, float]:
 
 
 def top_trials(ostudy, study: "Study", k: int) -> list:
-    """The ``k`` best judged trials of ``study`` by its first objective (the Pareto set is not the point here:
-    a ranking is)."""
-    from .results import judged
+    """The ``k`` best judged trials of ``study`` (``results.rank_trials``: several objectives by Pareto layer, then
+    the first objective)."""
+    from .results import judged, rank_trials
 
-    rev = study.directions[0] == "maximize"
-    return sorted(judged(ostudy), key=lambda t: (-t.values[0] if rev else t.values[0], t.number))[:k]
+    return rank_trials(judged(ostudy), study.directions)[:k]
 
 
 def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1, storage: str | None = None,
@@ -110,6 +104,8 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     run_fn = runner(backend, procs, target.run.workers)
     base = prepare(target, data=data, data_dir=data_dir)
     from ..study import with_run
+    from .baselines import fresh_seeds
+
     fresh = fresh_seeds(target, seeds)
     maximize = source.directions[0] == "maximize"
     rows, total, done, t0 = [], len(policies) * len(fresh), 0, time.time()

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from .results import DIVERGED, RUN_STATUS, curve_of, diverged, dominated_count, objective_values, round_dict, summarise
+from .results import DIVERGED, RUN_STATUS, curve_of, diverged, dominated_count, objective_values, round_dict, slim, summarise
 
 if TYPE_CHECKING:
     from .config import SearchConfig
@@ -262,7 +262,7 @@ class TrialRun:
         trial, cfg, record = self.trial, self.cfg, self.record
         record.update(histories=out["histories"], final=summarise(out["finals"]), run_status=out["status"])
         values = objective_values(cfg.study, out["finals"])
-        trial.set_user_attr("metrics", {str(s): _slim(f) for s, f in zip(cfg.study.run.seeds, out["finals"])})
+        trial.set_user_attr("metrics", {str(s): slim(f) for s, f in zip(cfg.study.run.seeds, out["finals"])})
         trial.set_user_attr("spread", {k: v for k, v in record["final"].items() if k.endswith("_std")})
         trial.set_user_attr(RUN_STATUS, out["status"])  # "diverged": kept off best and the Pareto set (results.py)
         trial.set_user_attr("history", curve_of(out["histories"][0]) if out["histories"] else history or {})
@@ -379,7 +379,3 @@ def policy_key(policy: dict, run: dict, seeds) -> str:
 
     doc = {"policy": {k: v for k, v in policy.items() if k != "name"}, "run": run, "seeds": list(seeds)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _slim(f: dict) -> dict:
-    return {k: v for k, v in f.items() if isinstance(v, (int, float, str))}

@@ -8,7 +8,8 @@ The source is a study name, whose default store is ``RUNS_DIR/NAME/optuna.db``, 
   [0, 1]^d in this study's space, give the initial mean; their spread plus ``ALPHA``\\ ² the initial
   step size and per-coordinate scales (the diagonal of WS-CMA-ES' covariance; ``cma`` takes it as
   ``CMA_stds``).
-- The other samplers evaluate them first: each is enqueued (best first) with its values for this
+- The other samplers evaluate them first: each is enqueued (best first; a multi-objective source's trials by
+  Pareto layer, then its first objective) with its values for this
   study's searched fields (a field the source did not search, or a value outside this study's
   range, is left to the sampler), marked with the user attribute ``warm_start_of``
   (``"SOURCE:NUMBER"``). They are ordinary trials of this study, judged on its own runs, so the
@@ -60,7 +61,8 @@ def check_source(spec: str, study: "Study", runs_dir: Path) -> None:
 
 
 def source_trials(spec: str, runs_dir: Path) -> tuple[str, list, list[str]]:
-    """The source's name, its COMPLETE trials best first (by its first objective) and its directions."""
+    """The source's name, its COMPLETE trials best first (``results.rank_trials``: several objectives by Pareto
+    layer, then the first objective) and its directions."""
     import optuna
 
     from .storage import open_storage
@@ -76,12 +78,13 @@ def source_trials(spec: str, runs_dir: Path) -> tuple[str, list, list[str]]:
     if name not in names:
         raise ConfigError(FIELD, f"no study {name!r} in {url}; allowed: {', '.join(names) or 'none (no study stored)'}")
     src = optuna.load_study(study_name=name, storage=storage)
-    maximize = src.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     done = src.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not done:
         raise ConfigError(FIELD, f"study {name!r} has no completed trials to start from")
-    done = sorted(done, key=lambda t: (-t.values[0] if maximize else t.values[0], t.number))
-    return name, done, [d.name.lower() for d in src.directions]
+    from .results import rank_trials
+
+    directions = [d.name.lower() for d in src.directions]
+    return name, rank_trials(done, directions), directions
 
 
 def fitting_params(params: dict[str, Any], dists: dict[str, Any]) -> dict[str, Any]:

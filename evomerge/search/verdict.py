@@ -1,0 +1,270 @@
+"""The verdict at the end of a search: did the search find anything better than the baselines a user would
+otherwise try (FedAvg, ring gossip, ...)? One source for the terminal, ``evomerge status``, the dashboard and
+the description of the search's parent run in MLflow.
+
+- **The picks** are named before anything is run again: a single-objective study's best trial; of a
+  multi-objective study, the policy ``evomerge export`` writes (``results.pick_one``) and then the other
+  Pareto-optimal trials by the first objective, :data:`PICKS` in all. They are never re-chosen.
+- **Fresh seeds.** The picks won among many noisy trials, so they and every baseline are run again on the same
+  fresh seeds (``--reevaluate N``, past the study's own; 0: the search's own seeds, with a note that this
+  flatters the picks). Metrics are the validation split's; the test set is never used.
+- **Paired differences.** Per objective, the pick's value minus the baseline's on each seed; shown as the mean
+  +- one standard error, in the metric's unit (points of accuracy, percent of bytes, seconds).
+- **Ties.** A difference is a tie unless every seed agrees in its sign and the mean exceeds two standard errors.
+  A pick *beats* a baseline when it is better on at least one objective and worse on none; *loses to* it in
+  the mirror case; *ties* when every objective ties; else it *trades off* with it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable
+
+from ..study import Study
+
+ATTR = "verdict"  # the Optuna study's user attribute that holds the last verdict
+FRESH_ATTR = "verdict-fresh-v1:"  # + seeds: the picks' runs on fresh seeds, by trial number
+PICKS = 3  # at most this many picks of a multi-objective study
+LEAD = ("fedavg", "ring-gossip")  # the baselines a verdict speaks of first: what people tune by hand
+POINTS = {"val_accuracy", "mean_worker_accuracy", "worst_worker_accuracy", "accuracy_at_time"}  # in points (x100)
+RATIO = {"bytes"}  # in percent of the baseline's
+SECONDS = {"time_to_target", "sim_time", "wall_time"}
+WORDS = {"better": "beats", "worse": "loses to", "tie": "ties with", "trade-off": "trades off with"}
+
+
+# -- the rule -------------------------------------------------------------------------------------------
+def decide(diffs: list[float], maximize: bool) -> tuple[float, float, str]:
+    """Mean and standard error of paired differences (pick - baseline), and ``better`` / ``worse`` / ``tie``:
+    a tie unless every seed agrees in sign and the mean exceeds two standard errors (one seed: no spread,
+    so only the sign counts)."""
+    n = len(diffs)
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(n) if n > 1 else 0.0
+    agree = all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
+    if not agree or abs(mean) <= 2 * se or not math.isfinite(mean):
+        return mean, se, "tie"
+    return mean, se, "better" if (mean > 0) == maximize else "worse"
+
+
+def combine(outcomes: list[str]) -> str:
+    """One comparison's outcome from its objectives' (see the module's docstring)."""
+    if all(o == "tie" for o in outcomes):
+        return "tie"
+    if "worse" not in outcomes:
+        return "better"
+    if "better" not in outcomes:
+        return "worse"
+    return "trade-off"
+
+
+def _label(name: str) -> str:
+    from .config import OBJECTIVES
+
+    o = OBJECTIVES.get(name)
+    return o.label if o else name
+
+
+def difference_text(name: str, pick: list[float], base: list[float], mean: float, se: float, maximize: bool) -> str:
+    """A paired difference in the metric's unit, from the pick's side: ``+0.3 +- 0.2 points val acc``, ``21% fewer
+    bytes``, ``1.20 +- 0.30 s faster (time to target s)``."""
+    label = _label(name)
+    if name in POINTS:
+        return f"{100 * mean:+.2f} ± {100 * se:.2f} points {label}"
+    if name in RATIO:
+        if any(b <= 0 for b in base):
+            p = statistics.fmean(pick)
+            return f"{p / 1e6:,.1f} MB more {label} (the baseline sends none)" if p > 0 else f"no {label} (as the baseline)"
+        ratios = [p / b for p, b in zip(pick, base)]
+        r = statistics.fmean(ratios)
+        rse = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
+        spread = f" ± {100 * rse:.0f}%" if rse >= 0.005 else ""
+        if r <= 1:
+            return f"{100 * (1 - r):.0f}%{spread} fewer {label}"
+        if r <= 2:
+            return f"{100 * (r - 1):.0f}%{spread} more {label}"
+        return f"{r:.1f}x the {label}" + (f" (± {rse:.1f}x)" if rse >= 0.05 else "")
+    if name in SECONDS and not maximize:
+        return f"{abs(mean):.2f} ± {se:.2f} s {'faster' if mean < 0 else 'slower'} ({label})"
+    return f"{mean:+.4g} ± {se:.2g} {label}"
+
+
+def compare(study: Study, pick: list[list[float]], base: list[list[float]]) -> dict[str, Any]:
+    """A pick against a baseline: per-seed objective values (``[seed][objective]``) of each, on the same seeds."""
+    objs = []
+    for k, (name, direction) in enumerate(zip(study.objectives, study.directions)):
+        p, b = [float(v[k]) for v in pick], [float(v[k]) for v in base]
+        maximize = direction == "maximize"
+        mean, se, outcome = decide([x - y for x, y in zip(p, b)], maximize)
+        objs.append({"name": name, "pick": p, "baseline": b, "mean": mean, "se": se, "outcome": outcome,
+                     "text": difference_text(name, p, b, mean, se, maximize)})
+    outcome = combine([o["outcome"] for o in objs])
+    marked = [o["text"] + (" (a tie)" if o["outcome"] == "tie" and outcome != "tie" else "") for o in objs]
+    return {"outcome": outcome, "objectives": objs, "text": ", ".join(marked)}
+
+
+def ordered(names: list[str]) -> list[str]:
+    """Baselines in the order a verdict speaks of them: FedAvg and ring gossip first, then the study's order."""
+    return [n for n in LEAD if n in names] + [n for n in names if n not in LEAD]
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[int], fresh: bool,
+          picked_by: str) -> dict[str, Any]:
+    """The verdict from values alone: ``picks`` (``number``, ``describe``, ``per_seed`` ``[seed][objective]``) and
+    ``baselines`` (``name``, ``per_seed``), all on ``seeds``. Returns what every view shows: ``headline``,
+    ``lines`` (per pick and baseline), ``notes`` and the comparisons themselves."""
+    names = ordered([b["name"] for b in baselines])
+    base = {b["name"]: b for b in baselines}
+    comparisons = []
+    for p in picks:
+        for n in names:
+            c = compare(study, p["per_seed"], base[n]["per_seed"])
+            comparisons.append({"pick": p["number"], "baseline": n, **c})
+    by = {(c["pick"], c["baseline"]): c for c in comparisons}
+    first = picks[0]["number"]
+    beaten_by = [n for n in names if all(by[p["number"], n]["outcome"] == "worse" for p in picks)]
+    where = f"fresh seeds {', '.join(map(str, seeds))}" if fresh else f"the search's own seeds {', '.join(map(str, seeds))}"
+    every = "every pick" if len(picks) > 1 else f"trial {first}"
+    if not names:
+        headline = f"trial {first}: no baselines to compare with (the study's [baselines] policies is empty)"
+    elif beaten_by:
+        headline = (f"A baseline beats the search: {_join(beaten_by)} {'beat' if len(beaten_by) > 1 else 'beats'} "
+                    f"{every} on {where} (against trial {first}: {by[first, beaten_by[0]]['text']})")
+    elif all(by[first, n]["outcome"] == "better" for n in names):
+        headline = f"trial {first} beats every baseline ({_join(names)}) on {where}"
+    else:
+        groups = {}
+        for n in names:
+            groups.setdefault(by[first, n]["outcome"], []).append(n)
+        parts = [f"{WORDS[o]} {_join(groups[o])}" for o in ("better", "tie", "trade-off", "worse") if o in groups]
+        headline = f"trial {first} " + "; ".join(parts) + f" (on {where})"
+    lines = []
+    for p in picks:
+        lines.append(f"trial {p['number']}: {p['describe']}")
+        for n in names:
+            c = by[p["number"], n]
+            lines.append(f"  {WORDS[c['outcome']]} {n}: {c['text']}")
+    notes = [f"picks named before they were run again: {picked_by}",
+             "each difference is paired by seed, pick minus baseline, ± one standard error; a tie unless every seed "
+             "agrees in sign and the mean exceeds two standard errors; metrics on the validation split (the test set "
+             "is not used)"]
+    if not fresh:
+        notes.append("judged on the search's own seeds (--reevaluate 0): the picks won on these seeds, so this "
+                     "flatters them; --reevaluate N runs them again on N fresh seeds")
+    if len(seeds) == 1:
+        notes.append("one seed: no spread, so no difference is tested against noise")
+    searched = sorted({k for p in picks for k in (p.get("run") or {})})
+    notes.append(f"the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each"
+                 + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
+    return {"headline": headline, "lines": lines, "notes": notes, "seeds": list(seeds), "fresh": fresh,
+            "picks": [{k: p[k] for k in ("number", "describe", "per_seed") if k in p} for p in picks],
+            "baselines": [{"name": n, "per_seed": base[n]["per_seed"]} for n in names],
+            "beaten_by": beaten_by, "comparisons": comparisons, "objectives": list(study.objectives)}
+
+
+# -- choosing and running ------------------------------------------------------------------------------
+def choose_picks(ostudy, study: Study) -> tuple[list[dict], str]:
+    """The picks (trial summaries) and the rule that named them, in words."""
+    from .results import pareto_trials, pick_one, trial_summary
+
+    first, rule = pick_one(ostudy, study)
+    if first is None:
+        return [], ""
+    if len(study.objectives) == 1:
+        return [first], rule
+    rev = study.directions[0] == "maximize"
+    rest = sorted((t for t in pareto_trials(ostudy, study) if t.number != first["number"]),
+                  key=lambda t: (-t.values[0] if rev else t.values[0], t.number))
+    picks = [first] + [trial_summary(t, study) for t in rest[:PICKS - 1]]
+    more = f", then {'the next' if len(picks) == 2 else f'the next {len(picks) - 1}'} Pareto-optimal by {study.objectives[0]}" \
+        if len(picks) > 1 else ""
+    return picks, f"trial {first['number']} as `evomerge export` picks it ({rule}){more}"
+
+
+def per_seed(study: Study, finals: list[dict]) -> list[list[float]]:
+    return [[float(f[o]) for o in study.objectives] for f in finals]
+
+
+def _describe(policy: dict) -> str:
+    from ..policy import MergePolicy
+
+    try:
+        return MergePolicy.from_dict(policy).describe()
+    except Exception:  # a policy of a later schema, read by an older evomerge
+        return "?"
+
+
+def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
+            on_run: Callable[[int, int], None] | None = None) -> dict[str, Any] | None:
+    """Name the picks, run them and the baselines on ``reevaluate`` fresh seeds (0: the search's own seeds; runs
+    are cached in the Optuna study), judge, and store the verdict with the study (:data:`ATTR`). None when no
+    trial completed."""
+    from ..backends.inprocess import run
+    from ..engine.setup import prepare
+    from ..policy import MergePolicy
+    from ..study import with_run
+    from .baselines import baseline_rows, fresh_seeds
+    from .results import slim
+
+    picks, rule = choose_picks(ostudy, study)
+    if not picks:
+        return None
+    if reevaluate:
+        seeds = fresh_seeds(study, reevaluate)
+        key = FRESH_ATTR + ",".join(map(str, seeds))
+        cached = dict(ostudy.user_attrs.get(key, {}))
+        todo = [p for p in picks if str(p["number"]) not in cached]
+        total, done = len(todo) * len(seeds), 0
+        setups: dict = {}
+        for p in todo:
+            found = p.get("run") or {}
+            rkey = tuple(sorted(found.items()))
+            if rkey not in setups:
+                setups[rkey] = prepare(with_run(study, found), data=data, data_dir=data_dir)
+            finals = []
+            for s in seeds:
+                finals.append(slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device).metrics()))
+                done += 1
+                if on_run:
+                    on_run(done, total)
+            cached[str(p["number"])] = finals
+        if todo:
+            ostudy.set_user_attr(key, cached)
+        for p in picks:
+            p["per_seed"] = per_seed(study, cached[str(p["number"])])
+    else:
+        seeds = list(study.run.seeds)
+        for p in picks:
+            p["per_seed"] = per_seed(study, [p["metrics"][str(s)] for s in seeds])
+    for p in picks:
+        p["describe"] = _describe(p["policy"])
+    rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds)
+    bases = [{"name": r["name"], "per_seed": per_seed(study, r["per_seed"])} for r in rows]
+    verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
+    ostudy.set_user_attr(ATTR, verdict)
+    return verdict
+
+
+def markdown(verdict: dict[str, Any]) -> str:
+    """The verdict as the parent MLflow run's description (Markdown)."""
+    out = [f"**Verdict.** {verdict['headline']}", ""]
+    for line in verdict["lines"]:
+        out.append(("    - " + line.strip()) if line.startswith("  ") else f"- {line}")
+    out.append("")
+    out += [f"*{n}*  " for n in verdict["notes"]]
+    return "\n".join(out)
+
+
+def render(verdict: dict[str, Any], console) -> None:
+    """The verdict on a terminal (rich ``console``)."""
+    from rich.markup import escape
+
+    console.print(f"[bold]verdict:[/bold] {escape(verdict['headline'])}")
+    for line in verdict["lines"]:
+        console.print(escape(line), highlight=False)
+    for n in verdict["notes"]:
+        console.print(f"[dim]note: {escape(n)}[/dim]", highlight=False)

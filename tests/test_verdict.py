@@ -1,0 +1,154 @@
+"""The verdict at the end of a search (search/verdict.py): the rule on stored values (a win, a loss, a tie, a
+trade-off, minimised metrics, time), and the quick-start search through the command, which prints it, stores
+it, shows it in `status` and puts it in the parent MLflow run's description."""
+
+import json
+
+import pytest
+
+from evomerge import study
+from evomerge.search import verdict
+from searchutil import cli
+
+
+def _one_objective():
+    return study.load("mnist-skewed")  # val_accuracy only, lr 0.05
+
+
+def _picks(*rows):
+    return [{"number": n, "describe": f"policy of trial {n}", "per_seed": per_seed} for n, per_seed in rows]
+
+
+def _bases(**rows):
+    return [{"name": n.replace("_", "-"), "per_seed": v} for n, v in rows.items()]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("diffs, maximize, want", [
+    ([0.010, 0.012, 0.011], True, "better"),       # every seed agrees and far beyond 2 standard errors
+    ([-0.010, -0.012, -0.011], True, "worse"),
+    ([-0.010, -0.012, -0.011], False, "better"),   # a minimised metric: lower is better
+    ([0.010, -0.001, 0.012], True, "tie"),         # one seed disagrees in sign
+    ([0.001, 0.030, 0.0005], True, "tie"),         # all positive, but the mean is within 2 standard errors
+    ([0.0, 0.0], True, "tie"),
+])
+def test_a_difference_is_a_tie_unless_every_seed_agrees_and_it_exceeds_two_standard_errors(diffs, maximize, want):
+    assert verdict.decide(diffs, maximize)[2] == want
+
+
+@pytest.mark.unit
+def test_a_win_a_loss_and_a_tie_on_stored_values_lead_with_fedavg_and_ring_gossip():
+    s = _one_objective()
+    pick = [[0.920], [0.925], [0.918]]  # per seed, per objective
+    v = verdict.judge(s, _picks((7, pick)), _bases(
+        allreduce=[[0.930], [0.936], [0.929]],          # beats the pick on every seed, by about a point
+        fedavg=[[0.900], [0.906], [0.897]],             # the pick wins by two points
+        ring_gossip=[[0.922], [0.921], [0.919]]),       # signs disagree: a tie
+        [1000, 1001, 1002], True, "the best val_accuracy")
+    assert v["lines"] == ["trial 7: policy of trial 7",
+                          "  beats fedavg: +2.00 ± 0.06 points val acc",
+                          "  ties with ring-gossip: +0.03 ± 0.19 points val acc",
+                          "  loses to allreduce: -1.07 ± 0.03 points val acc"]
+    assert v["beaten_by"] == ["allreduce"]
+    assert v["headline"].startswith("A baseline beats the search: allreduce beats trial 7 on fresh seeds 1000, 1001, 1002")
+    assert "-1.07 ± 0.03 points val acc" in v["headline"]
+    assert any("lr 0.05" in n and "not tuned" in n for n in v["notes"])
+
+
+@pytest.mark.unit
+def test_a_pick_that_beats_every_baseline_says_so():
+    s = _one_objective()
+    v = verdict.judge(s, _picks((3, [[0.95], [0.96]])), _bases(fedavg=[[0.90], [0.91]], ring_gossip=[[0.92], [0.925]]),
+                      [1000, 1001], True, "the best val_accuracy")
+    assert v["headline"] == "trial 3 beats every baseline (fedavg and ring-gossip) on fresh seeds 1000, 1001"
+    assert v["beaten_by"] == []
+
+
+@pytest.mark.unit
+def test_two_objectives_trade_off_in_points_and_percent_of_bytes():
+    s = study.load("mnist-gossip")  # val_accuracy and bytes
+    pick = [[0.95, 78e6], [0.951, 78e6]]
+    v = verdict.judge(s, _picks((7, pick)), _bases(
+        fedavg=[[0.905, 52e6], [0.906, 52e6]],      # more accuracy for more bytes: a trade-off
+        ring_gossip=[[0.915, 280e6], [0.916, 281e6]],  # better on both
+        no_merging=[[0.78, 0.0], [0.79, 0.0]]),
+        [1000, 1001], True, "rule")
+    lines = dict(line.strip().split(": ", 1) for line in v["lines"][1:])
+    assert lines["trades off with fedavg"] == "+4.50 ± 0.00 points val acc, 50% more bytes"
+    assert lines["beats ring-gossip"].startswith("+3.50 ± 0.00 points val acc, 72%") and "fewer bytes" in lines["beats ring-gossip"]
+    assert lines["trades off with no-merging"].endswith("78.0 MB more bytes (the baseline sends none)")
+    assert v["headline"] == ("trial 7 beats ring-gossip; trades off with fedavg and no-merging "
+                             "(on fresh seeds 1000, 1001)")
+
+
+@pytest.mark.unit
+def test_a_tied_objective_is_marked_and_time_is_in_seconds():
+    s = study.load("mnist-stragglers")  # time_to_target, minimised
+    v = verdict.judge(s, _picks((2, [[3.0], [3.2], [2.9]])), _bases(fedavg=[[15.5], [15.0], [16.1]],
+                                                                     ring_gossip=[[3.1], [2.8], [3.3]]),
+                      [1000, 1001, 1002], False, "the best time_to_target")
+    assert v["lines"][1] == "  beats fedavg: 12.50 ± 0.40 s faster (time to target s)"
+    assert v["lines"][2].startswith("  ties with ring-gossip: ")
+    assert any("--reevaluate 0" in n for n in v["notes"])  # judged on the search's own seeds: said
+
+
+@pytest.mark.system
+def test_the_quick_start_search_prints_stores_and_logs_one_verdict(tmp_path, data_dir):
+    """The README's first command, with a small budget: the end screen has a verdict judged on fresh seeds
+    against FedAvg and ring gossip first; `status` shows the same headline from the store; the parent MLflow
+    run's description carries it; the picks are the trial `export` writes and the ones after it."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    runs = tmp_path / "runs"
+    p = cli("search", "--study", "mnist-gossip", "--n-trials", "4", "--seed", "3", "--runs-dir", runs,
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    ostudy = optuna.load_study(study_name="mnist-gossip", storage=f"sqlite:///{runs / 'mnist-gossip' / 'optuna.db'}")
+    v = ostudy.user_attrs["verdict"]
+    assert v["fresh"] and v["seeds"] == [1000, 1001] and v["objectives"] == ["val_accuracy", "bytes"]
+    assert f"verdict: {v['headline']}" in p.stdout.replace("\n", " ") or f"verdict: {v['headline'][:60]}" in p.stdout
+    names = [b["name"] for b in v["baselines"]]
+    assert names[:2] == ["fedavg", "ring-gossip"] and set(names) == {"no-merging", "fedavg", "allreduce", "ring-gossip",
+                                                                      "diloco"}
+    # every pick and baseline ran on both fresh seeds, paired
+    assert all(len(x["per_seed"]) == 2 for x in v["picks"] + v["baselines"])
+    assert len(v["comparisons"]) == len(v["picks"]) * len(names)
+    # the first pick is the policy `evomerge export` writes
+    out = tmp_path / "best.json"
+    e = cli("export", "--study", "mnist-gossip", "--runs-dir", runs, "-o", out, cwd=tmp_path, data_dir=data_dir)
+    assert e.returncode == 0, e.stderr
+    assert json.loads(out.read_text())["trial"] == v["picks"][0]["number"]
+    # status reads the same verdict back
+    st = cli("status", "--study", "mnist-gossip", "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
+    assert st.returncode == 0, st.stderr
+    assert v["headline"][:60] in st.stdout.replace("\n", " ")
+    # the parent MLflow run's description
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mnist-gossip' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("mnist-gossip")
+    parents = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    assert v["headline"] in parents[0].data.tags["mlflow.note.content"]
+    assert parents[0].data.tags["evomerge.verdict"] == v["headline"]
+    # the fresh-seed runs are cached: the same command again judges the same values without new trials
+    again = cli("search", "--study", "mnist-gossip", "--n-trials", "4", "--seed", "3", "--runs-dir", runs,
+                cwd=tmp_path, data_dir=data_dir)
+    assert again.returncode == 0, again.stderr
+    ostudy = optuna.load_study(study_name="mnist-gossip", storage=f"sqlite:///{runs / 'mnist-gossip' / 'optuna.db'}")
+    assert ostudy.user_attrs["verdict"]["comparisons"] == v["comparisons"]
+
+
+@pytest.mark.integration
+def test_reevaluate_zero_judges_on_the_search_seeds_and_says_so(tmp_path, data_dir):
+    from conftest import write_study
+
+    f = write_study(tmp_path, seeds=(0, 1))
+    p = cli("search", "--study", f, "--n-trials", "3", "--sampler", "random", "--no-prune", "--reevaluate", "0",
+            "--runs-dir", tmp_path / "runs", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "verdict: " in p.stdout and "the search's own seeds 0, 1" in p.stdout
+    assert "note: judged on the search's own seeds (--reevaluate 0)" in p.stdout
+    bad = cli("search", "--study", f, "--reevaluate", "-1", "--runs-dir", tmp_path / "runs", cwd=tmp_path,
+              data_dir=data_dir)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --reevaluate: -1 is out of range; allowed: [0, inf) fresh seeds"]
