@@ -154,3 +154,22 @@ def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path
         proc.communicate(timeout=60)
     finally:
         stop(proc)
+
+
+@pytest.mark.unit
+def test_a_multi_objective_ranking_takes_pareto_layers_first():
+    """What a warm start enqueues first and what `transfer` re-runs: with accuracy and bytes, the trade-offs of the
+    front come before a trial that bought a little accuracy at any cost only if it is on the front too; a dominated
+    trial comes after every non-dominated one, whatever its accuracy."""
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+
+    def t(n, acc, mb):
+        tr = optuna.trial.create_trial(params={"x": 0.5}, distributions=dist, values=[acc, mb * 1e6])
+        tr.number = n
+        return tr
+
+    trials = [t(0, 0.93, 2800), t(1, 0.95, 80), t(2, 0.91, 13), t(3, 0.94, 300), t(4, 0.90, 50), t(5, 0.96, 3000)]
+    ranked = results.rank_trials(trials, ["maximize", "minimize"])
+    assert [x.number for x in ranked] == [5, 1, 2, 3, 4, 0]  # front {5, 1, 2}; then {3, 4}; then {0}
+    # one objective: by its value
+    assert [x.number for x in results.rank_trials(trials, ["maximize"])] == [5, 1, 3, 0, 2, 4]

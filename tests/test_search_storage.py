@@ -49,6 +49,23 @@ def test_a_changed_study_under_its_old_name_is_refused_in_one_line(tmp_path, dat
     assert states(tmp_path / "runs-4" / "tiny" / "optuna.db") == {"COMPLETE": 2}
 
 
+@pytest.mark.integration
+def test_a_store_searched_for_other_objectives_says_what_changed_and_what_to_do(tmp_path, data_dir):
+    """The quick-start study gained `bytes` as a second objective: a `runs/mnist-gossip/` searched before is
+    refused in one line naming both lists of objectives and the way to start afresh; nothing is lost."""
+    f = write_study(tmp_path)
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    args = ["search", "--study", str(f), "--sampler", "random", "--quiet", "--reevaluate", "0"]
+    assert cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    edit_study(f, 'metrics = ["val_accuracy"]', 'metrics = ["val_accuracy", "bytes"]')
+    p = cli(*args, "--n-trials", "4", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert p.stderr == ("error: study.objectives.metrics: the 2 stored trials of 'tiny' were searched for "
+                        "['val_accuracy']; the study now asks ['val_accuracy', 'bytes']; to start afresh, move "
+                        "runs/tiny away or search with another --runs-dir (the old results stay readable there)\n")
+    assert states(db) == {"COMPLETE": 2}
+
+
 @pytest.mark.system
 def test_description_size_and_sampler_changes_are_not_mismatches(tmp_path, data_dir):
     f = write_study(tmp_path)
