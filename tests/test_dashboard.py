@@ -211,3 +211,94 @@ def test_diverged_trials_are_marked_and_kept_off_the_pareto_front(tmp_path, data
     runs = [r for r in client.search_runs([exp.experiment_id]) if "optuna.trial_number" in r.data.tags]
     assert sorted(r.info.run_name for r in runs) == [f"trial-{i} (diverged)" for i in range(3)]
     assert all(r.data.tags["evomerge.status"] == "diverged" and r.info.status == "FAILED" for r in runs)
+
+
+TIMED_STUDY = """
+[study]
+name = "timed"
+[data]
+dataset = "mnist"
+val_size = 500
+train_size = 2000
+[model]
+name = "mlp"
+hidden = [16]
+[run]
+workers = 6
+batch_size = 16
+steps = 60
+rounds = 3
+score_samples = 8
+[environment]
+step_time = 0.01
+sites = 2
+bandwidth = 1e9
+bandwidth_inter = 2e6
+latency_inter = 0.01
+speeds = [1.0, 1.0, 0.5, 1.0, 1.0, 0.25]
+time_budget = 3.0
+[policy]
+degree = 3
+[search.space]
+mean_interval = { kind = "log-float", low = 1.0, high = 30.0 }
+topology = { kind = "categorical", choices = ["ring", "complete"] }
+[objectives]
+metrics = ["time_to_target"]
+target = 0.5
+[baselines]
+policies = ["no-merging", "ring-gossip"]
+"""
+
+TIME_PROBE = """() => {
+  const data = id => document.getElementById(id).data;
+  const tl = data('plot-timeline'), cl = data('plot-cluster'), trade = document.getElementById('plot-tradeoff');
+  return {
+    timeline: tl.map(t => [t.name, t.yaxis, t.x.length]),
+    speeds: cl.find(t => t.type === 'bar').y,
+    heat: cl.find(t => t.type === 'heatmap').z,
+    tradeoff_y: trade.layout.yaxis.title.text,
+    first: [...document.querySelectorAll('section')].map(s => s.id)[0],
+  };
+}"""
+
+
+@pytest.mark.system
+def test_a_time_study_shows_its_cluster_and_where_the_time_went(tmp_path, data_dir):
+    """A study with an [environment]: the trade-off plots time to target (not accuracy) against bytes; the page
+    draws the cluster (speeds by site, links) and each worker's compute, idle and sending under the best policy and
+    under all-reduce every step, which idles at the barriers. When a baseline beats every trial, the page says so
+    at the top and in the best policy's title."""
+    import optuna
+
+    from evomerge.search import verdict
+
+    (tmp_path / "timed.toml").write_text(TIMED_STUDY)
+    s = study.load(tmp_path / "timed.toml")
+    evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, reevaluate=0)
+    study_dir = tmp_path / "runs" / "timed"
+    page = dashboard.build(s, default_storage(study_dir), default_tracking_uri(study_dir), tmp_path / "dash",
+                           data_dir=data_dir)
+    console, errors, drawn, text, remote, probed = open_page(page, tmp_path / "timed.png", TIME_PROBE)
+    assert console == [] and errors == [] and remote == []
+    for section in dashboard.SECTIONS + dashboard.TIME_SECTIONS:
+        assert drawn.get(section), (section, drawn)
+    assert probed["tradeoff_y"].startswith("simulated seconds to the target")
+    assert probed["speeds"] == pytest.approx([1.0, 1.0, 0.5, 1.0, 1.0, 0.25])
+    heat = probed["heat"]  # log10 MB/s: 1000 MB/s inside a site, 2 MB/s between the two
+    assert heat[0][1] == pytest.approx(3.0) and heat[0][5] == pytest.approx(0.30103, abs=1e-4) and heat[0][0] is None
+    bars = {(name, axis): n for name, axis, n in probed["timeline"]}
+    assert bars[("compute", "y")] >= 6 and bars[("compute", "y2")] >= 6  # every worker computes in both panels
+    assert bars[("idle", "y2")] > 6 and bars[("sending", "y2")] > 6  # all-reduce: barriers, then the ring
+    assert "allreduce (every step): compute" in text and "idle" in text
+    # a baseline that beats every trial is said at the top, from the stored verdict
+    ostudy = optuna.load_study(study_name="timed", storage=default_storage(study_dir))
+    best = ostudy.best_trial
+    v = verdict.judge(s, [{"number": best.number, "describe": "its policy", "per_seed": [[2.0], [2.1]]}],
+                      [{"name": "ring-gossip", "per_seed": [[1.0], [1.05]]}], [1000, 1001], True, "the best")
+    ostudy.set_user_attr("verdict", v)
+    page = dashboard.build(s, default_storage(study_dir), default_tracking_uri(study_dir), tmp_path / "dash2",
+                           data_dir=data_dir, compute_baselines=False)
+    _, _, _, text, _, probed = open_page(page, tmp_path / "beaten.png", TIME_PROBE)
+    assert probed["first"] == "verdict"
+    assert "A baseline beats the search: ring-gossip beats trial" in text.split("Optimisation history")[0]
+    assert f"The best trial, beaten by ring-gossip: trial {best.number}" in text

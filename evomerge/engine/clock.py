@@ -98,6 +98,11 @@ class Timeline:
     bytes: list[int]  # cumulative bytes sent by each round's end
     merges: list[int]  # cumulative merge events started by each round's end
     horizon: int  # the schedule was built for this many local steps per worker
+    # what each worker did when, for pictures (the dashboard's "where the time went"): per worker, the start of
+    # each local step (its end is in ``completions``), the spans it waited and the spans its uplink was sending
+    step_starts: list = field(default_factory=list)
+    idle_spans: list = field(default_factory=list)
+    send_spans: list = field(default_factory=list)
     steps_at: np.ndarray = field(init=False)  # [rounds, W] local steps done by each round's end
 
     def __post_init__(self):
@@ -276,6 +281,8 @@ class Simulation:
         self.waits = [0] * W  # merges this worker is blocked on
         self.idle_since: list[float | None] = [None] * W
         self.idle_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]
+        self.step_starts: list[list[float]] = [[] for _ in range(W)]
+        self.send_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]  # a picture's, not a metric's
         self.finished = [False] * W
         self.uplink = [0.0] * W  # when each node's uplink / downlink is free (its sends / receives go one at a time)
         self.downlink = [0.0] * W
@@ -302,6 +309,7 @@ class Simulation:
             self.finished[w] = True
             return
         self.busy[w], self.step_end[w] = True, t + d
+        self.step_starts[w].append(t)
         self.push(t + d, "end", w)
 
     def resume(self, w: int, t: float) -> None:
@@ -318,6 +326,7 @@ class Simulation:
         start = max(t, self.uplink[i], self.downlink[j], self.duplex.get(pair, 0.0))
         tx = self.net.transmit(i, j, nbytes)
         self.uplink[i] = self.downlink[j] = self.duplex[pair] = start + tx
+        self.send_spans[i].append((start, start + tx))
         self.push(start + tx + self.net.latency[i, j], "land", (e, i, j, t, kind))
 
     def ring(self, e: int) -> float:
@@ -344,6 +353,7 @@ class Simulation:
             start = max(t, self.uplink[w], self.downlink[S])
             tx = self.net.transmit(w, S, cost.dense)
             self.uplink[w] = self.downlink[S] = start + tx
+            self.send_spans[w].append((start, start + tx))
             self.sends.append((t, 2 * cost.dense))  # the push and the pull
             self.parked_at[w] = t
             self.push(start + tx + self.net.latency[w, S], "server", (e, w, k, t))
@@ -358,6 +368,8 @@ class Simulation:
             bar[w] = t
             if len(bar) == W:
                 self.t_landed[e] = max(bar.values()) + self.ring(e)
+                for v in range(W):
+                    self.send_spans[v].append((max(bar.values()), self.t_landed[e]))
                 for v in self.parked.pop(e, []):
                     self.push(max(self.t_landed[e], self.parked_at[v]), "landed", (v, e))
             self.start_step(w, t)
@@ -368,10 +380,12 @@ class Simulation:
             self.barrier[w] = t
             self.sends.append((t, cost.allreduce(1, frag)))  # this worker's share of the bytes
             if len(self.barrier) == W:
-                t_done = max(self.barrier.values()) + self.ring(e)
+                t_all = max(self.barrier.values())
+                t_done = t_all + self.ring(e)
                 for v in range(W):
                     self.actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
                     self.idle_spans[v].append((self.barrier[v], t_done))
+                    self.send_spans[v].append((t_all, t_done))
                 self.barrier.clear()
                 for v in range(W):
                     self.push(t_done, "go", v)
@@ -490,4 +504,7 @@ class Simulation:
             n = int(np.searchsorted(times, t, side="right"))
             nbytes.append(int(cum[n - 1]) if n else 0)
             merges.append(n // W if self.allreduce else n)
-        return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon)
+        step_starts = [[x for x, c in zip(st, cs) if c <= end_t] for st, cs in zip(self.step_starts, completions)]
+        send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]
+        return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon,
+                        step_starts, [list(x) for x in idle_spans], send_spans)

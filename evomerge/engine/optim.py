@@ -26,6 +26,12 @@ from . import kernel
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
+def state_stacks(run) -> int:
+    """How many state tensors per parameter the run's optimiser keeps (what :meth:`Optimizer.stacks` holds):
+    SGD with momentum one, Adam and AdamW two, plain SGD none."""
+    return 1 if run.optimizer == "sgd" and run.momentum else (2 if run.optimizer in ("adam", "adamw") else 0)
+
+
 class Optimizer:
     """The state and update of one run's optimiser over the stacked workers of ``params``."""
 

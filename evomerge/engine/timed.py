@@ -43,6 +43,25 @@ def async_local_steps(policy, env, workers: int, seed: int) -> list[int] | None:
     return [max(1, round(H * float(m.min()) / float(x))) for x in m]
 
 
+def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.Timeline:
+    """The simulated clock of one run of ``policy`` (seed ``seed``) on the study's ``[environment]``, without
+    training anything: what a timed run replays, and what the dashboard draws. ``state_stacks``: the optimiser's
+    state tensors per parameter (what ``optimizer_state = "average"`` sends; ``optim.state_stacks``)."""
+    from . import schedule as schedule_mod
+
+    run = setup.study.run
+    neighbours = None
+    if policy.scheme == "gossip":
+        from . import topology as topo_mod
+
+        topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
+        neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
+    cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model)
+    local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
+    return clock.build(setup.study.environment, policy, run.workers, setup.total_steps, run.rounds, seed, cost,
+                       lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps))
+
+
 class Timed:
     """The driver of a timed run (see :class:`.run.Lockstep` for the lockstep one), on the workers the
     backend owns: all of them in process, one rank's under ``torch.distributed`` (payloads between
@@ -53,8 +72,6 @@ class Timed:
 
     def __init__(self, setup: Setup, policy, seed: int, backend, emulate: bool = False):
         check_policy(policy)
-        from . import schedule as schedule_mod
-
         run = setup.study.run
         self.setup, self.p, self.seed, self.backend = setup, policy, seed, backend
         self.W, self.T = run.workers, setup.total_steps
@@ -64,16 +81,7 @@ class Timed:
 
             raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the distributed backend with "
                                                 "an [environment] yet; allowed: weights, or --backend inprocess")
-        neighbours = None
-        if policy.scheme == "gossip":
-            from . import topology as topo_mod
-
-            topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
-            neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
-        cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(backend.state.optim.stacks()), setup.model)
-        local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
-        self.timeline = clock.build(setup.study.environment, policy, run.workers, self.T, run.rounds, seed, cost,
-                                    lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps))
+        self.timeline = build_timeline(setup, policy, seed, len(backend.state.optim.stacks()))
         # asynchronous DiLoCo: the server's batches in time order; each is applied when all its workers are there
         batches: dict[float, list[tuple[int, int]]] = {}
         for acts in self.timeline.actions:

@@ -25,6 +25,7 @@ from ..study import Study
 from .tracking import diverged
 
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
+TIME_SECTIONS = ("cluster", "timeline")  # a study with an [environment] adds these
 DISTANCE_FLOOR = 1e-6  # consensus distances below this are floating-point noise (all-reduce sits at ~1e-12)
 # the parallel coordinates' colours: worst trials light grey-blue, best dark blue (never white on the white page)
 OBJECTIVE_SCALE = [[0.0, "#c9d3e3"], [0.5, "#6a8cc4"], [1.0, "#08306b"]]
@@ -134,20 +135,33 @@ def parallel_figure(ostudy, study: Study):
     return fig
 
 
-def pareto_2d(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
-    """Non-dominated points for (accuracy up, bytes down), sorted by bytes."""
+def pareto_2d(points: list[tuple[float, float, Any]], direction: str = "maximize") -> list[tuple[float, float, Any]]:
+    """Non-dominated points for (the metric in ``direction``, bytes down), sorted by bytes."""
     from ..search.results import dominated_count
 
     xy = [(a, b) for a, b, _ in points]
-    front = [p for p in points if dominated_count(p[:2], xy, ["maximize", "minimize"]) == 0]
-    return sorted(front, key=lambda p: (p[1], -p[0]))
+    front = [p for p in points if dominated_count(p[:2], xy, [direction, "minimize"]) == 0]
+    sign = -1 if direction == "maximize" else 1
+    return sorted(front, key=lambda p: (p[1], sign * p[0]))
 
 
-def tradeoff_figure(summaries: list[dict], baselines: list[dict]):
+def tradeoff_metric(study: Study) -> str:
+    """What the trade-off picture sets against bytes: the study's first objective (accuracy when that is bytes)."""
+    first = study.objectives[0]
+    return "val_accuracy" if first == "bytes" else first
+
+
+def tradeoff_figure(summaries: list[dict], baselines: list[dict], metric: str = "val_accuracy"):
+    """Every trial's ``metric`` (the study's objective: accuracy, or time to target on a simulated cluster) against
+    the bytes it sent, the Pareto front of the two, and the baselines as stars."""
     import plotly.graph_objects as go
 
+    from ..search.config import OBJECTIVES
+
+    direction = OBJECTIVES[metric].direction if metric in OBJECTIVES else "maximize"
+
     def points(rows):
-        pts = [(_mean(s, "val_accuracy"), _mean(s, "bytes"), s["number"]) for s in rows]
+        pts = [(_mean(s, metric), _mean(s, "bytes"), s["number"]) for s in rows]
         return [p for p in pts if p[0] is not None and p[1] is not None]
 
     bad = points([s for s in summaries if diverged(s)])  # stopped early, few bytes: never on the front
@@ -165,17 +179,20 @@ def tradeoff_figure(summaries: list[dict], baselines: list[dict]):
         fig.add_scatter(x=[mb(p[1]) for p in bad], y=[p[0] for p in bad], mode="markers", name="diverged (not on the front)",
                         text=[f"trial {p[2]}: diverged" for p in bad], marker=dict(symbol="x-thin-open", size=10,
                                                                                      color="#b00020", line=dict(width=2)))
-    front = pareto_2d(pts)
+    front = pareto_2d(pts, direction)
     fig.add_scatter(x=[mb(p[1]) for p in front], y=[p[0] for p in front], mode="lines+markers", name="Pareto front",
                     text=[f"trial {p[2]}: {p[1] / 1e6:,.2f} MB" for p in front], line=dict(color="darkorange", width=2),
                     marker=dict(size=11))
-    if baselines:
-        fig.add_scatter(x=[mb(b["bytes"]) for b in baselines], y=[b["val_accuracy"] for b in baselines],
+    shown = [b for b in baselines if b.get(metric) is not None]
+    if shown:
+        fig.add_scatter(x=[mb(b["bytes"]) for b in shown], y=[b[metric] for b in shown],
                         mode="markers+text", name="baselines", textposition="top center",
-                        text=[b["name"] + (" (0 bytes)" if b["bytes"] == 0 else "") for b in baselines],
+                        text=[b["name"] + (" (0 bytes)" if b["bytes"] == 0 else "") for b in shown],
                         marker=dict(symbol="star", size=14, color="black"))
-    fig.update_layout(title="Accuracy against bytes communicated", xaxis_title="MB sent (log; no bytes drawn at the left edge)",
-                      xaxis_type="log", yaxis_title="validation accuracy (consensus)")
+    label = OBJECTIVES_LABEL.get(metric, metric)
+    fig.update_layout(title=f"{label[0].upper() + label[1:]} against bytes communicated",
+                      xaxis_title="MB sent (log; no bytes drawn at the left edge)", xaxis_type="log",
+                      yaxis_title=label + (" (lower is better)" if direction == "minimize" else ""))
     return fig
 
 
@@ -251,6 +268,107 @@ def curves_figure(best: dict, baselines: list[dict]):
     fig.update_yaxes(title_text=f"log; floored at {DISTANCE_FLOOR:g}", type="log", row=1, col=2)
     fig.update_layout(title="Learning curves (first seed): best policy against the baselines", height=460)
     return fig
+
+
+def cluster_figure(env, workers: int, seed: int):
+    """The simulated cluster: each worker's speed (1 / its step-time multiplier), coloured by site, and every
+    link's bandwidth (MB/s) with its latency on hover."""
+    import numpy as np
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    from ..engine import clock
+
+    speeds = 1.0 / clock.speed_factors(env, workers, seed)
+    net = clock.Network(env, workers)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55],
+                        subplot_titles=("speed of each worker (1 = step_time)", "link bandwidth, MB/s (hover: latency)"))
+    colours = [qualitative.Plotly[int(s) % len(qualitative.Plotly)] for s in net.sites]
+    fig.add_bar(x=list(range(workers)), y=speeds.tolist(), marker_color=colours, name="speed",
+                text=[f"site {int(s)}" for s in net.sites], hovertemplate="worker %{x}: speed %{y:.3g}, %{text}<extra></extra>",
+                showlegend=False, row=1, col=1)
+    mbs = np.where(np.isfinite(net.bandwidth), net.bandwidth / 1e6, np.nan)
+    np.fill_diagonal(mbs, np.nan)
+    finite = mbs[np.isfinite(mbs)]
+    # a log colour scale: links 10-1000x apart (inside a site and between sites) both stay readable
+    z = np.log10(mbs) if finite.size else np.zeros_like(mbs)
+    info = [[f"{'unlimited' if not np.isfinite(net.bandwidth[i, j]) else f'{net.bandwidth[i, j] / 1e6:,.3g} MB/s'}, "
+             f"{net.latency[i, j] * 1e3:.3g} ms" for j in range(workers)] for i in range(workers)]
+    ticks = [v for v in range(-3, 7) if finite.size and np.log10(finite.min()) - 1 <= v <= np.log10(finite.max()) + 1]
+    fig.add_heatmap(z=z.tolist(), x=list(range(workers)), y=list(range(workers)), colorscale="Blues",
+                    customdata=info, colorbar=dict(title="MB/s", x=1.0, tickvals=ticks,
+                                                   ticktext=[f"{10.0 ** v:g}" for v in ticks]),
+                    hovertemplate="%{y} -> %{x}: %{customdata}<extra></extra>", row=1, col=2)
+    fig.update_xaxes(title_text="worker", row=1, col=1)
+    fig.update_yaxes(title_text="speed", row=1, col=1)
+    fig.update_xaxes(title_text="to worker", row=1, col=2)
+    fig.update_yaxes(title_text="from worker", autorange="reversed", row=1, col=2)
+    fig.update_layout(title=f"The simulated cluster: step_time {env.step_time:g} s, {env.sites} site(s), "
+                            f"overlap {env.overlap}", height=420)
+    return fig
+
+
+COMPUTE, IDLE, SEND = "#4c78a8", "#c7c7c7", "#f58518"
+
+
+def timeline_figure(timelines: list, window: float):
+    """Per worker, what it did in the first ``window`` simulated seconds: compute (each local step), idle (waiting
+    at a barrier, for a blocking merge, a fragment or the server) and, on a thin lane above, sending. One panel per
+    policy (``timelines``: (name, clock.Timeline))."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=len(timelines), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[f"{name}: compute {c:.0%}, idle {i:.0%} of the workers' time"
+                                        for name, tl in timelines for c, i in [busy_shares(tl)]])
+    legend: set[str] = set()
+    for row, (name, tl) in enumerate(timelines, start=1):
+        for kind, colour, spans, lane, width in (
+                ("compute", COMPUTE, step_spans(tl), 0.0, 0.6), ("idle", IDLE, tl.idle_spans, 0.0, 0.6),
+                ("sending", SEND, tl.send_spans, 0.42, 0.18)):
+            xs, bases, ys = [], [], []
+            for w, per in enumerate(spans):
+                for a, b in merged(per, window):
+                    xs.append(b - a)
+                    bases.append(a)
+                    ys.append(w + lane)
+            fig.add_bar(x=xs, base=bases, y=ys, orientation="h", width=width, marker_color=colour, name=kind,
+                        legendgroup=kind, showlegend=bool(xs) and kind not in legend,
+                        hovertemplate=f"{kind} %{{base:.3f}} s + %{{x:.3f}} s<extra></extra>", row=row, col=1)
+            if xs:
+                legend.add(kind)
+        fig.update_yaxes(title_text="worker", autorange="reversed", row=row, col=1)
+    fig.update_xaxes(title_text="simulated seconds", row=len(timelines), col=1)
+    fig.update_layout(title=f"Where the time went: the first {window:.3g} simulated seconds", barmode="overlay",
+                      height=260 + 200 * len(timelines), bargap=0)
+    return fig
+
+
+def merged(spans, window: float) -> list[tuple[float, float]]:
+    """Spans ``(start, end)`` clipped to ``[0, window]``, sorted, with touching or overlapping ones joined (a worker's
+    back-to-back local steps are one bar)."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        a, b = max(a, 0.0), min(b, window)
+        if b <= a:
+            continue
+        if out and a <= out[-1][1] + 1e-12:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def step_spans(tl) -> list[list[tuple[float, float]]]:
+    """Each worker's local steps as spans (start, end) of a timeline (``clock.Timeline``)."""
+    return [list(zip(st, c.tolist())) for st, c in zip(tl.step_starts, tl.completions)]
+
+
+def busy_shares(tl) -> tuple[float, float]:
+    """The workers' time spent computing and idle, as shares of all workers' time to the run's end."""
+    W, end = len(tl.completions), tl.end or 1.0
+    compute = sum(b - a for per in step_spans(tl) for a, b in per)
+    idle = sum(max(0.0, min(b, end) - a) for per in tl.idle_spans for a, b in per)
+    return compute / (W * end), idle / (W * end)
 
 
 def policy_figure(policy: MergePolicy, workers: int, seed: int = 0):
@@ -432,16 +550,20 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                 section(sid, title, text, _div(fn(ostudy, study), f"plot-{sid}"))
             except Exception as e:
                 section(sid, title, f"Not available yet: {e}")
-        section("tradeoff", "Accuracy against bytes",
+        metric = tradeoff_metric(study)
+        section("tradeoff", "Accuracy against bytes" if metric == "val_accuracy" else
+                f"{OBJECTIVES_LABEL.get(metric, metric).capitalize()} against bytes",
                 "Every completed trial (mean over its seeds); the Pareto front is highlighted, baselines are stars"
                 + (", diverged trials are crosses and never on the front." if n_diverged else "."),
-                _div(tradeoff_figure(summaries, baselines), "plot-tradeoff"))
+                _div(tradeoff_figure(summaries, baselines, metric), "plot-tradeoff"))
         if top["history"]:
             section("curves", "Learning curves",
                     "The best policy against every baseline, on the study's first seed. Bytes and consensus distance "
                     f"are on log axes: a policy that sends nothing is drawn at the left edge, and distances below "
                     f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
                     _div(curves_figure(top, baselines), "plot-curves", top=90))
+        if study.environment is not None:  # a simulated cluster: what it is, and where the time went
+            cluster_and_time(study, policy, top["number"], section, notes, data_dir)
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
         beaten = (stored_verdict or {}).get("beaten_by")
         section("policy", f"The best trial, beaten by {', '.join(beaten)}: trial {top['number']}" if beaten
@@ -464,6 +586,35 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     path = out_dir / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def cluster_and_time(study: Study, policy: MergePolicy, number: int, section, notes: list[str], data_dir) -> None:
+    """A time study's two pictures: the simulated cluster, and each worker's compute, idle and sending under the
+    best policy and under all-reduce every step (the first seed's clock, re-simulated: nothing is trained)."""
+    from ..engine import optim
+    from ..engine.setup import prepare
+    from ..engine.timed import build_timeline
+
+    env, seed = study.environment, study.run.seeds[0]
+    section("cluster", "The simulated cluster",
+            "Each worker's speed (its steps take step_time / speed), coloured by site, and every link's bandwidth; "
+            "from the study's [environment] and its first seed.",
+            _div(cluster_figure(env, study.run.workers, seed), "plot-cluster"))
+    try:
+        setup = prepare(study, data_dir=data_dir)
+    except Exception as e:  # data missing here: the page still shows the rest
+        notes.append(f"Where the time went could not be simulated here ({e}).")
+        return
+    stacks = optim.state_stacks(study.run)
+    lines = [(f"best: trial {number}", build_timeline(setup, policy, seed, stacks))]
+    reference = study.resolve_policy("allreduce")
+    lines.append(("allreduce (every step)", build_timeline(setup, reference, seed, stacks)))
+    window = min(tl.round_ends[0] for _, tl in lines)
+    section("timeline", "Where the time went",
+            "Each worker's first round on the simulated clock (seed "
+            f"{seed}): computing its local steps, idle (waiting at a barrier, for a blocking merge, a fragment or the "
+            "server), and, on the thin lane, its link sending. The shares in the titles are of the whole run.",
+            _div(timeline_figure(lines, window), "plot-timeline", top=90))
 
 
 def verdict_html(verdict: dict[str, Any]) -> str:
