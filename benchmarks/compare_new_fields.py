@@ -22,6 +22,7 @@ import statistics
 import tempfile
 
 import evomerge
+from evomerge.search.baselines import fresh_seeds
 from evomerge import data as data_mod
 from evomerge import simulate, study
 from evomerge.policy import ADDED_IN, MergePolicy
@@ -64,12 +65,12 @@ def main() -> None:
         full.search, space=tuple(p for p in full.search.space if p.name not in NEW)))
     arms = {"without": without, "with": full}
     setup = simulate.prepare(full, data=data)
-    fresh = [max(full.run.seeds) + 1000 + i for i in range(args.fresh_seeds)]
+    fresh = fresh_seeds(full, args.fresh_seeds)
     rows: dict[str, list[dict]] = {k: [] for k in arms}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.search_seeds:
             for arm, st in arms.items():
-                res = evomerge.search(st, n_trials=args.trials, sampler=args.sampler, runs_dir=f"{tmp}/{arm}-{seed}",
+                res = evomerge.search(st, verdict=False, n_trials=args.trials, sampler=args.sampler, runs_dir=f"{tmp}/{arm}-{seed}",
                                       tracking_uri=f"sqlite:///{tmp}/{arm}-{seed}-mlflow.db", seed=seed, data=data)
                 best = res.best[0]
                 pol = MergePolicy.from_dict(best["policy"])

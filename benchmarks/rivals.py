@@ -13,6 +13,11 @@ shipped study's data, model, workers and [environment]:
   [0, 0.5].
 - ``evomerge``: the study's own [search.space] (scheme, gossip fields, the outer step) plus ``run.lr`` log
   [0.01, 0.5].
+- ``snoo``: the control without merging (Lookahead / SNOO: scheme none, each worker's own outer Nesterov step every
+  H local steps); searched: the same H, ``outer_lr``, ``outer_momentum`` and ``run.lr`` as ``diloco``. It tells
+  how much of DiLoCo's gain is the outer optimiser rather than the merging.
+
+``--arms`` runs some of them (default: all); results already in ``--out`` are kept and not run again.
 
 Each search's best trial is re-run on fresh seeds (``--eval-seeds``, never the search's own) at the lr it was
 found with; the table gives the mean and spread of the study's objective and of validation accuracy, and says
@@ -46,7 +51,8 @@ STREAMING_SPACE = (Param("fragments", "categorical", choices=(1, 2, 4)), Param("
 
 
 def arms(s) -> dict:
-    s = dataclasses.replace(s, objectives=s.objectives[:1])  # CMA-ES takes one objective: the study's first
+    # CMA-ES takes one objective (the study's first); no baselines: each arm's best is re-run here instead
+    s = dataclasses.replace(s, objectives=s.objectives[:1], baselines=())
     space = DILOCO_SPACE + (STREAMING_SPACE if s.environment is not None else ())  # time studies: Streaming DiLoCo
     diloco = dataclasses.replace(
         s, name=f"{s.name}-rival-diloco",
@@ -54,7 +60,10 @@ def arms(s) -> dict:
         search=dataclasses.replace(s.search, space=space))
     full = dataclasses.replace(s, name=f"{s.name}-rival-evomerge",
                                search=dataclasses.replace(s.search, space=(*s.search.space, LR)))
-    return {"diloco": diloco, "evomerge": full}
+    snoo = dataclasses.replace(
+        s, name=f"{s.name}-rival-snoo", policy=s.policy.replace(scheme="none", outer_optimizer="nesterov"),
+        search=dataclasses.replace(s.search, space=DILOCO_SPACE))
+    return {"diloco": diloco, "evomerge": full, "snoo": snoo}
 
 
 def is_diloco(p: MergePolicy) -> bool:
@@ -79,12 +88,15 @@ def main() -> None:
     ap.add_argument("--eval-seeds", type=int, nargs="+", default=[1000, 1001, 1002])
     ap.add_argument("--data-dir", default=os.environ.get("EVOMERGE_DATA_DIR", "../shared/data"))
     ap.add_argument("--out", default="benchmarks/rivals.json")
+    ap.add_argument("--arms", nargs="+", default=["diloco", "evomerge", "snoo"])
     args = ap.parse_args()
     results = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
     for name in args.studies:
         base = study_mod.load(name)
         data = simulate.prepare(base, data_dir=args.data_dir).data
         for arm, s in arms(base).items():
+            if arm not in args.arms:
+                continue
             for seed in args.search_seeds:
                 key = f"{name}/{arm}/{seed}"
                 if key in results:
@@ -92,7 +104,7 @@ def main() -> None:
                 t0 = time.time()
                 with tempfile.TemporaryDirectory() as runs:
                     res = evomerge.search(s, n_trials=args.trials, sampler="cmaes", runs_dir=runs, seed=seed,
-                                          data=data)
+                                          verdict=False, data=data)
                     best = res.best[0]
                 policy = MergePolicy.from_dict(best["policy"])
                 ev = reevaluate(base, data, policy, best["run"], args.eval_seeds)

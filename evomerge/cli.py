@@ -549,7 +549,7 @@ def _print_transfer(result: dict) -> None:
 
     label = objective_label(result["metric"])
     seeds = result["seeds"]
-    t = Table(title=f"{result['source']} -> {result['target']}: top {result['top']} by {label}, on the target's fresh "
+    t = Table(title=f"{result['source']} -> {result['target']}: its top {result['top']}, {label} on the target's fresh "
                     f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
     for col in ("rank on source", "trial", f"source {label}", f"target {label}", "rank on target", "policy"):
         t.add_column(col, justify="left" if col == "policy" else "right")
@@ -589,7 +589,7 @@ def cmd_status(args) -> int:
     if stored:
         from .search.verdict import render
 
-        render(stored, _console())
+        render(stored, _console(), complete=sum(1 for t in trials if t.state.name == "COMPLETE"))
     return 0
 
 

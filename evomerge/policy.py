@@ -159,7 +159,9 @@ class MergePolicy:
         "of the workers (the weighted mean under examples or adaptive weighting) updates the anchor by SGD "
         "(sgd: heavy-ball m = mu m + d, anchor -= lr m; nesterov: anchor -= lr (d + mu m), as torch.optim.SGD), "
         "and every worker restarts from the new anchor. none: the workers take the mean. Needs scheme allreduce, "
-        "mixing_weight 1, lerp fixed and payload weights.",
+        "mixing_weight 1, lerp fixed and payload weights. With scheme none (no merging) each worker takes its own "
+        "outer step on anchor_w - w every round(mean_interval) local steps: Lookahead (sgd), SNOO (nesterov), the "
+        "control that tells the outer optimiser's gain from the merging's.",
     )
     outer_lr: float = _f(0.7, "The outer step's learning rate (DiLoCo: 0.7; sgd with 1 and momentum 0 is FedAvg).",
                          gt=0.0, le=10.0)
@@ -221,9 +223,10 @@ class MergePolicy:
         if self.regroup_every and self.topology != "communities":
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
-        if self.outer_optimizer != "none":
+        if self.outer_optimizer != "none" and self.scheme != "none":  # scheme none: each worker's own (Lookahead)
             need = {"scheme": (self.scheme if self.scheme == "async" else "allreduce",
-                               "the outer step follows an all-reduce; over a gossip base it is not built yet")}
+                               "the outer step follows an all-reduce, or each worker's own steps with scheme none; "
+                               "over a gossip base it is not built yet")}
             need |= {k: (v, "deltas against the anchor are not built yet" if k == "payload" else
                          "the workers restart from the anchor") for k, v in OUTER_NEEDS.items()}
             for name, (value, why) in need.items():
@@ -231,9 +234,9 @@ class MergePolicy:
                     raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot take an outer step "
                                                         f"(outer_optimizer {self.outer_optimizer!r}: {why}); "
                                                         f"allowed: {value!r}")
-            if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
-                raise ConfigError("policy.outer_momentum", "0 with outer_optimizer 'nesterov'; allowed: (0, 1), "
-                                                           "or outer_optimizer 'sgd'")
+        if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
+            raise ConfigError("policy.outer_momentum", "0 with outer_optimizer 'nesterov'; allowed: (0, 1), "
+                                                       "or outer_optimizer 'sgd'")
         asynchronous = [k for k, off in ASYNC_OFF.items() if getattr(self, k) != off]
         if asynchronous and self.scheme != "async":
             raise ConfigError(f"policy.{asynchronous[0]}", f"{getattr(self, asynchronous[0])!r} applies to scheme "
@@ -301,6 +304,10 @@ class MergePolicy:
     def describe(self) -> str:
         """The policy in words, one line."""
         if self.scheme == "none":
+            if self.outer_optimizer != "none":  # Lookahead / SNOO: the control without merging
+                return (f"no merging; each worker takes its own outer {self.outer_optimizer} step every "
+                        f"{max(1, round(self.mean_interval))} steps (lr {self.outer_lr:.3g}, momentum "
+                        f"{self.outer_momentum:.3g}; Lookahead/SNOO); the consensus model is the average at the end")
             return "no merging; the consensus model is the average at the end"
         a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
             f"a {self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
@@ -372,11 +379,11 @@ ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster 
 def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
     """``values`` (field -> value, over ``fixed``) with the fields that do not apply to the resulting
     policy set to off: compression without a delta payload, regrouping off communities, an outer step
-    off the all-reduce scheme. With an outer step the workers restart from the anchor, so the fields
+    off the all-reduce, async and none schemes (none: each worker's own, Lookahead/SNOO). With an outer step the workers restart from the anchor, so the fields
     of a lerp toward the mean do not apply and take the values the outer step needs (:data:`OUTER_NEEDS`);
     Nesterov with momentum 0 is the plain outer SGD step, and is written so."""
     out = dict(values)
-    if out.get("scheme", fixed.scheme) not in ("allreduce", "async"):
+    if out.get("scheme", fixed.scheme) not in ("allreduce", "async", "none"):
         out["outer_optimizer"] = "none"
     scheme = out.get("scheme", fixed.scheme)
     if scheme != "allreduce":
@@ -394,10 +401,10 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         k = min(out.get("fragments", fixed.fragments), H)
         out["fragments"] = k
         out["fragment_delay"] = min(out.get("fragment_delay", fixed.fragment_delay), (H - 1) // k)
-    if outer != "none":
+    if outer != "none" and scheme != "none":  # Lookahead / SNOO lerps toward no mean: those fields stay as they are
         out.update(OUTER_NEEDS)
-        if outer == "nesterov" and out.get("outer_momentum", fixed.outer_momentum) == 0:
-            out["outer_optimizer"] = "sgd"
+    if outer == "nesterov" and out.get("outer_momentum", fixed.outer_momentum) == 0:
+        out["outer_optimizer"] = "sgd"
     if out.get("payload", fixed.payload) != "delta":
         out.update(COMPRESSION_OFF)
     if out.get("topology", fixed.topology) != "communities":

@@ -318,7 +318,8 @@ class Merger:
         self._closing = False
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._broadcast_start()
-        self.outer = kernel.outer_for(p, self.layout, self._flat)
+        self.outer = kernel.outer_for(p, self.layout, self._flat, lambda: self._flat().unsqueeze(0))
+        self.own_outer = plan_mod.own_outer_every(p)  # Lookahead / SNOO: this rank's own outer step, no merging
         self.sched = schedule_mod.build(p, self.W, self.T, self.seed)
         # Streaming DiLoCo: each fragment's blocks; all-reduces in flight (event -> work, buffer, blocks, t0)
         # and the step after which each lands
@@ -405,6 +406,12 @@ class Merger:
         elif s.scheme == "allreduce":
             for ev in s.events_at(self.t):
                 self._allreduce(ev)
+        elif self.own_outer and self.t % self.own_outer == 0:  # scheme none with an outer step: nothing is sent
+            rows = [b.to(torch.float32) for b in self.blocks]
+            kernel.outer_each_(rows, None, self.outer, self.layout.offsets)
+            for blk, new in zip(self.blocks, rows):
+                if new is not blk:
+                    blk.copy_(new.to(blk.dtype))
         elif s.scheme == "gossip":
             if self.overlap == "lockstep":
                 self._lockstep(self.t)

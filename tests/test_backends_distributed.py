@@ -38,6 +38,8 @@ AGREEMENT = {
                                              topk_fraction=0.3), None),
     "diloco-examples": (MergePolicy(scheme="allreduce", mean_interval=5, mixing_weight=1.0, weighting="examples",
                                     outer_optimizer="nesterov"), 2),
+    # Lookahead / SNOO: each worker's own outer step, two workers per process
+    "snoo-2procs": (MergePolicy(scheme="none", mean_interval=4, outer_optimizer="nesterov"), 2),
 }
 
 

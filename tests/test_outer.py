@@ -94,8 +94,76 @@ def test_a_free_clock_and_a_population_keep_diloco_bit_for_bit(setup):
     assert torch.equal(timed.params, lockstep.params) and torch.equal(member.params, lockstep.params)
 
 
+def lookahead_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):
+    """The control without merging (Lookahead, SNOO) as a user writes it: W modules, each with its own
+    torch.optim.AdamW and its own anchor module under torch.optim.SGD; every ``every`` inner steps each anchor takes
+    the pseudo-gradient anchor - its worker, and the worker restarts from its anchor. Nothing is averaged."""
+    run, data = setup.study.run, setup.data
+    start = initial_row(setup.model, seed)
+    workers = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
+    inner = [reference.optimizer(m, run) for m in workers]
+    anchors = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
+    outer = [torch.optim.SGD(a.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov) for a in anchors]
+    idx = [batch_indices(s, run.batch_size, 0, setup.total_steps, seed, w) for w, s in enumerate(setup.shards)]
+    for t in range(setup.total_steps):
+        for w, (m, opt) in enumerate(zip(workers, inner)):
+            bi = torch.as_tensor(idx[w][t])
+            loss = F.cross_entropy(m(normalise(data.train_x[bi], data.spec)), data.train_y[bi])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        if (t + 1) % every == 0:
+            with torch.no_grad():
+                for m, a, o in zip(workers, anchors, outer):
+                    for pa, pm in zip(a.parameters(), m.parameters()):
+                        pa.grad = pa - pm
+                    o.step()
+                    for pm, pa in zip(m.parameters(), a.parameters()):
+                        pm.copy_(pa)
+    return torch.stack([models_mod.module_row(m) for m in workers])
+
+
+@pytest.mark.parametrize("kind", ["nesterov", "sgd"])
+def test_snoo_each_worker_its_own_outer_step_equals_a_hand_written_loop(setup, kind):
+    """scheme none with an outer step: the control that tells the outer optimiser's gain from the merging's."""
+    policy = P(scheme="none", mean_interval=H, outer_optimizer=kind, outer_lr=0.7, outer_momentum=0.9)
+    res = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
+    ref = lookahead_by_hand(setup, 2, H, 0.7, 0.9, kind == "nesterov")
+    assert res.status == "ok" and res.final.bytes == 0 and res.final.merges == 0
+    diff = (res.params - ref).abs()
+    assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    # the workers stay apart (nothing is averaged) and the outer step moved them off plain no-merging
+    alone = simulate.simulate(setup, P(scheme="none"), 2, device="cpu", keep_params=True)
+    assert float((res.params - alone.params).abs().max()) > 1e-2
+    assert float((res.params[0] - res.params[1]).abs().max()) > 1e-2
+    assert "each worker takes its own outer" in policy.describe()
+
+
+def test_lookahead_with_lr_1_and_no_momentum_is_no_merging(setup):
+    plain = simulate.simulate(setup, P(scheme="none"), 5, device="cpu", keep_params=True)
+    outer = simulate.simulate(setup, P(scheme="none", mean_interval=H, outer_optimizer="sgd", outer_lr=1.0,
+                                       outer_momentum=0.0), 5, device="cpu", keep_params=True)
+    assert torch.allclose(outer.params, plain.params, atol=1e-5)
+
+
+def test_a_free_clock_and_a_population_keep_snoo_bit_for_bit(setup):
+    """Each worker's own outer step after its own H-th steps: the same on a free clock (each worker's steps and
+    outer steps at its own times) and in a population beside another member."""
+    from evomerge.backends.population import Member, run_population
+    from evomerge.study import EnvSpec
+
+    policy = P(scheme="none", mean_interval=H, outer_optimizer="nesterov")
+    lockstep = simulate.simulate(setup, policy, 1, device="cpu", keep_params=True)
+    free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
+    timed = simulate.simulate(free, policy, 1, device="cpu", keep_params=True)
+    member = run_population(setup, [Member(P(), 1), Member(policy, 1)], device="cpu", keep_params=True)[1]
+    assert torch.equal(timed.params, lockstep.params) and torch.equal(member.params, lockstep.params)
+
+
 BAD = {
     "gossip": ({"outer_optimizer": "nesterov"}, "policy.scheme: 'gossip' cannot take an outer step"),
+    "snoo without momentum": ({"scheme": "none", "outer_optimizer": "nesterov", "outer_momentum": 0.0},
+                              "policy.outer_momentum: 0 with outer_optimizer 'nesterov'"),
     "partial mix": ({"scheme": "allreduce", "mixing_weight": 0.5, "outer_optimizer": "sgd"}, "policy.mixing_weight"),
     "random lerp": ({"scheme": "allreduce", "mixing_weight": 1.0, "lerp": "random", "outer_optimizer": "sgd"},
                     "policy.lerp"),

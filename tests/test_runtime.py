@@ -64,6 +64,8 @@ POLICIES = {
     "fedavg": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0},
     "diloco": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                "outer_lr": 0.7, "outer_momentum": 0.9},
+    "snoo": {"scheme": "none", "mean_interval": 5, "outer_optimizer": "nesterov", "outer_lr": 0.7,
+             "outer_momentum": 0.9},  # Lookahead / SNOO: each rank's own outer step, nothing sent
     "ring-push-pull": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3},
     "communities-push": {"scheme": "gossip", "topology": "communities", "n_communities": 2, "exchange": "push",
                          "mean_interval": 2, "mixing_weight": 0.6, "lerp": "random", "mixing_schedule": "linear",
@@ -183,7 +185,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 
 
 # -- identity with the engine -------------------------------------------------------------------------
-IDENTITY = ["fedavg", "diloco", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
+IDENTITY = ["fedavg", "diloco", "snoo", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
             "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
             "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta"]

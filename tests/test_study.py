@@ -82,7 +82,7 @@ def test_error_lines_name_the_field_and_what_is_allowed():
         ({"run": {"lr": -1}}, "study.run.lr: -1 is out of range; allowed: [0, inf)"),
         ({"data": {"partition": "zipf"}}, "study.data.partition: unknown 'zipf'; allowed: iid, dirichlet"),
         ({"baselines": {"policies": ["nope"]}},
-         "study.baselines.policies: nope: no such file or named policy; named: allreduce, async-diloco, diloco, fedavg, no-merging, ring-gossip, streaming-diloco"),
+         "study.baselines.policies: nope: no such file or named policy; named: allreduce, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco"),
         ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}},
          "study.search.space.degree: [4, 6] is impossible with 4 workers; allowed: at most 3"),
     ]

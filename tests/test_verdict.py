@@ -82,6 +82,24 @@ def test_two_objectives_trade_off_in_points_and_percent_of_bytes():
 
 
 @pytest.mark.unit
+def test_a_run_that_diverged_loses_whatever_its_numbers_say():
+    """A diverged run reports accuracy 0 and the few bytes it sent before it blew up: never a win on bytes."""
+    s = study.load("mnist-gossip")
+    pick = {"number": 4, "describe": "p", "per_seed": [[0.0, 8e6], [0.95, 40e6]], "diverged": [1000]}
+    v = verdict.judge(s, [pick], [{"name": "fedavg", "per_seed": [[0.9, 52e6], [0.9, 52e6]]},
+                                  {"name": "allreduce", "per_seed": [[0.1, 1e6], [0.92, 2.8e9]], "diverged": [1000]}],
+                      [1000, 1001], True, "rule")
+    assert v["lines"][1] == "  loses to fedavg: the pick diverged on seed 1000"
+    assert v["lines"][2] == "  ties with allreduce: the pick diverged on seed 1000; the baseline diverged on seed 1000"
+    assert v["beaten_by"] == ["fedavg"]
+    ok = {"number": 5, "describe": "p", "per_seed": [[0.93, 8e6], [0.94, 8e6]]}
+    v = verdict.judge(s, [ok], [{"name": "allreduce", "per_seed": [[0.1, 1e6], [0.92, 2.8e9]], "diverged": [1000]}],
+                      [1000, 1001], True, "rule")
+    assert v["lines"][1] == "  beats allreduce: the baseline diverged on seed 1000"
+    assert verdict.decide([float("nan"), 0.01], True)[2] == "tie"  # a metric a run could not give: no call
+
+
+@pytest.mark.unit
 def test_a_tied_objective_is_marked_and_time_is_in_seconds():
     s = study.load("mnist-stragglers")  # time_to_target, minimised
     v = verdict.judge(s, _picks((2, [[3.0], [3.2], [2.9]])), _bases(fedavg=[[15.5], [15.0], [16.1]],
@@ -106,13 +124,13 @@ def test_the_quick_start_search_prints_stores_and_logs_one_verdict(tmp_path, dat
     assert p.returncode == 0, p.stderr
     ostudy = optuna.load_study(study_name="mnist-gossip", storage=f"sqlite:///{runs / 'mnist-gossip' / 'optuna.db'}")
     v = ostudy.user_attrs["verdict"]
-    assert v["fresh"] and v["seeds"] == [1000, 1001] and v["objectives"] == ["val_accuracy", "bytes"]
+    assert v["fresh"] and v["seeds"] == [1000, 1001, 1002] and v["objectives"] == ["val_accuracy", "bytes"]
     assert f"verdict: {v['headline']}" in p.stdout.replace("\n", " ") or f"verdict: {v['headline'][:60]}" in p.stdout
     names = [b["name"] for b in v["baselines"]]
     assert names[:2] == ["fedavg", "ring-gossip"] and set(names) == {"no-merging", "fedavg", "allreduce", "ring-gossip",
                                                                       "diloco"}
-    # every pick and baseline ran on both fresh seeds, paired
-    assert all(len(x["per_seed"]) == 2 for x in v["picks"] + v["baselines"])
+    # every pick and baseline ran on the same 3 fresh seeds, paired
+    assert all(len(x["per_seed"]) == 3 for x in v["picks"] + v["baselines"])
     assert len(v["comparisons"]) == len(v["picks"]) * len(names)
     # the first pick is the policy `evomerge export` writes
     out = tmp_path / "best.json"

@@ -82,6 +82,12 @@ class Backend(ABC):
         return run_mod.train_steps(self.setup, self.state, self.own, self.seed, start, end, self.train_x, self.train_y,
                                    after_step)
 
+    def outer_each(self, rows: list[int] | None = None) -> None:
+        """Lookahead / SNOO (``scheme = "none"`` with an outer step): the rows ``rows`` (positions in this backend's
+        state; None: all it holds) each take their own outer step. Local to each worker: no backend sends anything."""
+        st = self.state
+        kernel.outer_each_(st.params.blocks, st.merge_change.blocks, st.outer, self.setup.model.offsets, rows)
+
     @abstractmethod
     def pairs(self, ps: PairSet) -> None:
         """Apply a set of gossip events on disjoint pairs (merges and swaps) to the rows this backend holds."""

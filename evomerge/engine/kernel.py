@@ -243,17 +243,21 @@ def reduced_average(models: torch.Tensor, supports: torch.Tensor | None, reduce_
 class Outer:
     """The outer optimiser's state (DiLoCo, SlowMo): the anchor (the last global model) and the momentum, one
     flat row each, for the first ``blocks`` parameter blocks (the trained ones). Merge state, kept by every
-    process that holds workers, and moved by :meth:`step_` alone."""
+    process that holds workers, and moved by :meth:`step_` alone. Lookahead / SNOO (no merging, ``scheme =
+    "none"``) keeps one anchor and momentum row per worker (``[W, P]``) and steps each worker on its own."""
 
     def __init__(self, anchor: torch.Tensor, lr: float, momentum: float, nesterov: bool, blocks: int):
         self.anchor, self.momentum = anchor.clone(), torch.zeros_like(anchor)
         self.lr, self.mu, self.nesterov, self.blocks = lr, momentum, nesterov, blocks
 
-    def step_(self, avg: torch.Tensor, o: int, n: int) -> torch.Tensor:
+    def step_(self, avg: torch.Tensor, o: int, n: int, row: int | None = None) -> torch.Tensor:
         """One outer step on coordinates ``o..o+n`` from the workers' average ``avg``; returns the new anchor
         there. As ``torch.optim.SGD(momentum=mu, nesterov=...)`` on the pseudo-gradient ``anchor - avg``:
-        ``m = mu * m + d``; ``anchor -= lr * (d + mu * m)`` (Nesterov) or ``lr * m`` (heavy-ball)."""
-        anchor, m = self.anchor[o:o + n], self.momentum[o:o + n]
+        ``m = mu * m + d``; ``anchor -= lr * (d + mu * m)`` (Nesterov) or ``lr * m`` (heavy-ball). Per-worker
+        anchors (``[W, P]``): ``avg`` is every worker's own rows ``[W, n]``, or worker ``row``'s alone."""
+        anchor, m = self.anchor[..., o:o + n], self.momentum[..., o:o + n]
+        if row is not None:
+            anchor, m = anchor[row], m[row]
         d = anchor - avg
         m.mul_(self.mu).add_(d)
         anchor.add_(d.add(m, alpha=self.mu) if self.nesterov else m, alpha=-self.lr)
@@ -300,12 +304,39 @@ class AsyncServer:
         return self.glob
 
 
-def outer_for(policy, model, start: Callable[[], torch.Tensor]) -> Outer | None:
-    """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start()``."""
+def outer_for(policy, model, start: Callable[[], torch.Tensor],
+              rows: Callable[[], torch.Tensor] | None = None) -> Outer | None:
+    """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start()``; with
+    ``scheme = "none"`` (Lookahead / SNOO) one anchor per worker, at ``rows()`` (``[W, P]``: the workers' rows)."""
     if policy.outer_optimizer == "none" or policy.scheme == "async":  # async: the server's (AsyncServer)
         return None
-    return Outer(start(), policy.outer_lr, policy.outer_momentum, policy.outer_optimizer == "nesterov",
+    if policy.scheme == "none":
+        if rows is None:
+            raise ValueError("a per-worker outer step needs the workers' rows (a bug in evomerge)")
+        anchor = rows()
+    else:
+        anchor = start()
+    return Outer(anchor, policy.outer_lr, policy.outer_momentum, policy.outer_optimizer == "nesterov",
                  model.n_trained_blocks)
+
+
+def outer_each_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None, outer: Outer, offsets,
+                rows: Sequence[int] | None = None) -> None:
+    """Lookahead / SNOO, the control without merging: each row of a stack (of ``rows``, or all) takes its own outer
+    step on its pseudo-gradient ``anchor_w - row`` and restarts from its new anchor (the trained blocks; buffers
+    stay); ``change`` records the move. No worker reads another's row."""
+    for k in range(outer.blocks):
+        o, n = offsets[k]
+        blk = blocks[k]
+        if change is not None:
+            change[k].sub_(blk)
+        if rows is None:
+            blk.copy_(outer.step_(blk, o, n))
+        else:
+            for r in rows:
+                blk[r].copy_(outer.step_(blk[r], o, n, row=r))
+        if change is not None:
+            change[k].add_(blk)
 
 
 # -- supports ---------------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ class StepMerger:
         self.bytes = 0
         self.count = 0
         self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
+        # Lookahead / SNOO: no merging, each worker's own outer step every H local steps
+        self.each = plan_mod.own_outer_every(policy)
 
     def after_step(self, step: int) -> None:
         plan = self.plan(step)
@@ -50,6 +52,8 @@ class StepMerger:
         ex = self.st.examples
         ex += self.B
         s, p = self.sched, self.p
+        if self.each and step % self.each == 0:
+            self.backend.outer_each()
         for ev in self.landing.pop(step, ()):  # fragments sent fragment_delay steps ago land first
             self.backend.allreduce_finish(ev, plan_mod.allreduce_weight(p, int(s.step[ev]), self.T, float(s.u[ev])))
         evs = self.sched.events_at(step)

@@ -69,6 +69,14 @@ class PairSet:
         return PairSet(self.step, self.events[mask], self.a[mask], self.b[mask], self.u[mask], self.swap[mask], self.weight)
 
 
+def own_outer_every(policy: MergePolicy) -> int:
+    """Lookahead / SNOO (``scheme = "none"`` with an outer step): each worker takes its own outer step after every
+    this many of its local steps; 0 for every other policy."""
+    if policy.scheme == "none" and policy.outer_optimizer != "none":
+        return max(1, round(policy.mean_interval))
+    return 0
+
+
 def scheduled_weight(policy: MergePolicy, step: int, total: int) -> float:
     """The mixing weight ``a`` at ``step`` of ``total`` local steps (policy.mixing_schedule)."""
     return ops.scheduled_weight(policy.mixing_weight, policy.mixing_weight_final, policy.mixing_schedule, step / total)

@@ -53,7 +53,8 @@ class Workers:
         self.model_at = np.arange(self.W)  # swaps move models between workers
         self.fused = fusable(run, self.accum is not None)
         self.score, self.score_weight = _scores(self.W, device)  # the running score (policy.score)
-        self.outer = kernel.outer_for(policy, model, lambda: self.params.row(0))  # DiLoCo's anchor: the start
+        # DiLoCo's anchor: the start (Lookahead / SNOO: each worker's own)
+        self.outer = kernel.outer_for(policy, model, lambda: self.params.row(0), self.params.rows)
 
     @classmethod
     def population(cls, model: models_mod.StackedModel, run, starts: list[torch.Tensor], accumulators: bool,
@@ -91,7 +92,8 @@ class Workers:
         st.examples = torch.zeros(run.workers, dtype=torch.float64, device=self.params.device)
         st.base = st.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         st.model_at = np.arange(st.W)
-        st.outer = kernel.outer_for(policy, self.params.model, lambda: st.params.row(0))  # members start equal
+        st.outer = kernel.outer_for(policy, self.params.model, lambda: st.params.row(0),  # members start equal
+                                    st.params.rows)
         return st
 
     def point_at(self, whole: "Workers", lo: int, hi: int) -> None:

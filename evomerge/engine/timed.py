@@ -101,6 +101,7 @@ class Timed:
         self._batches: list[tuple[int, np.ndarray]] = [(0, np.zeros((0, run.batch_size), dtype=np.int64))] * self.W
         self._r = -1
         self.emulate, self._t0 = emulate, None
+        self.each = plan_mod.own_outer_every(policy)
 
     @property
     def rounds(self) -> int:
@@ -311,6 +312,10 @@ class Timed:
             st.put(sub, pos)
         st.examples[rows] += setup.study.run.batch_size
         self.done[rows] += 1
+        if self.each:  # Lookahead / SNOO: each worker's own outer step after its every H-th local step
+            due = [b.pos[w] for w in rows if self.done[w] % self.each == 0]
+            if due:
+                b.outer_each(due)
         if self.emulate:
             self._pace(max(float(self.timeline.completions[w][self.done[w] - 1]) for w in rows))
         return losses.mean(1).sum()

@@ -534,7 +534,11 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
 
         stored_verdict = ostudy.user_attrs.get("verdict")  # the last search's (search/verdict.py)
         if stored_verdict:
-            section("verdict", "Verdict", stored_verdict["headline"], verdict_html(stored_verdict))
+            from ..search.verdict import stale_note
+
+            stale = stale_note(stored_verdict, len(complete))
+            section("verdict", "Verdict", stored_verdict["headline"],
+                    verdict_html(stored_verdict, [stale] if stale else []))
         section("history", "Optimisation history",
                 "Every trial's value in the order it was asked; the line is the best so far for each sampler."
                 + (" Diverged trials are marked and left out of the best so far." if n_diverged else ""),
@@ -565,7 +569,9 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         if study.environment is not None:  # a simulated cluster: what it is, and where the time went
             cluster_and_time(study, policy, top["number"], section, notes, data_dir)
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
-        beaten = (stored_verdict or {}).get("beaten_by")
+        # "beaten" only for a trial the verdict judged (a multi-objective study's best first objective may not be)
+        judged = {p["number"] for p in (stored_verdict or {}).get("picks", [])}
+        beaten = (stored_verdict or {}).get("beaten_by") if top["number"] in judged else None
         section("policy", f"The best trial, beaten by {', '.join(beaten)}: trial {top['number']}" if beaten
                 else f"The best policy: trial {top['number']}", words,
                 _div(policy_figure(policy, study.run.workers), "plot-policy", toolbar=False),
@@ -617,7 +623,7 @@ def cluster_and_time(study: Study, policy: MergePolicy, number: int, section, no
             _div(timeline_figure(lines, window), "plot-timeline", top=90))
 
 
-def verdict_html(verdict: dict[str, Any]) -> str:
+def verdict_html(verdict: dict[str, Any], extra_notes: list[str] = ()) -> str:
     """The verdict's lines (each pick against each baseline) and notes, as HTML (escaped)."""
     from markupsafe import escape
 
@@ -632,7 +638,7 @@ def verdict_html(verdict: dict[str, Any]) -> str:
         sub = []
     if items:
         items[-1] += f"<ul>{''.join(sub)}</ul></li>"
-    notes = "".join(f"<li>{escape(n)}</li>" for n in verdict["notes"])
+    notes = "".join(f"<li>{escape(n)}</li>" for n in [*verdict["notes"], *extra_notes])
     return f'<ul class="verdict">{"".join(items)}</ul><ul class="notes">{notes}</ul>'
 
 

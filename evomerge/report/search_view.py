@@ -121,9 +121,9 @@ class SearchView:
         elif kind == "verdict":
             n = info["reevaluate"]
             study = cfg.study
-            self.err.print(f"verdict: running the picks and {len(study.baselines)} baselines "
-                           + (f"on {n} fresh seed{'s' if n > 1 else ''}" if n else "(on the search's own seeds)"),
-                           highlight=False)
+            self.err.print(f"judging: the picks and {len(study.baselines)} baselines on "
+                           + (f"{n} fresh seed{'s' if n > 1 else ''} (runs already made are reused)" if n else
+                              "the search's own seeds"), highlight=False)
         elif kind == "trial":
             r = info["record"]
             if r["state"] in ("COMPLETE", "PRUNED"):

@@ -20,8 +20,17 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
                   seeds=None) -> list[dict]:
     """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
     (``per_seed``); cached in the Optuna study's user attributes, per list of seeds."""
+    import hashlib
+    import json
+
+    from . import fingerprint
+
     seeds = list(study.run.seeds if seeds is None else seeds)
-    key = "baselines-v3:" + ",".join(map(str, seeds))
+    policies = [(name, study.resolve_policy(name)) for name in study.baselines]
+    # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies, the seeds
+    what = json.dumps([fingerprint.of(study)["hash"], study.target, [(n, p.to_dict()) for n, p in policies]],
+                      sort_keys=True)
+    key = f"baselines-v4:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds))
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
     from ..backends.inprocess import run
@@ -29,8 +38,7 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
 
     setup = prepare(study, data=data, data_dir=data_dir)
     rows = []
-    for name in study.baselines:
-        pol = study.resolve_policy(name)
+    for name, pol in policies:
         results = [run(setup, pol, s, device=device) for s in seeds]
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),

@@ -179,6 +179,7 @@ class SearchConfig:
     batch: int
     seed: int
     reevaluate: int  # fresh seeds for the verdict (search/verdict.py); 0: the search's own
+    verdict: bool  # end with the verdict
     data_dir: str | None
     device: str | None
     prune: bool

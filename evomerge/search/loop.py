@@ -317,13 +317,20 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             best = result.best[0]
             tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
-        if ended and result.best:  # the verdict: the picks against the baselines, on fresh seeds
+        if ended and result.best and cfg.verdict:  # the verdict: the picks against the baselines, on fresh seeds
             from . import verdict
 
             if progress:
                 progress("verdict", reevaluate=cfg.reevaluate)
-            result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir,
-                                             device=cfg.device)
+            try:
+                result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir,
+                                                 device=cfg.device)
+            except KeyboardInterrupt:  # the trials are done and kept; the runs judged so far are cached
+                result.interrupted = True
+                result.errors.append("the verdict was interrupted; the same command judges again (its runs so far "
+                                     "are kept)")
+            except Exception as e:  # never lose the search's end for it
+                result.errors.append(f"the verdict failed: {type(e).__name__}: {e}")
             if result.verdict:
                 tracker.describe_parent(verdict.markdown(result.verdict), result.verdict["headline"])
     return result

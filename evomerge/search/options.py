@@ -74,8 +74,9 @@ OPTIONS: tuple[Option, ...] = (
                        "N trials x W workers as N*W rows; cmaes asks a generation, its population size defaults to "
                        "N; tpe asks with its constant liar); in-process backend only", int),
     Option("seed", 0, "sampler seed", int),
-    Option("reevaluate", 2, "fresh seeds on which the verdict runs the search's picks and the baselines again "
+    Option("reevaluate", 3, "fresh seeds on which the verdict runs the search's picks and the baselines again "
                             "(paired by seed); 0: the verdict uses the search's own seeds", int, metavar="N"),
+    Option("verdict", True, "end without the verdict (the picks against the baselines)", negate=True),
     Option("data_dir", None, "where the dataset's IDX files are", shown="$EVOMERGE_DATA_DIR, else the user cache",
            common=True),
     Option("device", None, "torch device", shown="cuda when present, else cpu", common=True),

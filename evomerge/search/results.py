@@ -183,7 +183,7 @@ def trial_summary(t, study: Study) -> dict:
     return {"number": t.number, "values": list(t.values), "objectives": list(study.objectives),
             "params": dict(t.params), "policy": t.user_attrs.get("policy", {}), "metrics": t.user_attrs.get("metrics", {}),
             "spread": t.user_attrs.get("spread", {}), "run_status": t.user_attrs.get(RUN_STATUS, "ok"),
-            "run": t.user_attrs.get("run", {}),
+            "run": t.user_attrs.get("run", {}), "policy_key": t.user_attrs.get("policy_key"),
             "cma": {k: v for k, v in t.user_attrs.items() if k.startswith("cma_")}}
 
 

@@ -176,7 +176,7 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
                                     load_if_exists=True, sampler=sampler, pruner=pruner)
     have = [d.name.lower() for d in study.directions]
     if have != directions:
-        was = study.user_attrs.get("objectives") or have
+        was = study.user_attrs.get("objectives") or f"directions {have}"
         where = (f"move {cfg.study_dir} away or search with another --runs-dir" if cfg.default_store
                  else "search with another --storage")
         raise ConfigError("study.objectives.metrics", f"the {resumed_at} stored trials of {cfg.study.name!r} were searched "

@@ -81,10 +81,12 @@ def source_trials(spec: str, runs_dir: Path) -> tuple[str, list, list[str]]:
     done = src.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not done:
         raise ConfigError(FIELD, f"study {name!r} has no completed trials to start from")
-    from .results import rank_trials
+    from .results import diverged, rank_trials
 
     directions = [d.name.lower() for d in src.directions]
-    return name, rank_trials(done, directions), directions
+    # diverged trials last: one that blew up early sent few bytes and would look Pareto-optimal
+    return name, rank_trials([t for t in done if not diverged(t)], directions) + [t for t in done if diverged(t)], \
+        directions
 
 
 def fitting_params(params: dict[str, Any], dists: dict[str, Any]) -> dict[str, Any]:
