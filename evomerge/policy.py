@@ -23,14 +23,15 @@ from .errors import ConfigError
 from .settings import Choice
 from .engine.topology import TOPOLOGIES
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
             3: ("optimizer_state", "buffers"),
             4: ("outer_optimizer", "outer_lr", "outer_momentum"),
             5: ("score",),
-            6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed")}
+            6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed"),
+            7: ("fragment_pattern",)}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -44,6 +45,7 @@ OPTIMIZER_STATES = ("keep", "average", "reset")
 BUFFERS = ("average", "local")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 SCORES = ("holdout", "running")
+FRAGMENT_PATTERNS = ("contiguous", "strided")
 
 
 def _f(default, doc: str, **bounds):
@@ -186,6 +188,11 @@ class MergePolicy:
     fragment_alpha: float = _f(
         0.0, "How a landed fragment mixes with the worker's own: p = lerp(global, local, alpha) = global + "
         "alpha (local - global); 0 takes the global value (torchft's fragment_update_alpha).", ge=0.0, le=1.0)
+    # -- schema 7: Streaming DiLoCo's strided fragments --
+    fragment_pattern: Annotated[str, Choice(FRAGMENT_PATTERNS)] = _f(
+        "contiguous", "How the parameter tensors form the fragments: contiguous (groups of neighbouring tensors "
+        "balanced by size) or strided (the paper's pattern: layer l, i.e. the tensors of one module, goes to fragment "
+        "l mod k, so every fragment spans the depth; buffers with the last).")
     # -- schema 6: asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135), scheme "async" --
     momentum_every: int = _f(
         0, "Asynchronous DiLoCo's delayed Nesterov: every arriving pseudo-gradient d moves the global model by "
@@ -322,7 +329,8 @@ class MergePolicy:
                     f"{self.momentum_every or 'W'} arrivals){extra}")
         if self.scheme == "allreduce":
             if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()):  # Streaming DiLoCo
-                extra = (f", streamed in {self.fragments} fragments (delay {self.fragment_delay} steps, "
+                strided = " strided" if self.fragment_pattern == "strided" else ""
+                extra = (f", streamed in {self.fragments}{strided} fragments (delay {self.fragment_delay} steps, "
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
                 return (f"all workers average every {max(1, round(self.mean_interval))} steps, then an outer "
@@ -369,7 +377,7 @@ REGROUP_OFF = {"regroup_every": 0}  # only with topology 'communities'
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 # Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's
 # state are merged with the whole model, not per fragment)
-STREAMING_OFF = {"fragments": 1, "fragment_delay": 0, "fragment_alpha": 0.0}
+STREAMING_OFF = {"fragments": 1, "fragment_delay": 0, "fragment_alpha": 0.0, "fragment_pattern": "contiguous"}
 STREAMING_NEEDS = {"weighting": "uniform", "optimizer_state": "keep"}
 ASYNC_OFF = {"momentum_every": 0, "local_steps_by_speed": False}  # asynchronous DiLoCo's own fields, off
 ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster only: its pushes arrive in the "

@@ -197,7 +197,9 @@ def _state_keys(optimizer: torch.optim.Optimizer) -> tuple[list[str], bool]:
 class _Layout:
     """What the kernel reads from a model, for one ``nn.Module``: its parameters then its buffers, flat."""
 
-    def __init__(self, tensors: list[torch.Tensor], n_params: int):
+    def __init__(self, tensors: list[torch.Tensor], n_params: int, names: list[str] | None = None):
+        # (name, shape) per tensor, as a stacked model's layout: strided fragments group tensors by module
+        self.layout = [(n, tuple(t.shape)) for n, t in zip(names or [str(i) for i in range(len(tensors))], tensors)]
         self.offsets, o = [], 0
         for t in tensors:
             self.offsets.append((o, t.numel()))
@@ -275,7 +277,8 @@ class Merger:
         self.p, self.model, self.optimizer = p, model, optimizer
         self.seed, self.T, self.timeout, self.overlap = int(seed), int(total_steps), float(timeout), overlap
         self.tensors = params + buffers
-        self.layout = _Layout(self.tensors, len(params))
+        self.layout = _Layout(self.tensors, len(params),
+                              [n for n, _ in list(model.named_parameters()) + list(model.named_buffers())])
         self.P = self.layout.n_params
         self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
         self.rules = kernel.block_rules(self.layout, p.buffers)

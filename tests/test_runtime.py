@@ -82,6 +82,8 @@ POLICIES = {
     # Streaming DiLoCo: the user's MLP has 4 parameter tensors; fragments in flight while the loop trains
     "streaming-diloco": {"scheme": "allreduce", "mean_interval": 8, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                          "fragments": 2, "fragment_delay": 2, "fragment_alpha": 0.25},
+    "streaming-strided": {"scheme": "allreduce", "mean_interval": 8, "mixing_weight": 1.0, "fragments": 2,
+                          "fragment_pattern": "strided", "fragment_delay": 1, "outer_optimizer": "nesterov"},
     "streaming-4": {"scheme": "allreduce", "mean_interval": 8, "mixing_weight": 1.0, "fragments": 4,
                     "fragment_delay": 1},
     # delta payloads: each rank's compressed change since its public copy goes to every rank that keeps that copy
@@ -186,7 +188,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 
 # -- identity with the engine -------------------------------------------------------------------------
 IDENTITY = ["fedavg", "diloco", "snoo", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
-            "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4",
+            "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4", "streaming-strided",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
             "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta"]
 

@@ -16,7 +16,7 @@ from evomerge import models as models_mod
 from evomerge import reference, simulate, study
 from evomerge.engine import schedule
 from evomerge.search import space
-from evomerge.engine import kernel
+from evomerge.engine import kernel, plan
 from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy
 from evomerge.simulate import batch_indices, initial_row, normalise
@@ -28,6 +28,8 @@ DILOCO = dict(scheme="allreduce", mean_interval=H, mixing_weight=1.0, outer_opti
               outer_momentum=0.9)
 # the study's MLP 784-32-32-32-10: 8 parameter tensors, 25088 of its 27562 numbers in the first
 GROUPS = {2: [[0], [1, 2, 3, 4, 5, 6, 7]], 4: [[0], [1, 2], [3, 4], [5, 6, 7]]}
+# the paper's strided pattern: its 4 layers (weight and bias of one module together) dealt round the fragments
+STRIDED = {2: [[0, 1, 4, 5], [2, 3, 6, 7]], 4: [[0, 1], [2, 3], [4, 5], [6, 7]]}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def setup(mnist):
     return simulate.prepare(s, data=mnist)
 
 
-def streaming_by_hand(setup, seed: int, k: int, delay: int, alpha: float) -> torch.Tensor:
+def streaming_by_hand(setup, seed: int, k: int, delay: int, alpha: float, groups=None) -> torch.Tensor:
     """Streaming DiLoCo as a user writes it: W modules with their own torch.optim.AdamW; fragment j (the groups of
     parameter tensors above) has its own anchor and torch.optim.SGD(nesterov); after local step t = (j + 1) H // k
     + m H its pseudo-gradient anchor - mean(workers) takes the outer step, and after step t + delay every worker's
@@ -47,7 +49,7 @@ def streaming_by_hand(setup, seed: int, k: int, delay: int, alpha: float) -> tor
     workers = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
     inner = [reference.optimizer(m, run) for m in workers]
     anchor = list(models_mod.load_row(setup.model.module(), start).parameters())
-    groups = GROUPS[k]
+    groups = groups or GROUPS[k]
     outer = [torch.optim.SGD([anchor[b] for b in g], lr=0.7, momentum=0.9, nesterov=True) for g in groups]
     params = [list(m.parameters()) for m in workers]
     idx = [batch_indices(s, run.batch_size, 0, setup.total_steps, seed, w) for w, s in enumerate(setup.shards)]
@@ -83,16 +85,22 @@ def test_fragments_are_contiguous_groups_of_tensors_balanced_by_size(setup):
     for k, groups in GROUPS.items():
         assert kernel.fragment_blocks(sizes, setup.model.n_trained_blocks, k) == groups
     assert kernel.fragment_blocks([5, 5, 5, 5, 3], 4, 2) == [[0, 1], [2, 3, 4]]  # buffers go with the last
+    layers = kernel.layer_ids([name for name, _ in setup.model.layout])
+    assert layers == [0, 0, 1, 1, 2, 2, 3, 3]
+    for k, groups in STRIDED.items():
+        assert kernel.fragment_blocks(sizes, setup.model.n_trained_blocks, k, "strided", layers) == groups
+        assert plan.fragments_of(P(**DILOCO, fragments=k, fragment_pattern="strided"), setup.model) == groups
     s = schedule.build(P(**DILOCO, fragments=4), 4, 40, 0)
     assert s.step.tolist()[:6] == [2, 4, 6, 8, 10, 12] and s.fragment.tolist()[:6] == [0, 1, 2, 3, 0, 1]
     assert schedule.build(P(**DILOCO), 4, 40, 0).fragment is None  # one fragment: today's schedule
 
 
-@pytest.mark.parametrize("k,delay,alpha", [(4, 1, 0.0), (2, 3, 0.5)])
-def test_streaming_diloco_equals_a_hand_written_loop(setup, k, delay, alpha):
-    policy = P(**DILOCO, fragments=k, fragment_delay=delay, fragment_alpha=alpha)
+@pytest.mark.parametrize("k,delay,alpha,pattern", [(4, 1, 0.0, "contiguous"), (2, 3, 0.5, "contiguous"),
+                                                   (2, 1, 0.0, "strided")])
+def test_streaming_diloco_equals_a_hand_written_loop(setup, k, delay, alpha, pattern):
+    policy = P(**DILOCO, fragments=k, fragment_delay=delay, fragment_alpha=alpha, fragment_pattern=pattern)
     res = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
-    ref = streaming_by_hand(setup, 2, k, delay, alpha)
+    ref = streaming_by_hand(setup, 2, k, delay, alpha, (STRIDED if pattern == "strided" else GROUPS)[k])
     assert res.status == "ok"
     diff = (res.params - ref).abs()  # AdamW batched against torch's per module: float noise (see test_outer.py)
     assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
@@ -111,7 +119,8 @@ def test_a_free_clock_and_a_population_stream_bit_for_bit(setup):
     from evomerge.backends.population import Member, run_population
 
     free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
-    for kw in (dict(fragments=4, fragment_delay=1), dict(fragment_delay=2, fragment_alpha=0.5)):
+    for kw in (dict(fragments=4, fragment_delay=1), dict(fragment_delay=2, fragment_alpha=0.5),
+               dict(fragments=2, fragment_delay=1, fragment_pattern="strided")):
         policy = P(**DILOCO, **kw)
         lockstep = simulate.simulate(setup, policy, 1, device="cpu", keep_params=True)
         timed = simulate.simulate(free, policy, 1, device="cpu", keep_params=True)
@@ -144,6 +153,9 @@ BAD = {
     "too many": (DILOCO | {"fragments": 9}, "policy.fragments: 9 is more than the 8 local steps"),
     "alpha": ({"fragment_alpha": 1.5}, "policy.fragment_alpha"),
     "old schema": ({"schema_version": 5, "fragments": 2}, "policy.fragments: is a schema 6 field"),
+    "strided gossip": ({"fragment_pattern": "strided"}, "policy.scheme: 'gossip' cannot stream fragments"),
+    "strided old": ({"schema_version": 6, "fragment_pattern": "strided"}, "policy.fragment_pattern: is a schema 7"),
+    "pattern": (DILOCO | {"fragment_pattern": "zigzag"}, "policy.fragment_pattern"),
 }
 
 
@@ -160,6 +172,9 @@ def test_more_fragments_than_tensors_is_one_line_before_the_run(mnist):
     with pytest.raises(ConfigError, match=r"^policy.fragments: 5 is more than the model's 4 parameter tensors; "
                                           r"allowed: 1..4$"):
         simulate.simulate(setup, P(**DILOCO, fragments=5), 0)
+    with pytest.raises(ConfigError, match=r"^policy.fragments: 3 strided fragments is more than the model's 2 "
+                                          r"layers; allowed: 1..2$"):
+        simulate.simulate(setup, P(**DILOCO, fragments=3, fragment_pattern="strided"), 0)
 
 
 def test_the_search_switches_streaming_off_where_it_does_not_apply():

@@ -188,12 +188,36 @@ def lerp_targets_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None,
             change[k].add_(own)
 
 
-def fragment_blocks(sizes: Sequence[int], trained: int, k: int) -> list[list[int]]:
+def layer_ids(names: Sequence[str]) -> list[int]:
+    """Which layer each tensor belongs to: neighbouring tensors of one module (``fc0.weight``, ``fc0.bias``) are
+    one layer, numbered in order."""
+    out, prev = [], None
+    for name in names:
+        module = name.rsplit(".", 1)[0] if "." in name else name
+        if module != prev:
+            prev = module
+            out.append(out[-1] + 1 if out else 0)
+        else:
+            out.append(out[-1])
+    return out
+
+
+def fragment_blocks(sizes: Sequence[int], trained: int, k: int, pattern: str = "contiguous",
+                    layers: Sequence[int] | None = None) -> list[list[int]]:
     """Streaming DiLoCo's fragments: the ``trained`` parameter blocks (of ``sizes``) in ``k`` contiguous
     non-empty groups balanced by size (layer boundaries; the least sum of squared group sizes, so one huge
-    tensor does not leave the others unbalanced); the blocks after them (buffers) go with the last. Raises
-    ValueError when there are fewer trained blocks than ``k``."""
+    tensor does not leave the others unbalanced); ``pattern = "strided"``: the paper's pattern, layer l
+    (``layers``: each trained block's layer, :func:`layer_ids`) in group l mod k, so each fragment spans the
+    model's depth. The blocks after them (buffers) go with the last. Raises ValueError when there are fewer
+    trained blocks (strided: layers) than ``k``."""
     n = trained
+    if pattern == "strided":
+        layers = list(layers if layers is not None else range(n))[:n]
+        if k > len(set(layers)):
+            raise ValueError(f"{k} strided fragments of a model with {len(set(layers))} layers")
+        groups = [[b for b in range(n) if layers[b] % k == j] for j in range(k)]
+        groups[-1].extend(range(n, len(sizes)))
+        return groups
     if k > n:
         raise ValueError(f"{k} fragments of a model with {n} parameter tensors")
     pre = [0]

@@ -161,9 +161,14 @@ def fragments_of(policy: MergePolicy, model) -> list[list[int]]:
     refused in one line naming ``policy.fragments`` when the model has fewer parameter tensors."""
     from . import kernel
 
+    layers = kernel.layer_ids([name for name, _ in model.layout][:model.n_trained_blocks])
     try:
-        return kernel.fragment_blocks([n for _, n in model.offsets], model.n_trained_blocks, policy.fragments)
+        return kernel.fragment_blocks([n for _, n in model.offsets], model.n_trained_blocks, policy.fragments,
+                                      policy.fragment_pattern, layers)
     except ValueError:
+        if policy.fragment_pattern == "strided":
+            raise ConfigError("policy.fragments", f"{policy.fragments} strided fragments is more than the model's "
+                                                  f"{max(layers) + 1} layers; allowed: 1..{max(layers) + 1}") from None
         raise ConfigError("policy.fragments", f"{policy.fragments} is more than the model's "
                                               f"{model.n_trained_blocks} parameter tensors; allowed: 1.."
                                               f"{model.n_trained_blocks}") from None
