@@ -254,7 +254,7 @@ def test_distributed_search_proposes_and_scores_like_inprocess(tmp_path, data_di
     s = study_mod.load(write_study(tmp_path, workers=4, steps=40))
     res = {}
     for backend in ("inprocess", "distributed"):
-        res[backend] = evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / backend, seed=4,
+        res[backend] = evomerge.search(s, verdict=False, n_trials=3, sampler="random", runs_dir=tmp_path / backend, seed=4,
                                        data=mnist, backend=backend, prune=False)
     a, b = res["inprocess"].records, res["distributed"].records
     assert [r["state"] for r in b] == ["COMPLETE"] * 3

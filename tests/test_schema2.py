@@ -63,7 +63,7 @@ def test_the_new_fields_are_searchable(tmp_path, mnist):
         "[objectives]"]))
     f.write_text(text)
     s = study_mod.load(f)
-    res = evomerge.search(s, n_trials=5, sampler="random", runs_dir=tmp_path / "runs", seed=2, data=mnist)
+    res = evomerge.search(s, verdict=False, n_trials=5, sampler="random", runs_dir=tmp_path / "runs", seed=2, data=mnist)
     assert res.counts.get("COMPLETE", 0) == 5 and not res.errors
     policies = [r["policy"] for r in res.records]
     assert len({p["swap_p"] for p in policies}) == 5 and len({p["similarity_bias"] for p in policies}) == 5
@@ -71,4 +71,4 @@ def test_the_new_fields_are_searchable(tmp_path, mnist):
         assert p["regroup_every"] == 0 or p["topology"] == "communities"
         assert p["schema_version"] == SCHEMA_VERSION
     with pytest.raises(ConfigError, match=r"study.search.space.similarity_bias: is not supported by the distributed"):
-        evomerge.search(s, n_trials=1, runs_dir=tmp_path / "runs2", data=mnist, backend="distributed")
+        evomerge.search(s, verdict=False, n_trials=1, runs_dir=tmp_path / "runs2", data=mnist, backend="distributed")

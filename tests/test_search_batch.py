@@ -20,8 +20,8 @@ def _trials(res):
 def test_a_batch_gives_every_trial_the_values_it_gets_alone(tmp_path, data_dir, mnist):
     s = study.load(write_study(tmp_path, steps=60))
     kw = dict(n_trials=6, sampler="random", seed=3, data_dir=data_dir, prune=False)
-    alone = evomerge.search(s, runs_dir=tmp_path / "one", **kw)
-    batched = evomerge.search(s, runs_dir=tmp_path / "four", batch=4, **kw)
+    alone = evomerge.search(s, verdict=False, runs_dir=tmp_path / "one", **kw)
+    batched = evomerge.search(s, verdict=False, runs_dir=tmp_path / "four", batch=4, **kw)
     assert not batched.errors and not batched.interrupted
     assert _trials(batched) == _trials(alone)  # same asks (a seeded sampler), same values, bit for bit
     assert len(batched.records) == 6 and all(r["mlflow_run_id"] and r["state"] == "COMPLETE" for r in batched.records)
@@ -39,7 +39,7 @@ def test_a_batch_gives_every_trial_the_values_it_gets_alone(tmp_path, data_dir, 
 @pytest.mark.parametrize("sampler", ["tpe", "cmaes"])
 def test_samplers_ask_a_batch_and_finish_the_study(tmp_path, data_dir, mnist, sampler):
     s = study.load(write_study(tmp_path, steps=60))
-    res = evomerge.search(s, n_trials=8, sampler=sampler, runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
+    res = evomerge.search(s, verdict=False, n_trials=8, sampler=sampler, runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
                           batch=4)
     assert not res.errors and res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 8
     if sampler == "cmaes":  # --batch 4 makes a generation of 4 (the population size)
@@ -70,7 +70,7 @@ def test_a_trial_that_fails_fails_alone_and_the_batch_goes_on(tmp_path, data_dir
         st = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
         for interval in (30.0, 1.0, 30.0):  # about 3, 80 and 3 merges a round
             st.enqueue_trial({"mean_interval": interval, "mixing_weight": 0.5, "topology": "ring"})
-        res = evomerge.search(s, n_trials=3, sampler="random", storage=storage, runs_dir=tmp_path / "runs", seed=0,
+        res = evomerge.search(s, verdict=False, n_trials=3, sampler="random", storage=storage, runs_dir=tmp_path / "runs", seed=0,
                               data_dir=data_dir, batch=3)
     finally:
         del config.OBJECTIVES["consensus_distance"]
@@ -131,7 +131,7 @@ def test_a_search_whose_every_trial_fails_stops_in_one_line(tmp_path, data_dir, 
     try:
         s = study.load(write_study(tmp_path, steps=30, objectives=("consensus_distance",)))
         with pytest.raises(RunError, match=f"the last {MAX_ERRORS} trials failed with an error .*broken objective"):
-            evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, batch=batch)
+            evomerge.search(s, verdict=False, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, batch=batch)
     finally:
         del config.OBJECTIVES["consensus_distance"]
         del study_mod.OBJECTIVES["consensus_distance"]

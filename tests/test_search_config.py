@@ -36,7 +36,7 @@ def test_cmaes_refuses_multi_objective(tmp_path):
 @pytest.mark.system
 def test_nsga2_on_a_single_objective_study_is_refused_in_one_line(tmp_path, data_dir):
     f = write_study(tmp_path)
-    p = cli("search", "--study", str(f), "--sampler", "nsga2", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--sampler", "nsga2", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
     assert p.stderr == ("error: --sampler: nsga2 is for studies with several objectives; this study has one "
                         "(val_accuracy); allowed: tpe, random, cmaes\n")
@@ -92,7 +92,7 @@ def test_the_options_are_one_table_and_a_keyword_outside_it_is_refused(tmp_path)
     with pytest.raises(TypeError, match="make_config\\(\\) got an unexpected keyword argument 'n_trial'"):
         config.make_config(s, n_trial=3)
     with pytest.raises(TypeError, match="search\\(\\) got an unexpected keyword argument 'pruners'"):
-        evomerge.search(s, pruners="median", runs_dir=tmp_path / "runs")
+        evomerge.search(s, verdict=False, pruners="median", runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()  # refused before anything was made
 
 
@@ -118,7 +118,7 @@ def test_a_sampler_registered_from_outside_runs_a_search(tmp_path, data_dir):
         config.make_config(s, sampler="qmc")
     config.register_sampler("qmc", config.Sampler(qmc))
     try:
-        res = evomerge.search(s, n_trials=2, sampler="qmc", runs_dir=tmp_path / "runs", data_dir=data_dir)
+        res = evomerge.search(s, verdict=False, n_trials=2, sampler="qmc", runs_dir=tmp_path / "runs", data_dir=data_dir)
     finally:
         del config.SAMPLERS["qmc"]
     assert made and not res.errors
@@ -134,7 +134,7 @@ def test_an_objective_registered_from_outside_is_optimised(tmp_path, data_dir):
         f = write_study(tmp_path, objectives=("val_accuracy", "merges"))
         s = study.load(f)
         assert s.directions == ["maximize", "minimize"]
-        res = evomerge.search(s, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
+        res = evomerge.search(s, verdict=False, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
     finally:
         del config.OBJECTIVES["merges"]
         del study_mod.OBJECTIVES["merges"]

@@ -19,7 +19,7 @@ from searchutil import cli, cma_points as _cma_points, states, wait_for
 def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sampler):
     objectives = ("val_accuracy", "bytes") if sampler == "nsga2" else ("val_accuracy",)
     s = study.load(write_study(tmp_path, objectives=objectives))
-    res = evomerge.search(s, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
+    res = evomerge.search(s, verdict=False, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
                           cmaes_popsize=4)
     assert not res.interrupted and not res.errors
     assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 6
@@ -30,7 +30,7 @@ def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sa
     if sampler == "cmaes":
         assert {r["cma"]["cma_generation"] for r in res.records} == {0, 1}  # two generations of 4 asked
     # running it again asks nothing more: n_trials is a total
-    again = evomerge.search(s, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
+    again = evomerge.search(s, verdict=False, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
                             cmaes_popsize=4)
     assert again.records == []
 
@@ -38,7 +38,7 @@ def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sa
 def test_search_never_touches_the_test_set(tmp_path, mnist):
     s = study.load(write_study(tmp_path))
     before = mnist.test_accesses
-    evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data=mnist)
+    evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data=mnist)  # the verdict too
     assert mnist.test_accesses == before
 
 
@@ -56,7 +56,7 @@ def test_a_bad_trial_fails_alone_and_the_search_goes_on(tmp_path, data_dir):
     registry.WEIGHTINGS.register("broken", Broken)
     try:
         s = study.load(f)
-        res = evomerge.search(s, n_trials=4, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, seed=3)
+        res = evomerge.search(s, verdict=False, n_trials=4, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, seed=3)
     finally:
         del registry.WEIGHTINGS["broken"]
     assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 4
@@ -69,7 +69,7 @@ def test_a_bad_trial_fails_alone_and_the_search_goes_on(tmp_path, data_dir):
 def test_unreachable_tracking_server_is_reported_before_any_trial(tmp_path, data_dir):
     s = study.load(write_study(tmp_path))
     with pytest.raises(ConfigError, match="cannot reach the MLflow server"):
-        evomerge.search(s, n_trials=2, runs_dir=tmp_path / "runs", tracking_uri="http://127.0.0.1:9", data_dir=data_dir)
+        evomerge.search(s, verdict=False, n_trials=2, runs_dir=tmp_path / "runs", tracking_uri="http://127.0.0.1:9", data_dir=data_dir)
     assert not (tmp_path / "runs" / "tiny" / "optuna.db").exists()
 
 
@@ -105,13 +105,13 @@ def interrupt_mid_trial(proc, db, after_complete):
 def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
     f = write_study(tmp_path, steps=3000)  # trials of a few seconds: the signal lands inside one
     db = tmp_path / "runs" / "tiny" / "optuna.db"
-    proc = cli("search", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
+    proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
                data_dir=data_dir, wait=False)
     rc, out, err = interrupt_mid_trial(proc, db, after_complete=2)
     assert rc == 130 and "run the same command again to resume" in err
     st = states(db)
     assert st.get("RUNNING", 0) == 0 and st["FAIL"] == 1 and st["COMPLETE"] >= 2
-    p = cli("search", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", "--quiet", cwd=tmp_path,
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", "--quiet", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     st = states(db)
@@ -144,7 +144,7 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
 @pytest.mark.system
 def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
     f = write_study(tmp_path, steps=60)
-    p = cli("search", "--study", str(f), "--n-trials", "8", "--jobs", "2", "--sampler", "random", "--quiet",
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "8", "--jobs", "2", "--sampler", "random", "--quiet",
             cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "database is locked" not in p.stderr + p.stdout
@@ -160,7 +160,7 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
 
     f = write_study(tmp_path, steps=9000)  # trials long enough that the signal lands inside both
     db = tmp_path / "runs" / "tiny" / "optuna.db"
-    proc = cli("search", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
+    proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
                "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False)
     try:
         def both_running():

@@ -95,7 +95,7 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
 
 def test_a_population_of_trials_refuses_a_searched_step_size(tmp_path, data_dir):
     f = _with_lr(tmp_path)
-    p = cli("search", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--n-trials", "2",
+    p = cli("search", "--no-verdict", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--n-trials", "2",
             cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == ("error: --batch: 2 trains trials as one population with one step "

@@ -32,7 +32,7 @@ POOR = {"mean_interval": 30.0, "mixing_weight": 0.1, "topology": "ring"}
 @pytest.mark.parametrize("pruner", ["median", "hyperband", "successive-halving"])
 def test_each_round_pruner_runs_a_tiny_study_end_to_end(tmp_path, data_dir, pruner):
     s = _prepared(tmp_path, pruner, (0,), enqueue=[GOOD, POOR, POOR | {"mixing_weight": 0.2}])
-    res = evomerge.search(s, n_trials=6, sampler="random", runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
+    res = evomerge.search(s, verdict=False, n_trials=6, sampler="random", runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
                           pruner=pruner)
     assert not res.errors and not res.interrupted
     assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 6 and set(res.counts) <= {"COMPLETE", "PRUNED"}
@@ -52,7 +52,7 @@ def test_each_round_pruner_runs_a_tiny_study_end_to_end(tmp_path, data_dir, prun
 def test_wilcoxon_prunes_over_seeds_a_trial_worse_than_the_best_on_every_seed(tmp_path, data_dir):
     seeds = (0, 1, 2, 3, 4)
     s = _prepared(tmp_path, "wilcoxon", seeds, enqueue=[GOOD, POOR])
-    res = evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
+    res = evomerge.search(s, verdict=False, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", seed=2, data_dir=data_dir,
                           pruner="wilcoxon")
     assert not res.errors
     good, poor, *_ = res.optuna_study.get_trials()
@@ -78,7 +78,7 @@ def _parent_params(tmp_path):
 @pytest.mark.system
 def test_an_unknown_pruner_is_one_line_naming_the_allowed_ones(tmp_path, data_dir):
     f = write_study(tmp_path)
-    p = cli("search", "--study", str(f), "--pruner", "asha", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--pruner", "asha", "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
     assert p.stderr == "error: --pruner: unknown 'asha'; allowed: median, hyperband, successive-halving, wilcoxon\n"
     assert not (tmp_path / "runs").exists()
@@ -126,7 +126,7 @@ def test_a_pruner_registered_from_outside_is_used(tmp_path, data_dir):
     s = study.load(write_study(tmp_path))
     config.register_pruner("patient", config.Pruner(patient))
     try:
-        res = evomerge.search(s, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir,
+        res = evomerge.search(s, verdict=False, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir,
                               pruner="patient")
     finally:
         del config.PRUNERS["patient"]

@@ -16,7 +16,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 @pytest.mark.system
 def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data_dir):
     f = write_study(tmp_path, seeds=(3, 4))
-    assert cli("search", "--study", str(f), "--n-trials", "4", "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    assert cli("search", "--no-verdict", "--study", str(f), "--n-trials", "4", "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
     p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     doc = json.loads((tmp_path / "best.json").read_text())
@@ -39,7 +39,7 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
 @pytest.mark.system
 def test_status_and_pareto_export(tmp_path, data_dir):
     f = write_study(tmp_path, objectives=("val_accuracy", "bytes"))
-    assert cli("search", "--study", str(f), "--n-trials", "5", "--sampler", "nsga2", "--quiet", cwd=tmp_path,
+    assert cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--sampler", "nsga2", "--quiet", cwd=tmp_path,
                data_dir=data_dir).returncode == 0
     p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and "5 complete" in p.stdout
@@ -102,7 +102,7 @@ def test_clamped_ranges_are_printed_by_search_and_status(tmp_path, data_dir):
     f = write_study(tmp_path, workers=3, steps=10, topologies=("ring", "random_regular"))  # degree 3 of 3: impossible
     s = study.load(f)
     assert s.notes and any("study.policy.degree" in n for n in s.notes)
-    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     for n in s.notes:
         assert f"note: {n}" in p.stderr
@@ -124,7 +124,7 @@ def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path
     f = write_study(tmp_path / "elsewhere", name="own-study")
     work = tmp_path / "work"
     work.mkdir()
-    p = cli("search", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--quiet", cwd=work, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--quiet", cwd=work, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     p = cli("status", "--study", "own-study", cwd=work, data_dir=data_dir)
     assert p.returncode == 0 and p.stdout.startswith("own-study: ") and p.stderr == "", p.stderr

@@ -51,7 +51,7 @@ def test_a_repeated_proposal_takes_the_stored_results_and_is_not_trained(tmp_pat
 @pytest.mark.system
 def test_a_converged_sampler_stops_the_search_in_one_line(tmp_path, data_dir):
     f = _two_policies(tmp_path, name="one", choices='["ring"]')
-    p = cli("search", "--study", str(f), "--n-trials", "20", "--sampler", "random", "--no-prune", cwd=tmp_path,
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "20", "--sampler", "random", "--no-prune", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 1
     assert p.stderr.strip().splitlines()[-1] == (

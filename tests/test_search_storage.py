@@ -153,7 +153,7 @@ def test_the_study_names_its_metrics_for_optuna_dashboard(tmp_path, data_dir):
     import evomerge
 
     s = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
-    evomerge.search(s, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    evomerge.search(s, verdict=False, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
     ost = optuna.load_study(study_name="tiny", storage=storage.default_storage(tmp_path / "runs" / "tiny"))
     assert ost.metric_names == ["val_accuracy", "bytes"]
 

@@ -18,7 +18,7 @@ from searchutil import cli
 def _source(tmp_path, data_dir, n=5):
     """Study ``src``: ``n`` complete trials, then one pruned and one failed (neither is carried over)."""
     s = study.load(write_study(tmp_path, name="src"))
-    res = evomerge.search(s, n_trials=n, sampler="random", runs_dir=tmp_path / "runs", seed=5, data_dir=data_dir,
+    res = evomerge.search(s, verdict=False, n_trials=n, sampler="random", runs_dir=tmp_path / "runs", seed=5, data_dir=data_dir,
                           prune=False)
     assert res.counts == {"COMPLETE": n}
     o = optuna.load_study(study_name="src", storage=open_storage(res.config.storage))
@@ -33,7 +33,7 @@ def _source(tmp_path, data_dir, n=5):
 def test_warm_start_evaluates_exactly_the_source_completed_trials_first(tmp_path, data_dir):
     src = _source(tmp_path, data_dir)
     f = write_study(tmp_path, name="tgt")
-    p = cli("search", "--study", str(f), "--n-trials", "6", "--warm-start-from", "src", "--quiet", cwd=tmp_path,
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "6", "--warm-start-from", "src", "--quiet", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "warm start from 5 completed trials of src: enqueued, best first" in p.stderr
@@ -47,16 +47,16 @@ def test_warm_start_evaluates_exactly_the_source_completed_trials_first(tmp_path
     assert tgt.user_attrs["warm_start"]["trials"] == 5
     # resumed with the same source: nothing enqueued twice; another source is refused in one line
     s = study.load(f)
-    again = evomerge.search(s, n_trials=6, warm_start_from="src", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    again = evomerge.search(s, verdict=False, n_trials=6, warm_start_from="src", runs_dir=tmp_path / "runs", data_dir=data_dir)
     assert again.records == [] and again.warm_start["trials"] == 5 and len(tgt.get_trials()) == 6
     _source_named(tmp_path, data_dir, "other")
     with pytest.raises(ConfigError, match="--warm-start-from: study tgt started from 'src'; it cannot start again"):
-        evomerge.search(s, n_trials=6, warm_start_from="other", runs_dir=tmp_path / "runs", data_dir=data_dir)
+        evomerge.search(s, verdict=False, n_trials=6, warm_start_from="other", runs_dir=tmp_path / "runs", data_dir=data_dir)
 
 
 def _source_named(tmp_path, data_dir, name):
     s = study.load(write_study(tmp_path, name=name))
-    evomerge.search(s, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
+    evomerge.search(s, verdict=False, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
 
 
 def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
@@ -64,7 +64,7 @@ def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
     s = study.load(write_study(tmp_path, name="tgt"))
     kw = dict(sampler="cmaes", cmaes_popsize=4, cmaes_categoricals="fixed", runs_dir=tmp_path / "runs", seed=3,
               data_dir=data_dir)
-    res = evomerge.search(s, n_trials=4, warm_start_from="src", **kw)
+    res = evomerge.search(s, verdict=False, n_trials=4, warm_start_from="src", **kw)
     warm = res.warm_start
     assert warm["how"] == "cmaes" and warm["trials"] == 10 and warm["solutions"] == 1
     space = s.search.space
@@ -80,14 +80,14 @@ def test_cmaes_starts_from_the_best_source_solutions(tmp_path, data_dir):
     assert started.next([]).x == pytest.approx(x, abs=1e-9)
     assert cold.next([]).x != pytest.approx(x, abs=1e-3)
     # resumed without the option, it still starts where it started: 4 more trials, one generation on
-    more = evomerge.search(s, n_trials=8, **kw)
+    more = evomerge.search(s, verdict=False, n_trials=8, **kw)
     assert more.warm_start == warm and {r["cma"]["cma_generation"] for r in more.records} == {1}
 
 
 @pytest.mark.system
 def test_bad_sources_are_refused_in_one_line_before_any_trial(tmp_path, data_dir):
     f = write_study(tmp_path, name="tgt")
-    p = cli("search", "--study", str(f), "--warm-start-from", "elsewhere", cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--warm-start-from", "elsewhere", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr.startswith("error: --warm-start-from: no study 'elsewhere'")
     assert p.stderr.count("\n") == 1 and not (tmp_path / "runs" / "tgt").exists()
     s = study.load(f)

@@ -211,7 +211,7 @@ def test_a_space_with_more_fragments_than_tensors_stops_before_any_trial(tmp_pat
     f = write_study(tmp_path, name="frag")  # MLP 784-16-10: 4 parameter tensors
     f.write_text(f.read_text().replace("[search.space]\n", "[search.space]\n"
                                        'fragments = { kind = "categorical", choices = [1, 8] }\n'))
-    p = cli("search", "--study", str(f), "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == ("error: study.search.space.fragments: 8 is more than the model's 4 "
                                                  "parameter tensors; allowed: at most 4")

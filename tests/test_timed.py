@@ -187,7 +187,7 @@ def test_a_search_minimises_time_to_target_and_logs_time_per_round(tmp_path, dat
     import optuna
 
     f = write(tmp_path)
-    p = cli("search", "--study", str(f), "--n-trials", "3", "--sampler", "random", cwd=tmp_path, data_dir=data_dir)
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "3", "--sampler", "random", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr + p.stdout
     db = next(tmp_path.glob("runs/tiny-timed/optuna.db"))
     study = optuna.load_study(study_name="tiny-timed", storage=f"sqlite:///{db}")

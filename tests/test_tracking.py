@@ -73,7 +73,7 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
     from mlflow import MlflowClient
 
     s = study.load(write_study(tmp_path, seeds=(0, 1)))
-    res = evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", tracking_uri=mlflow_server,
+    res = evomerge.search(s, verdict=False, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", tracking_uri=mlflow_server,
                           data_dir=data_dir, prune=False)
     client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("tiny")
@@ -219,7 +219,7 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     from test_dashboard import ARGS, CHROMIUM
 
     s = study.load(write_study(tmp_path, name="review", seeds=(0,)))
-    res = evomerge.search(s, n_trials=8, sampler="random", runs_dir=tmp_path / "runs", tracking_uri=mlflow_server,
+    res = evomerge.search(s, verdict=False, n_trials=8, sampler="random", runs_dir=tmp_path / "runs", tracking_uri=mlflow_server,
                           data_dir=data_dir)
     client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("review")

@@ -42,7 +42,7 @@ def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, 
     assert doc["kendall"] == pytest.approx(kendalltau(src, tgt)[0], nan_ok=True)
     # both rankings and the correlations, as printed
     out = p.stdout
-    assert "small -> big: top 4" in out and "ranking on big" in out
+    assert "small -> big: its top 4" in out and "ranking on big" in out
     for r in doc["rows"]:
         assert f"{r['source_value']:.4f}" in out and f"{r['target_value']:.4f}" in out
     assert f"Spearman rho {doc['spearman']:.3f}" in out and f"Kendall tau {doc['kendall']:.3f}" in out
