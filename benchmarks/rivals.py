@@ -13,6 +13,9 @@ shipped study's data, model, workers and [environment]:
   [0, 0.5].
 - ``evomerge``: the study's own [search.space] (scheme, gossip fields, the outer step) plus ``run.lr`` log
   [0.01, 0.5].
+- ``async-diloco`` (studies with an [environment]): asynchronous DiLoCo's own knobs, H, ``outer_lr``,
+  ``outer_momentum``, ``momentum_every`` [0, 16], ``local_steps_by_speed`` and ``run.lr``: the fairer rival
+  where workers run at different speeds.
 - ``snoo``: the control without merging (Lookahead / SNOO: scheme none, each worker's own outer Nesterov step every
   H local steps); searched: the same H, ``outer_lr``, ``outer_momentum`` and ``run.lr`` as ``diloco``. It tells
   how much of DiLoCo's gain is the outer optimiser rather than the merging.
@@ -46,6 +49,10 @@ DILOCO_SPACE = (Param("mean_interval", "log-float", 2.0, 100.0), Param("outer_lr
                 Param("outer_momentum", "float", 0.0, 0.95), LR)
 
 
+# asynchronous DiLoCo's own knobs (Liu et al. 2024): delayed Nesterov every N arrivals, dynamic local updates
+ASYNC_SPACE = (Param("mean_interval", "log-float", 1.0, 100.0), Param("outer_lr", "log-float", 0.1, 2.0),
+               Param("outer_momentum", "float", 0.0, 0.95), Param("momentum_every", "int", 0, 16),
+               Param("local_steps_by_speed", "categorical", choices=(False, True)), LR)
 STREAMING_SPACE = (Param("fragments", "categorical", choices=(1, 2, 4)), Param("fragment_delay", "int", 0, 4),
                    Param("fragment_alpha", "float", 0.0, 0.5))
 
@@ -63,7 +70,12 @@ def arms(s) -> dict:
     snoo = dataclasses.replace(
         s, name=f"{s.name}-rival-snoo", policy=s.policy.replace(scheme="none", outer_optimizer="nesterov"),
         search=dataclasses.replace(s.search, space=DILOCO_SPACE))
-    return {"diloco": diloco, "evomerge": full, "snoo": snoo}
+    out = {"diloco": diloco, "evomerge": full, "snoo": snoo}
+    if s.environment is not None:  # the fairer rival on a cluster with stragglers: asynchronous DiLoCo, tuned
+        out["async-diloco"] = dataclasses.replace(
+            s, name=f"{s.name}-rival-async", search=dataclasses.replace(s.search, space=ASYNC_SPACE),
+            policy=s.policy.replace(scheme="async", mixing_weight=1.0, outer_optimizer="nesterov"))
+    return out
 
 
 def is_diloco(p: MergePolicy) -> bool:
@@ -88,7 +100,7 @@ def main() -> None:
     ap.add_argument("--eval-seeds", type=int, nargs="+", default=[1000, 1001, 1002])
     ap.add_argument("--data-dir", default=os.environ.get("EVOMERGE_DATA_DIR", "../shared/data"))
     ap.add_argument("--out", default="benchmarks/rivals.json")
-    ap.add_argument("--arms", nargs="+", default=["diloco", "evomerge", "snoo"])
+    ap.add_argument("--arms", nargs="+", default=["diloco", "evomerge", "snoo", "async-diloco"])
     args = ap.parse_args()
     results = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
     for name in args.studies:
