@@ -213,23 +213,8 @@ def test_diverged_trials_are_marked_and_kept_off_the_pareto_front(tmp_path, data
     assert all(r.data.tags["evomerge.status"] == "diverged" and r.info.status == "FAILED" for r in runs)
 
 
-TIMED_STUDY = """
-[study]
-name = "timed"
-[data]
-dataset = "mnist"
-val_size = 500
-train_size = 2000
-[model]
-name = "mlp"
-hidden = [16]
-[run]
-workers = 6
-batch_size = 16
-steps = 60
-rounds = 3
-score_samples = 8
-[environment]
+# the tiny study (conftest.write_study) on a two-site cluster with stragglers, judged on time to target
+ENVIRONMENT = """[environment]
 step_time = 0.01
 sites = 2
 bandwidth = 1e9
@@ -237,16 +222,6 @@ bandwidth_inter = 2e6
 latency_inter = 0.01
 speeds = [1.0, 1.0, 0.5, 1.0, 1.0, 0.25]
 time_budget = 3.0
-[policy]
-degree = 3
-[search.space]
-mean_interval = { kind = "log-float", low = 1.0, high = 30.0 }
-topology = { kind = "categorical", choices = ["ring", "complete"] }
-[objectives]
-metrics = ["time_to_target"]
-target = 0.5
-[baselines]
-policies = ["no-merging", "ring-gossip"]
 """
 
 TIME_PROBE = """() => {
@@ -272,8 +247,10 @@ def test_a_time_study_shows_its_cluster_and_where_the_time_went(tmp_path, data_d
 
     from evomerge.search import verdict
 
-    (tmp_path / "timed.toml").write_text(TIMED_STUDY)
-    s = study.load(tmp_path / "timed.toml")
+    f = write_study(tmp_path, name="timed", workers=6, steps=60, objectives=("time_to_target",))
+    f.write_text(f.read_text().replace("[policy]", ENVIRONMENT + "[policy]")
+                 .replace('metrics = ["time_to_target"]', 'metrics = ["time_to_target"]\ntarget = 0.5'))
+    s = study.load(f)
     evomerge.search(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir, reevaluate=0)
     study_dir = tmp_path / "runs" / "timed"
     page = dashboard.build(s, default_storage(study_dir), default_tracking_uri(study_dir), tmp_path / "dash",

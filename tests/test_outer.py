@@ -25,16 +25,13 @@ def setup(mnist):
     return simulate.prepare(tiny_study(workers=4, steps=60, optimizer="adamw", lr=0.01, weight_decay=0.01), data=mnist)
 
 
-def diloco_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):
-    """DiLoCo as a user writes it: W modules with their own torch.optim.AdamW, ``every`` inner steps, then
-    torch.optim.SGD on the anchor with the pseudo-gradient anchor - mean(workers); every worker restarts
-    from the anchor. The same minibatches as the merge run (batch_indices)."""
+def by_hand(setup, seed: int, every: int, outer_step):
+    """W modules from the run's start, each with its own torch.optim.AdamW, on the merge run's minibatches
+    (batch_indices); after every ``every`` inner steps ``outer_step(workers)`` (under no_grad). The workers' rows."""
     run, data = setup.study.run, setup.data
     start = initial_row(setup.model, seed)
     workers = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
     inner = [reference.optimizer(m, run) for m in workers]
-    anchor = models_mod.load_row(setup.model.module(), start)
-    outer = torch.optim.SGD(anchor.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov)
     idx = [batch_indices(s, run.batch_size, 0, setup.total_steps, seed, w) for w, s in enumerate(setup.shards)]
     for t in range(setup.total_steps):
         for w, (m, opt) in enumerate(zip(workers, inner)):
@@ -45,13 +42,25 @@ def diloco_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: floa
             opt.step()
         if (t + 1) % every == 0:
             with torch.no_grad():
-                for a, *ws in zip(anchor.parameters(), *(m.parameters() for m in workers)):
-                    a.grad = a - torch.stack(ws).mean(0)
-                outer.step()
-                for m in workers:
-                    for p, a in zip(m.parameters(), anchor.parameters()):
-                        p.copy_(a)
+                outer_step(workers)
     return torch.stack([models_mod.module_row(m) for m in workers])
+
+
+def diloco_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):
+    """DiLoCo as a user writes it: ``every`` inner steps, then torch.optim.SGD on the anchor with the
+    pseudo-gradient anchor - mean(workers); every worker restarts from the anchor."""
+    anchor = models_mod.load_row(setup.model.module(), initial_row(setup.model, seed))
+    outer = torch.optim.SGD(anchor.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov)
+
+    def step(workers):
+        for a, *ws in zip(anchor.parameters(), *(m.parameters() for m in workers)):
+            a.grad = a - torch.stack(ws).mean(0)
+        outer.step()
+        for m in workers:
+            for p, a in zip(m.parameters(), anchor.parameters()):
+                p.copy_(a)
+
+    return by_hand(setup, seed, every, step)
 
 
 @pytest.mark.parametrize("kind", ["nesterov", "sgd"])
@@ -95,32 +104,22 @@ def test_a_free_clock_and_a_population_keep_diloco_bit_for_bit(setup):
 
 
 def lookahead_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):
-    """The control without merging (Lookahead, SNOO) as a user writes it: W modules, each with its own
-    torch.optim.AdamW and its own anchor module under torch.optim.SGD; every ``every`` inner steps each anchor takes
-    the pseudo-gradient anchor - its worker, and the worker restarts from its anchor. Nothing is averaged."""
-    run, data = setup.study.run, setup.data
+    """The control without merging (Lookahead, SNOO) as a user writes it: each worker has its own anchor module
+    under torch.optim.SGD; every ``every`` inner steps each anchor takes the pseudo-gradient anchor - its worker,
+    and the worker restarts from its anchor. Nothing is averaged."""
     start = initial_row(setup.model, seed)
-    workers = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
-    inner = [reference.optimizer(m, run) for m in workers]
-    anchors = [models_mod.load_row(setup.model.module(), start) for _ in range(run.workers)]
+    anchors = [models_mod.load_row(setup.model.module(), start) for _ in range(setup.study.run.workers)]
     outer = [torch.optim.SGD(a.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov) for a in anchors]
-    idx = [batch_indices(s, run.batch_size, 0, setup.total_steps, seed, w) for w, s in enumerate(setup.shards)]
-    for t in range(setup.total_steps):
-        for w, (m, opt) in enumerate(zip(workers, inner)):
-            bi = torch.as_tensor(idx[w][t])
-            loss = F.cross_entropy(m(normalise(data.train_x[bi], data.spec)), data.train_y[bi])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        if (t + 1) % every == 0:
-            with torch.no_grad():
-                for m, a, o in zip(workers, anchors, outer):
-                    for pa, pm in zip(a.parameters(), m.parameters()):
-                        pa.grad = pa - pm
-                    o.step()
-                    for pm, pa in zip(m.parameters(), a.parameters()):
-                        pm.copy_(pa)
-    return torch.stack([models_mod.module_row(m) for m in workers])
+
+    def step(workers):
+        for m, a, o in zip(workers, anchors, outer):
+            for pa, pm in zip(a.parameters(), m.parameters()):
+                pa.grad = pa - pm
+            o.step()
+            for pm, pa in zip(m.parameters(), a.parameters()):
+                pm.copy_(pa)
+
+    return by_hand(setup, seed, every, step)
 
 
 @pytest.mark.parametrize("kind", ["nesterov", "sgd"])

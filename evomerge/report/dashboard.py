@@ -367,8 +367,7 @@ def busy_shares(tl) -> tuple[float, float]:
     """The workers' time spent computing and idle, as shares of all workers' time to the run's end."""
     W, end = len(tl.completions), tl.end or 1.0
     compute = sum(b - a for per in step_spans(tl) for a, b in per)
-    idle = sum(max(0.0, min(b, end) - a) for per in tl.idle_spans for a, b in per)
-    return compute / (W * end), idle / (W * end)
+    return compute / (W * end), float(tl.idle.sum()) / (W * end)  # the rounds' idle time is the run's
 
 
 def policy_figure(policy: MergePolicy, workers: int, seed: int = 0):
