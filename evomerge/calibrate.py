@@ -630,7 +630,6 @@ def _timed_steps(setup, rank: int, args, dev) -> list[float]:
     """This rank's step times (seconds), every rank training at once."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     from . import models as models_mod
     from .engine.setup import batch_indices, normalise
@@ -663,7 +662,7 @@ def _timed_steps(setup, rank: int, args, dev) -> list[float]:
         bi = torch.as_tensor(idx[k])
         x = _module_input(setup, normalise(x_all[bi], setup.data.spec)).to(dev, non_blocking=True)
         y = y_all[bi].to(dev, non_blocking=True)
-        loss = F.cross_entropy(module(x), y)
+        loss = setup.model.task.module_loss(module(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -296,7 +296,8 @@ def _run_with_progress(run_fn, setup, policy, seed, device, quiet, label):
         task = bar.add_task(label, total=setup.total_steps, acc="")
 
         def on_round(m):
-            bar.update(task, completed=m.step, acc=f"val acc {m.val_accuracy:.4f}")
+            bar.update(task, completed=m.step, acc=f"val acc {m.val_accuracy:.4f}" if m.val_accuracy is not None else
+                       f"val loss {m.val_loss:.4f}")
 
         return run_fn(setup, policy, seed, callback=on_round, device=device)
 
@@ -311,6 +312,11 @@ def _mb(n: int) -> str:
     from .report.search_view import mb
 
     return mb(n)
+
+
+def _num(v, fmt: str = ".4f") -> str:
+    """A metric for a table: absent where the task has none (accuracy of a regression)."""
+    return "—" if v is None else format(v, fmt)
 
 
 def cmd_run(args) -> int:
@@ -341,9 +347,11 @@ def cmd_run(args) -> int:
     t.add_column("value", justify="right")
     for name, value in [
         ("status", res.status),
-        ("consensus val accuracy", f"{f.val_accuracy:.4f}"),
-        ("mean worker accuracy", f"{f.mean_worker_accuracy:.4f}"),
-        ("worst worker accuracy", f"{f.worst_worker_accuracy:.4f}"),
+        *([("consensus val accuracy", f"{f.val_accuracy:.4f}"),
+           ("mean worker accuracy", f"{f.mean_worker_accuracy:.4f}"),
+           ("worst worker accuracy", f"{f.worst_worker_accuracy:.4f}")] if f.val_accuracy is not None else []),
+        (f"consensus val loss ({study.run.loss})", f"{f.val_loss:.4f}"),
+        *([("consensus val perplexity", f"{f.val_perplexity:.3f}")] if f.val_perplexity is not None else []),
         ("consensus distance", f"{f.consensus_distance:.4g}"),
         ("bytes sent", _mb(f.bytes)),
         ("merge events", f"{f.merges}"),
@@ -352,6 +360,7 @@ def cmd_run(args) -> int:
         *_time_rows(study, f),
         ("wall time", f"{res.wall_time:.2f} s"),
         ("backend", args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")),
+        ("execution", f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"),
     ]:
         t.add_row(name, value)
     _console().print(t)
@@ -393,6 +402,9 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     from rich.table import Table
 
     def ms(vals):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return "n/a"
         return f"{statistics.fmean(vals):.4f} +- {statistics.stdev(vals) if len(vals) > 1 else 0.0:.4f}"
 
     ok = [r for r in results if r.status == "ok"]
@@ -402,6 +414,7 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     rows = [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
             ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
             ("mean worker val accuracy", ms([r.final.mean_worker_accuracy for r in results])),
+            ("val loss (consensus)", ms([r.final.val_loss for r in results])),
             ("bytes sent (MB)", ms([r.final.bytes / 1e6 for r in results])),
             ("diverged runs", f"{len(results) - len(ok)} of {len(results)}")]
     for name, v in rows:
@@ -753,7 +766,7 @@ def cmd_baselines(args) -> int:
         t.add_column(col, justify="left" if col in ("policy", "status") else "right")
     for name, r in results:
         f = r.final
-        row = [name, r.status, f"{f.val_accuracy:.4f}", f"{f.mean_worker_accuracy:.4f}", f"{f.worst_worker_accuracy:.4f}",
+        row = [name, r.status, _num(f.val_accuracy), _num(f.mean_worker_accuracy), _num(f.worst_worker_accuracy),
                f"{f.consensus_distance:.3g}", _mb(f.bytes), f"{f.merges}"]
         if timed:
             row += [f"{f.sim_time:.4g} s", f"{f.idle_fraction:.0%}"]

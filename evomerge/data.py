@@ -308,6 +308,10 @@ def load_spec(d, data_dir: str | Path | None = None, base_dir: str | Path | None
     """The data of a study's ``[data]``: a user's loader, or a named dataset's files."""
     if getattr(d, "loader", ""):
         return load_user(d.loader, base_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
+    if d.dataset == "text":
+        from .text import load_text
+
+        return load_text(d, base_dir)
     return load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
 
 
@@ -337,8 +341,11 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
               split_seed: int = 0) -> Data:
     """A user's data: ``ref`` names a function returning ``(train_x, train_y, test_x, test_y)``
     (tensors or arrays; labels integer classes) or ``(train_dataset, test_dataset)`` (torch
-    Datasets of ``(x, y)``, read once). Inputs are kept as float32, as the loader gave them (it
-    normalises); the validation split is carved from the training set as for the named datasets."""
+    Datasets of ``(x, y)``, read once). Inputs keep their kind (:func:`input_type`: integer token ids as int64,
+    anything else as float32, as the loader gave them: it normalises). Labels are integer classes, one per input
+    ``[N]`` or one per position ``[N, T]`` (``-100``: ignored), or float targets for a loss that takes them
+    (``[run] loss``, checked by :mod:`evomerge.task`); the validation split is carved from the training set as for
+    the named datasets."""
     import torch
 
     from .userref import one_line, resolve
@@ -365,29 +372,65 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
             raise ConfigError(LOADER, f"{ref} returned {type(v).__name__} as {name}; expected a tensor or an array") from None
     tx, ty, sx, sy = ts
     for name, x, y in (("train", tx, ty), ("test", sx, sy)):
-        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
-            raise ConfigError(LOADER, f"{ref}: {name}_y are {y.dtype}; labels must be integer classes (int64)")
-        if y.dim() != 1 or len(x) != len(y):
+        if y.is_complex() or y.dtype == torch.bool or y.dim() == 0:
+            raise ConfigError(LOADER, f"{ref}: {name}_y are {y.dtype} of shape {list(y.shape)}; labels must be integer "
+                                      "classes (int64, one per input or one per position) or float targets")
+        if len(x) != len(y):
             raise ConfigError(LOADER, f"{ref}: {name}_y has shape {list(y.shape)} for {name}_x of shape {list(x.shape)}; "
-                                      "expected one label per input")
-        if not (x.dtype.is_floating_point or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
+                                      "expected one label (or one row of labels) per input")
+        if not (x.dtype.is_floating_point or x.dtype in (torch.uint8, *_integers())):
             raise ConfigError(LOADER, f"{ref}: {name}_x are {x.dtype}; expected numbers")
-        if len(y) and int(y.min()) < 0:
-            raise ConfigError(LOADER, f"{ref}: {name}_y holds {int(y.min())}; labels must be classes 0, 1, ...")
+        if len(y) and not y.dtype.is_floating_point and int(y.min()) < IGNORE_LABEL:
+            raise ConfigError(LOADER, f"{ref}: {name}_y holds {int(y.min())}; labels must be classes 0, 1, ... "
+                                      f"(or {IGNORE_LABEL}: a position the loss ignores)")
+        if len(y) and not y.dtype.is_floating_point and bool(((y < 0) & (y != IGNORE_LABEL)).any()):
+            bad = int(y[(y < 0) & (y != IGNORE_LABEL)][0])
+            raise ConfigError(LOADER, f"{ref}: {name}_y holds {bad}; labels must be classes 0, 1, ... "
+                                      f"(or {IGNORE_LABEL}: a position the loss ignores)")
     if tuple(sx.shape[1:]) != tuple(tx.shape[1:]):
         raise ConfigError(LOADER, f"{ref}: test_x inputs have shape {list(sx.shape[1:])}, train_x {list(tx.shape[1:])}")
+    if tuple(sy.shape[1:]) != tuple(ty.shape[1:]) or sy.dtype.is_floating_point != ty.dtype.is_floating_point:
+        raise ConfigError(LOADER, f"{ref}: test_y are {sy.dtype} {list(sy.shape[1:])} per input, train_y "
+                                  f"{ty.dtype} {list(ty.shape[1:])}")
     if len(ty) < 2:
         raise ConfigError(LOADER, f"{ref}: {len(ty)} training examples; need at least 2")
-    n_classes = int(ty.max()) + 1
-    if len(sy) and int(sy.max()) >= n_classes:
+    n_classes = 0 if ty.dtype.is_floating_point else int(ty.max()) + 1  # for the label skew; the model's output decides
+    if ty.dim() == 1 and n_classes and len(sy) and int(sy.max()) >= n_classes:
         raise ConfigError(LOADER, f"{ref}: test_y holds class {int(sy.max())}, which the training labels never use "
                                   f"(classes 0..{n_classes - 1})")
     spec = DatasetSpec(name=ref, files={}, mean=0.0, std=1.0, n_classes=n_classes)
     val_idx, train_idx = carve(len(ty), val_size, train_size, split_seed)
-    tx, ty = tx.to(torch.float32), ty.to(torch.int64)
+    tx, ty, sx, sy = input_type(tx), label_type(ty), input_type(sx), label_type(sy)
     vi, ti = torch.as_tensor(val_idx), torch.as_tensor(train_idx)
     return Data(spec, tx[ti].contiguous(), ty[ti].contiguous(), tx[vi].contiguous(), ty[vi].contiguous(),
-                sx.to(torch.float32).contiguous(), sy.to(torch.int64).contiguous(), train_idx)
+                sx.contiguous(), sy.contiguous(), train_idx)
+
+
+#: the one rule for the types of a loader's inputs (data.load_user) and of every minibatch (engine.setup.normalise):
+#: integer inputs (token ids) stay integers, as int64, so an embedding receives them unchanged; float inputs
+#: become float32; uint8 from a loader becomes float32 as the loader gave it (the named datasets' uint8 images
+#: are scaled by their mean and deviation in normalise)
+IGNORE_LABEL = -100
+
+
+def _integers():
+    import torch
+
+    return (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def input_type(x):
+    """A loader's inputs: integer ids as int64, everything else as float32."""
+    import torch
+
+    return x.to(torch.int64) if x.dtype in _integers() else x.to(torch.float32)
+
+
+def label_type(y):
+    """Labels: integer classes as int64, float targets as float32."""
+    import torch
+
+    return y.to(torch.float32) if y.dtype.is_floating_point else y.to(torch.int64)
 
 
 # -- partitions ---------------------------------------------------------------
@@ -401,6 +444,10 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
     Dirichlet(alpha); smaller alpha, more skew). Seeded; every sample is used once."""
     labels = np.asarray(labels)
     n = len(labels)
+    if kind == "dirichlet" and (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)):
+        raise ConfigError("study.data.partition", f"'dirichlet' splits by class and needs one class label per "
+                                                  f"example; the labels are {labels.dtype} of shape "
+                                                  f"{list(labels.shape[1:]) or 'one'} per example; allowed: iid")
     if workers < 1 or workers > n:
         raise ConfigError("study.run.workers", f"{workers} is out of range; allowed: [1, {n}] for {n} samples")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xDA7A])))
@@ -425,9 +472,12 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
     raise ConfigError("study.data.alpha", f"{alpha}: could not give every one of {workers} workers at least {min_size} samples; raise alpha or lower workers")
 
 
-def label_skew(labels: np.ndarray, shards: list[np.ndarray], n_classes: int) -> float:
-    """Mean total-variation distance between each shard's label histogram and the global one (0 = IID)."""
+def label_skew(labels: np.ndarray, shards: list[np.ndarray], n_classes: int) -> float | None:
+    """Mean total-variation distance between each shard's label histogram and the global one (0 = IID); None
+    where it means nothing (labels that are not one class per example)."""
     labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or (labels < 0).any():
+        return None
     glob = np.bincount(labels, minlength=n_classes) / len(labels)
     tv = [0.5 * np.abs(np.bincount(labels[s], minlength=n_classes) / max(len(s), 1) - glob).sum() for s in shards]
     return float(np.mean(tv))

@@ -63,13 +63,13 @@ def main(argv=None) -> int:
         seed = study.run.seeds[0] if args.seed is None else args.seed
 
         def report(rm):
-            print(f"round {rm.round}: step {rm.step}, val accuracy {rm.val_accuracy:.4f}, "
+            print(f"round {rm.round}: step {rm.step}, val accuracy {rm.val_accuracy if rm.val_accuracy is None else round(rm.val_accuracy, 4)}, "
                   f"{rm.bytes / 1e6:.1f} MB", flush=True)
             return True
 
         res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None, device=dev)
         if rank == 0:
-            print(f"{res.status}: val accuracy {res.final.val_accuracy:.4f}, {res.final.bytes / 1e6:.1f} MB, "
+            print(f"{res.status}: val accuracy {res.final.val_accuracy if res.final.val_accuracy is None else round(res.final.val_accuracy, 4)}, {res.final.bytes / 1e6:.1f} MB, "
                   f"{res.wall_time:.1f} s on {world} processes", flush=True)
             if args.json_out:
                 with open(args.json_out, "w") as fh:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import models as models_mod
 from .engine.setup import Setup, batch_indices, normalise
@@ -35,7 +34,7 @@ def train_central(setup: Setup, seed: int, steps: int | None = None) -> torch.nn
     for t in range(steps):
         bi = torch.as_tensor(idx[t])
         x = normalise(data.train_x[bi], data.spec)
-        loss = F.cross_entropy(module(_module_input(setup, x)), data.train_y[bi])
+        loss = setup.model.task.module_loss(module(_module_input(setup, x)), data.train_y[bi])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -51,7 +50,8 @@ def train_alone(setup: Setup, seed: int, worker: int, steps: int | None = None) 
     idx = batch_indices(setup.shards[worker], run.batch_size, 0, steps, seed, worker)
     for t in range(steps):
         bi = torch.as_tensor(idx[t])
-        loss = F.cross_entropy(module(_module_input(setup, normalise(data.train_x[bi], data.spec))), data.train_y[bi])
+        loss = setup.model.task.module_loss(module(_module_input(setup, normalise(data.train_x[bi], data.spec))),
+                                             data.train_y[bi])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -259,9 +259,12 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
+        from .models import state_buffers
+
         params = [t for t in model.parameters()]
-        buffers = [t for t in model.buffers()]
-        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        named_buffers = state_buffers(model)  # a non-persistent buffer (a causal mask) is the module's own, not merged
+        buffers = [t for _, t in named_buffers]
+        for name, t in list(model.named_parameters()) + named_buffers:
             if not t.is_contiguous():
                 raise ConfigError("model", f"{name!r} is not contiguous; allowed: contiguous parameters and buffers")
             if not t.is_floating_point() and (t.is_complex() or t.dtype == torch.bool):
@@ -278,7 +281,7 @@ class Merger:
         self.seed, self.T, self.timeout, self.overlap = int(seed), int(total_steps), float(timeout), overlap
         self.tensors = params + buffers
         self.layout = _Layout(self.tensors, len(params),
-                              [n for n, _ in list(model.named_parameters()) + list(model.named_buffers())])
+                              [n for n, _ in list(model.named_parameters()) + named_buffers])
         self.P = self.layout.n_params
         self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
         self.rules = kernel.block_rules(self.layout, p.buffers)

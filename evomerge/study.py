@@ -32,7 +32,12 @@ OBJECTIVES = {  # name -> direction
     "time_to_target": "minimize",  # simulated seconds to [objectives] target ([environment])
     "accuracy_at_time": "maximize",  # consensus validation accuracy at the time budget
     "sim_time": "minimize",
+    "val_loss": "minimize",  # the task's loss (run.loss) of the consensus model on the validation split
+    "val_perplexity": "minimize",  # exp(token-weighted mean NLL): cross-entropy with labels per position
 }
+TARGET_METRICS = ("val_accuracy", "mean_worker_accuracy", "val_loss", "val_perplexity")  # time_to_target's
+LOSS_NAMES = ("cross_entropy", "mse")  # task.LOSSES (without importing torch); or "module:function"
+EXECUTIONS = ("auto", "stacked", "loop")  # models.generic.EXECUTIONS
 # objectives that were, and why they are not any more (named in the error line)
 RETIRED_OBJECTIVES = {
     "wall_time": "retired as an objective: it measures how fast this machine simulates, not how fast a cluster "
@@ -53,13 +58,26 @@ Seq = BeforeValidator(_as_tuple)
 
 @settings.model("study.data")
 class DataSpec:
-    dataset: Annotated[str, Choice(data_mod.DATASETS)] = "mnist"
+    dataset: Annotated[str, Choice((*data_mod.DATASETS, "text"))] = "mnist"
     val_size: int = Field(5000, ge=1)
     train_size: int = Field(0, ge=0)  # 0 = every training sample left after the validation split
     partition: Annotated[str, Choice(data_mod.PARTITIONS)] = "dirichlet"
     alpha: float = Field(0.5, gt=0)
     seed: int = 0  # validation split and partition
     loader: str = ""  # "module:function" returning the user's data (data.load_user); replaces dataset
+    # dataset "text" (evomerge.text): a byte-level language-modelling corpus
+    path: str = ""  # a text file or a folder of them, relative to the study file
+    sha256: str = ""  # the corpus's content hash (evomerge.text.digest); checked when given
+    context: int = Field(64, ge=2)  # tokens per training window
+
+    @model_validator(mode="after")
+    def _text(self) -> "DataSpec":
+        if self.dataset == "text" and not self.path:
+            raise ConfigError("study.data.path", "is required by dataset 'text' (a text file or a folder of them, "
+                                                 "relative to the study file)")
+        if self.path and self.dataset != "text":
+            raise ConfigError("study.data.path", f"applies to dataset 'text'; the study's dataset is {self.dataset!r}")
+        return self
 
 
 @settings.model("study.model")
@@ -67,6 +85,7 @@ class ModelSpec:
     name: Annotated[str, Choice(MODEL_NAMES)] = "mlp"
     options: dict = Field(default_factory=lambda: {"hidden": [128]})
     factory: str = ""  # "module:function" returning a torch.nn.Module (name "module"); options are its keywords
+    execution: Annotated[str, Choice(EXECUTIONS)] = "auto"  # how W workers' steps run (models.generic)
 
 
 @settings.model("study.run")
@@ -85,6 +104,7 @@ class RunSpec:
     optimizer: Annotated[str, Choice(OPTIMIZERS)] = "sgd"  # batched over workers (engine.optim)
     betas: Annotated[tuple[float, float], Seq] = (0.9, 0.999)  # adam, adamw
     eps: float = Field(1e-8, gt=0)  # adam, adamw
+    loss: str = "cross_entropy"  # or "mse", or "module:function" giving per-example losses (evomerge.task)
 
     @model_validator(mode="after")
     def _a_budget(self) -> "RunSpec":
@@ -94,6 +114,8 @@ class RunSpec:
             raise ConfigError("study.run.momentum", f"{self.momentum} applies to optimizer 'sgd' only; Adam's "
                                                     "momentum is betas[0]; allowed: 0 with optimizer "
                                                     f"{self.optimizer!r}")
+        if self.loss not in LOSS_NAMES:
+            check_format(self.loss, "study.run.loss", "mylosses:huber", allowed=f"{', '.join(LOSS_NAMES)} or ")
         if not all(0 <= b < 1 for b in self.betas):
             raise ConfigError("study.run.betas", f"{list(self.betas)} is out of range; allowed: two numbers in [0, 1)")
         return self
@@ -306,7 +328,15 @@ def _not_retired(name: Any) -> Any:
 class _Objectives:
     metrics: Annotated[tuple[Annotated[str, BeforeValidator(_not_retired), Choice(OBJECTIVES)], ...], Seq] = \
         Field(("val_accuracy",), min_length=1)
-    target: float | None = Field(None, ge=0, le=1)  # validation accuracy that time_to_target waits for
+    target: float | None = Field(None, ge=0)  # the value of target_metric that time_to_target waits for
+    target_metric: Annotated[str, Choice(TARGET_METRICS)] = "val_accuracy"
+
+    @model_validator(mode="after")
+    def _target_in_range(self) -> "_Objectives":
+        if self.target is not None and self.target_metric.endswith("accuracy") and self.target > 1:
+            raise ConfigError("study.objectives.target", f"{self.target} is out of range; allowed: [0, 1] for "
+                                                         f"{self.target_metric}")
+        return self
 
     @model_validator(mode="after")
     def _distinct(self) -> "_Objectives":
@@ -331,7 +361,8 @@ class Study:
     search: SearchSpec = SearchSpec()
     objectives: Annotated[tuple[Annotated[str, Choice(OBJECTIVES)], ...], Seq] = ("val_accuracy",)
     environment: EnvSpec | None = None  # None: the lockstep world of local steps
-    target: float | None = None  # [objectives] target: the validation accuracy time_to_target waits for
+    target: float | None = None  # [objectives] target: the value of target_metric time_to_target waits for
+    target_metric: str = "val_accuracy"  # [objectives] target_metric (minimised metrics: reached at or below)
     baselines: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
     path: Path | None = None
     # what loading changed so that every point of the space can run on these workers (see fit_to_workers)
@@ -536,6 +567,7 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
+                  target_metric=obj.target_metric,
                   baselines=baselines, path=path, notes=notes)
     for ref in study.baselines:  # found now, not after the search's trials have run
         pol = study.resolve_policy(ref, where="study.baselines.policies")
@@ -599,11 +631,12 @@ def _model(m: dict) -> ModelSpec:
     """Named models take their options as keys of ``[model]``; a factory takes ``options = {...}``."""
     if "factory" not in m:
         model_name = m.pop("name", "mlp")
+        execution = m.pop("execution", "auto")
         if model_name == "module":
             raise ConfigError("study.model.factory", "is required with name 'module' (e.g. factory = "
                                                      "\"mymodels:small_resnet\")")
-        return ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}))
-    _no_unknown(m, ("factory", "options", "name"), "study.model")
+        return ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}), "", execution)
+    _no_unknown(m, ("factory", "options", "name", "execution"), "study.model")
     if m.get("name", "module") != "module":
         raise ConfigError("study.model.name", f"{m['name']!r} does not apply with factory (a factory's model is "
                                               "named 'module'); allowed: leave name out, or drop factory")
@@ -612,7 +645,7 @@ def _model(m: dict) -> ModelSpec:
     if not isinstance(options, dict):
         raise ConfigError("study.model.options", f"must be a table of keyword arguments, e.g. {{ width = 16 }}, "
                                                  f"got {type(options).__name__}")
-    return ModelSpec("module", options, m["factory"])
+    return ModelSpec("module", options, m["factory"], m.get("execution", "auto"))
 
 
 # -- small checks --------------------------------------------------------------

@@ -18,9 +18,12 @@ from typing import Any, Callable
 from .errors import ConfigError
 
 
-def check_format(ref: Any, field: str, example: str) -> str:
-    """``ref`` is a ``"module:function"`` string (checked when the study is read, before any import)."""
+def check_format(ref: Any, field: str, example: str, allowed: str = "") -> str:
+    """``ref`` is a ``"module:function"`` string (checked when the study is read, before any import); ``allowed``
+    names the other values the field takes, ahead of the reference (``"mse or "``)."""
     if not isinstance(ref, str) or ref.count(":") != 1 or not all(p.strip() for p in ref.split(":")):
+        if allowed:
+            raise ConfigError(field, f"unknown {ref!r}; allowed: {allowed}'module:function', e.g. {example!r}")
         raise ConfigError(field, f"{ref!r} must be 'module:function', e.g. {example!r}")
     module, attr = ref.split(":")
     if not all(part.isidentifier() for part in module.split(".")) or not attr.isidentifier():

@@ -81,8 +81,8 @@ def wants_ten_features():
     return nn.Linear(10, 10)
 
 def float_labels():
-    x = torch.rand(400, 64)
-    return x, torch.rand(400), x[:10], torch.rand(10)
+    x = torch.rand(2000, 64)
+    return x, torch.rand(2000), x[:10], torch.rand(10)
 
 def a_dict():
     return {"x": 1}
@@ -114,9 +114,10 @@ CASES = {
     "loader wrong return type": (dict(loader="bad:a_dict"),
                                  "error: study.data.loader: bad:a_dict returned dict; expected (train_x, train_y, "
                                  "test_x, test_y) tensors or (train_dataset, test_dataset)"),
-    "labels not integer classes": (dict(loader="bad:float_labels"),
-                                   "error: study.data.loader: bad:float_labels: train_y are torch.float32; labels must "
-                                   "be integer classes (int64)"),
+    "float labels with cross-entropy": (dict(loader="bad:float_labels"),
+                                        "error: study.run.loss: 'cross_entropy' takes integer class labels; the data's "
+                                        "labels are torch.float32; allowed: integer labels (one per input, or one per "
+                                        "position), or loss 'mse' or 'module:function' for float targets"),
     "loader raises": (dict(loader="bad:broken"),
                       "error: study.data.loader: bad:broken raised RuntimeError: the disk is gone"),
 }

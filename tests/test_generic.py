@@ -162,8 +162,13 @@ def test_factory_errors_are_one_line_config_errors():
         m.check(torch.zeros(4, 28, 28), torch.zeros(4, dtype=torch.int64))
     assert "\n" not in str(e.value)
     m = GenericModel(lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 3)), (28, 28), 10)
-    with pytest.raises(ConfigError, match=r"returns outputs of shape \[4, 3\] .* expected \[4, 10\]"):
-        m.check(torch.zeros(4, 28, 28), torch.zeros(4, dtype=torch.int64))
+    # the number of classes is the model's output, not the largest label: 3 logits take classes 0..2
+    m.check(torch.zeros(4, 28, 28), torch.tensor([0, 1, 2, 2]))
+    with pytest.raises(ConfigError, match=r"study.model.factory: .* returns 3 logits but the data hold class 5; "
+                                          r"expected at least 6"):
+        m.check(torch.zeros(4, 28, 28), torch.tensor([0, 1, 5, 2]))
+    with pytest.raises(ConfigError, match=r"returns outputs of shape \[4, 3\] for labels of shape \[4, 2\]"):
+        m.check(torch.zeros(4, 28, 28), torch.zeros(4, 2, dtype=torch.int64))
 
 
 def test_buffers_are_not_counted_as_updates_distances_or_similarity(bn):

@@ -16,7 +16,7 @@ LAYERS = [
     ("foundations", ["errors", "settings", "registry", "userref", "engine.ops", "engine.topology", "procs",
                      "version"]),
     ("what a run is made of", ["engine.schedule", "policy", "data", "models", "engine.similarity", "engine.datapool",
-                               "study", "studies", "dashboards"]),
+                               "study", "studies", "dashboards", "task", "text"]),
     ("engine", ["engine"]),
     ("backends", ["backends"]),
     ("entry points of a run, and their logging", ["simulate", "dist", "reference", "report.tracking", "runtime"]),

@@ -33,6 +33,7 @@ from ..engine import datapool, judge as judge_mod, kernel, run as run_mod, setup
 from ..engine.judge import Judge
 from ..engine.merger import StepMerger
 from ..engine.run import local_step
+from ..engine.schedule import layer_keys
 from ..engine.setup import RoundMetrics, RunResult, Setup, batch_indices, normalise, round_bounds
 from ..engine.state import Workers, initial_row
 from ..policy import MergePolicy
@@ -98,8 +99,8 @@ class _Group:
             r.st.point_at(new, i * W, (i + 1) * W)
         self.runs, self.state = keep, new
 
-    def step(self, setup: Setup, i: int, train_x, train_y) -> None:
-        """Local step ``i`` of the round for every member of the group: one batched step."""
+    def step(self, setup: Setup, i: int, train_x, train_y, step: int) -> None:
+        """Local step ``i`` of the round (the run's ``step``-th) for every member of the group: one batched step."""
         W, B = setup.study.run.workers, setup.study.run.batch_size
         parts, pools = [], []
         for r in self.runs:
@@ -114,7 +115,8 @@ class _Group:
         x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
         W_all = self.state.W
         segments = [(k * W, (k + 1) * W) for k in range(W_all // W)]
-        losses = local_step(setup, self.state, x, y, segments)
+        keys = ([k for r in self.runs for k in layer_keys(r.m.seed, range(W), step)] if setup.model.random else None)
+        losses = local_step(setup, self.state, x, y, segments, keys=keys)
         for k, (r, pos) in enumerate(zip(self.runs, pools)):
             part = losses[k * W:(k + 1) * W]
             r.loss += part.mean(1).sum()
@@ -271,7 +273,7 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
                     x.idx = idx_cache[x.m.seed]
         for i in range(steps):
             for g in groups:
-                g.step(setup, i, tensors[0], tensors[1])
+                g.step(setup, i, tensors[0], tensors[1], start + i + 1)
             for g in groups:
                 g.merge(setup, start + i + 1, cross, *tensors)
         for g in groups:

@@ -46,8 +46,10 @@ class Judge:
         self.prev_center = start
         self.eval_time, self.calm, self.finite = 0.0, 0, True
         self.target = setup.study.target
+        self.metric = setup.study.target_metric  # what time_to_target waits for (maximised or minimised)
+        self.maximize = self.metric.endswith("accuracy")
         self.reached: float | None = None  # simulated time at which the target was reached
-        self.best, self.prev_point = 0.0, None
+        self.best, self.prev_point = (0.0 if self.maximize else math.inf), None
 
     def round(self, r: int, end: int, steps: float, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
               sent: int, merges: int, label_skew: float, moved: int, timing: dict | None = None,
@@ -65,7 +67,7 @@ class Judge:
         self.eval_time += time.perf_counter() - te
         timing = dict(timing or {})
         if timing:
-            timing.update(self.timing(timing["sim_time"], metrics["val_accuracy"], horizon))
+            timing.update(self.timing(timing["sim_time"], metrics, horizon))
             if not finite and self.target is not None:  # a diverged run is no run to copy, whenever it got there
                 timing["time_to_target"] = 2.0 * horizon
         return RoundMetrics(
@@ -75,26 +77,35 @@ class Judge:
             **timing,
         )
 
-    def timing(self, t: float, acc: float, horizon: float) -> dict[str, float]:
+    def timing(self, t: float, metrics: dict, horizon: float) -> dict[str, float]:
         """Time to target and accuracy at time after a round that ended at simulated time ``t``.
 
-        Time to target is the first time the consensus validation accuracy reaches the target,
-        interpolated linearly between the two rounds around the crossing (at round resolution
-        when the first round already reaches it). Not reached (yet): ``horizon x (2 - best / target)``
-        with the best accuracy so far, which ranks after every reached value (at most the
-        horizon, the time budget) and orders the runs that missed by how close they came. A run
-        that diverged gets the worst value, ``2 x horizon``, even if it reached the target first."""
-        out = {"accuracy_at_time": acc}
+        Time to target is the first time the consensus model's ``target_metric`` (validation accuracy by
+        default) reaches the target (at or above it; at or below for a minimised metric such as ``val_loss``),
+        interpolated linearly between the two rounds around the crossing (at round resolution when the first
+        round already reaches it). Not reached (yet): ``horizon x (2 - best / target)`` with the best value so far
+        (``2 - target / best`` for a minimised metric), which ranks after every reached value (at most the
+        horizon, the time budget) and orders the runs that missed by how close they came. A run that diverged
+        gets the worst value, ``2 x horizon``, even if it reached the target first."""
+        out = {"accuracy_at_time": metrics["val_accuracy"]} if metrics.get("val_accuracy") is not None else {}
         if self.target is None:
             return out
-        if self.reached is None and acc >= self.target:
-            self.reached = crossing(self.prev_point, t, acc, self.target)
-        self.best = max(self.best, acc)
-        self.prev_point = (t, acc)
+        v = metrics.get(self.metric)
+        if v is None or not math.isfinite(v):
+            v = 0.0 if self.maximize else math.inf
+        # the crossing is taken on a maximised scale: a minimised metric by its negative
+        s, goal = (v, self.target) if self.maximize else (-v, -self.target)
+        if self.reached is None and s >= goal:
+            self.reached = crossing(self.prev_point, t, s, goal)
+        self.best = max(self.best, v) if self.maximize else min(self.best, v)
+        self.prev_point = (t, s)
         if self.reached is not None:
             out["time_to_target"] = self.reached
-        else:
+        elif self.maximize:
             out["time_to_target"] = horizon * (2.0 - self.best / self.target) if self.target > 0 else horizon
+        else:
+            out["time_to_target"] = horizon * (2.0 - self.target / self.best) if math.isfinite(self.best) and \
+                self.best > 0 else 2.0 * horizon
         return out
 
     def converged(self, rm: RoundMetrics, total: int) -> bool:
@@ -106,7 +117,8 @@ class Judge:
     def test_accuracy(self, stack: models_mod.Stack) -> float:
         tx, ty = self.data.test()
         center = stack.mean().unsqueeze(0)
-        return _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec), ty.to(self.dev))[0][0]
+        acc = _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec), ty.to(self.dev))[0]
+        return acc[0] if acc is not None else None
 
 
 def validation(setup: Setup, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,26 +161,54 @@ class Similarity:
 
 @torch.no_grad()
 def slice_losses(model, params: list[torch.Tensor], rows: list[int], x, y) -> torch.Tensor:
-    """Loss of each of the given rows of stacked ``params`` on the same examples (normalised ``x``)."""
+    """Loss (the task's, :mod:`evomerge.task`) of each of the given rows of stacked ``params`` on the same
+    examples (normalised ``x``)."""
     views = [p[rows] for p in params]
-    logits = model.forward(views, x.unsqueeze(0).expand(len(rows), *x.shape))
-    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(rows), -1), reduction="none").mean(1)
+    out = model.forward(views, x.unsqueeze(0).expand(len(rows), *x.shape))
+    return model.task.example_losses(out, y.unsqueeze(0).expand(len(rows), *y.shape)).mean(1)
+
+
+def eval_chunk(y: torch.Tensor) -> int:
+    """Examples per evaluation forward: 2048, fewer when each example has many labels (a language model's
+    ``[N, T]``), so that the outputs ``[W, chunk, T, C]`` stay small."""
+    per = max(1, y[0].numel()) if len(y) else 1
+    return 2048 if per == 1 else max(8, 4096 // per)
 
 
 @torch.no_grad()
-def _accuracy(model, params: list[torch.Tensor], x, y) -> tuple[list[float], list[float]]:
-    logits = model.logits(params, x)
-    acc = (logits.argmax(-1) == y).float().mean(1)
-    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(logits), -1), reduction="none").mean(1)
-    return acc.tolist(), loss.tolist()
+def _accuracy(model, params: list[torch.Tensor], x, y) -> tuple[list[float] | None, list[float]]:
+    """Per row of ``params``: accuracy (None where the task has no classes) and mean loss, over positions for
+    labels per position."""
+    task = model.task
+    if task.classification and not task.per_position and not task.ignores:  # one class per input: in one piece
+        logits = model.logits(params, x)
+        acc = (logits.argmax(-1) == y).float().mean(1)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(len(logits), -1), reduction="none")
+        return acc.tolist(), loss.mean(1).tolist()
+    c = eval_chunk(y)
+    loss = correct = count = None
+    for xc, yc in zip(x.split(c), y.split(c)):
+        l, k, n = model.task.summary(model.logits(params, xc), yc)
+        loss, count = (l, n) if loss is None else (loss + l, count + n)
+        if k is not None:
+            correct = k if correct is None else correct + k
+    count = count.clamp(min=1).double()
+    acc = (correct.double() / count).tolist() if correct is not None else None
+    return acc, (loss.double() / count).tolist()
 
 
-def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, float]:
+def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, float | None]:
+    """The round's validation metrics. Accuracies are None (absent from every table) where the task has no
+    classes; ``val_perplexity`` is given for labels per position (a language model)."""
+    classes, lm = model.task.classification, model.task.classification and model.task.per_position
     if not finite:
-        return dict(val_accuracy=0.0, val_loss=float("nan"), mean_worker_accuracy=0.0,
-                    worst_worker_accuracy=0.0, consensus_distance=float("nan"))
+        return dict(val_accuracy=0.0 if classes else None, val_loss=float("nan"),
+                    mean_worker_accuracy=0.0 if classes else None, worst_worker_accuracy=0.0 if classes else None,
+                    consensus_distance=float("nan"), val_perplexity=float("nan") if lm else None)
     acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
     wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
-    return dict(val_accuracy=acc[0], val_loss=loss[0], mean_worker_accuracy=float(np.mean(wacc)),
-                worst_worker_accuracy=float(np.min(wacc)),
+    return dict(val_accuracy=acc[0] if classes else None, val_loss=loss[0],
+                mean_worker_accuracy=float(np.mean(wacc)) if classes else None,
+                worst_worker_accuracy=float(np.min(wacc)) if classes else None,
+                val_perplexity=math.exp(min(loss[0], 700.0)) if lm else None,
                 consensus_distance=ops.consensus_distance(stack.rows()[:, :model.n_train], center[:model.n_train]))

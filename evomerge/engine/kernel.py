@@ -439,5 +439,4 @@ def pair_losses(model, params: list[torch.Tensor], x: torch.Tensor, y: torch.Ten
     """The winner test: each model's loss on its own examples, in one batched forward. ``params``: one
     ``[2m, ...]`` tensor per block (the pairs' two models, initiator first); ``x`` ``[2m, s, ...]``
     (normalised) and ``y`` ``[2m, s]`` the examples each model is scored on."""
-    logits = model.forward(params, x)
-    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1).tolist()
+    return model.task.example_losses(model.forward(params, x), y).mean(1).tolist()

@@ -18,6 +18,7 @@ import torch
 from . import datapool
 from ..policy import MergePolicy
 from . import kernel
+from . import schedule as schedule_mod
 from .judge import Judge, update_norms
 from .merger import StepMerger
 from .setup import RoundMetrics, RunResult, Setup, batch_indices, normalise, round_bounds
@@ -48,7 +49,8 @@ def train_steps(setup: Setup, st: Workers, workers, seed: int, start: int, end: 
             pos = pool.batches(B)
             bi = torch.as_tensor(pos, device=dev)
         x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
-        losses = local_step(setup, st, x, y)
+        keys = schedule_mod.layer_keys(seed, workers, start + i + 1) if model.random else None
+        losses = local_step(setup, st, x, y, keys=keys)
         loss_sum += losses.mean(1).sum()
         if pool is not None:
             pool.record(pos, torch.exp(-losses).cpu().numpy())
@@ -57,13 +59,15 @@ def train_steps(setup: Setup, st: Workers, workers, seed: int, start: int, end: 
 
 
 def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor,
-               segments: list[tuple[int, int]] | None = None) -> torch.Tensor:
+               segments: list[tuple[int, int]] | None = None, keys: list[int] | None = None) -> torch.Tensor:
     """One local step of every row of ``st`` on its minibatch (``x`` normalised); the per-example losses.
-    ``segments``: the row ranges of separate runs (a population's members; see ``Optimizer.step``)."""
+    ``segments``: the row ranges of separate runs (a population's members; see ``Optimizer.step``); ``keys``:
+    one per row, for a model with random layers (:func:`.schedule.layer_keys`)."""
     model, run = setup.model, setup.study.run
     losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
     if losses is None:
-        losses = model.loss_and_grad(st.params.params, x, y, st.grad.params)
+        losses = (model.loss_and_grad(st.params.params, x, y, st.grad.params, keys=keys) if keys is not None
+                  else model.loss_and_grad(st.params.params, x, y, st.grad.params))
         st.optim.step(st.params, st.grad, st.accum, segments=segments)
     kernel.score_step_(st.score, st.score_weight, losses.mean(1))
     return losses

@@ -29,10 +29,21 @@ def rng_for(seed: int, *tags: int) -> np.random.Generator:
 STREAMS = {
     "topology": 11, "timers": 12, "peers": 13, "lerp": 14, "peer_u": 15, "swap": 16,  # the event schedule
     "init": 21, "batches": 22, "slices": 23, "quant": 24,  # a run's start, minibatches, scoring slices, rounding
+    "layers": 25,  # random layers (dropout): a key per worker and local step
     "sketch": 31, "probe": 32,  # model similarity
     "speeds": 41, "jitter": 42, "spells": 43,  # the simulated clock
     "passes": 45,  # the data pool's passes over each worker's data
 }
+
+def layer_keys(seed: int, workers, steps) -> list[int]:
+    """The keys that seed random layers (dropout) for local step ``steps[i]`` of worker ``workers[i]`` (``steps``
+    may be one step for all): a function of (seed, worker, step) alone, so every backend, population batch and
+    rank draws the same masks for a worker (:mod:`evomerge.models.generic`)."""
+    if isinstance(steps, (int, np.integer)):
+        steps = [int(steps)] * len(workers)
+    return [int(np.random.SeedSequence([seed, STREAMS["layers"], int(w), int(k)]).generate_state(2, np.uint64)[0] >> 1)
+            for w, k in zip(workers, steps)]
+
 
 TAG_TOPOLOGY, TAG_TIMERS, TAG_PEERS, TAG_LERP, TAG_PEER_U, TAG_SWAP = (
     STREAMS[k] for k in ("topology", "timers", "peers", "lerp", "peer_u", "swap"))

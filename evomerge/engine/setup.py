@@ -13,6 +13,8 @@ import torch
 
 from .. import data as data_mod
 from .. import models as models_mod
+from .. import task as task_mod
+from ..errors import ConfigError
 from . import schedule as schedule_mod
 from ..study import Study
 
@@ -23,10 +25,10 @@ TAG_BATCHES, TAG_SLICES = schedule_mod.STREAMS["batches"], schedule_mod.STREAMS[
 class RoundMetrics:
     round: int
     step: int  # local steps done by each worker
-    val_accuracy: float  # consensus model on the validation split
+    val_accuracy: float | None  # consensus model on the validation split (None: the task has no classes)
     val_loss: float
-    mean_worker_accuracy: float
-    worst_worker_accuracy: float
+    mean_worker_accuracy: float | None
+    worst_worker_accuracy: float | None
     consensus_distance: float
     bytes: int  # cumulative bytes on the wire
     update_norm: float  # norm of the consensus model's change per local step in this round
@@ -48,6 +50,7 @@ class RoundMetrics:
     staleness: float | None = None  # mean age (simulated seconds) of the payloads applied in this round
     time_to_target: float | None = None  # see Judge.timing (running value: what it would be if accuracy stalled here)
     accuracy_at_time: float | None = None  # consensus validation accuracy at this round's simulated time
+    val_perplexity: float | None = None  # exp(val_loss), for labels per position (a language model)
 
 
 @dataclass
@@ -114,9 +117,16 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
     base_dir = study.path.parent if study.path is not None else None  # a user's loader / factory lives there
     if data is None:
         data = data_mod.load_spec(study.data, data_dir, base_dir)
-    model = models_mod.build_spec(study.model, data.input_shape, data.n_classes, base_dir)
+    task = task_mod.of(study)
+    task.check_labels(data.train_y)
+    model = models_mod.build_spec(study.model, data.input_shape, data.n_classes, base_dir, task)
     if hasattr(model, "check"):  # a user's model: refused in one line before any trial if it cannot run
-        model.check(normalise(data.train_x[:4], data.spec), data.train_y[:4])
+        model.check(normalise(data.train_x[:4], data.spec), data.train_y[:4], study.run.workers, study.run.batch_size)
+    elif not task.classification or task.per_position:
+        raise ConfigError("study.run.loss", f"{study.run.loss!r} with labels of shape {list(data.train_y.shape[1:])} "
+                                            f"per example needs a [model] factory; the named model {study.model.name!r} "
+                                            "gives one logit per class; allowed: cross_entropy on one class per input")
+    check_task(study, task)
     labels = data.train_y.numpy()
     run = study.run
     parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha,
@@ -129,6 +139,30 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
         shards.append(np.sort(p[run.score_samples:]))
     skew = data_mod.label_skew(labels, shards, data.n_classes)
     return Setup(study, data, model, shards, slices, total_steps(study, [len(s) for s in shards]), skew)
+
+
+#: the metrics that mean something only for some tasks
+NEEDS_CLASSES = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
+CONFIDENCE_FIELDS = ("data_exchange_k", "retire_threshold")  # built on exp(-loss): the model's confidence
+
+
+def check_task(study: Study, task) -> None:
+    """Refuse, in one line, objectives and policy fields that do not fit the study's task (:mod:`evomerge.task`)."""
+    asked = list(study.objectives) + ([study.target_metric] if study.target is not None else [])
+    for m in asked:
+        if (m in NEEDS_CLASSES and not task.classification) or (m == "val_perplexity" and not task.per_position):
+            fits = [o for o in ("val_loss", "val_perplexity", *NEEDS_CLASSES, "bytes")
+                    if not ((o in NEEDS_CLASSES and not task.classification) or (o == "val_perplexity" and not task.per_position))]
+            field = "study.objectives.target_metric" if m not in study.objectives else "study.objectives.metrics"
+            what = ("needs labels per position (a language model)" if m == "val_perplexity"
+                    else f"needs class labels; the study's loss is {study.run.loss!r}")
+            raise ConfigError(field, f"{m!r} {what}; allowed here: {', '.join(fits)} (and the time metrics)")
+    for f in CONFIDENCE_FIELDS:
+        if getattr(study.policy, f):
+            task.refuse(f"study.policy.{f}", getattr(study.policy, f))
+        for p in study.search.space:
+            if p.name == f:
+                task.refuse(f"study.search.space.{f}", f)
 
 
 def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed: int, worker: int) -> np.ndarray:
@@ -149,6 +183,10 @@ def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed:
 
 
 def normalise(x_uint8: torch.Tensor, spec: data_mod.DatasetSpec) -> torch.Tensor:
+    """A minibatch as the model takes it: the named datasets' uint8 images scaled by their mean and deviation;
+    integer token ids unchanged (int64); anything else float32 (the one rule of :func:`evomerge.data.input_type`)."""
+    if x_uint8.dtype == torch.int64:
+        return x_uint8
     if x_uint8.dtype != torch.uint8:  # a loader's data (study.data.loader) are used as it gave them
         return x_uint8.float()
     return x_uint8.float().mul_(1.0 / (255.0 * spec.std)).sub_(spec.mean / spec.std)

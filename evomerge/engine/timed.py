@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import clock, plan as plan_mod
+from . import schedule as schedule_mod
 from .run import local_step
 from .setup import Setup, batch_indices, normalise
 
@@ -303,12 +304,14 @@ class Timed:
         dev = st.params.device
         idx = torch.as_tensor(np.stack([self._indices(w) for w in rows]), device=dev)
         x, y = normalise(b.train_x[idx], setup.data.spec), b.train_y[idx]
+        keys = (schedule_mod.layer_keys(self.seed, rows, [int(self.done[w]) + 1 for w in rows])
+                if setup.model.random else None)
         if len(rows) == len(self.own):
-            losses = local_step(setup, st, x, y)
+            losses = local_step(setup, st, x, y, keys=keys)
         else:
             pos = [b.pos[w] for w in rows]
             sub = st.take(pos)
-            losses = local_step(setup, sub, x, y)
+            losses = local_step(setup, sub, x, y, keys=keys)
             st.put(sub, pos)
         st.examples[rows] += setup.study.run.batch_size
         self.done[rows] += 1

@@ -46,6 +46,11 @@ class StackedModel:
         self.n_trained_blocks = len(layout) - n_buffers
         self.n_train = sum(n for _, n in self.offsets[:self.n_trained_blocks])
         self.counters: frozenset[int] = frozenset()  # buffer blocks that count (num_batches_tracked): summed on merge
+        from ..task import Task
+
+        self.task = Task()  # the study's loss (build_spec sets it)
+        self.random = False  # the model draws random numbers in train mode (dropout): see models.generic
+        self.execution = "stacked"  # how W workers' steps run (models.generic: stacked or loop)
 
     # -- parameters -----------------------------------------------------------
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -79,18 +84,21 @@ class StackedModel:
         raise NotImplementedError
 
     def loss_and_grad(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                      grads: list[torch.Tensor]) -> torch.Tensor:
-        """Cross-entropy per example ``[W, B]``; writes the gradient of each worker's mean loss
-        into ``grads``.
+                      grads: list[torch.Tensor], keys=None) -> torch.Tensor:
+        """The task's loss per example ``[W, B]`` (:class:`evomerge.task.Task`); writes the gradient of each
+        worker's mean loss into ``grads``. ``keys`` seed random layers (models.generic); named models have none.
 
         The default uses autograd; models may override it with hand-written gradients.
         """
         leaves = [p.detach().requires_grad_(True) for p in params]
-        logits = self.forward(leaves, x)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        for g, gl in zip(grads, torch.autograd.grad(losses.mean(1).sum(), leaves)):
+        losses, objective = self.task.train_losses(self.forward(leaves, x), y)
+        for g, gl in zip(grads, torch.autograd.grad(objective.sum(), leaves)):
             g.copy_(gl)
         return losses.detach()
+
+    def plain_classes(self) -> bool:
+        """The task is cross-entropy on one class per input, none ignored: what hand-written gradients assume."""
+        return self.task.classification and not self.task.per_position and not self.task.ignores
 
     def sgd_step_(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor | None:
         """Plain SGD fused into the backward pass, in place; returns the per-example losses, or None when the
@@ -109,14 +117,26 @@ class StackedModel:
         raise NotImplementedError
 
 
+def state_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The module's buffers that are part of its state (running statistics, counters): the persistent ones.
+    A non-persistent buffer (a causal mask, a table of constants) is not trained, merged or sent; it stays
+    the module's own."""
+    out = []
+    for prefix, m in module.named_modules():
+        for name, b in m._buffers.items():
+            if b is not None and name not in m._non_persistent_buffers_set:
+                out.append((f"{prefix}.{name}" if prefix else name, b))
+    return out
+
+
 def load_row(module: nn.Module, row: torch.Tensor) -> nn.Module:
     """Copy one flat parameter row into ``module`` (same parameter order); a longer row also
-    fills the module's buffers, which follow the parameters (:mod:`evomerge.models.generic`)."""
+    fills the module's state buffers, which follow the parameters (:mod:`evomerge.models.generic`)."""
     with torch.no_grad():
         off = 0
         ts = list(module.parameters())
         if row.numel() > sum(p.numel() for p in ts):
-            ts += list(module.buffers())
+            ts += [b for _, b in state_buffers(module)]
         for p in ts:
             n = p.numel()
             p.copy_(row[off:off + n].view_as(p))
@@ -178,7 +198,10 @@ class MLP(StackedModel):
             d = below
         return losses
 
-    def loss_and_grad(self, params, x, y, grads):
+    def loss_and_grad(self, params, x, y, grads, keys=None):
+        if not self.plain_classes():
+            return super().loss_and_grad(params, x, y, grads)
+
         def write(i, d, a):
             torch.bmm(d, a, out=grads[2 * i])
             torch.sum(d, dim=2, out=grads[2 * i + 1])
@@ -186,6 +209,9 @@ class MLP(StackedModel):
         return self._forward_backward(params, x, y, write)
 
     def sgd_step_(self, params, x, y, lr):
+        if not self.plain_classes():
+            return None
+
         def update(i, d, a):
             params[2 * i].baddbmm_(d, a, alpha=-lr)
             params[2 * i + 1].sub_(d.sum(2), alpha=lr)
@@ -341,13 +367,22 @@ class Stack:
 from ..registry import MODELS  # noqa: E402  (name -> model class; code outside the package may register more)
 
 
-def build_spec(spec, input_shape, n_classes: int, base_dir=None) -> StackedModel:
-    """The model of a study's ``[model]``: a user's factory (:mod:`evomerge.models.generic`) or a named model."""
+def build_spec(spec, input_shape, n_classes: int, base_dir=None, task=None) -> StackedModel:
+    """The model of a study's ``[model]``: a user's factory (:mod:`evomerge.models.generic`) or a named model;
+    ``task`` the study's loss (:mod:`evomerge.task`; default cross-entropy)."""
     if getattr(spec, "factory", ""):
         from .generic import build as build_generic
 
-        return build_generic(spec, input_shape, n_classes, base_dir)
-    return build(spec.name, input_shape, n_classes, **spec.options)
+        model = build_generic(spec, input_shape, n_classes, base_dir)
+    else:
+        execution = getattr(spec, "execution", "auto")
+        if execution == "loop":
+            raise ConfigError("study.model.execution", f"'loop' applies to a [model] factory; the named model "
+                                                       f"{spec.name!r} runs its own stacked code; allowed: auto, stacked")
+        model = build(spec.name, input_shape, n_classes, **spec.options)
+    if task is not None:
+        model.task = task
+    return model
 
 
 def build(name: str, input_shape, n_classes: int, **options: Any) -> StackedModel:

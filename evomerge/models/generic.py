@@ -14,6 +14,21 @@ gradient is autograd over the stacked leaves, measured against ``vmap(grad(...))
 Training runs the module in train mode (BatchNorm updates each worker's running statistics
 in place, in the stack); every other forward (evaluation, the winner test, CKA) in eval mode.
 
+**Execution** (``[model] execution``): the parameters always live in the stacked buffers; the forward and
+backward run either as one vmap over the stack (``stacked``) or as a loop over the W workers, each a
+``functional_call`` of the module on *views* of its rows (``loop``: the gradients land in the stack through
+``unbind``, and the update and the merges stay batched). ``auto`` takes the loop where vmap cannot batch the
+model (recurrent layers, custom autograd functions, data-dependent control flow) or where the model has random
+layers, and otherwise times a few steps of each at the study's W and batch size and keeps the faster
+(:meth:`GenericModel.check`).
+
+**Random layers** (dropout and the like) draw per-worker randomness from keys the engine derives from
+(run seed, worker, local step) (:func:`evomerge.engine.schedule.layer_keys`). Under the loop, worker w's masks
+are torch's generator seeded with its own key: a function of (seed, worker, step, call), the same whatever W,
+population batch or rank runs the worker. Under a forced ``stacked``, vmap's ``randomness="different"`` draws
+every worker's masks from one generator seeded with the first row's key: reproducible for a given seed, W and
+batching, but not the same masks as the loop's.
+
 The hand-written :class:`models.MLP` and :class:`models.CNN` are fast paths of the same
 interface (:class:`models.StackedModel`).
 """
@@ -21,6 +36,9 @@ interface (:class:`models.StackedModel`).
 from __future__ import annotations
 
 import inspect
+import time
+import warnings
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -31,10 +49,58 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from ..errors import ConfigError
-from . import StackedModel
+from . import StackedModel, state_buffers
 from ..userref import one_line, resolve
 
 FIELD = "study.model.factory"
+EXECUTION = "study.model.execution"
+EXECUTIONS = ("auto", "stacked", "loop")
+#: layers that draw random numbers in train mode (a module with a positive ``dropout`` rate counts too:
+#: nn.GRU / nn.LSTM between layers, nn.MultiheadAttention)
+RANDOM_LAYERS = (nn.modules.dropout._DropoutNd, nn.RReLU)
+
+
+def has_random_layers(module: nn.Module) -> bool:
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            if m.p > 0:
+                return True
+        elif isinstance(m, RANDOM_LAYERS):
+            return True
+        rate = getattr(m, "dropout", 0)
+        if isinstance(rate, float) and rate > 0:
+            return True
+    return False
+
+
+@contextmanager
+def _tracking_layers(module: nn.Module):
+    """Yield a list naming the innermost submodule whose forward was entered and not left: the layer an
+    exception came from."""
+    stack: list[str] = []
+    failed: list[str] = []
+    handles = []
+    for name, m in module.named_modules():
+        if not name:
+            continue
+
+        def pre(_m, _a, name=name):
+            stack.append(name)
+
+        def post(_m, _a, _o, name=name):
+            if stack and stack[-1] == name:
+                stack.pop()
+
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    try:
+        yield failed
+    except BaseException:
+        if stack:
+            failed.append(stack[-1])
+        raise
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class GenericModel(StackedModel):
@@ -43,11 +109,13 @@ class GenericModel(StackedModel):
     name = "module"
 
     def __init__(self, builder: Callable[[], nn.Module], input_shape, n_classes: int, *, ref: str | None = None,
-                 options: dict | None = None, base_dir: str | None = None):
+                 options: dict | None = None, base_dir: str | None = None, execution: str = "auto"):
+        if execution not in EXECUTIONS:
+            raise ConfigError(EXECUTION, f"unknown {execution!r}; allowed: {', '.join(EXECUTIONS)}")
         self.builder, self.ref, self.options, self.base_dir = builder, ref, dict(options or {}), base_dir
         self.template = self._build()
         params = list(self.template.named_parameters())
-        buffers = list(self.template.named_buffers())
+        buffers = state_buffers(self.template)  # persistent ones: a causal mask stays the module's own
         for name, t in params:
             if not t.is_floating_point():
                 raise ConfigError(FIELD, f"{self._what()}: parameter {name!r} is {t.dtype}; allowed: floating point")
@@ -59,12 +127,20 @@ class GenericModel(StackedModel):
             raise ConfigError(FIELD, f"{self._what()}: the module has no parameters to train")
         layout = [(n, tuple(t.shape)) for n, t in params + buffers]
         super().__init__(layout, input_shape, n_classes, n_buffers=len(buffers))
+        self.execution_asked = execution
+        #: the strategy the steps run with: ``stacked`` or ``loop`` (``auto`` is resolved by :meth:`check`)
+        self.execution = "loop" if execution == "loop" else "stacked"
+        self.execution_reason = "forced" if execution != "auto" else "not checked yet"
+        self._chosen: dict[tuple, tuple[str, str]] = {}  # auto's choice per (W, batch, device)
+        self.timings: dict[str, float] = {}  # auto's measured seconds per step of each strategy
+        self.random = has_random_layers(self.template)
         self.counters = frozenset(len(params) + i for i, (_, t) in enumerate(buffers) if not t.is_floating_point())
         self.names = [n for n, _ in layout]
         self.buffer_names = [n for n, _ in buffers]
 
     @classmethod
-    def from_ref(cls, ref: str, options: dict | None, base_dir: str | None, input_shape, n_classes: int) -> "GenericModel":
+    def from_ref(cls, ref: str, options: dict | None, base_dir: str | None, input_shape, n_classes: int,
+                 execution: str = "auto", task=None) -> "GenericModel":
         """The model a study's ``[model] factory`` / ``options`` name (imported from ``base_dir``, then sys.path)."""
         fn = resolve(ref, FIELD, base_dir, "mymodels:small_resnet")
         options = dict(options or {})
@@ -74,14 +150,20 @@ class GenericModel(StackedModel):
             raise ConfigError("study.model.options", f"{ref} does not take {sorted(options)}: {e}") from None
         except ValueError:  # no signature to check (a builtin): the call will tell
             pass
-        return cls(partial(fn, **options), input_shape, n_classes, ref=ref, options=options,
-                   base_dir=None if base_dir is None else str(base_dir))
+        model = cls(partial(fn, **options), input_shape, n_classes, ref=ref, options=options,
+                    base_dir=None if base_dir is None else str(base_dir), execution=execution)
+        if task is not None:
+            model.task = task
+        return model
 
     def __reduce__(self):
-        # worker processes build it again from the reference (the module itself need not pickle)
+        # worker processes build it again from the reference (the module itself need not pickle), with the
+        # strategy this process chose (so every rank runs the same one)
         if self.ref is not None:
-            return (GenericModel.from_ref, (self.ref, self.options, self.base_dir, self.input_shape, self.n_classes))
-        return (GenericModel, (self.builder, self.input_shape, self.n_classes))
+            return (_rebuild, (self.ref, self.options, self.base_dir, self.input_shape, self.n_classes,
+                               self.execution_asked, self.execution, self.task))
+        return (_rebuild_builder, (self.builder, self.input_shape, self.n_classes, self.execution_asked,
+                                   self.execution, self.task))
 
     def _what(self) -> str:
         return self.ref or getattr(self.builder, "__name__", "the factory")
@@ -100,7 +182,7 @@ class GenericModel(StackedModel):
     # -- parameters -----------------------------------------------------------------------------
     def row_of(self, module: nn.Module) -> torch.Tensor:
         """A module's parameters then buffers, as one flat float32 row."""
-        ts = [t for _, t in module.named_parameters()] + [t for _, t in module.named_buffers()]
+        ts = [t for _, t in module.named_parameters()] + [t for _, t in state_buffers(module)]
         return torch.cat([t.detach().float().reshape(-1) for t in ts])
 
     def init(self, generator: torch.Generator) -> torch.Tensor:
@@ -112,69 +194,174 @@ class GenericModel(StackedModel):
             return self.row_of(self._build())
 
     # -- compute --------------------------------------------------------------------------------
-    def _call(self, params: list[torch.Tensor], x: torch.Tensor, train: bool, x_dim: int | None) -> torch.Tensor:
+    def _seeded(self, train: bool, keys, device):
+        """torch's generator forked for a training forward of a model with random layers (the caller's and
+        the process's generator are left as they were); None where no random numbers are drawn."""
+        if not (train and self.random):
+            return None
+        devices = [device] if device.type == "cuda" else []
+        return torch.random.fork_rng(devices=devices)
+
+    def _call(self, params: list[torch.Tensor], x: torch.Tensor, train: bool, x_dim: int | None,
+              keys=None, execution: str | None = None) -> torch.Tensor:
+        execution = execution or self.execution
+        self.template.train(train)
+        fork = self._seeded(train, keys, params[0].device)
+        with fork if fork is not None else nullcontext():
+            if execution == "loop":
+                return self._loop(params, x, x_dim, keys if fork is not None else None)
+            if fork is not None:
+                torch.manual_seed(int(keys[0]) if keys is not None else 0)
+            return self._vmapped(params, x, x_dim, "different" if fork is not None else "error")
+
+    def _vmapped(self, params, x, x_dim, randomness: str) -> torch.Tensor:
         k = self.n_trained_blocks
         p = dict(zip(self.names[:k], params[:k]))
         b = dict(zip(self.names[k:], params[k:]))
-        self.template.train(train)
 
         def one(p, b, x):
             return functional_call(self.template, (p, b), (x,))
 
-        return vmap(one, in_dims=(0, 0, x_dim))(p, b, x)
+        with warnings.catch_warnings():  # torch's note that an op has no batching rule: auto times it anyway
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented")
+            return vmap(one, in_dims=(0, 0, x_dim), randomness=randomness)(p, b, x)
 
-    def forward(self, params, x):
-        """Logits ``[W, B, C]`` in eval mode (running statistics read, not updated)."""
-        return self._call(params, x, False, 0)
+    def _loop(self, params, x, x_dim, keys) -> torch.Tensor:
+        """One ``functional_call`` per worker on views of its rows: ``unbind`` of a leaf gives every worker's
+        view at once, and its backward stacks the workers' gradients into the leaf's gradient."""
+        k, W = self.n_trained_blocks, params[0].shape[0]
+        cols = [p.unbind(0) if p.requires_grad else p for p in params]
+        trained, kept = self.names[:k], self.names[k:]
+        outs = []
+        for w in range(W):
+            if keys is not None:
+                torch.manual_seed(int(keys[w]))
+            p = {n: cols[i][w] for i, n in enumerate(trained)}
+            b = {n: cols[k + i][w] for i, n in enumerate(kept)}
+            outs.append(functional_call(self.template, (p, b), (x[w] if x_dim == 0 else x,)))
+        return torch.stack(outs)
 
-    def loss_and_grad(self, params, x, y, grads):
+    def forward(self, params, x, execution: str | None = None):
+        """Outputs ``[W, B, ...]`` in eval mode (running statistics read, not updated)."""
+        return self._call(params, x, False, 0, execution=execution)
+
+    def loss_and_grad(self, params, x, y, grads, keys=None, execution: str | None = None):
         """Train mode: BatchNorm uses batch statistics and updates each worker's running statistics in
-        place (the buffer blocks of ``params``); gradients of the trained parameters into ``grads``."""
+        place (the buffer blocks of ``params``); gradients of the trained parameters into ``grads``.
+        ``keys``: one per row, seeding the row's random layers (:func:`evomerge.engine.schedule.layer_keys`)."""
         k = self.n_trained_blocks
         leaves = [p.detach().requires_grad_(True) for p in params[:k]]
         # the buffers are updated on copies, written back after the backward: the stack's blocks share
         # one version counter, and an in-place write into it would void the saved parameters
         buffers = [b.clone() for b in params[k:]]
-        logits = self._call(leaves + buffers, x, True, 0)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        for g, gl in zip(grads, torch.autograd.grad(losses.mean(1).sum(), leaves)):
+        out = self._call(leaves + buffers, x, True, 0, keys, execution)
+        losses, objective = self.task.train_losses(out, y)
+        for g, gl in zip(grads, torch.autograd.grad(objective.sum(), leaves)):
             g.copy_(gl)
         for b, new in zip(params[k:], buffers):
             b.copy_(new)
         return losses.detach()
 
     @torch.no_grad()
-    def logits(self, params, x, chunk: int = 2048):
-        """Logits ``[W, N, C]`` on shared inputs ``x`` (not copied per worker)."""
-        return torch.cat([self._call(params, xc, False, None) for xc in x.split(chunk)], dim=1)
+    def logits(self, params, x, chunk: int = 2048, execution: str | None = None):
+        """Outputs ``[W, N, ...]`` on shared inputs ``x`` (not copied per worker)."""
+        return torch.cat([self._call(params, xc, False, None, execution=execution) for xc in x.split(chunk)], dim=1)
 
     def module(self) -> nn.Module:
         return self._build()
 
-    def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Refuse, in one line, a model that cannot take the study's inputs ``x`` (a few normalised
-        training examples) or cannot be trained batched over workers."""
+    def check(self, x: torch.Tensor, y: torch.Tensor, workers: int = 2, batch: int | None = None) -> None:
+        """Refuse, in one line, a model that cannot take the study's inputs ``x`` (a few normalised training
+        examples) and labels ``y``, or cannot be trained; and resolve ``execution = "auto"``: the loop where vmap
+        cannot batch the model or where it has random layers, else the faster of the two over a few timed steps
+        at ``workers`` rows and minibatches of ``batch`` (cached per W, batch and device)."""
         shape = list(x.shape)
         st = self.stack(2, x.device)
         st.set_rows(self.init(torch.Generator().manual_seed(0)).to(x.device).expand(2, -1))
-        try:
-            out = self.logits(st.params, x)
-        except Exception as e:  # noqa: BLE001 - the user's model: one line naming the field
-            raise ConfigError(FIELD, f"{self._what()} rejects the data's inputs of shape {shape}: {one_line(e)}") from None
-        if tuple(out.shape[1:]) != (len(x), self.n_classes):
-            raise ConfigError(FIELD, f"{self._what()} returns outputs of shape {list(out.shape[1:])} for inputs of shape "
-                                     f"{shape}; expected [{len(x)}, {self.n_classes}] (logits of the data's "
-                                     f"{self.n_classes} classes)")
         grads = st.like()
+        xs, ys = x.unsqueeze(0).expand(2, *x.shape), y.unsqueeze(0).expand(2, *y.shape)
+
+        def trial(execution: str) -> str | None:
+            """None if ``execution`` runs a forward and a training step, else the one-line reason."""
+            failed: list[str] = []
+            try:
+                with _tracking_layers(self.template) as failed:
+                    self.logits(st.params, x, execution=execution)
+                    self.loss_and_grad(st.params, xs, ys, grads.params, execution=execution)
+                return None
+            except ConfigError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the user's model: one line naming the field
+                return f"layer {failed[0]!r}: {one_line(e)}" if failed else one_line(e)
+
+        # the model must take the inputs and give outputs the loss can take (under the loop: any module can)
         try:
-            self.loss_and_grad(st.params, x.unsqueeze(0).expand(2, *x.shape), y.unsqueeze(0).expand(2, -1), grads.params)
+            out = self._call(st.params, x, False, None, execution="loop")
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(FIELD, f"{self._what()} cannot be trained batched over workers (torch.func.vmap): "
-                                     f"{one_line(e)}") from None
+            raise ConfigError(FIELD, f"{self._what()} rejects the data's inputs of shape {shape}: {one_line(e)}") from None
+        self.task.check_output(out[0], y, self._what())
+        asked = self.execution_asked
+        stacked = None if asked == "loop" else trial("stacked")
+        if asked == "stacked" and stacked is not None:
+            raise ConfigError(EXECUTION, f"'stacked' cannot batch {self._what()} over workers with torch.func.vmap "
+                                         f"({stacked}); allowed: auto or loop")
+        if asked != "stacked":
+            looped = trial("loop")
+            if looped is not None:
+                raise ConfigError(FIELD, f"{self._what()} cannot be trained: {looped}")
+        if asked != "auto":
+            self.execution, self.execution_reason = asked, "forced"
+            return
+        key = (workers, batch, x.device.type)
+        if key not in self._chosen:
+            if stacked is not None:
+                self._chosen[key] = ("loop", "vmap cannot batch it: " + stacked)
+            elif self.random:
+                self._chosen[key] = ("loop", "random layers: each worker's masks from its own key")
+            else:
+                self._chosen[key] = self._time(x, y, workers, batch or len(x))
+        self.execution, self.execution_reason = self._chosen[key]
+
+    def _time(self, x, y, workers: int, batch: int) -> tuple[str, str]:
+        """Time a training step of each strategy at ``workers`` rows and ``batch`` examples each, interleaved,
+        after a warm-up; the faster, with the figures."""
+        reps = -(-batch // len(x))
+        xb = x.repeat(reps, *[1] * (x.dim() - 1))[:batch]
+        yb = y.repeat(reps, *[1] * (y.dim() - 1))[:batch]
+        st = self.stack(workers, x.device)
+        st.set_rows(self.init(torch.Generator().manual_seed(0)).to(x.device).expand(workers, -1))
+        grads = st.like()
+        xs, ys = xb.unsqueeze(0).expand(workers, *xb.shape), yb.unsqueeze(0).expand(workers, *yb.shape)
+        best = {"stacked": float("inf"), "loop": float("inf")}
+        sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+        for rep in range(4):  # the first of each is a warm-up
+            for execution in ("stacked", "loop"):
+                sync()
+                t0 = time.perf_counter()
+                self.loss_and_grad(st.params, xs, ys, grads.params, execution=execution)
+                sync()
+                if rep:
+                    best[execution] = min(best[execution], time.perf_counter() - t0)
+        self.timings = dict(best)
+        pick = "stacked" if best["stacked"] <= best["loop"] else "loop"
+        return pick, (f"timed at W={workers}, batch {batch} on {x.device.type}: stacked {best['stacked'] * 1e3:.1f} ms, "
+                      f"loop {best['loop'] * 1e3:.1f} ms per step")
+
+
+def _rebuild(ref, options, base_dir, input_shape, n_classes, asked, execution, task) -> GenericModel:
+    model = GenericModel.from_ref(ref, options, base_dir, input_shape, n_classes, asked, task)
+    model.execution = execution
+    return model
+
+
+def _rebuild_builder(builder, input_shape, n_classes, asked, execution, task) -> GenericModel:
+    model = GenericModel(builder, input_shape, n_classes, execution=asked)
+    model.execution, model.task = execution, task
+    return model
 
 
 def build(spec, input_shape, n_classes: int, base_dir: str | Path | None) -> GenericModel:
-    """The generic model of a study's ``[model]`` (``spec.factory``, ``spec.options``)."""
+    """The generic model of a study's ``[model]`` (``spec.factory``, ``spec.options``, ``spec.execution``)."""
     return GenericModel.from_ref(spec.factory, spec.options, None if base_dir is None else str(base_dir),
-                                 input_shape, n_classes)
+                                 input_shape, n_classes, getattr(spec, "execution", "auto"))
 

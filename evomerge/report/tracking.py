@@ -62,7 +62,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 
 
 # per-round metrics logged as MLflow metric histories (x axis: local steps)
-ROUND_METRICS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
+ROUND_METRICS = ("val_accuracy", "val_loss", "val_perplexity", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
                  "bytes", "update_norm", "train_loss", "local_update_norm", "merge_update_norm", "similarity_mean",
                  "similarity_min", "label_skew", "examples_moved", "sim_time", "steps_min", "steps_mean", "steps_max",
                  "idle_fraction", "staleness", "time_to_target", "accuracy_at_time")
@@ -231,6 +231,8 @@ class Tracker:
             tags["evomerge.error"] = record["error"][:5000]
         if record.get("pruned_at") is not None:
             tags["evomerge.pruned_at_step"] = str(record["pruned_at"])
+        if record.get("execution"):
+            tags["evomerge.execution"] = record["execution"][:5000]
         if record.get("reused_from") is not None:  # proposed again: the earlier trial's results, not a new run
             tags["evomerge.reused_from"] = str(record["reused_from"])
         name = f"trial-{record['number']}" + ("" if label == "complete" else f" ({label})")
@@ -321,7 +323,7 @@ class Tracker:
             params={k: str(v) for k, v in best["policy"].items()} |
             {f"run.{k}": str(v) for k, v in (best.get("run") or {}).items()}, model_type="consensus",
             tags={"evomerge.trial": str(best["number"]), "evomerge.seed": str(consensus.seed),
-                  "evomerge.study": self.study.name, "evomerge.val_accuracy": f"{consensus.val_accuracy:.6f}",
+                  "evomerge.study": self.study.name, "evomerge.val_accuracy": f"{consensus.val_accuracy:.6f}" if consensus.val_accuracy is not None else "n/a",
                   "evomerge.consensus_from": consensus.source})
         try:
             for rid in dict.fromkeys(r for r in (source, self.parent_id) if r):

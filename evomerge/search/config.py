@@ -79,6 +79,8 @@ OBJECTIVES: dict[str, Objective] = {
     "time_to_target": Objective("minimize", "time to target s", lambda m: m.time_to_target),
     "accuracy_at_time": Objective("maximize", "acc at time", lambda m: m.accuracy_at_time),
     "sim_time": Objective("minimize", "sim s", lambda m: m.sim_time),
+    "val_loss": Objective("minimize", "val loss", lambda m: m.val_loss),
+    "val_perplexity": Objective("minimize", "val ppl", lambda m: m.val_perplexity),
 }
 
 

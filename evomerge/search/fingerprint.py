@@ -59,6 +59,11 @@ def summary(study: "Study") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for section in ("data", "model", "run"):
         _flat(section, _plain(getattr(study, section)), out)
+    if study.data.dataset == "text" and not study.data.loader:  # the corpus's content (evomerge.text)
+        from .. import text
+
+        base = study.path.parent if study.path is not None else None
+        out["data.text_digest"] = study.data.sha256 or text.digest(text.root_of(study.data, base))
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
     policy = {k: v for k, v in _plain(study.policy).items() if k not in NOT_IN_POLICY}

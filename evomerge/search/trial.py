@@ -189,7 +189,7 @@ def _run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn, 
             out = evaluate(trial, ostudy, t.setup, t.policy, cfg, storage, simulate_fn, keeper)
             t.complete(out)
             if keeper is not None and out["status"] != DIVERGED:  # the best so far keeps its model
-                keeper.offer(trial.number, t.record["values"][0], out["consensus"], out["finals"][0]["val_accuracy"])
+                keeper.offer(trial.number, t.record["values"][0], out["consensus"], out["finals"][0].get("val_accuracy"))
     except KeyboardInterrupt:
         t.interrupted()
         raise Interrupted(t.record) from None
@@ -226,6 +226,9 @@ class TrialRun:
                 self.record["run"] = run
                 trial.set_user_attr("run", run)
             trial.set_user_attr("sampler", cfg.sampler)
+            # how the workers' steps ran (models.generic: stacked or loop, and why), kept with the trial
+            self.record["execution"] = f"{self.setup.model.execution} ({getattr(self.setup.model, 'execution_reason', 'the named model')})"
+            trial.set_user_attr("execution", self.record["execution"])
             if cfg.prunes_by_optuna:
                 trial.set_user_attr("pruner", cfg.pruner)
             if cfg.batch > 1:

@@ -1,0 +1,342 @@
+"""Any model, any task (issue 27): a user's own models and data, each from a study file in a folder outside the
+project, as a new user writes them: recurrent layers, dropout, token inputs, a language model, regression with
+MSE and with the user's own loss. Each must learn (better than chance, than a bigram model, than the best
+constant), and each bad input is one line naming its field."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from evomerge import simulate
+from evomerge.backends.population import Member, run_population
+from evomerge.engine.schedule import layer_keys
+from evomerge.errors import ConfigError
+from evomerge.models.generic import GenericModel
+from evomerge.policy import MergePolicy
+from evomerge.study import load
+
+HERE = Path(__file__).resolve().parent
+LOADERS = '''
+import torch
+import torch.nn.functional as F
+
+from evomerge import data
+
+DATA_DIR = {data_dir!r}
+
+
+def _mnist():
+    d = data.load("mnist", DATA_DIR, val_size=1000, train_size=5000, split_seed=0)
+    x = torch.cat([d.train_x, d.val_x]).float() / 255.0
+    y = torch.cat([d.train_y, d.val_y])
+    return x[:5000], y[:5000], x[5000:], y[5000:]
+
+
+def images():
+    return _mnist()
+
+
+def tokens():
+    """Each image as 49 token ids: its 7x7 average grey levels in 8 steps (int64)."""
+    tx, ty, sx, sy = _mnist()
+    tok = lambda x: (F.avg_pool2d(x.unsqueeze(1), 4).flatten(1) * 7.999).long()
+    return tok(tx), ty, tok(sx), sy
+
+
+def halves():
+    """Regression: the top half of an image -> the mean ink of its bottom half (x10), targets [N, 1]."""
+    tx, _, sx, _ = _mnist()
+    f = lambda x: (x[:, :14].contiguous(), x[:, 14:].mean((1, 2)).unsqueeze(1) * 10)
+    return (*f(tx), *f(sx))
+
+
+def float_labels():
+    tx, ty, sx, sy = _mnist()
+    return tx, ty.float(), sx, sy.float()
+
+
+def two_labels():
+    tx, ty, sx, sy = _mnist()
+    return tx, torch.stack([ty, ty], 1).float(), sx, torch.stack([sy, sy], 1).float()
+
+
+def huber(out, y):
+    return F.smooth_l1_loss(out, y, reduction="none").flatten(1).mean(1)
+
+
+def not_per_example(out, y):
+    return F.mse_loss(out, y)
+'''
+# real text: a fixed list of the Python standard library's sources (the test's own corpus, split by file)
+CORPUS = [importlib.import_module(m).__file__ for m in ("textwrap", "string", "shlex", "glob", "fnmatch", "bisect",
+                                                        "heapq", "keyword", "colorsys", "copy", "numbers", "abc")]
+
+FAMILIES = {  # name: (data, model, options, loss, objective, what it must reach)
+    "gru": ('loader = "mydata:images"', "rnn", '{ cell = "gru" }', "cross_entropy", "val_accuracy", 0.3),
+    "lstm": ('loader = "mydata:images"', "rnn", '{ cell = "lstm" }', "cross_entropy", "val_accuracy", 0.3),
+    "dropout-mlp": ('loader = "mydata:images"', "dropout_mlp", "{}", "cross_entropy", "val_accuracy", 0.5),
+    "dropout-cnn": ('loader = "mydata:images"', "dropout_cnn", "{}", "cross_entropy", "val_accuracy", 0.3),
+    "transformer": ('loader = "mydata:tokens"', "TokenTransformer", "{}", "cross_entropy", "val_accuracy", 0.3),
+    "embedding-bag": ('loader = "mydata:tokens"', "Bag", "{}", "cross_entropy", "val_accuracy", 0.3),
+    "language-model": ('dataset = "text"\npath = "corpus"\ncontext = 32', "TinyLM", "{}", "cross_entropy",
+                       "val_perplexity", "bigram"),
+    "mse": ('loader = "mydata:halves"', "regressor", "{}", "mse", "val_loss", "constant"),
+    "user-loss": ('loader = "mydata:halves"', "regressor", "{}", "mydata:huber", "val_loss", "constant"),
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, data_dir):
+    """The user's folder, outside the project: their models, their loaders and losses, their text."""
+    d = tmp_path_factory.mktemp("my-project")
+    shutil.copy(HERE / "user_any" / "mymodels.py", d / "mymodels.py")
+    (d / "mydata.py").write_text(LOADERS.format(data_dir=str(data_dir)))
+    (d / "corpus").mkdir()
+    for f in CORPUS:
+        shutil.copy(f, d / "corpus" / Path(f).name)
+    return d
+
+
+def write_study(folder: Path, name: str, data: str, factory: str, options: str = "{}", loss: str = "cross_entropy",
+                metric: str = "val_accuracy", steps: int = 150, execution: str = "auto", workers: int = 4,
+                extra: str = "") -> Path:
+    p = folder / f"{name}.toml"
+    p.write_text(f"""[study]
+name = "{name}"
+
+[data]
+{data}
+val_size = 300
+partition = "iid"
+
+[model]
+factory = "mymodels:{factory}"
+options = {options}
+execution = "{execution}"
+
+[run]
+workers = {workers}
+batch_size = 32
+steps = {steps}
+rounds = 2
+optimizer = "adamw"
+lr = 0.01
+loss = "{loss}"
+{extra}
+[objectives]
+metrics = ["{metric}"]
+""")
+    return p
+
+
+def bigram_perplexity(d) -> float:
+    """A bigram model of the training bytes (add-one), on the validation windows."""
+    counts = torch.ones(256, 256)
+    counts.index_put_((d.train_x.flatten(), d.train_y.flatten()), torch.ones(d.train_y.numel()), accumulate=True)
+    logp = (counts / counts.sum(1, keepdim=True)).log()
+    return math.exp(float(-logp[d.val_x.flatten(), d.val_y.flatten()].mean()))
+
+
+def constant_loss(d, loss: str) -> float:
+    """The best constant predictor's validation loss (the training targets' mean for MSE; the best of a scan of
+    constants for the user's Huber loss)."""
+    import torch.nn.functional as F
+
+    if loss == "mse":
+        return float((d.val_y - d.train_y.mean()).pow(2).mean())
+    cs = torch.linspace(float(d.train_y.min()), float(d.train_y.max()), 200)
+    return min(float(F.smooth_l1_loss(torch.full_like(d.train_y, float(c)), d.train_y)) for c in cs)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_learns_through_the_users_own_study(folder, family):
+    data, factory, options, loss, metric, reach = FAMILIES[family]
+    setup = simulate.prepare(load(write_study(folder, f"my-{family}", data, factory, options, loss, metric)))
+    res = simulate.simulate(setup, MergePolicy(), 0, device="cpu")  # ring gossip
+    f = res.final
+    assert res.status == "ok"
+    if reach == "bigram":
+        assert setup.data.train_x.dtype == torch.int64 and setup.data.train_y.shape[1:] == (32,)
+        assert f.val_perplexity is not None and f.val_perplexity == pytest.approx(math.exp(f.val_loss), rel=1e-6)
+        assert f.val_perplexity < bigram_perplexity(setup.data), (f.val_perplexity, bigram_perplexity(setup.data))
+        assert 0 < f.val_accuracy < 1  # per token
+    elif reach == "constant":
+        assert f.val_accuracy is None and "val_accuracy" not in res.metrics()  # no meaningless argmax
+        assert f.val_loss < 0.7 * constant_loss(setup.data, loss), (f.val_loss, constant_loss(setup.data, loss))
+        assert res.label_skew is None
+    else:
+        assert f.val_accuracy > reach, f.val_accuracy  # chance is 0.1
+    if family in ("gru", "lstm"):  # vmap cannot batch recurrent layers: the loop, never a refusal
+        assert setup.model.execution == "loop" and "vmap cannot batch it" in setup.model.execution_reason
+    if family.startswith("dropout"):
+        assert setup.model.random and setup.model.execution == "loop"
+    if family == "transformer":
+        assert setup.data.train_x.dtype == torch.int64  # token ids reach the embedding unchanged
+
+
+class Scale(nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(64))
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return self.drop(x * self.w)
+
+
+def masks(model: GenericModel, workers: list[int], step: int, execution: str) -> torch.Tensor:
+    """The dropout masks each worker draws at a local step (1 kept, 0 dropped), ``[len(workers), 32, 64]``."""
+    st = model.stack(len(workers))
+    st.set_rows(model.init(torch.Generator().manual_seed(0)).expand(len(workers), -1))
+    with torch.no_grad():
+        out = model._call(st.params, torch.ones(len(workers), 32, 64), True, 0,
+                          keys=layer_keys(7, workers, step), execution=execution)
+    return (out != 0).float()
+
+
+def test_dropout_masks_are_per_worker_and_do_not_depend_on_w_or_the_batching():
+    p = 0.3
+    model = GenericModel(lambda: Scale(p), (64,), 64)
+    assert model.random
+    m = masks(model, [0, 1, 2, 3], step=5, execution="loop")
+    assert abs(float(m.mean()) - (1 - p)) < 0.02  # the keep rate
+    agree = float((m[0] == m[1]).float().mean())
+    assert abs(agree - (p * p + (1 - p) ** 2)) < 0.04  # two workers' masks are independent
+    # worker 2's masks are a function of (seed, worker, step): the same alone, among 8, or at another position
+    alone = masks(model, [2], step=5, execution="loop")
+    among = masks(model, [5, 6, 7, 2, 0, 1, 3, 4], step=5, execution="loop")
+    assert torch.equal(m[2], alone[0]) and torch.equal(m[2], among[3])
+    assert not torch.equal(m[2], masks(model, [2], step=6, execution="loop")[0])  # a new mask each step
+    # a forced stacked strategy draws different masks per worker too (vmap's randomness="different")
+    s = masks(model, [0, 1, 2, 3], step=5, execution="stacked")
+    assert abs(float(s.mean()) - (1 - p)) < 0.02 and not torch.equal(s[0], s[1])
+    assert torch.equal(s, masks(model, [0, 1, 2, 3], step=5, execution="stacked"))  # reproducible
+    # torch's own generator is left as it was
+    state = torch.random.get_rng_state()
+    masks(model, [0, 1], step=1, execution="loop")
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_a_dropout_run_is_reproducible_and_the_same_in_a_population(folder):
+    setup = simulate.prepare(load(write_study(folder, "my-dropout-pop", 'loader = "mydata:images"', "dropout_mlp",
+                                              steps=30)))
+    policy = MergePolicy()
+    a = simulate.simulate(setup, policy, 3, device="cpu", keep_params=True)
+    b = simulate.simulate(setup, policy, 3, device="cpu", keep_params=True)
+    assert torch.equal(a.params, b.params)
+    # two members stacked as one batch: each worker's masks are its own, whoever else is in the batch
+    pop = run_population(setup, [Member(policy, 3), Member(MergePolicy(scheme="none"), 4)], device="cpu",
+                         keep_params=True)
+    assert torch.allclose(pop[0].params, a.params, atol=1e-5), (pop[0].params - a.params).abs().max()
+    assert [h.val_accuracy for h in pop[0].history] == pytest.approx([h.val_accuracy for h in a.history], abs=2e-3)
+
+
+def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(folder):
+    runs = {}
+    for execution in ("stacked", "loop"):
+        setup = simulate.prepare(load(write_study(folder, f"my-bn-{execution}", 'loader = "mydata:images"',
+                                                  "bn_cnn", steps=30, execution=execution)))
+        assert setup.model.execution == execution and setup.model.execution_reason == "forced"
+        runs[execution] = simulate.simulate(setup, MergePolicy(), 1, device="cpu", keep_params=True)
+    a, b = runs["stacked"], runs["loop"]
+    assert torch.allclose(a.params, b.params, atol=1e-4), (a.params - b.params).abs().max()
+    for ha, hb in zip(a.history, b.history):
+        assert ha.val_loss == pytest.approx(hb.val_loss, abs=1e-4)
+        assert ha.val_accuracy == pytest.approx(hb.val_accuracy, abs=2e-3)
+        assert ha.bytes == hb.bytes and ha.merges == hb.merges
+
+
+@pytest.mark.parametrize("change, field, message", [
+    (dict(loss="hinge"), "study.run.loss", r"unknown 'hinge'; allowed: cross_entropy, mse or 'module:function'"),
+    (dict(loss="mydata:nowhere"), "study.run.loss", r"nowhere"),
+    (dict(loss="mydata:not_per_example", data='loader = "mydata:halves"', factory="regressor", metric="val_loss"),
+     "study.run.loss", r"returned \[\] for a batch of 4; expected per-example losses of shape \[4\]"),
+    (dict(data='loader = "mydata:float_labels"'), "study.run.loss",
+     r"'cross_entropy' takes integer class labels; the data's labels are torch.float32"),
+    (dict(data='loader = "mydata:two_labels"', loss="mse", metric="val_loss"), "study.run.loss",
+     r"the model's outputs have shape \[4, 10\] and the targets \[4, 2\]; they must match exactly"),
+    (dict(data='loader = "mydata:halves"', factory="regressor", loss="mse"), "study.objectives.metrics",
+     r"'val_accuracy' needs class labels; the study's loss is 'mse'"),
+    (dict(metric="val_perplexity"), "study.objectives.metrics", r"'val_perplexity' needs labels per position"),
+    (dict(data='dataset = "text"\npath = "no-such-corpus"'), "study.data.path", r"no-such-corpus: no such file or folder"),
+    (dict(factory="rnn", execution="stacked"), "study.model.execution",
+     r"'stacked' cannot batch mymodels:rnn over workers with torch.func.vmap \(layer 'rnn': RuntimeError: Batching "
+     r"rule not implemented for aten::gru.input.*\); allowed: auto or loop"),
+    (dict(execution="fast"), "study.model.execution", r"'fast'.*auto, stacked, loop"),
+    (dict(extra="[policy]\ndata_exchange_k = 4", data='loader = "mydata:halves"', factory="regressor", loss="mse",
+          metric="val_loss"), "study.policy.data_exchange_k", r"needs loss 'cross_entropy'"),
+])
+def test_bad_input_is_one_line_naming_the_field(folder, change, field, message):
+    kw = dict(data='loader = "mydata:images"', factory="dropout_mlp") | change
+    with pytest.raises(ConfigError) as e:
+        simulate.prepare(load(write_study(folder, "my-bad", **kw)))
+    assert e.value.field == field, str(e.value)
+    assert "\n" not in str(e.value)
+    assert re.search(message, str(e.value)), str(e.value)
+
+
+def test_the_text_corpus_is_split_by_file_and_pinned_by_its_hash(folder):
+    from evomerge import text
+
+    study = load(write_study(folder, "my-text", 'dataset = "text"\npath = "corpus"\ncontext = 32', "TinyLM",
+                             metric="val_perplexity"))
+    root = folder / "corpus"
+    parts = text.splits(root)
+    files = text.files_of(root)
+    assert len(files) == 12 and parts["val"] == files[8].read_bytes() and parts["test"] == files[9].read_bytes()
+    assert parts["val"] not in parts["train"]  # no validation text is trained on
+    digest = text.digest(root)
+    pinned = write_study(folder, "my-text-pinned", f'dataset = "text"\npath = "corpus"\ncontext = 32\nsha256 = "{digest}"',
+                         "TinyLM", metric="val_perplexity")
+    simulate.prepare(load(pinned))
+    wrong = write_study(folder, "my-text-wrong", f'dataset = "text"\npath = "corpus"\ncontext = 32\nsha256 = "{"0" * 64}"',
+                        "TinyLM", metric="val_perplexity")
+    with pytest.raises(ConfigError, match=r"study.data.sha256: corpus hashes to [0-9a-f]{64}, but the study pins 0+"):
+        simulate.prepare(load(wrong))
+    from evomerge.search import fingerprint
+
+    assert fingerprint.of(study)["summary"]["data.text_digest"] == digest
+    assert np.isclose(len(setup_windows := text.windows(parts["train"], 32)[0]), len(parts["train"]) // 33)
+    assert setup_windows.dtype == torch.int64
+
+
+@pytest.mark.system
+def test_the_merger_trains_a_users_language_model_under_torchrun(folder, tmp_path):
+    """Part 5: the runtime honours the same contract. A user's LM loop (dropout, a causal-mask buffer that is the
+    module's own, per-token cross-entropy) with a winner-biased gossip policy that reads the loss the loop passes."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from evomerge import text
+
+    policy = tmp_path / "ring-winner.json"
+    policy.write_text(json.dumps({"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
+                                  "winner_bias": 0.6, "score": "running"}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = HERE.parent
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(port), str(HERE / "user_any" / "lm_loop.py"), "--corpus", str(folder / "corpus"),
+                        "--policy", str(policy), "--steps", "60"], capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, PYTHONPATH=str(root)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["mask_intact"] and out["merges"] > 0
+    parts = text.splits(folder / "corpus")
+    counts = torch.bincount(text.windows(parts["train"], 32)[1].flatten(), minlength=256).double() + 1
+    vy = text.windows(parts["val"], 32)[1].flatten()
+    unigram = math.exp(float(-(counts / counts.sum()).log()[vy].mean()))
+    assert out["perplexity"] < 0.8 * unigram, (out["perplexity"], unigram)
