@@ -4,9 +4,14 @@
    W = 8 and W = 64: one local step of all W workers (forward, backward, update), each the
    way a run takes it (the MLP's fused SGD step; the generic model's functional_call under
    vmap, autograd over the stacked leaves, the batched optimiser).
-2. A small CNN with BatchNorm (the Fashion-MNIST example's ResNet, width 8, and a plain
-   two-conv BatchNorm CNN) with AdamW, generic path against a Python loop over W
-   nn.Modules, each with its own torch.optim.AdamW, on the same batches.
+2. Models a user brings, with AdamW, against a Python loop over W nn.Modules, each with its own
+   torch.optim.AdamW, on the same batches: a plain two-conv BatchNorm CNN, the Fashion-MNIST
+   example's ResNet (width 8), and two held out from the choice of strategy: a 3-layer CNN with
+   BatchNorm and dropout, and a transformer encoder (2 layers, width 64, dropout 0.1) over the
+   image's rows as a sequence. evomerge's two strategies are timed (``stacked``: vmap over the
+   stack; ``loop``: functional_call per worker on views of the stack, batched update), and
+   ``auto`` is the one ``[model] execution = "auto"`` picks (GenericModel.check), whose ratio
+   to the loop of modules is the target (<= 1.0).
 3. The two ways of taking the generic model's gradient: autograd over stacked leaves (used)
    against vmap(grad(...)).
 
@@ -52,6 +57,29 @@ def bn_cnn():
                          nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
 
 
+def cnn3():
+    """Held out: a 3-layer CNN with BatchNorm and dropout."""
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Dropout2d(0.1), nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2), nn.Linear(128, 10))
+
+
+class RowTransformer(nn.Module):
+    """Held out: a transformer encoder (2 layers, width 64, dropout 0.1) over an image's 28 rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(28, 64)
+        self.pos = nn.Parameter(torch.zeros(28, 64))
+        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.enc(self.proj(x.reshape(x.shape[0], 28, 28)) + self.pos).mean(1))
+
+
 class Run:
     """What train_steps needs of a study's [run]."""
 
@@ -76,6 +104,15 @@ class Stacked:
             return
         self.model.loss_and_grad(self.params.params, x, y, self.grad.params)
         self.opt.step(self.params, self.grad, None)
+
+
+def strategy(build, shape, execution: str, data) -> GenericModel:
+    """The generic model of ``build`` with its steps run by ``execution`` (auto: resolved as a study's is, by
+    GenericModel.check at the benchmark's W and batch size)."""
+    g = GenericModel(build, shape, 10, execution=execution)
+    x, y = data[0]
+    g.check(x[0, :4], y[0, :4], workers=x.shape[0], batch=x.shape[1])
+    return g
 
 
 class Loop:
@@ -166,10 +203,15 @@ def main(argv=None):
         show("MLP 784-128-10, SGD", W, med, "hand-written", "generic")
         data = batches(W, a.batch, (1, 28, 28), a.steps, device=dev)
         adamw = Run("adamw", 0.003, 0.01)
-        for name, build in (("BatchNorm CNN (2 conv), AdamW", bn_cnn), ("ResNet example (w=8), AdamW", resnet)):
-            g = GenericModel(build, (1, 28, 28), 10)
-            med = timed({"loop": Loop(build, W, adamw, dev), "generic": Stacked(g, W, adamw, dev)}, data, a.repeats)
-            show(name, W, med, "generic", "loop")
+        for name, build in (("BatchNorm CNN (2 conv), AdamW", bn_cnn), ("ResNet example (w=8), AdamW", resnet),
+                            ("held out: CNN3 + BN + dropout", cnn3), ("held out: transformer on rows", RowTransformer)):
+            auto = strategy(build, (1, 28, 28), "auto", data)
+            contenders = {"loop of modules": Loop(build, W, adamw, dev),
+                          "stacked": Stacked(strategy(build, (1, 28, 28), "stacked", data), W, adamw, dev),
+                          "loop": Stacked(strategy(build, (1, 28, 28), "loop", data), W, adamw, dev)}
+            med = timed(contenders, data, a.repeats)
+            med["auto"] = med[auto.execution]
+            show(f"{name} [auto: {auto.execution}]", W, med, "loop of modules", "auto")
         g = GenericModel(bn_cnn, (1, 28, 28), 10)
         med = timed({"autograd": Stacked(g, W, Run("sgd", 0.05), dev), "vmap(grad)": VmapGrad(g, W, dev)}, data, a.repeats)
         show("CNN gradient: vmap(grad) / leaves", W, med, "autograd", "vmap(grad)")

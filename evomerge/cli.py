@@ -759,7 +759,9 @@ def cmd_baselines(args) -> int:
 
     t = Table(title=f"{study.name}: baselines (seed {seed}, {setup.total_steps} local steps, {study.run.workers} workers)")
     timed = study.environment is not None
-    cols = ["policy", "status", "val acc", "mean worker", "worst worker", "consensus dist", "bytes", "merges"]
+    cols = ["policy", "status", "val acc", "mean worker", "worst worker", "val loss"]
+    lm = any(r.final.val_perplexity is not None for _, r in results)
+    cols += (["val ppl"] if lm else []) + ["consensus dist", "bytes", "merges"]
     if timed:
         cols += ["sim time", "idle"] + ([f"time to {study.target:g}"] if study.target is not None else [])
     for col in cols + ["wall"]:
@@ -767,6 +769,7 @@ def cmd_baselines(args) -> int:
     for name, r in results:
         f = r.final
         row = [name, r.status, _num(f.val_accuracy), _num(f.mean_worker_accuracy), _num(f.worst_worker_accuracy),
+               _num(f.val_loss), *([_num(f.val_perplexity, ".3f")] if lm else []),
                f"{f.consensus_distance:.3g}", _mb(f.bytes), f"{f.merges}"]
         if timed:
             row += [f"{f.sim_time:.4g} s", f"{f.idle_fraction:.0%}"]

@@ -340,3 +340,22 @@ def test_the_merger_trains_a_users_language_model_under_torchrun(folder, tmp_pat
     vy = text.windows(parts["val"], 32)[1].flatten()
     unigram = math.exp(float(-(counts / counts.sum()).log()[vy].mean()))
     assert out["perplexity"] < 0.8 * unigram, (out["perplexity"], unigram)
+
+
+def test_the_shipped_language_model_study_learns_from_its_pinned_corpus():
+    """studies/tiny-lm.toml as shipped: its corpus is found beside it and matches its sha256, the causal transformer
+    runs (the loop: it has dropout), and a short run beats the unigram model of the same split."""
+    import dataclasses
+
+    st = load("tiny-lm")
+    assert st.data.dataset == "text" and st.data.sha256 and st.run.loss == "cross_entropy"
+    assert st.objectives == ("val_perplexity", "bytes")
+    short = dataclasses.replace(st, run=dataclasses.replace(st.run, steps=40, rounds=2))
+    setup = simulate.prepare(short)
+    assert setup.model.random and setup.model.execution == "loop"
+    assert setup.data.train_x.shape[1:] == (64,) and setup.data.train_x.dtype == torch.int64
+    res = simulate.simulate(setup, st.resolve_policy("ring-gossip"), 0, device="cpu")
+    uni = torch.bincount(setup.data.train_y.flatten(), minlength=256).double() + 1
+    unigram = math.exp(float(-(uni / uni.sum()).log()[setup.data.val_y.flatten()].mean()))
+    assert res.final.val_perplexity < unigram, (res.final.val_perplexity, unigram)
+    assert res.final.val_perplexity < res.history[0].val_perplexity
