@@ -231,6 +231,7 @@ class Data:
         self.val_x, self.val_y = val_x, val_y
         self._test = (test_x, test_y)
         self.train_index = train_index  # positions in the original training file
+        self.groups = None  # the file each training example comes from (dataset "text"; partition "by_file")
         self.test_accesses = 0
 
     @property
@@ -434,16 +435,18 @@ def label_type(y):
 
 
 # -- partitions ---------------------------------------------------------------
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("iid", "dirichlet", "by_file")
 
 
 def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: float = 0.5, seed: int = 0,
-              min_size: int = 1) -> list[np.ndarray]:
+              min_size: int = 1, groups: np.ndarray | None = None) -> list[np.ndarray]:
     """Split sample positions over workers: ``iid`` (equal shards, shuffled) or
     ``dirichlet`` (label-skewed: each class is divided by proportions drawn from
     Dirichlet(alpha); smaller alpha, more skew). Seeded; every sample is used once."""
     labels = np.asarray(labels)
     n = len(labels)
+    if kind == "by_file":
+        return _by_file(groups, workers, min_size)
     if kind == "dirichlet" and (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)):
         raise ConfigError("study.data.partition", f"'dirichlet' splits by class and needs one class label per "
                                                   f"example; the labels are {labels.dtype} of shape "
@@ -470,6 +473,30 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
         if min(len(s) for s in out) >= min_size:
             return out
     raise ConfigError("study.data.alpha", f"{alpha}: could not give every one of {workers} workers at least {min_size} samples; raise alpha or lower workers")
+
+
+def _by_file(groups: np.ndarray | None, workers: int, min_size: int) -> list[np.ndarray]:
+    """Whole files to workers (text's natural non-IID split): the largest file first, each to the worker holding
+    the fewest examples so far (ties to the lowest worker); deterministic, no seed needed."""
+    if groups is None:
+        raise ConfigError("study.data.partition", "'by_file' needs a corpus of files (dataset 'text'); allowed here: "
+                                                  "iid, dirichlet")
+    files, counts = np.unique(groups, return_counts=True)
+    if len(files) < workers:
+        raise ConfigError("study.data.partition", f"'by_file' gives whole files to workers, but the training split holds "
+                                                  f"{len(files)} files for {workers} workers; allowed: iid, or more files")
+    held = np.zeros(workers, dtype=np.int64)
+    owner = {}
+    for f in files[np.argsort(-counts, kind="stable")]:
+        w = int(np.argmin(held))
+        owner[int(f)] = w
+        held[w] += counts[files == f][0]
+    who = np.array([owner[int(g)] for g in groups])
+    out = [np.flatnonzero(who == w) for w in range(workers)]
+    if min(len(s) for s in out) < min_size:
+        raise ConfigError("study.data.partition", f"'by_file' leaves a worker {min(len(s) for s in out)} windows; need "
+                                                  f"at least {min_size}; allowed: iid, or fewer workers")
+    return out
 
 
 def label_skew(labels: np.ndarray, shards: list[np.ndarray], n_classes: int) -> float | None:

@@ -31,6 +31,8 @@ OBJECTIVES = {  # name -> direction
     "bytes": "minimize",
     "time_to_target": "minimize",  # simulated seconds to [objectives] target ([environment])
     "accuracy_at_time": "maximize",  # consensus validation accuracy at the time budget
+    "loss_at_time": "minimize",  # consensus validation loss at the time budget (any task)
+    "perplexity_at_time": "minimize",  # consensus validation perplexity at the time budget (a language model)
     "sim_time": "minimize",
     "val_loss": "minimize",  # the task's loss (run.loss) of the consensus model on the validation split
     "val_perplexity": "minimize",  # exp(token-weighted mean NLL): cross-entropy with labels per position
@@ -388,7 +390,7 @@ class Study:
 
     @model_validator(mode="after")
     def _time_objectives(self) -> "Study":
-        timed = {"time_to_target", "accuracy_at_time", "sim_time"} & set(self.objectives)
+        timed = {"time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time", "sim_time"} & set(self.objectives)
         if timed and self.environment is None:
             raise ConfigError("study.objectives.metrics", f"{sorted(timed)[0]} needs an [environment] "
                                                           "(the simulated cluster whose time it measures)")

@@ -7,7 +7,8 @@ tenth from the ninth is validation and every tenth from the tenth is test (a cor
 single file, is split into contiguous 80/10/10 byte ranges instead). Each split's files are joined and cut into
 non-overlapping windows of ``context + 1`` bytes: the inputs are a window's first ``context`` bytes and the labels
 the next byte at each position (``[N, context]`` int64 each). ``val_size`` and ``train_size`` cap how many windows
-are used (a seeded choice), as for the image datasets.
+are used (a seeded choice), as for the image datasets. ``partition = "by_file"`` gives whole training files to
+workers (each window belongs to the file it starts in): text's natural non-IID split.
 
 ``sha256`` pins the corpus: :func:`digest` over the files' relative names and bytes; a corpus that differs is one
 line naming ``study.data.sha256``. The digest is part of the study's fingerprint whether pinned or not.
@@ -55,16 +56,22 @@ def digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def splits(root: Path) -> dict[str, bytes]:
-    """The corpus's bytes per split (``train``, ``val``, ``test``), split by file."""
+def splits(root: Path, lengths: dict | None = None) -> dict[str, bytes]:
+    """The corpus's bytes per split (``train``, ``val``, ``test``), split by file; ``lengths`` (when given) gets
+    the byte length of each file in each split, in order (the training split's files are ``partition = "by_file"``'s
+    units)."""
     files = files_of(root)
     if len(files) >= 10:
         parts = {"train": [], "val": [], "test": []}
         for i, f in enumerate(files):
             parts["val" if i % 10 == 8 else "test" if i % 10 == 9 else "train"].append(f.read_bytes())
+        if lengths is not None:
+            lengths.update({k: [len(b) for b in v] for k, v in parts.items()})
         return {k: b"".join(v) for k, v in parts.items()}
     data = b"".join(f.read_bytes() for f in files)
     a, b = int(len(data) * 0.8), int(len(data) * 0.9)
+    if lengths is not None:
+        lengths.update(train=[a], val=[b - a], test=[len(data) - b])
     return {"train": data[:a], "val": data[a:b], "test": data[b:]}
 
 
@@ -92,8 +99,12 @@ def load_text(d, base_dir=None):
             raise ConfigError("study.data.sha256", f"{d.path} hashes to {got}, but the study pins {d.sha256}: the text "
                                                    "differs from the one the study was written for; allowed: the "
                                                    "corpus's own digest (evomerge.text.digest), or leave sha256 out")
-    parts = splits(root)
+    lengths: dict = {}
+    parts = splits(root, lengths)
     wins = {k: windows(v, d.context) for k, v in parts.items()}
+    # the training file each window starts in
+    starts = np.arange(len(wins["train"][0])) * (d.context + 1)
+    files = np.searchsorted(np.cumsum(lengths["train"]), starts, side="right")
     for k in ("train", "val"):
         if len(wins[k][0]) < 2:
             raise ConfigError("study.data.path", f"{d.path}: its {k} split holds {len(wins[k][0])} windows of "
@@ -105,5 +116,7 @@ def load_text(d, base_dir=None):
     ti = np.arange(len(tx)) if not d.train_size else np.sort(rng.permutation(len(tx))[:d.train_size])
     spec = DatasetSpec(name=f"text:{d.path}", files={}, mean=0.0, std=1.0, n_classes=VOCAB)
     vi_t, ti_t = torch.as_tensor(vi), torch.as_tensor(ti)
-    return Data(spec, tx[ti_t].contiguous(), ty[ti_t].contiguous(), vx[vi_t].contiguous(), vy[vi_t].contiguous(),
-                sx, sy, ti)
+    out = Data(spec, tx[ti_t].contiguous(), ty[ti_t].contiguous(), vx[vi_t].contiguous(), vy[vi_t].contiguous(),
+               sx, sy, ti)
+    out.groups = files[ti]
+    return out

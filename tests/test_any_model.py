@@ -359,3 +359,50 @@ def test_the_shipped_language_model_study_learns_from_its_pinned_corpus():
     unigram = math.exp(float(-(uni / uni.sum()).log()[setup.data.val_y.flatten()].mean()))
     assert res.final.val_perplexity < unigram, (res.final.val_perplexity, unigram)
     assert res.final.val_perplexity < res.history[0].val_perplexity
+
+
+def test_by_file_gives_each_worker_whole_files_of_the_text(folder):
+    p = write_study(folder, "my-by-file", 'dataset = "text"\npath = "corpus"\ncontext = 32', "TinyLM",
+                    metric="val_perplexity")
+    p.write_text(p.read_text().replace('partition = "iid"', 'partition = "by_file"'))
+    setup = simulate.prepare(load(p))
+    groups = setup.data.groups
+    owners = {}
+    for w, shard in enumerate(setup.shards):
+        for f in set(groups[np.concatenate([shard, setup.slices[w]])].tolist()):
+            owners.setdefault(f, set()).add(w)
+    assert all(len(ws) == 1 for ws in owners.values())  # no file is split between workers
+    assert len(owners) == 10  # the 12 files: 10 for training, 1 validation, 1 test
+    assert {min(ws) for ws in owners.values()} == {0, 1, 2, 3}  # every worker holds some
+    bad = write_study(folder, "my-by-file-bad", 'loader = "mydata:images"', "dropout_mlp")
+    bad.write_text(bad.read_text().replace('partition = "iid"', 'partition = "by_file"'))
+    with pytest.raises(ConfigError, match=r"study.data.partition: 'by_file' needs a corpus of files \(dataset 'text'\)"):
+        simulate.prepare(load(bad))
+
+
+def test_time_to_a_loss_target_and_loss_at_time_on_a_simulated_cluster(folder):
+    """target_metric = "val_loss": reached at or below the target (a minimised metric), with the crossing
+    interpolated as for accuracy; loss_at_time is the consensus loss at the time budget."""
+    p = write_study(folder, "my-timed-mse", 'loader = "mydata:halves"', "regressor", loss="mse", metric="val_loss",
+                    steps=80)
+    text = p.read_text().replace('metrics = ["val_loss"]', 'metrics = ["time_to_target", "loss_at_time"]\n'
+                                 'target_metric = "val_loss"\ntarget = 0.1')
+    p.write_text(text.replace("rounds = 2", "rounds = 8") + "\n[environment]\nstep_time = 0.1\nspeeds = "
+                 "[1.0, 1.0, 1.0, 0.5]\ntime_budget = 8.0\n")
+    st = load(p)
+    assert st.directions == ["minimize", "minimize"]
+    res = simulate.simulate(simulate.prepare(st), MergePolicy(), 0, device="cpu")
+    h = res.history
+    assert h[-1].loss_at_time == h[-1].val_loss and h[-1].accuracy_at_time is None
+    first = next(i for i, r in enumerate(h) if r.val_loss <= 0.1)
+    assert first > 0, [r.val_loss for r in h]  # the first round is above the target: the crossing is interpolated
+    t0, t1 = h[first - 1].sim_time, h[first].sim_time
+    assert t0 < res.final.time_to_target <= t1
+    assert res.final.time_to_target == pytest.approx(
+        t0 + (h[first - 1].val_loss - 0.1) / (h[first - 1].val_loss - h[first].val_loss) * (t1 - t0))
+    missed = folder / "my-timed-mse-missed.toml"
+    missed.write_text(p.read_text().replace("target = 0.1", "target = 0.0001"))
+    m = simulate.simulate(simulate.prepare(load(missed)), MergePolicy(), 0, device="cpu")
+    best = min(x.val_loss for x in m.history)
+    # not reached: ranked after every run that reached it (> the budget), by how close it came
+    assert m.final.time_to_target == pytest.approx(8.0 * (2 - 0.0001 / best)) and m.final.time_to_target > 8.0

@@ -74,7 +74,7 @@ def _run_on_one_thread(setup, policy, mode: str) -> dict:
         rec = _record(simulate.simulate(env, policy, SEED, device="cpu", keep_params=True))
         for h in rec["history"]:  # the clock's own fields; the rest must be the lockstep run's
             for k in ("sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness",
-                      "time_to_target", "accuracy_at_time"):
+                      "time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time"):
                 h.pop(k, None)
         return rec
     if mode == "population":

@@ -80,7 +80,7 @@ def test_error_lines_name_the_field_and_what_is_allowed():
     cases = [
         ({"run": {"workers": "8"}}, 'study.run.workers: must be an integer, got str "8"'),
         ({"run": {"lr": -1}}, "study.run.lr: -1 is out of range; allowed: [0, inf)"),
-        ({"data": {"partition": "zipf"}}, "study.data.partition: unknown 'zipf'; allowed: iid, dirichlet"),
+        ({"data": {"partition": "zipf"}}, "study.data.partition: unknown 'zipf'; allowed: iid, dirichlet, by_file"),
         ({"baselines": {"policies": ["nope"]}},
          "study.baselines.policies: nope: no such file or named policy; named: allreduce, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco"),
         ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}},

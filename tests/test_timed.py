@@ -21,7 +21,7 @@ from evomerge.study import EnvSpec
 
 P = MergePolicy
 TIME_FIELDS = ("sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness", "time_to_target",
-               "accuracy_at_time", "wall_time")
+               "accuracy_at_time", "loss_at_time", "perplexity_at_time", "wall_time")
 GOSSIP = {
     "push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
     "push-delta-adaptive-random": P(exchange="push", payload="delta", topk_fraction=0.2, quantize_bits=4,

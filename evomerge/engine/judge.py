@@ -87,7 +87,11 @@ class Judge:
         (``2 - target / best`` for a minimised metric), which ranks after every reached value (at most the
         horizon, the time budget) and orders the runs that missed by how close they came. A run that diverged
         gets the worst value, ``2 x horizon``, even if it reached the target first."""
-        out = {"accuracy_at_time": metrics["val_accuracy"]} if metrics.get("val_accuracy") is not None else {}
+        # the metric at time objectives (the run ends at the time budget, so the last round's value is the one)
+        out = {"loss_at_time": metrics["val_loss"]}
+        for key, at in (("val_accuracy", "accuracy_at_time"), ("val_perplexity", "perplexity_at_time")):
+            if metrics.get(key) is not None:
+                out[at] = metrics[key]
         if self.target is None:
             return out
         v = metrics.get(self.metric)

@@ -50,6 +50,8 @@ class RoundMetrics:
     staleness: float | None = None  # mean age (simulated seconds) of the payloads applied in this round
     time_to_target: float | None = None  # see Judge.timing (running value: what it would be if accuracy stalled here)
     accuracy_at_time: float | None = None  # consensus validation accuracy at this round's simulated time
+    loss_at_time: float | None = None  # consensus validation loss at this round's simulated time
+    perplexity_at_time: float | None = None  # and perplexity (labels per position)
     val_perplexity: float | None = None  # exp(val_loss), for labels per position (a language model)
 
 
@@ -129,7 +131,7 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
     check_task(study, task)
     labels = data.train_y.numpy()
     run = study.run
-    parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha,
+    parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha, groups=data.groups,
                                seed=study.data.seed, min_size=run.score_samples + 1)
     rng = schedule_mod.rng_for(study.data.seed, TAG_SLICES)
     shards, slices = [], []
@@ -143,6 +145,7 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
 
 #: the metrics that mean something only for some tasks
 NEEDS_CLASSES = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
+NEEDS_POSITIONS = ("val_perplexity", "perplexity_at_time")
 CONFIDENCE_FIELDS = ("data_exchange_k", "retire_threshold")  # built on exp(-loss): the model's confidence
 
 
@@ -150,11 +153,11 @@ def check_task(study: Study, task) -> None:
     """Refuse, in one line, objectives and policy fields that do not fit the study's task (:mod:`evomerge.task`)."""
     asked = list(study.objectives) + ([study.target_metric] if study.target is not None else [])
     for m in asked:
-        if (m in NEEDS_CLASSES and not task.classification) or (m == "val_perplexity" and not task.per_position):
-            fits = [o for o in ("val_loss", "val_perplexity", *NEEDS_CLASSES, "bytes")
-                    if not ((o in NEEDS_CLASSES and not task.classification) or (o == "val_perplexity" and not task.per_position))]
+        if (m in NEEDS_CLASSES and not task.classification) or (m in NEEDS_POSITIONS and not task.per_position):
+            fits = [o for o in ("val_loss", *NEEDS_POSITIONS, *NEEDS_CLASSES, "bytes")
+                    if not ((o in NEEDS_CLASSES and not task.classification) or (o in NEEDS_POSITIONS and not task.per_position))]
             field = "study.objectives.target_metric" if m not in study.objectives else "study.objectives.metrics"
-            what = ("needs labels per position (a language model)" if m == "val_perplexity"
+            what = ("needs labels per position (a language model)" if m in NEEDS_POSITIONS
                     else f"needs class labels; the study's loss is {study.run.loss!r}")
             raise ConfigError(field, f"{m!r} {what}; allowed here: {', '.join(fits)} (and the time metrics)")
     for f in CONFIDENCE_FIELDS:

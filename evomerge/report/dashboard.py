@@ -47,7 +47,10 @@ def _target(study: Study):
 
 OBJECTIVES_LABEL = {"val_accuracy": "validation accuracy (consensus)", "mean_worker_accuracy": "mean worker accuracy",
                     "bytes": "bytes sent", "time_to_target": "simulated seconds to the target",
-                    "accuracy_at_time": "validation accuracy at the time budget", "sim_time": "simulated seconds"}
+                    "accuracy_at_time": "validation accuracy at the time budget",
+                    "loss_at_time": "validation loss at the time budget",
+                    "perplexity_at_time": "validation perplexity at the time budget",
+                    "val_loss": "validation loss (consensus)", "val_perplexity": "validation perplexity (consensus)", "sim_time": "simulated seconds"}
 
 
 # -- figures ---------------------------------------------------------------------------

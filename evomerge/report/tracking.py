@@ -65,10 +65,11 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 ROUND_METRICS = ("val_accuracy", "val_loss", "val_perplexity", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
                  "bytes", "update_norm", "train_loss", "local_update_norm", "merge_update_norm", "similarity_mean",
                  "similarity_min", "label_skew", "examples_moved", "sim_time", "steps_min", "steps_mean", "steps_max",
-                 "idle_fraction", "staleness", "time_to_target", "accuracy_at_time")
+                 "idle_fraction", "staleness", "time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time")
 
 SUMMARY_METRICS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
-                   "bytes", "merges", "local_steps", "wall_time", "sim_time", "time_to_target", "accuracy_at_time")
+                   "bytes", "merges", "local_steps", "wall_time", "sim_time", "time_to_target", "accuracy_at_time",
+                   "val_perplexity", "loss_at_time", "perplexity_at_time")
 # MLflow 3 reads this experiment tag; "genai_development" is the GenAI kind, this one is model training
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 VIEW_KEY = "evomerge"

@@ -78,6 +78,8 @@ OBJECTIVES: dict[str, Objective] = {
     # simulated time ([environment]); time_to_target per round is what it would be if accuracy stalled there
     "time_to_target": Objective("minimize", "time to target s", lambda m: m.time_to_target),
     "accuracy_at_time": Objective("maximize", "acc at time", lambda m: m.accuracy_at_time),
+    "loss_at_time": Objective("minimize", "loss at time", lambda m: m.loss_at_time),
+    "perplexity_at_time": Objective("minimize", "ppl at time", lambda m: m.perplexity_at_time),
     "sim_time": Objective("minimize", "sim s", lambda m: m.sim_time),
     "val_loss": Objective("minimize", "val loss", lambda m: m.val_loss),
     "val_perplexity": Objective("minimize", "val ppl", lambda m: m.val_perplexity),
