@@ -406,3 +406,31 @@ def test_time_to_a_loss_target_and_loss_at_time_on_a_simulated_cluster(folder):
     best = min(x.val_loss for x in m.history)
     # not reached: ranked after every run that reached it (> the budget), by how close it came
     assert m.final.time_to_target == pytest.approx(8.0 * (2 - 0.0001 / best)) and m.final.time_to_target > 8.0
+
+
+@pytest.mark.system
+def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder, tmp_path):
+    """The commands a user runs, on their own regression study: no accuracy anywhere, the loss instead."""
+    import os
+    import subprocess
+    import sys
+
+    def evomerge(*args):
+        return subprocess.run([sys.executable, "-m", "evomerge.cli", *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+
+    p = write_study(folder, "my-mse-cli", 'loader = "mydata:halves"', "regressor", loss="mse", metric="val_loss",
+                    steps=40)
+    p.write_text(p.read_text() + '\n[search.space]\nmean_interval = { kind = "log-float", low = 2.0, high = 50.0 }\n')
+    r = evomerge("run", "--study", str(p), "--policy", "fedavg", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "consensus val loss (mse)" in r.stdout and "accuracy" not in r.stdout
+    assert re.search(r"execution\s.*(loop|stacked) \(", r.stdout), r.stdout
+    r = evomerge("search", "--study", str(p), "--n-trials", "2", "--reevaluate", "1", "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    assert "val loss (min)" in r.stdout and re.search(r"^verdict: ", r.stdout, re.M), r.stdout
+    assert " val loss" in r.stdout.split("verdict:")[1] and "accuracy" not in r.stdout
+    r = evomerge("dashboard", "--study", str(p), "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "dash"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "dash" / "index.html").read_text()
+    assert "validation loss" in html and "validation accuracy" not in html

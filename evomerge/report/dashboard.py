@@ -242,11 +242,16 @@ def transfer_text(result: dict) -> str:
 def curves_figure(best: dict, baselines: list[dict]):
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("validation accuracy", "consensus distance", "accuracy against MB sent"))
     from plotly.colors import qualitative
 
     series = [(f"best: trial {best['number']}", best["history"])] + [(b["name"], b["history"]) for b in baselines if b.get("history")]
     series = [(n, h) for n, h in series if h]
+    # the curve of what the task has: accuracy where there are classes, else perplexity (a language model) or loss
+    metric = next((m for m in ("val_accuracy", "val_perplexity", "val_loss")
+                   if series and all(any(v is not None for v in h.get(m) or []) for _, h in series)), "val_accuracy")
+    what = {"val_accuracy": "accuracy", "val_perplexity": "perplexity", "val_loss": "loss"}[metric]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(f"validation {what}", "consensus distance",
+                                                        f"{what} against MB sent"))
     # on a simulated cluster the curves are drawn against simulated seconds
     timed = bool(series) and all(h.get("sim_time") for _, h in series)
     xkey, xtitle = ("sim_time", "simulated seconds") if timed else ("step", "local steps")
@@ -260,10 +265,10 @@ def curves_figure(best: dict, baselines: list[dict]):
         color = qualitative.Plotly[i % len(qualitative.Plotly)]  # one colour per policy in every panel
         common = dict(name=name, legendgroup=name, mode="lines+markers", line=dict(width=3 if i == 0 else 1.5, color=color),
                       marker=dict(color=color))
-        fig.add_scatter(x=h[xkey], y=h["val_accuracy"], row=1, col=1, **common)
+        fig.add_scatter(x=h[xkey], y=h.get(metric), row=1, col=1, **common)
         fig.add_scatter(x=h[xkey], y=[distance(v) for v in h["consensus_distance"]], row=1, col=2, showlegend=False,
                         **common)
-        fig.add_scatter(x=[b / 1e6 if b > 0 else mb_floor for b in h["bytes"]], y=h["val_accuracy"], row=1, col=3,
+        fig.add_scatter(x=[b / 1e6 if b > 0 else mb_floor for b in h["bytes"]], y=h.get(metric), row=1, col=3,
                         showlegend=False, text=[f"{b / 1e6:,.3f} MB" for b in h["bytes"]], **common)
     fig.update_xaxes(title_text=xtitle, row=1, col=1)
     fig.update_xaxes(title_text=xtitle, row=1, col=2)

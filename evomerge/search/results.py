@@ -17,7 +17,8 @@ from ..errors import ConfigError
 from ..study import Study
 
 RUN_STATUS, DIVERGED = "run_status", "diverged"
-CURVE_KEYS = ("step", "val_accuracy", "consensus_distance", "bytes", "sim_time")  # sim_time: [environment] only
+CURVE_KEYS = ("step", "val_accuracy", "val_loss", "val_perplexity", "consensus_distance", "bytes",
+              "sim_time")  # sim_time: [environment] only; accuracy: tasks with classes; perplexity: language models
 SUMMARY_KEYS = ("val_accuracy", "val_loss", "val_perplexity", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
                 "bytes", "merges", "local_steps", "wall_time", "sim_time", "time_to_target", "accuracy_at_time",
                 "loss_at_time", "perplexity_at_time")
