@@ -333,6 +333,10 @@ def cmd_run(args) -> int:
         print(note)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
+    replay = (exported or {}).get("execution") or ""
+    if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
+        # the strategy the trial ran with: the same numbers, not only the same to float tolerance
+        setup.model.execution, setup.model.execution_reason = replay.split()[0], "as the exported trial ran"
     from .backends import check_model
 
     check_model(args.backend, setup.model)
@@ -365,9 +369,11 @@ def cmd_run(args) -> int:
         t.add_row(name, value)
     _console().print(t)
     if exported and str(seed) in exported.get("metrics_per_seed", {}):
-        want = exported["metrics_per_seed"][str(seed)]["val_accuracy"]
-        same = "matches" if want == f.val_accuracy else "DIFFERS from"
-        print(f"validation accuracy {same} trial {exported['trial']} of {exported['study']} (seed {seed}: {want:.4f})")
+        key, what = ("val_accuracy", "validation accuracy") if f.val_accuracy is not None else ("val_loss", "validation loss")
+        want = exported["metrics_per_seed"][str(seed)].get(key)
+        if want is not None:
+            same = "matches" if want == getattr(f, key) else "DIFFERS from"
+            print(f"{what} {same} trial {exported['trial']} of {exported['study']} (seed {seed}: {want:.4f})")
     if args.json_out:
         out = res.to_dict() | {"study": study.name}
         Path(args.json_out).write_text(json.dumps(out, indent=2))

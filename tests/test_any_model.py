@@ -430,6 +430,17 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     assert "val loss (min)" in r.stdout and re.search(r"^verdict: ", r.stdout, re.M), r.stdout
     assert " val loss" in r.stdout.split("verdict:")[1] and "accuracy" not in r.stdout
+    # the export replays: the same strategy, the same validation loss
+    r = evomerge("export", "--study", str(p), "--runs-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "best.json"))
+    assert r.returncode == 0, r.stderr
+    import json
+
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["execution"].split()[0] in ("stacked", "loop")
+    r = evomerge("run", "--study", str(p), "--policy", str(tmp_path / "best.json"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^validation loss matches trial \d+ of my-mse-cli", r.stdout, re.M), r.stdout
+    assert "as the exported trial ran" in r.stdout
     r = evomerge("dashboard", "--study", str(p), "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "dash"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "dash" / "index.html").read_text()

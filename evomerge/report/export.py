@@ -35,6 +35,8 @@ def export_document(summary: dict, study: Study) -> dict:
         "run": {"optimizer": study.run.optimizer} | {k: (summary.get("run") or {}).get(k, getattr(study.run, k))
                                                      for k in RUN_SEARCHABLE},
         "run_searched": sorted(summary.get("run") or {}),
+        # how the workers' steps ran (models.generic): `evomerge run --policy` runs the same strategy
+        "execution": summary.get("execution"),
     }
 
 
