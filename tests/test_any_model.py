@@ -445,3 +445,28 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "dash" / "index.html").read_text()
     assert "validation loss" in html and "validation accuracy" not in html
+
+
+def test_the_loop_writes_the_same_gradients_into_the_stack_as_vmap():
+    """The loop's copies hold views of the stacked rows and of the gradient stack: one step of each strategy gives
+    the same gradients in the stack (autograd accumulates into the views in place), the same BatchNorm statistics,
+    and a second call on another stack of rows (a sub-stack, as the clock takes one) rebinds the copies."""
+    def build():
+        return nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+    model = GenericModel(build, (12,), 3)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 6, 12, generator=g), torch.randint(0, 3, (4, 6), generator=g)
+    out = {}
+    for execution in ("stacked", "loop", "loop-again"):
+        st = model.stack(4)
+        st.set_rows(torch.stack([model.init(torch.Generator().manual_seed(w)) for w in range(4)]))
+        grads = st.like()
+        grads.buf.fill_(7.0)  # stale values must not leak into the result
+        losses = model.loss_and_grad(st.params, x, y, grads.params, execution=execution.removesuffix("-again"))
+        out[execution] = (grads.rows(), st.rows(), losses)
+    for execution in ("loop", "loop-again"):
+        assert torch.allclose(out[execution][0], out["stacked"][0], atol=1e-6)
+        assert torch.allclose(out[execution][1], out["stacked"][1], atol=1e-6)  # running statistics, counters
+        assert torch.allclose(out[execution][2], out["stacked"][2], atol=1e-6)
+    assert out["loop"][0][:, :model.n_train].abs().sum() > 0
