@@ -389,10 +389,15 @@ def _time_rows(study, f) -> list[tuple[str, str]]:
             ("staleness (last round)", f"{f.staleness:.3g} s")]
     if study.target is not None:
         reached = f.time_to_target <= (env.time_budget or f.sim_time)
-        rows.append((f"time to {study.target:g} val acc", f"{f.time_to_target:.4g} s" if reached else
+        what = {"val_accuracy": "val acc", "mean_worker_accuracy": "mean worker acc", "val_loss": "val loss",
+                "val_perplexity": "val perplexity"}.get(study.target_metric, study.target_metric)
+        rows.append((f"time to {study.target:g} {what}", f"{f.time_to_target:.4g} s" if reached else
                      f"not reached (ranked as {f.time_to_target:.4g} s)"))
-    rows.append(("accuracy at " + (f"the {env.time_budget:g} s budget" if env.time_budget else "the end"),
-                 f"{f.accuracy_at_time:.4f}"))
+    at = "the " + (f"{env.time_budget:g} s budget" if env.time_budget else "end")
+    for name, v in (("accuracy", f.accuracy_at_time), ("perplexity", f.perplexity_at_time), ("loss", f.loss_at_time)):
+        if v is not None:
+            rows.append((f"{name} at {at}", f"{v:.4f}"))
+            break
     return rows
 
 

@@ -12,7 +12,8 @@ reference loops and the calibration.
 - ``mse``: float targets of exactly the output's shape (never broadcast); an example's loss is the mean of its
   squared errors.
 - ``"module:function"``: the user's ``fn(output [B, ...], target [B, ...]) -> [B]`` per-example losses, resolved
-  by reference in every process as the model factory is.
+  by reference in every process as the model factory is; its targets are what the data holds (float targets, or
+  integer classes for a loss of the user's own such as a focal loss), and its outputs need not match their shape.
 
 Only cross-entropy is a likelihood: fields built on ``exp(-loss)`` (data confidence) need it (:meth:`Task.refuse`).
 """
@@ -85,9 +86,14 @@ class Task:
             self.per_position = y.dim() == 2
             self.ignores = bool((y == IGNORE).any())
             self.top = int(y.max()) if len(y) else 0
-        elif not y.dtype.is_floating_point:
+        elif self.fn is None and not y.dtype.is_floating_point:
             raise ConfigError(FIELD, f"{self.loss!r} takes float targets; the data's labels are {y.dtype}; allowed: "
                                      "float targets, or loss 'cross_entropy' for integer classes")
+
+    def note_ignored(self, y: torch.Tensor) -> None:
+        """Labels ``-100`` elsewhere than in training (the validation split): counted out there too."""
+        if self.classification and not y.dtype.is_floating_point and len(y):
+            self.ignores = self.ignores or bool((y == IGNORE).any())
 
     def check_output(self, out: torch.Tensor, y: torch.Tensor, what: str) -> None:
         """One example batch's output ``out`` ``[B, ...]`` against its labels ``y`` ``[B, ...]``."""
@@ -102,11 +108,17 @@ class Task:
                 raise ConfigError("study.model.factory", f"{what} returns {out.shape[-1]} logits but the data hold "
                                                          f"class {top}; expected at least {top + 1}")
             return
-        if tuple(out.shape) != tuple(y.shape):
+        if self.fn is None and tuple(out.shape) != tuple(y.shape):
             raise ConfigError(FIELD, f"{self.loss!r}: the model's outputs have shape {list(out.shape)} and the "
                                      f"targets {list(y.shape)}; they must match exactly (no broadcasting)")
-        if self.fn is not None:
-            got = self.fn(out.float(), y)
+        if self.fn is not None:  # the user's function takes what it takes (float targets, or classes)
+            try:
+                got = self.fn(out.float(), y)
+            except Exception as e:  # noqa: BLE001 - the user's code: one line naming the field
+                from .userref import one_line
+
+                raise ConfigError(FIELD, f"{self.loss} raised {one_line(e)} on outputs of shape {list(out.shape)} and "
+                                         f"targets {y.dtype} of shape {list(y.shape)}") from None
             if not isinstance(got, torch.Tensor) or tuple(got.shape) != (len(y),):
                 shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 raise ConfigError(FIELD, f"{self.loss} returned {shape} for a batch of {len(y)}; expected per-example "
@@ -150,10 +162,9 @@ class Task:
 
     def summary(self, out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``(summed loss [W], correct [W] or None, count [W])`` of outputs ``[W, N, ...]`` against labels
-        ``[N, ...]`` shared by every row (or ``[W, N, ...]``), counted per position for per-position labels."""
+        ``[N, ...]`` shared by every row, counted per position for per-position labels."""
         W = out.shape[0]
-        if y.dim() == out.dim() - (2 if self.classification else 1):  # one set of labels for every row
-            y = y.unsqueeze(0).expand(W, *y.shape)
+        y = y.unsqueeze(0).expand(W, *y.shape)  # one set of labels for every row
         if self.classification:
             nll = self._nll(out, y).reshape(W, -1)
             valid = (y != IGNORE).reshape(W, -1)

@@ -19,6 +19,7 @@ from torch import nn
 from evomerge import simulate
 from evomerge.backends.population import Member, run_population
 from evomerge.engine.schedule import layer_keys
+from evomerge.engine.state import initial_row
 from evomerge.errors import ConfigError
 from evomerge.models.generic import GenericModel
 from evomerge.policy import MergePolicy
@@ -75,6 +76,16 @@ def huber(out, y):
 
 def not_per_example(out, y):
     return F.mse_loss(out, y)
+
+
+def raises(out, y):
+    return out[:, 99]
+
+
+def focal(out, y):
+    """A loss of the user's own on class labels."""
+    logp = out.log_softmax(1).gather(1, y.unsqueeze(1)).squeeze(1)
+    return -(1 - logp.exp()) ** 2 * logp
 '''
 # real text: a fixed list of the Python standard library's sources (the test's own corpus, split by file)
 CORPUS = [importlib.import_module(m).__file__ for m in ("textwrap", "string", "shlex", "glob", "fnmatch", "bisect",
@@ -272,6 +283,8 @@ def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(fo
      r"'stacked' cannot batch mymodels:rnn over workers with torch.func.vmap \(layer 'rnn': RuntimeError: Batching "
      r"rule not implemented for aten::gru.input.*\); allowed: auto or loop"),
     (dict(execution="fast"), "study.model.execution", r"'fast'.*auto, stacked, loop"),
+    (dict(loss="mydata:raises"), "study.run.loss",
+     r"mydata:raises raised IndexError: .* on outputs of shape \[4, 10\] and targets torch.int64 of shape \[4\]"),
     (dict(extra="[policy]\ndata_exchange_k = 4", data='loader = "mydata:halves"', factory="regressor", loss="mse",
           metric="val_loss"), "study.policy.data_exchange_k", r"needs loss 'cross_entropy'"),
 ])
@@ -470,3 +483,47 @@ def test_the_loop_writes_the_same_gradients_into_the_stack_as_vmap():
         assert torch.allclose(out[execution][1], out["stacked"][1], atol=1e-6)  # running statistics, counters
         assert torch.allclose(out[execution][2], out["stacked"][2], atol=1e-6)
     assert out["loop"][0][:, :model.n_train].abs().sum() > 0
+
+
+def test_a_users_loss_takes_class_labels_and_frozen_layers_stay_frozen_under_both_strategies(folder):
+    setup = simulate.prepare(load(write_study(folder, "my-focal", 'loader = "mydata:images"', "dropout_mlp",
+                                              loss="mydata:focal", metric="val_loss", steps=60)))
+    res = simulate.simulate(setup, MergePolicy(), 0, device="cpu")
+    assert res.status == "ok" and res.final.val_accuracy is None and res.final.val_loss < res.history[0].val_loss
+    rows = {}
+    for execution in ("stacked", "loop"):
+        s = simulate.prepare(load(write_study(folder, f"my-frozen-{execution}", 'loader = "mydata:images"',
+                                              "frozen_first_layer", steps=20, execution=execution)))
+        assert s.model.frozen == [0]
+        rows[execution] = simulate.simulate(s, MergePolicy(), 0, device="cpu", keep_params=True).params
+        n = 784 * 32
+        assert torch.equal(rows[execution][:, :n], initial_row(s.model, 0)[:n].expand(4, -1))  # never trained
+    assert torch.allclose(rows["stacked"], rows["loop"], atol=1e-5)
+
+
+def test_random_numbers_drawn_in_forward_are_found_and_keyed(folder):
+    setup = simulate.prepare(load(write_study(folder, "my-fdropout", 'loader = "mydata:images"', "FunctionalDropout",
+                                              steps=20)))
+    assert setup.model.random and setup.model.execution == "loop"
+    a = simulate.simulate(setup, MergePolicy(), 0, device="cpu", keep_params=True)
+    b = simulate.simulate(setup, MergePolicy(), 0, device="cpu", keep_params=True)
+    assert torch.equal(a.params, b.params)
+
+
+@pytest.mark.system
+def test_evomerge_run_on_a_timed_regression_study_shows_the_loss_at_the_budget(folder, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    p = write_study(folder, "my-timed-cli", 'loader = "mydata:halves"', "regressor", loss="mse", metric="val_loss",
+                    steps=40)
+    p.write_text(p.read_text().replace('metrics = ["val_loss"]', 'metrics = ["time_to_target", "loss_at_time"]\n'
+                                       'target_metric = "val_loss"\ntarget = 0.1')
+                 + "\n[environment]\nstep_time = 0.1\ntime_budget = 4.0\n")
+    r = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", str(p), "--policy", "ring-gossip",
+                        "--quiet"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"time to 0\.1 val loss\s.*\d s", r.stdout) and re.search(r"loss at the 4 s budget\s.*0\.\d{4}", r.stdout), r.stdout
+    assert "accuracy" not in r.stdout

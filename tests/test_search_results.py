@@ -173,3 +173,22 @@ def test_a_multi_objective_ranking_takes_pareto_layers_first():
     assert [x.number for x in ranked] == [5, 1, 2, 3, 4, 0]  # front {5, 1, 2}; then {3, 4}; then {0}
     # one objective: by its value
     assert [x.number for x in results.rank_trials(trials, ["maximize"])] == [5, 1, 3, 0, 2, 4]
+
+
+def test_a_diverged_loss_objective_is_the_worst_value_and_the_trial_stays_complete():
+    """A loss or perplexity that is NaN (a diverged run) is told to Optuna as +inf: a NaN would fail the trial,
+    and a diverged trial must stay COMPLETE for the sampler to learn from it. Accuracy keeps its own value."""
+    import math
+
+    import optuna
+
+    from evomerge import study as study_mod
+    from evomerge.search.results import objective_values
+
+    st = study_mod.from_dict({"study": {"name": "t"}, "objectives": {"metrics": ["val_loss", "bytes"]}})
+    assert objective_values(st, [{"val_loss": float("nan"), "bytes": 10}]) == [math.inf, 10.0]
+    assert objective_values(st, [{"val_loss": 0.5, "bytes": 10}, {"val_loss": 0.7, "bytes": 20}]) == [0.6, 15.0]
+    o = optuna.create_study(directions=["minimize", "minimize"])
+    t = o.ask()
+    o.tell(t, objective_values(st, [{"val_loss": float("nan"), "bytes": 10}]))
+    assert o.trials[0].state == optuna.trial.TrialState.COMPLETE

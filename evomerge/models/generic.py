@@ -139,6 +139,9 @@ class GenericModel(StackedModel):
         self.timings: dict[str, float] = {}  # auto's measured seconds per step of each strategy
         self.random = has_random_layers(self.template)
         self._reps: list = []  # the loop's copies of the module (models.generic._replicas)
+        self._device = torch.device("cpu")  # where the template and the copies live (their own buffers: a mask)
+        # parameters the user froze (requires_grad=False): no gradient under either strategy
+        self.frozen = [i for i, (_, t) in enumerate(params) if not t.requires_grad]
         self.counters = frozenset(len(params) + i for i, (_, t) in enumerate(buffers) if not t.is_floating_point())
         self.names = [n for n, _ in layout]
         self.buffer_names = [n for n, _ in buffers]
@@ -166,9 +169,9 @@ class GenericModel(StackedModel):
         # strategy this process chose (so every rank runs the same one)
         if self.ref is not None:
             return (_rebuild, (self.ref, self.options, self.base_dir, self.input_shape, self.n_classes,
-                               self.execution_asked, self.execution, self.task))
+                               self.execution_asked, self.execution, self.task, self.random))
         return (_rebuild_builder, (self.builder, self.input_shape, self.n_classes, self.execution_asked,
-                                   self.execution, self.task))
+                                   self.execution, self.task, self.random))
 
     def _what(self) -> str:
         return self.ref or getattr(self.builder, "__name__", "the factory")
@@ -199,6 +202,24 @@ class GenericModel(StackedModel):
             return self.row_of(self._build())
 
     # -- compute --------------------------------------------------------------------------------
+    def _place(self, device: torch.device) -> None:
+        """The template and the loop's copies on the run's device: their non-persistent buffers (a causal mask)
+        are the module's own, not rows of the stack, and must be where the stack is."""
+        if self._device != device:
+            self.template.to(device)
+            self._reps = []
+            self._device = device
+
+    @staticmethod
+    def _seed(device: torch.device, key: int) -> None:
+        """Seed the generator random layers on ``device`` draw from, and only that one (``torch.manual_seed``
+        would seed every CUDA device, outside the forked state)."""
+        if device.type == "cuda":
+            torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()] \
+                .manual_seed(key)
+        else:
+            torch.default_generator.manual_seed(key)
+
     def _seeded(self, train: bool, keys, device):
         """torch's generator forked for a training forward of a model with random layers (the caller's and
         the process's generator are left as they were); None where no random numbers are drawn."""
@@ -210,13 +231,14 @@ class GenericModel(StackedModel):
     def _call(self, params: list[torch.Tensor], x: torch.Tensor, train: bool, x_dim: int | None,
               keys=None, execution: str | None = None) -> torch.Tensor:
         execution = execution or self.execution
+        self._place(params[0].device)
         self.template.train(train)
         fork = self._seeded(train, keys, params[0].device)
         with fork if fork is not None else nullcontext():
             if execution == "loop":
                 return self._loop([p.detach() for p in params], x, x_dim, keys if fork is not None else None, train)
             if fork is not None:
-                torch.manual_seed(int(keys[0]) if keys is not None else 0)
+                self._seed(params[0].device, int(keys[0]) if keys is not None else 0)
             return self._vmapped(params, x, x_dim, "different" if fork is not None else "error")
 
     def _vmapped(self, params, x, x_dim, randomness: str) -> torch.Tensor:
@@ -258,7 +280,7 @@ class GenericModel(StackedModel):
                 v = params[i][w]
                 if p.data_ptr() != v.data_ptr() or p.shape != v.shape:
                     p.data = v
-                if grads is not None:
+                if grads is not None and p.requires_grad:
                     g = grads[i][w]
                     if p.grad is None or p.grad.data_ptr() != g.data_ptr():
                         p.grad = g
@@ -267,7 +289,7 @@ class GenericModel(StackedModel):
             for j, (sub, name) in enumerate(slots):
                 sub._buffers[name] = params[k + j][w]
             if keys is not None:
-                torch.manual_seed(int(keys[w]))
+                self._seed(params[0].device, int(keys[w]))
             outs.append(m(x[w] if x_dim == 0 else x))
         return torch.stack(outs)
 
@@ -280,6 +302,7 @@ class GenericModel(StackedModel):
         place (the buffer blocks of ``params``); gradients of the trained parameters into ``grads``.
         ``keys``: one per row, seeding the row's random layers (:func:`evomerge.engine.schedule.layer_keys`)."""
         k = self.n_trained_blocks
+        self._place(params[0].device)
         # the buffers are updated on copies, written back after the backward: the stack's blocks share
         # one version counter, and an in-place write into it would void the saved parameters
         buffers = [b.clone() for b in params[k:]]
@@ -299,6 +322,8 @@ class GenericModel(StackedModel):
             losses, objective = self.task.train_losses(out, y)
             for g, gl in zip(grads, torch.autograd.grad(objective.sum(), leaves)):
                 g.copy_(gl)
+            for i in self.frozen:  # as the loop's copies leave them: the user froze them
+                grads[i].zero_()
         for b, new in zip(params[k:], buffers):
             b.copy_(new)
         return losses.detach()
@@ -343,6 +368,10 @@ class GenericModel(StackedModel):
         self.task.check_output(out[0], y, self._what())
         asked = self.execution_asked
         stacked = None if asked == "loop" else trial("stacked")
+        if stacked is not None and "random" in stacked and not self.random:
+            # random numbers drawn where no dropout module shows them (F.dropout, torch.rand in forward): keyed too
+            self.random = True
+            stacked = trial("stacked")
         if asked == "stacked" and stacked is not None:
             raise ConfigError(EXECUTION, f"'stacked' cannot batch {self._what()} over workers with torch.func.vmap "
                                          f"({stacked}); allowed: auto or loop")
@@ -389,15 +418,15 @@ class GenericModel(StackedModel):
                       f"loop {best['loop'] * 1e3:.1f} ms per step")
 
 
-def _rebuild(ref, options, base_dir, input_shape, n_classes, asked, execution, task) -> GenericModel:
+def _rebuild(ref, options, base_dir, input_shape, n_classes, asked, execution, task, random) -> GenericModel:
     model = GenericModel.from_ref(ref, options, base_dir, input_shape, n_classes, asked, task)
-    model.execution = execution
+    model.execution, model.random = execution, random
     return model
 
 
-def _rebuild_builder(builder, input_shape, n_classes, asked, execution, task) -> GenericModel:
+def _rebuild_builder(builder, input_shape, n_classes, asked, execution, task, random) -> GenericModel:
     model = GenericModel(builder, input_shape, n_classes, execution=asked)
-    model.execution, model.task = execution, task
+    model.execution, model.task, model.random = execution, task, random
     return model
 
 

@@ -149,9 +149,12 @@ def pareto_2d(points: list[tuple[float, float, Any]], direction: str = "maximize
 
 
 def tradeoff_metric(study: Study) -> str:
-    """What the trade-off picture sets against bytes: the study's first objective (accuracy when that is bytes)."""
+    """What the trade-off picture sets against bytes: the study's first objective (accuracy when that is bytes, or
+    the loss for a task without classes)."""
     first = study.objectives[0]
-    return "val_accuracy" if first == "bytes" else first
+    if first != "bytes":
+        return first
+    return "val_accuracy" if study.run.loss == "cross_entropy" else "val_loss"  # a task without classes: its loss
 
 
 def tradeoff_figure(summaries: list[dict], baselines: list[dict], metric: str = "val_accuracy"):

@@ -10,6 +10,7 @@ Pareto set: a run that stopped early has sent few bytes and would look Pareto-op
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -192,7 +193,13 @@ def trial_summary(t, study: Study) -> dict:
 
 # -- what a run's metrics become -------------------------------------------------------------
 def objective_values(study: Study, finals: list[dict]) -> list[float]:
-    return [statistics.fmean(float(f[o]) for f in finals) for o in study.objectives]
+    """Each objective's mean over seeds. A loss or perplexity that is not a number (a diverged run's) is the worst
+    value, +inf: Optuna fails a trial told NaN, and a diverged trial must stay COMPLETE for the sampler to learn."""
+    out = []
+    for o, d in zip(study.objectives, study.directions):
+        v = statistics.fmean(float(f[o]) for f in finals)
+        out.append(math.inf if d == "minimize" and v != v else v)
+    return out
 
 
 def summarise(finals: list[dict]) -> dict[str, float]:

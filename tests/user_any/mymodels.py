@@ -87,3 +87,20 @@ def regressor():
     return nn.Sequential(nn.Flatten(), nn.Linear(392, 32), nn.ReLU(), nn.Linear(32, 1))
 
 
+
+
+class FunctionalDropout(nn.Module):
+    """Dropout drawn with F.dropout in forward: no dropout module shows it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(784, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(self.fc1(x.flatten(1)).relu(), 0.3, self.training))
+
+
+def frozen_first_layer():
+    m = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+    m[1].weight.requires_grad_(False)  # a user freezes a layer
+    return m
