@@ -140,6 +140,7 @@ class GenericModel(StackedModel):
         self.random = has_random_layers(self.template)
         self._reps: list = []  # the loop's copies of the module (models.generic._replicas)
         self._device = torch.device("cpu")  # where the template and the copies live (their own buffers: a mask)
+        self._probe = None  # auto's timed choice: a few examples to time it again on another device
         # parameters the user froze (requires_grad=False): no gradient under either strategy
         self.frozen = [i for i, (_, t) in enumerate(params) if not t.requires_grad]
         self.counters = frozenset(len(params) + i for i, (_, t) in enumerate(buffers) if not t.is_floating_point())
@@ -209,6 +210,14 @@ class GenericModel(StackedModel):
             self.template.to(device)
             self._reps = []
             self._device = device
+            probe = self._probe
+            if probe is not None and device.type != probe[0].device.type:
+                # auto was timed on the data's device (the CPU) at setup: time it again where the run is
+                x, y, workers, batch = probe
+                key = (workers, batch, device.type)
+                if key not in self._chosen:
+                    self._chosen[key] = self._time(x.to(device), y.to(device), workers, batch)
+                self.execution, self.execution_reason = self._chosen[key]
 
     @staticmethod
     def _seed(device: torch.device, key: int) -> None:
@@ -390,6 +399,7 @@ class GenericModel(StackedModel):
                 self._chosen[key] = ("loop", "random layers: each worker's masks from its own key")
             else:
                 self._chosen[key] = self._time(x, y, workers, batch or len(x))
+                self._probe = (x, y, workers, batch or len(x))
         self.execution, self.execution_reason = self._chosen[key]
 
     def _time(self, x, y, workers: int, batch: int) -> tuple[str, str]:
