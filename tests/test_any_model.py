@@ -493,7 +493,8 @@ def test_a_users_loss_takes_class_labels_and_frozen_layers_stay_frozen_under_bot
     rows = {}
     for execution in ("stacked", "loop"):
         s = simulate.prepare(load(write_study(folder, f"my-frozen-{execution}", 'loader = "mydata:images"',
-                                              "frozen_first_layer", steps=20, execution=execution)))
+                                              "frozen_first_layer", steps=20, execution=execution,
+                                              extra="weight_decay = 0.1")))  # decay must not move them either
         assert s.model.frozen == [0]
         rows[execution] = simulate.simulate(s, MergePolicy(), 0, device="cpu", keep_params=True).params
         n = 784 * 32

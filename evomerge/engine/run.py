@@ -68,7 +68,11 @@ def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor,
     if losses is None:
         losses = (model.loss_and_grad(st.params.params, x, y, st.grad.params, keys=keys) if keys is not None
                   else model.loss_and_grad(st.params.params, x, y, st.grad.params))
+        frozen = getattr(model, "frozen", None)  # parameters the user froze: weight decay must not move them either
+        kept = [st.params.params[i].clone() for i in frozen] if frozen else None
         st.optim.step(st.params, st.grad, st.accum, segments=segments)
+        for i, t in zip(frozen or [], kept or []):
+            st.params.params[i].copy_(t)
     kernel.score_step_(st.score, st.score_weight, losses.mean(1))
     return losses
 
