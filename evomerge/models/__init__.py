@@ -117,16 +117,17 @@ class StackedModel:
         raise NotImplementedError
 
 
+def state_buffer_slots(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """Where the module's state buffers live: (full name, owning submodule, attribute name), in order."""
+    return [(f"{prefix}.{name}" if prefix else name, m, name) for prefix, m in module.named_modules()
+            for name, b in m._buffers.items() if b is not None and name not in m._non_persistent_buffers_set]
+
+
 def state_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The module's buffers that are part of its state (running statistics, counters): the persistent ones.
     A non-persistent buffer (a causal mask, a table of constants) is not trained, merged or sent; it stays
     the module's own."""
-    out = []
-    for prefix, m in module.named_modules():
-        for name, b in m._buffers.items():
-            if b is not None and name not in m._non_persistent_buffers_set:
-                out.append((f"{prefix}.{name}" if prefix else name, b))
-    return out
+    return [(full, m._buffers[name]) for full, m, name in state_buffer_slots(module)]
 
 
 def load_row(module: nn.Module, row: torch.Tensor) -> nn.Module:

@@ -53,7 +53,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from ..errors import ConfigError
-from . import StackedModel, state_buffers
+from . import StackedModel, state_buffer_slots, state_buffers
 from ..userref import one_line, resolve
 
 FIELD = "study.model.factory"
@@ -267,12 +267,7 @@ class GenericModel(StackedModel):
         buffers: the loop binds them to views of the stacked rows at every call."""
         while len(self._reps) < W:
             m = copy.deepcopy(self.template)
-            slots = []
-            for prefix, sub in m.named_modules():
-                for name, b in sub._buffers.items():
-                    if b is not None and name not in sub._non_persistent_buffers_set:
-                        slots.append((sub, name))
-            self._reps.append((m, list(m.parameters()), slots))
+            self._reps.append((m, list(m.parameters()), [(sub, name) for _, sub, name in state_buffer_slots(m)]))
         return self._reps[:W]
 
     def _loop(self, params, x, x_dim, keys, train: bool = False, grads=None) -> torch.Tensor:
