@@ -58,6 +58,8 @@ MIN_SPELLS = 3  # fewer spells than this are no clear tail: no straggle_* fields
 MAX_SLOW = 0.3  # nor when more than this fraction of the steps are slow (the median itself is then unclear)
 SITE_GAP = 1.5  # sites: every inside link this many times better than every between link (latency or bandwidth)
 FITS = ("lognormal", "pareto")
+LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themselves is fitted on those alone
+POOL_LIKE = 2.0  # else on the flows at its ends, among the links whose own fits are within this factor of its own
 PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
 FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
 DEFAULTS = dict(steps=50, warmup=5, repeats=5, all_pairs_up_to=16, seed=0, timeout=600.0)
@@ -418,7 +420,13 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
     the send's and the receive's posting (wall-clock times, so the ranks' clocks must agree: one host, or
     synchronised hosts). With one payload size a link's latency cannot be told from its bandwidth: latency is
     0 and the bandwidth is the bytes over the median duration (what a transfer costs, per-message costs
-    included); with two or more sizes (compressed payloads) both are fitted by least squares. Without
+    included). A message waits for the one before it on its link (:func:`queued`), and durations are counted as
+    alone (:func:`alone_times`); a link with ``LONE_ENOUGH`` transfers that
+    had both ends to themselves is fitted on those alone, since the shares the others had are a model (TCP is
+    only roughly fair, and a deep queue serves first come); another link is fitted on the transfers through its
+    two ends (the geometric mean of each end's bytes over its median alone-time, among the end's links whose own
+    fits are within ``POOL_LIKE`` of its own), where the uneven splits cancel. With two or more sizes
+    (compressed payloads) both are fitted by least squares. Without
     point-to-point transfers (all-reduce policies), every link gets the bandwidth of the fastest rank's view of
     the all-reduces: ``2 (W-1)/W bytes`` over the median of each all-reduce's shortest time."""
     d = Path(directory)
@@ -480,9 +488,19 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                 continue
             start = max(sends[key], float(x.get("posted", sends[key])))
             transfers.append((key[0], key[1], int(x["bytes"]), start, max(start, float(x["arrived"]))))
+    transfers = queued(transfers)
     alone = alone_times(transfers)
+    lone_link: dict[tuple[int, int], list[tuple[int, float]]] = {}
     for (i, j, b, t0, t1), tau in zip(transfers, alone):
         per_link.setdefault((i, j), []).append((b, tau))
+        if tau >= (t1 - t0) * (1 - 1e-9):
+            lone_link.setdefault((i, j), []).append((b, tau))
+    every = dict(per_link)
+    n_lone_links = 0
+    for k, xs in lone_link.items():
+        if len(xs) >= LONE_ENOUGH and len({b for b, _ in xs}) == len({b for b, _ in per_link[k]}):
+            per_link[k] = xs  # a link seen alone often enough is measured by those transfers alone
+            n_lone_links += 1
     lat = [[None] * W for _ in range(W)]
     bw = [[None] * W for _ in range(W)]
     samples = [[0] * W for _ in range(W)]
@@ -503,10 +521,33 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
             med = _median([s for _, s in xs])
             lat[i][j] = 0.0
             bw[i][j] = sizes[-1] / med if med > 0 else math.inf
+    # a link never seen alone often enough: how the time it shared splits between the flows at an end is the least
+    # certain part (TCP is only roughly fair, and a deep queue serves its bytes first come), but the flows at an end
+    # together are much less so: fitted per end, the bytes over the median alone-time of the transfers through it,
+    # among its links that look alike (own fits within POOL_LIKE of each other: a slower site's links are not
+    # pooled with a faster one's), and the link gets the geometric mean of its two ends
+    own = {k: bw[k[0]][k[1]] for k in per_link}
+    n_pooled = 0
+    for (i, j), xs in per_link.items():
+        if per_link[(i, j)] is lone_link.get((i, j)) or len({b for b, _ in xs}) > 1 or not 0 < own[(i, j)] < math.inf:
+            continue  # fitted on its lone transfers, or on two sizes (latency and bandwidth), or not at all
+        ends = []
+        for at in (0, 1):
+            ks = [k for k in every if k[at] == (i, j)[at] and 0 < own[k] < math.inf
+                  and max(own[k], own[(i, j)]) <= POOL_LIKE * min(own[k], own[(i, j)])]
+            t = _median([x for k in ks for _, x in every[k]]) if ks else 0.0
+            if t > 0:
+                ends.append(xs[0][0] / t)
+        if len(ends) == 2:
+            bw[i][j] = math.sqrt(ends[0] * ends[1])
+            n_pooled += 1
     n_alone = sum(1 for (_, _, _, t0, t1), tau in zip(transfers, alone) if tau >= (t1 - t0) * (1 - 1e-9))
-    notes = [f"transfers: a receive's arrival less the later of its send and its posting (wall clock), per link, "
-             f"counted as alone (the transfers in flight together share their ends max-min fairly); {n_alone} of "
-             f"{len(transfers)} had both ends to themselves"]
+    notes = [f"transfers: a receive's arrival less the later of its send, its posting and the arrival of the one "
+             f"before it on its link (wall clock), per link, counted as alone (the transfers in flight together share their ends max-min fairly); {n_alone} of "
+             f"{len(transfers)} had both ends to themselves; {n_lone_links} of {len(per_link)} links had "
+             f"{LONE_ENOUGH} or more such and are fitted on those alone, {n_pooled} on the transfers at their two "
+             f"ends (the geometric mean of each end's bytes over its median alone-time, among its links within "
+             f"{POOL_LIKE:g}x of each other)"]
     allreduce = None
     events: dict[int, list[tuple[float, int]]] = {}
     for r, rows in enumerate(recs):
@@ -533,6 +574,20 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
                     source=f"evomerge calibrate --from-trace {d}: {W} ranks, {n_steps} steps (the first {warmup} "
                            f"of each rank left out)", notes=notes)
+
+
+def queued(transfers: list[tuple[int, int, int, float, float]]) -> list[tuple[int, int, int, float, float]]:
+    """Transfers ``(sender, receiver, bytes, start, arrival)`` with each one's start moved to the arrival of the
+    one before it on the same link if that was still in flight: messages from one rank to another go one after the
+    other (one connection per pair in gloo), so the second's wait is not a share of the link."""
+    out = list(transfers)
+    last: dict[tuple[int, int], float] = {}
+    for k in sorted(range(len(out)), key=lambda k: (out[k][3], out[k][4])):
+        i, j, b, t0, t1 = out[k]
+        t0 = min(max(t0, last.get((i, j), t0)), t1)
+        out[k] = (i, j, b, t0, t1)
+        last[(i, j)] = max(last.get((i, j), t1), t1)
+    return out
 
 
 def fair_shares(flows: list[tuple[int, int]]) -> list[float]:
