@@ -128,6 +128,10 @@ class _Merger:
         P = st.P
         self.dense_bytes = ops.payload_bytes(P)
         self.sent_bytes = ops.payload_bytes(P, policy.topk_fraction, policy.quantize_bits) if policy.payload == "delta" else self.dense_bytes
+        # the adaptive weighting's supports go dense with each gossip payload; a weighted all-reduce of weights sums
+        # three rows (the supported models, the supports, the plain models)
+        self.support_bytes = self.dense_bytes if policy.weighting == "adaptive" else 0
+        self.allreduce_rows = 3 if policy.weighting in ("adaptive", "examples") and policy.payload != "delta" else 1
         self.example_bytes = train_x[0].numel() * train_x.element_size() + 1  # pixels as stored, one label byte
         # peers drawn during the run, not from the schedule: by similarity, or in regrouped communities
         self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
@@ -223,13 +227,13 @@ class _Merger:
         from_a = self._outgoing(a_i, ev, 0)
         from_b = self._outgoing(b_i, ev, 1) if push_pull else None
         fan = self.neighbours[a_i] if p.payload == "delta" else 1
-        self.bytes += self.sent_bytes * fan
+        self.bytes += (self.sent_bytes + self.support_bytes) * fan
         sa, sb = self._support(a_i), self._support(b_i)
         sa = sa.clone() if isinstance(sa, torch.Tensor) else sa
         sb = sb.clone() if isinstance(sb, torch.Tensor) else sb
         _lerp_row_(st.params, b_i, from_a, ops.incoming_weight(move_b, sb, sa), st.merge_change)
         if push_pull:
-            self.bytes += self.sent_bytes * (self.neighbours[b_i] if p.payload == "delta" else 1)
+            self.bytes += (self.sent_bytes + self.support_bytes) * (self.neighbours[b_i] if p.payload == "delta" else 1)
             _lerp_row_(st.params, a_i, from_b, ops.incoming_weight(move_a, sa, sb), st.merge_change)
         self._merge_supports(a_i, b_i, push_pull)
 
@@ -275,4 +279,4 @@ class _Merger:
         st.merge_change.buf.add_(st.params.buf).sub_(before)
         st.examples.fill_(float(st.examples.sum()))  # counters are summed, not averaged
         # each worker uploads its payload and downloads the dense average (parameter-server accounting)
-        self.bytes += W * (self.sent_bytes + self.dense_bytes)
+        self.bytes += W * (self.sent_bytes + self.dense_bytes) * self.allreduce_rows

@@ -34,3 +34,17 @@ def test_bytes_charge_payloads_per_neighbour_for_deltas_and_two_ways_for_push_pu
     assert push.pair(0, 1) == 4 * n
     delta = Bytes(MergePolicy(exchange="push", payload="delta", topk_fraction=0.1, quantize_bits=8), n, [3, 1, 1, 1])
     assert delta.pair(0, 1) == 3 * (100 + min(400, 125) + 4)  # values, a bit mask of positions, the scale; 3 neighbours
+
+
+def test_bytes_charge_the_supports_that_travel_with_a_weighted_merge():
+    """Adaptive weighting: each gossip payload carries the sender's per-coordinate supports (as the Merger packs
+    them), and a weighted all-reduce sums three rows (supported models, supports, plain models), also under the
+    examples weighting."""
+    n = 1000
+    adaptive = Bytes(MergePolicy(weighting="adaptive"), n, [2, 2, 2, 2])
+    assert adaptive.message(0) == 2 * 4 * n and adaptive.pair(0, 1) == 2 * 2 * 4 * n
+    for w in ("adaptive", "examples"):
+        ar = Bytes(MergePolicy(scheme="allreduce", weighting=w), n, None)
+        assert ar.allreduce(4) == 3 * 4 * 2 * 4 * n and ar.allreduce_share(None) == 3.0
+    examples = Bytes(MergePolicy(weighting="examples"), n, [2, 2, 2, 2])
+    assert examples.pair(0, 1) == 2 * 4 * n  # its counter rides in the message's few bytes of metadata

@@ -321,7 +321,7 @@ class Simulation:
             self.start_step(w, t)
 
     def send(self, e: int, i: int, j: int, t: float, kind: int) -> None:
-        nbytes = self.cost.sent * self.cost.fan(i)
+        nbytes = self.cost.message(i)
         pair = (min(i, j), max(i, j))
         start = max(t, self.uplink[i], self.downlink[j], self.duplex.get(pair, 0.0))
         tx = self.net.transmit(i, j, nbytes)

@@ -124,21 +124,32 @@ class Bytes:
         self.fragment_bytes = None if self.fragments is None else [
             ops.payload_bytes(sum(model.offsets[k][1] for k in blocks)) for blocks in self.fragments]
         payload = registry.PAYLOADS.get_object(policy.payload)()
+        weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
         self.dense = ops.payload_bytes(n_params)
         self.sent = payload.wire_bytes(n_params, policy)
         self.fans_out = payload.public  # peers keep the sender's public copy: it goes to every neighbour
         self.neighbours = neighbours
         # optimizer_state "average": the optimiser's state (state_stacks rows, dense) goes with each merge
         self.state = state_stacks * self.dense if policy.optimizer_state == "average" else 0
+        # per-coordinate supports (adaptive weighting) travel with each gossip payload, dense
+        self.supports = self.dense if weighting.accumulators else 0
+        # a weighted all-reduce of weights sums three rows: the supported models, the supports and the plain models
+        # (kernel.reduced_average); a delta payload's all-reduce gathers the changes instead
+        self.rows = 3 if (weighting.accumulators or weighting.by_examples) and not payload.public else 1
 
     def fan(self, w: int) -> int:
         return self.neighbours[w] if self.fans_out else 1
 
+    def message(self, w: int) -> int:
+        """The bytes worker ``w`` sends for one gossip payload: the payload with its supports and optimiser state
+        (what the runtime packs into one message), to each neighbour when peers keep its public copy."""
+        return (self.sent + self.supports + self.state) * self.fan(w)
+
     def pair(self, a: int, b: int) -> int:
         """A gossip merge: the initiator's payload, and the peer's too for push-pull."""
-        out = self.sent * self.fan(a) + self.state
+        out = self.message(a)
         if self.p.exchange == "push_pull":
-            out += self.sent * self.fan(b) + self.state
+            out += self.message(b)
         return out
 
     def swap(self) -> int:
@@ -146,14 +157,15 @@ class Bytes:
 
     def allreduce(self, workers: int, fragment: int | None = None) -> int:
         if fragment is not None and self.fragment_bytes is not None:  # weights payload, optimiser state kept
-            return workers * 2 * self.fragment_bytes[fragment]
-        return workers * (self.sent + self.dense + 2 * self.state)
+            return workers * 2 * self.fragment_bytes[fragment] * self.rows
+        return workers * ((self.sent + self.dense) * self.rows + 2 * self.state)
 
     def allreduce_share(self, fragment: int | None) -> float:
-        """The part of the model an all-reduce of ``fragment`` moves (1 for the whole)."""
+        """How many models' worth an all-reduce of ``fragment`` moves (1 for the whole model, times the rows a
+        weighted all-reduce sums)."""
         if fragment is None or self.fragment_bytes is None:
-            return 1.0
-        return self.fragment_bytes[fragment] / self.dense
+            return float(self.rows)
+        return self.rows * self.fragment_bytes[fragment] / self.dense
 
 
 def fragments_of(policy: MergePolicy, model) -> list[list[int]]:
