@@ -543,7 +543,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
             n_pooled += 1
     n_alone = sum(1 for (_, _, _, t0, t1), tau in zip(transfers, alone) if tau >= (t1 - t0) * (1 - 1e-9))
     notes = [f"transfers: a receive's arrival less the later of its send, its posting and the arrival of the one "
-             f"before it on its link (wall clock), per link, counted as alone (the transfers in flight together share their ends max-min fairly); {n_alone} of "
+             f"before it on its link (wall clock), per link, counted as alone (the transfers in flight together share their ends as the clock shares them); {n_alone} of "
              f"{len(transfers)} had both ends to themselves; {n_lone_links} of {len(per_link)} links had "
              f"{LONE_ENOUGH} or more such and are fitted on those alone, {n_pooled} on the transfers at their two "
              f"ends (the geometric mean of each end's bytes over its median alone-time, among its links within "
@@ -590,38 +590,17 @@ def queued(transfers: list[tuple[int, int, int, float, float]]) -> list[tuple[in
     return out
 
 
-def fair_shares(flows: list[tuple[int, int]]) -> list[float]:
-    """Max-min fair rates of flows ``(sender, receiver)`` when every sender's uplink and every receiver's downlink
-    carries 1: all rates grow together until an end is full, the flows through it stop growing, and the rest go
-    on (progressive filling)."""
-    rate = [0.0] * len(flows)
-    free = set(range(len(flows)))
-    left = {}
-    for i, j in flows:
-        left[("out", i)] = left[("in", j)] = 1.0
-    while free:
-        count: dict = {}
-        for k in free:
-            for end in (("out", flows[k][0]), ("in", flows[k][1])):
-                count[end] = count.get(end, 0) + 1
-        step = min(left[e] / n for e, n in count.items())
-        for k in free:
-            rate[k] += step
-        for e, n in count.items():
-            left[e] -= step * n
-        full = {e for e in count if left[e] <= 1e-12}
-        free = {k for k in free if ("out", flows[k][0]) not in full and ("in", flows[k][1]) not in full}
-    return rate
-
-
 def alone_times(transfers: list[tuple[int, int, int, float, float]]) -> list[float]:
-    """For each transfer ``(sender, receiver, bytes, start, arrival)``: how long it would have taken with both
-    ends to itself. Transfers in flight together share their senders' uplinks and receivers' downlinks as TCP
-    flows do, max-min fairly (:func:`fair_shares`, every end taken as equally fast), so a transfer's time alone
-    is the integral of its share over its flight: its own duration when it had both ends to itself. Fitting on
+    """For each transfer ``(sender, receiver, bytes, start, arrival)``: how long it would have taken with its
+    ends to itself. Transfers in flight together share their senders' uplinks, their receivers' downlinks and
+    their pairs' connections as the simulated clock shares them (:func:`evomerge.engine.clock.fair_shares`: an
+    equal share of the most crowded end, every end taken as equally fast), so a transfer's time alone is the integral of its share over
+    its flight: its own duration when it had its ends to itself. Fitting on
     raw durations would count the sharing twice, since the simulated clock adds it by itself (measured under
     netlab: ring gossip's median transfer took 1.7x a lone one, and the all-reduce predicted from it was 56%
     too slow)."""
+    from .engine import clock
+
     cuts = sorted({x for _, _, _, t0, t1 in transfers for x in (t0, t1)})
     order = sorted(range(len(transfers)), key=lambda k: transfers[k][3])
     out = [0.0] * len(transfers)
@@ -635,7 +614,7 @@ def alone_times(transfers: list[tuple[int, int, int, float, float]]) -> list[flo
         if not active:
             continue
         ks = sorted(active)
-        for k, r in zip(ks, fair_shares([(transfers[k][0], transfers[k][1]) for k in ks])):
+        for k, r in zip(ks, clock.fair_shares([(transfers[k][0], transfers[k][1]) for k in ks])):
             out[k] += (b - a) * r
     return out
 

@@ -18,13 +18,17 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   local SGD and gossip implementations trigger), a slow worker merges less often per second
   because its timer ticks with its work, and without heterogeneity the events are exactly the
   lockstep ones.
-- **network**: a send of ``B`` bytes from ``i`` to ``j`` starts when ``i``'s uplink, ``j``'s
-  downlink and the pair's connection are free (first come, first served: a node's concurrent
-  sends share its uplink, its concurrent receives its downlink, and a pair's two directions take
-  turns), occupies them for ``B / bandwidth[i, j]`` and lands ``latency[i, j]`` later. Measured
+- **network**: a send of ``B`` bytes from ``i`` to ``j`` starts at once and moves at its share
+  (:func:`fair_shares`) of ``bandwidth[i, j]``: the transfers in flight together share their
+  senders' uplinks, their receivers' downlinks and their pairs' connections (a pair's two directions
+  share one), and each moves at an equal share of its most crowded end, as TCP flows share a link;
+  the shares change whenever a transfer starts or ends. Alone it takes ``B / bandwidth[i, j]``, and
+  it lands ``latency[i, j]`` after its last byte left. Measured
   under netlab (each rank its own 50 Mbit/s link, gloo, 407 KB): one send 68 ms, two into one
   receiver 139 ms, a pair both ways at once 122 ms, one rank sending and receiving with two
-  others 75 ms (``benchmarks/sim_vs_real.py`` holds the clock against real runs). Links are per
+  others 75 ms (``benchmarks/sim_vs_real.py`` holds the clock against real runs). First come, first
+  served (each transfer holding its three ends until done) queued gossip 2-3x longer than the real
+  runs did (ring gossip: median 0.27 s from send to landing, real 0.11 s). Links are per
   site (``sites`` contiguous groups, split as topology communities are: intra and inter values)
   or given as matrices.
 - **staleness**: a payload is the sender's state when it was sent; the receiver applies it at
@@ -214,6 +218,33 @@ class Network:
         return 2 * (W - 1) * lat + (W - 1) / W * (up + down) / bw
 
 
+def flow_ends(i: int, j: int) -> tuple[tuple, ...]:
+    """What a transfer from ``i`` to ``j`` shares with others in flight: ``i``'s uplink, ``j``'s downlink and the
+    pair's connection (both directions: gloo keeps one connection per pair)."""
+    return ("out", i), ("in", j), ("pair", min(i, j), max(i, j))
+
+
+def share(counts: dict, ends: tuple) -> float:
+    """A transfer's share of its link's rate: an equal share of its most crowded end (``counts``: how many
+    transfers are in flight through each end, itself included)."""
+    return 1.0 / max(counts[e] for e in ends)
+
+
+def fair_shares(flows: list[tuple[int, int]]) -> list[float]:
+    """The shares (:func:`share`) of transfers ``(sender, receiver)`` in flight together, as fractions of each one's
+    own link rate. The clock moves its transfers at these rates, and ``evomerge calibrate --from-trace`` takes them
+    out of measured durations. Not max-min fair: what a transfer held back at another end leaves of an end goes
+    unused (max-min would give ``4 -> 1`` 2/3 beside three sends from 0, one of them to 1; this gives it 1/2), and
+    in exchange a start or an end changes only the transfers through its own three ends, so the clock's cost per
+    transfer does not grow with the number in flight."""
+    ends = [flow_ends(i, j) for i, j in flows]
+    counts: dict = {}
+    for es in ends:
+        for e in es:
+            counts[e] = counts.get(e, 0) + 1
+    return [share(counts, es) for es in ends]
+
+
 def free_horizon(compute: Compute, workers: int, total_steps: int, time_budget: float) -> tuple[float, int]:
     """Without any waiting: the end time, and the most local steps one worker does by then."""
     W = workers
@@ -284,9 +315,15 @@ class Simulation:
         self.step_starts: list[list[float]] = [[] for _ in range(W)]
         self.send_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]  # a picture's, not a metric's
         self.finished = [False] * W
-        self.uplink = [0.0] * W  # when each node's uplink / downlink is free (its sends / receives go one at a time)
+        self.uplink = [0.0] * W  # asynchronous DiLoCo: when each node's link to the server is free, each way
         self.downlink = [0.0] * W
-        self.duplex: dict[tuple[int, int], float] = {}  # when each pair's connection is free (one direction at a time)
+        # transfers in flight, each moving at its share (fair_shares): id -> [sender, receiver, seconds left at the
+        # link's full rate, rate, version, start, what lands, when `seconds left` was last brought up to date, its
+        # ends]; a share changes whenever a transfer through one of its ends starts or ends
+        self.flows: dict[int, list] = {}
+        self.flow_id = 0
+        self.at_end: dict[tuple, set[int]] = {}  # end (flow_ends) -> the transfers in flight through it
+        self.counts: dict[tuple, int] = {}
         self.actions: list[list[Action]] = [[] for _ in range(W)]
         self.sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
         self.barrier: dict[int, float] = {}
@@ -321,13 +358,41 @@ class Simulation:
             self.start_step(w, t)
 
     def send(self, e: int, i: int, j: int, t: float, kind: int) -> None:
-        nbytes = self.cost.message(i)
-        pair = (min(i, j), max(i, j))
-        start = max(t, self.uplink[i], self.downlink[j], self.duplex.get(pair, 0.0))
-        tx = self.net.transmit(i, j, nbytes)
-        self.uplink[i] = self.downlink[j] = self.duplex[pair] = start + tx
-        self.send_spans[i].append((start, start + tx))
-        self.push(start + tx + self.net.latency[i, j], "land", (e, i, j, t, kind))
+        tx = self.net.transmit(i, j, self.cost.message(i))
+        if tx <= 0:
+            self.push(t + self.net.latency[i, j], "land", (e, i, j, t, kind))
+            return
+        k, self.flow_id = self.flow_id, self.flow_id + 1
+        ends = flow_ends(i, j)
+        self.flows[k] = [i, j, tx, 0.0, 0, t, (e, i, j, t, kind), t, ends]
+        for end in ends:
+            self.at_end.setdefault(end, set()).add(k)
+            self.counts[end] = self.counts.get(end, 0) + 1
+        self._reshare(ends, t)
+
+    def _reshare(self, ends: tuple, t: float) -> None:
+        """New shares for the transfers through ``ends`` after one of theirs started or ended; each one whose rate
+        changed has its bytes left brought up to ``t`` and gets a new end."""
+        for k in sorted(set().union(*(self.at_end.get(e, ()) for e in ends))):
+            f = self.flows[k]
+            r = share(self.counts, f[8])
+            if r != f[3]:
+                f[2] -= f[3] * (t - f[7])
+                f[3], f[4], f[7] = r, f[4] + 1, t
+                self.push(t + max(f[2], 0.0) / r, "sent", (k, f[4]))
+
+    def sent(self, k: int, version: int, t: float) -> None:
+        f = self.flows.get(k)
+        if f is None or f[4] != version:
+            return  # its share changed since: a later end stands
+        del self.flows[k]
+        i, j = f[0], f[1]
+        for end in f[8]:
+            self.at_end[end].discard(k)
+            self.counts[end] -= 1
+        self.send_spans[i].append((f[5], t))
+        self.push(t + self.net.latency[i, j], "land", f[6])
+        self._reshare(f[8], t)
 
     def ring(self, e: int) -> float:
         share = self.cost.allreduce_share(None if self.sched.fragment is None else int(self.sched.fragment[e]))
@@ -454,6 +519,8 @@ class Simulation:
                 elif self.blocking:
                     # the initiator: push when it lands, push-pull when the answer does
                     self.push(t, "resume", i if what == LAND else j)
+            elif kind == "sent":
+                self.sent(*data, t)
             elif kind == "reply":
                 e, j, i = data
                 self.send(e, j, i, t, REPLY)
