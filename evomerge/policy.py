@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .settings import Choice
 from .engine.topology import TOPOLOGIES
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
@@ -31,7 +31,8 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             4: ("outer_optimizer", "outer_lr", "outer_momentum"),
             5: ("score",),
             6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed"),
-            7: ("fragment_pattern",)}
+            7: ("fragment_pattern",),
+            8: ("p_intra_schedule", "p_intra_final")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -201,6 +202,12 @@ class MergePolicy:
     local_steps_by_speed: bool = _f(
         False, "Asynchronous DiLoCo's dynamic local updates: a worker's local steps per round are "
         "round(mean_interval) scaled by its configured speed against the fastest's, so that arrivals line up.")
+    # -- schema 8: communities that converge (explore apart early, mix later) --
+    p_intra_schedule: Annotated[str, Choice(SCHEDULES)] = _f(
+        "constant", "Communities: how p_intra moves from its value at the start to p_intra_final at the end of the "
+        "run (as mixing_schedule moves the mixing weight).")
+    p_intra_final: float = _f(
+        0.8, "Communities: p_intra at the end of the run (ignored when p_intra_schedule is constant).", ge=0.0, le=1.0)
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -340,7 +347,9 @@ class MergePolicy:
                     f"{self.weighting} weighting{comp}{extra}")
         topo = self.topology
         if topo == "communities":
-            topo = f"{self.n_communities} communities, p_intra={self.p_intra:.3g}"
+            topo = f"{self.n_communities} communities, p_intra={self.p_intra:.3g}" if self.p_intra_schedule == "constant" \
+                else (f"{self.n_communities} communities, p_intra {self.p_intra:.3g}->{self.p_intra_final:.3g} "
+                      f"({self.p_intra_schedule})")
             if self.regroup_every:
                 topo += f", regrouped by {self.similarity} similarity every {self.regroup_every} rounds"
         elif topo == "random_regular":
@@ -372,7 +381,7 @@ class MergePolicy:
 # Values that mean "off" for fields that only apply with another field's value: the policy refuses
 # them switched on elsewhere, and the search space switches them off where a sampled point has them.
 COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta'
-REGROUP_OFF = {"regroup_every": 0}  # only with topology 'communities'
+REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 # Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's

@@ -136,6 +136,7 @@ class _Merger:
         # peers drawn during the run, not from the schedule: by similarity, or in regrouped communities
         self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
         self.groups = getattr(sched.topology, "groups", np.zeros(st.W, dtype=np.int64))
+        self.topo = sched.topology
         self.peer_p = sched.topology.probabilities() if sched.topology is not None else None
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
 
@@ -168,7 +169,8 @@ class _Merger:
 
     def _peer(self, ev: int, step: int) -> int:
         a = int(self.sched.initiator[ev])
-        p = self.peer_p[a]
+        moving = getattr(self.topo, "schedule", "constant") != "constant"  # communities whose p_intra moves
+        p = self.topo.probabilities(step / self.total)[a] if moving else self.peer_p[a]
         if self.p.similarity_bias:
             p = similarity.biased_peer_probabilities(p, self._similarities(step)[a], self.p.similarity_bias)
         return similarity.draw(p, float(self.sched.u_peer[ev]))
@@ -178,7 +180,9 @@ class _Merger:
         from evomerge.engine.topology import Communities
 
         self.groups = similarity.cluster(self.sim.matrix(self.st.params), self.p.n_communities)
-        self.peer_p = Communities(self.st.W, self.p.n_communities, self.p.p_intra, groups=self.groups).probabilities()
+        self.topo = Communities(self.st.W, self.p.n_communities, self.p.p_intra, groups=self.groups,
+                                p_intra_final=self.p.p_intra_final, schedule=self.p.p_intra_schedule)
+        self.peer_p = self.topo.probabilities()
         self._sim_at = None
 
     # -- model swap ---------------------------------------------------------------------------

@@ -69,7 +69,8 @@ POLICIES = {
     "ring-push-pull": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3},
     "communities-push": {"scheme": "gossip", "topology": "communities", "n_communities": 2, "exchange": "push",
                          "mean_interval": 2, "mixing_weight": 0.6, "lerp": "random", "mixing_schedule": "linear",
-                         "mixing_weight_final": 0.2},
+                         "mixing_weight_final": 0.2, "p_intra": 1.0, "p_intra_final": 0.0,
+                         "p_intra_schedule": "linear"},  # communities that converge
     "complete-push-examples": {"scheme": "gossip", "topology": "complete", "exchange": "push", "mean_interval": 1.5,
                                "weighting": "examples"},
     "ring-adaptive": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,

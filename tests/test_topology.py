@@ -56,3 +56,50 @@ def test_communities_split_by_p_intra():
     assert np.allclose(single, build("complete").probabilities())
     with pytest.raises(ConfigError, match="policy.n_communities"):
         build("communities", 3, n_communities=4)
+
+
+def _intra_share(sched, groups, lo, hi):
+    """The share of events in [lo, hi) of the run whose peer is in the initiator's own community."""
+    m = (sched.step / sched.total_steps >= lo) & (sched.step / sched.total_steps < hi)
+    return float(np.mean(groups[sched.initiator[m]] == groups[sched.peer[m]]))
+
+
+def test_communities_converge_as_p_intra_moves_to_its_final_value():
+    """Linear from 1 (peers only inside the community) to 0 (only outside): the first fifth of the run's merges stay
+    inside, the last fifth go outside, and the middle mixes; cosine too, and constant keeps p_intra all along."""
+    from evomerge.engine import schedule
+
+    groups = np.repeat([0, 1], 8)
+    for kind in ("linear", "cosine"):
+        pol = MergePolicy(topology="communities", n_communities=2, p_intra=1.0, p_intra_final=0.0,
+                          p_intra_schedule=kind, mean_interval=2.0)
+        s = schedule.build(pol, 16, 1000, seed=3)
+        assert _intra_share(s, groups, 0.0, 0.2) > 0.85, kind
+        assert _intra_share(s, groups, 0.8, 1.0) < 0.15, kind
+        assert 0.3 < _intra_share(s, groups, 0.4, 0.6) < 0.7, kind
+    const = MergePolicy(topology="communities", n_communities=2, p_intra=1.0, p_intra_final=0.0, mean_interval=2.0)
+    s = schedule.build(const, 16, 1000, seed=3)
+    assert _intra_share(s, groups, 0.8, 1.0) == 1.0
+
+
+def test_a_constant_or_unmoving_p_intra_draws_the_peers_it_drew_before():
+    """The neutral values give today's schedule exactly: the same uniforms, the same peers."""
+    from evomerge.engine import schedule
+
+    base = MergePolicy(topology="communities", n_communities=3, p_intra=0.7, mean_interval=3.0)
+    before = schedule.build(base, 12, 300, seed=5)
+    for kw in ({"p_intra_final": 0.1}, {"p_intra_schedule": "linear", "p_intra_final": 0.7},
+               {"p_intra_schedule": "cosine", "p_intra_final": 0.7}):
+        s = schedule.build(base.replace(**kw), 12, 300, seed=5)
+        assert np.array_equal(s.peer, before.peer) and np.array_equal(s.step, before.step), kw
+
+
+def test_p_intra_schedule_is_a_schema_8_field_and_is_described():
+    from evomerge.errors import ConfigError as Err
+
+    pol = MergePolicy(topology="communities", p_intra=0.9, p_intra_final=0.2, p_intra_schedule="cosine")
+    assert "p_intra 0.9->0.2 (cosine)" in pol.describe()
+    with pytest.raises(Err, match="policy.p_intra_schedule: is a schema 8 field"):
+        MergePolicy.from_dict({"schema_version": 7, "topology": "communities", "p_intra_schedule": "linear"})
+    with pytest.raises(Err, match="policy.p_intra_schedule"):
+        MergePolicy.from_dict({"p_intra_schedule": "step"})

@@ -40,7 +40,9 @@ class InProcess(Backend):
         self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
         topo = self.sched.topology
         self.groups = getattr(topo, "groups", np.zeros(W, dtype=np.int64))
+        self.topo = topo
         self.peer_p = topo.probabilities() if topo is not None else None
+        self._peer_p_at: tuple[int, np.ndarray] | None = None  # (step, peer distributions) of a moving p_intra
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
         self.sim = None
         self.labels = setup.data.train_y.numpy()
@@ -85,7 +87,7 @@ class InProcess(Backend):
         out = np.empty(len(events), dtype=np.int64)
         for i, ev in enumerate(events):
             a = int(self.sched.initiator[ev])
-            p = self.peer_p[a]
+            p = self._peer_p(step)[a]
             if self.p.similarity_bias:
                 p = similarity.biased_peer_probabilities(p, self._similarities(step)[a], self.p.similarity_bias)
             out[i] = similarity.draw(p, float(self.sched.u_peer[ev]))
@@ -96,8 +98,19 @@ class InProcess(Backend):
             from ..engine.topology import Communities
 
             self.groups = similarity.cluster(self.sim.matrix(self.state.params), self.p.n_communities)
-            self.peer_p = Communities(self.W, self.p.n_communities, self.p.p_intra, groups=self.groups).probabilities()
+            self.topo = Communities(self.W, self.p.n_communities, self.p.p_intra, groups=self.groups,
+                                    p_intra_final=self.p.p_intra_final, schedule=self.p.p_intra_schedule)
+            self.peer_p = self.topo.probabilities()
+            self._peer_p_at = None
             self._sim_at = None
+
+    def _peer_p(self, step: int) -> np.ndarray:
+        """The peer distributions at ``step``: communities whose p_intra moves over the run change with it."""
+        if getattr(self.topo, "schedule", "constant") == "constant":
+            return self.peer_p
+        if self._peer_p_at is None or self._peer_p_at[0] != step:
+            self._peer_p_at = (step, self.topo.probabilities(step / self.sched.total_steps))
+        return self._peer_p_at[1]
 
     def after_events(self, events, a, b) -> int:
         if self.pool is None or not self.p.data_exchange_k:

@@ -128,7 +128,7 @@ def build(policy, workers: int, total_steps: int, seed: int, local_steps: list[i
     init = np.concatenate(inits)
     order = np.lexsort((init, step))  # by step, then initiator
     step, init = step[order], init[order]
-    peer = topology.sample(init, rng_for(seed, TAG_PEERS)).astype(np.int64)
+    peer = topology.sample(init, rng_for(seed, TAG_PEERS), progress=step / total_steps).astype(np.int64)
     u = rng_for(seed, TAG_LERP).random(len(step))
     # separate streams: policies that do not use them draw exactly what they drew before
     u_peer = rng_for(seed, TAG_PEER_U).random(len(step))

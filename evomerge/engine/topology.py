@@ -27,8 +27,9 @@ class Topology:
     def neighbours(self, i: int) -> np.ndarray:
         return np.flatnonzero(self.probabilities()[i] > 0)
 
-    def sample(self, initiators: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One peer for each initiator."""
+    def sample(self, initiators: np.ndarray, rng: np.random.Generator, progress: np.ndarray | None = None) -> np.ndarray:
+        """One peer for each initiator; ``progress``: each event's place in the run, in [0, 1] (a topology that
+        changes over the run draws from its probabilities there)."""
         p = self.probabilities()
         cum = np.cumsum(p, axis=1)
         u = rng.random(len(initiators))
@@ -75,27 +76,50 @@ class RandomRegular(Topology):
 
 
 class Communities(Topology):
-    """Workers in ``c`` contiguous groups; the peer is from the own group with probability ``p_intra``."""
+    """Workers in ``c`` contiguous groups; the peer is from the own group with probability ``p_intra``, which moves
+    to ``p_intra_final`` over the run by ``schedule`` (constant, linear or cosine, as the mixing weight does), so
+    that communities can explore apart early and converge later."""
 
     name = "communities"
 
-    def __init__(self, n: int, n_communities: int, p_intra: float, groups: np.ndarray | None = None):
+    def __init__(self, n: int, n_communities: int, p_intra: float, groups: np.ndarray | None = None,
+                 p_intra_final: float | None = None, schedule: str = "constant"):
         super().__init__(n)
         if n_communities > n:
             raise ConfigError("policy.n_communities", f"{n_communities} is out of range; allowed: [1, {n}] for {n} workers")
         self.groups = groups if groups is not None else np.concatenate(
             [np.full(len(s), g) for g, s in enumerate(np.array_split(np.arange(n), n_communities))])
         self.p_intra = p_intra
+        self.p_intra_final = p_intra if p_intra_final is None else p_intra_final
+        self.schedule = schedule
 
-    def probabilities(self):
+    def p_intra_at(self, progress: float) -> float:
+        """``p_intra`` at ``progress`` in [0, 1] of the run (the mixing weight's schedule: one definition)."""
+        from .ops import scheduled_weight  # ops imports torch; the policy module imports this one
+
+        return scheduled_weight(self.p_intra, self.p_intra_final, self.schedule, progress)
+
+    def probabilities(self, progress: float = 0.0):
+        p_intra = self.p_intra_at(progress)
         same = self.groups[:, None] == self.groups[None, :]
         np.fill_diagonal(same, False)
         other = self.groups[:, None] != self.groups[None, :]
         intra, inter = _normalise(same.astype(float)), _normalise(other.astype(float))
         has_intra, has_inter = same.any(1, keepdims=True), other.any(1, keepdims=True)
-        w_in = np.where(has_inter, self.p_intra, 1.0) * has_intra
-        w_out = np.where(has_intra, 1.0 - self.p_intra, 1.0) * has_inter
+        w_in = np.where(has_inter, p_intra, 1.0) * has_intra
+        w_out = np.where(has_intra, 1.0 - p_intra, 1.0) * has_inter
         return _normalise(w_in * intra + w_out * inter)
+
+    def sample(self, initiators: np.ndarray, rng: np.random.Generator, progress: np.ndarray | None = None) -> np.ndarray:
+        if self.schedule == "constant" or progress is None:
+            return super().sample(initiators, rng)
+        u = rng.random(len(initiators))  # the same draws as a constant p_intra's
+        peers = np.empty(len(initiators), dtype=np.int64)
+        for at in np.unique(progress):
+            m = progress == at
+            rows = np.cumsum(self.probabilities(float(at)), axis=1)[initiators[m]]
+            peers[m] = (u[m][:, None] >= rows).sum(axis=1)
+        return np.minimum(peers, self.n - 1)
 
 
 def _normalise(p: np.ndarray) -> np.ndarray:
@@ -129,7 +153,9 @@ TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "ring": lambda n, policy, rng: Ring(n),
     "complete": lambda n, policy, rng: Complete(n),
     "random_regular": lambda n, policy, rng: RandomRegular(n, policy.degree, rng),
-    "communities": lambda n, policy, rng: Communities(n, policy.n_communities, policy.p_intra),
+    "communities": lambda n, policy, rng: Communities(n, policy.n_communities, policy.p_intra,
+                                                      p_intra_final=policy.p_intra_final,
+                                                      schedule=policy.p_intra_schedule),
 }
 
 
