@@ -32,7 +32,7 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             5: ("score",),
             6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed"),
             7: ("fragment_pattern",),
-            8: ("p_intra_schedule", "p_intra_final")}
+            8: ("p_intra_schedule", "p_intra_final", "data_unseen_first", "data_similarity_sign")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -208,6 +208,16 @@ class MergePolicy:
         "run (as mixing_schedule moves the mixing weight).")
     p_intra_final: float = _f(
         0.8, "Communities: p_intra at the end of the run (ignored when p_intra_schedule is constant).", ge=0.0, le=1.0)
+    # -- schema 8: data that travels with its history, and chosen by similarity --
+    data_unseen_first: bool = _f(
+        False, "Data that travels (data_exchange_k): the initiator sends first the examples the peer has never "
+        "trained on (each example keeps which workers have trained on it), in the order the rule below gives.")
+    data_similarity_sign: float = _f(
+        0.0, "Data that travels: which examples a pair exchanges, by how dissimilar the peer is among the "
+        "initiator's (d in [0, 1], 1 the least similar now, by `similarity`). > 0: a fraction s d of the k are the "
+        "most confident, the rest the least confident (dissimilar pairs exchange easy examples); < 0: a fraction "
+        "|s| (1 - d) (similar pairs exchange easy ones, dissimilar pairs the hard ones); 0: the k least confident.",
+        ge=-1.0, le=1.0)
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -363,7 +373,10 @@ class MergePolicy:
             parts.append(f"prefers {'similar' if self.similarity_bias > 0 else 'dissimilar'} peers "
                          f"({self.similarity} bias {self.similarity_bias:.3g})")
         if self.data_exchange_k:
-            parts.append(f"sends its {self.data_exchange_k} least confident examples")
+            which = "least confident" if not self.data_similarity_sign else (
+                f"least or most confident by similarity (sign {self.data_similarity_sign:.3g})")
+            unseen = ", unseen by the peer first" if self.data_unseen_first else ""
+            parts.append(f"sends its {self.data_exchange_k} {which} examples{unseen}")
         if self.retire_threshold:
             parts.append(f"retires examples confident above {self.retire_threshold:.3g} "
                          f"(reserve rate {self.reserve_rate:.3g})")
@@ -382,6 +395,7 @@ class MergePolicy:
 # them switched on elsewhere, and the search space switches them off where a sampled point has them.
 COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta'
 REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
+DATA_TRAVEL_OFF = {"data_unseen_first": False, "data_similarity_sign": 0.0}  # only with data_exchange_k
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 # Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's
@@ -426,6 +440,8 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         out.update(COMPRESSION_OFF)
     if out.get("topology", fixed.topology) != "communities":
         out.update(REGROUP_OFF)
+    if not out.get("data_exchange_k", fixed.data_exchange_k):
+        out.update(DATA_TRAVEL_OFF)
     return out
 
 

@@ -129,6 +129,8 @@ def _context(name: str) -> dict[str, Any]:
         return {"payload": "delta"}
     if name in policy_mod.REGROUP_OFF:
         return {"topology": "communities"}
+    if name in policy_mod.DATA_TRAVEL_OFF:
+        return {"data_exchange_k": 4}
     if name == "outer_optimizer":
         return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS}
     if name in policy_mod.ASYNC_OFF:  # asynchronous DiLoCo's own fields

@@ -93,7 +93,8 @@ def reference_simulate(
         local, merged = update_norms(st, round_start, end - start)
         skew = data_mod.label_skew(labels, pool.holdings(), data.n_classes) if pool is not None else setup.label_skew
         rm = judge.round(r, end, end - start, st.params, float(loss_sum), local, merged, merger.bytes, merger.count,
-                         skew, pool.moved if pool is not None else 0)
+                         skew, pool.moved if pool is not None else 0,
+                         visitors=pool.visitors() if pool is not None else None)
         start = end
         history.append(rm)
         if not judge.finite:
@@ -150,13 +151,17 @@ class _Merger:
             self._allreduce(ev, step)
         else:
             a = int(self.sched.initiator[ev])
+            sign = self.p.data_similarity_sign if self.pool is not None and self.p.data_exchange_k else 0.0
+            sims = self._similarities(step) if sign else None  # taken before the step's first merge
             b = self._peer(ev, step) if self.live_peers else int(self.sched.peer[ev])
             if self.p.swap_p and float(self.sched.u_swap[ev]) < self.p.swap_p:
                 self._swap(a, b)
             else:
                 self._pair(ev, step, a, b)
             if self.pool is not None and self.p.data_exchange_k:
-                self.bytes += self.example_bytes * self.pool.send_least_confident(a, b, self.p.data_exchange_k)
+                most = datapool.most_confident_share(sign, sims[a], a, b) if sign else 0.0
+                self.bytes += self.example_bytes * self.pool.send(a, b, self.p.data_exchange_k, most=most,
+                                                                  unseen_first=self.p.data_unseen_first)
         self._rescale_supports()
 
     # -- peers drawn during the run ------------------------------------------------------------

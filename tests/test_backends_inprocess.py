@@ -38,6 +38,8 @@ POLICIES = {
     "regroup-converging-cosine": P(topology="communities", n_communities=2, similarity="sketch", regroup_every=1,
                                    similarity_bias=0.5, p_intra=0.9, p_intra_final=0.1, p_intra_schedule="cosine",
                                    mean_interval=2),
+    "data-unseen-by-similarity": P(topology="complete", data_exchange_k=4, data_unseen_first=True,
+                                   data_similarity_sign=-0.7, mean_interval=1.5),
     "data-travels": P(topology="complete", data_exchange_k=4, retire_threshold=0.9, reserve_rate=0.3, mean_interval=1.5),
     "swaps-adaptive": P(topology="complete", swap_p=0.5, weighting="adaptive", payload="delta", topk_fraction=0.5,
                         mean_interval=1.5),

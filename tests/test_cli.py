@@ -76,6 +76,8 @@ BAD_POLICIES = {
     "out of range": ('{"mixing_weight": 1.5}', "policy.mixing_weight"),
     "unknown key": ('{"speed": 1}', "policy.speed"),
     "unknown topology": ('{"topology": "star"}', "policy.topology"),
+    "data similarity sign out of range": ('{"data_exchange_k": 4, "data_similarity_sign": 2}',
+                                          "error: policy.data_similarity_sign: 2"),
     "unknown p_intra schedule": ('{"topology": "communities", "p_intra_schedule": "step"}',
                                  "error: policy.p_intra_schedule: unknown 'step'; allowed: constant, linear, cosine"),
     "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',

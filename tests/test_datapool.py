@@ -28,7 +28,7 @@ def test_no_example_is_lost_or_duplicated_while_data_moves():
         pool.record(pos, rng.random(pos.shape).astype(np.float32))
         if step % 3 == 0:
             a, b = rng.choice(4, 2, replace=False)
-            pool.send_least_confident(int(a), int(b), 10)
+            pool.send(int(a), int(b), 10)
         held = np.concatenate(pool.holdings())
         assert len(held) == len(original) and np.array_equal(np.sort(held), original)
     assert pool.moved > 0 and pool.retired > 0
@@ -48,3 +48,53 @@ def test_data_exchange_charges_bytes_and_changes_the_label_skew(setup):
     # the least confident examples went to the peer: the same seed moves the same ones
     again = simulate.simulate(setup, pol.replace(data_exchange_k=8, retire_threshold=0.9, reserve_rate=0.3), 0, device="cpu")
     assert [h.val_accuracy for h in again.history] == [h.val_accuracy for h in moving.history]
+
+
+def _pool_after_one_pass(W=3, per=6):
+    """W workers of ``per`` examples each, every one trained on once by its holder, confidence = its index / 100."""
+    shards = [np.arange(w * per, (w + 1) * per) for w in range(W)]
+    pool = datapool.DataPool(shards, W * per, seed=0)
+    pos = np.stack(shards)
+    pool.record(pos, (pos / 100).astype(np.float32))
+    return pool
+
+
+def test_travel_with_history_never_brings_an_example_back_to_a_worker_that_trained_on_it():
+    """0 sends its two least confident (0, 1) to 1, which trains on them, so they are now 1's least confident. Sent
+    back without the history they return to 0, which has trained on them; unseen first, 1 sends two of its own."""
+    for unseen_first, back in ((False, [0, 1]), (True, [6, 7])):
+        pool = _pool_after_one_pass()
+        assert pool.send(0, 1, 2, unseen_first=unseen_first) == 2 and pool.holder[[0, 1]].tolist() == [1, 1]
+        pool.record(np.array([[2, 3], [0, 1], [12, 13]]), np.array([[.5, .5], [0., 0.], [.5, .5]], np.float32))
+        pool.send(1, 0, 2, unseen_first=unseen_first)
+        assert pool.holder[back].tolist() == [0, 0]
+        arrived = np.array(back)
+        assert pool.seen[arrived, 0].any() == (not unseen_first)  # with the history: nothing 0 has trained on
+        # the history: the travelled examples' distinct trainers (0 and 1 for 0, 1; 1 alone for 6, 7)
+        assert pool.visitors() == pytest.approx(2.0 if not unseen_first else (2 + 2 + 1 + 1) / 4)
+
+
+def test_similarity_decides_whether_easy_or_hard_examples_travel():
+    sims = np.array([1.0, 0.9, 0.5, 0.7])  # worker 0's row: 1 its most similar, 2 its least
+    assert datapool.most_confident_share(1.0, sims, 0, 2) == 1.0  # +1: the least similar sends its easiest
+    assert datapool.most_confident_share(1.0, sims, 0, 1) == 0.0  # ... the most similar its hardest (today's rule)
+    assert datapool.most_confident_share(-1.0, sims, 0, 1) == 1.0  # -1: similar pairs exchange easy examples
+    assert datapool.most_confident_share(-1.0, sims, 0, 2) == 0.0  # ... dissimilar ones the hardest
+    assert datapool.most_confident_share(0.5, sims, 0, 3) == pytest.approx(0.5 * 0.5)
+    pool = _pool_after_one_pass()
+    pool.conf[5] = datapool.UNSEEN  # never trained on: not among the most confident
+    pool.send(0, 2, 3, most=2 / 3)  # two most confident (4, 3) and the least confident (0)
+    assert sorted(np.flatnonzero(pool.holder[:6] == 2).tolist()) == [0, 3, 4]
+
+
+def test_the_history_is_reported_with_the_run(mnist):
+    """Three passes over each shard, so that travelled examples are trained on where they arrive."""
+    setup = simulate.prepare(tiny_study(steps=750), data=mnist)
+    pol = MergePolicy(topology="complete", mean_interval=3, data_exchange_k=8)
+    plain = simulate.simulate(setup, pol, 0, device="cpu").final
+    unseen = simulate.simulate(setup, pol.replace(data_unseen_first=True, data_similarity_sign=0.5), 0,
+                               device="cpu").final
+    assert plain.travel_visitors > 1.0 and unseen.travel_visitors > 1.0
+    assert unseen.examples_moved == plain.examples_moved and unseen.val_accuracy != plain.val_accuracy
+    assert simulate.simulate(setup, MergePolicy(topology="complete", mean_interval=3), 0,
+                             device="cpu").final.travel_visitors is None

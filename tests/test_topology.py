@@ -77,6 +77,10 @@ def test_communities_converge_as_p_intra_moves_to_its_final_value():
         assert _intra_share(s, groups, 0.0, 0.2) > 0.85, kind
         assert _intra_share(s, groups, 0.8, 1.0) < 0.15, kind
         assert 0.3 < _intra_share(s, groups, 0.4, 0.6) < 0.7, kind
+        # it reaches its final value at the last step: the last step's peer distributions are p_intra_final's
+        assert s.topology.p_intra_at(s.total_steps / s.total_steps) == 0.0 and s.topology.p_intra_at(0.0) == 1.0
+        last = s.topology.probabilities(1.0)
+        assert last[0, groups == 0].sum() == 0.0 and last[0, groups == 1].sum() == pytest.approx(1.0)
     const = MergePolicy(topology="communities", n_communities=2, p_intra=1.0, p_intra_final=0.0, mean_interval=2.0)
     s = schedule.build(const, 16, 1000, seed=3)
     assert _intra_share(s, groups, 0.8, 1.0) == 1.0

@@ -212,8 +212,8 @@ class Backend(ABC):
         """The peers of ``events`` (the schedule's, unless drawn during the run)."""
         return self.sched.peer[events]
 
-    def after_events(self, events: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
-        """After a step's gossip events: anything else they do (data that travels); returns its bytes."""
+    def after_events(self, events: np.ndarray, a: np.ndarray, b: np.ndarray, step: int) -> int:
+        """After step ``step``'s gossip events: anything else they do (data that travels); returns its bytes."""
         return 0
 
     def end_round(self, r: int) -> None:
@@ -224,6 +224,10 @@ class Backend(ABC):
 
     def moved(self) -> int:
         return 0
+
+    def visitors(self) -> float | None:
+        """The mean number of distinct workers that trained on each travelled example (data that travels)."""
+        return None
 
     def communities(self) -> list[int] | None:
         return None

@@ -67,6 +67,9 @@ class InProcess(Backend):
     def moved(self) -> int:
         return self.pool.moved if self.pool is not None else 0
 
+    def visitors(self) -> float | None:
+        return self.pool.visitors() if self.pool is not None else None
+
     def communities(self):
         return self.groups.tolist() if self.p.regroup_every else None
 
@@ -82,6 +85,8 @@ class InProcess(Backend):
         return self._sim_at[1]
 
     def peers(self, events, step):
+        if self.pool is not None and self.p.data_exchange_k and self.p.data_similarity_sign:
+            self._similarities(step)  # what travels is chosen by the similarities before the step's merges
         if not self.live_peers:
             return self.sched.peer[events]
         out = np.empty(len(events), dtype=np.int64)
@@ -112,12 +117,16 @@ class InProcess(Backend):
             self._peer_p_at = (step, self.topo.probabilities(step / self.sched.total_steps))
         return self._peer_p_at[1]
 
-    def after_events(self, events, a, b) -> int:
+    def after_events(self, events, a, b, step: int) -> int:
         if self.pool is None or not self.p.data_exchange_k:
             return 0
         sent = 0
+        sign = self.p.data_similarity_sign
+        sims = self._similarities(step) if sign else None
         for i, j in zip(a.tolist(), b.tolist()):
-            sent += self.example_bytes * self.pool.send_least_confident(i, j, self.p.data_exchange_k)
+            most = datapool.most_confident_share(sign, sims[i], i, j) if sign else 0.0
+            sent += self.example_bytes * self.pool.send(i, j, self.p.data_exchange_k, most=most,
+                                                        unseen_first=self.p.data_unseen_first)
         return sent
 
     # -- gossip: a set of disjoint pairs at once --------------------------------------------------------

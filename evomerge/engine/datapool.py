@@ -10,8 +10,10 @@ Confidence is the probability the holder's model gave the true label when it las
 trained on the example (it comes free from the training step's forward pass). An
 example whose confidence was at least ``retire_threshold`` the last two times it was
 trained on (by whichever models) retires to its holder's reserve. On a merge event the
-initiator sends its ``k`` least confident active examples to the peer. All of this is
-numpy on index arrays; no Python loop runs over examples.
+initiator sends ``k`` of its active examples to the peer: its least confident, or some of its
+most confident (:meth:`DataPool.send`, ``most``); those the peer has never trained on first if
+asked (``unseen_first``). Each example keeps which workers have trained on it (its history).
+All of this is numpy on index arrays; no Python loop runs over examples.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ from . import schedule as schedule_mod
 
 TAG_PASSES = schedule_mod.STREAMS["passes"]
 UNSEEN = 2.0  # confidence of an example no model has trained on yet: never "least confident", never retired
+
+
+def most_confident_share(sign: float, sims: np.ndarray, i: int, j: int) -> float:
+    """The share of the examples ``i`` sends ``j`` that are its most confident (policy.data_similarity_sign ``sign``):
+    ``j``'s dissimilarity d among ``i``'s others (``sims``: ``i``'s row of the similarity matrix; d = 0 for its most
+    similar, 1 for its least), then ``sign d`` for a positive sign and ``|sign| (1 - d)`` for a negative one."""
+    others = np.delete(np.asarray(sims, dtype=float), i)
+    hi, lo = others.max(), others.min()
+    d = float((hi - sims[j]) / (hi - lo)) if hi > lo else 0.0
+    return sign * d if sign > 0 else -sign * (1.0 - d)
 
 
 class DataPool:
@@ -40,6 +52,8 @@ class DataPool:
         self.passes = [0] * self.W
         self.moved = 0  # examples sent between workers
         self.retired = 0
+        self.seen = np.zeros((n_train, self.W), dtype=bool)  # which workers have trained on each example
+        self.travelled = np.zeros(n_train, dtype=bool)  # examples that have moved at least once
 
     # -- what each worker holds --------------------------------------------------------
     def active(self, w: int) -> np.ndarray:
@@ -91,6 +105,7 @@ class DataPool:
     # -- confidence, retirement, exchange ------------------------------------------------------
     def record(self, positions: np.ndarray, confidence: np.ndarray) -> None:
         """Confidences ``[W, B]`` of the holders' models on the examples they just trained on."""
+        self.seen[positions, np.arange(self.W)[:, None]] = True
         pos = positions.reshape(-1)
         self.prev_conf[pos] = self.conf[pos]
         self.conf[pos] = confidence.reshape(-1)
@@ -101,14 +116,32 @@ class DataPool:
             self.reserved[ready] = True
             self.retired += len(ready)
 
-    def send_least_confident(self, src: int, dst: int, k: int) -> int:
-        """Move ``src``'s ``k`` least confident active examples to ``dst``'s active shard; returns how many."""
+    def send(self, src: int, dst: int, k: int, *, most: float = 0.0, unseen_first: bool = False) -> int:
+        """Move ``k`` of ``src``'s active examples to ``dst``'s active shard; returns how many. ``round(most * k)`` of
+        them are its most confident (among those a model has trained on), the rest its least confident. With
+        ``unseen_first`` the examples ``dst`` has never trained on come first in both orders."""
         act = self.active(src)
         k = min(k, max(0, len(act) - 1))  # a worker keeps at least one example
         if k <= 0:
             return 0
         c = self.conf[act]
-        chosen = act[np.argsort(c, kind="stable")[:k]]
+        first = self.seen[act, dst] if unseen_first else np.zeros(len(act), dtype=bool)
+        least = act[np.lexsort((c, first))]  # stable: ties keep the shard's order
+        n_most = int(round(most * k))
+        if n_most:
+            trained = np.where(c >= UNSEEN, -1.0, c)  # an example no model trained on is not confident
+            top = act[np.lexsort((-trained, first))][:n_most]
+            chosen = np.concatenate([top, least[~np.isin(least, top)][:k - n_most]])
+        else:
+            chosen = least[:k]
         self.holder[chosen] = dst
+        self.travelled[chosen] = True
         self.moved += len(chosen)
         return len(chosen)
+
+    def visitors(self) -> float | None:
+        """The mean number of distinct workers that have trained on each example that has travelled (None before
+        any has)."""
+        if not self.travelled.any():
+            return None
+        return float(self.seen[self.travelled].sum(1).mean())

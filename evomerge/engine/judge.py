@@ -53,7 +53,7 @@ class Judge:
 
     def round(self, r: int, end: int, steps: float, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
               sent: int, merges: int, label_skew: float, moved: int, timing: dict | None = None,
-              horizon: float = 0.0) -> RoundMetrics:
+              horizon: float = 0.0, visitors: float | None = None) -> RoundMetrics:
         te = time.perf_counter()
         train_loss = loss_sum / (stack.W * steps)
         # a sum is non-finite iff an entry is
@@ -73,7 +73,8 @@ class Judge:
         return RoundMetrics(
             round=r + 1, step=end, train_loss=train_loss, update_norm=update, bytes=sent, merges=merges,
             wall_time=time.perf_counter() - self.t0, local_update_norm=local, merge_update_norm=merged,
-            similarity_mean=sim_mean, similarity_min=sim_min, label_skew=label_skew, examples_moved=moved, **metrics,
+            similarity_mean=sim_mean, similarity_min=sim_min, label_skew=label_skew, examples_moved=moved, travel_visitors=visitors,
+            **metrics,
             **timing,
         )
 

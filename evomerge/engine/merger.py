@@ -47,7 +47,7 @@ class StepMerger:
 
     def plan(self, step: int):
         """After local step ``step``: count the examples and plan the step's gossip as sets of disjoint
-        pairs ``(events, a, b, sets)``, for :meth:`apply_set` in order and then :meth:`finish`. None
+        pairs ``(events, a, b, sets, step)``, for :meth:`apply_set` in order and then :meth:`finish`. None
         when nothing is left to do (no event; an all-reduce, applied here)."""
         ex = self.st.examples
         ex += self.B
@@ -82,11 +82,11 @@ class StepMerger:
         for members in plan_mod.group_disjoint(a, b):
             m = np.asarray(members)
             sets.append(plan_mod.PairSet(step, events[m], a[m], b[m], s.u[events[m]], swap[m], weight))
-        return events, a, b, sets
+        return events, a, b, sets, step
 
     def finish(self, plan) -> None:
-        events, a, b, _ = plan
-        self.bytes += self.backend.after_events(events, a, b)
+        events, a, b, _, step = plan
+        self.bytes += self.backend.after_events(events, a, b, step)
         self.count += len(events)
 
     def apply_set(self, ps: plan_mod.PairSet) -> None:

@@ -126,7 +126,7 @@ def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, en
     if judge is None:
         return None, stack, None
     rm = judge.round(r, end, steps, stack, loss, local, merged, sent, merges, backend.label_skew(), backend.moved(),
-                     timing, horizon)
+                     timing, horizon, visitors=backend.visitors())
     if not judge.finite:
         return rm, stack, "diverged"
     if callback is not None and callback(rm) is False:

@@ -41,6 +41,7 @@ class RoundMetrics:
     similarity_min: float = 1.0
     label_skew: float = 0.0  # of the data the workers hold now (it changes when data travels)
     examples_moved: int = 0  # cumulative training examples sent between workers
+    travel_visitors: float | None = None  # mean distinct workers that trained on each example that has travelled
     # simulated time ([environment] only; None in the lockstep world)
     sim_time: float | None = None  # simulated seconds at the end of this round
     steps_min: int | None = None  # local steps done by the slowest / mean / fastest worker

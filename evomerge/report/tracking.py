@@ -64,7 +64,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 # per-round metrics logged as MLflow metric histories (x axis: local steps)
 ROUND_METRICS = ("val_accuracy", "val_loss", "val_perplexity", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
                  "bytes", "update_norm", "train_loss", "local_update_norm", "merge_update_norm", "similarity_mean",
-                 "similarity_min", "label_skew", "examples_moved", "sim_time", "steps_min", "steps_mean", "steps_max",
+                 "similarity_min", "label_skew", "examples_moved", "travel_visitors", "sim_time", "steps_min", "steps_mean", "steps_max",
                  "idle_fraction", "staleness", "time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time")
 
 SUMMARY_METRICS = ("val_accuracy", "val_loss", "mean_worker_accuracy", "worst_worker_accuracy", "consensus_distance",
