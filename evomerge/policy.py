@@ -106,8 +106,9 @@ class MergePolicy:
         gt=0.0, le=1.0,
     )
     quantize_bits: int = Field(
-        0, description="Delta payload: bits per sent value with stochastic rounding; 0 = send float32 (1 is not allowed).",
-        ge=0, le=16, json_schema_extra={"not": {"const": 1}},
+        0, description="Delta payload: bits per sent value with stochastic rounding; 1 = scaled sign (the signs and "
+        "their mean magnitude, EF-signSGD with the error feedback); 0 = send float32.",
+        ge=0, le=16,
     )
     # -- schema 2: fields no other tool offers as searchable knobs (all off by default) --
     similarity: Annotated[str, Choice(SIMILARITIES)] = _f(
@@ -242,8 +243,6 @@ class MergePolicy:
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "MergePolicy":
-        if self.quantize_bits == 1:
-            raise ConfigError("policy.quantize_bits", "1 is not allowed; use 0 (off) or 2..16")
         if self.regroup_every and self.topology != "communities":
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
@@ -337,7 +336,8 @@ class MergePolicy:
             f"a {self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
         comp = ""
         if self.payload == "delta":
-            comp = f", delta payload (top-k {self.topk_fraction:.3g}, {self.quantize_bits or 32} bits)"
+            bits = "scaled sign" if self.quantize_bits == 1 else f"{self.quantize_bits or 32} bits"
+            comp = f", delta payload (top-k {self.topk_fraction:.3g}, {bits})"
         extra = self._describe_extras()
         if self.scheme == "async":
             return (f"asynchronous DiLoCo: each worker pushes after {max(1, round(self.mean_interval))} local steps"

@@ -28,6 +28,8 @@ POLICIES = {
     "allreduce-adaptive": P(scheme="allreduce", mean_interval=3, weighting="adaptive"),
     "allreduce-delta-examples": P(scheme="allreduce", mean_interval=4, payload="delta", topk_fraction=0.3,
                                   weighting="examples", lerp="random"),
+    "allreduce-sign-examples": P(scheme="allreduce", mean_interval=2, payload="delta", quantize_bits=1,
+                                 weighting="examples"),
     "none": P(scheme="none"),
     "similarity-bias-sketch": P(topology="complete", similarity="sketch", similarity_bias=0.8, mean_interval=1.5,
                                 winner_bias=0.3),

@@ -186,3 +186,16 @@ def test_sites_make_slow_links_between_them():
     m = EnvSpec(latency_matrix=((0, 1), (2, 0)), bandwidth_matrix=((0, 5), (0, 0)))
     net = clock.Network(m, 2)
     assert net.latency[1, 0] == 2 and net.bandwidth[0, 1] == 5 and net.bandwidth[1, 0] == np.inf
+
+
+def test_a_sign_compressed_allreduce_pays_its_signs_up_and_the_average_down():
+    """allreduce-sign (a delta all-reduce of scaled signs every step): 1000 parameters go up as 1000 bits and one
+    float32 scale (129 bytes), and the dense average (4000 bytes) comes back, through the ring after the barrier."""
+    l, b, W = 0.01, 40000.0, 4
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.5), latency=l, bandwidth=b)
+    policy = MergePolicy(scheme="allreduce", mean_interval=1.0, payload="delta", quantize_bits=1)
+    tl, cost = timeline(env, policy, W, 2)
+    assert (cost.sent, cost.dense) == (129, 4000)
+    first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
+    assert first.time == pytest.approx(2.0 + 2 * (W - 1) * l + (W - 1) / W * (129 + 4000) / b, abs=1e-12)
+    assert cost.allreduce(W) == W * (129 + 4000)  # the bytes charged: each worker's signs up, the average down

@@ -32,7 +32,7 @@ def test_policy_is_frozen():
     ({"degree": True}, "policy.degree", "must be an integer"),
     ({"degree": 2.5}, "policy.degree", "must be an integer"),
     ({"foo": 1}, "policy.foo", "unknown key"),
-    ({"quantize_bits": 1}, "policy.quantize_bits", "0 (off) or 2..16"),
+    ({"payload": "delta", "quantize_bits": 17}, "policy.quantize_bits", "allowed: [0, 16]"),
     ({"topk_fraction": 0.1}, "policy.topk_fraction", "needs payload 'delta'"),
     ({"schema_version": 99}, "policy.schema_version", "newer"),
     ({"schema_version": 0}, "policy.schema_version", "allowed: [1, 8]"),
@@ -107,7 +107,7 @@ def test_schema_refuses_what_the_model_refuses():
     import jsonschema
 
     schema = json_schema()
-    for bad in ({"schema_version": 0}, {"quantize_bits": 1}, {"mixing_weight": 0}, {"speed": 1}, {"degree": 2.5}):
+    for bad in ({"schema_version": 0}, {"quantize_bits": 17}, {"mixing_weight": 0}, {"speed": 1}, {"degree": 2.5}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
         with pytest.raises(ConfigError):

@@ -109,11 +109,15 @@ POLICIES = {
                            "topk_fraction": 1.0},
     "fedavg-topk-delta": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 1.0, "payload": "delta",
                           "topk_fraction": 0.2, "quantize_bits": 8},
+    # the synchronous rival compressed to scaled signs (EF-signSGD's compressor on each rank's change)
+    "allreduce-sign": {"scheme": "allreduce", "mean_interval": 1, "mixing_weight": 1.0, "payload": "delta",
+                       "quantize_bits": 1},
 }
 # Compressed payloads are discontinuous in the model (which coordinates are the top k, where stochastic rounding
 # falls): float noise moves them, and the run amplifies it. The engine itself moves as much when its lr changes by
 # one part in a million; their mechanics are checked exactly without training (the by-hand replay below).
-COMPRESSED = ["ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "fedavg-topk-delta"]
+COMPRESSED = ["ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "fedavg-topk-delta",
+              "allreduce-sign"]
 # the optimiser's state averaged with the parameters: the study's optimiser is SGD with momentum, or AdamW
 STATE_POLICIES = {
     "ring-state": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
@@ -368,10 +372,12 @@ def test_merger_sends_compressed_deltas_exactly_as_predicted(folder, data_dir, t
     from evomerge.engine import ops
     from evomerge.engine import plan as plan_mod
 
-    names = ["ring-topk-delta-uniform", "complete-push-delta-4bit-uniform", "fedavg-topk-delta-half"]
+    names = ["ring-topk-delta-uniform", "complete-push-delta-4bit-uniform", "fedavg-topk-delta-half",
+             "allreduce-sign-top-half"]
     pols = {names[0]: dict(POLICIES["ring-topk-delta"], topk_fraction=0.25),
             names[1]: dict(POLICIES["complete-push-delta-4bit"], weighting="uniform"),
-            names[2]: dict(POLICIES["fedavg-topk-delta"], mixing_weight=0.5, topk_fraction=0.25)}
+            names[2]: dict(POLICIES["fedavg-topk-delta"], mixing_weight=0.5, topk_fraction=0.25),
+            names[3]: dict(POLICIES["allreduce-sign"], topk_fraction=0.5)}
     for name in names:
         (tmp_path / f"{name}.json").write_text(json.dumps(pols[name]))
     ranks = launch(folder, data_dir, tmp_path, *[a for n in names for a in ("--policy", tmp_path / f"{n}.json")],

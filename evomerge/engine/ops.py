@@ -143,7 +143,8 @@ def quantize_stochastic(x: torch.Tensor, bits: int, generator: torch.Generator |
 
 
 def compress(x: torch.Tensor, fraction: float, bits: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """What goes on the wire for ``x``: its top-k entries, stochastically quantised when ``bits`` > 0.
+    """What goes on the wire for ``x``: its top-k entries, stochastically quantised when ``bits`` > 1, as scaled
+    signs when ``bits`` is 1.
 
     Returned dense (zeros where nothing was sent); the caller keeps ``x - compress(x)`` as
     error feedback. It is ``decode(encode(x))``: the in-process backend and the distributed
@@ -167,7 +168,9 @@ def wire_spec(n: int, fraction: float, bits: int) -> list[tuple[tuple[int, ...],
 
 def encode(x: torch.Tensor, fraction: float, bits: int, generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """The compact form of ``compress(x)``: [positions] (top-k only), then float32 values or
-    signed integer levels and their float32 scale (QSGD, see :func:`quantize_stochastic`)."""
+    signed integer levels and their float32 scale (QSGD, see :func:`quantize_stochastic`; with 1 bit the signs and
+    their mean magnitude, EF-signSGD's scaled sign, which draws no noise). The signs travel as int8 here, and are
+    charged as 1 bit each (:func:`payload_bytes`), as a packed wire would send them."""
     flat = x.reshape(-1)
     n = flat.numel()
     k = n if fraction >= 1.0 else topk_mask_count(n, fraction)
@@ -180,8 +183,12 @@ def encode(x: torch.Tensor, fraction: float, bits: int, generator: torch.Generat
         idx, values = None, flat
     if not bits:
         return parts + [values.clone()]
-    if bits < 2:
-        raise ValueError(f"bits: {bits} is out of range; allowed: 2..16")
+    if bits == 1:  # scaled sign (EF-signSGD, Karimireddy et al. 2019): sign(v) ||v||_1 / k, no noise
+        scale = values.abs().mean()
+        scale = scale if torch.isfinite(scale) else torch.zeros_like(scale)
+        return parts + [torch.sign(values).to(torch.int8), scale.reshape(1).to(torch.float32)]
+    if bits < 1:
+        raise ValueError(f"bits: {bits} is out of range; allowed: 1..16")
     levels = 2 ** (bits - 1) - 1
     # the noise is drawn for all n coordinates, as quantize_stochastic does on the dense tensor
     noise = torch.rand(n, generator=generator, dtype=flat.dtype).to(flat.device)
@@ -201,7 +208,7 @@ def decode(parts: list[torch.Tensor], n: int, fraction: float, bits: int) -> tor
     idx = parts.pop(0).long() if k < n else None
     if bits:
         q, scale = parts
-        levels = 2 ** (bits - 1) - 1
+        levels = 2 ** (bits - 1) - 1 if bits > 1 else 1  # 1 bit: the scale is the magnitude itself
         values = q.to(torch.float32) * (scale[0] / levels)
     else:
         values = parts[0]
