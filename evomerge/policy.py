@@ -32,7 +32,8 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             5: ("score",),
             6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed"),
             7: ("fragment_pattern",),
-            8: ("p_intra_schedule", "p_intra_final", "data_unseen_first", "data_similarity_sign")}
+            8: ("p_intra_schedule", "p_intra_final", "data_unseen_first", "data_similarity_sign", "swap_confidence",
+                "swap_recency")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -219,6 +220,14 @@ class MergePolicy:
         "most confident, the rest the least confident (dissimilar pairs exchange easy examples); < 0: a fraction "
         "|s| (1 - d) (similar pairs exchange easy ones, dissimilar pairs the hard ones); 0: the k least confident.",
         ge=-1.0, le=1.0)
+    # -- schema 8: conditioned swaps --
+    swap_confidence: float = _f(
+        0.0, "Swaps: the chance is swap_p (1 + s (2c - 1)), c the peer's model's mean confidence on the peer's "
+        "training examples (true-label probability); > 0 swaps more where the peer's data is learnt, < 0 where it is "
+        "not; 0 = unconditioned.", ge=-1.0, le=1.0)
+    swap_recency: float = _f(
+        0.0, "Swaps: the chance is also scaled by 1 - exp(-age / swap_recency), age the local steps since the "
+        "initiator's model last held the peer's data (1 if it never has); 0 = unconditioned.", ge=0.0, le=1e6)
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -381,7 +390,9 @@ class MergePolicy:
             parts.append(f"retires examples confident above {self.retire_threshold:.3g} "
                          f"(reserve rate {self.reserve_rate:.3g})")
         if self.swap_p:
-            parts.append(f"swaps models with p={self.swap_p:.3g}")
+            cond = "".join([f", by the peer's confidence ({self.swap_confidence:.3g})" if self.swap_confidence else "",
+                            f", by recency ({self.swap_recency:.3g} steps)" if self.swap_recency else ""])
+            parts.append(f"swaps models with p={self.swap_p:.3g}{cond}")
         if self.stop_tol:
             parts.append(f"stops when updates stay below {self.stop_tol:.3g} for {self.stop_patience} rounds")
         if self.optimizer_state != "keep":
@@ -396,6 +407,7 @@ class MergePolicy:
 COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta'
 REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
 DATA_TRAVEL_OFF = {"data_unseen_first": False, "data_similarity_sign": 0.0}  # only with data_exchange_k
+SWAP_OFF = {"swap_confidence": 0.0, "swap_recency": 0.0}  # only with swap_p
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 # Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's
@@ -442,6 +454,8 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         out.update(REGROUP_OFF)
     if not out.get("data_exchange_k", fixed.data_exchange_k):
         out.update(DATA_TRAVEL_OFF)
+    if not out.get("swap_p", fixed.swap_p):
+        out.update(SWAP_OFF)
     return out
 
 

@@ -17,6 +17,7 @@ from evomerge.engine import schedule as schedule_mod
 from evomerge.engine.setup import RoundMetrics, RunResult, Setup, normalise, round_bounds
 from evomerge.engine.judge import Judge, Similarity, slice_losses, update_norms
 from evomerge.engine.run import train_steps
+from evomerge.engine import plan as plan_mod
 from evomerge.engine.plan import TAG_QUANT
 from evomerge.engine.kernel import rescale_supports
 from evomerge.engine.state import Workers
@@ -69,7 +70,7 @@ def reference_simulate(
         neighbours = [len(sched.topology.neighbours(i)) for i in range(W)]
     judge = Judge(setup, policy, seed, dev, train_x, t0)
     pool = None
-    if policy.data_exchange_k or policy.retire_threshold:
+    if policy.data_exchange_k or policy.retire_threshold or (policy.swap_p and policy.swap_confidence):
         pool = datapool.DataPool(setup.shards, len(train_y), seed, retire_threshold=policy.retire_threshold,
                                  reserve_rate=policy.reserve_rate)
 
@@ -140,6 +141,8 @@ class _Merger:
         self.topo = sched.topology
         self.peer_p = sched.topology.probabilities() if sched.topology is not None else None
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
+        self.left_at = np.full((st.W, st.W), -np.inf)  # [model, worker]: the step the model last left the worker's data
+        self._swap_at = None  # (step, model_at, left_at) at the step's first event
 
     def weight(self, step: int) -> float:
         p = self.p
@@ -154,7 +157,8 @@ class _Merger:
             sign = self.p.data_similarity_sign if self.pool is not None and self.p.data_exchange_k else 0.0
             sims = self._similarities(step) if sign else None  # taken before the step's first merge
             b = self._peer(ev, step) if self.live_peers else int(self.sched.peer[ev])
-            if self.p.swap_p and float(self.sched.u_swap[ev]) < self.p.swap_p:
+            if self.p.swap_p and float(self.sched.u_swap[ev]) < self._swap_chance(a, b, step):
+                self.left_at[self.st.model_at[[a, b]], [a, b]] = step  # each model leaves its worker's data
                 self._swap(a, b)
             else:
                 self._pair(ev, step, a, b)
@@ -191,6 +195,17 @@ class _Merger:
         self._sim_at = None
 
     # -- model swap ---------------------------------------------------------------------------
+    def _swap_chance(self, a: int, b: int, step: int) -> float:
+        """plan.swap_chance from the state at the step's first event: the step's swaps are decided together."""
+        p = self.p
+        if not (p.swap_confidence or p.swap_recency):
+            return p.swap_p
+        if self._swap_at is None or self._swap_at[0] != step:
+            self._swap_at = (step, self.st.model_at.copy(), self.left_at.copy())
+        _, model_at, left_at = self._swap_at
+        conf = self.pool.confidence(b) if p.swap_confidence else None
+        return plan_mod.swap_chance(p, conf, step - left_at[model_at[a], b])
+
     def _swap(self, a: int, b: int) -> None:
         """The two workers exchange models, with everything that belongs to a model (optimiser
         state, supports, public copy); each goes on with the other's data. Two full transfers."""

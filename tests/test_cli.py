@@ -78,6 +78,7 @@ BAD_POLICIES = {
     "unknown topology": ('{"topology": "star"}', "policy.topology"),
     "data similarity sign out of range": ('{"data_exchange_k": 4, "data_similarity_sign": 2}',
                                           "error: policy.data_similarity_sign: 2"),
+    "negative swap recency": ('{"swap_p": 0.5, "swap_recency": -1}', "error: policy.swap_recency: -1"),
     "unknown p_intra schedule": ('{"topology": "communities", "p_intra_schedule": "step"}',
                                  "error: policy.p_intra_schedule: unknown 'step'; allowed: constant, linear, cosine"),
     "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',

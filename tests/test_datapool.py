@@ -98,3 +98,31 @@ def test_the_history_is_reported_with_the_run(mnist):
     assert unseen.examples_moved == plain.examples_moved and unseen.val_accuracy != plain.val_accuracy
     assert simulate.simulate(setup, MergePolicy(topology="complete", mean_interval=3), 0,
                              device="cpu").final.travel_visitors is None
+
+
+def test_swap_chance_is_conditioned_on_the_peers_confidence_and_the_models_absence():
+    from evomerge.engine.plan import swap_chance
+
+    p = MergePolicy(topology="complete", swap_p=0.5)
+    assert swap_chance(p, 0.9, 3.0) == 0.5  # neutral values: today's coin
+    conf = p.replace(swap_confidence=1.0)
+    assert swap_chance(conf, 0.9, 3.0) == pytest.approx(0.5 * 1.8) and swap_chance(conf, 0.1, 3.0) == pytest.approx(0.1)
+    assert swap_chance(conf, None, 3.0) == 0.5  # no confidence yet: not conditioned
+    rec = p.replace(swap_recency=10.0)
+    assert swap_chance(rec, None, float("inf")) == 0.5  # the model never held the peer's data
+    assert swap_chance(rec, None, 10.0) == pytest.approx(0.5 * (1 - np.exp(-1.0)))
+    assert swap_chance(rec, None, 0.0) == 0.0  # it has just left it
+
+
+def test_conditioned_swaps_change_how_often_models_swap(setup):
+    """Push gossip: a swap moves two models, a merge one, so the bytes count the swaps. swap_confidence +1 and -1
+    move the chance to opposite sides of the plain coin (by 2c - 1, c the peer's confidence), and a long recency
+    keeps a model from going back to the data it just left."""
+    pol = MergePolicy(topology="complete", exchange="push", swap_p=0.5, mean_interval=2)
+    plain = simulate.simulate(setup, pol, 0, device="cpu").final
+    less = simulate.simulate(setup, pol.replace(swap_confidence=-1.0), 0, device="cpu").final
+    more = simulate.simulate(setup, pol.replace(swap_confidence=1.0), 0, device="cpu").final
+    assert plain.merges == less.merges == more.merges
+    assert (less.bytes - plain.bytes) * (more.bytes - plain.bytes) < 0, (less.bytes, plain.bytes, more.bytes)
+    recent = simulate.simulate(setup, pol.replace(swap_recency=1000.0), 0, device="cpu").final
+    assert recent.bytes < plain.bytes  # a model that just left a worker's data rarely goes back

@@ -216,6 +216,10 @@ class Backend(ABC):
         """After step ``step``'s gossip events: anything else they do (data that travels); returns its bytes."""
         return 0
 
+    def swap_chances(self, a: np.ndarray, b: np.ndarray, step: int) -> np.ndarray | float:
+        """The chance that each event (initiator ``a``, peer ``b``) swaps the two models (plan.swap_chance)."""
+        return self.p.swap_p
+
     def end_round(self, r: int) -> None:
         """After round ``r`` was judged and reported (self-forming communities regroup here)."""
 

@@ -32,7 +32,7 @@ class InProcess(Backend):
         super().__init__(setup, policy, seed, device, list(range(W)), state=state, tensors=tensors)
         self.W = W
         self.pool = None
-        if policy.data_exchange_k or policy.retire_threshold:
+        if policy.data_exchange_k or policy.retire_threshold or (policy.swap_p and policy.swap_confidence):
             self.pool = datapool.DataPool(setup.shards, len(self.train_y), seed, retire_threshold=policy.retire_threshold,
                                           reserve_rate=policy.reserve_rate)
         self.example_bytes = self.train_x[0].numel() * self.train_x.element_size() + 1  # pixels as stored, one label byte
@@ -43,6 +43,7 @@ class InProcess(Backend):
         self.topo = topo
         self.peer_p = topo.probabilities() if topo is not None else None
         self._peer_p_at: tuple[int, np.ndarray] | None = None  # (step, peer distributions) of a moving p_intra
+        self.left_at = np.full((W, W), -np.inf)  # [model, worker]: the step the model last left the worker's data
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
         self.sim = None
         self.labels = setup.data.train_y.numpy()
@@ -130,9 +131,20 @@ class InProcess(Backend):
         return sent
 
     # -- gossip: a set of disjoint pairs at once --------------------------------------------------------
+    def swap_chances(self, a, b, step):
+        p = self.p
+        if not (p.swap_confidence or p.swap_recency):
+            return p.swap_p
+        out = np.empty(len(a))
+        for e, (i, j) in enumerate(zip(a.tolist(), b.tolist())):
+            conf = self.pool.confidence(j) if p.swap_confidence else None
+            out[e] = plan_mod.swap_chance(p, conf, step - self.left_at[self.state.model_at[i], j])
+        return out
+
     def pairs(self, ps: PairSet) -> None:
         if ps.swap.any():
             for i, j in zip(ps.a[ps.swap].tolist(), ps.b[ps.swap].tolist()):
+                self.left_at[self.state.model_at[[i, j]], [i, j]] = ps.step  # each model leaves its worker's data
                 self._swap(i, j)
             ps = ps.only(~ps.swap)
             if not len(ps):

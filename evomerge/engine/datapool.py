@@ -139,6 +139,12 @@ class DataPool:
         self.moved += len(chosen)
         return len(chosen)
 
+    def confidence(self, w: int) -> float | None:
+        """The mean confidence of worker ``w``'s model on its active examples it has trained on (None before any)."""
+        c = self.conf[self.active(w)]
+        c = c[c < UNSEEN]
+        return float(c.mean()) if len(c) else None
+
     def visitors(self) -> float | None:
         """The mean number of distinct workers that have trained on each example that has travelled (None before
         any has)."""

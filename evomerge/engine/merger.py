@@ -76,7 +76,7 @@ class StepMerger:
         events = np.arange(evs.start, evs.stop)
         a = s.initiator[events]
         b = self.backend.peers(events, step)
-        swap = (s.u_swap[events] < p.swap_p) if p.swap_p else np.zeros(len(events), dtype=bool)
+        swap = (s.u_swap[events] < self.backend.swap_chances(a, b, step)) if p.swap_p else np.zeros(len(events), bool)
         weight = plan_mod.scheduled_weight(p, step, self.T)
         sets = []
         for members in plan_mod.group_disjoint(a, b):

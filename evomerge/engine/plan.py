@@ -12,6 +12,7 @@ events one by one gives.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +98,18 @@ def winner(loss_a: float, loss_b: float) -> int:
 def moves(policy: MergePolicy, weight: float, u: float, winner_: int | None) -> tuple[float, float]:
     """How far (initiator, peer) move towards each other in one event (see :func:`ops.pair_moves`)."""
     return ops.pair_moves(weight, u, policy.winner_bias, policy.lerp == "random", winner_)
+
+
+def swap_chance(policy, confidence: float | None, age: float) -> float:
+    """The chance that a gossip event swaps the two models instead of merging them: ``swap_p``, conditioned on the
+    peer's model's confidence on its data (``confidence``, None before it has any: not conditioned) and on ``age``,
+    the local steps since the initiator's model last held the peer's data (inf: never)."""
+    p = policy.swap_p
+    if policy.swap_confidence and confidence is not None:
+        p *= 1.0 + policy.swap_confidence * (2.0 * confidence - 1.0)
+    if policy.swap_recency:
+        p *= 1.0 if math.isinf(age) else -math.expm1(-age / policy.swap_recency)
+    return min(max(p, 0.0), 1.0)
 
 
 def quant_generator(seed: int, event: int, side: int) -> torch.Generator:

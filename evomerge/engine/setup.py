@@ -148,7 +148,7 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
 #: the metrics that mean something only for some tasks
 NEEDS_CLASSES = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
 NEEDS_POSITIONS = ("val_perplexity", "perplexity_at_time")
-CONFIDENCE_FIELDS = ("data_exchange_k", "retire_threshold")  # built on exp(-loss): the model's confidence
+CONFIDENCE_FIELDS = ("data_exchange_k", "retire_threshold", "swap_confidence")  # built on exp(-loss): the model's confidence
 
 
 def check_task(study: Study, task) -> None:
