@@ -33,7 +33,7 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed"),
             7: ("fragment_pattern",),
             8: ("p_intra_schedule", "p_intra_final", "data_unseen_first", "data_similarity_sign", "swap_confidence",
-                "swap_recency")}
+                "swap_recency", "backup_workers")}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -228,6 +228,11 @@ class MergePolicy:
     swap_recency: float = _f(
         0.0, "Swaps: the chance is also scaled by 1 - exp(-age / swap_recency), age the local steps since the "
         "initiator's model last held the peer's data (1 if it never has); 0 = unconditioned.", ge=0.0, le=1e6)
+    # -- schema 8: backup workers, the synchronous answer to stragglers --
+    backup_workers: int = _f(
+        0, "All-reduce: each all-reduce waits only for the first W - b workers to arrive on the simulated clock; the "
+        "b late ones drop the work of their step (Chen et al. 2016, revisiting synchronous SGD) and take the "
+        "average. Without a clock, or when workers arrive together, nobody is late.", ge=0, le=1023)
     schema_version: int = _f(SCHEMA_VERSION, "Version of this format.", ge=1, le=SCHEMA_VERSION)
 
     @model_validator(mode="before")
@@ -269,6 +274,12 @@ class MergePolicy:
         if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
             raise ConfigError("policy.outer_momentum", "0 with outer_optimizer 'nesterov'; allowed: (0, 1), "
                                                        "or outer_optimizer 'sgd'")
+        if self.backup_workers:
+            for name, value in {"scheme": "allreduce", **BACKUP_NEEDS}.items():
+                if getattr(self, name) != value:
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot drop backup workers "
+                                                        f"(backup_workers {self.backup_workers}: the late workers' "
+                                                        f"rows are left out of a plain average); allowed: {value!r}")
         asynchronous = [k for k, off in ASYNC_OFF.items() if getattr(self, k) != off]
         if asynchronous and self.scheme != "async":
             raise ConfigError(f"policy.{asynchronous[0]}", f"{getattr(self, asynchronous[0])!r} applies to scheme "
@@ -393,6 +404,8 @@ class MergePolicy:
             cond = "".join([f", by the peer's confidence ({self.swap_confidence:.3g})" if self.swap_confidence else "",
                             f", by recency ({self.swap_recency:.3g} steps)" if self.swap_recency else ""])
             parts.append(f"swaps models with p={self.swap_p:.3g}{cond}")
+        if self.backup_workers:
+            parts.append(f"drops the {self.backup_workers} last to arrive at each all-reduce")
         if self.stop_tol:
             parts.append(f"stops when updates stay below {self.stop_tol:.3g} for {self.stop_patience} rounds")
         if self.optimizer_state != "keep":
@@ -408,6 +421,7 @@ COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payloa
 REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
 DATA_TRAVEL_OFF = {"data_unseen_first": False, "data_similarity_sign": 0.0}  # only with data_exchange_k
 SWAP_OFF = {"swap_confidence": 0.0, "swap_recency": 0.0}  # only with swap_p
+BACKUP_NEEDS = {"weighting": "uniform", "payload": "weights", "fragments": 1, "optimizer_state": "keep"}
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 # Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's
@@ -456,6 +470,9 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         out.update(DATA_TRAVEL_OFF)
     if not out.get("swap_p", fixed.swap_p):
         out.update(SWAP_OFF)
+    if out.get("backup_workers", fixed.backup_workers) and (
+            scheme != "allreduce" or any(out.get(k, getattr(fixed, k)) != v for k, v in BACKUP_NEEDS.items())):
+        out["backup_workers"] = 0
     return out
 
 

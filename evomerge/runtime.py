@@ -83,6 +83,7 @@ REFUSED = {
     "retire_threshold": "the loop owns its data; examples cannot be retired",
     "swap_p": "model swaps would move the loop's data to another model",
     "stop_tol": "the loop decides when to stop",
+    "backup_workers": "backup workers are not built into the loop's all-reduce yet (the simulated clock runs them)",
 }
 _ALLOWED: dict[str, tuple] = {}
 

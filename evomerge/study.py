@@ -133,6 +133,8 @@ def _context(name: str) -> dict[str, Any]:
         return {"data_exchange_k": 4}
     if name in policy_mod.SWAP_OFF:
         return {"swap_p": 0.5}
+    if name == "backup_workers":
+        return {"scheme": "allreduce", **policy_mod.BACKUP_NEEDS}
     if name == "outer_optimizer":
         return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS}
     if name in policy_mod.ASYNC_OFF:  # asynchronous DiLoCo's own fields

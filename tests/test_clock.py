@@ -8,6 +8,7 @@ import pytest
 from evomerge.engine import schedule as schedule_mod
 from evomerge.engine import clock, plan
 from evomerge.policy import MergePolicy
+from evomerge.errors import ConfigError
 from evomerge.study import EnvSpec
 
 P_PARAMS = 1000  # a model of 1000 float32 parameters: 4000 bytes a payload
@@ -199,3 +200,23 @@ def test_a_sign_compressed_allreduce_pays_its_signs_up_and_the_average_down():
     first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
     assert first.time == pytest.approx(2.0 + 2 * (W - 1) * l + (W - 1) / W * (129 + 4000) / b, abs=1e-12)
     assert cost.allreduce(W) == W * (129 + 4000)  # the bytes charged: each worker's signs up, the average down
+
+
+def test_backup_workers_leave_the_late_ones_out_of_the_allreduce():
+    """Worker 3 is 4x slower. All-reduce every step: without backups every step waits 4 s for it; with one backup
+    worker the barrier opens when the first three arrive (1 s a step), and worker 3's step is dropped each time
+    (it counts as done at the barrier and takes the average). On a homogeneous cluster nobody is late."""
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.25))
+    sync = MergePolicy(scheme="allreduce", mean_interval=1.0, mixing_weight=1.0)
+    tl, _ = timeline(env, sync, 4, 3)
+    assert [a.time for a in tl.actions[0]] == [4.0, 8.0, 12.0] and tl.dropped == {}
+    tl, _ = timeline(env, sync.replace(backup_workers=1), 4, 3)
+    assert all([(a.boundary, a.time) for a in acts] == [(1, 1.0), (2, 2.0), (3, 3.0)] for acts in tl.actions)
+    assert tl.dropped == {0: (3,), 1: (3,), 2: (3,)}
+    assert list(tl.completions[3]) == [1.0, 2.0, 3.0]  # its dropped steps end at the barriers
+    same = EnvSpec(step_time=1.0)
+    a, _ = timeline(same, sync, 4, 3)
+    b, _ = timeline(same, sync.replace(backup_workers=2), 4, 3)
+    assert b.dropped == {} and [[x.time for x in acts] for acts in a.actions] == [[x.time for x in acts] for acts in b.actions]
+    with pytest.raises(ConfigError, match="policy.backup_workers: 4 with 4 workers; allowed: 0..3"):
+        timeline(env, sync.replace(backup_workers=4), 4, 3)

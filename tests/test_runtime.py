@@ -560,13 +560,14 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
 
 @pytest.mark.parametrize("field,value,why", [
     ("swap_p", 0.2, "model swaps"), ("data_exchange_k", 4, "cannot travel"), ("similarity_bias", 0.5, "similarity"),
-    ("stop_tol", 0.1, "the loop decides"),
+    ("stop_tol", 0.1, "the loop decides"), ("backup_workers", 1, "backup workers"),
 ])
 def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
     from evomerge.runtime import check_policy
 
     with pytest.raises(ConfigError, match=rf"^policy\.{field}: .*{why}.*; allowed: ") as e:
-        check_policy(MergePolicy(**{field: value}), 4)
+        extra = {"scheme": "allreduce", "mean_interval": 1} if field == "backup_workers" else {}
+        check_policy(MergePolicy(**{field: value}, **extra), 4)
     assert "\n" not in str(e.value)
     check_policy(MergePolicy(optimizer_state="reset"), 4)  # what it runs passes
     check_policy(MergePolicy(optimizer_state="average", payload="delta", topk_fraction=0.1), 4)

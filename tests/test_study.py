@@ -82,7 +82,7 @@ def test_error_lines_name_the_field_and_what_is_allowed():
         ({"run": {"lr": -1}}, "study.run.lr: -1 is out of range; allowed: [0, inf)"),
         ({"data": {"partition": "zipf"}}, "study.data.partition: unknown 'zipf'; allowed: iid, dirichlet, by_file"),
         ({"baselines": {"policies": ["nope"]}},
-         "study.baselines.policies: nope: no such file or named policy; named: allreduce, allreduce-sign, allreduce-topk, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco"),
+         "study.baselines.policies: nope: no such file or named policy; named: allreduce, allreduce-backup, allreduce-sign, allreduce-topk, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco"),
         ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}},
          "study.search.space.degree: [4, 6] is impossible with 4 workers; allowed: at most 3"),
     ]
@@ -111,7 +111,7 @@ def test_a_copied_study_finds_the_shipped_named_policies(tmp_path):
     own.mkdir()
     (own / "fedavg.json").write_text('{"name": "my-fedavg", "scheme": "allreduce", "mean_interval": 7}')
     assert s.resolve_policy("fedavg").name == "my-fedavg"  # the study's own folder comes first
-    with pytest.raises(ConfigError, match=r"^--policy: nope: no such file or named policy; named: allreduce, allreduce-sign, allreduce-topk, async-diloco, diloco, fedavg"):
+    with pytest.raises(ConfigError, match=r"^--policy: nope: no such file or named policy; named: allreduce, allreduce-backup, allreduce-sign, allreduce-topk, async-diloco, diloco, fedavg"):
         s.resolve_policy("nope")
 
 

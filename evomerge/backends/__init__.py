@@ -116,6 +116,7 @@ CAPABILITIES: dict[str, Capabilities] = {
             "data_exchange_k": "training examples travel between workers",
             "retire_threshold": "examples are retired by confidence (with data exchange)",
             "swap_p": "models are swapped between workers",
+            "backup_workers": "the late workers are left out of the clock's all-reduce in process only",
         },
         only={"optimizer_state": ("keep", "the optimiser's state is not sent between ranks"),
               "score": ("holdout", "the running score is not sent between ranks yet"),

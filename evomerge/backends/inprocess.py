@@ -189,11 +189,15 @@ class InProcess(Backend):
         st.score[[a, b]], st.score_weight[[a, b]] = st.score[[b, a]], st.score_weight[[b, a]]
 
     # -- complete average ----------------------------------------------------------------------------
-    def allreduce(self, event: int, step: int, weight: float) -> None:
+    def allreduce(self, event: int, step: int, weight: float, dropped: tuple[int, ...] = ()) -> None:
+        """``dropped``: backup workers late at the clock's barrier, left out of the average (they take it)."""
         st, p, W = self.state, self.p, self.W
         every = np.arange(W)
         sent = self.payload.outgoing(st, p, self.seed, every, np.full(W, event), list(range(W)))
         blocks = st.params.blocks if sent is None else [sent[:, o:o + n] for o, n in self.setup.model.offsets]
+        if dropped:
+            keep = torch.as_tensor([w for w in range(W) if w not in dropped], device=blocks[0].device)
+            blocks = [blk.index_select(0, keep) for blk in blocks]
         supports = self.weighting.supports(st)
         st.optim.merge_all(p.optimizer_state, supports, weight)  # before the supports merge
         kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules, blocks, supports, weight,

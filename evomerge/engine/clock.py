@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ConfigError
 from .schedule import STREAMS, Schedule, rng_for
 
 TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
@@ -107,6 +108,7 @@ class Timeline:
     step_starts: list = field(default_factory=list)
     idle_spans: list = field(default_factory=list)
     send_spans: list = field(default_factory=list)
+    dropped: dict = field(default_factory=dict)  # all-reduce event -> the late workers left out (backup workers)
     steps_at: np.ndarray = field(init=False)  # [rounds, W] local steps done by each round's end
 
     def __post_init__(self):
@@ -327,6 +329,11 @@ class Simulation:
         self.actions: list[list[Action]] = [[] for _ in range(W)]
         self.sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
         self.barrier: dict[int, float] = {}
+        self.barrier_at: tuple[int, int] | None = None  # (event, boundary) of the all-reduce being waited for
+        self.backups = policy.backup_workers
+        if self.backups >= W:
+            raise ConfigError("policy.backup_workers", f"{self.backups} with {W} workers; allowed: 0..{W - 1}")
+        self.dropped: dict[int, tuple[int, ...]] = {}  # all-reduce event -> the late workers left out of it
         self.total = 0
         self.end = self.budget
         self.streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
@@ -394,6 +401,34 @@ class Simulation:
         self.push(t + self.net.latency[i, j], "land", f[6])
         self._reshare(f[8], t)
 
+    def release(self, e: int, k: int, t: float) -> None:
+        """All-reduce ``e`` after local step ``k`` leaves its barrier at ``t``: every worker there (all of them, or
+        the first W - b with backup workers) averages; a late one drops the work of its step(s) up to ``k`` (they
+        count as done at ``t``, their rows are left out of the average) and takes the average with the others."""
+        W = self.W
+        late = [v for v in range(W) if v not in self.barrier]
+        t_all = max(self.barrier.values())
+        t_done = t_all + self.ring(e)
+        for v in late:
+            self.busy[v], self.step_end[v] = False, -1.0  # its pending end is stale
+            for _ in range(k - self.done[v]):
+                self.completions[v].append(t)
+                self.total += 1
+            self.done[v] = k
+            self.barrier[v] = t
+        if late:
+            self.dropped[e] = tuple(late)
+            if not self.env.time_budget and self.total >= self.need:
+                self.end = min(self.end, t)  # the step budget's work is done (the late workers' steps count)
+        for v in range(W):
+            self.actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
+            self.idle_spans[v].append((self.barrier[v], t_done))
+            self.send_spans[v].append((t_all, t_done))
+        self.barrier.clear()
+        self.barrier_at = None
+        for v in range(W):
+            self.push(t_done, "go", v)
+
     def ring(self, e: int) -> float:
         share = self.cost.allreduce_share(None if self.sched.fragment is None else int(self.sched.fragment[e]))
         return self.net.ring_allreduce(self.cost.sent * share, self.cost.dense * share)
@@ -443,17 +478,12 @@ class Simulation:
             e = evs[0]
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
             self.barrier[w] = t
+            self.barrier_at = (e, k)
             self.sends.append((t, cost.allreduce(1, frag)))  # this worker's share of the bytes
             if len(self.barrier) == W:
-                t_all = max(self.barrier.values())
-                t_done = t_all + self.ring(e)
-                for v in range(W):
-                    self.actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
-                    self.idle_spans[v].append((self.barrier[v], t_done))
-                    self.send_spans[v].append((t_all, t_done))
-                self.barrier.clear()
-                for v in range(W):
-                    self.push(t_done, "go", v)
+                self.release(e, k, t)
+            elif self.backups and len(self.barrier) == W - self.backups:
+                self.push(t, "release", (e, k))  # after the other arrivals at this instant: those are not late
             return
         for e in evs:
             j = int(sched.peer[e])
@@ -479,6 +509,8 @@ class Simulation:
                 break
             if kind == "end":
                 w = data
+                if self.step_end[w] != t:
+                    continue  # a step dropped at a backup all-reduce's barrier
                 self.busy[w] = False
                 self.done[w] += 1
                 self.completions[w].append(t)
@@ -504,6 +536,9 @@ class Simulation:
                 self.start_step(data, t)
             elif kind == "go":  # leaving an all-reduce
                 self.start_step(data, t)
+            elif kind == "release":  # the first W - b workers are at the barrier, and nobody else at this instant
+                if self.barrier_at == data:
+                    self.release(*data, t)
             elif kind == "land":
                 e, i, j, t_sent, what = data
                 # applied at the receiver's first boundary at or after t (at once if it is not in a step)
@@ -574,4 +609,4 @@ class Simulation:
         step_starts = [[x for x, c in zip(st, cs) if c <= end_t] for st, cs in zip(self.step_starts, completions)]
         send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]
         return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon,
-                        step_starts, [list(x) for x in idle_spans], send_spans)
+                        step_starts, [list(x) for x in idle_spans], send_spans, dict(self.dropped))

@@ -282,7 +282,12 @@ class Timed:
     def _allreduce(self, a: clock.Action) -> None:
         s, st = self.timeline.schedule, self.backend.state
         step = int(s.step[a.event])
-        self.backend.allreduce(a.event, step, plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event])))
+        weight = plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event]))
+        dropped = self.timeline.dropped.get(a.event)
+        if dropped:  # backup workers: the late ones' rows are left out of the average
+            self.backend.allreduce(a.event, step, weight, dropped=dropped)
+        else:
+            self.backend.allreduce(a.event, step, weight)
         if s.syncs_whole_model(a.event):  # as the lockstep merger: once
             st.examples.fill_(self.backend.sum_examples())  # per sync of the whole model (its last fragment)
         st.rescale_supports()
