@@ -1,9 +1,11 @@
-"""Does searching the schema 2 fields pay? Two searches per search seed on mnist-skewed
-(Dirichlet 0.1 shards), same sampler and budget:
+"""Does searching the schema 2 fields pay (or, with --schema 8, the schema 8 fields)? Two searches per search
+seed on mnist-skewed (Dirichlet 0.1 shards), same sampler and budget:
 
   without   the space of mnist-gossip (the 11 schema 1 fields)
   with      the same space plus similarity, similarity_bias, regroup_every, data_exchange_k,
             retire_threshold, reserve_rate, swap_p and stop_tol
+  (--schema 8: without = the schema 1 and 2 fields; with = those plus p_intra_schedule, p_intra_final,
+   data_unseen_first, data_similarity_sign, swap_confidence and swap_recency)
 
 and prints, per arm, the best trial's validation accuracy and bytes (means over search
 seeds) and which of the new fields each best policy uses. Each best policy is also
@@ -11,7 +13,7 @@ re-evaluated on 3 fresh seeds (test accuracy), the same way for both arms. Last,
 ablation: each best "with" policy with one new field turned off at a time (validation
 accuracy on the study's seeds), to show which field the gain comes from. Run:
 
-    .venv/bin/python benchmarks/compare_new_fields.py [--trials 30] [--search-seeds 0 1 2] [--data-dir DIR]
+    .venv/bin/python benchmarks/compare_new_fields.py [--schema 2|8] [--trials 30] [--search-seeds 0 1 2] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from evomerge import simulate, study
 from evomerge.policy import ADDED_IN, MergePolicy
 
 NEW = set(ADDED_IN[2])
+LATER = set(ADDED_IN[8])  # left out of both arms of the schema 2 comparison
 
 
 def uses(policy: dict) -> list[str]:
@@ -46,6 +49,15 @@ def uses(policy: dict) -> list[str]:
         out.append(f"swap_p={p.swap_p:.2f}")
     if p.stop_tol:
         out.append(f"stop_tol={p.stop_tol:.4f}")
+    if p.topology == "communities" and p.p_intra_schedule != "constant":
+        out.append(f"p_intra {p.p_intra:.2f}->{p.p_intra_final:.2f} ({p.p_intra_schedule})")
+    if p.scheme == "gossip" and p.data_exchange_k:
+        if p.data_unseen_first:
+            out.append("data_unseen_first")
+        if p.data_similarity_sign:
+            out.append(f"data_similarity_sign={p.data_similarity_sign:.2f}")
+    if p.scheme == "gossip" and p.swap_p and (p.swap_confidence or p.swap_recency):
+        out.append(f"swap_confidence={p.swap_confidence:.2f}, swap_recency={p.swap_recency:.3g}")
     return out
 
 
@@ -57,13 +69,18 @@ def main() -> None:
     ap.add_argument("--fresh-seeds", type=int, default=3)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--sampler", default="tpe")
+    ap.add_argument("--schema", type=int, choices=(2, 8), default=2)
     args = ap.parse_args()
     full = study.load(args.study)
     d = full.data
     data = data_mod.load(d.dataset, args.data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
-    without = dataclasses.replace(full, search=dataclasses.replace(
-        full.search, space=tuple(p for p in full.search.space if p.name not in NEW)))
-    arms = {"without": without, "with": full}
+    new, later = (NEW, LATER) if args.schema == 2 else (LATER, set())
+
+    def leave_out(names):
+        return dataclasses.replace(full, search=dataclasses.replace(
+            full.search, space=tuple(p for p in full.search.space if p.name not in names)))
+
+    arms = {"without": leave_out(new | later), "with": leave_out(later)}
     setup = simulate.prepare(full, data=data)
     fresh = fresh_seeds(full, args.fresh_seeds)
     rows: dict[str, list[dict]] = {k: [] for k in arms}
@@ -95,12 +112,16 @@ def main() -> None:
     for arm, rs in rows.items():
         for r in rs:
             print(f"{arm}, seed {r['seed']}: {r['describe']}")
-    ablate(setup, full, [r["policy"] for r in rows["with"]])
+    ablate(setup, full, [r["policy"] for r in rows["with"]], args.schema)
 
 
-def ablate(setup, st, policies: list[MergePolicy]) -> None:
-    """Validation accuracy of each policy with one schema 2 field group turned off at a time."""
-    off = {"similarity_bias": {"similarity_bias": 0.0}, "regroup_every": {"regroup_every": 0},
+def ablate(setup, st, policies: list[MergePolicy], schema: int = 2) -> None:
+    """Validation accuracy of each policy with one new field group turned off at a time."""
+    off = {"p_intra_schedule": {"p_intra_schedule": "constant"}, "data_unseen_first": {"data_unseen_first": False},
+           "data_similarity_sign": {"data_similarity_sign": 0.0},
+           "swap conditions": {"swap_confidence": 0.0, "swap_recency": 0.0},
+           "all new fields": {"p_intra_schedule": "constant", "data_unseen_first": False, "data_similarity_sign": 0.0,
+                              "swap_confidence": 0.0, "swap_recency": 0.0}} if schema == 8 else {"similarity_bias": {"similarity_bias": 0.0}, "regroup_every": {"regroup_every": 0},
            "data_exchange_k": {"data_exchange_k": 0}, "retire_threshold": {"retire_threshold": 0.0},
            "swap_p": {"swap_p": 0.0}, "stop_tol": {"stop_tol": 0.0},
            "all new fields": {"similarity_bias": 0.0, "regroup_every": 0, "data_exchange_k": 0,
