@@ -279,7 +279,8 @@ class MergePolicy:
                 if getattr(self, name) != value:
                     raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot drop backup workers "
                                                         f"(backup_workers {self.backup_workers}: the late workers' "
-                                                        f"rows are left out of a plain average); allowed: {value!r}")
+                                                        f"rows are left out of a plain average that every row "
+                                                        f"takes); allowed: {value!r}")
         asynchronous = [k for k, off in ASYNC_OFF.items() if getattr(self, k) != off]
         if asynchronous and self.scheme != "async":
             raise ConfigError(f"policy.{asynchronous[0]}", f"{getattr(self, asynchronous[0])!r} applies to scheme "
@@ -421,7 +422,8 @@ COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payloa
 REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
 DATA_TRAVEL_OFF = {"data_unseen_first": False, "data_similarity_sign": 0.0}  # only with data_exchange_k
 SWAP_OFF = {"swap_confidence": 0.0, "swap_recency": 0.0}  # only with swap_p
-BACKUP_NEEDS = {"weighting": "uniform", "payload": "weights", "fragments": 1, "optimizer_state": "keep"}
+BACKUP_NEEDS = {"weighting": "uniform", "payload": "weights", "fragments": 1, "fragment_delay": 0,
+                "optimizer_state": "keep", "mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant"}
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule
 OUTER_NEEDS = {"mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant", "payload": "weights"}
 # Streaming DiLoCo's fields, off; and what streaming needs besides OUTER_NEEDS (supports and the optimiser's

@@ -142,7 +142,7 @@ class _Merger:
         self.peer_p = sched.topology.probabilities() if sched.topology is not None else None
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
         self.left_at = np.full((st.W, st.W), -np.inf)  # [model, worker]: the step the model last left the worker's data
-        self._swap_at = None  # (step, model_at, left_at) at the step's first event
+        self._swap_at = None  # (step, model_at, left_at, confidences) at the step's first event
 
     def weight(self, step: int) -> float:
         p = self.p
@@ -201,9 +201,10 @@ class _Merger:
         if not (p.swap_confidence or p.swap_recency):
             return p.swap_p
         if self._swap_at is None or self._swap_at[0] != step:
-            self._swap_at = (step, self.st.model_at.copy(), self.left_at.copy())
-        _, model_at, left_at = self._swap_at
-        conf = self.pool.confidence(b) if p.swap_confidence else None
+            confs = [self.pool.confidence(w) for w in range(self.st.W)] if p.swap_confidence else None
+            self._swap_at = (step, self.st.model_at.copy(), self.left_at.copy(), confs)
+        _, model_at, left_at, confs = self._swap_at
+        conf = confs[b] if p.swap_confidence else None
         return plan_mod.swap_chance(p, conf, step - left_at[model_at[a], b])
 
     def _swap(self, a: int, b: int) -> None:

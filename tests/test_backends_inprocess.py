@@ -46,6 +46,8 @@ POLICIES = {
     "swaps-adaptive": P(topology="complete", swap_p=0.5, weighting="adaptive", payload="delta", topk_fraction=0.5,
                         mean_interval=1.5),
     "swaps-conditioned": P(topology="complete", swap_p=0.8, swap_confidence=0.9, swap_recency=20.0, mean_interval=1.5),
+    "swaps-conditioned-data-travels": P(topology="complete", swap_p=0.6, swap_confidence=-0.8, data_exchange_k=6,
+                                        data_unseen_first=True, mean_interval=1.5),
     "swaps-recency-only": P(topology="ring", swap_p=0.9, swap_recency=5.0, mean_interval=1.2, winner_bias=0.5),
     "stop-tol": P(stop_tol=1e5, stop_patience=2, mean_interval=2),
 }

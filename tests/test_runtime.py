@@ -566,7 +566,7 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
     from evomerge.runtime import check_policy
 
     with pytest.raises(ConfigError, match=rf"^policy\.{field}: .*{why}.*; allowed: ") as e:
-        extra = {"scheme": "allreduce", "mean_interval": 1} if field == "backup_workers" else {}
+        extra = {"scheme": "allreduce", "mean_interval": 1, "mixing_weight": 1.0} if field == "backup_workers" else {}
         check_policy(MergePolicy(**{field: value}, **extra), 4)
     assert "\n" not in str(e.value)
     check_policy(MergePolicy(optimizer_state="reset"), 4)  # what it runs passes

@@ -107,3 +107,19 @@ def test_p_intra_schedule_is_a_schema_8_field_and_is_described():
         MergePolicy.from_dict({"schema_version": 7, "topology": "communities", "p_intra_schedule": "linear"})
     with pytest.raises(Err, match="policy.p_intra_schedule"):
         MergePolicy.from_dict({"p_intra_schedule": "step"})
+
+
+def test_a_moving_p_intra_is_timed_by_the_runs_steps_and_opens_every_group_it_will_reach():
+    """On a simulated clock the schedule is built for a longer horizon than the run: p_intra still reaches its final
+    value at the run's last step (past it, it stays there). A worker's possible peers are everyone it may draw over
+    the run, so p_intra 1 -> 0 opens the other group (what senders of deltas and the bytes charged need)."""
+    from evomerge.engine import schedule
+
+    groups = np.repeat([0, 1], 8)
+    pol = MergePolicy(topology="communities", n_communities=2, p_intra=1.0, p_intra_final=0.0,
+                      p_intra_schedule="linear", mean_interval=2.0)
+    s = schedule.build(pol, 16, 2000, seed=3, run_steps=1000)
+    late = s.step >= 1000
+    assert np.all(groups[s.initiator[late]] != groups[s.peer[late]])
+    assert _intra_share(s, groups, 0.0, 0.05) > 0.85
+    assert list(s.topology.neighbours(0)) == list(range(1, 16))

@@ -44,7 +44,9 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   lands (pushes landing at the same instant as one batch), and the worker idles until the new model is back.
 - **all-reduce**: a barrier at the slowest worker, then a ring all-reduce of
   ``2 (W - 1) latency + (W - 1) / W (up + down bytes) / bandwidth`` (the ring's slowest link;
-  for a weights payload ``2 (W - 1) / W x bytes / bandwidth``); everyone leaves together.
+  for a weights payload ``2 (W - 1) / W x bytes / bandwidth``); everyone leaves together. With
+  ``backup_workers = b`` the barrier opens at the first ``W - b`` arrivals (and any others at that
+  instant); the late workers drop their step and leave with the others (:meth:`Simulation.release`).
 - **budget**: ``time_budget`` simulated seconds, else the work of the step budget: the run
   ends when the workers together have done ``W x T`` local steps (the lockstep run's work,
   in whatever time the cluster needs). Rounds end at equal shares of either.
@@ -330,6 +332,7 @@ class Simulation:
         self.sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
         self.barrier: dict[int, float] = {}
         self.barrier_at: tuple[int, int] | None = None  # (event, boundary) of the all-reduce being waited for
+        self.step_seq = [0] * W  # each worker's step number: an "end" event of a dropped step is stale
         self.backups = policy.backup_workers
         if self.backups >= W:
             raise ConfigError("policy.backup_workers", f"{self.backups} with {W} workers; allowed: 0..{W - 1}")
@@ -354,7 +357,8 @@ class Simulation:
             return
         self.busy[w], self.step_end[w] = True, t + d
         self.step_starts[w].append(t)
-        self.push(t + d, "end", w)
+        self.step_seq[w] += 1
+        self.push(t + d, "end", (w, self.step_seq[w]))
 
     def resume(self, w: int, t: float) -> None:
         self.waits[w] -= 1
@@ -410,12 +414,16 @@ class Simulation:
         t_all = max(self.barrier.values())
         t_done = t_all + self.ring(e)
         for v in late:
-            self.busy[v], self.step_end[v] = False, -1.0  # its pending end is stale
-            for _ in range(k - self.done[v]):
+            self.busy[v] = False
+            self.step_seq[v] += 1  # its pending end is stale
+            for i in range(k - self.done[v]):
+                if i:  # a step it had not started: begun and dropped at once
+                    self.step_starts[v].append(t)
                 self.completions[v].append(t)
                 self.total += 1
             self.done[v] = k
             self.barrier[v] = t
+            self.sends.append((t, self.cost.allreduce(1, None)))  # it takes the average (one fragment)
         if late:
             self.dropped[e] = tuple(late)
             if not self.env.time_budget and self.total >= self.need:
@@ -508,8 +516,8 @@ class Simulation:
             if t > self.end:
                 break
             if kind == "end":
-                w = data
-                if self.step_end[w] != t:
+                w, seq = data
+                if seq != self.step_seq[w]:
                     continue  # a step dropped at a backup all-reduce's barrier
                 self.busy[w] = False
                 self.done[w] += 1

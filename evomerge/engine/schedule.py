@@ -76,8 +76,11 @@ class Schedule:
         return range(int(lo), int(hi))
 
 
-def build(policy, workers: int, total_steps: int, seed: int, local_steps: list[int] | None = None) -> Schedule:
-    """``local_steps``: asynchronous DiLoCo's local steps per round of each worker (default round(mean_interval))."""
+def build(policy, workers: int, total_steps: int, seed: int, local_steps: list[int] | None = None,
+          run_steps: int | None = None) -> Schedule:
+    """``local_steps``: asynchronous DiLoCo's local steps per round of each worker (default round(mean_interval));
+    ``run_steps``: the run's local steps, where ``total_steps`` is a longer horizon (a simulated clock's): a
+    moving p_intra reaches its final value there, as the mixing weight does."""
     empty = np.zeros(0, dtype=np.int64)
     if policy.scheme == "none" or workers < 2:
         return Schedule(policy.scheme, total_steps, empty, empty, empty, np.zeros(0), None)
@@ -128,7 +131,7 @@ def build(policy, workers: int, total_steps: int, seed: int, local_steps: list[i
     init = np.concatenate(inits)
     order = np.lexsort((init, step))  # by step, then initiator
     step, init = step[order], init[order]
-    peer = topology.sample(init, rng_for(seed, TAG_PEERS), progress=step / total_steps).astype(np.int64)
+    peer = topology.sample(init, rng_for(seed, TAG_PEERS), progress=step / (run_steps or total_steps)).astype(np.int64)
     u = rng_for(seed, TAG_LERP).random(len(step))
     # separate streams: policies that do not use them draw exactly what they drew before
     u_peer = rng_for(seed, TAG_PEER_U).random(len(step))

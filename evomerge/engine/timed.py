@@ -60,7 +60,8 @@ def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.
     cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model)
     local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
     return clock.build(setup.study.environment, policy, run.workers, setup.total_steps, run.rounds, seed, cost,
-                       lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps))
+                       lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps,
+                                                          run_steps=setup.total_steps))
 
 
 class Timed:

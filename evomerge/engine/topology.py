@@ -93,6 +93,10 @@ class Communities(Topology):
         self.p_intra_final = p_intra if p_intra_final is None else p_intra_final
         self.schedule = schedule
 
+    def neighbours(self, i: int) -> np.ndarray:
+        """Everyone ``i`` may draw over the run (a p_intra moving to or from 0 or 1 opens or closes a group)."""
+        return np.flatnonzero((self.probabilities(0.0)[i] > 0) | (self.probabilities(1.0)[i] > 0))
+
     def p_intra_at(self, progress: float) -> float:
         """``p_intra`` at ``progress`` in [0, 1] of the run (the mixing weight's schedule: one definition)."""
         from .ops import scheduled_weight  # ops imports torch; the policy module imports this one
