@@ -135,11 +135,9 @@ class InProcess(Backend):
         p = self.p
         if not (p.swap_confidence or p.swap_recency):
             return p.swap_p
-        out = np.empty(len(a))
-        for e, (i, j) in enumerate(zip(a.tolist(), b.tolist())):
-            conf = self.pool.confidence(j) if p.swap_confidence else None
-            out[e] = plan_mod.swap_chance(p, conf, step - self.left_at[self.state.model_at[i], j])
-        return out
+        conf = {j: self.pool.confidence(j) for j in set(b.tolist())} if p.swap_confidence else {}
+        return np.array([plan_mod.swap_chance(p, conf.get(j), step - self.left_at[self.state.model_at[i], j])
+                         for i, j in zip(a.tolist(), b.tolist())])
 
     def pairs(self, ps: PairSet) -> None:
         if ps.swap.any():

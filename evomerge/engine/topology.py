@@ -30,12 +30,7 @@ class Topology:
     def sample(self, initiators: np.ndarray, rng: np.random.Generator, progress: np.ndarray | None = None) -> np.ndarray:
         """One peer for each initiator; ``progress``: each event's place in the run, in [0, 1] (a topology that
         changes over the run draws from its probabilities there)."""
-        p = self.probabilities()
-        cum = np.cumsum(p, axis=1)
-        u = rng.random(len(initiators))
-        rows = cum[initiators]
-        peers = (u[:, None] >= rows).sum(axis=1)
-        return np.minimum(peers, self.n - 1)
+        return _draw(self.probabilities(), initiators, rng.random(len(initiators)))
 
 
 class Ring(Topology):
@@ -92,6 +87,11 @@ class Communities(Topology):
         self.p_intra = p_intra
         self.p_intra_final = p_intra if p_intra_final is None else p_intra_final
         self.schedule = schedule
+        same = self.groups[:, None] == self.groups[None, :]  # the groups' shape, whatever p_intra is
+        np.fill_diagonal(same, False)
+        other = self.groups[:, None] != self.groups[None, :]
+        self._intra, self._inter = _normalise(same.astype(float)), _normalise(other.astype(float))
+        self._has_intra, self._has_inter = same.any(1, keepdims=True), other.any(1, keepdims=True)
 
     def neighbours(self, i: int) -> np.ndarray:
         """Everyone ``i`` may draw over the run (a p_intra moving to or from 0 or 1 opens or closes a group)."""
@@ -105,14 +105,9 @@ class Communities(Topology):
 
     def probabilities(self, progress: float = 0.0):
         p_intra = self.p_intra_at(progress)
-        same = self.groups[:, None] == self.groups[None, :]
-        np.fill_diagonal(same, False)
-        other = self.groups[:, None] != self.groups[None, :]
-        intra, inter = _normalise(same.astype(float)), _normalise(other.astype(float))
-        has_intra, has_inter = same.any(1, keepdims=True), other.any(1, keepdims=True)
-        w_in = np.where(has_inter, p_intra, 1.0) * has_intra
-        w_out = np.where(has_intra, 1.0 - p_intra, 1.0) * has_inter
-        return _normalise(w_in * intra + w_out * inter)
+        w_in = np.where(self._has_inter, p_intra, 1.0) * self._has_intra
+        w_out = np.where(self._has_intra, 1.0 - p_intra, 1.0) * self._has_inter
+        return _normalise(w_in * self._intra + w_out * self._inter)
 
     def sample(self, initiators: np.ndarray, rng: np.random.Generator, progress: np.ndarray | None = None) -> np.ndarray:
         if self.schedule == "constant" or progress is None:
@@ -121,9 +116,14 @@ class Communities(Topology):
         peers = np.empty(len(initiators), dtype=np.int64)
         for at in np.unique(progress):
             m = progress == at
-            rows = np.cumsum(self.probabilities(float(at)), axis=1)[initiators[m]]
-            peers[m] = (u[m][:, None] >= rows).sum(axis=1)
-        return np.minimum(peers, self.n - 1)
+            peers[m] = _draw(self.probabilities(float(at)), initiators[m], u[m])
+        return peers
+
+
+def _draw(p: np.ndarray, initiators: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws: a peer for each initiator from its row of ``p``, with the uniforms ``u``."""
+    rows = np.cumsum(p, axis=1)[initiators]
+    return np.minimum((u[:, None] >= rows).sum(axis=1), len(p) - 1)
 
 
 def _normalise(p: np.ndarray) -> np.ndarray:
