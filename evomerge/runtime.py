@@ -43,6 +43,11 @@ public copy, so the sender's messages go to all of them, and each applies them i
 **Faults.** Every wait is bounded by ``timeout``: a rank that died or hangs ends every rank that needs it with
 :class:`MergerError`, one line naming it (``rank 2 did not answer for 30 s (merge event 1234); stopped``).
 
+**Asynchronous DiLoCo** (``scheme = "async"``): rank 0 holds the server (:class:`evomerge.engine.kernel.AsyncServer`)
+and serves the pushes that have arrived at its own step boundaries and while it waits; the other ranks push after
+their local steps and wait for the global model. ``speeds`` (one per rank) scale the local steps under
+``local_steps_by_speed``.
+
 **What it refuses**, at construction, in one line naming the field (:data:`REFUSED`): the fields that need
 every worker's state at an event or data that travels, and those the runtime does not run yet.
 """
@@ -140,9 +145,6 @@ def step_size_warning(run: dict, optimizer) -> str | None:
 def check_policy(policy: MergePolicy, workers: int) -> None:
     """Refuse, in one line naming the field, a policy a user's loop cannot run on ``workers`` ranks."""
     check_workers(policy, workers)
-    if policy.scheme == "async":
-        raise ConfigError("policy.scheme", "'async' (asynchronous DiLoCo) needs a server process, which the runtime "
-                                           "does not run yet; allowed: gossip, allreduce, none")
     if policy.winner_bias > 0 and policy.score == "holdout":
         raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
                                           "would score both models on validation slices, which a loop does not have); "
@@ -159,6 +161,36 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
         if value not in allowed:
             raise ConfigError(f"policy.{name}", f"{value!r} cannot run in a training loop ({why}); "
                                                 f"allowed: {', '.join(repr(a) for a in allowed)}")
+
+
+def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) -> list[int] | None:
+    """Asynchronous DiLoCo's local steps per push of each rank: round(mean_interval), or with dynamic local updates
+    (``local_steps_by_speed``) scaled by the ranks' ``speeds`` (:func:`plan.steps_by_speed`, as the clock scales
+    them by the configured ones). Refuses, in one line, what the loop cannot run."""
+    if speeds is not None and policy.scheme != "async":
+        raise ConfigError("speeds", f"given, but scheme {policy.scheme!r} does not use them; allowed: None, or a "
+                                    "policy with scheme 'async'")
+    if policy.scheme != "async":
+        return None
+    if worker_group is not None:
+        raise ConfigError("worker_group", "set with scheme 'async' (asynchronous DiLoCo), which runs one process per "
+                                          "worker; allowed: None")
+    if speeds is None:
+        if policy.local_steps_by_speed:
+            raise ConfigError("speeds", "None, but policy.local_steps_by_speed scales each rank's local steps by its "
+                                        f"speed; allowed: a list of {workers} speeds (steps per second, e.g. from "
+                                        "evomerge calibrate), or local_steps_by_speed false")
+        return None
+    try:
+        values = [float(x) for x in speeds]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != workers or not all(np.isfinite(x) and x > 0 for x in values):
+        raise ConfigError("speeds", f"{speeds!r}; allowed: {workers} positive numbers, one per rank")
+    H = max(1, round(policy.mean_interval))
+    if not policy.local_steps_by_speed:
+        return [H] * workers
+    return plan_mod.steps_by_speed(H, [1.0 / x for x in values])
 
 
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
@@ -227,11 +259,14 @@ class Merger:
     worker's group), and after each step the leader's model is broadcast inside its worker when a merge changed it
     (a one-float flag, then the model); the other ranks reset their optimiser's state where the leader's was.
     W is the number of workers; schedule, traces and ``merges`` are the leaders'. ``group`` must then be None.
+
+    ``speeds``: asynchronous DiLoCo with ``local_steps_by_speed`` only: each rank's speed (steps per second, any
+    common unit), which scales its local steps per push against the fastest rank's.
     """
 
     def __init__(self, policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, seed: int,
                  total_steps: int, group=None, timeout: float = 60.0, trace: str | os.PathLike | None = None,
-                 overlap: str = "nonblocking", worker_group=None):
+                 overlap: str = "nonblocking", worker_group=None, speeds=None):
         p, found = read_policy_and_run(policy)
         if not isinstance(model, torch.nn.Module):
             raise ConfigError("model", f"got {type(model).__name__}; allowed: a torch.nn.Module")
@@ -251,6 +286,7 @@ class Merger:
         if said:
             warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
+        self.arrivals: list[int] = []  # asynchronous DiLoCo, rank 0: the ranks whose pushes it served, in order
         if worker_group is not None:
             group, self._follower, self._leader, n_workers = _leaders(worker_group, group)
         self.group = group
@@ -260,6 +296,7 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
+        local_steps = _async_local_steps(p, self.W, speeds, worker_group)
         from .models import state_buffers
 
         params = [t for t in model.parameters()]
@@ -286,6 +323,10 @@ class Merger:
         self.P = self.layout.n_params
         self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
         self.rules = kernel.block_rules(self.layout, p.buffers)
+        if p.scheme == "async" and len(self.tensors) > len(params):
+            raise ConfigError("model", f"has buffers ({named_buffers[0][0]!r}); scheme 'async' (asynchronous DiLoCo) "
+                                       "with buffers is not built yet; allowed: a model without buffers, or scheme "
+                                       "allreduce")
         self.dev = params[0].device if params else torch.device("cpu")
         # payloads cross gloo through host memory
         self.wire_dev = torch.device("cpu") if dist.get_backend(worker_group if self._follower else group) == "gloo" \
@@ -312,14 +353,15 @@ class Merger:
             d.mkdir(parents=True, exist_ok=True)
             self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
+        self._pending: list[_Pending] = []  # the work handles' waiting threads (joined at the end)
         self._stop_in = {}
         for r in range(self.W):
             if r != self.rank:
                 buf = torch.zeros(1)
                 try:
-                    work = _Pending(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG))
+                    work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG))
                 except RuntimeError as e:  # its connection is already closed
-                    work = _Pending(None, e)
+                    work = self._pend(None, e)
                 self._stop_in[r] = (work, buf)
         self._stop_out: list = []
         self._closing = False
@@ -327,7 +369,15 @@ class Merger:
         self._broadcast_start()
         self.outer = kernel.outer_for(p, self.layout, self._flat, lambda: self._flat().unsqueeze(0))
         self.own_outer = plan_mod.own_outer_every(p)  # Lookahead / SNOO: this rank's own outer step, no merging
-        self.sched = schedule_mod.build(p, self.W, self.T, self.seed)
+        self.sched = schedule_mod.build(p, self.W, self.T, self.seed, local_steps)
+        # asynchronous DiLoCo: the server (the global model and its delayed Nesterov momentum) is rank 0's; it
+        # serves each push at rank 0's step boundaries (and while rank 0 waits), so no thread runs beside the loop
+        self.server, self._served = None, {}
+        if p.scheme == "async" and self.rank == 0:
+            self.server = kernel.AsyncServer(self._flat(), self.W, p.outer_lr, p.outer_momentum,
+                                             p.outer_optimizer == "nesterov", p.momentum_every)
+            self._pushes = {q: [int(e) for e in np.flatnonzero(self.sched.initiator == q)] for q in range(1, self.W)}
+            self._served = {q: 0 for q in self._pushes}
         # Streaming DiLoCo: each fragment's blocks; all-reduces in flight (event -> work, buffer, blocks, t0)
         # and the step after which each lands
         self.streaming = any(getattr(p, k) != off for k, off in STREAMING_OFF.items())
@@ -413,6 +463,8 @@ class Merger:
         elif s.scheme == "allreduce":
             for ev in s.events_at(self.t):
                 self._allreduce(ev)
+        elif s.scheme == "async":
+            self._async_step(self.t)
         elif self.own_outer and self.t % self.own_outer == 0:  # scheme none with an outer step: nothing is sent
             rows = [b.to(torch.float32) for b in self.blocks]
             kernel.outer_each_(rows, None, self.outer, self.layout.offsets)
@@ -467,7 +519,11 @@ class Merger:
                 "outer": None if self.outer is None else {"anchor": self.outer.anchor.clone().cpu(),
                                                           "momentum": self.outer.momentum.clone().cpu()},
                 "public": None if self.public is None else {q: v.clone().cpu() for q, v in self.public.items()},
-                "seq": self._seq, "next": dict(self._next)}
+                "seq": self._seq, "next": dict(self._next),
+                "server": None if self.server is None else {
+                    "global": self.server.glob.clone().cpu(), "pulled": self.server.pulled.clone().cpu(),
+                    "momentum": self.server.momentum.clone().cpu(), "buffer": self.server.buffer.clone().cpu(),
+                    "arrivals": self.server.arrivals}}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` (on a Merger built with the same policy, seed, total_steps and world)."""
@@ -489,6 +545,13 @@ class Merger:
         if self.outer is not None:
             self.outer.anchor.copy_(state["outer"]["anchor"])
             self.outer.momentum.copy_(state["outer"]["momentum"])
+        if self.server is not None:  # asynchronous DiLoCo's server, and the pushes it has served by this step
+            saved = state["server"]
+            for name, key in (("glob", "global"), ("pulled", "pulled"), ("momentum", "momentum"), ("buffer", "buffer")):
+                getattr(self.server, name).copy_(saved[key])
+            self.server.arrivals = int(saved["arrivals"])
+            self._served = {q: sum(1 for ev in evs if int(self.sched.step[ev]) <= self.t)
+                            for q, evs in self._pushes.items()}
         for ev, saved in (state.get("streams") or {}).items():  # fragments in flight at the checkpoint
             ev = int(ev)
             frag = self.fragments[int(self.sched.fragment[ev])] if self.fragments is not None else \
@@ -834,17 +897,17 @@ class Merger:
         for to in self._dests(ev, kind):
             sent_at = time.time()  # before the message can go (the trace's wall clock)
             try:
-                work = _Pending(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
+                work = self._pend(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
             except RuntimeError as e:
                 raise self._gone(to, ev, e) from None
             self._sending.append((work, buf, ev, time.perf_counter(), to))
             self._trace_transfer("send", ev, to, buf, t=sent_at)
 
-    def _post(self, ev: int, kind: int, src: int) -> None:
+    def _post(self, ev: int, kind: int, src: int, size: int | None = None) -> None:
         if (ev, kind) not in self._posted:
-            buf = torch.empty(self._size(), dtype=torch.float32, device=self.wire_dev)
+            buf = torch.empty(self._size() if size is None else size, dtype=torch.float32, device=self.wire_dev)
             try:
-                work = _Pending(dist.irecv(buf, self._global(src), group=self.group, tag=self._tag(ev, kind)))
+                work = self._pend(dist.irecv(buf, self._global(src), group=self.group, tag=self._tag(ev, kind)))
             except RuntimeError as e:
                 raise self._gone(src, ev, e) from None
             self._posted[(ev, kind)] = (work, buf, time.perf_counter())
@@ -941,7 +1004,7 @@ class Merger:
             flag = torch.ones(1)
             for r in self._stop_in:
                 try:
-                    self._stop_out.append(_Pending(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
+                    self._stop_out.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
                 except RuntimeError:
                     pass
         deadline, missing = time.perf_counter() + self.timeout, set()
@@ -1023,7 +1086,13 @@ class Merger:
                 self._wait(lambda: self._sent(work, ev, b), (ev, b))
 
     def _service(self) -> None:
-        """Apply every payload that has arrived: requests (answered first in push-pull) and answers."""
+        """Apply every payload that has arrived: requests (answered first in push-pull) and answers; under
+        asynchronous DiLoCo, rank 0 serves the pushes that have arrived."""
+        if self.sched.scheme == "async":
+            if self.server is not None and not self._closing:
+                self._serve_arrived()
+            self._reap_sends()
+            return
         for (ev, kind) in sorted(self._posted):
             if (ev, kind) not in self._posted:
                 continue
@@ -1039,6 +1108,9 @@ class Merger:
         (``final``), the ranks first tell each other how many steps they did: events after a rank's last step
         never happen."""
         s = self.sched
+        if s.scheme == "async":
+            self._async_drain(final)
+            return
         if s.scheme != "gossip" or self.overlap == "lockstep":
             self._flush_sends()
             return
@@ -1065,6 +1137,9 @@ class Merger:
         :data:`WINDOW` events not done, the same set on every rank's reckoning) get an empty message from their
         initiator, so that no receive is left waiting when the process ends."""
         s, last = self.sched, self._last
+        if s.scheme == "async":
+            self._async_cancel()
+            return
         if s.scheme != "gossip" or self.overlap == "lockstep" or last is None:
             return
         self._post_window()
@@ -1082,7 +1157,7 @@ class Merger:
             for ev, kind in window:
                 buf = torch.zeros(self._size(), device=self.wire_dev)
                 try:
-                    voids.append((_Pending(dist.isend(buf, self._global(b), group=self.group,
+                    voids.append((self._pend(dist.isend(buf, self._global(b), group=self.group,
                                                       tag=self._tag(ev, kind))), buf, ev, b))
                 except RuntimeError as e:
                     raise self._gone(b, ev, e) from None
@@ -1097,6 +1172,150 @@ class Merger:
         for work, buf, ev, t0, to in self._sending:
             self._wait(lambda: self._sent(work, ev, to), (ev, to))
         self._reap_sends()
+
+    # -- asynchronous DiLoCo ------------------------------------------------------------------------------------
+    def _async_step(self, step: int) -> None:
+        """After local step ``step``: a rank other than 0 whose push is due sends its model to rank 0 and takes the
+        global model back; rank 0 serves. ``lockstep`` overlap: rank 0 waits for every push due at ``step`` and serves
+        them (its own with them) as one batch, as the simulated clock does with pushes that arrive together (a
+        homogeneous cluster); otherwise it serves what has arrived, in rank order, then its own push."""
+        s = self.sched
+        evs = [int(e) for e in s.events_at(step)]
+        if self.server is None:
+            for ev in evs:
+                if int(s.initiator[ev]) == self.rank:
+                    self._push(ev)
+            return
+        if self.overlap == "lockstep":
+            rows = {}
+            for ev in evs:
+                q = int(s.initiator[ev])
+                if q == 0:
+                    continue
+                self._post(ev, REQUEST, q, self.P)
+                rows[q] = (ev, self._wait(lambda: self._ready(ev, REQUEST, q), (ev, q)))
+            if any(int(s.initiator[ev]) == 0 for ev in evs):
+                rows[0] = (None, self._flat())
+            if rows:
+                self._serve({q: rows[q] for q in sorted(rows)})
+            return
+        self._serve_arrived()
+        for ev in evs:
+            if int(s.initiator[ev]) == 0:
+                self._serve({0: (None, self._flat())})
+
+    def _push(self, ev: int) -> None:
+        """This rank's push of ``ev``: its model to the server (rank 0), then it waits for the global model."""
+        flat = self._flat().to(self.wire_dev)
+        self._post(ev, REPLY, 0, self.P)
+        sent_at = time.time()
+        try:
+            work = self._pend(dist.isend(flat, self._global(0), group=self.group, tag=self._tag(ev, REQUEST)))
+        except RuntimeError as e:
+            raise self._gone(0, ev, e) from None
+        self._sending.append((work, flat, ev, time.perf_counter(), 0))
+        self._trace_transfer("send", ev, 0, flat, t=sent_at)
+        glob = self._wait(lambda: self._ready(ev, REPLY, 0), (ev, 0))
+        self._take_global(glob)
+        self.merges += 1
+        self._reap_sends()
+
+    def _take_global(self, glob: torch.Tensor) -> None:
+        for blk, (o, n) in zip(self.blocks, self.layout.offsets):
+            blk.copy_(glob[o:o + n].view(1, -1).to(blk.dtype))
+
+    def _serve_arrived(self, due: dict | None = None) -> None:
+        """Rank 0: serve every push that has arrived (one receive is posted for each rank's next push: a rank
+        cannot push again before it has the answer), in rank order; ``due``: at most this many pushes a rank."""
+        got = {}
+        for q, evs in self._pushes.items():
+            k = self._served[q]
+            if k >= (len(evs) if due is None else due[q]):
+                continue
+            ev = evs[k]
+            self._post(ev, REQUEST, q, self.P)
+            buf = self._ready(ev, REQUEST, q)
+            if buf is not None:
+                got[q] = (ev, buf)
+        for q in sorted(got):
+            self._serve({q: got[q]})
+
+    def _serve(self, pushes: dict) -> None:
+        """Rank 0: the server takes ``pushes`` (rank -> (event, its model)) as one batch (:class:`kernel.AsyncServer`),
+        and every rank of it takes the new global model (rank 0 in place, the others as the answer)."""
+        who = list(pushes)
+        rows = torch.stack([pushes[q][1].to(self.server.glob.device, torch.float32) for q in who])
+        glob = self.server.push_(rows, who).clone()
+        self.arrivals.extend(who)
+        for q in who:
+            if q == 0:
+                self._take_global(glob)
+                self.merges += 1
+                continue
+            ev = pushes[q][0]
+            out = glob.to(self.wire_dev)
+            sent_at = time.time()
+            try:
+                work = self._pend(dist.isend(out, self._global(q), group=self.group, tag=self._tag(ev, REPLY)))
+            except RuntimeError as e:
+                raise self._gone(q, ev, e) from None
+            self._sending.append((work, out, ev, time.perf_counter(), q))
+            self._trace_transfer("send", ev, q, out, t=sent_at)
+            self._served[q] += 1
+            if self.overlap != "lockstep" and self._served[q] < len(self._pushes[q]):
+                nxt = self._pushes[q][self._served[q]]
+                self._post(nxt, REQUEST, q, self.P)  # the next push's receive, posted ahead
+
+    def _async_drain(self, final: bool) -> None:
+        """Rank 0 serves every push due by each rank's last step (at the end, the ranks first tell each other how
+        many steps they did; otherwise every rank is at this step)."""
+        last = torch.full((self.W,), self.t, dtype=torch.int64)
+        if final:
+            mine = torch.tensor([self.t], dtype=torch.int64)
+            out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.W)]
+            work = dist.all_gather(out, mine, group=self.group, async_op=True)
+            self._wait(lambda: True if work.is_completed() else None, ("the end of the run", None))
+            work.wait()
+            last = torch.cat(out)
+        self._last = last
+        if self.server is not None:
+            s = self.sched
+            due = {q: sum(1 for ev in evs if int(s.step[ev]) <= int(last[q])) for q, evs in self._pushes.items()}
+            late = lambda: next((q for q in sorted(due) if self._served[q] < due[q]), None)  # noqa: E731
+
+            def ready():
+                if late() is not None and self.overlap == "lockstep":
+                    self._serve_arrived(due)
+                return True if late() is None else None
+
+            self._wait(ready, (f"pushes due by step {self.t}", late))
+        self._flush_sends()
+
+    def _async_cancel(self) -> None:
+        """After the last drain: rank 0's receive posted ahead for a rank's next push, which will not come now, gets
+        an empty message from that rank, so that no receive is left waiting when the process ends."""
+        if self._last is None:
+            return
+        self._closing = True
+        s = self.sched
+        if self.server is None:
+            later = [int(ev) for ev in np.flatnonzero(s.initiator == self.rank) if int(s.step[ev]) > int(self._last[self.rank])]
+            if later and self.overlap != "lockstep":
+                buf = torch.zeros(self.P, device=self.wire_dev)
+                try:
+                    work = self._pend(dist.isend(buf, self._global(0), group=self.group, tag=self._tag(later[0], REQUEST)))
+                except RuntimeError as e:
+                    raise self._gone(0, later[0], e) from None
+                self._wait(lambda: self._sent(work, later[0], 0), (later[0], 0))
+            return
+        if self.overlap != "lockstep":  # every rank with a push left has its receive posted, and sends it an empty one
+            for q, evs in self._pushes.items():
+                if self._served[q] < len(evs):
+                    self._post(evs[self._served[q]], REQUEST, q, self.P)
+        for (ev, kind), (work, buf, t0) in list(self._posted.items()):
+            peer = int(s.initiator[ev])
+            self._wait(lambda: self._sent(work, ev, peer), (ev, peer))
+        self._posted.clear()
 
     # -- all-reduce ----------------------------------------------------------------------------------------------
     def _allreduce(self, ev: int) -> None:
@@ -1232,9 +1451,21 @@ class Merger:
         self._drain(final=False)
         self._release()
 
+    def _pend(self, work, error: BaseException | None = None) -> _Pending:
+        """A pollable work handle (:class:`backends.pending.Pending`), kept until its waiting thread has ended."""
+        if len(self._pending) > 256:
+            self._pending = [x for x in self._pending if x.alive()]
+        out = _Pending(work, error)
+        self._pending.append(out)
+        return out
+
     def _release(self) -> None:
         self._cancel_window()
         self._close()
+        # every message has gone or come by now: let each waiting thread end before the process group can go
+        for x in self._pending:
+            x.join(self.timeout)
+        self._pending = []
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -1247,7 +1478,7 @@ class Merger:
         if not self._stop_in:
             return
         flag = torch.zeros(1)
-        sends = [_Pending(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)) for r in self._stop_in]
+        sends = [self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)) for r in self._stop_in]
         for work in sends + [w for w, _ in self._stop_in.values()]:
             self._wait(lambda: True if work.done() else None, ("the end of the run", None))
         self._stop_in = {}

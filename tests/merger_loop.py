@@ -25,6 +25,7 @@ import evomerge
 from evomerge import reference, simulate, study as study_mod
 from evomerge.engine.setup import batch_indices, normalise
 from evomerge.engine.state import initial_row
+from evomerge.runtime import read_policy
 
 
 @torch.no_grad()
@@ -58,6 +59,8 @@ def main() -> int:
                                                         "r + 0.37 i (r + 1), distinct values (for top-k payloads)")
     ap.add_argument("--device", default="cpu", help="the model's device (cuda: every rank on cuda:0, gloo between "
                                                       "them, payloads staged through host memory)")
+    ap.add_argument("--speeds", type=float, nargs="+", default=None,
+                    help="each rank's speed, for a policy with scheme 'async' (Merger(speeds=...))")
     ap.add_argument("--worker-size", type=int, default=1, help="ranks per worker: DDP inside each worker "
                                                                  "(dist.new_subgroups), Merger(worker_group=...)")
     args = ap.parse_args()
@@ -91,8 +94,9 @@ def main() -> int:
             net = torch.nn.parallel.DistributedDataParallel(model, process_group=sub) if sub is not None else model
             overlaps = args.overlap or ["lockstep"]
             overlap = overlaps[min(i, len(overlaps) - 1)]
+            speeds = args.speeds if read_policy(policy).scheme == "async" else None
             merger = evomerge.Merger(policy, model, opt, seed=args.seed, total_steps=T, overlap=overlap,
-                                     timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub)
+                                     timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub, speeds=speeds)
             if args.mixing and rank != 0:  # the Merger starts every rank from rank 0's model, as DDP does
                 fill(model, rank, args.ramp)
             start = 0
@@ -132,7 +136,8 @@ def main() -> int:
                 merger.finish()
                 flat = torch.cat([t.detach().float().reshape(-1) for t in
                                   list(model.parameters()) + list(model.buffers())]).cpu()
-                torch.save({"consensus": flat, "values": values, "merges": merger.merges, "seconds": seconds},
+                torch.save({"consensus": flat, "values": values, "merges": merger.merges, "seconds": seconds,
+                            "arrivals": list(merger.arrivals)},
                            out / f"result-{i}-{rank}.pt")
     except evomerge.MergerError as e:
         # the process group is broken: say why in one line and leave without tearing it down

@@ -109,6 +109,11 @@ POLICIES = {
                            "topk_fraction": 1.0},
     "fedavg-topk-delta": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 1.0, "payload": "delta",
                           "topk_fraction": 0.2, "quantize_bits": 8},
+    # asynchronous DiLoCo: rank 0 serves the pushes (the server at worker 0's node, as on the simulated clock)
+    "async-diloco": {"scheme": "async", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                     "outer_lr": 0.7, "outer_momentum": 0.9},
+    "async-by-speed": {"scheme": "async", "mean_interval": 8, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                       "outer_lr": 0.5, "outer_momentum": 0.8, "momentum_every": 2, "local_steps_by_speed": True},
     # the synchronous rival compressed to scaled signs (EF-signSGD's compressor on each rank's change)
     "allreduce-sign": {"scheme": "allreduce", "mean_interval": 1, "mixing_weight": 1.0, "payload": "delta",
                        "quantize_bits": 1},
@@ -182,7 +187,12 @@ def result(out: Path, i: int, rank: int = 0) -> dict:
     return torch.load(out / f"result-{i}-{rank}.pt", weights_only=False)
 
 
+FREE_CLOCK = study_mod.EnvSpec(step_time=0.05)  # equal speeds, free links: every push of a step arrives together
+
+
 def engine_consensus(setup, name: str, seed: int = 0) -> torch.Tensor:
+    if POLICIES[name]["scheme"] == "async":  # asynchronous DiLoCo runs on a simulated clock only
+        setup = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=FREE_CLOCK))
     res = simulate.simulate(setup, MergePolicy.from_dict(POLICIES[name]), seed, device=DEVICE, keep_params=True)
     return res.params.mean(0).cpu()
 
@@ -195,7 +205,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 IDENTITY = ["fedavg", "diloco", "snoo", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
             "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4", "streaming-strided",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
-            "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta"]
+            "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta", "async-diloco"]
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +237,98 @@ def test_merger_in_a_users_loop_gives_the_engines_consensus(setup, lockstep_run)
             torch.testing.assert_close(result(lockstep_run, i, r)["consensus"], got, rtol=0, atol=0)
     # the runs differ from each other: the comparison can fail
     assert not torch.allclose(result(lockstep_run, 0)["consensus"], result(lockstep_run, 1)["consensus"], atol=1e-3)
+
+
+def replay_async(setup, policy: dict, arrivals: list[int], local: list[int], seed: int = 0) -> torch.Tensor:
+    """Asynchronous DiLoCo by hand, in one process: W torch modules, each with the study's torch optimiser and data
+    order, pushing in the order ``arrivals`` (each after its next ``local[w]`` steps) to a server written out here
+    (Liu et al. 2024's delayed Nesterov); returns the workers' mean at the end."""
+    import torch.nn.functional as F
+
+    from evomerge import reference
+    from evomerge.engine.setup import batch_indices, normalise
+    from evomerge.engine.state import initial_row
+
+    run, T, W = setup.study.run, setup.total_steps, setup.study.run.workers
+    row = initial_row(setup.model, seed)
+    models, opts, idx = [], [], []
+    @torch.no_grad()
+    def put(m: torch.nn.Module, vec: torch.Tensor) -> None:  # copies (vector_to_parameters would share storage)
+        o = 0
+        for p in m.parameters():
+            p.copy_(vec[o:o + p.numel()].view_as(p))
+            o += p.numel()
+
+    for w in range(W):
+        m = setup.model.builder()
+        put(m, row)
+        models.append(m)
+        opts.append(reference.optimizer(m, run))
+        idx.append(batch_indices(setup.shards[w], run.batch_size, 0, T, seed, w))
+    flat = lambda m: torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone()  # noqa: E731
+    done = [0] * W
+
+    def train(w: int, steps: int) -> None:
+        for t in range(done[w], min(T, done[w] + steps)):
+            bi = torch.as_tensor(idx[w][t])
+            x, y = normalise(setup.data.train_x[bi], setup.data.spec), setup.data.train_y[bi]
+            F.cross_entropy(models[w](x), y).backward()
+            opts[w].step()
+            opts[w].zero_grad()
+        done[w] = min(T, done[w] + steps)
+
+    lr, mu, N = policy["outer_lr"], policy["outer_momentum"], policy.get("momentum_every") or W
+    glob = flat(models[0])
+    pulled = [glob.clone() for _ in range(W)]
+    momentum, buffer = torch.zeros_like(glob), torch.zeros_like(glob)
+    for n, w in enumerate(arrivals, 1):
+        train(w, local[w])
+        d = pulled[w] - flat(models[w])
+        glob.add_(d, alpha=-lr / N)  # each pseudo-gradient at once
+        buffer.add_(d)
+        if n % N == 0:  # every N arrivals, the momentum of their mean
+            momentum.mul_(mu).add_(buffer, alpha=1.0 / N)
+            glob.add_(momentum, alpha=-lr * mu)
+            buffer.zero_()
+        pulled[w] = glob.clone()
+        put(models[w], glob)
+    for w in range(W):
+        train(w, T)
+    return torch.stack([flat(m) for m in models]).mean(0)
+
+
+@pytest.mark.system
+def test_asynchronous_diloco_in_a_users_loop_is_the_servers_order_replayed_by_hand(folder, data_dir, setup, tmp_path):
+    """Real gloo ranks, rank 3 four times slower, non-blocking: rank 0 serves each push as it comes, so the fast
+    ranks never wait for the slow one, and the consensus is what a by-hand loop gives when it replays the pushes in
+    the order rank 0 served them. With dynamic local updates (``speeds``), the slow rank pushes after a quarter of
+    the others' local steps."""
+    from evomerge.engine import plan
+
+    ranks = launch(folder, data_dir, tmp_path, *policies(folder, ["async-diloco", "async-by-speed"]), "--overlap",
+                   "nonblocking", "--step-sleep", 0.01, "--slow-rank", 3, "--slow-factor", 4, "--speeds", 1, 1, 1, 0.25)
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    T = setup.total_steps
+    for i, name in enumerate(["async-diloco", "async-by-speed"]):
+        pol = POLICIES[name]
+        H = round(pol["mean_interval"])
+        local = plan.steps_by_speed(H, [1, 1, 1, 4]) if pol.get("local_steps_by_speed") else [H] * 4
+        assert [result(tmp_path, i, r)["merges"] for r in range(4)] == [T // h for h in local]
+        arrivals = result(tmp_path, i)["arrivals"]
+        assert sorted(arrivals) == sorted(w for w in range(4) for _ in range(T // local[w]))
+        if name == "async-diloco":  # rank 1 did all its pushes before the slow rank 3 did all of its
+            assert arrivals[:max(k for k, w in enumerate(arrivals) if w == 1)].count(3) < T // H, arrivals
+        else:
+            assert local == [8, 8, 8, 2]
+        got = result(tmp_path, i)["consensus"]
+        want = replay_async(setup, pol, arrivals, local)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+        for r in range(1, 4):
+            torch.testing.assert_close(result(tmp_path, i, r)["consensus"], got, rtol=0, atol=0)
+    # another order gives another model: the comparison can fail
+    order = result(tmp_path, 0)["arrivals"]
+    assert not torch.allclose(replay_async(setup, POLICIES["async-diloco"], sorted(order, key=lambda w: w == 3), [5] * 4),
+                              result(tmp_path, 0)["consensus"], atol=1e-4)
 
 
 @pytest.mark.system
@@ -296,6 +398,13 @@ def test_merger_performs_the_schedules_events(setup, lockstep_run):
     for i, name in enumerate(IDENTITY):
         p = MergePolicy.from_dict(POLICIES[name])
         s = schedule.build(p, 4, T, 0)
+        if s.scheme == "async":  # each rank's pushes to the server (rank 0), and the server's answer to each
+            for r in range(1, 4):
+                pushes = [x["step"] for x in trace(lockstep_run, i, r) if x.get("kind") == "send"]
+                assert pushes == [int(t) for t, w in zip(s.step.tolist(), s.initiator.tolist()) if w == r], name
+            answers = [x["peer"] for x in trace(lockstep_run, i, 0) if x.get("kind") == "send"]
+            assert sorted(answers) == sorted(w for w in s.initiator.tolist() if w != 0) and answers
+            continue
         if s.scheme != "gossip":
             for r in range(4):
                 recs = [rec for rec in trace(lockstep_run, i, r) if rec.get("kind") == "allreduce"]
@@ -474,7 +583,8 @@ def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, t
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("name,overlap", [("ring-push-pull", "nonblocking"), ("fedavg", "lockstep")])
+@pytest.mark.parametrize("name,overlap", [("ring-push-pull", "nonblocking"), ("fedavg", "lockstep"),
+                                           ("async-diloco", "nonblocking")])
 def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, data_dir, tmp_path, name, overlap):
     t0 = time.time()
     ranks = launch(folder, data_dir, tmp_path, *policies(folder, [name]), "--overlap", overlap, "--step-sleep", 0.01,
@@ -494,8 +604,9 @@ def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, dat
 
 @pytest.mark.system
 def test_merger_resumes_from_its_state_dict_as_if_never_stopped(folder, data_dir, setup, tmp_path):
-    names = ["ring-winner", "complete-push-examples", "streaming-diloco", "complete-push-delta-examples"]  # at 17 a
-    # fragment is in flight; the delta payload's public copies and message numbers are carried over
+    names = ["ring-winner", "complete-push-examples", "streaming-diloco", "complete-push-delta-examples",
+             "async-diloco"]  # at 17 a fragment is in flight; the delta payload's public copies and message numbers
+    # are carried over, and asynchronous DiLoCo's server (rank 0's)
     args = [*policies(folder, names), "--overlap", "lockstep", "--overlap", "nonblocking", "--overlap", "lockstep",
             "--overlap", "lockstep"]
     ranks = launch(folder, data_dir, tmp_path, *args, "--stop-at", 17)
@@ -508,6 +619,7 @@ def test_merger_resumes_from_its_state_dict_as_if_never_stopped(folder, data_dir
     assert torch.isfinite(result(tmp_path, 1)["consensus"]).all()
     torch.testing.assert_close(result(tmp_path, 2)["consensus"], engine_consensus(setup, names[2]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(result(tmp_path, 3)["consensus"], engine_consensus(setup, names[3]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result(tmp_path, 4)["consensus"], engine_consensus(setup, names[4]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.system
@@ -581,6 +693,9 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
         check_policy(MergePolicy(winner_bias=0.5), 4)
 
 
+ASYNC = {"scheme": "async", "mean_interval": 2, "mixing_weight": 1.0, "outer_optimizer": "nesterov"}
+
+
 def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
     import torch.distributed as dist
 
@@ -603,6 +718,14 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(policy={"winner_bias": 0.3}), r"^policy.score: 'holdout' cannot run"),
             (dict(worker_group="ranks 0-1"), r"^worker_group: 'ranks 0-1' is not a process group holding this rank"),
             (dict(worker_group=dist.group.WORLD, group=dist.group.WORLD), r"^group: set with worker_group; "),
+            # asynchronous DiLoCo: speeds for dynamic local updates, one process per worker, no buffers yet
+            (dict(policy=ASYNC, speeds=[1, 2]), r"^speeds: \[1, 2\]; allowed: 1 positive numbers, one per rank$"),
+            (dict(policy=ASYNC, speeds=[0.0]), r"^speeds: \[0.0\]; allowed: "),
+            (dict(policy=ASYNC | {"local_steps_by_speed": True}),
+             r"^speeds: None, but policy.local_steps_by_speed scales each rank's local steps by its speed; allowed: "),
+            (dict(speeds=[1.0]), r"^speeds: given, but scheme 'gossip' does not use them; allowed: None"),
+            (dict(policy=ASYNC, worker_group=dist.group.WORLD), r"^worker_group: set with scheme 'async'"),
+            (dict(policy=ASYNC, model=torch.nn.BatchNorm1d(2)), r"^model: has buffers \('running_mean'\); scheme "),
         ]
         for kw, pattern in cases:
             args = dict(policy={"scheme": "gossip"}, model=model, seed=0, total_steps=10) | kw
@@ -619,5 +742,9 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         for _ in range(4):
             m.step()
         assert m.W == 1 and m.finish() is model
+        m = evomerge.Merger(ASYNC, model, seed=0, total_steps=4, speeds=[3.0])  # one worker: its server, no pushes
+        for _ in range(4):
+            m.step()
+        assert m.merges == 0 and m.finish() is model
     finally:
         dist.destroy_process_group()

@@ -18,6 +18,7 @@ class Pending:
         self.error = error
         self._done = threading.Event()
         self.finished_at: float | None = None  # wall-clock time (time.time()) the message went or came
+        self._thread = None
         if work is None:
             self.finished_at = time.time()
             self._done.set()
@@ -40,6 +41,16 @@ class Pending:
         if self.error is not None:
             raise RuntimeError(str(self.error) or type(self.error).__name__)
         return True
+
+    def alive(self) -> bool:
+        """Whether its waiting thread is still running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until its waiting thread has ended: after the message went or came, it
+        still has to return from the process group's ``wait()``."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def wait(self) -> None:
         """Block until the message went or came (raises RuntimeError if it failed)."""

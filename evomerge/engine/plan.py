@@ -78,6 +78,13 @@ def own_outer_every(policy: MergePolicy) -> int:
     return 0
 
 
+def steps_by_speed(H: int, step_times) -> list[int]:
+    """Asynchronous DiLoCo's dynamic local updates: each worker's local steps per push, ``H`` for the fastest and
+    scaled by its speed for the others (``step_times``: each worker's time per step, any unit), at least 1."""
+    fastest = min(float(x) for x in step_times)
+    return [max(1, round(H * fastest / float(x))) for x in step_times]
+
+
 def scheduled_weight(policy: MergePolicy, step: int, total: int) -> float:
     """The mixing weight ``a`` at ``step`` of ``total`` local steps (policy.mixing_schedule)."""
     return ops.scheduled_weight(policy.mixing_weight, policy.mixing_weight_final, policy.mixing_schedule, step / total)

@@ -40,8 +40,7 @@ def async_local_steps(policy, env, workers: int, seed: int) -> list[int] | None:
     H = max(1, round(policy.mean_interval))
     if not policy.local_steps_by_speed:
         return [H] * workers
-    m = clock.speed_factors(env, workers, seed)  # step-time multipliers: 1 / speed
-    return [max(1, round(H * float(m.min()) / float(x))) for x in m]
+    return plan_mod.steps_by_speed(H, clock.speed_factors(env, workers, seed))  # step-time multipliers: 1 / speed
 
 
 def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.Timeline:
