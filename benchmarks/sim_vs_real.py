@@ -20,7 +20,8 @@ every prediction within 25% and the policies in the same order.
 The policies: all-reduce every step, FedAvg (all-reduce every 50 steps), ring gossip (push-pull every 10), and
 the best found on mnist-stragglers (benchmarks/RESULTS.md, CMA-ES: push-pull gossip on the complete graph every
 ~10.7 steps, mixing 0.5, winner bias 0.08, adaptive weighting; with the running score, since a loop has no
-validation slices for the holdout one).
+validation slices for the holdout one), and asynchronous DiLoCo (push every 10 steps, Nesterov 0.7 / 0.9; rank 0
+serves the pushes at its step boundaries, the clock's server serves them as they land).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ POLICIES = {
                     "mixing_weight": 0.5},
     "best-stragglers": {"scheme": "gossip", "topology": "complete", "exchange": "push_pull", "mean_interval": 10.7,
                         "mixing_weight": 0.5, "winner_bias": 0.08, "score": "running", "weighting": "adaptive"},
+    # asynchronous DiLoCo: rank 0 serves the pushes (the clock: a server at worker 0's node)
+    "async-diloco": {"scheme": "async", "mean_interval": 10.0, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                     "outer_lr": 0.7, "outer_momentum": 0.9},
 }
 CALIBRATE_FROM = "ring-gossip"
 

@@ -286,7 +286,7 @@ class Merger:
         if said:
             warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
-        self.arrivals: list[int] = []  # asynchronous DiLoCo, rank 0: the ranks whose pushes it served, in order
+        self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
             group, self._follower, self._leader, n_workers = _leaders(worker_group, group)
         self.group = group
@@ -1199,10 +1199,8 @@ class Merger:
             if rows:
                 self._serve({q: rows[q] for q in sorted(rows)})
             return
-        self._serve_arrived()
-        for ev in evs:
-            if int(s.initiator[ev]) == 0:
-                self._serve({0: (None, self._flat())})
+        own = any(int(s.initiator[ev]) == 0 for ev in evs)
+        self._serve_arrived(own=self._flat() if own else None)
 
     def _push(self, ev: int) -> None:
         """This rank's push of ``ev``: its model to the server (rank 0), then it waits for the global model."""
@@ -1224,9 +1222,11 @@ class Merger:
         for blk, (o, n) in zip(self.blocks, self.layout.offsets):
             blk.copy_(glob[o:o + n].view(1, -1).to(blk.dtype))
 
-    def _serve_arrived(self, due: dict | None = None) -> None:
+    def _serve_arrived(self, due: dict | None = None, own: torch.Tensor | None = None) -> None:
         """Rank 0: serve every push that has arrived (one receive is posted for each rank's next push: a rank
-        cannot push again before it has the answer), in rank order; ``due``: at most this many pushes a rank."""
+        cannot push again before it has the answer) as one batch, with rank 0's own model ``own`` when it pushes at
+        this boundary (as the simulated clock serves at worker 0's step boundaries); ``due``: at most this many
+        pushes a rank."""
         got = {}
         for q, evs in self._pushes.items():
             k = self._served[q]
@@ -1237,16 +1237,18 @@ class Merger:
             buf = self._ready(ev, REQUEST, q)
             if buf is not None:
                 got[q] = (ev, buf)
-        for q in sorted(got):
-            self._serve({q: got[q]})
+        if own is not None:
+            got[0] = (None, own)
+        if got:
+            self._serve({q: got[q] for q in sorted(got)})
 
     def _serve(self, pushes: dict) -> None:
-        """Rank 0: the server takes ``pushes`` (rank -> (event, its model)) as one batch (:class:`kernel.AsyncServer`),
+        """Rank 0: the server takes ``pushes`` (rank -> (event, its model), in rank order) as one batch (:class:`kernel.AsyncServer`),
         and every rank of it takes the new global model (rank 0 in place, the others as the answer)."""
         who = list(pushes)
         rows = torch.stack([pushes[q][1].to(self.server.glob.device, torch.float32) for q in who])
         glob = self.server.push_(rows, who).clone()
-        self.arrivals.extend(who)
+        self.arrivals.append(who)
         for q in who:
             if q == 0:
                 self._take_global(glob)

@@ -41,7 +41,8 @@ def test_simultaneous_arrivals_with_momentum_every_w_are_synchronous_diloco(setu
     asyn = simulate.simulate(free, P(**ASYNC | {"outer_optimizer": outer}), 3, device="cpu", keep_params=True)
     torch.testing.assert_close(asyn.params, sync.params, rtol=1e-5, atol=1e-5)  # W sums against one mean
     assert asyn.final.val_accuracy == pytest.approx(sync.final.val_accuracy, abs=2e-3)
-    assert asyn.final.bytes == sync.final.bytes  # a push and a pull per worker per round: the all-reduce's bytes
+    # a push and a pull per worker per round, the all-reduce's bytes, but worker 0's are local (the server is its)
+    assert asyn.final.bytes == sync.final.bytes * 3 // 4
     plain = simulate.simulate(free, P(**SYNC | {"outer_optimizer": "none"}), 3, device="cpu", keep_params=True)
     assert float((asyn.params - plain.params).abs().max()) > 1e-2  # the server's step is not the plain mean
 
@@ -76,9 +77,13 @@ def test_dynamic_local_updates_give_a_4x_slower_worker_a_quarter_of_the_local_st
     tl = Timed(slow, pol, 0, InProcess(slow, pol, 0, torch.device("cpu"))).timeline
     pushes = [[a.boundary for a in acts if a.kind == clock.ASYNC] for acts in tl.actions]
     assert pushes[3][:4] == [2, 4, 6, 8] and pushes[0][:3] == [8, 16, 24]  # the slow one's rounds are a quarter
-    # arrivals line up: the slow worker's pushes land about when the others' do
+    # arrivals line up: the slow worker's pushes are served within one of worker 0's steps of the others' (the
+    # server is worker 0's: it serves at its step boundaries)
     times = [[a.time for a in acts if a.kind == clock.ASYNC] for acts in tl.actions]
-    assert abs(times[3][0] - times[0][0]) < 0.1 * times[0][0] and abs(times[3][2] - times[0][2]) < 0.1 * times[0][2]
+    step = STRAGGLER.step_time
+    assert abs(times[3][0] - times[0][0]) <= step + 1e-9
+    # and at about the others' rate (each push of the slow one also waits for a transfer each way and for the server)
+    assert (times[3][2] - times[3][0]) / (times[0][2] - times[0][0]) < 1.25
 
 
 def test_a_straggler_stalls_synchronous_diloco_but_not_the_asynchronous_one(setup):

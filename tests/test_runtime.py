@@ -239,10 +239,11 @@ def test_merger_in_a_users_loop_gives_the_engines_consensus(setup, lockstep_run)
     assert not torch.allclose(result(lockstep_run, 0)["consensus"], result(lockstep_run, 1)["consensus"], atol=1e-3)
 
 
-def replay_async(setup, policy: dict, arrivals: list[int], local: list[int], seed: int = 0) -> torch.Tensor:
+def replay_async(setup, policy: dict, batches: list[list[int]], local: list[int], seed: int = 0) -> torch.Tensor:
     """Asynchronous DiLoCo by hand, in one process: W torch modules, each with the study's torch optimiser and data
-    order, pushing in the order ``arrivals`` (each after its next ``local[w]`` steps) to a server written out here
-    (Liu et al. 2024's delayed Nesterov); returns the workers' mean at the end."""
+    order, pushing (each after its next ``local[w]`` steps) to a server written out here (Liu et al. 2024's delayed
+    Nesterov) in ``batches``, each served at once (every worker of a batch pulls the model after all of its
+    pushes); returns the workers' mean at the end."""
     import torch.nn.functional as F
 
     from evomerge import reference
@@ -281,17 +282,21 @@ def replay_async(setup, policy: dict, arrivals: list[int], local: list[int], see
     glob = flat(models[0])
     pulled = [glob.clone() for _ in range(W)]
     momentum, buffer = torch.zeros_like(glob), torch.zeros_like(glob)
-    for n, w in enumerate(arrivals, 1):
-        train(w, local[w])
-        d = pulled[w] - flat(models[w])
-        glob.add_(d, alpha=-lr / N)  # each pseudo-gradient at once
-        buffer.add_(d)
-        if n % N == 0:  # every N arrivals, the momentum of their mean
-            momentum.mul_(mu).add_(buffer, alpha=1.0 / N)
-            glob.add_(momentum, alpha=-lr * mu)
-            buffer.zero_()
-        pulled[w] = glob.clone()
-        put(models[w], glob)
+    n = 0
+    for batch in batches:
+        for w in batch:
+            train(w, local[w])
+            d = pulled[w] - flat(models[w])
+            glob.add_(d, alpha=-lr / N)  # each pseudo-gradient at once
+            buffer.add_(d)
+            n += 1
+            if n % N == 0:  # every N arrivals, the momentum of their mean
+                momentum.mul_(mu).add_(buffer, alpha=1.0 / N)
+                glob.add_(momentum, alpha=-lr * mu)
+                buffer.zero_()
+        for w in batch:
+            pulled[w] = glob.clone()
+            put(models[w], glob)
     for w in range(W):
         train(w, T)
     return torch.stack([flat(m) for m in models]).mean(0)
@@ -314,21 +319,22 @@ def test_asynchronous_diloco_in_a_users_loop_is_the_servers_order_replayed_by_ha
         H = round(pol["mean_interval"])
         local = plan.steps_by_speed(H, [1, 1, 1, 4]) if pol.get("local_steps_by_speed") else [H] * 4
         assert [result(tmp_path, i, r)["merges"] for r in range(4)] == [T // h for h in local]
-        arrivals = result(tmp_path, i)["arrivals"]
+        batches = result(tmp_path, i)["arrivals"]
+        arrivals = [w for b in batches for w in b]
         assert sorted(arrivals) == sorted(w for w in range(4) for _ in range(T // local[w]))
         if name == "async-diloco":  # rank 1 did all its pushes before the slow rank 3 did all of its
             assert arrivals[:max(k for k, w in enumerate(arrivals) if w == 1)].count(3) < T // H, arrivals
         else:
             assert local == [8, 8, 8, 2]
         got = result(tmp_path, i)["consensus"]
-        want = replay_async(setup, pol, arrivals, local)
+        want = replay_async(setup, pol, batches, local)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
         for r in range(1, 4):
             torch.testing.assert_close(result(tmp_path, i, r)["consensus"], got, rtol=0, atol=0)
     # another order gives another model: the comparison can fail
-    order = result(tmp_path, 0)["arrivals"]
-    assert not torch.allclose(replay_async(setup, POLICIES["async-diloco"], sorted(order, key=lambda w: w == 3), [5] * 4),
-                              result(tmp_path, 0)["consensus"], atol=1e-4)
+    order = [[w] for b in result(tmp_path, 0)["arrivals"] for w in b]
+    assert not torch.allclose(replay_async(setup, POLICIES["async-diloco"], sorted(order, key=lambda b: b == [3]),
+                                           [5] * 4), result(tmp_path, 0)["consensus"], atol=1e-4)
 
 
 @pytest.mark.system

@@ -39,9 +39,11 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
 - **Streaming DiLoCo** (``fragment_delay``): a fragment's all-reduce is not a barrier: each worker sends at its
   step t and trains on; the ring all-reduce of the fragment's bytes ends after the last send, and a worker
   waits at step t + delay only if it has not landed by then.
-- **asynchronous DiLoCo** (scheme ``async``): after its local steps a worker pushes its model to a server at
-  worker 0's node (over its link to worker 0, no contention at the server), the server steps when the push
-  lands (pushes landing at the same instant as one batch), and the worker idles until the new model is back.
+- **asynchronous DiLoCo** (scheme ``async``): the server is worker 0's (as :class:`evomerge.Merger` runs it, on
+  rank 0). After its local steps a worker pushes its model to worker 0 (a transfer like a gossip payload's,
+  sharing its ends), the server steps at worker 0's first step boundary at or after the push lands, on every push
+  landed by then (one batch; worker 0's own push is served at its boundary, with no transfer), and the worker
+  idles until the new model is back (a transfer from worker 0).
 - **all-reduce**: a barrier at the slowest worker, then a ring all-reduce of
   ``2 (W - 1) latency + (W - 1) / W (up + down bytes) / bandwidth`` (the ring's slowest link;
   for a weights payload ``2 (W - 1) / W x bytes / bandwidth``); everyone leaves together. With
@@ -319,8 +321,6 @@ class Simulation:
         self.step_starts: list[list[float]] = [[] for _ in range(W)]
         self.send_spans: list[list[tuple[float, float]]] = [[] for _ in range(W)]  # a picture's, not a metric's
         self.finished = [False] * W
-        self.uplink = [0.0] * W  # asynchronous DiLoCo: when each node's link to the server is free, each way
-        self.downlink = [0.0] * W
         # transfers in flight, each moving at its share (fair_shares): id -> [sender, receiver, seconds left at the
         # link's full rate, rate, version, start, what lands, when `seconds left` was last brought up to date, its
         # ends]; a share changes whenever a transfer through one of its ends starts or ends
@@ -369,13 +369,18 @@ class Simulation:
             self.start_step(w, t)
 
     def send(self, e: int, i: int, j: int, t: float, kind: int) -> None:
-        tx = self.net.transmit(i, j, self.cost.message(i))
+        self.transfer(i, j, self.cost.message(i), t, "land", (e, i, j, t, kind))
+
+    def transfer(self, i: int, j: int, nbytes: int, t: float, kind: str, data) -> None:
+        """``nbytes`` from ``i`` to ``j`` starting at ``t``, at its share of its ends while it is in flight; at its
+        end (and the link's latency) the event ``(kind, data)`` happens."""
+        tx = self.net.transmit(i, j, nbytes)
         if tx <= 0:
-            self.push(t + self.net.latency[i, j], "land", (e, i, j, t, kind))
+            self.push(t + self.net.latency[i, j], kind, data)
             return
         k, self.flow_id = self.flow_id, self.flow_id + 1
         ends = flow_ends(i, j)
-        self.flows[k] = [i, j, tx, 0.0, 0, t, (e, i, j, t, kind), t, ends]
+        self.flows[k] = [i, j, tx, 0.0, 0, t, (kind, data), t, ends]
         for end in ends:
             self.at_end.setdefault(end, set()).add(k)
             self.counts[end] = self.counts.get(end, 0) + 1
@@ -402,7 +407,7 @@ class Simulation:
             self.at_end[end].discard(k)
             self.counts[end] -= 1
         self.send_spans[i].append((f[5], t))
-        self.push(t + self.net.latency[i, j], "land", f[6])
+        self.push(t + self.net.latency[i, j], *f[6])
         self._reshare(f[8], t)
 
     def release(self, e: int, k: int, t: float) -> None:
@@ -441,6 +446,22 @@ class Simulation:
         share = self.cost.allreduce_share(None if self.sched.fragment is None else int(self.sched.fragment[e]))
         return self.net.ring_allreduce(self.cost.sent * share, self.cost.dense * share)
 
+    def serve(self, t: float, data) -> None:
+        """Asynchronous DiLoCo's server steps at ``t`` on the pushes it serves now, one batch: ``data`` and every other
+        push landed or waiting to be served at this instant (as rank 0 of :class:`evomerge.Merger` serves, at its step
+        boundaries, what has arrived); each worker of the batch pulls the new model (worker 0 at once)."""
+        heap, S = self.heap, self.SERVER
+        now = [x for x in heap if x[0] == t and x[2] in ("server", "serve")]
+        if now:
+            heap[:] = [x for x in heap if not (x[0] == t and x[2] in ("server", "serve"))]
+            heapq.heapify(heap)
+        for e, w, k, t_sent in sorted([data] + [x[3] for x in now], key=lambda b: b[1]):
+            self.actions[w].append(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
+            if w == S:
+                self.push(t, "pulled", w)
+            else:
+                self.transfer(S, w, self.cost.dense, t, "pulled", w)
+
     def at_boundary(self, w: int, t: float, applied: bool = False) -> None:
         """Worker ``w`` at the boundary after its ``done[w]`` local steps, at time ``t``: a streamed fragment due
         here lands (or the worker waits for it), then the merges drawn for this step start."""
@@ -456,15 +477,14 @@ class Simulation:
                 return
             self.actions[w].append(Action(w, k, t, e, AR_APPLY))
         evs = self.fire.get((w, k), ())
-        if self.asynchronous and evs:  # push the pseudo-gradient to the server over this worker's link to it
+        if self.asynchronous and evs:  # push the model to the server (worker 0's node) over this worker's link to it
             e, S = evs[0], self.SERVER
-            start = max(t, self.uplink[w], self.downlink[S])
-            tx = self.net.transmit(w, S, cost.dense)
-            self.uplink[w] = self.downlink[S] = start + tx
-            self.send_spans[w].append((start, start + tx))
-            self.sends.append((t, 2 * cost.dense))  # the push and the pull
             self.parked_at[w] = t
-            self.push(start + tx + self.net.latency[w, S], "server", (e, w, k, t))
+            if w == S:  # its own push: no transfer, served at this boundary
+                self.push(t, "serve", (e, w, k, t))
+                return
+            self.sends.append((t, 2 * cost.dense))  # the push and the pull
+            self.transfer(w, S, cost.dense, t, "server", (e, w, k, t))
             return
         if self.allreduce and evs and self.delay:  # Streaming DiLoCo: the fragment travels while training goes on
             e = evs[0]
@@ -531,15 +551,16 @@ class Simulation:
                 self.actions[w].append(Action(w, self.done[w], t, e, AR_APPLY))
                 self.idle_spans[w].append((self.parked_at.pop(w), t))
                 self.at_boundary(w, t, applied=True)
-            elif kind == "server":  # pushes arriving together are one batch; each worker pulls the new model
-                batch = [data] + [x[3] for x in heap if x[0] == t and x[2] == "server"]
-                heap[:] = [x for x in heap if not (x[0] == t and x[2] == "server")]
-                heapq.heapify(heap)
+            elif kind == "server":  # a push has landed: served at worker 0's next step boundary (now if between steps)
                 S = self.SERVER
-                for e, w, k, t_sent in sorted(batch, key=lambda b: b[1]):
-                    self.actions[w].append(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
-                    self.push(t + self.net.transmit(S, w, self.cost.dense) + self.net.latency[S, w], "pulled", w)
-            elif kind == "pulled":
+                at = self.step_end[S] if self.busy[S] and self.step_end[S] > t else t
+                if at > t:
+                    self.push(at, "serve", data)
+                    continue
+                self.serve(t, data)
+            elif kind == "serve":
+                self.serve(t, data)
+            elif kind == "pulled":  # the global model is back: the worker goes on
                 self.idle_spans[data].append((self.parked_at.pop(data), t))
                 self.start_step(data, t)
             elif kind == "go":  # leaving an all-reduce
