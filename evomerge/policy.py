@@ -266,6 +266,9 @@ class MergePolicy:
                                "over a gossip base it is not built yet")}
             need |= {k: (v, "deltas against the anchor are not built yet" if k == "payload" else
                          "the workers restart from the anchor") for k, v in OUTER_NEEDS.items()}
+            if self.scheme == "allreduce" and self.payload == "delta":  # compressed outer gradients (MuLoCo)
+                del need["payload"]
+                need["weighting"] = ("uniform", "the compressed outer gradients are averaged plainly")
             for name, (value, why) in need.items():
                 if getattr(self, name) != value:
                     raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot take an outer step "

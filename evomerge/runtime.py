@@ -323,6 +323,11 @@ class Merger:
         self.P = self.layout.n_params
         self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
         self.rules = kernel.block_rules(self.layout, p.buffers)
+        if p.scheme == "allreduce" and p.outer_optimizer != "none" and p.payload == "delta" and \
+                len(self.tensors) > len(params):
+            raise ConfigError("policy.payload", f"'delta' with an outer step on a model with buffers "
+                                                f"({named_buffers[0][0]!r}) is not built yet; allowed: weights, or a "
+                                                "model without buffers")
         if p.scheme == "async" and len(self.tensors) > len(params):
             raise ConfigError("model", f"has buffers ({named_buffers[0][0]!r}); scheme 'async' (asynchronous DiLoCo) "
                                        "with buffers is not built yet; allowed: a model without buffers, or scheme "
@@ -696,10 +701,14 @@ class Merger:
         packed = self._pack(enc).to(self.wire_dev)
         every = [torch.empty_like(packed) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, packed, group=self.group, async_op=True), f"merge event {ev}")
+        if self.outer is not None:  # compressed outer gradients: the anchor plus the mean of what every rank sent
+            total = torch.zeros_like(mine)  # (kernel.outer_gradient_targets, averaged)
         for q in range(self.W):  # in rank order; this rank's own change is decoded once
             total += own if q == self.rank else ops.decode(self._unpack(every[q]), self.P, p.topk_fraction,
                                                             p.quantize_bits)
         sent[0] += packed.numel() * packed.element_size()
+        if self.outer is not None:
+            return self.outer.anchor + total / self.W, None, total
         return total / self.W, None, total.clone()
 
     def _set_opt_flat(self, flat: torch.Tensor) -> None:
@@ -1350,11 +1359,14 @@ class Merger:
         if self.outer is not None:
             self.outer.step_flat_(avg, lay.offsets)
         w = torch.full((1, 1), float(weight), device=self.dev)
+        mine = self.public[self.rank] if self.delta and self.outer is not None else None
         for k, (rule, blk, (o, n)) in enumerate(zip(self.rules, self.blocks, lay.offsets)):
             if rule == kernel.LERP:
                 kernel.lerp_rows_(blk, [0], [avg[o:o + n].to(blk.dtype)], w)
             elif rule == kernel.SUM:  # counters are summed, not averaged
                 kernel.counters_from_sum_(blk, counts[o:o + n])
+        if mine is not None:  # what this rank did not send stays owed: its public copy is the new anchor less that
+            mine.copy_(kernel.owed_public(self._flat(), x[0], mine))
         if self.accum is not None:  # supports are summed
             for a, (o, n) in zip(self.accum, lay.offsets):
                 a.copy_(total[o:o + n].view(1, -1))

@@ -103,6 +103,107 @@ def test_a_free_clock_and_a_population_keep_diloco_bit_for_bit(setup):
     assert torch.equal(timed.params, lockstep.params) and torch.equal(member.params, lockstep.params)
 
 
+def compressed_diloco_by_hand(setup, seed: int, every: int, fraction: float, bits: int):
+    """DiLoCo with its outer gradients compressed and error feedback (MuLoCo; Streaming DiLoCo's quantisation),
+    written out: at each outer step each worker sends ``C(worker - anchor + owed)`` (``ops.compress``, the noise of
+    ``plan.quant_generator(seed, outer step, worker)``) and keeps what it did not send owed; torch.optim.SGD
+    (Nesterov 0.7 / 0.9) takes the pseudo-gradient ``-mean(sent)``; every worker restarts from the anchor."""
+    from evomerge.engine import ops, plan
+
+    anchor = models_mod.load_row(setup.model.module(), initial_row(setup.model, seed))
+    outer = torch.optim.SGD(anchor.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    owed = [torch.zeros(setup.model.n_params) for _ in range(setup.study.run.workers)]
+    k = [0]
+
+    def step(workers):
+        a = models_mod.module_row(anchor)
+        sent = []
+        for w, m in enumerate(workers):
+            d = models_mod.module_row(m) - a + owed[w]
+            gen = plan.quant_generator(seed, k[0], w) if bits else None
+            sent.append(ops.compress(d, fraction, bits, gen))
+            owed[w] = d - sent[-1]
+        g = -torch.stack(sent).mean(0)
+        o = 0
+        for p in anchor.parameters():
+            p.grad = g[o:o + p.numel()].view_as(p).clone()
+            o += p.numel()
+        outer.step()
+        for m in workers:
+            for p, q in zip(m.parameters(), anchor.parameters()):
+                p.copy_(q)
+        k[0] += 1
+
+    return by_hand(setup, seed, every, step)
+
+
+@pytest.mark.parametrize("fraction,bits", [(0.25, 0)])
+def test_compressed_outer_gradients_equal_a_hand_written_loop_with_error_feedback(setup, fraction, bits):
+    """payload delta with an outer step: each worker's change since its public copy (the anchor less what it owes)
+    compressed, the outer step on the anchor plus their mean; against the loop above, with top-k. (Stochastic
+    rounding flips with float noise, which training amplifies: its mechanics are checked exactly below.)"""
+    policy = P(scheme="allreduce", mean_interval=H, mixing_weight=1.0, outer_optimizer="nesterov", outer_lr=0.7,
+               outer_momentum=0.9, payload="delta", topk_fraction=fraction, quantize_bits=bits)
+    res = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
+    ref = compressed_diloco_by_hand(setup, 2, H, fraction, bits)
+    diff = (res.params - ref).abs()
+    # as close as the uncompressed DiLoCo is to its loop (float noise of AdamW batched against per module)
+    assert float(diff.mean()) < 1e-5 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    plain = simulate.simulate(setup, dataclasses.replace(policy, payload="weights", topk_fraction=1.0,
+                                                         quantize_bits=0), 2, device="cpu", keep_params=True)
+    assert float((res.params - plain.params).abs().mean()) > 20 * float(diff.mean())  # compression moved it
+    assert res.final.bytes < plain.final.bytes
+
+
+def test_compressed_outer_gradients_mechanics_by_hand(setup):
+    """Two outer steps on rows set by hand, top-k and 4-bit stochastic rounding: what each worker sends is
+    ``C(row - anchor + owed)`` with the engine's noise, what it did not send stays owed, and every row restarts
+    from the anchor after torch's Nesterov step on ``-mean(sent)``, to float precision."""
+    from evomerge.backends.inprocess import InProcess
+    from evomerge.engine import ops, plan
+
+    policy = P(scheme="allreduce", mean_interval=H, mixing_weight=1.0, outer_optimizer="nesterov", outer_lr=0.7,
+               outer_momentum=0.9, payload="delta", topk_fraction=0.5, quantize_bits=4)
+    b = InProcess(setup, policy, 3, torch.device("cpu"))
+    st, W, n = b.state, setup.study.run.workers, setup.model.n_params
+    anchor = torch.nn.Parameter(st.params.row(0).clone())
+    outer = torch.optim.SGD([anchor], lr=0.7, momentum=0.9, nesterov=True)
+    owed, g = torch.zeros(W, n), torch.Generator().manual_seed(0)
+    for ev in range(3):
+        rows = anchor.detach() + 0.01 * torch.randn(W, n, generator=g)
+        st.params.set_rows(rows.clone())
+        b.allreduce(ev, (ev + 1) * H, 1.0)
+        d = rows - anchor.detach() + owed
+        sent = torch.stack([ops.compress(d[w], 0.5, 4, plan.quant_generator(3, ev, w)) for w in range(W)])
+        owed = d - sent
+        anchor.grad = -sent.mean(0)
+        outer.step()
+        torch.testing.assert_close(st.params.rows(), anchor.detach().expand(W, -1), rtol=0, atol=2e-6)
+        assert float((sent - d).abs().max()) > 1e-3  # the compression dropped something, which is now owed
+
+
+def test_uncompressed_outer_gradients_are_diloco_and_a_free_clock_and_population_keep_them(setup):
+    from evomerge.backends.population import Member, run_population
+    from evomerge.study import EnvSpec
+
+    diloco = P(scheme="allreduce", mean_interval=H, mixing_weight=1.0, outer_optimizer="nesterov")
+    plain = simulate.simulate(setup, diloco, 1, device="cpu", keep_params=True)
+    whole = simulate.simulate(setup, dataclasses.replace(diloco, payload="delta"), 1, device="cpu", keep_params=True)
+    torch.testing.assert_close(whole.params, plain.params, rtol=1e-5, atol=1e-5)
+    assert whole.final.bytes == plain.final.bytes
+    compressed = dataclasses.replace(diloco, payload="delta", topk_fraction=0.3, quantize_bits=4)
+    lockstep = simulate.simulate(setup, compressed, 1, device="cpu", keep_params=True)
+    free = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.1)))
+    timed = simulate.simulate(free, compressed, 1, device="cpu", keep_params=True)
+    member = run_population(setup, [Member(compressed, 1), Member(P(), 1)], device="cpu", keep_params=True)[0]
+    assert torch.equal(timed.params, lockstep.params) and torch.equal(member.params, lockstep.params)
+    from evomerge import backends
+
+    with pytest.raises(ConfigError, match=r"^policy.payload: 'delta' with an outer step \(compressed outer gradients\) "
+                                          r"is not supported by the distributed backend"):
+        backends.check_policy("distributed", compressed)
+
+
 def lookahead_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):
     """The control without merging (Lookahead, SNOO) as a user writes it: each worker has its own anchor module
     under torch.optim.SGD; every ``every`` inner steps each anchor takes the pseudo-gradient anchor - its worker,
@@ -166,8 +267,9 @@ BAD = {
     "partial mix": ({"scheme": "allreduce", "mixing_weight": 0.5, "outer_optimizer": "sgd"}, "policy.mixing_weight"),
     "random lerp": ({"scheme": "allreduce", "mixing_weight": 1.0, "lerp": "random", "outer_optimizer": "sgd"},
                     "policy.lerp"),
-    "delta": ({"scheme": "allreduce", "mixing_weight": 1.0, "payload": "delta", "outer_optimizer": "sgd"},
-              "policy.payload"),
+    "delta weighted": ({"scheme": "allreduce", "mixing_weight": 1.0, "payload": "delta", "outer_optimizer": "sgd",
+                        "weighting": "examples"}, "policy.weighting: 'examples' cannot take an outer step"),
+    "delta gossip": ({"payload": "delta", "outer_optimizer": "sgd"}, "policy.scheme: 'gossip' cannot take"),
     "nesterov without momentum": ({"scheme": "allreduce", "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                                    "outer_momentum": 0.0}, "policy.outer_momentum: 0 with outer_optimizer 'nesterov'"),
     "unknown": ({"outer_optimizer": "adam"}, "policy.outer_optimizer"),

@@ -109,6 +109,13 @@ POLICIES = {
                            "topk_fraction": 1.0},
     "fedavg-topk-delta": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 1.0, "payload": "delta",
                           "topk_fraction": 0.2, "quantize_bits": 8},
+    # DiLoCo's outer gradients compressed (MuLoCo): each rank's change since its public copy (the anchor less what it
+    # owes), all-gathered; uncompressed it is DiLoCo
+    "diloco-delta-whole": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                           "outer_lr": 0.7, "outer_momentum": 0.9, "payload": "delta", "topk_fraction": 1.0},
+    "diloco-topk-4bit": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                         "outer_lr": 0.7, "outer_momentum": 0.9, "payload": "delta", "topk_fraction": 0.3,
+                         "quantize_bits": 4},
     # asynchronous DiLoCo: rank 0 serves the pushes (the server at worker 0's node, as on the simulated clock)
     "async-diloco": {"scheme": "async", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                      "outer_lr": 0.7, "outer_momentum": 0.9},
@@ -122,7 +129,7 @@ POLICIES = {
 # falls): float noise moves them, and the run amplifies it. The engine itself moves as much when its lr changes by
 # one part in a million; their mechanics are checked exactly without training (the by-hand replay below).
 COMPRESSED = ["ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "fedavg-topk-delta",
-              "allreduce-sign"]
+              "allreduce-sign", "diloco-topk-4bit"]
 # the optimiser's state averaged with the parameters: the study's optimiser is SGD with momentum, or AdamW
 STATE_POLICIES = {
     "ring-state": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
@@ -205,7 +212,8 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 IDENTITY = ["fedavg", "diloco", "snoo", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
             "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4", "streaming-strided",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
-            "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta", "async-diloco"]
+            "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta", "async-diloco",
+            "diloco-delta-whole", "diloco-topk-4bit"]
 
 
 @pytest.fixture(scope="module")
@@ -732,6 +740,8 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(speeds=[1.0]), r"^speeds: given, but scheme 'gossip' does not use them; allowed: None"),
             (dict(policy=ASYNC, worker_group=dist.group.WORLD), r"^worker_group: set with scheme 'async'"),
             (dict(policy=ASYNC, model=torch.nn.BatchNorm1d(2)), r"^model: has buffers \('running_mean'\); scheme "),
+            (dict(policy=ASYNC | {"scheme": "allreduce", "payload": "delta", "quantize_bits": 4},
+                  model=torch.nn.BatchNorm1d(2)), r"^policy.payload: 'delta' with an outer step on a model with buffers"),
         ]
         for kw, pattern in cases:
             args = dict(policy={"scheme": "gossip"}, model=model, seed=0, total_steps=10) | kw

@@ -62,6 +62,7 @@ class Capabilities:
     only: dict = field(default_factory=dict)
     buffers: bool = True
     timed_payloads: tuple | None = None
+    outer_payloads: tuple | None = None  # the payloads it runs with an outer step (None: every one it runs)
     name: str = "this"
 
     def check_policy(self, policy, timed: bool = False) -> None:
@@ -80,6 +81,11 @@ class Capabilities:
             if value != only:
                 raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend ({why}); "
                                                     f"allowed: {only!r}, or --backend inprocess")
+        if policy.outer_optimizer != "none" and self.outer_payloads is not None and \
+                policy.payload not in self.outer_payloads:
+            raise ConfigError("policy.payload", f"{policy.payload!r} with an outer step (compressed outer gradients) "
+                                                f"is not supported by the {self.name} backend yet; allowed: "
+                                                f"{', '.join(self.outer_payloads)}, or --backend inprocess")
         if timed and self.timed_payloads is not None and policy.payload not in self.timed_payloads:
             raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the {self.name} backend with "
                                                 f"an [environment] yet; allowed: {', '.join(self.timed_payloads)}, "
@@ -126,6 +132,7 @@ CAPABILITIES: dict[str, Capabilities] = {
               "fragment_alpha": (0.0, "fragments are not streamed between ranks yet (evomerge.Merger streams them)")},
         buffers=False,
         timed_payloads=("weights",),
+        outer_payloads=("weights",),
     ),
 }
 

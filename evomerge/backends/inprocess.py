@@ -191,7 +191,12 @@ class InProcess(Backend):
         """``dropped``: backup workers late at the clock's barrier, left out of the average (they take it)."""
         st, p, W = self.state, self.p, self.W
         every = np.arange(W)
-        sent = self.payload.outgoing(st, p, self.seed, every, np.full(W, event), list(range(W)))
+        if self.outer_delta:  # compressed outer gradients (MuLoCo): the anchor plus each worker's sent change
+            before, rows = st.base.rows().clone(), st.params.rows().clone()
+            public = self.payload.outgoing(st, p, self.seed, every, np.full(W, event), list(range(W)))
+            sent = kernel.outer_gradient_targets(st.outer.anchor, public, before)
+        else:
+            sent = self.payload.outgoing(st, p, self.seed, every, np.full(W, event), list(range(W)))
         blocks = st.params.blocks if sent is None else [sent[:, o:o + n] for o, n in self.setup.model.offsets]
         if dropped:
             keep = torch.as_tensor([w for w in range(W) if w not in dropped], device=blocks[0].device)
@@ -200,6 +205,8 @@ class InProcess(Backend):
         st.optim.merge_all(p.optimizer_state, supports, weight)  # before the supports merge
         kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules, blocks, supports, weight,
                             self.weighting.accumulators, st.outer, self.setup.model.offsets, self.fragment(event))
+        if self.outer_delta:  # what each did not send stays owed: its public copy is the new anchor less that
+            st.base.set_rows(kernel.owed_public(st.params.rows(), rows, public))
 
     # -- Streaming DiLoCo: a fragment's all-reduce sent now, landed fragment_delay steps later -------------
     def allreduce_start(self, event: int) -> None:

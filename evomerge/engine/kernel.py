@@ -328,6 +328,21 @@ class AsyncServer:
         return self.glob
 
 
+def outer_gradient_targets(anchor: torch.Tensor, public: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """DiLoCo's outer gradients compressed (payload delta with an outer step; MuLoCo, Streaming DiLoCo's
+    quantisation): what each worker sent is ``public - before`` (its compressed change since its public copy,
+    which is the anchor less what it still owes, error feedback); the models averaged are the anchor plus each sent
+    change, so the average is ``anchor + mean(sent)`` and its pseudo-gradient ``-mean(sent)``."""
+    return anchor.unsqueeze(0) + (public - before)
+
+
+def owed_public(now: torch.Tensor, rows: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
+    """After an outer step on compressed outer gradients: each worker's new public copy, the rows it restarts from
+    (``now``) less what it did not send (``rows - public``, its rows before the merge less its public copy after the
+    send), so that its next change sent carries the rest (error feedback)."""
+    return now - (rows - public)
+
+
 def outer_for(policy, model, start: Callable[[], torch.Tensor],
               rows: Callable[[], torch.Tensor] | None = None) -> Outer | None:
     """The outer optimiser a policy asks for (None for ``outer_optimizer = "none"``), anchored at ``start()``; with
