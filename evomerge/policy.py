@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .settings import Choice
 from .engine.topology import TOPOLOGIES
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
@@ -33,7 +33,8 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             6: ("fragments", "fragment_delay", "fragment_alpha", "momentum_every", "local_steps_by_speed"),
             7: ("fragment_pattern",),
             8: ("p_intra_schedule", "p_intra_final", "data_unseen_first", "data_similarity_sign", "swap_confidence",
-                "swap_recency", "backup_workers")}
+                "swap_recency", "backup_workers"),
+            9: ("outer_every",)}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -172,6 +173,11 @@ class MergePolicy:
                          gt=0.0, le=10.0)
     outer_momentum: float = _f(0.9, "The outer step's momentum mu (DiLoCo: 0.9; nesterov needs mu > 0).",
                                ge=0.0, lt=1.0)
+    # -- schema 9: SlowMo over a gossip base --
+    outer_every: int = _f(
+        0, "SlowMo over a gossip base (scheme gossip with an outer_optimizer; SlowMo's slow momentum is heavy-ball: "
+        "sgd): after every this many local steps (and that step's gossip) an exact average of all workers, then the "
+        "outer step on it, and every worker restarts from the new anchor; 0 = off.", ge=0, le=1_000_000)
     # -- schema 5: how the winner-biased lerp scores a model --
     score: Annotated[str, Choice(SCORES)] = _f(
         "holdout",
@@ -260,10 +266,22 @@ class MergePolicy:
         if self.regroup_every and self.topology != "communities":
             raise ConfigError("policy.regroup_every", f"{self.regroup_every} needs topology 'communities'; "
                                                       f"got {self.topology!r}")
-        if self.outer_optimizer != "none" and self.scheme != "none":  # scheme none: each worker's own (Lookahead)
+        if self.outer_every and (self.scheme != "gossip" or self.outer_optimizer == "none"):
+            raise ConfigError("policy.outer_every", f"{self.outer_every} applies to scheme 'gossip' with an "
+                                                    f"outer_optimizer (SlowMo); this is scheme {self.scheme!r}, "
+                                                    f"outer_optimizer {self.outer_optimizer!r}; allowed: 0")
+        if self.outer_optimizer != "none" and self.scheme == "gossip":  # SlowMo over a gossip base
+            if not self.outer_every:
+                raise ConfigError("policy.outer_every", f"0 with outer_optimizer {self.outer_optimizer!r} over a gossip "
+                                                        "base (SlowMo: the local steps between exact averages); "
+                                                        "allowed: >= 1, or scheme allreduce")
+            if self.payload != "weights":
+                raise ConfigError("policy.payload", f"{self.payload!r} cannot take an outer step over a gossip base "
+                                                    "(SlowMo's exact average is of the models); allowed: 'weights'")
+        elif self.outer_optimizer != "none" and self.scheme != "none":  # scheme none: each worker's own (Lookahead)
             need = {"scheme": (self.scheme if self.scheme == "async" else "allreduce",
-                               "the outer step follows an all-reduce, or each worker's own steps with scheme none; "
-                               "over a gossip base it is not built yet")}
+                               "the outer step follows an all-reduce, each worker's own steps with scheme none, or "
+                               "a gossip base's exact average every outer_every steps")}
             need |= {k: (v, "deltas against the anchor are not built yet" if k == "payload" else
                          "the workers restart from the anchor") for k, v in OUTER_NEEDS.items()}
             if self.scheme == "allreduce" and self.payload == "delta":  # compressed outer gradients (MuLoCo)
@@ -441,13 +459,15 @@ ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster 
 def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
     """``values`` (field -> value, over ``fixed``) with the fields that do not apply to the resulting
     policy set to off: compression without a delta payload, regrouping off communities, an outer step
-    off the all-reduce, async and none schemes (none: each worker's own, Lookahead/SNOO). With an outer step the workers restart from the anchor, so the fields
+    off the all-reduce, async and none schemes (none: each worker's own, Lookahead/SNOO) and SlowMo's gossip
+    base (``outer_every``). With an outer step the workers restart from the anchor, so the fields
     of a lerp toward the mean do not apply and take the values the outer step needs (:data:`OUTER_NEEDS`);
     Nesterov with momentum 0 is the plain outer SGD step, and is written so."""
     out = dict(values)
-    if out.get("scheme", fixed.scheme) not in ("allreduce", "async", "none"):
-        out["outer_optimizer"] = "none"
     scheme = out.get("scheme", fixed.scheme)
+    slowmo = scheme == "gossip" and out.get("outer_every", fixed.outer_every) > 0  # SlowMo over a gossip base
+    if scheme not in ("allreduce", "async", "none") and not slowmo:
+        out["outer_optimizer"] = "none"
     if scheme != "allreduce":
         out.update(STREAMING_OFF)
     if scheme != "async":
@@ -463,8 +483,12 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         k = min(out.get("fragments", fixed.fragments), H)
         out["fragments"] = k
         out["fragment_delay"] = min(out.get("fragment_delay", fixed.fragment_delay), (H - 1) // k)
-    if outer != "none" and scheme != "none":  # Lookahead / SNOO lerps toward no mean: those fields stay as they are
-        out.update(OUTER_NEEDS)
+    if outer != "none" and scheme not in ("none", "gossip"):  # Lookahead / SNOO lerps toward no mean, SlowMo's
+        out.update(OUTER_NEEDS)  # gossip merges are lerps of their own: those fields stay as they are
+    if outer == "none" or scheme != "gossip":
+        out["outer_every"] = 0
+    elif slowmo:  # SlowMo's exact average is of the models
+        out["payload"] = "weights"
     if outer == "nesterov" and out.get("outer_momentum", fixed.outer_momentum) == 0:
         out["outer_optimizer"] = "sgd"
     if out.get("payload", fixed.payload) != "delta":
@@ -515,6 +539,7 @@ TIMED_UNSUPPORTED = {
     "data_exchange_k": "data that travels is not timed yet",
     "retire_threshold": "data that travels is not timed yet",
     "swap_p": "model swaps are not timed yet",
+    "outer_every": "SlowMo's exact averages over a gossip base are not timed yet",
 }
 
 

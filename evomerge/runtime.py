@@ -485,6 +485,9 @@ class Merger:
                     if int(s.initiator[ev]) == self.rank:
                         self._start(ev)
                 self._post_window()
+            if self.p.outer_every and self.t % self.p.outer_every == 0:  # SlowMo: after this step's gossip, the
+                self._drain(final=False)  # merges due by now done on every rank, an exact average and the outer step
+                self._allreduce(plan_mod.OUTER_AVERAGE, self.t, 1.0)
         self._t_last = time.perf_counter()
 
     @torch.no_grad()
@@ -1329,11 +1332,14 @@ class Merger:
         self._posted.clear()
 
     # -- all-reduce ----------------------------------------------------------------------------------------------
-    def _allreduce(self, ev: int) -> None:
+    def _allreduce(self, ev: int, step: int | None = None, weight: float | None = None) -> None:
         """The all-reduce scheme: every rank moves to the (weighted) average, or to the anchor after the outer step;
-        counters become their sum, supports their sum."""
-        step, lay = int(self.sched.step[ev]), self.layout
-        weight = plan_mod.allreduce_weight(self.p, step, self.T, float(self.sched.u[ev]))
+        counters become their sum, supports their sum. ``step`` and ``weight``: for SlowMo's exact average over a
+        gossip base (``ev`` is then :data:`plan.OUTER_AVERAGE`, not a schedule event)."""
+        lay = self.layout
+        if step is None:
+            step = int(self.sched.step[ev])
+            weight = plan_mod.allreduce_weight(self.p, step, self.T, float(self.sched.u[ev]))
         x = self._flat().unsqueeze(0)
         if self.accum is not None:
             s = torch.cat([a.reshape(-1) for a in self.accum]).unsqueeze(0)

@@ -137,6 +137,8 @@ def _context(name: str) -> dict[str, Any]:
         return {"scheme": "allreduce", **policy_mod.BACKUP_NEEDS}
     if name == "outer_optimizer":
         return {"scheme": "allreduce", **policy_mod.OUTER_NEEDS}
+    if name == "outer_every":  # SlowMo over a gossip base
+        return {"scheme": "gossip", "outer_optimizer": "sgd"}
     if name in policy_mod.ASYNC_OFF:  # asynchronous DiLoCo's own fields
         return {"scheme": "async", "outer_optimizer": "nesterov", **policy_mod.OUTER_NEEDS, **policy_mod.STREAMING_NEEDS}
     if name in policy_mod.STREAMING_OFF:  # Streaming DiLoCo: the all-reduce scheme, far enough apart

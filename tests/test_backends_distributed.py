@@ -40,6 +40,9 @@ AGREEMENT = {
                                     outer_optimizer="nesterov"), 2),
     # Lookahead / SNOO: each worker's own outer step, two workers per process
     "snoo-2procs": (MergePolicy(scheme="none", mean_interval=4, outer_optimizer="nesterov"), 2),
+    # SlowMo over a gossip base: push-pull ring gossip, an exact average and a heavy-ball step every 6 steps
+    "slowmo-ring-2procs": (MergePolicy(scheme="gossip", topology="ring", exchange="push_pull", mean_interval=3,
+                                       outer_optimizer="sgd", outer_lr=0.8, outer_momentum=0.6, outer_every=6), 2),
 }
 
 

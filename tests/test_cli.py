@@ -83,7 +83,7 @@ BAD_POLICIES = {
                                  "error: policy.p_intra_schedule: unknown 'step'; allowed: constant, linear, cosine"),
     "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',
                                    "error: policy.degree: 4 with 4 workers is impossible; allowed: degree < workers"),
-    "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 8]"),
+    "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 9]"),
     "truncated": ('{"topology": "ri', "invalid JSON"),
     "empty": ("", "empty file"),
 }
@@ -187,7 +187,7 @@ def test_schema_version_zero_is_refused(tmp_path):
     f.write_text('{"schema_version": 0}')
     p = evomerge("policy", "validate", str(f))
     assert p.returncode == 2
-    assert p.stderr == "error: policy.schema_version: 0 is out of range; allowed: [1, 8]\n"
+    assert p.stderr == "error: policy.schema_version: 0 is out of range; allowed: [1, 9]\n"
 
 
 @pytest.mark.system

@@ -204,6 +204,84 @@ def test_uncompressed_outer_gradients_are_diloco_and_a_free_clock_and_population
         backends.check_policy("distributed", compressed)
 
 
+def slowmo_by_hand(setup, seed: int, policy):
+    """SlowMo over a gossip base as a user writes it (Wang et al. 2020): W modules with their own torch optimisers;
+    after each local step the schedule's push-pull events of that step in order (both move ``mixing_weight`` of the
+    way to the other's model as it was), and after every ``outer_every`` steps the exact average of all, then
+    torch.optim.SGD (heavy-ball, as SlowMo's slow momentum) on the anchor with ``anchor - mean``, every worker
+    restarting from it."""
+    from evomerge.engine import schedule
+
+    run, data, W, T = setup.study.run, setup.data, setup.study.run.workers, setup.total_steps
+    start = initial_row(setup.model, seed)
+    workers = [models_mod.load_row(setup.model.module(), start) for _ in range(W)]
+    inner = [reference.optimizer(m, run) for m in workers]
+    anchor = models_mod.load_row(setup.model.module(), start)
+    outer = torch.optim.SGD(anchor.parameters(), lr=policy.outer_lr, momentum=policy.outer_momentum)
+    idx = [batch_indices(s, run.batch_size, 0, T, seed, w) for w, s in enumerate(setup.shards)]
+    sched = schedule.build(policy, W, T, seed)
+    m = policy.mixing_weight
+    for t in range(1, T + 1):
+        for w, (mod, opt) in enumerate(zip(workers, inner)):
+            bi = torch.as_tensor(idx[w][t - 1])
+            loss = F.cross_entropy(mod(normalise(data.train_x[bi], data.spec)), data.train_y[bi])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            for ev in sched.events_at(t):
+                a, b = workers[int(sched.initiator[ev])], workers[int(sched.peer[ev])]
+                for pa, pb in zip(a.parameters(), b.parameters()):
+                    old_a = pa.clone()
+                    pa.lerp_(pb, m)
+                    pb.lerp_(old_a, m)
+            if t % policy.outer_every == 0:
+                for pa, *ps in zip(anchor.parameters(), *(w.parameters() for w in workers)):
+                    pa.grad = pa - torch.stack(ps).mean(0)
+                outer.step()
+                for w in workers:
+                    for p, q in zip(w.parameters(), anchor.parameters()):
+                        p.copy_(q)
+    return torch.stack([models_mod.module_row(w) for w in workers])
+
+
+SLOWMO = P(scheme="gossip", topology="ring", exchange="push_pull", mean_interval=3, mixing_weight=0.5,
+           outer_optimizer="sgd", outer_lr=0.8, outer_momentum=0.6, outer_every=6)
+
+
+def test_slowmo_over_gossip_equals_a_hand_written_loop(setup):
+    res = simulate.simulate(setup, SLOWMO, 2, device="cpu", keep_params=True)
+    ref = slowmo_by_hand(setup, 2, SLOWMO)
+    diff = (res.params - ref).abs()
+    assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    gossip = simulate.simulate(setup, dataclasses.replace(SLOWMO, outer_optimizer="none", outer_every=0), 2,
+                               device="cpu", keep_params=True)
+    assert float((res.params - gossip.params).abs().mean()) > 100 * float(diff.mean())  # the slow momentum moved it
+    # ten exact averages more than the gossip alone, each charged as an all-reduce
+    assert res.final.merges == gossip.final.merges + setup.total_steps // SLOWMO.outer_every
+    assert res.final.bytes > gossip.final.bytes
+
+
+def test_slowmo_without_gossip_is_diloco_and_a_population_keeps_it(setup):
+    from evomerge.backends.population import Member, run_population
+
+    quiet = dataclasses.replace(SLOWMO, mean_interval=1e6)  # no gossip event in the run
+    slowmo = simulate.simulate(setup, quiet, 1, device="cpu", keep_params=True)
+    diloco = simulate.simulate(setup, P(scheme="allreduce", mean_interval=6, mixing_weight=1.0, outer_optimizer="sgd",
+                                        outer_lr=0.8, outer_momentum=0.6), 1, device="cpu", keep_params=True)
+    assert torch.equal(slowmo.params, diloco.params)
+    lockstep = simulate.simulate(setup, SLOWMO, 1, device="cpu", keep_params=True)
+    member = run_population(setup, [Member(SLOWMO, 1), Member(P(), 1)], device="cpu", keep_params=True)[0]
+    assert torch.equal(member.params, lockstep.params)
+
+
+def test_slowmo_is_refused_on_a_clock_in_one_line(setup):
+    from evomerge.policy import check_timed
+
+    with pytest.raises(ConfigError, match=r"^policy.outer_every: cannot run with an \[environment\]: SlowMo"):
+        check_timed(SLOWMO)
+
+
 def lookahead_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):
     """The control without merging (Lookahead, SNOO) as a user writes it: each worker has its own anchor module
     under torch.optim.SGD; every ``every`` inner steps each anchor takes the pseudo-gradient anchor - its worker,
@@ -261,7 +339,12 @@ def test_a_free_clock_and_a_population_keep_snoo_bit_for_bit(setup):
 
 
 BAD = {
-    "gossip": ({"outer_optimizer": "nesterov"}, "policy.scheme: 'gossip' cannot take an outer step"),
+    "gossip": ({"outer_optimizer": "nesterov"}, "policy.outer_every: 0 with outer_optimizer 'nesterov' over a gossip base"),
+    "slowmo off gossip": ({"scheme": "allreduce", "mixing_weight": 1.0, "outer_optimizer": "sgd", "outer_every": 4},
+                          "policy.outer_every: 4 applies to scheme 'gossip' with an outer_optimizer"),
+    "slowmo without outer": ({"outer_every": 4}, "policy.outer_every: 4 applies to scheme 'gossip'"),
+    "slowmo delta": ({"outer_optimizer": "sgd", "outer_every": 4, "payload": "delta"},
+                     "policy.payload: 'delta' cannot take an outer step over a gossip base"),
     "snoo without momentum": ({"scheme": "none", "outer_optimizer": "nesterov", "outer_momentum": 0.0},
                               "policy.outer_momentum: 0 with outer_optimizer 'nesterov'"),
     "partial mix": ({"scheme": "allreduce", "mixing_weight": 0.5, "outer_optimizer": "sgd"}, "policy.mixing_weight"),
@@ -269,7 +352,7 @@ BAD = {
                     "policy.lerp"),
     "delta weighted": ({"scheme": "allreduce", "mixing_weight": 1.0, "payload": "delta", "outer_optimizer": "sgd",
                         "weighting": "examples"}, "policy.weighting: 'examples' cannot take an outer step"),
-    "delta gossip": ({"payload": "delta", "outer_optimizer": "sgd"}, "policy.scheme: 'gossip' cannot take"),
+    "delta gossip": ({"payload": "delta", "outer_optimizer": "sgd"}, "policy.outer_every: 0 with"),
     "nesterov without momentum": ({"scheme": "allreduce", "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                                    "outer_momentum": 0.0}, "policy.outer_momentum: 0 with outer_optimizer 'nesterov'"),
     "unknown": ({"outer_optimizer": "adam"}, "policy.outer_optimizer"),

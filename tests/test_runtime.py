@@ -116,6 +116,10 @@ POLICIES = {
     "diloco-topk-4bit": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                          "outer_lr": 0.7, "outer_momentum": 0.9, "payload": "delta", "topk_fraction": 0.3,
                          "quantize_bits": 4},
+    # SlowMo over a gossip base: push-pull ring gossip, and every 10 steps an exact average and a heavy-ball step
+    "slowmo-ring": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
+                    "mixing_weight": 0.5, "outer_optimizer": "sgd", "outer_lr": 0.8, "outer_momentum": 0.6,
+                    "outer_every": 10},
     # asynchronous DiLoCo: rank 0 serves the pushes (the server at worker 0's node, as on the simulated clock)
     "async-diloco": {"scheme": "async", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                      "outer_lr": 0.7, "outer_momentum": 0.9},
@@ -213,7 +217,7 @@ IDENTITY = ["fedavg", "diloco", "snoo", "ring-push-pull", "communities-push", "c
             "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4", "streaming-strided",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
             "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta", "async-diloco",
-            "diloco-delta-whole", "diloco-topk-4bit"]
+            "diloco-delta-whole", "diloco-topk-4bit", "slowmo-ring"]
 
 
 @pytest.fixture(scope="module")
@@ -449,7 +453,9 @@ def test_merger_performs_the_schedules_events(setup, lockstep_run):
             else:
                 assert sorted(sent) == sorted(want_sent)
             assert sorted(got) == sorted(want_got)  # received at the event's own step (lockstep)
-            assert result(lockstep_run, i, r)["merges"] == len(want_got)
+            averages = [x["step"] for x in recs if x.get("kind") == "allreduce"]  # SlowMo's exact averages
+            assert averages == list(range(p.outer_every, T + 1, p.outer_every)) if p.outer_every else not averages
+            assert result(lockstep_run, i, r)["merges"] == len(want_got) + len(averages)
 
 
 @pytest.mark.system

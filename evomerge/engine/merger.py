@@ -36,6 +36,7 @@ class StepMerger:
         self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
         # Lookahead / SNOO: no merging, each worker's own outer step every H local steps
         self.each = plan_mod.own_outer_every(policy)
+        self.slowmo = policy.outer_every if policy.scheme == "gossip" else 0  # SlowMo over a gossip base
 
     def after_step(self, step: int) -> None:
         plan = self.plan(step)
@@ -58,6 +59,7 @@ class StepMerger:
             self.backend.allreduce_finish(ev, plan_mod.allreduce_weight(p, int(s.step[ev]), self.T, float(s.u[ev])))
         evs = self.sched.events_at(step)
         if not len(evs):
+            self._slowmo(step)
             return None
         if s.scheme == "allreduce":
             for ev in evs:
@@ -88,6 +90,19 @@ class StepMerger:
         events, a, b, _, step = plan
         self.bytes += self.backend.after_events(events, a, b, step)
         self.count += len(events)
+        self._slowmo(step)
+
+    def _slowmo(self, step: int) -> None:
+        """SlowMo over a gossip base: after every ``outer_every`` local steps (and that step's gossip) an exact
+        average of all workers, the outer step on it, and every worker restarts from the anchor."""
+        if not self.slowmo or step % self.slowmo:
+            return
+        ex = self.st.examples
+        self.backend.allreduce(plan_mod.OUTER_AVERAGE, step, 1.0)
+        ex.fill_(float(ex.sum()))  # counters are summed, as an all-reduce sums them
+        self.bytes += self.cost.allreduce(len(ex))
+        self.count += 1
+        self._rescale()
 
     def apply_set(self, ps: plan_mod.PairSet) -> None:
         """One set of disjoint gossip events: the backend moves the tensors; counters and bytes here."""

@@ -70,6 +70,9 @@ class PairSet:
         return PairSet(self.step, self.events[mask], self.a[mask], self.b[mask], self.u[mask], self.swap[mask], self.weight)
 
 
+OUTER_AVERAGE = -1  # the event number of SlowMo's exact average over a gossip base (not a schedule event)
+
+
 def own_outer_every(policy: MergePolicy) -> int:
     """Lookahead / SNOO (``scheme = "none"`` with an outer step): each worker takes its own outer step after every
     this many of its local steps; 0 for every other policy."""
