@@ -40,6 +40,11 @@ AGREEMENT = {
                                     outer_optimizer="nesterov"), 2),
     # Lookahead / SNOO: each worker's own outer step, two workers per process
     "snoo-2procs": (MergePolicy(scheme="none", mean_interval=4, outer_optimizer="nesterov"), 2),
+    # Streaming DiLoCo between ranks: fragments on staggered steps, in flight, Nesterov on each fragment
+    "streaming-2procs": (MergePolicy(scheme="allreduce", mean_interval=8, mixing_weight=1.0, outer_optimizer="nesterov",
+                                     fragments=2, fragment_delay=2, fragment_alpha=0.25), 2),
+    "streaming-strided": (MergePolicy(scheme="allreduce", mean_interval=6, mixing_weight=1.0, fragments=2,
+                                      fragment_pattern="strided"), None),
     # SlowMo over a gossip base: push-pull ring gossip, an exact average and a heavy-ball step every 6 steps
     "slowmo-ring-2procs": (MergePolicy(scheme="gossip", topology="ring", exchange="push_pull", mean_interval=3,
                                        outer_optimizer="sgd", outer_lr=0.8, outer_momentum=0.6, outer_every=6), 2),

@@ -63,6 +63,7 @@ class Capabilities:
     buffers: bool = True
     timed_payloads: tuple | None = None
     outer_payloads: tuple | None = None  # the payloads it runs with an outer step (None: every one it runs)
+    timed_only: dict = field(default_factory=dict)  # as ``only``, on a simulated clock
     name: str = "this"
 
     def check_policy(self, policy, timed: bool = False) -> None:
@@ -76,7 +77,7 @@ class Capabilities:
             if value:
                 raise ConfigError(f"policy.{name}", f"{value} is not supported by the {self.name} backend ({why}); "
                                                     "allowed: 0, or --backend inprocess")
-        for name, (only, why) in self.only.items():
+        for name, (only, why) in (self.only | (self.timed_only if timed else {})).items():
             value = getattr(policy, name)
             if value != only:
                 raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend ({why}); "
@@ -99,9 +100,10 @@ class Capabilities:
                                                      "does not merge (nor sum its counters); allowed: a model without "
                                                      "buffers (e.g. no BatchNorm), or --backend inprocess")
 
-    def check_space(self, names) -> None:
+    def check_space(self, names, timed: bool = False) -> None:
+        only = self.only | (self.timed_only if timed else {})
         for name in names:
-            why = self.refuses.get(name) or self.only.get(name, (None, None))[1]
+            why = self.refuses.get(name) or only.get(name, (None, None))[1]
             if why:
                 raise ConfigError(f"study.search.space.{name}", f"is not supported by the {self.name} backend "
                                                                 f"({why}); remove it or use --backend inprocess")
@@ -125,11 +127,11 @@ CAPABILITIES: dict[str, Capabilities] = {
             "backup_workers": "the late workers are left out of the clock's all-reduce in process only",
         },
         only={"optimizer_state": ("keep", "the optimiser's state is not sent between ranks"),
-              "score": ("holdout", "the running score is not sent between ranks yet"),
-              # Streaming DiLoCo runs in process, on the clock and in evomerge.Merger; not in the rank backend yet
-              "fragments": (1, "fragments are not streamed between ranks yet (evomerge.Merger streams them)"),
-              "fragment_delay": (0, "fragments are not streamed between ranks yet (evomerge.Merger streams them)"),
-              "fragment_alpha": (0.0, "fragments are not streamed between ranks yet (evomerge.Merger streams them)")},
+              "score": ("holdout", "the running score is not sent between ranks yet")},
+        # Streaming DiLoCo runs between ranks in the lockstep world; on a simulated clock in process only
+        timed_only={"fragments": (1, "fragments are not streamed between ranks on a simulated clock yet"),
+                    "fragment_delay": (0, "fragments are not streamed between ranks on a simulated clock yet"),
+                    "fragment_alpha": (0.0, "fragments are not streamed between ranks on a simulated clock yet")},
         buffers=False,
         timed_payloads=("weights",),
         outer_payloads=("weights",),
@@ -151,11 +153,12 @@ def check_model(backend: str, model) -> None:
     capabilities(backend).check_model(model)
 
 
-def check_space(backend: str, names, space=()) -> None:
+def check_space(backend: str, names, space=(), timed: bool = False) -> None:
     """Refuse a search space that would sample fields the backend cannot run, or choices of a field whose
-    values it runs only some of (``space``: the study's params, for their choices)."""
+    values it runs only some of (``space``: the study's params, for their choices; ``timed``: the study has an
+    ``[environment]``)."""
     caps = capabilities(backend)
-    caps.check_space(names)
+    caps.check_space(names, timed)
     for p in space:
         known = caps.rules.get(p.name)
         bad = [c for c in p.choices if known is not None and c not in known]

@@ -213,6 +213,9 @@ class Distributed(Backend):
 
     def allreduce(self, event: int, step: int, weight: float) -> None:
         p, own = self.p, self.own
+        if self.fragments is not None:  # Streaming DiLoCo without delay: the fragment's average lands at once
+            kernel.lerp_targets_(self.st.params.blocks, self.st.merge_change.blocks, self._targets(event), weight)
+            return
         if self.delta:
             # each worker's compressed delta goes to every rank, which rebuilds all public copies
             mine = [self._encode(w, event, w) for w in own]
@@ -247,6 +250,31 @@ class Distributed(Backend):
         rows = list(range(len(own)))
         kernel.receive_(self.st.params.blocks, self.st.merge_change.blocks, self.rules, self.setup.model.offsets, rows,
                         lambda k, o, n: [avg[o:o + n]] * len(rows), torch.full((len(rows), 1), float(weight), device=self.dev))
+
+    # -- Streaming DiLoCo: a fragment's average (and its outer step) taken now, landed fragment_delay steps later --
+    def _targets(self, event: int) -> dict[int, torch.Tensor]:
+        """Per block of the event's fragment (every block without fragments), the value every row moves towards:
+        the average over all ranks (one all-reduce of the fragment's coordinates), after the outer step where there
+        is one (:func:`kernel.average_targets_`'s rule; streaming needs uniform weighting, and this backend merges
+        no buffers)."""
+        offsets, st = self.setup.model.offsets, self.st
+        only = self.fragment(event)
+        blocks = list(range(len(offsets))) if only is None else list(only)
+        total = torch.cat([st.params.blocks[k].sum(0) for k in blocks])
+        dist.all_reduce(total)
+        avg, targets, at = total / self.W, {}, 0
+        for k in blocks:
+            o, n = offsets[k]
+            a = avg[at:at + n]
+            at += n
+            targets[k] = st.outer.step_(a, o, n).clone() if st.outer is not None and k < st.outer.blocks else a
+        return targets
+
+    def allreduce_start(self, event: int) -> None:
+        self._in_flight[event] = self._targets(event)
+
+    def allreduce_finish(self, event: int, weight: float) -> None:
+        kernel.lerp_targets_(self.st.params.blocks, self.st.merge_change.blocks, self._in_flight.pop(event), weight)
 
     def _average(self, models: torch.Tensor) -> torch.Tensor:
         """The weighted average over all ranks of the own workers' ``models``, by all-reduce."""

@@ -282,7 +282,8 @@ def make_config(study: Study, **options) -> SearchConfig:
             raise ConfigError("study.objectives.metrics", f"unknown {o!r}; allowed: {', '.join(OBJECTIVES)}")
     backends.check(backend, procs, study.run.workers)
     backends.check_policy(backend, study.policy)
-    backends.check_space(backend, [p.name for p in study.search.space], study.search.space)
+    backends.check_space(backend, [p.name for p in study.search.space], study.search.space,
+                         timed=study.environment is not None)
     if sampler == "cmaes":
         if not space_mod.numeric(study.search.space):
             raise ConfigError("--sampler", "cmaes needs at least one numeric field in study.search.space")
