@@ -49,6 +49,10 @@ def test_a_homogeneous_free_cluster_gives_the_lockstep_results_bit_for_bit(setup
     timed = simulate.simulate(with_env(setup, EnvSpec(step_time=0.25)), policy, 7, device="cpu", keep_params=True)
     assert lockstep_part(timed) == lockstep_part(lockstep)
     assert torch.equal(timed.params, lockstep.params)
+    # the same one wave at a time (the replay any cluster takes; a free one takes the lockstep run's path)
+    waves = simulate.simulate(with_env(setup, EnvSpec(step_time=0.25)), policy, 7, device="cpu", keep_params=True,
+                              waves=True)
+    assert lockstep_part(waves) == lockstep_part(lockstep) and torch.equal(waves.params, lockstep.params)
     assert timed.final.sim_time == pytest.approx(40 * 0.25) and timed.final.idle_fraction == 0
     assert timed.final.steps_min == timed.final.steps_max == 40 and timed.final.staleness == 0
     assert lockstep.final.sim_time is None and "sim_time" not in lockstep.metrics()
@@ -413,3 +417,16 @@ def test_a_free_clock_equals_lockstep_when_supports_pass_the_rescale_limit(long_
     assert lockstep.status == timed.status == "ok"
     assert lockstep_part(timed) == lockstep_part(lockstep)
     assert torch.equal(timed.params, lockstep.params)
+
+
+def test_a_free_clock_takes_the_lockstep_path_and_an_uneven_one_the_waves(setup):
+    from evomerge.engine.timed import Timed
+
+    policy = P(exchange="push_pull", topology="complete", mean_interval=2.0)
+    for env, fast in ((EnvSpec(step_time=0.25), True), (EnvSpec(step_time=0.25, latency=0.01), False),
+                      (EnvSpec(step_time=0.25, speeds="lognormal", sigma=0.5), False)):
+        s = with_env(setup, env)
+        driver = Timed(s, policy, 0, InProcess(s, policy, 0, torch.device("cpu")))
+        assert (driver.merger is not None) == fast, env
+    s = with_env(setup, EnvSpec(step_time=0.25))
+    assert Timed(s, policy, 0, InProcess(s, policy, 0, torch.device("cpu")), waves=True).merger is None

@@ -137,7 +137,8 @@ def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, en
 
 def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
             callback: Callable[[RoundMetrics], Any] | None = None, evaluate_test: bool = False,
-            keep_params: bool = False, t0: float | None = None, emulate_time: bool = False) -> RunResult | None:
+            keep_params: bool = False, t0: float | None = None, emulate_time: bool = False,
+            waves: bool = False) -> RunResult | None:
     """Run one merge run on ``backend``; returns the result where the backend judges, else None.
 
     ``callback`` gets each round's metrics where the backend judges: it may raise (the
@@ -151,7 +152,7 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
     if setup.study.environment is not None:
         from .timed import Timed
 
-        driver = Timed(setup, policy, seed, backend, emulate=emulate_time)
+        driver = Timed(setup, policy, seed, backend, emulate=emulate_time, waves=waves)
     else:
         if policy.scheme == "async":
             from ..errors import ConfigError

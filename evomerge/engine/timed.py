@@ -43,6 +43,24 @@ def async_local_steps(policy, env, workers: int, seed: int) -> list[int] | None:
     return plan_mod.steps_by_speed(H, clock.speed_factors(env, workers, seed))  # step-time multipliers: 1 / speed
 
 
+def lockstep_equivalent(tl: clock.Timeline, policy, T: int) -> bool:
+    """Whether a timeline is the lockstep world's: every worker does all ``T`` steps, each ending when the others'
+    do, and every action happens at the boundary of its event's own step (a streamed fragment's landing
+    ``fragment_delay`` steps later); no asynchronous server, no late backup workers. A homogeneous cluster with free
+    links is (the identity the tests hold it to); its replay may then go through the lockstep run's sets of disjoint
+    pairs instead of one wave at a time."""
+    s = tl.schedule
+    if s.scheme == "async" or tl.dropped:
+        return False
+    first = tl.completions[0]
+    if len(first) != T or any(len(c) != T or not np.array_equal(c, first) for c in tl.completions):
+        return False
+    delay = policy.fragment_delay
+    steps = s.step
+    return all(a.boundary == int(steps[a.event]) + (delay if a.kind == clock.AR_APPLY else 0)
+               for acts in tl.actions for a in acts)
+
+
 def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.Timeline:
     """The simulated clock of one run of ``policy`` (seed ``seed``) on the study's ``[environment]``, without
     training anything: what a timed run replays, and what the dashboard draws. ``state_stacks``: the optimiser's
@@ -69,9 +87,10 @@ class Timed:
     ranks travel as messages; a rank waits for one only when nothing else can go on).
 
     ``emulate``: pace the run to the simulated clock (sleep until each step's and each merge's
-    simulated time), so a distributed run's wall clock can be held against the simulated one."""
+    simulated time), so a distributed run's wall clock can be held against the simulated one. ``waves``: replay
+    one wave at a time even where the timeline is the lockstep world's (:func:`lockstep_equivalent`)."""
 
-    def __init__(self, setup: Setup, policy, seed: int, backend, emulate: bool = False):
+    def __init__(self, setup: Setup, policy, seed: int, backend, emulate: bool = False, waves: bool = False):
         check_policy(policy)
         run = setup.study.run
         self.setup, self.p, self.seed, self.backend = setup, policy, seed, backend
@@ -103,6 +122,13 @@ class Timed:
         self._r = -1
         self.emulate, self._t0 = emulate, None
         self.each = plan_mod.own_outer_every(policy)
+        # the fast path: a timeline that is the lockstep world's (every worker's steps end together, every merge
+        # applied at the boundary of its own step) is replayed as the lockstep run replays its steps
+        self.merger = None
+        if not (emulate or waves) and lockstep_equivalent(self.timeline, policy, self.T):
+            from .merger import StepMerger
+
+            self.merger = StepMerger(setup, policy, backend.sched, backend)
 
     @property
     def rounds(self) -> int:
@@ -123,6 +149,13 @@ class Timed:
     def train_round(self, r: int) -> tuple[torch.Tensor, int, float]:
         tl, b = self.timeline, self.backend
         self._r = r
+        if self.merger is not None:  # the lockstep world's steps and merges (the same numbers, fewer passes)
+            start = int(tl.steps_at[r - 1][0]) if r else 0
+            end = int(tl.steps_at[r][0])
+            loss = b.train(start, end, self.merger.after_step) if end > start else \
+                torch.zeros((), device=b.state.params.device)
+            self.done[:] = end
+            return loss, end, float(end - start) if end > start else 1.0
         if self._t0 is None:
             self._t0 = time.perf_counter()
         t_end, target = tl.round_ends[r], tl.steps_at[r]
