@@ -392,9 +392,10 @@ class MergePolicy:
                 extra = (f", streamed in {self.fragments}{strided} fragments (delay {self.fragment_delay} steps, "
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
+                comp = comp.replace("delta payload", "compressed outer gradients")
                 return (f"all workers average every {max(1, round(self.mean_interval))} steps, then an outer "
                         f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}), "
-                        f"{self.weighting} weighting{extra}")
+                        f"{self.weighting} weighting{comp}{extra}")
             return (f"all workers average every {max(1, round(self.mean_interval))} steps, {a}, "
                     f"{self.weighting} weighting{comp}{extra}")
         topo = self.topology
@@ -406,6 +407,9 @@ class MergePolicy:
                 topo += f", regrouped by {self.similarity} similarity every {self.regroup_every} rounds"
         elif topo == "random_regular":
             topo = f"random {self.degree}-regular"
+        if self.outer_every:  # SlowMo over a gossip base
+            extra = (f", and every {self.outer_every} steps an exact average and an outer {self.outer_optimizer} step "
+                     f"(lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}; SlowMo)") + extra
         return (f"{self.exchange} gossip on {topo} every ~{self.mean_interval:.3g} steps, {self.lerp} lerp {a}, "
                 f"winner bias {self.winner_bias:.3g}, {self.weighting} weighting{comp}{extra}")
 

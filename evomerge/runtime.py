@@ -175,6 +175,9 @@ def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) 
     if worker_group is not None:
         raise ConfigError("worker_group", "set with scheme 'async' (asynchronous DiLoCo), which runs one process per "
                                           "worker; allowed: None")
+    if speeds is not None and not policy.local_steps_by_speed:
+        raise ConfigError("speeds", "given, but policy.local_steps_by_speed is false (every rank pushes after "
+                                    "round(mean_interval) steps); allowed: None, or local_steps_by_speed true")
     if speeds is None:
         if policy.local_steps_by_speed:
             raise ConfigError("speeds", "None, but policy.local_steps_by_speed scales each rank's local steps by its "
@@ -187,10 +190,7 @@ def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) 
         values = []
     if len(values) != workers or not all(np.isfinite(x) and x > 0 for x in values):
         raise ConfigError("speeds", f"{speeds!r}; allowed: {workers} positive numbers, one per rank")
-    H = max(1, round(policy.mean_interval))
-    if not policy.local_steps_by_speed:
-        return [H] * workers
-    return plan_mod.steps_by_speed(H, [1.0 / x for x in values])
+    return plan_mod.steps_by_speed(max(1, round(policy.mean_interval)), [1.0 / x for x in values])
 
 
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
@@ -323,11 +323,7 @@ class Merger:
         self.P = self.layout.n_params
         self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
         self.rules = kernel.block_rules(self.layout, p.buffers)
-        if p.scheme == "allreduce" and p.outer_optimizer != "none" and p.payload == "delta" and \
-                len(self.tensors) > len(params):
-            raise ConfigError("policy.payload", f"'delta' with an outer step on a model with buffers "
-                                                f"({named_buffers[0][0]!r}) is not built yet; allowed: weights, or a "
-                                                "model without buffers")
+        plan_mod.refuse_compressed_outer_buffers(p, [n for n, _ in named_buffers])
         if p.scheme == "async" and len(self.tensors) > len(params):
             raise ConfigError("model", f"has buffers ({named_buffers[0][0]!r}); scheme 'async' (asynchronous DiLoCo) "
                                        "with buffers is not built yet; allowed: a model without buffers, or scheme "
@@ -374,10 +370,13 @@ class Merger:
         self._broadcast_start()
         self.outer = kernel.outer_for(p, self.layout, self._flat, lambda: self._flat().unsqueeze(0))
         self.own_outer = plan_mod.own_outer_every(p)  # Lookahead / SNOO: this rank's own outer step, no merging
+        if local_steps is not None:  # every rank must draw the same pushes: refuse, on every rank, ranks that differ
+            self._same_on_every_rank(local_steps)
+        self.local_steps = local_steps
         self.sched = schedule_mod.build(p, self.W, self.T, self.seed, local_steps)
         # asynchronous DiLoCo: the server (the global model and its delayed Nesterov momentum) is rank 0's; it
         # serves each push at rank 0's step boundaries (and while rank 0 waits), so no thread runs beside the loop
-        self.server, self._served = None, {}
+        self.server, self._served, self._cap, self._left = None, {}, None, set()
         if p.scheme == "async" and self.rank == 0:
             self.server = kernel.AsyncServer(self._flat(), self.W, p.outer_lr, p.outer_momentum,
                                              p.outer_optimizer == "nesterov", p.momentum_every)
@@ -485,7 +484,7 @@ class Merger:
                     if int(s.initiator[ev]) == self.rank:
                         self._start(ev)
                 self._post_window()
-            if self.p.outer_every and self.t % self.p.outer_every == 0:  # SlowMo: after this step's gossip, the
+            if plan_mod.slowmo_due(self.p, self.t):  # SlowMo: after this step's gossip, the
                 self._drain(final=False)  # merges due by now done on every rank, an exact average and the outer step
                 self._allreduce(plan_mod.OUTER_AVERAGE, self.t, 1.0)
         self._t_last = time.perf_counter()
@@ -528,6 +527,7 @@ class Merger:
                                                           "momentum": self.outer.momentum.clone().cpu()},
                 "public": None if self.public is None else {q: v.clone().cpu() for q, v in self.public.items()},
                 "seq": self._seq, "next": dict(self._next),
+                "local_steps": self.local_steps,
                 "server": None if self.server is None else {
                     "global": self.server.glob.clone().cpu(), "pulled": self.server.pulled.clone().cpu(),
                     "momentum": self.server.momentum.clone().cpu(), "buffer": self.server.buffer.clone().cpu(),
@@ -553,8 +553,14 @@ class Merger:
         if self.outer is not None:
             self.outer.anchor.copy_(state["outer"]["anchor"])
             self.outer.momentum.copy_(state["outer"]["momentum"])
+        if state.get("local_steps", self.local_steps) != self.local_steps:
+            raise ConfigError("state_dict.local_steps", f"{state.get('local_steps')!r} differs from this Merger's "
+                                                        f"{self.local_steps!r} (its speeds)")
         if self.server is not None:  # asynchronous DiLoCo's server, and the pushes it has served by this step
-            saved = state["server"]
+            saved = state.get("server")
+            if not isinstance(saved, dict):
+                raise ConfigError("state_dict.server", "missing: not rank 0's state of an asynchronous DiLoCo run; "
+                                                       "allowed: the state_dict rank 0 saved")
             for name, key in (("glob", "global"), ("pulled", "pulled"), ("momentum", "momentum"), ("buffer", "buffer")):
                 getattr(self.server, name).copy_(saved[key])
             self.server.arrivals = int(saved["arrivals"])
@@ -1102,7 +1108,7 @@ class Merger:
         asynchronous DiLoCo, rank 0 serves the pushes that have arrived."""
         if self.sched.scheme == "async":
             if self.server is not None and not self._closing:
-                self._serve_arrived()
+                self._serve_arrived(self._cap)
             self._reap_sends()
             return
         for (ev, kind) in sorted(self._posted):
@@ -1204,8 +1210,8 @@ class Merger:
                 q = int(s.initiator[ev])
                 if q == 0:
                     continue
-                self._post(ev, REQUEST, q, self.P)
-                rows[q] = (ev, self._wait(lambda: self._ready(ev, REQUEST, q), (ev, q)))
+                self._post(ev, REQUEST, q, self.P + 1)
+                rows[q] = (ev, self._wait(lambda: self._ready(ev, REQUEST, q), (ev, q))[:self.P])
             if any(int(s.initiator[ev]) == 0 for ev in evs):
                 rows[0] = (None, self._flat())
             if rows:
@@ -1216,7 +1222,7 @@ class Merger:
 
     def _push(self, ev: int) -> None:
         """This rank's push of ``ev``: its model to the server (rank 0), then it waits for the global model."""
-        flat = self._flat().to(self.wire_dev)
+        flat = torch.cat([self._flat(), torch.ones(1, device=self.dev)]).to(self.wire_dev)  # last slot 1: a push
         self._post(ev, REPLY, 0, self.P)
         sent_at = time.time()
         try:
@@ -1230,6 +1236,15 @@ class Merger:
         self.merges += 1
         self._reap_sends()
 
+    def _same_on_every_rank(self, local_steps: list[int]) -> None:
+        mine = torch.tensor(local_steps, dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(self.W)]
+        self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
+        for r, theirs in enumerate(every):
+            if not torch.equal(theirs, every[0]):
+                raise ConfigError("speeds", f"rank {r}'s give local steps {theirs.tolist()}, rank 0's "
+                                            f"{every[0].tolist()}; allowed: the same speeds on every rank")
+
     def _take_global(self, glob: torch.Tensor) -> None:
         for blk, (o, n) in zip(self.blocks, self.layout.offsets):
             blk.copy_(glob[o:o + n].view(1, -1).to(blk.dtype))
@@ -1242,13 +1257,17 @@ class Merger:
         got = {}
         for q, evs in self._pushes.items():
             k = self._served[q]
-            if k >= (len(evs) if due is None else due[q]):
+            if q in self._left or k >= (len(evs) if due is None else due[q]):
                 continue
             ev = evs[k]
-            self._post(ev, REQUEST, q, self.P)
+            self._post(ev, REQUEST, q, self.P + 1)
             buf = self._ready(ev, REQUEST, q)
-            if buf is not None:
-                got[q] = (ev, buf)
+            if buf is None:
+                continue
+            if float(buf[self.P]) == 0.0:  # its empty message: the rank has left (close or finish), no push comes
+                self._left.add(q)
+                continue
+            got[q] = (ev, buf[:self.P])
         if own is not None:
             got[0] = (None, own)
         if got:
@@ -1278,7 +1297,7 @@ class Merger:
             self._served[q] += 1
             if self.overlap != "lockstep" and self._served[q] < len(self._pushes[q]):
                 nxt = self._pushes[q][self._served[q]]
-                self._post(nxt, REQUEST, q, self.P)  # the next push's receive, posted ahead
+                self._post(nxt, REQUEST, q, self.P + 1)  # the next push's receive, posted ahead
 
     def _async_drain(self, final: bool) -> None:
         """Rank 0 serves every push due by each rank's last step (at the end, the ranks first tell each other how
@@ -1296,13 +1315,14 @@ class Merger:
             s = self.sched
             due = {q: sum(1 for ev in evs if int(s.step[ev]) <= int(last[q])) for q, evs in self._pushes.items()}
             late = lambda: next((q for q in sorted(due) if self._served[q] < due[q]), None)  # noqa: E731
-
-            def ready():
-                if late() is not None and self.overlap == "lockstep":
-                    self._serve_arrived(due)
-                return True if late() is None else None
-
-            self._wait(ready, (f"pushes due by step {self.t}", late))
+            # serve no push after the ranks' last steps here: at a checkpoint a rank may push again, or leave (its
+            # empty message then fills the receive posted for its next push, and must not be served)
+            self._cap = due
+            try:
+                self._wait(lambda: True if late() is None else None, (f"pushes due by step {self.t}", late))
+                self._flush_sends()
+            finally:
+                self._cap = None
         self._flush_sends()
 
     def _async_cancel(self) -> None:
@@ -1315,17 +1335,17 @@ class Merger:
         if self.server is None:
             later = [int(ev) for ev in np.flatnonzero(s.initiator == self.rank) if int(s.step[ev]) > int(self._last[self.rank])]
             if later and self.overlap != "lockstep":
-                buf = torch.zeros(self.P, device=self.wire_dev)
+                buf = torch.zeros(self.P + 1, device=self.wire_dev)  # last slot 0: not a push (this rank leaves)
                 try:
                     work = self._pend(dist.isend(buf, self._global(0), group=self.group, tag=self._tag(later[0], REQUEST)))
                 except RuntimeError as e:
                     raise self._gone(0, later[0], e) from None
                 self._wait(lambda: self._sent(work, later[0], 0), (later[0], 0))
             return
-        if self.overlap != "lockstep":  # every rank with a push left has its receive posted, and sends it an empty one
-            for q, evs in self._pushes.items():
-                if self._served[q] < len(evs):
-                    self._post(evs[self._served[q]], REQUEST, q, self.P)
+        if self.overlap != "lockstep":  # every rank with a push left, and that has not said it left, has its receive
+            for q, evs in self._pushes.items():  # posted, and sends it an empty one
+                if self._served[q] < len(evs) and q not in self._left:
+                    self._post(evs[self._served[q]], REQUEST, q, self.P + 1)
         for (ev, kind), (work, buf, t0) in list(self._posted.items()):
             peer = int(s.initiator[ev])
             self._wait(lambda: self._sent(work, ev, peer), (ev, peer))
@@ -1365,7 +1385,7 @@ class Merger:
         if self.outer is not None:
             self.outer.step_flat_(avg, lay.offsets)
         w = torch.full((1, 1), float(weight), device=self.dev)
-        mine = self.public[self.rank] if self.delta and self.outer is not None else None
+        mine = self.public[self.rank] if plan_mod.compressed_outer(self.p) else None
         for k, (rule, blk, (o, n)) in enumerate(zip(self.rules, self.blocks, lay.offsets)):
             if rule == kernel.LERP:
                 kernel.lerp_rows_(blk, [0], [avg[o:o + n].to(blk.dtype)], w)
@@ -1483,8 +1503,9 @@ class Merger:
         self._cancel_window()
         self._close()
         # every message has gone or come by now: let each waiting thread end before the process group can go
+        deadline = time.perf_counter() + self.timeout
         for x in self._pending:
-            x.join(self.timeout)
+            x.join(max(0.0, deadline - time.perf_counter()))
         self._pending = []
         if self._hook is not None:
             self._hook.remove()

@@ -215,7 +215,8 @@ class Param:
         info = MergePolicy.__pydantic_fields__[self.name]
         for v in (low, high):  # the ranges are intervals: both ends inside means every point inside
             try:
-                MergePolicy(**({self.name: int(v) if self.kind == "int" else v} | _context(self.name)))
+                ctx = _context(self.name) if v or self.name != "outer_every" else {}  # 0: SlowMo off, no context
+                MergePolicy(**({self.name: int(v) if self.kind == "int" else v} | ctx))
             except ConfigError:
                 raise ConfigError(where, f"[{low}, {high}] leaves the field's allowed range "
                                          f"{settings.range_text(info)}") from None

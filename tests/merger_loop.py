@@ -94,7 +94,7 @@ def main() -> int:
             net = torch.nn.parallel.DistributedDataParallel(model, process_group=sub) if sub is not None else model
             overlaps = args.overlap or ["lockstep"]
             overlap = overlaps[min(i, len(overlaps) - 1)]
-            speeds = args.speeds if read_policy(policy).scheme == "async" else None
+            speeds = args.speeds if read_policy(policy).local_steps_by_speed else None
             merger = evomerge.Merger(policy, model, opt, seed=args.seed, total_steps=T, overlap=overlap,
                                      timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub, speeds=speeds)
             if args.mixing and rank != 0:  # the Merger starts every rank from rank 0's model, as DDP does

@@ -58,12 +58,8 @@ class Backend(ABC):
         self._sending: dict[int, dict] = {}
         # DiLoCo's outer gradients compressed (payload delta with an outer step): each worker sends its change since
         # its public copy, which is the anchor less what it has not sent yet (error feedback)
-        self.outer_delta = policy.scheme == "allreduce" and policy.outer_optimizer != "none" and self.payload.public
-        if self.outer_delta and setup.model.n_trained_blocks < len(setup.model.offsets):
-            from ..errors import ConfigError
-
-            raise ConfigError("policy.payload", "'delta' with an outer step on a model with buffers is not built yet; "
-                                                "allowed: weights, or a model without buffers")
+        self.outer_delta = plan_mod.compressed_outer(policy)
+        plan_mod.refuse_compressed_outer_buffers(policy, [n for n, _ in setup.model.layout[setup.model.n_trained_blocks:]])
         self.server = None  # asynchronous DiLoCo's server (kernel.AsyncServer), from the workers' common start
         if policy.scheme == "async":
             if setup.model.n_trained_blocks < len(setup.model.offsets):

@@ -553,7 +553,8 @@ class Simulation:
                 self.at_boundary(w, t, applied=True)
             elif kind == "server":  # a push has landed: served at worker 0's next step boundary (now if between steps)
                 S = self.SERVER
-                at = self.step_end[S] if self.busy[S] and self.step_end[S] > t else t
+                between = not self.busy[S] or (self.completions[S] and self.completions[S][-1] == t)
+                at = t if between or self.step_end[S] <= t else self.step_end[S]
                 if at > t:
                     self.push(at, "serve", data)
                     continue

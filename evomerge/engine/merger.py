@@ -36,7 +36,6 @@ class StepMerger:
         self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
         # Lookahead / SNOO: no merging, each worker's own outer step every H local steps
         self.each = plan_mod.own_outer_every(policy)
-        self.slowmo = policy.outer_every if policy.scheme == "gossip" else 0  # SlowMo over a gossip base
 
     def after_step(self, step: int) -> None:
         plan = self.plan(step)
@@ -95,7 +94,7 @@ class StepMerger:
     def _slowmo(self, step: int) -> None:
         """SlowMo over a gossip base: after every ``outer_every`` local steps (and that step's gossip) an exact
         average of all workers, the outer step on it, and every worker restarts from the anchor."""
-        if not self.slowmo or step % self.slowmo:
+        if not plan_mod.slowmo_due(self.p, step):
             return
         ex = self.st.examples
         self.backend.allreduce(plan_mod.OUTER_AVERAGE, step, 1.0)

@@ -73,6 +73,23 @@ class PairSet:
 OUTER_AVERAGE = -1  # the event number of SlowMo's exact average over a gossip base (not a schedule event)
 
 
+def compressed_outer(policy: MergePolicy) -> bool:
+    """DiLoCo's outer gradients compressed: a delta payload with an outer step on the all-reduce scheme."""
+    return policy.scheme == "allreduce" and policy.outer_optimizer != "none" and policy.payload == "delta"
+
+
+def slowmo_due(policy: MergePolicy, step: int) -> bool:
+    """SlowMo over a gossip base: whether the exact average and the outer step follow local step ``step``."""
+    return policy.scheme == "gossip" and policy.outer_every > 0 and step % policy.outer_every == 0
+
+
+def refuse_compressed_outer_buffers(policy: MergePolicy, buffers: list[str]) -> None:
+    """Compressed outer gradients on a model with buffers (``buffers``: their names) are not built: one line."""
+    if compressed_outer(policy) and buffers:
+        raise ConfigError("policy.payload", f"'delta' with an outer step on a model with buffers ({buffers[0]!r}) is "
+                                            "not built yet; allowed: weights, or a model without buffers")
+
+
 def own_outer_every(policy: MergePolicy) -> int:
     """Lookahead / SNOO (``scheme = "none"`` with an outer step): each worker takes its own outer step after every
     this many of its local steps; 0 for every other policy."""
