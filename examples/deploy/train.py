@@ -46,6 +46,8 @@ def main() -> int:
     ap.add_argument("--overlap", default="nonblocking", choices=["nonblocking", "blocking", "lockstep"])
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--trace", default=None, help="a directory for each rank's trace (JSON Lines)")
+    ap.add_argument("--speeds", type=float, nargs="+", default=None,
+                    help="each rank's speed in steps per second (asynchronous DiLoCo with local_steps_by_speed)")
     ap.add_argument("--slow-rank", type=int, default=-1)
     ap.add_argument("--slow-factor", type=float, default=1.0)
     args = ap.parse_args()
@@ -73,7 +75,7 @@ def main() -> int:
     scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda")
     try:
         merger = evomerge.Merger(args.policy, model, optimizer, seed=args.seed, total_steps=steps,
-                                 overlap=args.overlap, timeout=args.timeout, trace=args.trace)
+                                 overlap=args.overlap, timeout=args.timeout, trace=args.trace, speeds=args.speeds)
         t0, step = time.perf_counter(), 0
         while step < steps:
             for x, y in loader:
