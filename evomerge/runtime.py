@@ -1132,15 +1132,7 @@ class Merger:
         if s.scheme != "gossip" or self.overlap == "lockstep":
             self._flush_sends()
             return
-        last = torch.full((self.W,), self.t, dtype=torch.int64)
-        if final:  # every rank's last step (answering peers while the others get there)
-            mine = torch.tensor([self.t], dtype=torch.int64)
-            out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.W)]
-            work = dist.all_gather(out, mine, group=self.group, async_op=True)
-            self._wait(lambda: True if work.is_completed() else None, ("the end of the run", None))
-            work.wait()
-            last = torch.cat(out)
-        self._last = last
+        last = self._last = self._last_steps(final)
         due = [(q, key) for q, msgs in self._expect.items() for key in msgs if key not in self._came
                and int(s.step[key[0]]) <= int(last[int(s.initiator[key[0]])])]
         for q, (ev, kind) in due:
@@ -1149,6 +1141,18 @@ class Merger:
         self._wait(lambda: True if not (pending - self._done_in) and not self._await_reply else None,
                    (f"merges due by step {self.t}", None))
         self._flush_sends()
+
+    def _last_steps(self, final: bool) -> torch.Tensor:
+        """Every rank's last step: at the end (``final``) the ranks tell each other (answering peers while the
+        others get there); otherwise every rank is at this one."""
+        if not final:
+            return torch.full((self.W,), self.t, dtype=torch.int64)
+        mine = torch.tensor([self.t], dtype=torch.int64)
+        out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.W)]
+        work = dist.all_gather(out, mine, group=self.group, async_op=True)
+        self._wait(lambda: True if work.is_completed() else None, ("the end of the run", None))
+        work.wait()
+        return torch.cat(out)
 
     def _cancel_window(self) -> None:
         """After the last drain: the receives posted ahead for events that will not happen now (a rank's first
@@ -1302,15 +1306,7 @@ class Merger:
     def _async_drain(self, final: bool) -> None:
         """Rank 0 serves every push due by each rank's last step (at the end, the ranks first tell each other how
         many steps they did; otherwise every rank is at this step)."""
-        last = torch.full((self.W,), self.t, dtype=torch.int64)
-        if final:
-            mine = torch.tensor([self.t], dtype=torch.int64)
-            out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.W)]
-            work = dist.all_gather(out, mine, group=self.group, async_op=True)
-            self._wait(lambda: True if work.is_completed() else None, ("the end of the run", None))
-            work.wait()
-            last = torch.cat(out)
-        self._last = last
+        last = self._last = self._last_steps(final)
         if self.server is not None:
             s = self.sched
             due = {q: sum(1 for ev in evs if int(s.step[ev]) <= int(last[q])) for q, evs in self._pushes.items()}
@@ -1320,10 +1316,11 @@ class Merger:
             self._cap = due
             try:
                 self._wait(lambda: True if late() is None else None, (f"pushes due by step {self.t}", late))
-                self._flush_sends()
+                self._flush_sends()  # still capped: a flush's waits serve too
             finally:
                 self._cap = None
-        self._flush_sends()
+        else:
+            self._flush_sends()
 
     def _async_cancel(self) -> None:
         """After the last drain: rank 0's receive posted ahead for a rank's next push, which will not come now, gets

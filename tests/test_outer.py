@@ -52,15 +52,17 @@ def diloco_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: floa
     anchor = models_mod.load_row(setup.model.module(), initial_row(setup.model, seed))
     outer = torch.optim.SGD(anchor.parameters(), lr=outer_lr, momentum=momentum, nesterov=nesterov)
 
-    def step(workers):
-        for a, *ws in zip(anchor.parameters(), *(m.parameters() for m in workers)):
-            a.grad = a - torch.stack(ws).mean(0)
-        outer.step()
-        for m in workers:
-            for p, a in zip(m.parameters(), anchor.parameters()):
-                p.copy_(a)
+    return by_hand(setup, seed, every, lambda workers: restart_from_outer_step(anchor, outer, workers))
 
-    return by_hand(setup, seed, every, step)
+
+def restart_from_outer_step(anchor, outer, workers) -> None:
+    """The outer step on the anchor with the pseudo-gradient anchor - mean(workers); every worker restarts from it."""
+    for a, *ws in zip(anchor.parameters(), *(m.parameters() for m in workers)):
+        a.grad = a - torch.stack(ws).mean(0)
+    outer.step()
+    for m in workers:
+        for p, a in zip(m.parameters(), anchor.parameters()):
+            p.copy_(a)
 
 
 @pytest.mark.parametrize("kind", ["nesterov", "sgd"])
@@ -212,37 +214,23 @@ def slowmo_by_hand(setup, seed: int, policy):
     restarting from it."""
     from evomerge.engine import schedule
 
-    run, data, W, T = setup.study.run, setup.data, setup.study.run.workers, setup.total_steps
-    start = initial_row(setup.model, seed)
-    workers = [models_mod.load_row(setup.model.module(), start) for _ in range(W)]
-    inner = [reference.optimizer(m, run) for m in workers]
-    anchor = models_mod.load_row(setup.model.module(), start)
+    sched = schedule.build(policy, setup.study.run.workers, setup.total_steps, seed)
+    anchor = models_mod.load_row(setup.model.module(), initial_row(setup.model, seed))
     outer = torch.optim.SGD(anchor.parameters(), lr=policy.outer_lr, momentum=policy.outer_momentum)
-    idx = [batch_indices(s, run.batch_size, 0, T, seed, w) for w, s in enumerate(setup.shards)]
-    sched = schedule.build(policy, W, T, seed)
-    m = policy.mixing_weight
-    for t in range(1, T + 1):
-        for w, (mod, opt) in enumerate(zip(workers, inner)):
-            bi = torch.as_tensor(idx[w][t - 1])
-            loss = F.cross_entropy(mod(normalise(data.train_x[bi], data.spec)), data.train_y[bi])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        with torch.no_grad():
-            for ev in sched.events_at(t):
-                a, b = workers[int(sched.initiator[ev])], workers[int(sched.peer[ev])]
-                for pa, pb in zip(a.parameters(), b.parameters()):
-                    old_a = pa.clone()
-                    pa.lerp_(pb, m)
-                    pb.lerp_(old_a, m)
-            if t % policy.outer_every == 0:
-                for pa, *ps in zip(anchor.parameters(), *(w.parameters() for w in workers)):
-                    pa.grad = pa - torch.stack(ps).mean(0)
-                outer.step()
-                for w in workers:
-                    for p, q in zip(w.parameters(), anchor.parameters()):
-                        p.copy_(q)
-    return torch.stack([models_mod.module_row(w) for w in workers])
+    m, t = policy.mixing_weight, [0]
+
+    def step(workers):  # after every local step
+        t[0] += 1
+        for ev in sched.events_at(t[0]):
+            a, b = workers[int(sched.initiator[ev])], workers[int(sched.peer[ev])]
+            for pa, pb in zip(a.parameters(), b.parameters()):
+                old_a = pa.clone()
+                pa.lerp_(pb, m)
+                pb.lerp_(old_a, m)
+        if t[0] % policy.outer_every == 0:
+            restart_from_outer_step(anchor, outer, workers)
+
+    return by_hand(setup, seed, 1, step)
 
 
 SLOWMO = P(scheme="gossip", topology="ring", exchange="push_pull", mean_interval=3, mixing_weight=0.5,
