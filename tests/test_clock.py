@@ -14,14 +14,16 @@ from evomerge.study import EnvSpec
 P_PARAMS = 1000  # a model of 1000 float32 parameters: 4000 bytes a payload
 
 
-def timeline(env, policy, workers, steps, rounds=1, seed=0, events=None):
-    """The timeline of ``policy``; ``events``: a hand-made gossip schedule [(step, initiator, peer), ...]."""
-    cost = plan.Bytes(policy, P_PARAMS, [1] * workers)
+def timeline(env, policy, workers, steps, rounds=1, seed=0, events=None, example_bytes=0):
+    """The timeline of ``policy``; ``events``: a hand-made gossip schedule [(step, initiator, peer), ...] (its swap
+    uniforms 0: every event swaps when ``swap_p`` > 0)."""
+    cost = plan.Bytes(policy, P_PARAMS, [1] * workers, example_bytes=example_bytes)
     if events is None:
         make = lambda horizon: schedule_mod.build(policy, workers, horizon, seed)  # noqa: E731
     else:
         s = np.array([e[0] for e in events]), np.array([e[1] for e in events]), np.array([e[2] for e in events])
-        sched = schedule_mod.Schedule("gossip", steps, *s, np.zeros(len(events)), None)
+        sched = schedule_mod.Schedule("gossip", steps, *s, np.zeros(len(events)), None,
+                                      u_swap=np.zeros(len(events)))
         make = lambda horizon: sched  # noqa: E731
     return clock.build(env, policy, workers, steps, rounds, seed, cost, make), cost
 
@@ -220,3 +222,43 @@ def test_backup_workers_leave_the_late_ones_out_of_the_allreduce():
     assert b.dropped == {} and [[x.time for x in acts] for acts in a.actions] == [[x.time for x in acts] for acts in b.actions]
     with pytest.raises(ConfigError, match="policy.backup_workers: 4 with 4 workers; allowed: 0..3"):
         timeline(env, sync.replace(backup_workers=4), 4, 3)
+
+
+def test_a_swap_sends_two_models_and_its_initiator_waits_for_the_other():
+    """Worker 0 sends its model at 1 s (4000 bytes: 0.25 s at 16 kB/s, plus 0.3 s latency); worker 1 is in its
+    second step when it lands, so it takes it at 2 s and sends its own back, which lands at 2.55 s. Worker 0 has
+    given its model away: it waits from 1 s to 2.55 s. The swap costs two models, 8000 bytes."""
+    l, b = 0.3, 16000.0
+    env = EnvSpec(step_time=1.0, latency=l, bandwidth=b)
+    tl, cost = timeline(env, MergePolicy(exchange="push", swap_p=1.0), 2, 4, events=[(1, 0, 1)])
+    assert tl.swaps == {0} and cost.swap() == 2 * 4000
+    (req,), (ans,) = lands(tl), lands(tl, clock.REPLY)
+    assert req.landed == pytest.approx(1.0 + l + 0.25) and (req.worker, req.time) == (1, 2.0)
+    assert ans.sent == 2.0 and ans.landed == pytest.approx(2.0 + l + 0.25) and ans.worker == 0
+    assert ans.time == ans.landed  # worker 0 was waiting: it takes the other model at once
+    assert tl.completions[0][1] == pytest.approx(2.55 + 1.0)
+    assert tl.idle[0, 0] == pytest.approx(1.55) and tl.idle[0, 1] == 0.0
+    assert tl.bytes[-1] == 8000
+    # the same event without a swap: one payload, and nobody waits
+    plain, _ = timeline(env, MergePolicy(exchange="push"), 2, 4, events=[(1, 0, 1)])
+    assert plain.swaps == frozenset() and plain.bytes[-1] == 4000 and plain.completions[0][1] == 2.0
+
+
+def test_examples_that_travel_ride_with_the_payload_and_are_charged_their_bytes():
+    """data_exchange_k = 10 examples of 785 bytes (784 pixels and a label) go with the initiator's 4000-byte payload:
+    11850 bytes, landing latency + 11850 / bandwidth after the send; a push-pull answer carries no examples."""
+    l, b = 0.1, 23700.0
+    env = EnvSpec(step_time=1.0, latency=l, bandwidth=b)
+    tl, cost = timeline(env, MergePolicy(exchange="push_pull", data_exchange_k=10), 2, 4, events=[(1, 0, 1)],
+                        example_bytes=785)
+    assert cost.data == 7850
+    (req,), (ans,) = lands(tl), lands(tl, clock.REPLY)
+    assert req.landed == pytest.approx(1.0 + l + 0.5)
+    assert ans.landed == pytest.approx(2.0 + l + 4000 / b)
+    assert tl.bytes[-1] == 2 * 4000 + 7850
+    # a swap carries them too: its initiator's model and the examples, then the peer's model back
+    tl, _ = timeline(env, MergePolicy(exchange="push", data_exchange_k=10, swap_p=1.0), 2, 4, events=[(1, 0, 1)],
+                     example_bytes=785)
+    (req,), (ans,) = lands(tl), lands(tl, clock.REPLY)
+    assert req.landed == pytest.approx(1.0 + l + 0.5) and ans.landed == pytest.approx(2.0 + l + 4000 / b)
+    assert tl.bytes[-1] == 2 * 4000 + 7850

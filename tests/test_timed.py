@@ -26,6 +26,16 @@ GOSSIP = {
     "push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
     "push-delta-adaptive-random": P(exchange="push", payload="delta", topk_fraction=0.2, quantize_bits=4,
                                     weighting="adaptive", lerp="random", topology="complete", mean_interval=1.5),
+    # swaps and data that travels (issue 24 part 1): a swap is two model-sized transfers, the examples ride with
+    # the initiator's payload
+    "swaps-delta-adaptive": P(topology="complete", swap_p=0.5, weighting="adaptive", payload="delta",
+                              topk_fraction=0.5, mean_interval=1.5),
+    "swaps-recency-push-pull-winner": P(topology="ring", swap_p=0.9, swap_recency=5.0, mean_interval=1.2,
+                                        winner_bias=0.5, exchange="push_pull"),
+    "data-travels-retires": P(topology="complete", data_exchange_k=4, retire_threshold=0.9, reserve_rate=0.3,
+                              mean_interval=1.5),
+    "data-unseen-first-swaps-examples": P(topology="complete", data_exchange_k=6, data_unseen_first=True, swap_p=0.4,
+                                          weighting="examples", mean_interval=1.5),
 }
 
 
@@ -136,11 +146,47 @@ def test_a_run_that_diverges_after_reaching_the_target_gets_the_worst_time(setup
     assert res.status == "diverged" and res.final.time_to_target == 8.0
 
 
-def test_policies_the_clock_cannot_run_yet_are_refused_in_one_line(setup):
+def test_examples_in_transit_are_nobodys_until_their_payload_lands_and_swaps_wait(setup):
+    """On slow links with uneven speeds: at every round's end, exactly the examples of the payloads sent and not yet
+    landed are in transit (k per payload: the receiver cannot draw them before it takes the payload), every other
+    example is held by one worker, the bytes are the clock's, and the swaps' initiators waited for the other model."""
+    from evomerge.engine import clock, datapool, run as run_mod
+    from evomerge.engine.timed import build_timeline
+
+    env = EnvSpec(step_time=0.25, speeds="lognormal", sigma=0.5, latency=0.05, bandwidth=4e6)
+    policy = P(topology="complete", swap_p=0.3, data_exchange_k=8, mean_interval=2.0)
+    s = with_env(setup, env)
+    backend = InProcess(s, policy, 3, torch.device("cpu"))
+    tl = build_timeline(s, policy, 3, len(backend.state.optim.stacks()))
+    sends = {a.event: a.time for acts in tl.actions for a in acts if a.kind == clock.SEND}
+    landed = {a.event: a.time for acts in tl.actions for a in acts if a.kind == clock.LAND}
+    pool, seen = backend.pool, []
+
+    def check(rm):
+        t = tl.round_ends[rm.round - 1]
+        flying = sum(1 for e, sent in sends.items() if sent <= t and landed.get(e, np.inf) > t)
+        transit = int((pool.holder == datapool.IN_TRANSIT).sum())
+        held = sum(len(h) for h in pool.holdings())
+        seen.append((flying, transit))
+        assert transit == 8 * flying and held + transit == len(np.flatnonzero(pool.holder != -1))
+
+    res = run_mod.execute(s, policy, 3, backend, callback=check)
+    assert res.status == "ok" and len(seen) == 3 and sum(f for f, _ in seen) > 0  # some were in flight at an end
+    assert res.final.bytes == tl.bytes[-1] and res.final.examples_moved == pool.moved > 0
+    assert tl.swaps and all(tl.idle[:, int(tl.schedule.initiator[e])].sum() > 0 for e in tl.swaps)
+
+
+@pytest.mark.parametrize("field, policy", [
+    ("swap_confidence", P(topology="complete", swap_p=0.5, swap_confidence=0.5)),
+    ("data_similarity_sign", P(topology="complete", data_exchange_k=4, data_similarity_sign=0.5)),
+    ("similarity_bias", P(topology="complete", similarity_bias=0.5)),
+    ("regroup_every", P(topology="communities", regroup_every=1))])
+def test_policies_the_clock_cannot_run_yet_are_refused_in_one_line(setup, field, policy):
     from evomerge.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"policy\.swap_p: cannot run with an \[environment\]"):
-        simulate.simulate(with_env(setup, EnvSpec()), P(swap_p=0.5), 0)
+    with pytest.raises(ConfigError, match=rf"policy\.{field}: cannot run with an \[environment\]") as e:
+        simulate.simulate(with_env(setup, EnvSpec()), policy, 0)
+    assert "\n" not in str(e.value)
 
 
 # -- the command -----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ class InProcess(Backend):
         if policy.data_exchange_k or policy.retire_threshold or (policy.swap_p and policy.swap_confidence):
             self.pool = datapool.DataPool(setup.shards, len(self.train_y), seed, retire_threshold=policy.retire_threshold,
                                           reserve_rate=policy.reserve_rate)
-        self.example_bytes = self.train_x[0].numel() * self.train_x.element_size() + 1  # pixels as stored, one label byte
+        self.example_bytes = plan_mod.example_bytes(self.train_x)
         # peers drawn during the run, not from the schedule: by similarity, or in regrouped communities
         self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
         topo = self.sched.topology
@@ -185,6 +185,40 @@ class InProcess(Backend):
         st.merge_change.set_row(b, st.merge_change.row(b) + (ra - rb))
         st.model_at[[a, b]] = st.model_at[[b, a]]
         st.score[[a, b]], st.score_weight[[a, b]] = st.score[[b, a]], st.score_weight[[b, a]]
+
+    # -- a simulated clock: a swap's two halves, and examples in transit ---------------------------------------
+    def model_of(self, w: int) -> dict:
+        """Worker ``w``'s model with everything that belongs to it (what a swap moves, :meth:`_swap`), as it is now:
+        the stacks' rows, the optimiser's state, its counter and supports, its running score and which model it is."""
+        st, k = self.state, self.pos[w]
+        return {"rows": [s.row(k) for s in (st.params, st.accum, st.base) if s is not None],
+                "optim": st.optim.row_state(k), "examples": float(st.examples[w]), "epoch": st.support_epoch,
+                "score": (st.score[k].clone(), st.score_weight[k].clone()), "model": int(st.model_at[k])}
+
+    def install(self, w: int, got: dict) -> None:
+        """Worker ``w`` takes a model from :meth:`model_of` in place of its own (one half of a swap); what merges
+        changed this round takes the difference, as :meth:`_swap` does."""
+        st, k = self.state, self.pos[w]
+        old, new = st.params.row(k), got["rows"][0]
+        stacks = [s for s in (st.params, st.accum, st.base) if s is not None]
+        scale = kernel.support_factor(st.support_epoch - got["epoch"])  # supports rescaled since it left
+        for s, row in zip(stacks, got["rows"]):
+            s.set_row(k, row * scale if s is st.accum and scale != 1.0 else row)
+        for s, row in zip(st.optim.stacks(), got["optim"]["stacks"]):
+            s.set_row(k, row)
+        if st.optim.steps is not None:
+            st.optim.steps[k] = got["optim"]["steps"]
+        st.merge_change.set_row(k, st.merge_change.row(k) + (new - old))
+        st.examples[w] = got["examples"] * scale
+        st.score[k], st.score_weight[k] = got["score"]
+        st.model_at[k] = got["model"]
+
+    def data_out(self, i: int, j: int) -> np.ndarray:
+        """The examples ``i`` sends ``j`` with an event's payload (:meth:`after_events`' choice), now in transit."""
+        return self.pool.leave(i, j, self.p.data_exchange_k, unseen_first=self.p.data_unseen_first)
+
+    def data_in(self, j: int, positions: np.ndarray) -> None:
+        self.pool.arrive(j, positions)
 
     # -- complete average ----------------------------------------------------------------------------
     def allreduce(self, event: int, step: int, weight: float, dropped: tuple[int, ...] = ()) -> None:

@@ -113,6 +113,7 @@ class Timeline:
     idle_spans: list = field(default_factory=list)
     send_spans: list = field(default_factory=list)
     dropped: dict = field(default_factory=dict)  # all-reduce event -> the late workers left out (backup workers)
+    swaps: frozenset = frozenset()  # the gossip events that swap the two models instead of merging them
     steps_at: np.ndarray = field(init=False)  # [rounds, W] local steps done by each round's end
 
     def __post_init__(self):
@@ -344,6 +345,17 @@ class Simulation:
         self.due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event landing there
         self.parked: dict[int, list[int]] = {}  # streamed event -> workers waiting for it
         self.parked_at: dict[int, float] = {}  # worker -> since when it waits for a streamed fragment (or the server)
+        # model swaps: decided here from the schedule's uniforms (plan.swap_chance; with swap_recency, from which
+        # model is at which worker and when each model last left each worker's data, both kept here)
+        self.swap_p = policy.swap_p if sched.scheme == "gossip" else 0.0
+        self.swaps: set[int] = set()
+        self.model_at = list(range(W))
+        self.left_at = np.full((W, W), -np.inf)  # [model, worker]: the boundary the model last left the worker's data
+        self.swap_models: dict[int, list[int]] = {}  # swap event -> [the initiator's model, the peer's]
+        # a swap's halves as the workers apply them (time, event, kind, worker, boundary): which model is where
+        # follows each worker's actions in their order, settled before each decision on what came strictly before
+        self.swap_steps: list[tuple] = []
+        self.t_now = 0.0  # the time of the event being handled
 
     # -- what the events do ---------------------------------------------------------------------------------
     def push(self, t, kind, data) -> None:
@@ -369,7 +381,49 @@ class Simulation:
             self.start_step(w, t)
 
     def send(self, e: int, i: int, j: int, t: float, kind: int) -> None:
-        self.transfer(i, j, self.cost.message(i), t, "land", (e, i, j, t, kind))
+        """The message of event ``e`` from ``i`` to ``j``: a gossip payload (with the examples that travel, from the
+        initiator), or a whole model for a swap."""
+        if e in self.swaps:
+            nbytes = self.cost.dense + (self.cost.data if kind == LAND else 0)
+        else:
+            nbytes = self.cost.message(i) + (self.cost.data if kind == LAND else 0)
+        self.transfer(i, j, nbytes, t, "land", (e, i, j, t, kind))
+
+    def decide_swap(self, e: int, w: int, j: int, k: int) -> bool:
+        """Whether gossip event ``e`` (``w``'s, at its boundary ``k``) swaps the two models: the schedule's uniform
+        against :func:`plan.swap_chance` (unconditioned, or by the local steps since ``w``'s model last held ``j``'s
+        data), as the lockstep merger decides it."""
+        if not self.swap_p:
+            return False
+        from .plan import swap_chance
+
+        if self.policy.swap_recency:
+            self.settle(self.t_now)
+        chance = swap_chance(self.policy, None, k - self.left_at[self.model_at[w], j])
+        if not float(self.sched.u_swap[e]) < chance:
+            return False
+        self.swaps.add(e)
+        self.swap_models[e] = [-1, -1]
+        if self.policy.swap_recency:  # the initiator's model leaves its data
+            heapq.heappush(self.swap_steps, (self.t_now, e, SEND, w, k))
+        return True
+
+    def settle(self, t: float) -> None:
+        """Apply the halves of swaps that happened strictly before ``t``, in the workers' order of actions (a step's
+        decisions see the models where they were before any of that instant's merges, as the lockstep run's do)."""
+        q = self.swap_steps
+        while q and q[0][0] < t:
+            _, e, kind, w, k = heapq.heappop(q)
+            models = self.swap_models[e]
+            if kind == SEND:
+                models[0] = self.model_at[w]
+                self.left_at[models[0], w] = k
+            elif kind == LAND:  # the peer: its model leaves its data, the initiator's arrives
+                models[1] = self.model_at[w]
+                self.left_at[models[1], w] = k
+                self.model_at[w] = models[0]
+            else:
+                self.model_at[w] = models[1]
 
     def transfer(self, i: int, j: int, nbytes: int, t: float, kind: str, data) -> None:
         """``nbytes`` from ``i`` to ``j`` starting at ``t``, at its share of its ends while it is in flight; at its
@@ -515,10 +569,11 @@ class Simulation:
             return
         for e in evs:
             j = int(sched.peer[e])
+            swap = self.decide_swap(e, w, j, k)
             self.actions[w].append(Action(w, k, t, e, SEND))
-            self.sends.append((t, cost.pair(w, j)))
+            self.sends.append((t, (cost.swap() if swap else cost.pair(w, j)) + cost.data))
             self.send(e, w, j, t, LAND)
-            if self.blocking:
+            if self.blocking or swap:  # a swap's initiator has given its model away: it waits for the other
                 self.waits[w] += 1
         if self.waits[w]:
             self.idle_since[w] = t
@@ -535,6 +590,7 @@ class Simulation:
             t, _, kind, data = heapq.heappop(heap)
             if t > self.end:
                 break
+            self.t_now = t
             if kind == "end":
                 w, seq = data
                 if seq != self.step_seq[w]:
@@ -579,9 +635,12 @@ class Simulation:
                 if at > self.end or (self.busy[j] and at > self.budget):
                     continue
                 self.actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t))
-                if what == LAND and self.push_pull:
+                swap = e in self.swaps
+                if swap and self.policy.swap_recency:
+                    heapq.heappush(self.swap_steps, (at, e, what, j, boundary))
+                if what == LAND and (self.push_pull or swap):
                     self.push(at, "reply", (e, j, i))
-                elif self.blocking:
+                elif self.blocking or swap:
                     # the initiator: push when it lands, push-pull when the answer does
                     self.push(t, "resume", i if what == LAND else j)
             elif kind == "sent":
@@ -639,4 +698,5 @@ class Simulation:
         step_starts = [[x for x, c in zip(st, cs) if c <= end_t] for st, cs in zip(self.step_starts, completions)]
         send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]
         return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon,
-                        step_starts, [list(x) for x in idle_spans], send_spans, dict(self.dropped))
+                        step_starts, [list(x) for x in idle_spans], send_spans, dict(self.dropped),
+                        frozenset(self.swaps))

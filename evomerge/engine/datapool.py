@@ -24,6 +24,7 @@ from . import schedule as schedule_mod
 
 TAG_PASSES = schedule_mod.STREAMS["passes"]
 UNSEEN = 2.0  # confidence of an example no model has trained on yet: never "least confident", never retired
+IN_TRANSIT = -2  # the holder of an example on its way between two workers (a simulated clock's link)
 
 
 def most_confident_share(sign: float, sims: np.ndarray, i: int, j: int) -> float:
@@ -89,23 +90,27 @@ class DataPool:
 
     def batches(self, batch: int) -> np.ndarray:
         """The next minibatch of every worker, ``[W, batch]`` training positions."""
-        out = np.empty((self.W, batch), dtype=np.int64)
-        for w in range(self.W):
-            got = np.zeros(0, dtype=np.int64)
-            while len(got) < batch:
-                if len(self.queue[w]) == 0:
-                    self.queue[w] = self._new_pass(w)
-                q = self.queue[w]
-                take = q[:batch - len(got)]
-                self.queue[w] = q[len(take):]
-                got = np.concatenate([got, take[self.holder[take] == w]])  # moved away meanwhile: skip
-            out[w] = got
-        return out
+        return np.stack([self.batch(w, batch) for w in range(self.W)])
+
+    def batch(self, w: int, batch: int) -> np.ndarray:
+        """Worker ``w``'s next minibatch: a function of its own sends, receipts and training only (a simulated
+        clock's replay draws each worker's at its own step)."""
+        got = np.zeros(0, dtype=np.int64)
+        while len(got) < batch:
+            if len(self.queue[w]) == 0:
+                self.queue[w] = self._new_pass(w)
+            q = self.queue[w]
+            take = q[:batch - len(got)]
+            self.queue[w] = q[len(take):]
+            got = np.concatenate([got, take[self.holder[take] == w]])  # moved away meanwhile: skip
+        return got
 
     # -- confidence, retirement, exchange ------------------------------------------------------
-    def record(self, positions: np.ndarray, confidence: np.ndarray) -> None:
-        """Confidences ``[W, B]`` of the holders' models on the examples they just trained on."""
-        self.seen[positions, np.arange(self.W)[:, None]] = True
+    def record(self, positions: np.ndarray, confidence: np.ndarray, workers=None) -> None:
+        """Confidences ``[W, B]`` of the holders' models on the examples they just trained on (``workers``: the
+        rows' workers, if not all of them in order)."""
+        rows = np.arange(self.W) if workers is None else np.asarray(workers, dtype=np.int64)
+        self.seen[positions, rows[:, None]] = True
         pos = positions.reshape(-1)
         self.prev_conf[pos] = self.conf[pos]
         self.conf[pos] = confidence.reshape(-1)
@@ -120,10 +125,20 @@ class DataPool:
         """Move ``k`` of ``src``'s active examples to ``dst``'s active shard; returns how many. ``round(most * k)`` of
         them are its most confident (among those a model has trained on), the rest its least confident. With
         ``unseen_first`` the examples ``dst`` has never trained on come first in both orders."""
+        return len(self.leave(src, dst, k, most=most, unseen_first=unseen_first, to=dst))
+
+    def arrive(self, dst: int, positions: np.ndarray) -> None:
+        """Examples sent with :meth:`leave` (``to=IN_TRANSIT``) reach ``dst``'s active shard."""
+        self.holder[positions] = dst
+
+    def leave(self, src: int, dst: int, k: int, *, most: float = 0.0, unseen_first: bool = False,
+              to: int = IN_TRANSIT) -> np.ndarray:
+        """The examples :meth:`send` chooses for ``dst``, taken from ``src`` and given to ``to`` (on a simulated
+        clock: in transit, nobody's, until :meth:`arrive`); their positions."""
         act = self.active(src)
         k = min(k, max(0, len(act) - 1))  # a worker keeps at least one example
         if k <= 0:
-            return 0
+            return np.zeros(0, dtype=np.int64)
         c = self.conf[act]
         first = self.seen[act, dst] if unseen_first else np.zeros(len(act), dtype=bool)
         least = act[np.lexsort((c, first))]  # stable: ties keep the shard's order
@@ -134,10 +149,10 @@ class DataPool:
             chosen = np.concatenate([top, least[~np.isin(least, top)][:k - n_most]])
         else:
             chosen = least[:k]
-        self.holder[chosen] = dst
+        self.holder[chosen] = to
         self.travelled[chosen] = True
         self.moved += len(chosen)
-        return len(chosen)
+        return chosen
 
     def confidence(self, w: int) -> float | None:
         """The mean confidence of worker ``w``'s model on its active examples it has trained on (None before any)."""

@@ -157,8 +157,11 @@ class Bytes:
     """
 
     def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None, state_stacks: int = 0,
-                 model=None):
+                 model=None, example_bytes: int = 0):
         self.p = policy
+        # data that travels: the initiator's k examples ride with its gossip payload (a simulated clock charges k;
+        # a worker holding k active examples or fewer sends fewer, as the lockstep run counts them)
+        self.data = policy.data_exchange_k * example_bytes if policy.scheme == "gossip" else 0
         # Streaming DiLoCo: an all-reduce of fragment j sends that fragment's numbers only
         self.fragments = fragments_of(policy, model) if model is not None and policy.fragments > 1 else None
         self.fragment_bytes = None if self.fragments is None else [
@@ -206,6 +209,11 @@ class Bytes:
         if fragment is None or self.fragment_bytes is None:
             return float(self.rows)
         return self.rows * self.fragment_bytes[fragment] / self.dense
+
+
+def example_bytes(train_x: torch.Tensor) -> int:
+    """What one training example costs on the wire when data travels: its values as stored, and a label byte."""
+    return train_x[0].numel() * train_x.element_size() + 1
 
 
 def fragments_of(policy: MergePolicy, model) -> list[list[int]]:

@@ -74,7 +74,8 @@ def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.
 
         topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
         neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
-    cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model)
+    cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model,
+                          plan_mod.example_bytes(setup.data.train_x))
     local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
     return clock.build(setup.study.environment, policy, run.workers, setup.total_steps, run.rounds, seed, cost,
                        lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps,
@@ -122,6 +123,7 @@ class Timed:
         self._r = -1
         self.emulate, self._t0 = emulate, None
         self.each = plan_mod.own_outer_every(policy)
+        self.data = bool(policy.data_exchange_k) and policy.scheme == "gossip"  # examples travel with the payloads
         # the fast path: a timeline that is the lockstep world's (every worker's steps end together, every merge
         # applied at the boundary of its own step) is replayed as the lockstep run replays its steps
         self.merger = None
@@ -273,15 +275,31 @@ class Timed:
             if not ready:
                 return
         lands, answers = [], []
+        swaps = self.timeline.swaps
         for a in ready:
             e = a.event
             i, j = int(s.initiator[e]), int(s.peer[e])
             if a.kind == clock.SEND:
+                data = b.data_out(i, j) if self.data else None  # the examples leave now, landing or not
                 if (e, clock.LAND) in self.landing:
-                    self._post(e, clock.LAND, b.snapshot(e, i, 0), j)
+                    payload = b.model_of(i) if e in swaps else b.snapshot(e, i, 0)
+                    payload["data"] = data
+                    self._post(e, clock.LAND, payload, j)
+                continue
+            payload = self.snaps.pop((e, a.kind))
+            if payload.get("data") is not None:
+                b.data_in(j, payload["data"])
+            if e in swaps:  # the peer answers with its own model and takes the initiator's; the initiator takes it
+                if a.kind == clock.LAND:
+                    if (e, clock.REPLY) in self.landing:
+                        answer = b.model_of(j)
+                        answer["data"] = None
+                        self._post(e, clock.REPLY, answer, i)
+                    b.install(j, payload)
+                else:
+                    b.install(i, payload)
                 continue
             weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
-            payload = self.snaps.pop((e, a.kind))
             if a.kind == clock.LAND:
                 if (e, clock.REPLY) in self.landing:  # the answer is the peer's state before it merges
                     answers.append((len(lands), b.snapshot(e, j, 1)))
@@ -340,17 +358,22 @@ class Timed:
         b, setup = self.backend, self.setup
         st = b.state
         dev = st.params.device
-        idx = torch.as_tensor(np.stack([self._indices(w) for w in rows]), device=dev)
+        pool = getattr(b, "pool", None)  # data that travels or retires: each worker's batches from what it holds
+        pos = np.stack([pool.batch(w, setup.study.run.batch_size) if pool is not None else self._indices(w)
+                        for w in rows])
+        idx = torch.as_tensor(pos, device=dev)
         x, y = normalise(b.train_x[idx], setup.data.spec), b.train_y[idx]
         keys = (schedule_mod.layer_keys(self.seed, rows, [int(self.done[w]) + 1 for w in rows])
                 if setup.model.random else None)
         if len(rows) == len(self.own):
             losses = local_step(setup, st, x, y, keys=keys)
         else:
-            pos = [b.pos[w] for w in rows]
-            sub = st.take(pos)
+            at = [b.pos[w] for w in rows]
+            sub = st.take(at)
             losses = local_step(setup, sub, x, y, keys=keys)
-            st.put(sub, pos)
+            st.put(sub, at)
+        if pool is not None:
+            pool.record(pos, torch.exp(-losses).cpu().numpy(), rows)
         st.examples[rows] += setup.study.run.batch_size
         self.done[rows] += 1
         if self.each:  # Lookahead / SNOO: each worker's own outer step after its every H-th local step
