@@ -538,10 +538,6 @@ def fit_to_workers(values: dict[str, Any], workers: int) -> dict[str, Any]:
 
 # policy fields a run on a simulated cluster ([environment]) does not run yet, and why
 TIMED_UNSUPPORTED = {
-    "similarity_bias": "peers drawn from the models' similarity need every worker's state at the event",
-    "regroup_every": "regrouping needs every worker's state at the event",
-    "data_similarity_sign": "what travels chosen by similarity needs every worker's state at the event",
-    "swap_confidence": "swaps conditioned on the peer's confidence need its state at the event",
     "outer_every": "SlowMo's exact averages over a gossip base are not timed yet",
 }
 

@@ -16,6 +16,7 @@ from conftest import ROOT, tiny_study
 from evomerge import simulate
 from evomerge import study as study_mod
 from evomerge.backends.inprocess import InProcess
+from evomerge.engine.timed import Timed
 from evomerge.policy import MergePolicy
 from evomerge.study import EnvSpec
 
@@ -36,6 +37,15 @@ GOSSIP = {
                               mean_interval=1.5),
     "data-unseen-first-swaps-examples": P(topology="complete", data_exchange_k=6, data_unseen_first=True, swap_p=0.4,
                                           weighting="examples", mean_interval=1.5),
+    # decided with the state at the event: the clock runs beside the replay (waves), or the lockstep path
+    "similarity-bias-sketch-push-pull": P(topology="complete", similarity_bias=0.8, mean_interval=1.5, winner_bias=0.3,
+                                          exchange="push_pull"),
+    "regroup-cka-converging": P(topology="communities", n_communities=2, similarity="cka", regroup_every=1,
+                                similarity_bias=-0.5, p_intra=0.9, p_intra_final=0.1, p_intra_schedule="cosine",
+                                mean_interval=2),
+    "data-by-similarity-swaps-by-confidence": P(topology="complete", data_exchange_k=6, data_similarity_sign=-0.7,
+                                                swap_p=0.6, swap_confidence=-0.8, swap_recency=10.0,
+                                                mean_interval=1.5),
 }
 
 
@@ -176,16 +186,51 @@ def test_examples_in_transit_are_nobodys_until_their_payload_lands_and_swaps_wai
     assert tl.swaps and all(tl.idle[:, int(tl.schedule.initiator[e])].sum() > 0 for e in tl.swaps)
 
 
-@pytest.mark.parametrize("field, policy", [
-    ("swap_confidence", P(topology="complete", swap_p=0.5, swap_confidence=0.5)),
-    ("data_similarity_sign", P(topology="complete", data_exchange_k=4, data_similarity_sign=0.5)),
-    ("similarity_bias", P(topology="complete", similarity_bias=0.5)),
-    ("regroup_every", P(topology="communities", regroup_every=1))])
-def test_policies_the_clock_cannot_run_yet_are_refused_in_one_line(setup, field, policy):
+class Watched(Timed):
+    """The replay as the clock finds it at each decision it asks for: every worker's steps and actions done."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.asked = []
+
+    def peer(self, e, w, k, t):
+        j = super().peer(e, w, k, t)
+        self.asked.append((t, self.done.copy(), list(self.ptr)))
+        return j
+
+
+def test_a_decision_with_the_state_sees_every_step_and_action_before_its_instant_and_none_after(setup):
+    """On an uneven cluster with slow links, a similarity-drawn peer is decided by the clock at the initiator's
+    boundary: the replay has done then exactly the steps that ended by that instant and the actions before it."""
+    env = EnvSpec(step_time=0.25, speeds="lognormal", sigma=0.5, latency=0.03, bandwidth=4e6)
+    policy = P(topology="complete", similarity_bias=0.8, mean_interval=2.0, exchange="push_pull")
+    s = with_env(setup, env)
+    from evomerge.engine.judge import Judge
+
+    backend = InProcess(s, policy, 1, torch.device("cpu"))
+    backend.start(Judge(s, policy, 1, torch.device("cpu"), backend.train_x, 0.0))  # its similarity
+    driver = Watched(s, policy, 1, backend)
+    assert driver.live is not None and driver.merger is None
+    for r in range(driver.rounds):
+        driver.train_round(r)
+    tl = driver.timeline
+    assert len(driver.asked) > 20
+    moved = 0
+    for t, done, ptr in driver.asked:
+        for w in range(5):
+            ends = np.asarray(driver.live.completions[w])
+            assert done[w] == int((ends <= t).sum())
+            assert ptr[w] == sum(1 for a in tl.actions[w] if a.time < t)
+        moved += int(np.ptp(done) > 0)
+    assert moved > 10  # the workers were at different steps when asked: not the lockstep world
+    assert not np.array_equal(tl.peers, tl.schedule.peer)  # peers drawn from the state, not the schedule's
+
+
+def test_slowmo_on_a_clock_is_refused_in_one_line(setup):
     from evomerge.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"policy\.{field}: cannot run with an \[environment\]") as e:
-        simulate.simulate(with_env(setup, EnvSpec()), policy, 0)
+    with pytest.raises(ConfigError, match=r"policy\.outer_every: cannot run with an \[environment\]") as e:
+        simulate.simulate(with_env(setup, EnvSpec()), P(outer_every=4, outer_optimizer="nesterov"), 0)
     assert "\n" not in str(e.value)
 
 

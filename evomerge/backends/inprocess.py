@@ -45,6 +45,7 @@ class InProcess(Backend):
         self._peer_p_at: tuple[int, np.ndarray] | None = None  # (step, peer distributions) of a moving p_intra
         self.left_at = np.full((W, W), -np.inf)  # [model, worker]: the step the model last left the worker's data
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
+        self._sim_t = None  # on a simulated clock: the instant the cached sketches' similarities were taken
         self.sim = None
         self.labels = setup.data.train_y.numpy()
 
@@ -90,14 +91,34 @@ class InProcess(Backend):
             self._similarities(step)  # what travels is chosen by the similarities before the step's merges
         if not self.live_peers:
             return self.sched.peer[events]
-        out = np.empty(len(events), dtype=np.int64)
-        for i, ev in enumerate(events):
-            a = int(self.sched.initiator[ev])
-            p = self._peer_p(step)[a]
-            if self.p.similarity_bias:
-                p = similarity.biased_peer_probabilities(p, self._similarities(step)[a], self.p.similarity_bias)
-            out[i] = similarity.draw(p, float(self.sched.u_peer[ev]))
-        return out
+        return np.array([self._draw_peer(int(ev), step, self._similarities) for ev in events], dtype=np.int64)
+
+    def _draw_peer(self, ev: int, step: int, sims) -> int:
+        """Event ``ev``'s peer, drawn at local step ``step`` from the (regrouped, moving) topology, biased by
+        similarity (``sims(step)``: the similarity matrix then)."""
+        a = int(self.sched.initiator[ev])
+        p = self._peer_p(step)[a]
+        if self.p.similarity_bias:
+            p = similarity.biased_peer_probabilities(p, sims(step)[a], self.p.similarity_bias)
+        return int(similarity.draw(p, float(self.sched.u_peer[ev])))
+
+    # on a simulated clock: asked by the clock at an event's instant, the replay brought up to it (timed.Timed)
+    def clock_peer(self, ev: int, w: int, k: int, t: float) -> int:
+        """The peer of worker ``w``'s event ``ev`` at its boundary ``k``, at simulated time ``t``."""
+        return self._draw_peer(ev, k, lambda step: self._similarities_at(step, t))
+
+    def clock_share(self, i: int, j: int, k: int, t: float) -> float:
+        """The share of most confident examples ``i`` sends ``j`` at its boundary ``k`` (data_similarity_sign)."""
+        return datapool.most_confident_share(self.p.data_similarity_sign, self._similarities_at(k, t)[i], i, j)
+
+    def _similarities_at(self, step: int, t: float) -> np.ndarray:
+        """The similarity matrix at simulated time ``t`` (of a decision at a worker's local step ``step``): sketches
+        again at every new instant, CKA every 10 of the deciding worker's steps (as :meth:`_similarities`)."""
+        if self.p.similarity == "sketch":
+            if self._sim_at is None or self._sim_t != t:
+                self._sim_at, self._sim_t = (step, self.sim.matrix(self.state.params).cpu().numpy()), t
+            return self._sim_at[1]
+        return self._similarities(step)
 
     def end_round(self, r: int) -> None:
         if self.p.regroup_every and (r + 1) % self.p.regroup_every == 0:
@@ -213,9 +234,10 @@ class InProcess(Backend):
         st.score[k], st.score_weight[k] = got["score"]
         st.model_at[k] = got["model"]
 
-    def data_out(self, i: int, j: int) -> np.ndarray:
-        """The examples ``i`` sends ``j`` with an event's payload (:meth:`after_events`' choice), now in transit."""
-        return self.pool.leave(i, j, self.p.data_exchange_k, unseen_first=self.p.data_unseen_first)
+    def data_out(self, i: int, j: int, most: float = 0.0) -> np.ndarray:
+        """The examples ``i`` sends ``j`` with an event's payload (:meth:`after_events`' choice; ``most``: the share
+        of its most confident), now in transit."""
+        return self.pool.leave(i, j, self.p.data_exchange_k, most=most, unseen_first=self.p.data_unseen_first)
 
     def data_in(self, j: int, positions: np.ndarray) -> None:
         self.pool.arrive(j, positions)

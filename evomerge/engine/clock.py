@@ -114,6 +114,8 @@ class Timeline:
     send_spans: list = field(default_factory=list)
     dropped: dict = field(default_factory=dict)  # all-reduce event -> the late workers left out (backup workers)
     swaps: frozenset = frozenset()  # the gossip events that swap the two models instead of merging them
+    peers: np.ndarray | None = None  # each event's peer as resolved (drawn from the state, or the schedule's)
+    most: dict = field(default_factory=dict)  # event -> the share of most confident examples it sends (by similarity)
     steps_at: np.ndarray = field(init=False)  # [rounds, W] local steps done by each round's end
 
     def __post_init__(self):
@@ -287,6 +289,15 @@ def build(env, policy, workers: int, total_steps: int, rounds: int, seed: int, p
         horizon *= 2  # waiting let a fast worker run past the horizon (step budget only): more events
 
 
+def simulation(env, policy, workers: int, total_steps: int, rounds: int, seed: int, payload_bytes, make_schedule,
+               horizon: int) -> "Simulation":
+    """A simulation not yet run, for a run that decides with its state (:attr:`Simulation.oracle`): its schedule is
+    drawn for ``horizon`` local steps per worker (a fast worker that gets past it merges no more: the caller takes
+    it from a first timeline, with room to spare where the cluster is not the lockstep world's)."""
+    return Simulation(env, policy, workers, total_steps, rounds, Compute(env, workers, seed), make_schedule(horizon),
+                      payload_bytes, horizon)
+
+
 class Simulation:
     """One run's discrete-event simulation of the clocks: the workers' steps, sends, landings, barriers, streamed
     fragments and server pushes on a heap of timed events; :meth:`run` returns the :class:`Timeline`."""
@@ -356,6 +367,18 @@ class Simulation:
         # follows each worker's actions in their order, settled before each decision on what came strictly before
         self.swap_steps: list[tuple] = []
         self.t_now = 0.0  # the time of the event being handled
+        # decisions that need the workers' state at the event (peers drawn by similarity or in regrouped communities,
+        # examples chosen by similarity, swaps by the peer's confidence): asked of ``oracle`` (a simulated run's
+        # replay, brought up to that instant) while the clock runs; None: the schedule's peers, nothing asked
+        self.oracle = None
+        self.peer = sched.peer.copy()  # each gossip event's peer, as resolved when it fired
+        self.most: dict[int, float] = {}  # data_similarity_sign: the share of most confident examples an event sends
+        from .setup import round_bounds
+
+        self.round_works = [W * b for b in round_bounds(T, rounds)]  # step budget: the work done at each round's end
+        self.round_ends: list[float] = ([env.time_budget * (r + 1) / rounds for r in range(rounds)]
+                                        if env.time_budget else [])
+        self.started = False
 
     # -- what the events do ---------------------------------------------------------------------------------
     def push(self, t, kind, data) -> None:
@@ -389,6 +412,17 @@ class Simulation:
             nbytes = self.cost.message(i) + (self.cost.data if kind == LAND else 0)
         self.transfer(i, j, nbytes, t, "land", (e, i, j, t, kind))
 
+    def peer_of(self, e: int, w: int, k: int) -> int:
+        """The peer of gossip event ``e`` (``w``'s, at its boundary ``k``): the schedule's, or drawn now from the state
+        (:attr:`oracle`); with examples chosen by similarity, their share is taken now too."""
+        o = self.oracle
+        if o is not None and o.live_peers:
+            self.peer[e] = o.peer(e, w, k, self.t_now)
+        j = int(self.peer[e])
+        if o is not None and self.cost.data and self.policy.data_similarity_sign:
+            self.most[e] = o.share(e, w, j, k, self.t_now)
+        return j
+
     def decide_swap(self, e: int, w: int, j: int, k: int) -> bool:
         """Whether gossip event ``e`` (``w``'s, at its boundary ``k``) swaps the two models: the schedule's uniform
         against :func:`plan.swap_chance` (unconditioned, or by the local steps since ``w``'s model last held ``j``'s
@@ -399,7 +433,8 @@ class Simulation:
 
         if self.policy.swap_recency:
             self.settle(self.t_now)
-        chance = swap_chance(self.policy, None, k - self.left_at[self.model_at[w], j])
+        conf = self.oracle.confidence(j, self.t_now) if self.oracle is not None and self.policy.swap_confidence else None
+        chance = swap_chance(self.policy, conf, k - self.left_at[self.model_at[w], j])
         if not float(self.sched.u_swap[e]) < chance:
             return False
         self.swaps.add(e)
@@ -568,7 +603,7 @@ class Simulation:
                 self.push(t, "release", (e, k))  # after the other arrivals at this instant: those are not late
             return
         for e in evs:
-            j = int(sched.peer[e])
+            j = self.peer_of(e, w, k)
             swap = self.decide_swap(e, w, j, k)
             self.actions[w].append(Action(w, k, t, e, SEND))
             self.sends.append((t, (cost.swap() if swap else cost.pair(w, j)) + cost.data))
@@ -582,14 +617,36 @@ class Simulation:
 
     # -- the event loop ----------------------------------------------------------------------------------
     def run(self) -> Timeline:
+        self.advance()
+        return self.timeline()
+
+    def through_round(self, r: int) -> float:
+        """Run until round ``r``'s end is known and everything at or before it has happened; its end."""
+        self.advance(lambda t: r < len(self.round_ends) and t > self.round_ends[r])
+        if r >= len(self.round_ends):  # nothing left to happen: the run's end
+            self.round_ends.append(self.end if self.end < float("inf") else self.t_now)
+        return self.round_ends[r]
+
+    def steps_by(self, t: float) -> np.ndarray:
+        """Each worker's local steps done by ``t`` (the clock at ``t`` or before it): those completed, and one it is
+        in if that ends at ``t``."""
+        return np.array([len(c) + (1 if self.busy[w] and self.step_end[w] <= t else 0)
+                         for w, c in enumerate(self.completions)], dtype=np.int64)
+
+    def advance(self, stop=None) -> None:
+        """Handle the events in time order, until none is left, the run's end, or ``stop(t)`` for the next one's
+        time (it then stays for the next call)."""
         env, W = self.env, self.W
-        for w in range(W):
-            self.start_step(w, 0.0)
+        if not self.started:
+            self.started = True
+            for w in range(W):
+                self.start_step(w, 0.0)
         heap = self.heap
         while heap:
+            t = heap[0][0]
+            if t > self.end or (stop is not None and stop(t)):
+                return
             t, _, kind, data = heapq.heappop(heap)
-            if t > self.end:
-                break
             self.t_now = t
             if kind == "end":
                 w, seq = data
@@ -601,6 +658,9 @@ class Simulation:
                 self.total += 1
                 if not env.time_budget and self.total == self.need:
                     self.end = t  # the step budget's work is done; what happens at this instant still counts
+                works = self.round_works
+                if not env.time_budget and len(self.round_ends) < len(works) and self.total == works[len(self.round_ends)]:
+                    self.round_ends.append(t)
                 self.at_boundary(w, t)
             elif kind == "landed":  # a streamed fragment a worker waited for has landed: apply it, go on
                 w, e = data
@@ -652,20 +712,27 @@ class Simulation:
                 self.resume(data, t)
         return self.timeline()
 
-    def timeline(self) -> Timeline:
+    def timeline(self, rounds_so_far: int | None = None) -> Timeline:
         """The run as it happened: what each worker did at each boundary, the rounds' ends, idle time,
-        staleness, bytes and merges per round."""
+        staleness, bytes and merges per round. ``rounds_so_far``: only the first rounds (their ends known, everything
+        up to the last of them happened; a run that decides with its state takes each round's metrics from this)."""
         env, W, T, rounds = self.env, self.W, self.T, self.rounds
-        completions, actions, idle_spans = self.completions, self.actions, self.idle_spans
-        end_t = self.end if self.end < float("inf") else max((c[-1] for c in completions if c), default=0.0)
-        if env.time_budget:
-            round_ends = [env.time_budget * (r + 1) / rounds for r in range(rounds)]
+        completions = self.completions
+        idle_spans = [list(x) for x in self.idle_spans]
+        if rounds_so_far is not None:
+            round_ends = list(self.round_ends[:rounds_so_far])
+            end_t = round_ends[-1]
         else:
-            from .setup import round_bounds
+            end_t = self.end if self.end < float("inf") else max((c[-1] for c in completions if c), default=0.0)
+            if env.time_budget:
+                round_ends = [env.time_budget * (r + 1) / rounds for r in range(rounds)]
+            else:
+                from .setup import round_bounds
 
-            done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
-            round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]
+                done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
+                round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]
         comp = [np.asarray([x for x in c if x <= end_t]) for c in completions]
+        actions = []
         for w in range(W):
             if self.idle_since[w] is not None:
                 idle_spans[w].append((self.idle_since[w], end_t))
@@ -673,7 +740,7 @@ class Simulation:
                 idle_spans[w].append((self.barrier[w], end_t))
             if w in self.parked_at:  # waiting for a streamed fragment that never landed
                 idle_spans[w].append((self.parked_at[w], end_t))
-            actions[w] = sorted((a for a in actions[w] if a.time <= end_t), key=lambda a: (a.boundary, a.key))
+            actions.append(sorted((a for a in self.actions[w] if a.time <= end_t), key=lambda a: (a.boundary, a.key)))
         R = len(round_ends)
         idle = np.zeros((R, W))
         starts = [0.0, *round_ends[:-1]]
@@ -699,4 +766,4 @@ class Simulation:
         send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]
         return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon,
                         step_starts, [list(x) for x in idle_spans], send_spans, dict(self.dropped),
-                        frozenset(self.swaps))
+                        frozenset(self.swaps), self.peer.copy(), dict(self.most))

@@ -61,10 +61,22 @@ def lockstep_equivalent(tl: clock.Timeline, policy, T: int) -> bool:
                for acts in tl.actions for a in acts)
 
 
-def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.Timeline:
+def decides_with_state(policy) -> bool:
+    """Whether a run of ``policy`` on a clock decides with the workers' state at its events (peers drawn by similarity
+    or in regrouped communities, examples chosen by similarity, swaps by the peer's confidence): its clock then runs
+    beside the replay (:class:`Timed`), not before it."""
+    gossip = policy.scheme == "gossip"
+    return gossip and bool(policy.similarity_bias or policy.regroup_every
+                           or (policy.data_exchange_k and policy.data_similarity_sign)
+                           or (policy.swap_p and policy.swap_confidence))
+
+
+def build_timeline(setup: Setup, policy, seed: int, state_stacks: int, horizon: int | None = None):
     """The simulated clock of one run of ``policy`` (seed ``seed``) on the study's ``[environment]``, without
     training anything: what a timed run replays, and what the dashboard draws. ``state_stacks``: the optimiser's
-    state tensors per parameter (what ``optimizer_state = "average"`` sends; ``optim.state_stacks``)."""
+    state tensors per parameter (what ``optimizer_state = "average"`` sends; ``optim.state_stacks``). A run that
+    decides with its state gets the timeline its schedule's own peers (and unconditioned swaps) would give; with
+    ``horizon`` the :class:`clock.Simulation` to run beside its replay instead (a schedule of that many steps)."""
     from . import schedule as schedule_mod
 
     run = setup.study.run
@@ -77,9 +89,11 @@ def build_timeline(setup: Setup, policy, seed: int, state_stacks: int) -> clock.
     cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model,
                           plan_mod.example_bytes(setup.data.train_x))
     local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
-    return clock.build(setup.study.environment, policy, run.workers, setup.total_steps, run.rounds, seed, cost,
-                       lambda horizon: schedule_mod.build(policy, run.workers, horizon, seed, local_steps,
-                                                          run_steps=setup.total_steps))
+    make = (lambda h: schedule_mod.build(policy, run.workers, h, seed, local_steps, run_steps=setup.total_steps))
+    if horizon is not None:
+        return clock.simulation(setup.study.environment, policy, run.workers, setup.total_steps, run.rounds, seed,
+                                cost, make, horizon)
+    return clock.build(setup.study.environment, policy, run.workers, setup.total_steps, run.rounds, seed, cost, make)
 
 
 class Timed:
@@ -102,7 +116,8 @@ class Timed:
 
             raise ConfigError("policy.payload", f"{policy.payload!r} is not supported by the distributed backend with "
                                                 "an [environment] yet; allowed: weights, or --backend inprocess")
-        self.timeline = build_timeline(setup, policy, seed, len(backend.state.optim.stacks()))
+        stacks = len(backend.state.optim.stacks())
+        self.timeline = build_timeline(setup, policy, seed, stacks)
         # asynchronous DiLoCo: the server's batches in time order; each is applied when all its workers are there
         batches: dict[float, list[tuple[int, int]]] = {}
         for acts in self.timeline.actions:
@@ -127,10 +142,35 @@ class Timed:
         # the fast path: a timeline that is the lockstep world's (every worker's steps end together, every merge
         # applied at the boundary of its own step) is replayed as the lockstep run replays its steps
         self.merger = None
-        if not (emulate or waves) and lockstep_equivalent(self.timeline, policy, self.T):
+        free = lockstep_equivalent(self.timeline, policy, self.T)
+        if not (emulate or waves) and free:
             from .merger import StepMerger
 
             self.merger = StepMerger(setup, policy, backend.sched, backend)
+        # deciding with the state: the clock runs beside the replay, which it brings up to each decision's instant
+        # (a free cluster's timing does not depend on those decisions: it takes the lockstep path above)
+        self.live = None
+        self._partial: clock.Timeline | None = None  # deciding with the state: the timeline up to the last round's end
+        self.peers = self.timeline.peers if self.timeline.peers is not None else self.timeline.schedule.peer
+        self.most = self.timeline.most
+        if self.merger is None and decides_with_state(policy):
+            if len(self.own) < self.W or emulate:
+                raise RuntimeError("a run that decides with its state runs in process only (a bug in evomerge)")
+            # its schedule: the first timeline's horizon, with room to spare where waiting may differ
+            self.live = build_timeline(setup, policy, seed, stacks, self.timeline.horizon * (1 if free else 2))
+            self.live.oracle = self
+            backend.sched = self.live.sched
+            self.peers, self.most = self.live.peer, self.live.most
+            self.landing = None  # not known before it happens: every payload is kept until it lands or the run ends
+            self.acts: list[list[clock.Action]] = [[] for _ in range(self.W)]
+            self._seen = [0] * self.W
+            self._pending: list[list] = [[] for _ in range(self.W)]
+            self._loss = torch.zeros((), device=backend.state.params.device)
+            self.live_peers = bool(policy.similarity_bias or policy.regroup_every)
+
+    @property
+    def schedule(self):
+        return self.live.sched if self.live is not None else self.timeline.schedule
 
     @property
     def rounds(self) -> int:
@@ -138,14 +178,50 @@ class Timed:
 
     @property
     def sent(self) -> int:
-        return self.timeline.bytes[self._r]
+        if self.merger is not None and decides_with_state(self.p):  # its first timeline had the schedule's choices
+            return self.merger.bytes
+        return (self._partial or self.timeline).bytes[self._r]
 
     @property
     def merges(self) -> int:
-        return self.timeline.merges[self._r]
+        if self.merger is not None and decides_with_state(self.p):
+            return self.merger.count
+        return (self._partial or self.timeline).merges[self._r]
 
     def timing(self, r: int) -> dict:
-        return self.timeline.round_metrics(r)
+        return (self._partial or self.timeline).round_metrics(r)
+
+    # -- deciding with the state: the clock asks, the replay answers from the state at that instant ----------------
+    def peer(self, e: int, w: int, k: int, t: float) -> int:
+        self._catch_up(t)
+        return self.backend.clock_peer(e, w, k, t)
+
+    def share(self, e: int, w: int, j: int, k: int, t: float) -> float:
+        self._catch_up(t)
+        return self.backend.clock_share(w, j, k, t)
+
+    def confidence(self, j: int, t: float) -> float | None:
+        self._catch_up(t)
+        return self.backend.pool.confidence(j)
+
+    def _catch_up(self, t: float) -> None:
+        """The replay brought to the state just before ``t``: every step done by ``t``, every action before it."""
+        self._collect(t, False)
+        self._loss += self._advance(t, False, self.live.steps_by(t))
+
+    def _collect(self, t: float, inclusive: bool) -> None:
+        """Each worker's actions up to ``t`` from the running clock, in the order it applies them. Those before ``t``
+        are all known when the clock is at ``t``, and come first in that order (a worker's boundaries follow time)."""
+        import heapq
+
+        for w in range(self.W):
+            new = self.live.actions[w][self._seen[w]:]
+            self._seen[w] += len(new)
+            q = self._pending[w]
+            for a in new:
+                heapq.heappush(q, ((a.boundary, *a.key), a))
+            while q and (q[0][1].time <= t if inclusive else q[0][1].time < t):
+                self.acts[w].append(heapq.heappop(q)[1])
 
     # -- the waves of one round ---------------------------------------------------------------
     def train_round(self, r: int) -> tuple[torch.Tensor, int, float]:
@@ -160,8 +236,29 @@ class Timed:
             return loss, end, float(end - start) if end > start else 1.0
         if self._t0 is None:
             self._t0 = time.perf_counter()
+        if self.live is not None:
+            t_end = self.live.through_round(r)  # its decisions bring the replay along
+            self._collect(t_end, True)
+            target = self.live.steps_by(t_end)
+            loss_sum = self._loss + self._advance(t_end, True, target)
+            self._loss = torch.zeros((), device=b.state.params.device)
+            self._partial = self.live.timeline(r + 1)
+            if r + 1 == self.rounds:
+                self.timeline = self.live.timeline()
+            before = self._partial.steps_at[r - 1].sum() if r else 0
+            steps = float(target.sum() - before) / self.W
+            return loss_sum, int(round(float(target.mean()))), steps if steps > 0 else 1.0
         t_end, target = tl.round_ends[r], tl.steps_at[r]
-        acts = tl.actions
+        loss_sum = self._advance(t_end, True, target)
+        before = tl.steps_at[r - 1].sum() if r else 0
+        steps = float(tl.steps_at[r].sum() - before) / self.W
+        return loss_sum, int(round(float(tl.steps_at[r].mean()))), steps if steps > 0 else 1.0
+
+    def _advance(self, t_end: float, inclusive: bool, target) -> torch.Tensor:
+        """The waves up to ``t_end``: every worker to its ``target`` steps, with every action before ``t_end`` (at it
+        too when ``inclusive``) applied. Returns the summed loss of the steps done."""
+        b = self.backend
+        acts = self.acts if self.live is not None else self.timeline.actions
         loss_sum = torch.zeros((), device=b.state.params.device)
 
         def due(w: int):
@@ -169,7 +266,7 @@ class Timed:
             k = self.ptr[w]
             if k < len(acts[w]):
                 a = acts[w][k]
-                if a.boundary == self.done[w] and a.time <= t_end:
+                if a.boundary == self.done[w] and (a.time <= t_end if inclusive else a.time < t_end):
                     return a
             return None
 
@@ -213,15 +310,13 @@ class Timed:
             elif all(self.done[w] == target[w] and due(w) is None for w in self.own):
                 break
             else:
-                raise RuntimeError(f"simulated clock: no worker can go on in round {r + 1} (a bug in evomerge)")
-        before = tl.steps_at[r - 1].sum() if r else 0
-        steps = float(tl.steps_at[r].sum() - before) / self.W
-        return loss_sum, int(round(float(tl.steps_at[r].mean()))), steps if steps > 0 else 1.0
+                raise RuntimeError(f"simulated clock: no worker can go on before {t_end:.6g} s (a bug in evomerge)")
+        return loss_sum
 
     # -- actions ------------------------------------------------------------------------------------
     def _sender(self, a: clock.Action) -> int:
-        s = self.timeline.schedule
-        return int(s.initiator[a.event]) if a.kind == clock.LAND else int(s.peer[a.event])
+        s = self.schedule
+        return int(s.initiator[a.event]) if a.kind == clock.LAND else int(self.peers[a.event])
 
     def _arrived(self, a: clock.Action) -> bool:
         key = (a.event, a.kind)
@@ -236,7 +331,7 @@ class Timed:
         return got is not None
 
     def _post(self, event: int, kind: int, payload: dict, to: int) -> None:
-        if (event, kind) not in self.landing:
+        if self.landing is not None and (event, kind) not in self.landing:
             return
         if to in self.backend.pos:
             self.snaps[(event, kind)] = payload
@@ -253,7 +348,7 @@ class Timed:
     def _apply(self, ready: list[clock.Action]) -> None:
         """Actions of different workers, each its worker's next: sends first (a payload is snapshotted
         before it can land), then every landing in one batch."""
-        s, b = self.timeline.schedule, self.backend
+        s, b = self.schedule, self.backend
         self._pace(max(a.time for a in ready))
         if ready[0].kind == clock.ALLREDUCE:
             self._allreduce(ready[0])
@@ -275,13 +370,14 @@ class Timed:
             if not ready:
                 return
         lands, answers = [], []
-        swaps = self.timeline.swaps
+        swaps = self.live.swaps if self.live is not None else self.timeline.swaps
         for a in ready:
             e = a.event
-            i, j = int(s.initiator[e]), int(s.peer[e])
+            i, j = int(s.initiator[e]), int(self.peers[e])
             if a.kind == clock.SEND:
-                data = b.data_out(i, j) if self.data else None  # the examples leave now, landing or not
-                if (e, clock.LAND) in self.landing:
+                # the examples leave now, landing or not
+                data = b.data_out(i, j, self.most.get(e, 0.0)) if self.data else None
+                if self.landing is None or (e, clock.LAND) in self.landing:
                     payload = b.model_of(i) if e in swaps else b.snapshot(e, i, 0)
                     payload["data"] = data
                     self._post(e, clock.LAND, payload, j)
@@ -291,7 +387,7 @@ class Timed:
                 b.data_in(j, payload["data"])
             if e in swaps:  # the peer answers with its own model and takes the initiator's; the initiator takes it
                 if a.kind == clock.LAND:
-                    if (e, clock.REPLY) in self.landing:
+                    if self.landing is None or (e, clock.REPLY) in self.landing:
                         answer = b.model_of(j)
                         answer["data"] = None
                         self._post(e, clock.REPLY, answer, i)
@@ -301,7 +397,7 @@ class Timed:
                 continue
             weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
             if a.kind == clock.LAND:
-                if (e, clock.REPLY) in self.landing:  # the answer is the peer's state before it merges
+                if self.landing is None or (e, clock.REPLY) in self.landing:  # the peer's state before it merges
                     answers.append((len(lands), b.snapshot(e, j, 1)))
                 lands.append((e, j, payload, weight, float(s.u[e]), i, None))
             else:  # the answer of a push-pull lands at the initiator, with the winner the peer found
@@ -317,7 +413,7 @@ class Timed:
             self.ptr[a.worker] += 1
 
     def _stream(self, acts: list[clock.Action]) -> None:
-        s, b = self.timeline.schedule, self.backend
+        s, b = self.schedule, self.backend
         by = {}
         for a in acts:
             by.setdefault((a.event, a.kind), []).append(a.worker)
@@ -331,7 +427,7 @@ class Timed:
                 b.state.rescale_supports()
 
     def _allreduce(self, a: clock.Action) -> None:
-        s, st = self.timeline.schedule, self.backend.state
+        s, st = self.schedule, self.backend.state
         step = int(s.step[a.event])
         weight = plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event]))
         dropped = self.timeline.dropped.get(a.event)

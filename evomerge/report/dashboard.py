@@ -609,9 +609,13 @@ def cluster_and_time(study: Study, policy: MergePolicy, number: int, section, no
     best policy and under all-reduce every step (the first seed's clock, re-simulated: nothing is trained)."""
     from ..engine import optim
     from ..engine.setup import prepare
-    from ..engine.timed import build_timeline
+    from ..engine.timed import build_timeline, decides_with_state
 
     env, seed = study.environment, study.run.seeds[0]
+    if decides_with_state(policy):
+        notes.append("The best policy decides with the workers' state (peers or examples by similarity, regrouping, "
+                     "swaps by confidence); nothing is trained for this page, so its picture of where the time went "
+                     "takes the schedule's own peers and unconditioned swaps.")
     section("cluster", "The simulated cluster",
             "Each worker's speed (its steps take step_time / speed), coloured by site, and every link's bandwidth; "
             "from the study's [environment] and its first seed.",
