@@ -135,6 +135,10 @@ class _Merger:
         self.support_bytes = self.dense_bytes if policy.weighting == "adaptive" else 0
         self.allreduce_rows = 3 if policy.weighting in ("adaptive", "examples") and policy.payload != "delta" else 1
         self.example_bytes = train_x[0].numel() * train_x.element_size() + 1  # pixels as stored, one label byte
+        # one worker's similarity on the wire: its sketch, or for CKA its logits on the probe batch
+        n_out = int(train_y.max()) + 1
+        self.similarity_bytes = 4 * similarity.SKETCH_DIM if policy.similarity == "sketch" else \
+            4 * similarity.PROBE_SIZE * n_out
         # peers drawn during the run, not from the schedule: by similarity, or in regrouped communities
         self.live_peers = policy.scheme == "gossip" and bool(policy.similarity_bias or policy.regroup_every)
         self.groups = getattr(sched.topology, "groups", np.zeros(st.W, dtype=np.int64))
@@ -166,6 +170,8 @@ class _Merger:
                 most = datapool.most_confident_share(sign, sims[a], a, b) if sign else 0.0
                 self.bytes += self.example_bytes * self.pool.send(a, b, self.p.data_exchange_k, most=most,
                                                                   unseen_first=self.p.data_unseen_first)
+            if self.p.similarity_bias or sign:  # the initiator took every other worker's similarity for it
+                self.bytes += (self.st.W - 1) * self.similarity_bytes
         self._rescale_supports()
 
     # -- peers drawn during the run ------------------------------------------------------------
@@ -189,6 +195,8 @@ class _Merger:
         from evomerge.engine.topology import Communities
 
         self.groups = similarity.cluster(self.sim.matrix(self.st.params), self.p.n_communities)
+        W = self.st.W
+        self.bytes += (W - 1) * (self.similarity_bytes + 8 * W)  # every sketch to one worker, the groups back
         self.topo = Communities(self.st.W, self.p.n_communities, self.p.p_intra, groups=self.groups,
                                 p_intra_final=self.p.p_intra_final, schedule=self.p.p_intra_schedule)
         self.peer_p = self.topo.probabilities()

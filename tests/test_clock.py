@@ -14,10 +14,10 @@ from evomerge.study import EnvSpec
 P_PARAMS = 1000  # a model of 1000 float32 parameters: 4000 bytes a payload
 
 
-def timeline(env, policy, workers, steps, rounds=1, seed=0, events=None, example_bytes=0):
+def timeline(env, policy, workers, steps, rounds=1, seed=0, events=None, example_bytes=0, similarity_bytes=0):
     """The timeline of ``policy``; ``events``: a hand-made gossip schedule [(step, initiator, peer), ...] (its swap
     uniforms 0: every event swaps when ``swap_p`` > 0)."""
-    cost = plan.Bytes(policy, P_PARAMS, [1] * workers, example_bytes=example_bytes)
+    cost = plan.Bytes(policy, P_PARAMS, [1] * workers, example_bytes=example_bytes, similarity_bytes=similarity_bytes)
     if events is None:
         make = lambda horizon: schedule_mod.build(policy, workers, horizon, seed)  # noqa: E731
     else:
@@ -262,3 +262,20 @@ def test_examples_that_travel_ride_with_the_payload_and_are_charged_their_bytes(
     (req,), (ans,) = lands(tl), lands(tl, clock.REPLY)
     assert req.landed == pytest.approx(1.0 + l + 0.5) and ans.landed == pytest.approx(2.0 + l + 4000 / b)
     assert tl.bytes[-1] == 2 * 4000 + 7850
+
+
+def test_a_peer_drawn_by_similarity_waits_for_the_others_sketches():
+    """similarity_bias on 3 workers: at its boundary the initiator takes the other two workers' sketches (4096 bytes
+    each: 0.1 s latency, then one after the other through its downlink at 40960 B/s, 0.2 s); its payload, taken at
+    1 s, leaves at 1.3 s and lands 0.1 + 4000 / 40960 s later. The bytes: the payload and the two sketches."""
+    l, b = 0.1, 40960.0
+    env = EnvSpec(step_time=1.0, latency=l, bandwidth=b)
+    policy = MergePolicy(exchange="push", topology="complete", similarity_bias=0.5)
+    tl, cost = timeline(env, policy, 3, 4, events=[(1, 0, 1)], similarity_bytes=4096)
+    assert cost.gather(3) == 2 * 4096 and cost.regroup(3) == 2 * (4096 + 24)
+    (a,) = lands(tl)
+    assert a.sent == 1.0 and a.landed == pytest.approx(1.0 + l + 2 * 4096 / b + l + 4000 / b, abs=1e-12)
+    assert tl.bytes[-1] == 4000 + 2 * 4096
+    # free links: no wait (the lockstep world)
+    free, _ = timeline(EnvSpec(step_time=1.0), policy, 3, 4, events=[(1, 0, 1)], similarity_bytes=4096)
+    assert lands(free)[0].landed == 1.0 and free.bytes[-1] == 4000 + 2 * 4096

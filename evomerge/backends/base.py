@@ -37,6 +37,8 @@ class Backend(ABC):
 
     #: whether this backend (this rank) sees every row at the end of a round, evaluates and decides
     judges: bool = True
+    #: bytes of regrouping self-forming communities so far (every sketch to one worker, the groups back)
+    regroup_bytes: int = 0
 
     def __init__(self, setup: setup_mod.Setup, policy: MergePolicy, seed: int, device: torch.device, own: list[int],
                  public: bool = True, state: Workers | None = None, tensors: tuple | None = None):

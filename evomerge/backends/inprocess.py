@@ -125,6 +125,8 @@ class InProcess(Backend):
             from ..engine.topology import Communities
 
             self.groups = similarity.cluster(self.sim.matrix(self.state.params), self.p.n_communities)
+            self.regroup_bytes += plan_mod.regroup_bytes(self.W, plan_mod.similarity_bytes(
+                self.p, self.setup.data.n_classes))
             self.topo = Communities(self.W, self.p.n_communities, self.p.p_intra, groups=self.groups,
                                     p_intra_final=self.p.p_intra_final, schedule=self.p.p_intra_schedule)
             self.peer_p = self.topo.probabilities()

@@ -292,7 +292,8 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
 def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool) -> None:
     """What :func:`execute` does at the end of a round (:func:`run.close_round`), for one member."""
     try:
-        rm, _, outcome = run_mod.close_round(x.judge, x.backend, x.round_start, r, end, steps, x.loss, x.merger.bytes,
+        sent = x.merger.bytes + x.backend.regroup_bytes
+        rm, _, outcome = run_mod.close_round(x.judge, x.backend, x.round_start, r, end, steps, x.loss, sent,
                                              x.merger.count, {}, 0.0, T, x.m.callback)
     except Exception as e:  # its callback raised: this member's outcome; the others go on
         x.error, x.done = e, True

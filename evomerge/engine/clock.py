@@ -379,6 +379,11 @@ class Simulation:
         self.round_ends: list[float] = ([env.time_budget * (r + 1) / rounds for r in range(rounds)]
                                         if env.time_budget else [])
         self.started = False
+        from .plan import gathers_similarity
+
+        self.gathers = gathers_similarity(policy)
+        self.regroup_every = policy.regroup_every if sched.scheme == "gossip" else 0
+        self.other_sends: list[tuple[float, int]] = []  # (time, bytes) sent that are no merge (regrouping)
 
     # -- what the events do ---------------------------------------------------------------------------------
     def push(self, t, kind, data) -> None:
@@ -403,14 +408,25 @@ class Simulation:
                 self.idle_since[w] = None
             self.start_step(w, t)
 
-    def send(self, e: int, i: int, j: int, t: float, kind: int) -> None:
-        """The message of event ``e`` from ``i`` to ``j``: a gossip payload (with the examples that travel, from the
-        initiator), or a whole model for a swap."""
+    def send(self, e: int, i: int, j: int, t: float, kind: int, t_snap: float | None = None) -> None:
+        """The message of event ``e`` from ``i`` to ``j``, leaving at ``t`` (taken at ``t_snap``, if earlier): a gossip
+        payload (with the examples that travel, from the initiator), or a whole model for a swap."""
         if e in self.swaps:
             nbytes = self.cost.dense + (self.cost.data if kind == LAND else 0)
         else:
             nbytes = self.cost.message(i) + (self.cost.data if kind == LAND else 0)
-        self.transfer(i, j, nbytes, t, "land", (e, i, j, t, kind))
+        self.transfer(i, j, nbytes, t, "land", (e, i, j, t if t_snap is None else t_snap, kind))
+
+    def gather_time(self, w: int) -> float:
+        """How long worker ``w`` takes to gather every other worker's sketch (a decision by similarity): the slowest
+        link's latency, and the sketches one after another through its downlink. Not shared with the transfers in
+        flight (small beside a model)."""
+        others = [v for v in range(self.W) if v != w]
+        if not others or not self.cost.similarity:
+            return 0.0
+        net = self.net
+        return (max(float(net.latency[v, w]) for v in others)
+                + sum(net.transmit(v, w, self.cost.similarity) for v in others))
 
     def peer_of(self, e: int, w: int, k: int) -> int:
         """The peer of gossip event ``e`` (``w``'s, at its boundary ``k``): the schedule's, or drawn now from the state
@@ -606,8 +622,14 @@ class Simulation:
             j = self.peer_of(e, w, k)
             swap = self.decide_swap(e, w, j, k)
             self.actions[w].append(Action(w, k, t, e, SEND))
-            self.sends.append((t, (cost.swap() if swap else cost.pair(w, j)) + cost.data))
-            self.send(e, w, j, t, LAND)
+            self.sends.append((t, (cost.swap() if swap else cost.pair(w, j)) + cost.data
+                               + (cost.gather(self.W) if self.gathers else 0)))
+            # decided by similarity: the payload (taken now) leaves once the others' sketches are in
+            delay = self.gather_time(w) if self.gathers else 0.0
+            if delay > 0:
+                self.push(t + delay, "send", (e, w, j, t))
+            else:
+                self.send(e, w, j, t, LAND)
             if self.blocking or swap:  # a swap's initiator has given its model away: it waits for the other
                 self.waits[w] += 1
         if self.waits[w]:
@@ -621,7 +643,11 @@ class Simulation:
         return self.timeline()
 
     def through_round(self, r: int) -> float:
-        """Run until round ``r``'s end is known and everything at or before it has happened; its end."""
+        """Run until round ``r``'s end is known and everything at or before it has happened; its end. A regrouping
+        after the round before (the run's, :meth:`evomerge.backends.base.Backend.end_round`) sends its sketches just
+        after that round's end."""
+        if r and self.regroup_every and r % self.regroup_every == 0:
+            self.other_sends.append((float(np.nextafter(self.round_ends[r - 1], np.inf)), self.cost.regroup(self.W)))
         self.advance(lambda t: r < len(self.round_ends) and t > self.round_ends[r])
         if r >= len(self.round_ends):  # nothing left to happen: the run's end
             self.round_ends.append(self.end if self.end < float("inf") else self.t_now)
@@ -710,6 +736,9 @@ class Simulation:
                 self.send(e, j, i, t, REPLY)
             elif kind == "resume":
                 self.resume(data, t)
+            elif kind == "send":  # a payload held for its decision's sketches leaves
+                e, i, j, t_snap = data
+                self.send(e, i, j, t, LAND, t_snap)
         return self.timeline()
 
     def timeline(self, rounds_so_far: int | None = None) -> Timeline:
@@ -756,11 +785,14 @@ class Simulation:
                     stale[r].append(a.time - a.sent)
         sends = sorted(self.sends)
         times = np.asarray([s[0] for s in sends])
-        cum = np.cumsum([s[1] for s in sends]) if sends else np.zeros(0)
+        everything = sorted(self.sends + self.other_sends)
+        all_times = np.asarray([s[0] for s in everything])
+        cum = np.cumsum([s[1] for s in everything]) if everything else np.zeros(0)
         nbytes, merges = [], []
         for t in round_ends:
             n = int(np.searchsorted(times, t, side="right"))
-            nbytes.append(int(cum[n - 1]) if n else 0)
+            m = int(np.searchsorted(all_times, t, side="right"))
+            nbytes.append(int(cum[m - 1]) if m else 0)
             merges.append(n // W if self.allreduce else n)
         step_starts = [[x for x, c in zip(st, cs) if c <= end_t] for st, cs in zip(self.step_starts, completions)]
         send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]

@@ -29,8 +29,9 @@ class StepMerger:
         neighbours = None
         if sched.topology is not None:
             neighbours = [len(sched.topology.neighbours(i)) for i in range(setup.study.run.workers)]
-        self.cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, len(self.st.optim.stacks()),
-                                   setup.model)
+        self.cost = plan_mod.costs(setup, policy, neighbours, len(self.st.optim.stacks()))
+        self.W = setup.study.run.workers
+        self.gathers = plan_mod.gathers_similarity(policy)
         self.bytes = 0
         self.count = 0
         self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
@@ -88,6 +89,8 @@ class StepMerger:
     def finish(self, plan) -> None:
         events, a, b, _, step = plan
         self.bytes += self.backend.after_events(events, a, b, step)
+        if self.gathers:  # each event's initiator took every other worker's sketch
+            self.bytes += self.cost.gather(self.W) * len(events)
         self.count += len(events)
         self._slowmo(step)
 

@@ -157,8 +157,9 @@ class Bytes:
     """
 
     def __init__(self, policy: MergePolicy, n_params: int, neighbours: list[int] | None, state_stacks: int = 0,
-                 model=None, example_bytes: int = 0):
+                 model=None, example_bytes: int = 0, similarity_bytes: int = 0):
         self.p = policy
+        self.similarity = similarity_bytes  # one worker's sketch (or CKA logits), for peers or examples by similarity
         # data that travels: the initiator's k examples ride with its gossip payload (a simulated clock charges k;
         # a worker holding k active examples or fewer sends fewer, as the lockstep run counts them)
         self.data = policy.data_exchange_k * example_bytes if policy.scheme == "gossip" else 0
@@ -198,6 +199,14 @@ class Bytes:
     def swap(self) -> int:
         return 2 * self.dense
 
+    def gather(self, workers: int) -> int:
+        """A decision by similarity (a peer, or which examples travel): the initiator takes every other worker's
+        sketch at the event."""
+        return (workers - 1) * self.similarity
+
+    def regroup(self, workers: int) -> int:
+        return regroup_bytes(workers, self.similarity)
+
     def allreduce(self, workers: int, fragment: int | None = None) -> int:
         if fragment is not None and self.fragment_bytes is not None:  # weights payload, optimiser state kept
             return workers * 2 * self.fragment_bytes[fragment] * self.rows
@@ -209,6 +218,33 @@ class Bytes:
         if fragment is None or self.fragment_bytes is None:
             return float(self.rows)
         return self.rows * self.fragment_bytes[fragment] / self.dense
+
+
+def gathers_similarity(policy: MergePolicy) -> bool:
+    """Whether each gossip event of ``policy`` is decided with the workers' similarity (its peer, or which examples
+    travel): the initiator gathers every other worker's sketch for it (:meth:`Bytes.gather`)."""
+    return policy.scheme == "gossip" and bool(policy.similarity_bias
+                                              or (policy.data_exchange_k and policy.data_similarity_sign))
+
+
+def regroup_bytes(workers: int, similarity_bytes: int) -> int:
+    """Regrouping self-forming communities: every other worker's sketch to one, and the groups (int64) back."""
+    return (workers - 1) * (similarity_bytes + 8 * workers)
+
+
+def similarity_bytes(policy: MergePolicy, n_outputs: int) -> int:
+    """One worker's similarity on the wire, for a policy that decides by similarity or regroups (else 0)."""
+    from .similarity import wire_bytes
+
+    if gathers_similarity(policy) or (policy.scheme == "gossip" and policy.regroup_every):
+        return wire_bytes(policy.similarity, n_outputs)
+    return 0
+
+
+def costs(setup, policy: MergePolicy, neighbours: list[int] | None, state_stacks: int) -> "Bytes":
+    """The :class:`Bytes` of a run of ``policy`` on ``setup`` (its model, its examples, its similarity)."""
+    return Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model,
+                 example_bytes(setup.data.train_x), similarity_bytes(policy, setup.data.n_classes))
 
 
 def example_bytes(train_x: torch.Tensor) -> int:

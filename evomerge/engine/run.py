@@ -103,7 +103,7 @@ class Lockstep:
 
     @property
     def sent(self) -> int:
-        return self.merger.bytes
+        return self.merger.bytes + self.backend.regroup_bytes
 
     @property
     def merges(self) -> int:

@@ -62,6 +62,12 @@ def linear_cka(acts: torch.Tensor) -> torch.Tensor:
     return cosine_matrix((x @ x.transpose(1, 2)).flatten(1))
 
 
+def wire_bytes(kind: str, n_outputs: int) -> int:
+    """What one worker sends so that another can take its similarity to the others: its sketch (float32), or for CKA
+    its logits on the probe batch."""
+    return 4 * SKETCH_DIM if kind == "sketch" else 4 * PROBE_SIZE * n_outputs
+
+
 def probe_positions(n_train: int, seed: int, size: int = PROBE_SIZE) -> np.ndarray:
     """A fixed probe batch of training positions for CKA (drawn from the seed)."""
     return np.sort(schedule_mod.rng_for(seed, TAG_PROBE).choice(n_train, size=min(size, n_train), replace=False))

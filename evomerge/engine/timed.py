@@ -86,8 +86,7 @@ def build_timeline(setup: Setup, policy, seed: int, state_stacks: int, horizon: 
 
         topo = topo_mod.build(policy, run.workers, schedule_mod.rng_for(seed, schedule_mod.TAG_TOPOLOGY))
         neighbours = [len(topo.neighbours(i)) for i in range(run.workers)]
-    cost = plan_mod.Bytes(policy, setup.model.n_params, neighbours, state_stacks, setup.model,
-                          plan_mod.example_bytes(setup.data.train_x))
+    cost = plan_mod.costs(setup, policy, neighbours, state_stacks)
     local_steps = async_local_steps(policy, setup.study.environment, run.workers, seed)
     make = (lambda h: schedule_mod.build(policy, run.workers, h, seed, local_steps, run_steps=setup.total_steps))
     if horizon is not None:
@@ -179,7 +178,7 @@ class Timed:
     @property
     def sent(self) -> int:
         if self.merger is not None and decides_with_state(self.p):  # its first timeline had the schedule's choices
-            return self.merger.bytes
+            return self.merger.bytes + self.backend.regroup_bytes
         return (self._partial or self.timeline).bytes[self._r]
 
     @property
