@@ -226,6 +226,9 @@ class Backend(ABC):
         """The chance that each event (initiator ``a``, peer ``b``) swaps the two models (plan.swap_chance)."""
         return self.p.swap_p
 
+    def touched(self, workers) -> None:
+        """Workers whose rows a timed run's replay has just changed (a backend that caches per row hears it here)."""
+
     def end_round(self, r: int) -> None:
         """After round ``r`` was judged and reported (self-forming communities regroup here)."""
 

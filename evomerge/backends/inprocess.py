@@ -46,6 +46,8 @@ class InProcess(Backend):
         self.left_at = np.full((W, W), -np.inf)  # [model, worker]: the step the model last left the worker's data
         self._sim_at: tuple[int, np.ndarray] | None = None  # (step, similarity matrix) cache
         self._sim_t = None  # on a simulated clock: the instant the cached sketches' similarities were taken
+        self._sketches: torch.Tensor | None = None  # on a simulated clock: each row's sketch, kept between decisions
+        self._touched: set[int] = set()  # rows changed since
         self.sim = None
         self.labels = setup.data.train_y.numpy()
 
@@ -113,12 +115,25 @@ class InProcess(Backend):
 
     def _similarities_at(self, step: int, t: float) -> np.ndarray:
         """The similarity matrix at simulated time ``t`` (of a decision at a worker's local step ``step``): sketches
-        again at every new instant, CKA every 10 of the deciding worker's steps (as :meth:`_similarities`)."""
+        again at every new instant (of the rows changed since: a sketch is a function of its row alone), CKA every
+        10 of the deciding worker's steps (as :meth:`_similarities`)."""
         if self.p.similarity == "sketch":
             if self._sim_at is None or self._sim_t != t:
-                self._sim_at, self._sim_t = (step, self.sim.matrix(self.state.params).cpu().numpy()), t
+                st = self.state
+                if self._sketches is None:
+                    self._sketches = self.sim.sketcher(st.params.blocks)
+                elif self._touched:
+                    rows = torch.as_tensor(sorted(self._touched), device=st.params.device)
+                    self._sketches[rows] = self.sim.sketcher([b.index_select(0, rows) for b in st.params.blocks])
+                self._touched.clear()
+                self._sim_at = (step, similarity.cosine_matrix(self._sketches).cpu().numpy())
+                self._sim_t = t
             return self._sim_at[1]
         return self._similarities(step)
+
+    def touched(self, workers) -> None:
+        """Workers whose parameters a timed run's replay changed (a step, a merge, a swap): their sketches are stale."""
+        self._touched.update(workers)
 
     def end_round(self, r: int) -> None:
         if self.p.regroup_every and (r + 1) % self.p.regroup_every == 0:

@@ -192,7 +192,8 @@ class Timed:
 
     # -- deciding with the state: the clock asks, the replay answers from the state at that instant ----------------
     def peer(self, e: int, w: int, k: int, t: float) -> int:
-        self._catch_up(t)
+        if self.p.similarity_bias:  # regrouped communities alone change only between rounds
+            self._catch_up(t)
         return self.backend.clock_peer(e, w, k, t)
 
     def share(self, e: int, w: int, j: int, k: int, t: float) -> float:
@@ -349,6 +350,7 @@ class Timed:
         before it can land), then every landing in one batch."""
         s, b = self.schedule, self.backend
         self._pace(max(a.time for a in ready))
+        b.touched([a.worker for a in ready])
         if ready[0].kind == clock.ALLREDUCE:
             self._allreduce(ready[0])
             for v in self.own:
@@ -471,6 +473,7 @@ class Timed:
             pool.record(pos, torch.exp(-losses).cpu().numpy(), rows)
         st.examples[rows] += setup.study.run.batch_size
         self.done[rows] += 1
+        b.touched(rows)
         if self.each:  # Lookahead / SNOO: each worker's own outer step after its every H-th local step
             due = [b.pos[w] for w in rows if self.done[w] % self.each == 0]
             if due:
