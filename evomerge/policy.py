@@ -102,14 +102,17 @@ class MergePolicy:
         "adaptive: per coordinate, weighted by the workers' squared-gradient accumulators (summed on merge).",
     )
     payload: Annotated[str, Choice(PAYLOADS)] = _f(
-        "weights", "weights: send the model; delta: send the change since the last synchronised state.")
+        "weights", "weights: send the model; delta: send the change since the last synchronised state; gradient "
+        "(scheme allreduce, every step): all-reduce each local step's gradient before every worker's update instead "
+        "of averaging models (compressed as a delta is, with error feedback).")
     topk_fraction: float = _f(
-        1.0, "Delta payload: fraction of coordinates sent (largest first), the rest kept as error feedback.",
+        1.0, "Delta or gradient payload: fraction of coordinates sent (largest first), the rest kept as error "
+        "feedback.",
         gt=0.0, le=1.0,
     )
     quantize_bits: int = Field(
-        0, description="Delta payload: bits per sent value with stochastic rounding; 1 = scaled sign (the signs and "
-        "their mean magnitude, EF-signSGD with the error feedback); 0 = send float32.",
+        0, description="Delta or gradient payload: bits per sent value with stochastic rounding; 1 = scaled sign (the "
+        "signs and their mean magnitude, EF-signSGD with the error feedback); 0 = send float32.",
         ge=0, le=16,
     )
     # -- schema 2: fields no other tool offers as searchable knobs (all off by default) --
@@ -330,11 +333,17 @@ class MergePolicy:
                 raise ConfigError("policy.fragment_delay", f"{self.fragment_delay} with {self.fragments} fragments "
                                                            f"every {H} steps; allowed: fragments x fragment_delay < "
                                                            f"{H} (0..{(H - 1) // self.fragments})")
-        if self.payload != "delta":
+        if self.payload not in COMPRESSED:
             for name, off in COMPRESSION_OFF.items():
                 if getattr(self, name) != off:
-                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)} needs payload 'delta' "
-                                                        "(compression applies to deltas)")
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)} needs payload 'delta' or 'gradient' "
+                                                        "(compression applies to deltas and gradients)")
+        if self.payload == "gradient":
+            for name, value in GRADIENT_NEEDS.items():
+                if getattr(self, name) != value:
+                    raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot all-reduce gradients (payload "
+                                                        "'gradient': every local step's gradient averaged plainly "
+                                                        f"before each worker's update); allowed: {value!r}")
         return self
 
     # -- serialisation -------------------------------------------------------
@@ -377,10 +386,14 @@ class MergePolicy:
         a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
             f"a {self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
         comp = ""
-        if self.payload == "delta":
+        if self.payload in COMPRESSED:
             bits = "scaled sign" if self.quantize_bits == 1 else f"{self.quantize_bits or 32} bits"
             comp = f", delta payload (top-k {self.topk_fraction:.3g}, {bits})"
         extra = self._describe_extras()
+        if self.payload == "gradient":
+            squeezed = self.topk_fraction < 1.0 or self.quantize_bits
+            return (f"all workers average every local step's gradient before their update"
+                    f"{comp.replace(', delta payload', ', compressed') if squeezed else ''}{extra}")
         if self.scheme == "async":
             return (f"asynchronous DiLoCo: each worker pushes after {max(1, round(self.mean_interval))} local steps"
                     f"{' (scaled by its speed)' if self.local_steps_by_speed else ''}, the server takes an outer "
@@ -443,7 +456,11 @@ class MergePolicy:
 
 # Values that mean "off" for fields that only apply with another field's value: the policy refuses
 # them switched on elsewhere, and the search space switches them off where a sampled point has them.
-COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta'
+COMPRESSION_OFF = {"topk_fraction": 1.0, "quantize_bits": 0}  # only with payload 'delta' or 'gradient'
+COMPRESSED = ("delta", "gradient")
+# payload 'gradient': the all-reduce of every step's gradient (synchronous data parallelism, compressed)
+GRADIENT_NEEDS = {"scheme": "allreduce", "mean_interval": 1.0, "weighting": "uniform", "outer_optimizer": "none",
+                  "fragments": 1, "backup_workers": 0, "optimizer_state": "keep"}
 REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
 DATA_TRAVEL_OFF = {"data_unseen_first": False, "data_similarity_sign": 0.0}  # only with data_exchange_k
 SWAP_OFF = {"swap_confidence": 0.0, "swap_recency": 0.0}  # only with swap_p
@@ -495,7 +512,12 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         out["payload"] = "weights"
     if outer == "nesterov" and out.get("outer_momentum", fixed.outer_momentum) == 0:
         out["outer_optimizer"] = "sgd"
-    if out.get("payload", fixed.payload) != "delta":
+    if out.get("payload", fixed.payload) == "gradient":  # an all-reduce of every step's gradient, or no gradients
+        if scheme == "allreduce":
+            out.update(GRADIENT_NEEDS | STREAMING_OFF)
+        else:
+            out["payload"] = "weights"
+    if out.get("payload", fixed.payload) not in COMPRESSED:
         out.update(COMPRESSION_OFF)
     if out.get("topology", fixed.topology) != "communities":
         out.update(REGROUP_OFF)

@@ -56,4 +56,5 @@ WEIGHTINGS = Registry("policy.weighting", {
 PAYLOADS = Registry("policy.payload", {
     "weights": "evomerge.engine.weighting:Weights",
     "delta": "evomerge.engine.weighting:Delta",
+    "gradient": "evomerge.engine.weighting:Gradient",
 })

@@ -89,8 +89,10 @@ REFUSED = {
     "swap_p": "model swaps would move the loop's data to another model",
     "stop_tol": "the loop decides when to stop",
     "backup_workers": "backup workers are not built into the loop's all-reduce yet (the simulated clock runs them)",
+    "payload": "a gradient all-reduce belongs in the loop's backward pass (DDP's communication hooks), not after "
+               "its step",
 }
-_ALLOWED: dict[str, tuple] = {}
+_ALLOWED: dict[str, tuple] = {"payload": ("weights", "delta")}
 
 
 class MergerError(RunError):

@@ -62,6 +62,11 @@ class Backend(ABC):
         # its public copy, which is the anchor less what it has not sent yet (error feedback)
         self.outer_delta = plan_mod.compressed_outer(policy)
         plan_mod.refuse_compressed_outer_buffers(policy, [n for n, _ in setup.model.layout[setup.model.n_trained_blocks:]])
+        if policy.payload == "gradient" and setup.model.n_trained_blocks < len(setup.model.offsets):
+            from ..errors import ConfigError
+
+            raise ConfigError("policy.payload", "'gradient' with a model that has buffers is not built yet (their "
+                                                "running statistics would drift apart); allowed: weights, delta")
         self.server = None  # asynchronous DiLoCo's server (kernel.AsyncServer), from the workers' common start
         if policy.scheme == "async":
             if setup.model.n_trained_blocks < len(setup.model.offsets):

@@ -263,6 +263,11 @@ class InProcess(Backend):
     def allreduce(self, event: int, step: int, weight: float, dropped: tuple[int, ...] = ()) -> None:
         """``dropped``: backup workers late at the clock's barrier, left out of the average (they take it)."""
         st, p, W = self.state, self.p, self.W
+        if p.payload == "gradient":  # every step's gradient, averaged before every worker's update
+            gens = [plan_mod.quant_generator(self.seed, event, w) if p.quantize_bits else None for w in range(W)]
+            kernel.gradient_average_(st.grad, st.residual, p.topk_fraction, p.quantize_bits, gens)
+            run_mod.update(self.setup, st)
+            return
         every = np.arange(W)
         if self.outer_delta:  # compressed outer gradients (MuLoCo): the anchor plus each worker's sent change
             before, rows = st.base.rows().clone(), st.params.rows().clone()

@@ -229,7 +229,8 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     cross = dev.type == "cuda" if cross is None else cross
     if not members:
         return []
-    if setup.study.environment is not None:  # members on simulated clocks: one at a time
+    if setup.study.environment is not None or any(m.policy.payload == "gradient" for m in members):
+        # members on simulated clocks, or all-reducing gradients (their update waits for the average): one at a time
         return [_alone(setup, m, dev, evaluate_test, keep_params) for m in members]
     for m in members:
         if m.policy.scheme == "async":

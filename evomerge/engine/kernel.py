@@ -188,6 +188,20 @@ def lerp_targets_(blocks: list[torch.Tensor], change: list[torch.Tensor] | None,
             change[k].add_(own)
 
 
+@torch.no_grad()
+def gradient_average_(grad, residual, fraction: float, bits: int, generators: Sequence) -> None:
+    """Payload ``"gradient"``: each row's gradient plus what it has not sent yet (error feedback) is compressed as a
+    delta is (:func:`ops.compress`: top-k, stochastic rounding, or scaled sign for 1 bit), what was not sent stays in
+    ``residual``, and every row's gradient becomes the plain average of what the rows sent (stacks ``[W, P]``)."""
+    v = grad.rows() + residual.rows()
+    if fraction < 1.0 or bits:
+        sent = torch.stack([ops.compress(v[w], fraction, bits, generators[w]) for w in range(v.shape[0])])
+        residual.set_rows(v - sent)
+    else:
+        sent = v
+    grad.set_rows(sent.mean(0, keepdim=True).expand_as(sent))
+
+
 def layer_ids(names: Sequence[str]) -> list[int]:
     """Which layer each tensor belongs to: neighbouring tensors of one module (``fc0.weight``, ``fc0.bias``) are
     one layer, numbered in order."""

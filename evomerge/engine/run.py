@@ -68,13 +68,19 @@ def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor,
     if losses is None:
         losses = (model.loss_and_grad(st.params.params, x, y, st.grad.params, keys=keys) if keys is not None
                   else model.loss_and_grad(st.params.params, x, y, st.grad.params))
-        frozen = getattr(model, "frozen", None)  # parameters the user froze: weight decay must not move them either
-        kept = [st.params.params[i].clone() for i in frozen] if frozen else None
-        st.optim.step(st.params, st.grad, st.accum, segments=segments)
-        for i, t in zip(frozen or [], kept or []):
-            st.params.params[i].copy_(t)
+        if not getattr(st, "deferred", False):  # payload "gradient": the all-reduce updates (update())
+            update(setup, st, segments)
     kernel.score_step_(st.score, st.score_weight, losses.mean(1))
     return losses
+
+
+def update(setup: Setup, st: Workers, segments: list[tuple[int, int]] | None = None) -> None:
+    """Every row's optimiser step on the gradients in ``st.grad`` (parameters the user froze stay as they are)."""
+    frozen = getattr(setup.model, "frozen", None)  # parameters the user froze: weight decay must not move them either
+    kept = [st.params.params[i].clone() for i in frozen] if frozen else None
+    st.optim.step(st.params, st.grad, st.accum, segments=segments)
+    for i, t in zip(frozen or [], kept or []):
+        st.params.params[i].copy_(t)
 
 
 # -- the round loop -----------------------------------------------------------------------------------

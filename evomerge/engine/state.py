@@ -51,7 +51,10 @@ class Workers:
         self.base = self.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
-        self.fused = fusable(run, self.accum is not None)
+        # payload "gradient": a local step leaves its gradient for the all-reduce, which updates (error feedback kept)
+        self.deferred = policy.payload == "gradient"
+        self.residual = self.params.like() if self.deferred else None
+        self.fused = fusable(run, self.accum is not None) and not self.deferred
         self.score, self.score_weight = _scores(self.W, device)  # the running score (policy.score)
         # DiLoCo's anchor: the start (Lookahead / SNOO: each worker's own)
         self.outer = kernel.outer_for(policy, model, lambda: self.params.row(0), self.params.rows)
@@ -120,6 +123,7 @@ class Workers:
         idx = torch.as_tensor(rows, device=self.params.device)
         sub = object.__new__(Workers)
         sub.W, sub.P, sub.fused = len(rows), self.P, self.fused
+        sub.deferred = getattr(self, "deferred", False)
         for name in self.STEPPED:
             whole = getattr(self, name)
             part = None
@@ -136,7 +140,7 @@ class Workers:
 
     def put(self, sub: "Workers", rows: list[int]) -> None:
         idx = torch.as_tensor(rows, device=self.params.device)
-        for name in self.STEPPED:
+        for name in self.STEPPED + (("grad",) if getattr(self, "deferred", False) else ()):
             whole = getattr(self, name)
             if whole is not None:
                 for b, pb in zip(whole.blocks, getattr(sub, name).blocks):

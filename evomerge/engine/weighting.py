@@ -128,3 +128,12 @@ class Delta(Payload):
             st.base.set_row(w, public)
             out.append(public)
         return torch.stack(out)
+
+
+class Gradient(Payload):
+    """Every local step's gradient, compressed as a delta is (top-k, stochastic rounding or scaled sign) with error
+    feedback, all-reduced before every worker's update (:func:`kernel.gradient_average_`); no model is sent."""
+
+    def wire_bytes(self, n, policy):
+        return ops.payload_bytes(n, policy.topk_fraction, policy.quantize_bits)
+
