@@ -129,3 +129,13 @@ def test_a_search_that_samples_gradient_off_the_allreduce_gets_weights():
                                    "quantize_bits": 1}, P())
     assert out["mean_interval"] == 1.0 and out["quantize_bits"] == 1 and out["weighting"] == "uniform"
     P(**{**P().to_dict(), **out})  # a valid policy
+
+
+def test_the_distributed_backend_and_a_users_loop_refuse_it_in_one_line():
+    from evomerge import runtime
+    from evomerge.backends import check_policy
+
+    with pytest.raises(ConfigError, match=r"^policy\.payload: 'gradient' is not supported by the distributed backend"):
+        check_policy("distributed", GRADIENT)
+    with pytest.raises(ConfigError, match=r"^policy\.payload: 'gradient' cannot run in a training loop"):
+        runtime.check_policy(GRADIENT, 4)
