@@ -279,3 +279,16 @@ def test_a_peer_drawn_by_similarity_waits_for_the_others_sketches():
     # free links: no wait (the lockstep world)
     free, _ = timeline(EnvSpec(step_time=1.0), policy, 3, 4, events=[(1, 0, 1)], similarity_bytes=4096)
     assert lands(free)[0].landed == 1.0 and free.bytes[-1] == 4000 + 2 * 4096
+
+
+def test_a_sign_compressed_gradient_allreduce_is_charged_as_a_deltas():
+    """payload "gradient" with scaled signs, every step: after the barrier at the slowest worker, the ring moves each
+    worker's 1000 signs and scale (129 bytes) and the dense average (4000 bytes)."""
+    l, b, W = 0.01, 40000.0, 4
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.5), latency=l, bandwidth=b)
+    policy = MergePolicy(scheme="allreduce", mean_interval=1.0, payload="gradient", quantize_bits=1)
+    tl, cost = timeline(env, policy, W, 2)
+    assert (cost.sent, cost.dense) == (129, 4000)
+    first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
+    assert first.time == pytest.approx(2.0 + 2 * (W - 1) * l + (W - 1) / W * (129 + 4000) / b, abs=1e-12)
+    assert tl.bytes[0] >= W * (129 + 4000) and cost.allreduce(W) == W * (129 + 4000)
