@@ -292,3 +292,19 @@ def test_a_sign_compressed_gradient_allreduce_is_charged_as_a_deltas():
     first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
     assert first.time == pytest.approx(2.0 + 2 * (W - 1) * l + (W - 1) / W * (129 + 4000) / b, abs=1e-12)
     assert tl.bytes[0] >= W * (129 + 4000) and cost.allreduce(W) == W * (129 + 4000)
+
+
+def test_slowmo_s_exact_average_is_a_barrier_over_the_gossip():
+    """SlowMo every 2 steps on 2 workers, worker 1 twice as slow, no gossip event: both wait for worker 1 at step 2
+    (4 s), then the ring (2 latencies, half of the 4000 bytes up and the 4000 down over the link); counted as one
+    merge of 2 x 8000 bytes."""
+    l, b = 0.05, 16000.0
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 0.5), latency=l, bandwidth=b, time_budget=12.0)
+    policy = MergePolicy(outer_optimizer="sgd", outer_every=2, mean_interval=100.0)
+    tl, cost = timeline(env, policy, 2, 4, events=[])
+    ring = 2 * l + 0.5 * (4000 + 4000) / b
+    (first, second) = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE]
+    assert first.boundary == 2 and first.time == pytest.approx(4.0 + ring)
+    assert [a.time for a in tl.actions[1] if a.kind == clock.ALLREDUCE] == [first.time, second.time]
+    assert second.time == pytest.approx(first.time + 4.0 + ring)
+    assert tl.merges[-1] == 2 and tl.bytes[-1] == 2 * cost.allreduce(2) == 2 * 2 * 8000

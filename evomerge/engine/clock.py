@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
+from .plan import slowmo_due
 from .schedule import STREAMS, Schedule, rng_for
 
 TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
@@ -383,7 +384,11 @@ class Simulation:
 
         self.gathers = gathers_similarity(policy)
         self.regroup_every = policy.regroup_every if sched.scheme == "gossip" else 0
-        self.other_sends: list[tuple[float, int]] = []  # (time, bytes) sent that are no merge (regrouping)
+        self.other_sends: list[tuple[float, int]] = []  # (time, bytes) sent outside the schedule's events
+        self.other_merges: list[float] = []  # when merges outside the schedule's events happened (SlowMo's averages)
+        # SlowMo over a gossip base: every outer_every local steps (after that step's gossip) an exact average, as a
+        # barrier all-reduce; its event is len(schedule) + the step
+        self.slowmo = sched.scheme == "gossip" and policy.outer_every > 0
 
     # -- what the events do ---------------------------------------------------------------------------------
     def push(self, t, kind, data) -> None:
@@ -402,7 +407,7 @@ class Simulation:
 
     def resume(self, w: int, t: float) -> None:
         self.waits[w] -= 1
-        if self.waits[w] == 0 and not self.busy[w] and not self.finished[w]:
+        if self.waits[w] == 0 and not self.busy[w] and not self.finished[w] and w not in self.barrier:
             if self.idle_since[w] is not None:
                 self.idle_spans[w].append((self.idle_since[w], t))
                 self.idle_since[w] = None
@@ -544,6 +549,9 @@ class Simulation:
             self.send_spans[v].append((t_all, t_done))
         self.barrier.clear()
         self.barrier_at = None
+        if self.slowmo:  # one exact average: its bytes and one merge
+            self.other_sends.append((t_done, self.cost.allreduce(W)))
+            self.other_merges.append(t_done)
         for v in range(W):
             self.push(t_done, "go", v)
 
@@ -632,6 +640,13 @@ class Simulation:
                 self.send(e, w, j, t, LAND)
             if self.blocking or swap:  # a swap's initiator has given its model away: it waits for the other
                 self.waits[w] += 1
+        if self.slowmo and slowmo_due(self.policy, k):  # SlowMo: the exact average, a barrier after the gossip
+            e = len(sched) + k  # its event: after the schedule's (their actions at this boundary come first)
+            self.barrier[w] = t
+            self.barrier_at = (e, k)
+            if len(self.barrier) == W:
+                self.release(e, k, t)
+            return
         if self.waits[w]:
             self.idle_since[w] = t
         else:
@@ -706,8 +721,11 @@ class Simulation:
             elif kind == "pulled":  # the global model is back: the worker goes on
                 self.idle_spans[data].append((self.parked_at.pop(data), t))
                 self.start_step(data, t)
-            elif kind == "go":  # leaving an all-reduce
-                self.start_step(data, t)
+            elif kind == "go":  # leaving an all-reduce (SlowMo's: unless still waiting for its blocking merge)
+                if self.waits[data]:
+                    self.idle_since[data] = t
+                else:
+                    self.start_step(data, t)
             elif kind == "release":  # the first W - b workers are at the barrier, and nobody else at this instant
                 if self.barrier_at == data:
                     self.release(*data, t)
@@ -789,11 +807,12 @@ class Simulation:
         all_times = np.asarray([s[0] for s in everything])
         cum = np.cumsum([s[1] for s in everything]) if everything else np.zeros(0)
         nbytes, merges = [], []
+        extra = np.sort(np.asarray(self.other_merges))
         for t in round_ends:
             n = int(np.searchsorted(times, t, side="right"))
             m = int(np.searchsorted(all_times, t, side="right"))
             nbytes.append(int(cum[m - 1]) if m else 0)
-            merges.append(n // W if self.allreduce else n)
+            merges.append((n // W if self.allreduce else n) + int(np.searchsorted(extra, t, side="right")))
         step_starts = [[x for x, c in zip(st, cs) if c <= end_t] for st, cs in zip(self.step_starts, completions)]
         send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]
         return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon,

@@ -56,9 +56,9 @@ def lockstep_equivalent(tl: clock.Timeline, policy, T: int) -> bool:
     if len(first) != T or any(len(c) != T or not np.array_equal(c, first) for c in tl.completions):
         return False
     delay = policy.fragment_delay
-    steps = s.step
-    return all(a.boundary == int(steps[a.event]) + (delay if a.kind == clock.AR_APPLY else 0)
-               for acts in tl.actions for a in acts)
+    steps, E = s.step, len(s)
+    return all(a.boundary == (int(steps[a.event]) if a.event < E else a.event - E)  # SlowMo's: len(schedule) + step
+               + (delay if a.kind == clock.AR_APPLY else 0) for acts in tl.actions for a in acts)
 
 
 def decides_with_state(policy) -> bool:
@@ -429,6 +429,11 @@ class Timed:
 
     def _allreduce(self, a: clock.Action) -> None:
         s, st = self.schedule, self.backend.state
+        if a.event >= len(s):  # SlowMo over a gossip base: the exact average after this step's gossip
+            self.backend.allreduce(plan_mod.OUTER_AVERAGE, a.boundary, 1.0)
+            st.examples.fill_(self.backend.sum_examples())
+            st.rescale_supports()
+            return
         step = int(s.step[a.event])
         weight = plan_mod.allreduce_weight(self.p, step, self.T, float(s.u[a.event]))
         dropped = self.timeline.dropped.get(a.event)
