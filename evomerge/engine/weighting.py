@@ -94,6 +94,8 @@ class Payload:
     #: whether peers keep each worker's public copy (the base its deltas apply to): the payload then goes to
     #: every topology neighbour of the sender, and travels encoded (``ops.encode``)
     public = False
+    #: whether it carries a model to merge (gossip, model all-reduce); the gradient payload does not
+    models = True
 
     def wire_bytes(self, n: int, policy) -> int:
         """Bytes on the wire for one payload of ``n`` float32 values."""
@@ -133,6 +135,8 @@ class Delta(Payload):
 class Gradient(Payload):
     """Every local step's gradient, compressed as a delta is (top-k, stochastic rounding or scaled sign) with error
     feedback, all-reduced before every worker's update (:func:`kernel.gradient_average_`); no model is sent."""
+
+    models = False
 
     def wire_bytes(self, n, policy):
         return ops.payload_bytes(n, policy.topk_fraction, policy.quantize_bits)
