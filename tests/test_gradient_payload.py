@@ -102,6 +102,14 @@ def test_on_a_clock_it_is_every_step_s_barrier_and_a_free_one_is_the_lockstep_ru
         waves = simulate.simulate(env, policy, 3, device="cpu", keep_params=True, waves=True)
         assert torch.equal(lock.params, waves.params)
         assert [h.bytes for h in lock.history] == [h.bytes for h in waves.history]
+    # links that cost time: the same steps and updates, later; every step's update is in before its round is judged
+    latency = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(
+        step_time=0.25, latency=0.01)))
+    lock = simulate.simulate(setup, GRADIENT, 3, device="cpu", keep_params=True)
+    late = simulate.simulate(latency, GRADIENT, 3, device="cpu", keep_params=True)
+    assert torch.equal(lock.params, late.params)
+    assert [h.val_accuracy for h in lock.history] == [h.val_accuracy for h in late.history]
+    assert late.final.sim_time == pytest.approx(setup.total_steps * (0.25 + 2 * 2 * 0.01))
     slow = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(
         step_time=0.25, speeds=(1.0, 1.0, 0.25))))
     res = simulate.simulate(slow, GRADIENT, 3, device="cpu")

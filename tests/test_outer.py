@@ -276,6 +276,14 @@ def test_slowmo_on_a_clock_waits_for_every_worker_at_its_exact_average(setup):
     assert slow.status == gossip.status == "ok"
     assert slow.final.idle_fraction > 0.3 > gossip.final.idle_fraction
     assert slow.final.steps_min == slow.final.steps_max or slow.final.steps_max - slow.final.steps_min < 6
+    # blocking merges across the barrier: a worker never starts a step before its last one ended
+    from evomerge.engine.timed import build_timeline
+
+    blocking = dataclasses.replace(env, overlap="blocking", latency=0.05, bandwidth=2e6)
+    s = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=blocking))
+    tl = build_timeline(s, SLOWMO, 1, 0)
+    for starts, ends in zip(tl.step_starts, tl.completions):
+        assert all(b >= a for a, b in zip(ends, starts[1:])) and len(starts) <= len(ends) + 1
 
 
 def lookahead_by_hand(setup, seed: int, every: int, outer_lr: float, momentum: float, nesterov: bool):

@@ -153,7 +153,7 @@ class InProcess(Backend):
         if getattr(self.topo, "schedule", "constant") == "constant":
             return self.peer_p
         if self._peer_p_at is None or self._peer_p_at[0] != step:
-            self._peer_p_at = (step, self.topo.probabilities(step / self.sched.total_steps))
+            self._peer_p_at = (step, self.topo.probabilities(step / self.setup.total_steps))  # the run's steps
         return self._peer_p_at[1]
 
     def after_events(self, events, a, b, step: int) -> int:

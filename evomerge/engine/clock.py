@@ -90,10 +90,11 @@ class Action:
     kind: int  # SEND (snapshot the payload), LAND (the peer merges it), REPLY (push-pull: the initiator merges the answer), ALLREDUCE
     sent: float = 0.0  # for LAND / REPLY: when the payload was sent (staleness = time - sent)
     landed: float = 0.0  # for LAND / REPLY: when it arrived (applied at ``time``, the receiver's next boundary)
+    late: int = 0  # 1: after every other action of its worker at that instant (a swap's held landings)
 
     @property
     def key(self) -> tuple:
-        return (self.time, self.event, self.kind)
+        return (self.time, self.late, self.event, self.kind)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class Timeline:
     swaps: frozenset = frozenset()  # the gossip events that swap the two models instead of merging them
     peers: np.ndarray | None = None  # each event's peer as resolved (drawn from the state, or the schedule's)
     most: dict = field(default_factory=dict)  # event -> the share of most confident examples it sends (by similarity)
+    cancelled: frozenset = frozenset()  # swaps that reached a worker without a model: the sender's came back
     steps_at: np.ndarray = field(init=False)  # [rounds, W] local steps done by each round's end
 
     def __post_init__(self):
@@ -276,6 +278,17 @@ def free_horizon(compute: Compute, workers: int, total_steps: int, time_budget: 
         n *= 2
 
 
+def slowmo_event(events: int, step: int) -> int:
+    """The event number of SlowMo's exact average after local ``step`` (after the schedule's ``events``: at that
+    boundary the step's gossip comes first)."""
+    return events + step
+
+
+def slowmo_step(events: int, event: int) -> int | None:
+    """The local step of SlowMo's exact average ``event`` (None for a schedule's event)."""
+    return event - events if event >= events else None
+
+
 def build(env, policy, workers: int, total_steps: int, rounds: int, seed: int, payload_bytes,
           make_schedule) -> Timeline:
     """The run's timeline; ``make_schedule(horizon)`` builds the schedule for that many local steps
@@ -389,6 +402,13 @@ class Simulation:
         # SlowMo over a gossip base: every outer_every local steps (after that step's gossip) an exact average, as a
         # barrier all-reduce; its event is len(schedule) + the step
         self.slowmo = sched.scheme == "gossip" and policy.outer_every > 0
+        self.leaving: set[int] = set()  # workers between an all-reduce's release and their leaving it ("go")
+        self.gradient = policy.payload == "gradient"
+        # swaps: a worker that has given its model away (waiting for the other) takes no payload until the other
+        # model is in; what lands meanwhile is held and lands just after (at its next boundary)
+        self.swap_wait: dict[int, tuple[int, float]] = {}  # worker -> (its swap event in flight, when it sent)
+        self.held: dict[int, list] = {}  # worker -> the landings held for it
+        self.cancelled: set[int] = set()  # swaps whose peer had given its model away: the model went back
 
     # -- what the events do ---------------------------------------------------------------------------------
     def push(self, t, kind, data) -> None:
@@ -407,7 +427,8 @@ class Simulation:
 
     def resume(self, w: int, t: float) -> None:
         self.waits[w] -= 1
-        if self.waits[w] == 0 and not self.busy[w] and not self.finished[w] and w not in self.barrier:
+        if self.waits[w] == 0 and not self.busy[w] and not self.finished[w] and w not in self.barrier \
+                and w not in self.leaving:
             if self.idle_since[w] is not None:
                 self.idle_spans[w].append((self.idle_since[w], t))
                 self.idle_since[w] = None
@@ -474,6 +495,8 @@ class Simulation:
             if kind == SEND:
                 models[0] = self.model_at[w]
                 self.left_at[models[0], w] = k
+            elif e in self.cancelled:  # the initiator's model came back: nothing moved
+                continue
             elif kind == LAND:  # the peer: its model leaves its data, the initiator's arrives
                 models[1] = self.model_at[w]
                 self.left_at[models[1], w] = k
@@ -520,6 +543,52 @@ class Simulation:
         self.push(t + self.net.latency[i, j], *f[6])
         self._reshare(f[8], t)
 
+    def complete(self, w: int, t: float) -> None:
+        """Worker ``w``'s local step is done at ``t``: the step budget's work and the rounds' ends count it."""
+        self.completions[w].append(t)
+        self.total += 1
+        if not self.env.time_budget and self.total == self.need:
+            self.end = t  # the step budget's work is done; what happens at this instant still counts
+        works = self.round_works
+        if not self.env.time_budget and len(self.round_ends) < len(works) and self.total == works[len(self.round_ends)]:
+            self.round_ends.append(t)
+
+    def landed(self, data, t: float, held: bool = False) -> None:
+        """A payload has landed at ``t`` (``data``: event, sender, receiver, when it was sent, LAND or REPLY): the
+        receiver applies it at its first boundary at or after ``t`` (at once if it is not in a step). A worker that
+        has given its model away for a swap takes it only after the other model (``held``: now, just after that
+        one, at the same boundary); a swap reaching it then is cancelled (its sender's model goes back)."""
+        e, i, j, t_sent, what = data
+        wait = self.swap_wait.get(j)
+        if not held and wait is not None and not (what == REPLY and wait[0] == e) \
+                and not (t == wait[1] and e < wait[0]):  # at the swap's own instant an earlier event comes first
+            if what == LAND and e in self.swaps and t > wait[1]:  # holding it could wait in a cycle of swaps
+                self.cancelled.add(e)
+            else:
+                self.held.setdefault(j, []).append((data, t))
+                return
+        if held:
+            at, boundary = t, self.done[j]
+        elif self.busy[j] and not (self.completions[j] and self.completions[j][-1] == t):
+            at, boundary = self.step_end[j], self.done[j] + 1
+        else:
+            at, boundary = t, self.done[j]
+        if at > self.end or (self.busy[j] and at > self.budget):
+            return
+        self.actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t, late=int(held)))
+        swap = e in self.swaps
+        if swap and self.policy.swap_recency and e not in self.cancelled:
+            heapq.heappush(self.swap_steps, (at, e, what, j, boundary))
+        if swap and what == REPLY:  # the initiator has its new model: what was held for it lands just after
+            del self.swap_wait[j]
+            for d, _ in self.held.pop(j, ()):
+                self.landed(d, t, held=True)
+        if what == LAND and (self.push_pull or swap):
+            self.push(at, "reply", (e, j, i))
+        elif self.blocking or swap:
+            # the initiator: push when it lands, push-pull when the answer does
+            self.push(t, "resume", i if what == LAND else j)
+
     def release(self, e: int, k: int, t: float) -> None:
         """All-reduce ``e`` after local step ``k`` leaves its barrier at ``t``: every worker there (all of them, or
         the first W - b with backup workers) averages; a late one drops the work of its step(s) up to ``k`` (they
@@ -528,6 +597,9 @@ class Simulation:
         late = [v for v in range(W) if v not in self.barrier]
         t_all = max(self.barrier.values())
         t_done = t_all + self.ring(e)
+        if self.gradient:  # payload "gradient": the steps are done when the averaged gradient has updated them
+            for v in range(W):
+                self.complete(v, t_done)
         for v in late:
             self.busy[v] = False
             self.step_seq[v] += 1  # its pending end is stale
@@ -549,6 +621,7 @@ class Simulation:
             self.send_spans[v].append((t_all, t_done))
         self.barrier.clear()
         self.barrier_at = None
+        self.leaving.update(range(W))  # until "go": a blocking merge's resume must not start a step in the ring
         if self.slowmo:  # one exact average: its bytes and one merge
             self.other_sends.append((t_done, self.cost.allreduce(W)))
             self.other_merges.append(t_done)
@@ -629,7 +702,18 @@ class Simulation:
         for e in evs:
             j = self.peer_of(e, w, k)
             swap = self.decide_swap(e, w, j, k)
-            self.actions[w].append(Action(w, k, t, e, SEND))
+            late = 0
+            if swap:
+                self.swap_wait[w] = (e, t)
+                # payloads that landed during its step and are applied at this boundary after its send (a later
+                # event) go into the model it keeps, so its send comes after them (never on a free cluster)
+                for a in reversed(self.actions[w]):
+                    if a.boundary < k:
+                        break
+                    if a.boundary == k and a.time == t and a.event > e and a.kind in (LAND, REPLY):
+                        late = 1
+                        break
+            self.actions[w].append(Action(w, k, t, e, SEND, late=late))
             self.sends.append((t, (cost.swap() if swap else cost.pair(w, j)) + cost.data
                                + (cost.gather(self.W) if self.gathers else 0)))
             # decided by similarity: the payload (taken now) leaves once the others' sketches are in
@@ -641,7 +725,7 @@ class Simulation:
             if self.blocking or swap:  # a swap's initiator has given its model away: it waits for the other
                 self.waits[w] += 1
         if self.slowmo and slowmo_due(self.policy, k):  # SlowMo: the exact average, a barrier after the gossip
-            e = len(sched) + k  # its event: after the schedule's (their actions at this boundary come first)
+            e = slowmo_event(len(sched), k)
             self.barrier[w] = t
             self.barrier_at = (e, k)
             if len(self.barrier) == W:
@@ -695,13 +779,8 @@ class Simulation:
                     continue  # a step dropped at a backup all-reduce's barrier
                 self.busy[w] = False
                 self.done[w] += 1
-                self.completions[w].append(t)
-                self.total += 1
-                if not env.time_budget and self.total == self.need:
-                    self.end = t  # the step budget's work is done; what happens at this instant still counts
-                works = self.round_works
-                if not env.time_budget and len(self.round_ends) < len(works) and self.total == works[len(self.round_ends)]:
-                    self.round_ends.append(t)
+                if not self.gradient:  # a gradient's step is done when its update is: at the all-reduce (release)
+                    self.complete(w, t)
                 self.at_boundary(w, t)
             elif kind == "landed":  # a streamed fragment a worker waited for has landed: apply it, go on
                 w, e = data
@@ -722,6 +801,7 @@ class Simulation:
                 self.idle_spans[data].append((self.parked_at.pop(data), t))
                 self.start_step(data, t)
             elif kind == "go":  # leaving an all-reduce (SlowMo's: unless still waiting for its blocking merge)
+                self.leaving.discard(data)
                 if self.waits[data]:
                     self.idle_since[data] = t
                 else:
@@ -730,23 +810,7 @@ class Simulation:
                 if self.barrier_at == data:
                     self.release(*data, t)
             elif kind == "land":
-                e, i, j, t_sent, what = data
-                # applied at the receiver's first boundary at or after t (at once if it is not in a step)
-                if self.busy[j] and not (self.completions[j] and self.completions[j][-1] == t):
-                    at, boundary = self.step_end[j], self.done[j] + 1
-                else:
-                    at, boundary = t, self.done[j]
-                if at > self.end or (self.busy[j] and at > self.budget):
-                    continue
-                self.actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t))
-                swap = e in self.swaps
-                if swap and self.policy.swap_recency:
-                    heapq.heappush(self.swap_steps, (at, e, what, j, boundary))
-                if what == LAND and (self.push_pull or swap):
-                    self.push(at, "reply", (e, j, i))
-                elif self.blocking or swap:
-                    # the initiator: push when it lands, push-pull when the answer does
-                    self.push(t, "resume", i if what == LAND else j)
+                self.landed(data, t)
             elif kind == "sent":
                 self.sent(*data, t)
             elif kind == "reply":
@@ -817,4 +881,4 @@ class Simulation:
         send_spans = [[(a, min(b, end_t)) for a, b in spans if a < end_t] for spans in self.send_spans]
         return Timeline(self.sched, end_t, round_ends, comp, actions, idle, stale, nbytes, merges, self.horizon,
                         step_starts, [list(x) for x in idle_spans], send_spans, dict(self.dropped),
-                        frozenset(self.swaps), self.peer.copy(), dict(self.most))
+                        frozenset(self.swaps), self.peer.copy(), dict(self.most), frozenset(self.cancelled))

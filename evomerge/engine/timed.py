@@ -57,7 +57,7 @@ def lockstep_equivalent(tl: clock.Timeline, policy, T: int) -> bool:
         return False
     delay = policy.fragment_delay
     steps, E = s.step, len(s)
-    return all(a.boundary == (int(steps[a.event]) if a.event < E else a.event - E)  # SlowMo's: len(schedule) + step
+    return all(a.boundary == (int(steps[a.event]) if a.event < E else clock.slowmo_step(E, a.event))
                + (delay if a.kind == clock.AR_APPLY else 0) for acts in tl.actions for a in acts)
 
 
@@ -126,7 +126,7 @@ class Timed:
         self.batches = [sorted(batches[t]) for t in sorted(batches)]
         self.served = 0
         backend.sched = self.timeline.schedule  # every backend replays the timeline's schedule
-        self.horizon = setup.study.environment.time_budget or self.timeline.end
+        self._horizon = setup.study.environment.time_budget or self.timeline.end
         self.done = np.zeros(self.W, dtype=np.int64)
         self.ptr = [0] * self.W
         self.snaps: dict[tuple[int, int], dict] = {}  # payloads that were sent to this backend's workers
@@ -166,6 +166,15 @@ class Timed:
             self._pending: list[list] = [[] for _ in range(self.W)]
             self._loss = torch.zeros((), device=backend.state.params.device)
             self.live_peers = bool(policy.similarity_bias or policy.regroup_every)
+
+    @property
+    def horizon(self) -> float:
+        """The run's simulated length (a miss's time to target ranks after it): the time budget, else the first
+        timeline's end, or the clock's last round end so far where the run decides with its state (waiting may make
+        it longer than the first timeline)."""
+        if self.live is not None and self.live.round_ends and not self.setup.study.environment.time_budget:
+            return max(self._horizon, self.live.round_ends[-1])
+        return self._horizon
 
     @property
     def schedule(self):
@@ -238,6 +247,9 @@ class Timed:
             self._t0 = time.perf_counter()
         if self.live is not None:
             t_end = self.live.through_round(r)  # its decisions bring the replay along
+            if max(self.live.done) > self.live.horizon:
+                raise RuntimeError(f"simulated clock: a worker ran past its schedule's {self.live.horizon} steps "
+                                   "(a bug in evomerge)")
             self._collect(t_end, True)
             target = self.live.steps_by(t_end)
             loss_sum = self._loss + self._advance(t_end, True, target)
@@ -350,7 +362,7 @@ class Timed:
         before it can land), then every landing in one batch."""
         s, b = self.schedule, self.backend
         self._pace(max(a.time for a in ready))
-        b.touched([a.worker for a in ready])
+        b.touched(self.own if ready[0].kind == clock.ALLREDUCE else [a.worker for a in ready])
         if ready[0].kind == clock.ALLREDUCE:
             self._allreduce(ready[0])
             for v in self.own:
@@ -387,18 +399,22 @@ class Timed:
             if payload.get("data") is not None:
                 b.data_in(j, payload["data"])
             if e in swaps:  # the peer answers with its own model and takes the initiator's; the initiator takes it
+                cancelled = e in (self.live.cancelled if self.live is not None else self.timeline.cancelled)
                 if a.kind == clock.LAND:
                     if self.landing is None or (e, clock.REPLY) in self.landing:
-                        answer = b.model_of(j)
+                        # a peer that has given its own model away sends the initiator's back
+                        answer = dict(payload) if cancelled else b.model_of(j)
                         answer["data"] = None
                         self._post(e, clock.REPLY, answer, i)
-                    b.install(j, payload)
+                    if not cancelled:
+                        b.install(j, payload)
                 else:
                     b.install(i, payload)
                 continue
             weight = plan_mod.scheduled_weight(self.p, int(s.step[e]), self.T)
             if a.kind == clock.LAND:
-                if self.landing is None or (e, clock.REPLY) in self.landing:  # the peer's state before it merges
+                if (e, clock.REPLY) in self.landing if self.landing is not None else self.p.exchange == "push_pull":
+                    # the answer is the peer's state before it merges
                     answers.append((len(lands), b.snapshot(e, j, 1)))
                 lands.append((e, j, payload, weight, float(s.u[e]), i, None))
             else:  # the answer of a push-pull lands at the initiator, with the winner the peer found
@@ -429,8 +445,9 @@ class Timed:
 
     def _allreduce(self, a: clock.Action) -> None:
         s, st = self.schedule, self.backend.state
-        if a.event >= len(s):  # SlowMo over a gossip base: the exact average after this step's gossip
-            self.backend.allreduce(plan_mod.OUTER_AVERAGE, a.boundary, 1.0)
+        step = clock.slowmo_step(len(s), a.event)
+        if step is not None:  # SlowMo over a gossip base: the exact average after this step's gossip
+            self.backend.allreduce(plan_mod.OUTER_AVERAGE, step, 1.0)
             st.examples.fill_(self.backend.sum_examples())
             st.rescale_supports()
             return
