@@ -346,6 +346,39 @@ def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
 
 
 @pytest.mark.system
+def test_a_users_timed_study_searches_the_asynchronous_training_ideas(tmp_path, data_dir):
+    """A user's own study file with an [environment] whose space holds swaps, data that travels, peers by similarity
+    and regrouping: the search runs them all on the simulated clock, and a found policy runs from its file."""
+    import optuna
+
+    f = tmp_path / "ideas.toml"
+    space = "\n".join([
+        'topology = { kind = "categorical", choices = ["complete", "communities"] }',
+        'swap_p = { kind = "float", low = 0.0, high = 0.5 }',
+        'similarity_bias = { kind = "float", low = -1.0, high = 1.0 }',
+        'data_exchange_k = { kind = "int", low = 0, high = 16 }',
+        'regroup_every = { kind = "int", low = 0, high = 2 }'])
+    text = write(tmp_path).read_text().replace("name = \"tiny-timed\"", "name = \"ideas\"")
+    start = text.index("[search.space]") + len("[search.space]\n")
+    end = text.index("[objectives]")
+    f.write_text(text[:start] + space + "\n" + text[end:])
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "4", "--sampler", "random", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr + p.stdout
+    study = optuna.load_study(study_name="ideas", storage=f"sqlite:///{tmp_path / 'runs/ideas/optuna.db'}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 4 and all(np.isfinite(t.values[0]) for t in done)
+    assert any(t.params["swap_p"] > 0 and t.params["similarity_bias"] != 0 and t.params["data_exchange_k"] > 0
+               for t in done)
+    pol = tmp_path / "p.json"
+    pol.write_text(json.dumps({"topology": "communities", "regroup_every": 1, "similarity_bias": 0.5, "swap_p": 0.3,
+                               "data_exchange_k": 8}))
+    p = cli("run", "--study", str(f), "--policy", str(pol), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "simulated time" in p.stdout and "time to 0.5 val acc" in p.stdout
+
+
+@pytest.mark.system
 def test_a_search_minimises_time_to_target_and_logs_time_per_round(tmp_path, data_dir):
     import optuna
 
