@@ -278,8 +278,15 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
             for g in groups:
                 g.merge(setup, start + i + 1, cross, *tensors)
         for g in groups:
-            for x in g.runs:
-                _judge_round(x, r, end, steps, T, last=r == len(bounds) - 1)
+            # every member's consensus model and workers on the validation split, in forwards over members
+            te = time.perf_counter()
+            judge = g.runs[0].judge
+            evaluated = judge_mod.evaluate_many(setup.model, g.state.params.params, len(g.runs), judge.val_x,
+                                                judge.val_y, judge.n_eval)
+            share = (time.perf_counter() - te) / len(g.runs)
+            for x, ev in zip(g.runs, evaluated):
+                x.judge.eval_time += share
+                _judge_round(x, r, end, steps, T, last=r == len(bounds) - 1, evaluated=ev)
                 x.idx = None
         start = end
         for g in groups:
@@ -290,12 +297,13 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     return [_result(x, setup, evaluate_test, keep_params, t0) for x in runs]
 
 
-def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool) -> None:
-    """What :func:`execute` does at the end of a round (:func:`run.close_round`), for one member."""
+def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool, evaluated: tuple | None = None) -> None:
+    """What :func:`execute` does at the end of a round (:func:`run.close_round`), for one member (``evaluated``: its
+    validation results, taken with the other members')."""
     try:
         sent = x.merger.bytes + x.backend.regroup_bytes
         rm, _, outcome = run_mod.close_round(x.judge, x.backend, x.round_start, r, end, steps, x.loss, sent,
-                                             x.merger.count, {}, 0.0, T, x.m.callback)
+                                             x.merger.count, {}, 0.0, T, x.m.callback, evaluated=evaluated)
     except Exception as e:  # its callback raised: this member's outcome; the others go on
         x.error, x.done = e, True
         return

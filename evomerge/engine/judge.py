@@ -53,13 +53,15 @@ class Judge:
 
     def round(self, r: int, end: int, steps: float, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
               sent: int, merges: int, label_skew: float, moved: int, timing: dict | None = None,
-              horizon: float = 0.0, visitors: float | None = None) -> RoundMetrics:
+              horizon: float = 0.0, visitors: float | None = None, evaluated: tuple | None = None) -> RoundMetrics:
+        """``evaluated``: the consensus model's and the workers' validation results, if already taken with other
+        runs' (:func:`evaluate_many`: a population's members in one forward)."""
         te = time.perf_counter()
         train_loss = loss_sum / (stack.W * steps)
         # a sum is non-finite iff an entry is
         self.finite = finite = math.isfinite(train_loss) and math.isfinite(stack.total())
         center = stack.mean()
-        metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite)
+        metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite, evaluated)
         sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
         n = self.model.n_train
         update = float((center[:n] - self.prev_center[:n]).norm()) / steps if finite else float("nan")
@@ -202,7 +204,30 @@ def _accuracy(model, params: list[torch.Tensor], x, y) -> tuple[list[float] | No
     return acc, (loss.double() / count).tolist()
 
 
-def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, float | None]:
+@torch.no_grad()
+def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_eval: int,
+                  max_rows: int = 256) -> list[tuple]:
+    """What :meth:`Judge.round` evaluates, for ``runs`` runs whose workers are the consecutive row ranges of the
+    stacked ``params`` (a population's state): each run's consensus model (the mean of its rows) on the validation
+    split and every worker on its first ``n_eval`` examples, in forwards of at most ``max_rows`` rows (of several
+    runs) instead of two per run. Each row's numbers are those of its run's own forward (rows are computed alone).
+    Returns per run ``(consensus accuracy, consensus loss, worker accuracies)``."""
+    W = params[0].shape[0] // runs
+    per = max(1, max_rows // W)
+    out = []
+    for lo in range(0, runs, per):
+        hi = min(runs, lo + per)
+        rows = [p[lo * W:hi * W] for p in params]
+        centers = [p.reshape(hi - lo, W, *p.shape[1:]).mean(1) for p in rows]
+        acc, loss = _accuracy(model, centers, val_x, val_y)
+        wacc, _ = _accuracy(model, rows, val_x[:n_eval], val_y[:n_eval])
+        for k in range(hi - lo):
+            out.append((acc[k] if acc is not None else None, loss[k],
+                        wacc[k * W:(k + 1) * W] if wacc is not None else None))
+    return out
+
+
+def _evaluate(model, stack, center, val_x, val_y, n_eval, finite, evaluated=None) -> dict[str, float | None]:
     """The round's validation metrics. Accuracies are None (absent from every table) where the task has no
     classes; ``val_perplexity`` is given for labels per position (a language model)."""
     classes, lm = model.task.classification, model.task.classification and model.task.per_position
@@ -210,8 +235,12 @@ def _evaluate(model, stack, center, val_x, val_y, n_eval, finite) -> dict[str, f
         return dict(val_accuracy=0.0 if classes else None, val_loss=float("nan"),
                     mean_worker_accuracy=0.0 if classes else None, worst_worker_accuracy=0.0 if classes else None,
                     consensus_distance=float("nan"), val_perplexity=float("nan") if lm else None)
-    acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
-    wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
+    if evaluated is not None:
+        a, l, wacc = evaluated
+        acc, loss = [a], [l]
+    else:
+        acc, loss = _accuracy(model, model.views(center.unsqueeze(0)), val_x, val_y)
+        wacc, _ = _accuracy(model, stack.params, val_x[:n_eval], val_y[:n_eval])
     return dict(val_accuracy=acc[0] if classes else None, val_loss=loss[0],
                 mean_worker_accuracy=float(np.mean(wacc)) if classes else None,
                 worst_worker_accuracy=float(np.min(wacc)) if classes else None,

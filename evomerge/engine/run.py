@@ -121,7 +121,8 @@ class Lockstep:
 
 def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, end: int, steps: int, loss_sum,
                 sent: int, merges: int, timing: dict, horizon: float, total: int,
-                callback: Callable[[RoundMetrics], Any] | None) -> tuple[RoundMetrics | None, Any, str | None]:
+                callback: Callable[[RoundMetrics], Any] | None,
+                evaluated: tuple | None = None) -> tuple[RoundMetrics | None, Any, str | None]:
     """The end of round ``r`` on one backend: update norms, the run-wide totals and the gathered rows, then
     where the backend judges the round's metrics, the callback (which may raise) and the decision. Returns
     ``(metrics, stack, outcome)``: metrics None where the backend does not judge; outcome None to go on,
@@ -132,7 +133,7 @@ def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, en
     if judge is None:
         return None, stack, None
     rm = judge.round(r, end, steps, stack, loss, local, merged, sent, merges, backend.label_skew(), backend.moved(),
-                     timing, horizon, visitors=backend.visitors())
+                     timing, horizon, visitors=backend.visitors(), evaluated=evaluated)
     if not judge.finite:
         return rm, stack, "diverged"
     if callback is not None and callback(rm) is False:
