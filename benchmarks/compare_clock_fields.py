@@ -21,13 +21,11 @@ import dataclasses
 import statistics
 import tempfile
 
-import evomerge
 from evomerge import data as data_mod
 from evomerge import simulate, study
-from evomerge.policy import MergePolicy
 from evomerge.search.baselines import fresh_seeds
 
-from compare_new_fields import uses
+from compare_new_fields import best_of_search, uses
 
 ADDED = ("similarity", "similarity_bias", "regroup_every", "n_communities", "p_intra", "p_intra_schedule",
          "p_intra_final", "data_exchange_k", "data_unseen_first", "data_similarity_sign", "retire_threshold",
@@ -57,11 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.search_seeds:
             for arm, st in arms.items():
-                res = evomerge.search(st, verdict=False, n_trials=args.trials, sampler=args.sampler,
-                                      runs_dir=f"{tmp}/{arm}-{seed}", tracking_uri=f"sqlite:///{tmp}/{arm}-{seed}.db",
-                                      seed=seed, data=data)
-                best = res.best[0]
-                pol = MergePolicy.from_dict(best["policy"])
+                best, pol = best_of_search(st, seed, args.trials, args.sampler, tmp, f"{arm}-{seed}", data)
                 times = [simulate.simulate(setup, pol, s).final.time_to_target for s in fresh]
                 rows[arm].append({"seed": seed, "search": best["values"][0], "fresh": statistics.fmean(times),
                                   "uses": uses(best["policy"]), "describe": pol.describe()})

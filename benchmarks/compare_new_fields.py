@@ -61,6 +61,14 @@ def uses(policy: dict) -> list[str]:
     return out
 
 
+def best_of_search(st, seed: int, trials: int, sampler: str, tmp: str, name: str, data) -> tuple[dict, MergePolicy]:
+    """One search of ``st`` (MLflow and Optuna stores under ``tmp``, named ``name``): its best trial and policy."""
+    res = evomerge.search(st, verdict=False, n_trials=trials, sampler=sampler, runs_dir=f"{tmp}/{name}",
+                          tracking_uri=f"sqlite:///{tmp}/{name}-mlflow.db", seed=seed, data=data)
+    best = res.best[0]
+    return best, MergePolicy.from_dict(best["policy"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--study", default="mnist-skewed")
@@ -87,10 +95,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.search_seeds:
             for arm, st in arms.items():
-                res = evomerge.search(st, verdict=False, n_trials=args.trials, sampler=args.sampler, runs_dir=f"{tmp}/{arm}-{seed}",
-                                      tracking_uri=f"sqlite:///{tmp}/{arm}-{seed}-mlflow.db", seed=seed, data=data)
-                best = res.best[0]
-                pol = MergePolicy.from_dict(best["policy"])
+                best, pol = best_of_search(st, seed, args.trials, args.sampler, tmp, f"{arm}-{seed}", data)
                 tests = [simulate.simulate(setup, pol, s, evaluate_test=True).test_accuracy for s in fresh]
                 sent = statistics.fmean(m["bytes"] for m in best["metrics"].values())
                 rows[arm].append({"seed": seed, "val": best["values"][0], "bytes": sent, "policy": pol,

@@ -191,17 +191,20 @@ def test_sites_make_slow_links_between_them():
     assert net.latency[1, 0] == 2 and net.bandwidth[0, 1] == 5 and net.bandwidth[1, 0] == np.inf
 
 
-def test_a_sign_compressed_allreduce_pays_its_signs_up_and_the_average_down():
-    """allreduce-sign (a delta all-reduce of scaled signs every step): 1000 parameters go up as 1000 bits and one
-    float32 scale (129 bytes), and the dense average (4000 bytes) comes back, through the ring after the barrier."""
+@pytest.mark.parametrize("payload", ["delta", "gradient"])
+def test_a_sign_compressed_allreduce_pays_its_signs_up_and_the_average_down(payload):
+    """allreduce-sign (a delta all-reduce of scaled signs every step), or every step's gradient as scaled signs: 1000
+    parameters go up as 1000 bits and one float32 scale (129 bytes), and the dense average (4000 bytes) comes back,
+    through the ring after the barrier at the slowest worker."""
     l, b, W = 0.01, 40000.0, 4
     env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.5), latency=l, bandwidth=b)
-    policy = MergePolicy(scheme="allreduce", mean_interval=1.0, payload="delta", quantize_bits=1)
+    policy = MergePolicy(scheme="allreduce", mean_interval=1.0, payload=payload, quantize_bits=1)
     tl, cost = timeline(env, policy, W, 2)
     assert (cost.sent, cost.dense) == (129, 4000)
     first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
     assert first.time == pytest.approx(2.0 + 2 * (W - 1) * l + (W - 1) / W * (129 + 4000) / b, abs=1e-12)
     assert cost.allreduce(W) == W * (129 + 4000)  # the bytes charged: each worker's signs up, the average down
+    assert tl.bytes[0] >= W * (129 + 4000)
 
 
 def test_backup_workers_leave_the_late_ones_out_of_the_allreduce():
@@ -279,19 +282,6 @@ def test_a_peer_drawn_by_similarity_waits_for_the_others_sketches():
     # free links: no wait (the lockstep world)
     free, _ = timeline(EnvSpec(step_time=1.0), policy, 3, 4, events=[(1, 0, 1)], similarity_bytes=4096)
     assert lands(free)[0].landed == 1.0 and free.bytes[-1] == 4000 + 2 * 4096
-
-
-def test_a_sign_compressed_gradient_allreduce_is_charged_as_a_deltas():
-    """payload "gradient" with scaled signs, every step: after the barrier at the slowest worker, the ring moves each
-    worker's 1000 signs and scale (129 bytes) and the dense average (4000 bytes)."""
-    l, b, W = 0.01, 40000.0, 4
-    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.5), latency=l, bandwidth=b)
-    policy = MergePolicy(scheme="allreduce", mean_interval=1.0, payload="gradient", quantize_bits=1)
-    tl, cost = timeline(env, policy, W, 2)
-    assert (cost.sent, cost.dense) == (129, 4000)
-    first = [a for a in tl.actions[0] if a.kind == clock.ALLREDUCE][0]
-    assert first.time == pytest.approx(2.0 + 2 * (W - 1) * l + (W - 1) / W * (129 + 4000) / b, abs=1e-12)
-    assert tl.bytes[0] >= W * (129 + 4000) and cost.allreduce(W) == W * (129 + 4000)
 
 
 def test_slowmo_s_exact_average_is_a_barrier_over_the_gossip():

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
-from .plan import slowmo_due
+from .plan import gathers_similarity, slowmo_due, swap_chance
 from .schedule import STREAMS, Schedule, rng_for
 
 TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
@@ -393,8 +393,6 @@ class Simulation:
         self.round_ends: list[float] = ([env.time_budget * (r + 1) / rounds for r in range(rounds)]
                                         if env.time_budget else [])
         self.started = False
-        from .plan import gathers_similarity
-
         self.gathers = gathers_similarity(policy)
         self.regroup_every = policy.regroup_every if sched.scheme == "gossip" else 0
         self.other_sends: list[tuple[float, int]] = []  # (time, bytes) sent outside the schedule's events
@@ -471,8 +469,6 @@ class Simulation:
         data), as the lockstep merger decides it."""
         if not self.swap_p:
             return False
-        from .plan import swap_chance
-
         if self.policy.swap_recency:
             self.settle(self.t_now)
         conf = self.oracle.confidence(j, self.t_now) if self.oracle is not None and self.policy.swap_confidence else None
@@ -480,8 +476,8 @@ class Simulation:
         if not float(self.sched.u_swap[e]) < chance:
             return False
         self.swaps.add(e)
-        self.swap_models[e] = [-1, -1]
         if self.policy.swap_recency:  # the initiator's model leaves its data
+            self.swap_models[e] = [-1, -1]
             heapq.heappush(self.swap_steps, (self.t_now, e, SEND, w, k))
         return True
 

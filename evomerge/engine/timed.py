@@ -65,10 +65,8 @@ def decides_with_state(policy) -> bool:
     """Whether a run of ``policy`` on a clock decides with the workers' state at its events (peers drawn by similarity
     or in regrouped communities, examples chosen by similarity, swaps by the peer's confidence): its clock then runs
     beside the replay (:class:`Timed`), not before it."""
-    gossip = policy.scheme == "gossip"
-    return gossip and bool(policy.similarity_bias or policy.regroup_every
-                           or (policy.data_exchange_k and policy.data_similarity_sign)
-                           or (policy.swap_p and policy.swap_confidence))
+    return plan_mod.gathers_similarity(policy) or (policy.scheme == "gossip" and bool(
+        policy.regroup_every or (policy.swap_p and policy.swap_confidence)))
 
 
 def build_timeline(setup: Setup, policy, seed: int, state_stacks: int, horizon: int | None = None):
@@ -150,8 +148,12 @@ class Timed:
         # (a free cluster's timing does not depend on those decisions: it takes the lockstep path above)
         self.live = None
         self._partial: clock.Timeline | None = None  # deciding with the state: the timeline up to the last round's end
-        self.peers = self.timeline.peers if self.timeline.peers is not None else self.timeline.schedule.peer
-        self.most = self.timeline.most
+        # what the replayed clock decided: each event's peer, examples by similarity, swaps (and those cancelled)
+        tl = self.timeline
+        self.peers = tl.peers if tl.peers is not None else tl.schedule.peer
+        self.most, self.swaps, self.cancelled = tl.most, tl.swaps, tl.cancelled
+        # a free cluster deciding with the state took the lockstep path: its bytes and merges are the merger's
+        self.merger_counts = self.merger is not None and decides_with_state(policy)
         if self.merger is None and decides_with_state(policy):
             if len(self.own) < self.W or emulate:
                 raise RuntimeError("a run that decides with its state runs in process only (a bug in evomerge)")
@@ -159,13 +161,15 @@ class Timed:
             self.live = build_timeline(setup, policy, seed, stacks, self.timeline.horizon * (1 if free else 2))
             self.live.oracle = self
             backend.sched = self.live.sched
-            self.peers, self.most = self.live.peer, self.live.most
+            # the running clock's own (growing) records
+            self.peers, self.most, self.swaps, self.cancelled = (self.live.peer, self.live.most, self.live.swaps,
+                                                                 self.live.cancelled)
             self.landing = None  # not known before it happens: every payload is kept until it lands or the run ends
             self.acts: list[list[clock.Action]] = [[] for _ in range(self.W)]
             self._seen = [0] * self.W
             self._pending: list[list] = [[] for _ in range(self.W)]
             self._loss = torch.zeros((), device=backend.state.params.device)
-            self.live_peers = bool(policy.similarity_bias or policy.regroup_every)
+            self.live_peers = backend.live_peers  # the clock asks for peers drawn during the run
 
     @property
     def horizon(self) -> float:
@@ -186,13 +190,13 @@ class Timed:
 
     @property
     def sent(self) -> int:
-        if self.merger is not None and decides_with_state(self.p):  # its first timeline had the schedule's choices
+        if self.merger_counts:  # its first timeline had the schedule's choices
             return self.merger.bytes + self.backend.regroup_bytes
         return (self._partial or self.timeline).bytes[self._r]
 
     @property
     def merges(self) -> int:
-        if self.merger is not None and decides_with_state(self.p):
+        if self.merger_counts:
             return self.merger.count
         return (self._partial or self.timeline).merges[self._r]
 
@@ -383,7 +387,7 @@ class Timed:
             if not ready:
                 return
         lands, answers = [], []
-        swaps = self.live.swaps if self.live is not None else self.timeline.swaps
+        swaps = self.swaps
         for a in ready:
             e = a.event
             i, j = int(s.initiator[e]), int(self.peers[e])
@@ -399,7 +403,7 @@ class Timed:
             if payload.get("data") is not None:
                 b.data_in(j, payload["data"])
             if e in swaps:  # the peer answers with its own model and takes the initiator's; the initiator takes it
-                cancelled = e in (self.live.cancelled if self.live is not None else self.timeline.cancelled)
+                cancelled = e in self.cancelled
                 if a.kind == clock.LAND:
                     if self.landing is None or (e, clock.REPLY) in self.landing:
                         # a peer that has given its own model away sends the initiator's back
