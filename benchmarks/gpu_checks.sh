@@ -10,6 +10,7 @@
 #               (CUDA events); benchmarks/check_gpu.py (the engine's CUDA paths)
 #   population  benchmarks/bench_population.py --device cuda (trials per minute)
 #   generic     benchmarks/bench_generic.py --device cuda (the stacked model against a loop of modules)
+#   profile     benchmarks/profile_population.py --device cuda (where a population's time goes), N = 32 and 128
 #
 # Python packages the machine lacks can be put in .whl/ as wheels (pydantic, optuna, ...): they are installed
 # into /tmp/site first.
@@ -46,6 +47,11 @@ for part in "$@"; do
         ;;
       population)
         $PY benchmarks/bench_population.py --device cuda --data-dir "$DATA" --sizes ${SIZES:-1 8 32 128} --scale ${SCALE:-0.25}
+        ;;
+      profile)
+        for n in 32 128; do
+          $PY benchmarks/profile_population.py --device cuda --data-dir "$DATA" --n $n --scale ${SCALE:-0.25} --top 25
+        done
         ;;
       generic)
         $PY benchmarks/bench_generic.py --device cuda --workers 8 64 --repeats 5 --steps 10

@@ -258,7 +258,8 @@ class GenericModel(StackedModel):
         def one(p, b, x):
             return functional_call(self.template, (p, b), (x,))
 
-        with warnings.catch_warnings():  # torch's note that an op has no batching rule: auto times it anyway
+        with warnings.catch_warnings(), _attention_under_vmap(x.device):
+            # torch's note that an op has no batching rule: auto times it anyway
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented")
             return vmap(one, in_dims=(0, 0, x_dim), randomness=randomness)(p, b, x)
 
@@ -421,6 +422,18 @@ class GenericModel(StackedModel):
         pick = "stacked" if best["stacked"] <= best["loop"] else "loop"
         return pick, (f"timed at W={workers}, batch {batch} on {x.device.type}: stacked {best['stacked'] * 1e3:.1f} ms, "
                       f"loop {best['loop'] * 1e3:.1f} ms per step")
+
+
+def _attention_under_vmap(device: torch.device):
+    """On CUDA, scaled-dot-product attention under vmap takes torch's math kernel: the fused kernels' backward
+    refuses vmap's batched strides ("LSE is not correctly aligned", torch 2.11 on an H100), so a transformer could not
+    run ``stacked`` there. A context of torch's own (``torch.nn.attention.sdpa_kernel``), left on return; other
+    devices and models without attention are untouched."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _rebuild(ref, options, base_dir, input_shape, n_classes, asked, execution, task, random) -> GenericModel:
