@@ -53,13 +53,16 @@ CROSS = [  # plain gossip lerps of weights: applied together across members with
     MergePolicy(topology="complete", mean_interval=3, exchange="push", lerp="random", mixing_schedule="linear"),
     MergePolicy(topology="communities", n_communities=2, similarity_bias=0.5, mean_interval=2, winner_bias=0.3),
     MergePolicy(topology="ring", mean_interval=4, exchange="push", winner_bias=1.0, data_exchange_k=3),
+    # per-coordinate weights (accumulators): weighed and summed for every such member at once
+    MergePolicy(topology="complete", mean_interval=1.5, exchange="push_pull", weighting="adaptive", winner_bias=0.5),
+    MergePolicy(topology="ring", mean_interval=2, exchange="push", weighting="adaptive", lerp="random"),
 ]
 
 
 @pytest.mark.parametrize("cross", [False, True])
 def test_each_member_equals_its_run_alone_bit_for_bit(setup, cross):
     pols = MIXED + (CROSS if cross else [])
-    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 0, 1, 0, 5])]
+    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 0, 1, 0, 5, 2, 0])]
     out = run_population(setup, members, "cpu", keep_params=True, cross=cross)
     for m, got in zip(members, out):
         _same(got, simulate.simulate(setup, m.policy, m.seed, device="cpu", keep_params=True))
@@ -123,3 +126,18 @@ def test_on_a_simulated_cluster_members_run_one_at_a_time_with_their_own_results
     for p, g in zip(pols, got):
         assert g.final.sim_time is not None
         _same(g, simulate.simulate(timed, p, 4, device="cpu", keep_params=True))
+
+
+def test_adaptive_gossip_is_applied_with_the_other_members(setup):
+    """Per-coordinate weights (adaptive) join the members' merges applied together; what cannot (a compressed
+    delta, swaps) stays with its own backend. The arithmetic is held bit for bit above."""
+    from evomerge.backends.population import cross_mergeable
+    from evomerge.engine.state import Workers, initial_row
+
+    run = setup.study.run
+    whole = Workers.population(setup.model, run, [initial_row(setup.model, 0)] * 2, True, torch.device("cpu"))
+    adaptive = MergePolicy(topology="ring", mean_interval=2, weighting="adaptive")
+    assert cross_mergeable(adaptive, setup.model, whole.member(0, run.workers, adaptive, run))
+    for other in (MergePolicy(topology="ring", weighting="adaptive", payload="delta", topk_fraction=0.2),
+                  MergePolicy(topology="ring", weighting="adaptive", swap_p=0.2)):
+        assert not cross_mergeable(other, setup.model, whole.member(run.workers, 2 * run.workers, other, run))

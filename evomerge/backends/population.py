@@ -176,6 +176,8 @@ class _Group:
                 winners[k] = [plan_mod.winner(loss[2 * (n + i)], loss[2 * (n + i) + 1]) for i in range(len(ps))]
                 n += len(ps)
         B, A, WB, A_pp, pos_pp, WA = [], [], [], [], [], []
+        move_b, move_a = [], []  # per-coordinate weightings (accumulators): the moves, weighed for all members at once
+        per_coordinate = st.accum is not None
         n = 0
         for k, (r, ps, off) in enumerate(items):
             p, mst = r.m.policy, r.st
@@ -184,34 +186,58 @@ class _Group:
             weighting = r.backend.weighting
             B.append(ps.b + off)
             A.append(ps.a + off)
-            WB.append(weighting.pair_weights(mst, [m[1] for m in moves], ps.b, ps.a))
+            if per_coordinate:
+                move_b += [m[1] for m in moves]
+            else:
+                WB += weighting.pair_column(mst, [m[1] for m in moves], ps.b, ps.a)
             if p.exchange == "push_pull":
-                WA.append(weighting.pair_weights(mst, [m[0] for m in moves], ps.a, ps.b))
+                if per_coordinate:
+                    move_a += [m[0] for m in moves]
+                else:
+                    WA += weighting.pair_column(mst, [m[0] for m in moves], ps.a, ps.b)
                 A_pp.append(ps.a + off)
                 pos_pp.append(np.arange(n, n + len(ps)))
             n += len(ps)
-        B_t = torch.as_tensor(np.concatenate(B), device=dev)
-        A_t = torch.as_tensor(np.concatenate(A), device=dev)
-        WB_t = torch.cat(WB)
-        if A_pp:
-            App_t = torch.as_tensor(np.concatenate(A_pp), device=dev)
-            sel = torch.as_tensor(np.concatenate(pos_pp), device=dev)
-            WA_t = torch.cat(WA)
-        for blk, chg in zip(st.params.blocks, st.merge_change.blocks):
+        # every row index of the layer in one copy to the device (B, A, then push-pull's A and positions)
+        B_np, A_np = np.concatenate(B), np.concatenate(A)
+        App_np = np.concatenate(A_pp) if A_pp else B_np[:0]
+        index = torch.as_tensor(np.concatenate([B_np, A_np, App_np, np.concatenate(pos_pp) if A_pp else App_np]),
+                                device=dev)
+        B_t, A_t, App_t, sel = index.split([n, n, len(App_np), len(App_np)])
+        if per_coordinate:  # every member's weights from the supports before this set, as its own backend takes them
+            weighting = items[0][0].backend.weighting
+            WB_t = weighting.incoming_weights(st, move_b, B_np, [], [q.index_select(0, A_t) for q in st.accum.blocks])
+            if A_pp:
+                Bpp_t = B_t.index_select(0, sel)
+                WA_t = weighting.incoming_weights(st, move_a, App_np, [],
+                                                  [q.index_select(0, Bpp_t) for q in st.accum.blocks])
+        else:  # one column for every member's pairs (both sides), in one copy
+            both = torch.tensor(WB + WA, dtype=torch.float32, device=dev).unsqueeze(1)
+            WB_t, WA_t = both[:n], both[n:]
+        for k, (blk, chg) in enumerate(zip(st.params.blocks, st.merge_change.blocks)):
             old_a = blk.index_select(0, A_t)
             old_b = blk.index_select(0, B_t)
-            kernel.lerp_rows_gathered_(blk, B_t, old_a, WB_t, chg, before=old_b)
+            kernel.lerp_rows_gathered_(blk, B_t, old_a, WB_t[k] if per_coordinate else WB_t, chg, before=old_b)
             if A_pp:
-                kernel.lerp_rows_gathered_(blk, App_t, old_b.index_select(0, sel), WA_t, chg,
-                                           before=old_a.index_select(0, sel))
+                kernel.lerp_rows_gathered_(blk, App_t, old_b.index_select(0, sel), WA_t[k] if per_coordinate else WA_t,
+                                           chg, before=old_a.index_select(0, sel))
+        if per_coordinate:  # the supports are summed, not averaged (kernel.sum_pairs_, all members' pairs at once)
+            for q in st.accum.blocks:
+                old_a, old_b = q.index_select(0, A_t), q.index_select(0, B_t)
+                q.index_copy_(0, B_t, old_b.add(old_a))
+                if A_pp:
+                    q.index_copy_(0, App_t, old_a.index_select(0, sel).add(old_b.index_select(0, sel)))
 
 
 def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
     """Whether a member's gossip is a plain lerp of weights that :meth:`_Group.merge` may apply together with
-    other members': weights on the wire, no swaps, a column of weights (uniform or examples), no optimiser
+    other members': weights on the wire, no swaps, a column of weights (uniform or examples) or per-coordinate
+    weights from accumulators (adaptive: the group's members all have them, weighed at once), no optimiser
     state merged, no buffers, the holdout score (the running one moves with the models). Everything else is applied by the member's own backend."""
+    weighting = registry.WEIGHTINGS.get_object(policy.weighting)
     return (policy.scheme == "gossip" and not registry.PAYLOADS.get_object(policy.payload).public
-            and not policy.swap_p and st.accum is None and policy.score == "holdout"
+            and not policy.swap_p and policy.score == "holdout"
+            and (st.accum is None or (weighting.accumulators and not weighting.by_examples))
             and (policy.optimizer_state == "keep" or not st.optim.stacks())
             and model.n_trained_blocks == len(model.offsets))
 

@@ -29,18 +29,30 @@ class Weighting:
 
     def pair_weights(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray):
         """The weight on the incoming model for receivers ``own`` merging the rows ``incoming``: a ``[k, 1]``
-        column, or one ``[k, n]`` tensor per parameter block. A rule overrides :meth:`incoming_weights`,
-        which every path asks (sets of pairs, a clock's landings, the distributed ranks), not this."""
+        column, or one ``[k, n]`` tensor per parameter block. A rule overrides :meth:`incoming_weights` (and,
+        for a column, :meth:`column`), which every path asks (sets of pairs, a clock's landings, the distributed
+        ranks), not this."""
         acc = [blk.index_select(0, torch.as_tensor(incoming, device=blk.device)) for blk in st.accum.blocks] \
             if self.accumulators else None
         return self.incoming_weights(st, move, own, [float(st.examples[j]) for j in incoming.tolist()], acc)
+
+    def pair_column(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray) -> list[float]:
+        """:meth:`pair_weights` of a column rule as numbers (a population weighs every member's pairs into one
+        column); only for rules without accumulators."""
+        return self.column(st, move, own, [float(st.examples[j]) for j in incoming.tolist()])
+
+    def column(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float],
+               examples_of=None) -> list[float]:
+        """The weights of a column rule (no accumulators), as numbers: here the moves themselves."""
+        return list(move)
 
     def incoming_weights(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float], accum,
                          examples_of=None):
         """:meth:`pair_weights` with the incoming side's supports given: its example counters, and its
         accumulators as one ``[k, n]`` tensor per block (a payload's, when it was sent). ``own`` are rows
         of ``st``; ``examples_of``: the receivers' worker numbers in the counters, if not ``own``."""
-        return torch.tensor(move, dtype=torch.float32, device=st.params.device).unsqueeze(1)
+        w = self.column(st, move, own, examples, examples_of)
+        return torch.tensor(w, dtype=torch.float32, device=st.params.device).unsqueeze(1)
 
     def supports(self, st: Workers) -> list:
         """Per parameter block, the supports an all-reduce averages with (None: a plain mean)."""
@@ -56,11 +68,10 @@ class Examples(Weighting):
 
     by_examples = True
 
-    def incoming_weights(self, st, move, own, examples, accum, examples_of=None):
+    def column(self, st, move, own, examples, examples_of=None):
         ex = st.examples
         mine = own.tolist() if examples_of is None else examples_of
-        w = [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, mine, examples)]
-        return torch.tensor(w, dtype=torch.float32, device=st.params.device).unsqueeze(1)
+        return [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, mine, examples)]
 
     def supports(self, st):
         return [st.examples] * len(st.params.blocks)
