@@ -12,6 +12,7 @@ fields each best policy uses; each best policy is re-run on fresh seeds and fres
 there, the figure to compare). Run:
 
     .venv/bin/python benchmarks/compare_clock_fields.py [--study mnist-stragglers] [--trials 30] [--search-seeds 0 1 2]
+        [--arms without with]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--fresh-seeds", type=int, default=3)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--sampler", default="tpe")
+    ap.add_argument("--arms", nargs="+", choices=("without", "with"), default=["without", "with"],
+                    help="run only these arms (to finish a comparison stopped part way)")
     args = ap.parse_args()
     full = study.load(args.study)
     have = {p.name for p in full.search.space}
@@ -55,6 +58,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.search_seeds:
             for arm, st in arms.items():
+                if arm not in args.arms:
+                    continue
                 best, pol = best_of_search(st, seed, args.trials, args.sampler, tmp, f"{arm}-{seed}", data)
                 times = [simulate.simulate(setup, pol, s).final.time_to_target for s in fresh]
                 rows[arm].append({"seed": seed, "search": best["values"][0], "fresh": statistics.fmean(times),
@@ -67,6 +72,9 @@ def main() -> None:
     print("| space | best found (s) | on fresh seeds (s) |")
     print("|---|---|---|")
     for arm, rs in rows.items():
+        if not rs:
+            continue
+
         def ms(key):
             vals = [r[key] for r in rs]
             return f"{statistics.fmean(vals):.2f} +- {statistics.stdev(vals) if len(vals) > 1 else 0.0:.2f}"

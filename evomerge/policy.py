@@ -320,11 +320,14 @@ class MergePolicy:
         streaming = [k for k, off in STREAMING_OFF.items() if getattr(self, k) != off]
         if streaming:
             need = {"scheme": "allreduce", **OUTER_NEEDS, **STREAMING_NEEDS}
+            if self.payload == "delta" and self.outer_optimizer != "none":
+                need.pop("payload")  # each fragment's outer gradients compressed (the paper's 4-bit float's stand-in)
             for name, value in need.items():
                 if getattr(self, name) != value:
+                    also = " (or 'delta' with an outer step: compressed outer gradients)" if name == "payload" else ""
                     raise ConfigError(f"policy.{name}", f"{getattr(self, name)!r} cannot stream fragments "
                                                         f"({streaming[0]} {getattr(self, streaming[0])!r}); "
-                                                        f"allowed: {value!r}")
+                                                        f"allowed: {value!r}{also}")
             H = max(1, round(self.mean_interval))
             if self.fragments > H:
                 raise ConfigError("policy.fragments", f"{self.fragments} is more than the {H} local steps between "

@@ -156,6 +156,12 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
         raise ConfigError("policy.weighting", f"{policy.weighting!r} with a delta payload on the all-reduce scheme "
                                               "would need every rank's public copy on every rank, which the runtime "
                                               "does not keep (it keeps their sum); allowed: 'uniform'")
+    if plan_mod.compressed_outer(policy):  # streamed fragments' compressed sends are simulated in process only
+        for name, off in (("fragments", 1), ("fragment_delay", 0)):
+            if getattr(policy, name) != off:
+                raise ConfigError(f"policy.{name}", f"{getattr(policy, name)!r} with compressed outer gradients "
+                                                    "(payload 'delta' with an outer step) cannot run in a training "
+                                                    f"loop yet; allowed: {off!r}, or payload 'weights'")
     defaults = MergePolicy()
     for name, why in REFUSED.items():
         value = getattr(policy, name)

@@ -45,6 +45,6 @@ def test_bytes_charge_the_supports_that_travel_with_a_weighted_merge():
     assert adaptive.message(0) == 2 * 4 * n and adaptive.pair(0, 1) == 2 * 2 * 4 * n
     for w in ("adaptive", "examples"):
         ar = Bytes(MergePolicy(scheme="allreduce", weighting=w), n, None)
-        assert ar.allreduce(4) == 3 * 4 * 2 * 4 * n and ar.allreduce_share(None) == 3.0
+        assert ar.allreduce(4) == 3 * 4 * 2 * 4 * n and ar.allreduce_sizes(None) == (3.0 * 4 * n, 3.0 * 4 * n)
     examples = Bytes(MergePolicy(weighting="examples"), n, [2, 2, 2, 2])
     assert examples.pair(0, 1) == 2 * 4 * n  # its counter rides in the message's few bytes of metadata

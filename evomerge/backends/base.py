@@ -58,6 +58,7 @@ class Backend(ABC):
         self.fragments = plan_mod.fragments_of(policy, setup.model) if policy.fragments > 1 else None
         self._in_flight: dict[int, dict] = {}
         self._sending: dict[int, dict] = {}
+        self._owing: dict[int, dict] = {}  # compressed outer gradients of fragments in flight: what each worker owes
         # DiLoCo's outer gradients compressed (payload delta with an outer step): each worker sends its change since
         # its public copy, which is the anchor less what it has not sent yet (error feedback)
         self.outer_delta = plan_mod.compressed_outer(policy)

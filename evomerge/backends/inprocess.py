@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..engine import datapool, similarity
+from ..engine import datapool, ops, similarity
 from ..engine import kernel, plan as plan_mod
 from ..engine import run as run_mod, setup as setup_mod
 from ..engine.plan import PairSet
@@ -269,6 +269,14 @@ class InProcess(Backend):
             run_mod.update(self.setup, st)
             return
         every = np.arange(W)
+        if self.outer_delta and (self.fragment(event) is not None or p.fragment_alpha):  # streamed, landing now
+            models, sends = self._fragment_sent(event, list(range(W)))
+            st.optim.merge_all(p.optimizer_state, self.weighting.supports(st), weight)
+            kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules,
+                                [models.get(b) for b in range(len(st.params.blocks))], self.weighting.supports(st),
+                                weight, False, st.outer, self.setup.model.offsets, self.fragment(event))
+            self._fragment_owed(event, list(range(W)), sends)
+            return
         if self.outer_delta:  # compressed outer gradients (MuLoCo): the anchor plus each worker's sent change
             before, rows = st.base.rows().clone(), st.params.rows().clone()
             public = self.payload.outgoing(st, p, self.seed, every, np.full(W, event), list(range(W)))
@@ -289,15 +297,64 @@ class InProcess(Backend):
     # -- Streaming DiLoCo: a fragment's all-reduce sent now, landed fragment_delay steps later -------------
     def allreduce_start(self, event: int) -> None:
         """The workers' average of the event's fragment as they are now (and its outer step), kept until
-        :meth:`allreduce_finish` (streaming needs uniform weighting and a weights payload: the rows themselves)."""
+        :meth:`allreduce_finish` (streaming needs uniform weighting: the rows themselves, or with compressed outer
+        gradients the anchor plus what each sent)."""
         st = self.state
+        models = st.params.blocks
+        if self.outer_delta:
+            sent, self._owing[event] = self._fragment_sent(event, list(range(self.W)))
+            models = [sent.get(b) for b in range(len(st.params.blocks))]
         self._in_flight[event] = kernel.average_targets_(
-            st.params.blocks, self.rules, st.params.blocks, self.weighting.supports(st), False, st.outer,
+            st.params.blocks, self.rules, models, self.weighting.supports(st), False, st.outer,
             self.setup.model.offsets, self.fragment(event))
 
     def allreduce_finish(self, event: int, weight: float) -> None:
         st = self.state
         kernel.lerp_targets_(st.params.blocks, st.merge_change.blocks, self._in_flight.pop(event), weight)
+        if event in self._owing:
+            self._fragment_owed(event, list(range(self.W)), self._owing.pop(event))
+
+    # -- Streaming DiLoCo with compressed outer gradients ---------------------------------------------------
+    def _fragment_blocks(self, event: int) -> list[int]:
+        only = self.fragment(event)
+        return list(range(len(self.state.params.blocks))) if only is None else only
+
+    def _fragment_sent(self, event: int, workers: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, tuple]]:
+        """Each of ``workers`` sends its change since its public copy on the event's fragment, compressed as a whole
+        model's is (:func:`ops.compress`, the same generator), and its public copy there moves by what it sent.
+        Returns per block of the fragment the models averaged, ``[len(workers), n]``: the anchor plus each sent change
+        (:func:`kernel.outer_gradient_targets`); and per worker its rows and its public copy there after the send,
+        what :func:`kernel.owed_public` takes when the average lands (error feedback)."""
+        st, p = self.state, self.p
+        only, offsets = self._fragment_blocks(event), self.setup.model.offsets
+        sizes = [offsets[b][1] for b in only]
+        anchor = torch.cat([st.outer.anchor[offsets[b][0]:offsets[b][0] + offsets[b][1]] for b in only])
+        models, sends = [], {}
+        for w in workers:
+            k = self.pos[w]
+            now = torch.cat([st.params.blocks[b][k] for b in only])
+            before = torch.cat([st.base.blocks[b][k] for b in only])
+            gen = plan_mod.quant_generator(self.seed, event, w) if p.quantize_bits else None
+            public = ops.apply_delta(before, ops.compress(ops.delta(now, before), p.topk_fraction, p.quantize_bits, gen))
+            for b, part in zip(only, public.split(sizes)):
+                st.base.blocks[b][k].copy_(part)
+            models.append(kernel.outer_gradient_targets(anchor, public.unsqueeze(0), before.unsqueeze(0))[0])
+            sends[w] = (now, public)
+        return dict(zip(only, torch.stack(models).split(sizes, dim=1))), sends
+
+    def _fragment_owed(self, event: int, workers: list[int], sends: dict[int, tuple]) -> None:
+        """The fragment has landed at ``workers``: each one's public copy there is the new anchor (the global value
+        the pseudo-gradient is taken from, whatever ``fragment_alpha`` mixed into the rows) less what it did not send
+        (:func:`kernel.owed_public`), so that its next change sent carries the rest."""
+        st = self.state
+        only, offsets = self._fragment_blocks(event), self.setup.model.offsets
+        sizes = [offsets[b][1] for b in only]
+        anchor = torch.cat([st.outer.anchor[offsets[b][0]:offsets[b][0] + offsets[b][1]] for b in only])
+        for w in workers:
+            k = self.pos[w]
+            rows, public = sends.pop(w)
+            for b, part in zip(only, kernel.owed_public(anchor, rows, public).split(sizes)):
+                st.base.blocks[b][k].copy_(part)
 
     # -- asynchronous DiLoCo: pushes to the server, in the clock's order -------------------------------------------
     def async_push(self, workers: list[int]) -> None:
@@ -319,7 +376,12 @@ class InProcess(Backend):
         st, only = self.state, self.fragment(event)
         blocks = range(len(st.params.blocks)) if only is None else only
         sent = self._sending.setdefault(event, {})
-        for w in workers:
+        if self.outer_delta:  # compressed outer gradients: the anchor plus what each sent, owed the rest
+            models, sends = self._fragment_sent(event, workers)
+            self._owing.setdefault(event, {}).update(sends)
+            for i, w in enumerate(workers):
+                sent[w] = {b: models[b][i] for b in blocks}
+        for w in workers if not self.outer_delta else ():
             k = self.pos[w]
             sent[w] = {b: st.params.blocks[b][k].clone() for b in blocks}
         if len(sent) < self.W:
@@ -346,6 +408,10 @@ class InProcess(Backend):
                 k = self.pos[w]
                 kernel.lerp_targets_([blk[k:k + 1] for blk in st.params.blocks],
                                      [chg[k:k + 1] for chg in st.merge_change.blocks], targets, weight)
+        if event in self._owing:
+            self._fragment_owed(event, workers, self._owing[event])
+            if not self._owing[event]:
+                del self._owing[event]
         left.difference_update(workers)
         if not left:
             del self._in_flight[event]

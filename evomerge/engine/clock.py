@@ -625,8 +625,8 @@ class Simulation:
             self.push(t_done, "go", v)
 
     def ring(self, e: int) -> float:
-        share = self.cost.allreduce_share(None if self.sched.fragment is None else int(self.sched.fragment[e]))
-        return self.net.ring_allreduce(self.cost.sent * share, self.cost.dense * share)
+        return self.net.ring_allreduce(
+            *self.cost.allreduce_sizes(None if self.sched.fragment is None else int(self.sched.fragment[e])))
 
     def serve(self, t: float, data) -> None:
         """Asynchronous DiLoCo's server steps at ``t`` on the pushes it serves now, one batch: ``data`` and every other

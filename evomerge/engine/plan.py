@@ -165,9 +165,11 @@ class Bytes:
         self.data = policy.data_exchange_k * example_bytes if policy.scheme == "gossip" else 0
         # Streaming DiLoCo: an all-reduce of fragment j sends that fragment's numbers only
         self.fragments = fragments_of(policy, model) if model is not None and policy.fragments > 1 else None
-        self.fragment_bytes = None if self.fragments is None else [
-            ops.payload_bytes(sum(model.offsets[k][1] for k in blocks)) for blocks in self.fragments]
         payload = registry.PAYLOADS.get_object(policy.payload)()
+        # per fragment (dense bytes, bytes sent): a compressed outer gradient sends the fragment compressed
+        sizes = [] if self.fragments is None else [sum(model.offsets[k][1] for k in blocks) for blocks in self.fragments]
+        self.fragment_bytes = None if self.fragments is None else [ops.payload_bytes(n) for n in sizes]
+        self.fragment_sent = None if self.fragments is None else [payload.wire_bytes(n, policy) for n in sizes]
         weighting = registry.WEIGHTINGS.get_object(policy.weighting)()
         self.dense = ops.payload_bytes(n_params)
         self.sent = payload.wire_bytes(n_params, policy)
@@ -208,16 +210,16 @@ class Bytes:
         return regroup_bytes(workers, self.similarity)
 
     def allreduce(self, workers: int, fragment: int | None = None) -> int:
-        if fragment is not None and self.fragment_bytes is not None:  # weights payload, optimiser state kept
-            return workers * 2 * self.fragment_bytes[fragment] * self.rows
+        if fragment is not None and self.fragment_bytes is not None:  # optimiser state kept, uniform weights
+            return workers * (self.fragment_sent[fragment] + self.fragment_bytes[fragment])
         return workers * ((self.sent + self.dense) * self.rows + 2 * self.state)
 
-    def allreduce_share(self, fragment: int | None) -> float:
-        """How many models' worth an all-reduce of ``fragment`` moves (1 for the whole model, times the rows a
-        weighted all-reduce sums)."""
+    def allreduce_sizes(self, fragment: int | None) -> tuple[float, float]:
+        """What one worker sends into an all-reduce of ``fragment`` (None: the whole model) and the dense average it
+        takes back, in bytes (times the rows a weighted all-reduce sums): the clock's ring all-reduce of these."""
         if fragment is None or self.fragment_bytes is None:
-            return float(self.rows)
-        return self.rows * self.fragment_bytes[fragment] / self.dense
+            return float(self.sent * self.rows), float(self.dense * self.rows)
+        return float(self.fragment_sent[fragment]), float(self.fragment_bytes[fragment])
 
 
 def gathers_similarity(policy: MergePolicy) -> bool:
