@@ -46,6 +46,11 @@ POLICIES = {
                                           quantize_bits=1),
     "swaps + data by similarity": MergePolicy(topology="complete", swap_p=0.3, swap_recency=0.5, swap_confidence=0.5,
                                               data_exchange_k=16, data_similarity_sign=1.0, similarity_bias=0.5),
+    "streaming, compressed outer": MergePolicy(scheme="allreduce", mean_interval=14, mixing_weight=1.0,
+                                               outer_optimizer="nesterov", outer_lr=0.7, outer_momentum=0.9,
+                                               fragments=2, fragment_delay=1, fragment_alpha=0.5, payload="delta",
+                                               topk_fraction=0.1, quantize_bits=4),
+    "examples-weighted allreduce": MergePolicy(scheme="allreduce", mean_interval=5, weighting="examples"),
 }
 # on a simulated clock (mnist-stragglers): the simulated times depend on the schedule alone, so they must be equal
 CLOCK_POLICIES = {
@@ -55,6 +60,7 @@ CLOCK_POLICIES = {
     "swaps + data by similarity": POLICIES["swaps + data by similarity"],
     "regroup by similarity": MergePolicy(topology="communities", regroup_every=2, similarity_bias=0.5),
     "slowmo over gossip": POLICIES["slowmo over gossip"],
+    "streaming, compressed outer": POLICIES["streaming, compressed outer"],
 }
 
 

@@ -157,7 +157,7 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
                                               "would need every rank's public copy on every rank, which the runtime "
                                               "does not keep (it keeps their sum); allowed: 'uniform'")
     if plan_mod.compressed_outer(policy):  # streamed fragments' compressed sends are simulated in process only
-        for name, off in (("fragments", 1), ("fragment_delay", 0)):
+        for name, off in STREAMING_OFF.items():
             if getattr(policy, name) != off:
                 raise ConfigError(f"policy.{name}", f"{getattr(policy, name)!r} with compressed outer gradients "
                                                     "(payload 'delta' with an outer step) cannot run in a training "

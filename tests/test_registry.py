@@ -37,6 +37,13 @@ def test_a_registered_weighting_is_a_valid_policy_value_and_changes_the_run(mnis
         timed = simulate.simulate(free, MergePolicy(weighting="halved", mean_interval=2), 0, device="cpu")
         assert timed.final.val_accuracy == halved.final.val_accuracy
         assert timed.final.consensus_distance == halved.final.consensus_distance
+        # in a population (merges applied together, the CUDA default) the rule is the member's own, still
+        from evomerge.backends.population import Member, run_population
+
+        pols = [MergePolicy(weighting="halved", mean_interval=2), MergePolicy(mean_interval=2)]
+        members = run_population(setup, [Member(p, 0) for p in pols], "cpu", cross=True)
+        assert members[0].final.consensus_distance == halved.final.consensus_distance
+        assert members[1].final.consensus_distance == plain.final.consensus_distance
         from evomerge.backends import check_policy
 
         with pytest.raises(ConfigError, match="policy.weighting: 'halved' is not supported by the distributed backend"):

@@ -336,5 +336,9 @@ def test_streamed_compressed_outer_gradients_are_refused_where_they_do_not_run()
         runtime.check_policy(policy, 4)
     with pytest.raises(ConfigError, match=r"^policy\.fragment_delay: 2 with compressed outer gradients"):
         runtime.check_policy(P(**DILOCO, fragment_delay=2, payload="delta", topk_fraction=0.2), 4)
+    with pytest.raises(ConfigError, match=r"^policy\.fragment_alpha: 0\.5 with compressed outer gradients"):
+        runtime.check_policy(P(**DILOCO, fragment_alpha=0.5, payload="delta", topk_fraction=0.2), 4)
+    with pytest.raises(ConfigError, match=r"^policy\.fragment_pattern: 'strided' with compressed outer gradients"):
+        runtime.check_policy(P(**DILOCO, fragment_pattern="strided", payload="delta", topk_fraction=0.2), 4)
     with pytest.raises(ConfigError, match=r"^policy\.payload: 'delta'"):
         backends.check_policy("distributed", policy)

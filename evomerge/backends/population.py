@@ -159,6 +159,7 @@ class _Group:
         one winner-test forward for every pair that needs it, then per parameter block one gather, lerp and
         scatter for all pairs. The arithmetic of :meth:`InProcess.pairs` (the tests hold them bit for bit)."""
         from ..engine import plan as plan_mod
+        from ..engine.weighting import Adaptive
 
         st, model = self.state, setup.model
         dev = st.params.device
@@ -205,11 +206,11 @@ class _Group:
                                 device=dev)
         B_t, A_t, App_t, sel = index.split([n, n, len(App_np), len(App_np)])
         if per_coordinate:  # every member's weights from the supports before this set, as its own backend takes them
-            weighting = items[0][0].backend.weighting
-            WB_t = weighting.incoming_weights(st, move_b, B_np, [], [q.index_select(0, A_t) for q in st.accum.blocks])
+            weighting = Adaptive()  # the one rule with accumulators applied together (_weighed_together)
+            WB_t = weighting.incoming_weights(st, move_b, B_t, [], [q.index_select(0, A_t) for q in st.accum.blocks])
             if A_pp:
                 Bpp_t = B_t.index_select(0, sel)
-                WA_t = weighting.incoming_weights(st, move_a, App_np, [],
+                WA_t = weighting.incoming_weights(st, move_a, App_t, [],
                                                   [q.index_select(0, Bpp_t) for q in st.accum.blocks])
         else:  # one column for every member's pairs (both sides), in one copy
             both = torch.tensor(WB + WA, dtype=torch.float32, device=dev).unsqueeze(1)
@@ -234,12 +235,23 @@ def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
     other members': weights on the wire, no swaps, a column of weights (uniform or examples) or per-coordinate
     weights from accumulators (adaptive: the group's members all have them, weighed at once), no optimiser
     state merged, no buffers, the holdout score (the running one moves with the models). Everything else is applied by the member's own backend."""
-    weighting = registry.WEIGHTINGS.get_object(policy.weighting)
     return (policy.scheme == "gossip" and not registry.PAYLOADS.get_object(policy.payload).public
-            and not policy.swap_p and policy.score == "holdout"
-            and (st.accum is None or (weighting.accumulators and not weighting.by_examples))
+            and not policy.swap_p and policy.score == "holdout" and _weighed_together(policy)
             and (policy.optimizer_state == "keep" or not st.optim.stacks())
             and model.n_trained_blocks == len(model.offsets))
+
+
+def _weighed_together(policy: MergePolicy) -> bool:
+    """Whether :meth:`_Group._pairs` may weigh a member's pairs with the others': a column rule that gives its weights
+    as numbers (:meth:`Weighting.column`, not its own ``incoming_weights``), or the adaptive rule itself (its
+    per-coordinate weights from the group's accumulators). A rule of a user's that overrides ``incoming_weights``
+    is applied by the member's own backend."""
+    from ..engine.weighting import Adaptive, Weighting
+
+    rule = registry.WEIGHTINGS.get_object(policy.weighting)
+    if rule.accumulators:
+        return not rule.by_examples and rule.incoming_weights is Adaptive.incoming_weights
+    return rule.incoming_weights is Weighting.incoming_weights
 
 
 def run_population(setup: Setup, members: list[Member], device: str | torch.device | None = None, *,

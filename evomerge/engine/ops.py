@@ -64,7 +64,7 @@ def weighted_average(params: torch.Tensor, support: torch.Tensor | None = None) 
     """
     if support is None:
         return params.mean(0), None
-    s = support.to(params.dtype)
+    s = support.to(device=params.device, dtype=params.dtype)  # example counters live on the host
     while s.dim() < params.dim():
         s = s.unsqueeze(-1)
     return average_from_sums((s * params).sum(0), s.sum(0), params.mean(0)), support.sum(0)

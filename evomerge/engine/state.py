@@ -46,8 +46,10 @@ class Workers:
         self.momentum = self.optim.momentum  # SGD's momentum (None for Adam, or without momentum)
         accumulators = registry.WEIGHTINGS.get_object(policy.weighting).accumulators
         self.accum = self.params.like() if accumulators else None
-        # example counters of every worker: a function of the schedule alone, so every backend keeps all of them
-        self.examples = torch.zeros(workers, dtype=torch.float64, device=device if rows is None else "cpu")
+        # example counters of every worker: a function of the schedule alone, so every backend keeps all of them; on
+        # the host, where the merges' Python reads and adds them one pair at a time (on a GPU each would be a kernel
+        # and a read back); a weighted average takes them to the parameters' device (ops.weighted_average)
+        self.examples = torch.zeros(workers, dtype=torch.float64)
         self.base = self.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
@@ -92,7 +94,7 @@ class Workers:
             raise ValueError(f"weighting {policy.weighting!r} needs a population state with accumulators")
         if not accumulators:
             st.accum = None
-        st.examples = torch.zeros(run.workers, dtype=torch.float64, device=self.params.device)
+        st.examples = torch.zeros(run.workers, dtype=torch.float64)  # on the host, as in __init__
         st.base = st.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
         st.model_at = np.arange(st.W)
         st.outer = kernel.outer_for(policy, self.params.model, lambda: st.params.row(0),  # members start equal
