@@ -179,3 +179,36 @@ def test_buffers_are_not_counted_as_updates_distances_or_similarity(bn):
     assert f.local_update_norm == 0 and f.update_norm == 0 and f.consensus_distance == 0
     assert f.similarity_mean == 1.0
     assert float(res.params[0, -1]) == frozen.total_steps and not torch.equal(res.params[0, -9:-5], res.params[1, -9:-5])
+
+
+def plain_sequential():
+    """A user's plain MLP: flatten, linears (one without bias) and elementwise activations."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 48), nn.GELU(), nn.Linear(48, 24, bias=False), nn.Tanh(),
+                         nn.Linear(24, 10))
+
+
+def test_a_plain_sequential_runs_stacked_in_batched_matmuls_and_gives_the_same_run(setup):
+    """A plain nn.Sequential MLP runs its stacked steps as batched matrix products (models.generic.sequential_plan),
+    not vmap over functional_call; the run equals the vmap path and the loop of modules to float tolerance."""
+    from evomerge.models.generic import sequential_plan
+
+    assert [op[0] for op in sequential_plan(plain_sequential())] == ["flatten", "linear", "act", "linear", "act",
+                                                                      "linear"]
+    for other in (nn.Sequential(nn.Flatten(), nn.Linear(784, 10), nn.Dropout(0.1)),  # random: the loop's keyed masks
+                  nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.BatchNorm1d(16), nn.Linear(16, 10)),  # buffers
+                  nn.Sequential(nn.Flatten(start_dim=2), nn.Linear(28, 10)),
+                  small_bn()):
+        assert sequential_plan(other) is None, other
+    runs = {}
+    for name, execution, plan in (("matmuls", "stacked", True), ("vmap", "stacked", False), ("loop", "loop", True)):
+        model = GenericModel(plain_sequential, (28, 28), 10, execution=execution)
+        if not plan:
+            model.plan = None
+        assert (model.plan is not None) == plan
+        runs[name] = simulate.simulate(_with(setup, model), MergePolicy(), 1, device="cpu", keep_params=True)
+    for name in ("vmap", "loop"):
+        a, b = runs["matmuls"], runs[name]
+        assert torch.allclose(a.params, b.params, atol=1e-5), (name, (a.params - b.params).abs().max())
+        for ha, hb in zip(a.history, b.history):
+            assert ha.val_loss == pytest.approx(hb.val_loss, abs=1e-5) and ha.bytes == hb.bytes
+    assert not torch.equal(runs["matmuls"].params[0], runs["matmuls"].params[1])  # the workers trained apart
