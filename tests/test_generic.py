@@ -197,6 +197,7 @@ def test_a_plain_sequential_runs_stacked_in_batched_matmuls_and_gives_the_same_r
     for other in (nn.Sequential(nn.Flatten(), nn.Linear(784, 10), nn.Dropout(0.1)),  # random: the loop's keyed masks
                   nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.BatchNorm1d(16), nn.Linear(16, 10)),  # buffers
                   nn.Sequential(nn.Flatten(start_dim=2), nn.Linear(28, 10)),
+                  nn.Sequential(nn.Linear(28, 10), nn.Flatten(), nn.Linear(280, 10)),
                   small_bn()):
         assert sequential_plan(other) is None, other
     runs = {}
