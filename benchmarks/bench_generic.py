@@ -2,8 +2,9 @@
 
 1. The generic path against the hand-written MLP (784-128-10, SGD, batch 32 per worker) at
    W = 8 and W = 64: one local step of all W workers (forward, backward, update), each the
-   way a run takes it (the MLP's fused SGD step; the generic model's functional_call under
-   vmap, autograd over the stacked leaves, the batched optimiser).
+   way a run takes it (the MLP's fused SGD step; the generic model's batched matmuls for a plain
+   nn.Sequential, autograd over the stacked leaves, the batched optimiser), and the generic model
+   through functional_call under vmap as it ran before (``generic via vmap``).
 2. Models a user brings, with AdamW, against a Python loop over W nn.Modules, each with its own
    torch.optim.AdamW, on the same batches: a plain two-conv BatchNorm CNN, the Fashion-MNIST
    example's ResNet (width 8), and two held out from the choice of strategy: a 3-layer CNN with
@@ -19,6 +20,7 @@ Each case is timed in rounds that alternate the contenders (interleaved), and th
 and their ratio are printed. Run:
 
     .venv/bin/python benchmarks/bench_generic.py [--workers 8 64] [--repeats 5] [--steps 10] [--device cuda]
+        [--models mlp modules]
 
 On CUDA every contender's parameters and batches live on the GPU, and each timing ends with a
 synchronize.
@@ -188,6 +190,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--models", nargs="+", choices=("mlp", "modules"), default=["mlp", "modules"],
+                    help="the MLP against its hand-written twin, and/or the modules against a loop of modules")
     a = ap.parse_args(argv)
     dev = a.device
     where = torch.cuda.get_device_name(0) if torch.device(dev).type == "cuda" else f"{torch.get_num_threads()} threads"
@@ -198,10 +202,16 @@ def main(argv=None):
     for W in a.workers:
         data = batches(W, a.batch, (28, 28), a.steps, device=dev)
         sgd = Run("sgd", 0.05)
-        med = timed({"hand-written": Stacked(mlp, W, sgd, dev),
-                     "generic": Stacked(GenericModel(mlp.module, (28, 28), 10), W, sgd, dev)},
-                    data, a.repeats)
-        show("MLP 784-128-10, SGD", W, med, "hand-written", "generic")
+        if "mlp" in a.models:
+            vmapped = GenericModel(mlp.module, (28, 28), 10)
+            vmapped.plan = None  # the plain Sequential's batched matmuls off: vmap over functional_call, as before
+            med = timed({"hand-written": Stacked(mlp, W, sgd, dev),
+                         "generic": Stacked(GenericModel(mlp.module, (28, 28), 10), W, sgd, dev),
+                         "generic via vmap": Stacked(vmapped, W, sgd, dev)},
+                        data, a.repeats)
+            show("MLP 784-128-10, SGD", W, med, "hand-written", "generic")
+        if "modules" not in a.models:
+            continue
         data = batches(W, a.batch, (1, 28, 28), a.steps, device=dev)
         adamw = Run("adamw", 0.003, 0.01)
         for name, build in (("BatchNorm CNN (2 conv), AdamW", bn_cnn), ("ResNet example (w=8), AdamW", resnet),

@@ -393,6 +393,21 @@ class GenericModel(StackedModel):
             b.copy_(new)
         return losses.detach()
 
+    def sgd_step_(self, params, x, y, lr):
+        """Plain SGD for a :func:`sequential_plan` model run ``stacked``: each gradient taken from the leaves straight
+        into ``p -= lr g`` (what the batched optimiser does with it), without the gradient stack's copy and pass;
+        None for any other model, strategy, or with frozen parameters (the caller then takes :meth:`loss_and_grad`)."""
+        if self.plan is None or self.execution != "stacked" or self.frozen:
+            return None
+        with torch.enable_grad():  # the caller may step under no_grad (the in-place update is)
+            leaves = [p.detach().requires_grad_(True) for p in params]
+            losses, objective = self.task.train_losses(self._sequential(leaves, x, 0), y)
+            grads = torch.autograd.grad(objective.sum(), leaves)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=-lr)
+        return losses.detach()
+
     @torch.no_grad()
     def logits(self, params, x, chunk: int = 2048, execution: str | None = None):
         """Outputs ``[W, N, ...]`` on shared inputs ``x`` (not copied per worker)."""
