@@ -374,8 +374,11 @@ def test_merger_averages_the_optimizers_state_as_the_engine(folder, data_dir, tm
         got = result(out, i)["consensus"]
         res = simulate.simulate(st, MergePolicy.from_dict(pols[name]), 0, device=DEVICE, keep_params=True)
         want = res.params.mean(0).cpu()
-        # Adam divides by the root of its second moment, which amplifies float noise on a few coordinates
-        tol = (1e-5 if DEVICE == "cpu" else 1e-4) if optimizer == "sgd" else 2e-3
+        # Adam divides by the root of its second moment, which amplifies float noise on a few coordinates. The
+        # engine multiplies a plain nn.Sequential feature-major (W @ h^T, models.generic.sequential_plan), torch's
+        # nn.Linear batch-major: the same sums in another order, whose last bits momentum carries (measured: 1.7e-5
+        # on 4 of 12730 coordinates for fedavg-state; the mean, checked first, stays under 1e-6)
+        tol = (5e-5 if DEVICE == "cpu" else 1e-4) if optimizer == "sgd" else 2e-3
         assert (got - want).abs().mean() < (1e-6 if optimizer == "sgd" else 2e-5), name
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
     assert (result(out, 0)["consensus"] - result(out, 3)["consensus"]).abs().max() > 1e-3  # averaged != kept
