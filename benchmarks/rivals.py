@@ -8,7 +8,8 @@ Arms, each searched by CMA-ES (categoricals by Optuna's independent sampler, as 
 shipped study's data, model, workers and [environment]:
 
 - ``diloco``: scheme allreduce with the outer Nesterov step; searched: the local steps H (``mean_interval``,
-  log [2, 100]), ``outer_lr`` log [0.1, 2], ``outer_momentum`` [0, 0.95] and ``run.lr`` log [0.01, 0.5]; on the
+  log [2, 100]), ``outer_lr`` log [0.1, 2], ``outer_momentum`` [0, 0.95] and ``run.lr`` log [0.01, 0.5] (with Adam
+  or AdamW, as tiny-lm trains: log [0.001, 0.05]); on the
   time studies also Streaming DiLoCo's ``fragments`` {1, 2, 4}, ``fragment_delay`` [0, 4], ``fragment_alpha``
   [0, 0.5].
 - ``evomerge``: the study's own [search.space] (scheme, gossip fields, the outer step) plus ``run.lr`` log
@@ -57,9 +58,27 @@ STREAMING_SPACE = (Param("fragments", "categorical", choices=(1, 2, 4)), Param("
                    Param("fragment_alpha", "float", 0.0, 0.5))
 
 
+ADAM_LR = Param("run.lr", "log-float", 0.001, 0.05)  # the inner lr of a study that trains with Adam(W)
+
+
+def _lr_for(s, space: tuple) -> tuple:
+    """``space`` with the inner lr's range for the study's optimiser (SGD's [0.01, 0.5] diverges under AdamW)."""
+    if s.run.optimizer in ("adam", "adamw"):
+        return tuple(ADAM_LR if p is LR else p for p in space)
+    return space
+
+
 def arms(s) -> dict:
     # CMA-ES takes one objective (the study's first); no baselines: each arm's best is re-run here instead
     s = dataclasses.replace(s, objectives=s.objectives[:1], baselines=())
+    out = _arms(s)
+    for name, arm in out.items():
+        out[name] = dataclasses.replace(arm, search=dataclasses.replace(arm.search,
+                                                                        space=_lr_for(s, arm.search.space)))
+    return out
+
+
+def _arms(s) -> dict:
     space = DILOCO_SPACE + (STREAMING_SPACE if s.environment is not None else ())  # time studies: Streaming DiLoCo
     diloco = dataclasses.replace(
         s, name=f"{s.name}-rival-diloco",
@@ -84,11 +103,16 @@ def is_diloco(p: MergePolicy) -> bool:
 
 
 def reevaluate(s, data, policy: MergePolicy, run: dict, seeds: list[int]) -> dict:
+    """The best policy on fresh seeds: the study's objective (its first: time to target, perplexity, ...) and the
+    validation accuracy."""
     setup = simulate.prepare(with_run(s, run), data=data)
     finals = [simulate.simulate(setup, policy, seed).final for seed in seeds]
     out = {"val_accuracy": [f.val_accuracy for f in finals]}
     if s.target is not None:
         out["time_to_target"] = [f.time_to_target for f in finals]
+    obj = s.objectives[0]
+    if obj not in out:
+        out[obj] = [getattr(f, obj) for f in finals]
     return out
 
 
@@ -135,7 +159,7 @@ def table(results: dict) -> None:
     print("|---|---|---|---|---|---|---|")
     for key, r in results.items():
         ev = r["eval"]
-        obj = "time_to_target" if "time_to_target" in ev else "val_accuracy"
+        obj = next((k for k in ev if k != "val_accuracy"), "val_accuracy")  # the study's objective
         v = ev[obj]
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         print(f"| {r['study']} | {r['arm']} | {r['search_seed']} | {obj} {statistics.fmean(v):.4g} ± {sd:.2g} | "
