@@ -271,9 +271,10 @@ class InProcess(Backend):
         every = np.arange(W)
         if self.outer_delta and (self.fragment(event) is not None or p.fragment_alpha):  # streamed, landing now
             models, sends = self._fragment_sent(event, list(range(W)))
-            st.optim.merge_all(p.optimizer_state, self.weighting.supports(st), weight)
+            supports = self.weighting.supports(st)
+            st.optim.merge_all(p.optimizer_state, supports, weight)
             kernel.average_all_(st.params.blocks, st.merge_change.blocks, self.rules,
-                                [models.get(b) for b in range(len(st.params.blocks))], self.weighting.supports(st),
+                                [models.get(b) for b in range(len(st.params.blocks))], supports,
                                 weight, False, st.outer, self.setup.model.offsets, self.fragment(event))
             self._fragment_owed(event, list(range(W)), sends)
             return
@@ -315,9 +316,13 @@ class InProcess(Backend):
             self._fragment_owed(event, list(range(self.W)), self._owing.pop(event))
 
     # -- Streaming DiLoCo with compressed outer gradients ---------------------------------------------------
-    def _fragment_blocks(self, event: int) -> list[int]:
+    def _fragment_parts(self, event: int) -> tuple[list[int], list[int], torch.Tensor]:
+        """The event's fragment: its blocks (every block without fragments), their sizes, and the anchor there."""
         only = self.fragment(event)
-        return list(range(len(self.state.params.blocks))) if only is None else only
+        only = list(range(len(self.state.params.blocks))) if only is None else only
+        offsets, anchor = self.setup.model.offsets, self.state.outer.anchor
+        return only, [offsets[b][1] for b in only], torch.cat([anchor[offsets[b][0]:offsets[b][0] + offsets[b][1]]
+                                                              for b in only])
 
     def _fragment_sent(self, event: int, workers: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, tuple]]:
         """Each of ``workers`` sends its change since its public copy on the event's fragment, compressed as a whole
@@ -326,9 +331,7 @@ class InProcess(Backend):
         (:func:`kernel.outer_gradient_targets`); and per worker its rows and its public copy there after the send,
         what :func:`kernel.owed_public` takes when the average lands (error feedback)."""
         st, p = self.state, self.p
-        only, offsets = self._fragment_blocks(event), self.setup.model.offsets
-        sizes = [offsets[b][1] for b in only]
-        anchor = torch.cat([st.outer.anchor[offsets[b][0]:offsets[b][0] + offsets[b][1]] for b in only])
+        only, sizes, anchor = self._fragment_parts(event)
         models, sends = [], {}
         for w in workers:
             k = self.pos[w]
@@ -347,9 +350,7 @@ class InProcess(Backend):
         the pseudo-gradient is taken from, whatever ``fragment_alpha`` mixed into the rows) less what it did not send
         (:func:`kernel.owed_public`), so that its next change sent carries the rest."""
         st = self.state
-        only, offsets = self._fragment_blocks(event), self.setup.model.offsets
-        sizes = [offsets[b][1] for b in only]
-        anchor = torch.cat([st.outer.anchor[offsets[b][0]:offsets[b][0] + offsets[b][1]] for b in only])
+        only, sizes, anchor = self._fragment_parts(event)
         for w in workers:
             k = self.pos[w]
             rows, public = sends.pop(w)
@@ -381,9 +382,9 @@ class InProcess(Backend):
             self._owing.setdefault(event, {}).update(sends)
             for i, w in enumerate(workers):
                 sent[w] = {b: models[b][i] for b in blocks}
-        for w in workers if not self.outer_delta else ():
-            k = self.pos[w]
-            sent[w] = {b: st.params.blocks[b][k].clone() for b in blocks}
+        else:
+            for w in workers:
+                sent[w] = {b: st.params.blocks[b][self.pos[w]].clone() for b in blocks}
         if len(sent) < self.W:
             return False
         models = [torch.stack([sent[w][b] for w in range(self.W)]) if b in blocks else None

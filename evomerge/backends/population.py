@@ -222,12 +222,8 @@ class _Group:
             if A_pp:
                 kernel.lerp_rows_gathered_(blk, App_t, old_b.index_select(0, sel), WA_t[k] if per_coordinate else WA_t,
                                            chg, before=old_a.index_select(0, sel))
-        if per_coordinate:  # the supports are summed, not averaged (kernel.sum_pairs_, all members' pairs at once)
-            for q in st.accum.blocks:
-                old_a, old_b = q.index_select(0, A_t), q.index_select(0, B_t)
-                q.index_copy_(0, B_t, old_b.add(old_a))
-                if A_pp:
-                    q.index_copy_(0, App_t, old_a.index_select(0, sel).add(old_b.index_select(0, sel)))
+        if per_coordinate:  # the supports are summed, not averaged (all members' pairs at once)
+            kernel.sum_pairs_gathered_(st.accum.blocks, A_t, B_t, App_t, sel)
 
 
 def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:

@@ -402,6 +402,18 @@ def sum_pairs_(blocks: list[torch.Tensor], a: Sequence[int], b: Sequence[int], p
             sum_rows_(blk, a, old_b)
 
 
+def sum_pairs_gathered_(blocks: list[torch.Tensor], a: torch.Tensor, b: torch.Tensor,
+                        a_pp: torch.Tensor | None = None, sel: torch.Tensor | None = None) -> None:
+    """:func:`sum_pairs_` as gathers and scatters over all pairs at once (``a``, ``b`` tensors of distinct rows):
+    ``b[r]`` gets the sum of both; the push-pull pairs' initiators ``a_pp`` (``a[sel]``) too. The same numbers (the
+    sums are elementwise)."""
+    for q in blocks:
+        old_a, old_b = q.index_select(0, a), q.index_select(0, b)
+        q.index_copy_(0, b, old_b.add(old_a))
+        if a_pp is not None and len(a_pp):
+            q.index_copy_(0, a_pp, old_a.index_select(0, sel).add(old_b.index_select(0, sel)))
+
+
 def rescale_supports(examples: torch.Tensor, accum=None) -> bool:
     """Merges only use ratios of supports; keep them far from overflow by a common factor. Returns whether
     it scaled (the state counts these epochs, so a payload sent before one is brought to the new scale).
