@@ -25,7 +25,9 @@ class CausalLM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[-1]
-        h = self.blocks(self.emb(x) + self.pos[:t], mask=self.mask[:t, :t])
+        # is_causal=True says what the mask is, so torch does not compare it with a causal one at every call (a
+        # data-dependent branch that torch.export, as MLflow's model logging uses it, reports with the whole graph)
+        h = self.blocks(self.emb(x) + self.pos[:t], mask=self.mask[:t, :t], is_causal=True)
         return self.head(self.norm(h))
 
 
