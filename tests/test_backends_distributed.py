@@ -133,6 +133,27 @@ def test_a_raising_rank_is_named_and_the_others_stopped(setup):
     assert _spawned_children(os.getpid()) == []
 
 
+def _send_the_result_and_exit_at_once(rank, world, store, setup, policy, seed, up, *rest):
+    """Rank 0 hands over a result that holds a tensor, as a run with keep_params does, and its process is gone
+    before the launcher has read it (under load, rank 0's exit could win that race)."""
+    if rank == 0:
+        from evomerge.backends import launch
+        from evomerge.engine.setup import RunResult
+
+        launch._send(up, "result", RunResult("ok", seed, {}, [], 0, 0.0, 0.0, world,
+                                             params=torch.arange(12.0).reshape(3, 4)))
+        up.close()
+        up.join_thread()  # the bytes are in the pipe
+    os._exit(0)
+
+
+@pytest.mark.system
+def test_the_result_arrives_when_rank_zero_has_already_exited(setup):
+    for _ in range(3):
+        res = dist.simulate(setup, MergePolicy(), 7, device="cpu", _entry=_send_the_result_and_exit_at_once)
+        assert res.seed == 7 and torch.equal(res.params, torch.arange(12.0).reshape(3, 4))
+
+
 def test_bad_process_count_is_refused(setup):
     with pytest.raises(ConfigError, match=r"--procs: 3 processes cannot split 4 workers evenly; allowed: a divisor of 4"):
         dist.simulate(setup, MergePolicy(), 0, procs=3)

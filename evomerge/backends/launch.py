@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
+import pickle
 import queue as queue_mod
 import signal
 import tempfile
@@ -53,15 +54,28 @@ def _rank_main(rank: int, world: int, store_path: str, setup, policy, seed, up, 
                             rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
         def report(rm):
-            up.put(("round", rm))
+            _send(up, "round", rm)
             return down.get()
 
         res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None,
                        device=dev, evaluate_test=evaluate_test, keep_params=keep_params, emulate_time=emulate_time)
         if rank == 0:
-            up.put(("result", res))
+            _send(up, "result", res)
     finally:
         dist.destroy_process_group()
+
+
+def _send(up, kind: str, payload) -> None:
+    """Put ``(kind, payload)`` on the queue to the launcher, pickled here into bytes. A queue of
+    ``torch.multiprocessing`` would share a tensor's storage by a handle (a file descriptor, or CUDA IPC)
+    that the sending process must stay alive to hand over, and rank 0 exits right after sending its
+    result: the launcher then met "connection reset by peer". Bytes outlive their sender."""
+    up.put((kind, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def _receive(up, timeout: float):
+    kind, payload = up.get(timeout=timeout)
+    return kind, pickle.loads(payload)
 
 
 def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
@@ -96,7 +110,7 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
         try:
             while True:
                 try:
-                    kind, payload = up.get(timeout=0.05)
+                    kind, payload = _receive(up, 0.05)
                 except queue_mod.Empty:
                     kind = None
                 if kind == "round":
@@ -119,7 +133,7 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
             tmp.cleanup()
     while result is None:  # the result may still sit in the queue after every rank exited
         try:
-            kind, payload = up.get(timeout=5)
+            kind, payload = _receive(up, 5)
         except queue_mod.Empty:
             raise DistributedRunError(0, "ended without a result") from None
         if kind == "result":
