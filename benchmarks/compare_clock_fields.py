@@ -34,6 +34,11 @@ ADDED = ("similarity", "similarity_bias", "regroup_every", "n_communities", "p_i
 
 
 def main() -> None:
+    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
+    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
+    from evomerge.procs import apply_threads
+
+    apply_threads()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--study", default="mnist-stragglers")
     ap.add_argument("--trials", type=int, default=30)

@@ -70,6 +70,11 @@ def best_of_search(st, seed: int, trials: int, sampler: str, tmp: str, name: str
 
 
 def main() -> None:
+    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
+    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
+    from evomerge.procs import apply_threads
+
+    apply_threads()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--study", default="mnist-skewed")
     ap.add_argument("--trials", type=int, default=30)
