@@ -268,6 +268,7 @@ def calibrated(tmp_path_factory, data_dir):
     return d, out, p.stdout
 
 
+@pytest.mark.xdist_group("calibrate-calibrated")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_a_slow_rank_gets_a_third_of_the_speed(calibrated):
     d, out, stdout = calibrated
@@ -281,6 +282,7 @@ def test_a_slow_rank_gets_a_third_of_the_speed(calibrated):
     assert all(v > 0 for i, row in enumerate(env["latency_matrix"]) for j, v in enumerate(row) if i != j)
 
 
+@pytest.mark.xdist_group("calibrate-calibrated")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_a_calibrated_file_runs_as_a_studys_environment(calibrated, data_dir, capsys):
     d, out, _ = calibrated

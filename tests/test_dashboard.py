@@ -90,6 +90,7 @@ def searched(tmp_path_factory, data_dir):
     return d, s
 
 
+@pytest.mark.xdist_group("dashboard-searched")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_path):
     d, s = searched
@@ -160,6 +161,7 @@ def test_pareto_front_keeps_only_non_dominated_points():
     assert [k for _, _, k in dashboard.pareto_2d(pts)] == ["e", "b", "d"]
 
 
+@pytest.mark.xdist_group("dashboard-searched")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     import subprocess

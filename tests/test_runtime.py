@@ -228,6 +228,7 @@ def lockstep_run(folder, data_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.xdist_group("merger-lockstep-run")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_merger_in_a_users_loop_gives_the_engines_consensus(setup, lockstep_run):
     """SGD, the study's data order, equal speeds: the 4 ranks' consensus is the in-process run's, for FedAvg,
@@ -384,6 +385,7 @@ def test_merger_averages_the_optimizers_state_as_the_engine(folder, data_dir, tm
     assert (result(out, 0)["consensus"] - result(out, 3)["consensus"]).abs().max() > 1e-3  # averaged != kept
 
 
+@pytest.mark.xdist_group("merger-lockstep-run")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_the_clock_charges_the_bytes_the_merger_sends(setup, lockstep_run):
     """The simulated clock times a gossip message and an all-reduce by the engine's bytes (``plan.Bytes``): they
@@ -412,6 +414,7 @@ def test_the_clock_charges_the_bytes_the_merger_sends(setup, lockstep_run):
             ("ring-push-pull", "uniform", "send"), ("fedavg", "uniform", "allreduce")} <= checked, checked
 
 
+@pytest.mark.xdist_group("merger-lockstep-run")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_merger_performs_the_schedules_events(setup, lockstep_run):
     """Each rank sends and receives exactly the events ``schedule.build`` draws for it, in order."""

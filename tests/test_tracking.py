@@ -68,6 +68,7 @@ def mlflow_server(tmp_path_factory):
     assert proc.poll() is not None
 
 
+@pytest.mark.xdist_group("tracking-mlflow-server")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir, mlflow_server):
     from mlflow import MlflowClient
@@ -203,6 +204,7 @@ def test_pruned_failed_and_diverged_trials_are_told_apart_in_the_runs_list(tmp_p
     assert "params.`mixing_weight`" in view["selectedColumns"]
 
 
+@pytest.mark.xdist_group("tracking-mlflow-server")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path, data_dir, mlflow_server):
     """The review the product promises, in headless Chromium against the real server: the study's runs list
