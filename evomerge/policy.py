@@ -190,8 +190,8 @@ class MergePolicy:
     )
     # -- schema 6: Streaming DiLoCo (Douillard et al. 2025): fragments synced on staggered steps, overlapped --
     fragments: int = _f(
-        1, "The all-reduce scheme in k fragments: the parameter tensors in k contiguous groups balanced by size "
-        "(buffers with the last); fragment j syncs after local steps round((j + 1) H / k) + m H (H = "
+        1, "The all-reduce scheme in k fragments: the parameter tensors in k contiguous groups balanced by size, "
+        "cut between modules where the model has k layers or more (buffers with the last); fragment j syncs after local steps round((j + 1) H / k) + m H (H = "
         "round(mean_interval)), each with its own outer step.", ge=1, le=64)
     fragment_delay: int = _f(
         0, "Local steps a fragment's all-reduce travels while training goes on: its average is of the workers at "

@@ -219,10 +219,11 @@ def layer_ids(names: Sequence[str]) -> list[int]:
 def fragment_blocks(sizes: Sequence[int], trained: int, k: int, pattern: str = "contiguous",
                     layers: Sequence[int] | None = None) -> list[list[int]]:
     """Streaming DiLoCo's fragments: the ``trained`` parameter blocks (of ``sizes``) in ``k`` contiguous
-    non-empty groups balanced by size (layer boundaries; the least sum of squared group sizes, so one huge
-    tensor does not leave the others unbalanced); ``pattern = "strided"``: the paper's pattern, layer l
-    (``layers``: each trained block's layer, :func:`layer_ids`) in group l mod k, so each fragment spans the
-    model's depth. The blocks after them (buffers) go with the last. Raises ValueError when there are fewer
+    non-empty groups balanced by size (the least sum of squared group sizes, so one huge tensor does not leave
+    the others unbalanced), cut at layer boundaries (``layers``: each trained block's layer, :func:`layer_ids`:
+    a module's weight and bias stay together) where the model has at least ``k`` layers, else at tensor
+    boundaries; ``pattern = "strided"``: the paper's pattern, layer l in group l mod k, so each fragment spans
+    the model's depth. The blocks after them (buffers) go with the last. Raises ValueError when there are fewer
     trained blocks (strided: layers) than ``k``."""
     n = trained
     if pattern == "strided":
@@ -234,6 +235,9 @@ def fragment_blocks(sizes: Sequence[int], trained: int, k: int, pattern: str = "
         return groups
     if k > n:
         raise ValueError(f"{k} fragments of a model with {n} parameter tensors")
+    starts = set(range(n))  # where a group may begin
+    if layers is not None and len(set(layers[:n])) >= k:
+        starts = {b for b in range(n) if b == 0 or layers[b] != layers[b - 1]}
     pre = [0]
     for x in sizes[:n]:
         pre.append(pre[-1] + int(x))
@@ -245,6 +249,8 @@ def fragment_blocks(sizes: Sequence[int], trained: int, k: int, pattern: str = "
     for j in range(1, k + 1):
         for i in range(j, n - (k - j) + 1):
             for m in range(j - 1, i):
+                if m not in starts:
+                    continue
                 v = best[j - 1][m] + (pre[i] - pre[m]) ** 2
                 if v < best[j][i]:
                     best[j][i], cut[j][i] = v, m
