@@ -203,7 +203,7 @@ class MergePolicy:
     # -- schema 7: Streaming DiLoCo's strided fragments --
     fragment_pattern: Annotated[str, Choice(FRAGMENT_PATTERNS)] = _f(
         "contiguous", "How the parameter tensors form the fragments: contiguous (groups of neighbouring tensors "
-        "balanced by size) or strided (the paper's pattern: layer l, i.e. the tensors of one module, goes to fragment "
+        "balanced by size, cut between modules where the model has enough layers) or strided (the paper's pattern: layer l, i.e. the tensors of one module, goes to fragment "
         "l mod k, so every fragment spans the depth; buffers with the last).")
     # -- schema 6: asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135), scheme "async" --
     momentum_every: int = _f(

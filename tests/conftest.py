@@ -149,10 +149,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by these markers
 def pytest_collection_modifyitems(config, items):
-    """Every test gets exactly one tier: ``system`` where marked, else ``integration`` where it needs the data,
-    else ``unit``."""
+    """Every test gets exactly one tier: ``system`` or ``integration`` where marked (a run on the shipped text
+    corpus needs no data fixture), else ``integration`` where it needs the data, else ``unit``."""
     for item in items:
-        if item.get_closest_marker("system"):
+        if item.get_closest_marker("system") or item.get_closest_marker("integration"):
             continue
         tier = "integration" if DATA_FIXTURES & set(item.fixturenames) else "unit"
         item.add_marker(getattr(pytest.mark, tier))

@@ -355,6 +355,7 @@ def test_the_merger_trains_a_users_language_model_under_torchrun(folder, tmp_pat
     assert out["perplexity"] < 0.8 * unigram, (out["perplexity"], unigram)
 
 
+@pytest.mark.integration  # trains on the shipped corpus
 def test_the_shipped_language_model_study_learns_from_its_pinned_corpus():
     """studies/tiny-lm.toml as shipped: its corpus is found beside it and matches its sha256, the causal transformer
     runs (the loop: it has dropout), and a short run beats the unigram model of the same split."""
