@@ -17,11 +17,9 @@ from evomerge.policy import MergePolicy as P
 
 
 def main() -> None:
-    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
-    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
     from evomerge.procs import apply_threads
 
-    apply_threads()
+    apply_threads()  # as the commands do: side by side, torch's default threads ran trials 4-7x slower
     ap = argparse.ArgumentParser()
     ap.add_argument("--study", default="mnist-gossip")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])

@@ -70,11 +70,9 @@ def best_of_search(st, seed: int, trials: int, sampler: str, tmp: str, name: str
 
 
 def main() -> None:
-    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
-    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
     from evomerge.procs import apply_threads
 
-    apply_threads()
+    apply_threads()  # as the commands do: side by side, torch's default threads ran trials 4-7x slower
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--study", default="mnist-skewed")
     ap.add_argument("--trials", type=int, default=30)

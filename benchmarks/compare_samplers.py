@@ -64,11 +64,9 @@ def ms(vals):
 
 
 def main(argv=None):
-    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
-    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
     from evomerge.procs import apply_threads
 
-    apply_threads()
+    apply_threads()  # as the commands do: side by side, torch's default threads ran trials 4-7x slower
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default="mnist-gossip")
     ap.add_argument("--samplers", nargs="+", default=["tpe", "cmaes", "random"])

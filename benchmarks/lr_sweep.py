@@ -20,11 +20,9 @@ STUDIES = ["mnist-gossip", "mnist-skewed", "mnist-stragglers", "mnist-two-sites"
 
 
 def main() -> None:
-    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
-    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
     from evomerge.procs import apply_threads
 
-    apply_threads()
+    apply_threads()  # as the commands do: side by side, torch's default threads ran trials 4-7x slower
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", nargs="+", default=STUDIES)
     ap.add_argument("--lrs", type=float, nargs="+", default=[0.025, 0.05, 0.1, 0.2, 0.4])

@@ -117,11 +117,9 @@ def reevaluate(s, data, policy: MergePolicy, run: dict, seeds: list[int]) -> dic
 
 
 def main() -> None:
-    # $EVOMERGE_THREADS, else the idle cores: two of these side by side must not each run torch's default
-    # threads (OpenMP threads beside a busy process ran a trial 4-7x slower)
     from evomerge.procs import apply_threads
 
-    apply_threads()
+    apply_threads()  # as the commands do: side by side, torch's default threads ran trials 4-7x slower
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", nargs="+", default=["mnist-gossip", "mnist-stragglers"])
     ap.add_argument("--trials", type=int, default=24)

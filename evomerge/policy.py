@@ -191,8 +191,9 @@ class MergePolicy:
     # -- schema 6: Streaming DiLoCo (Douillard et al. 2025): fragments synced on staggered steps, overlapped --
     fragments: int = _f(
         1, "The all-reduce scheme in k fragments: the parameter tensors in k contiguous groups balanced by size, "
-        "cut between modules where the model has k layers or more (buffers with the last); fragment j syncs after local steps round((j + 1) H / k) + m H (H = "
-        "round(mean_interval)), each with its own outer step.", ge=1, le=64)
+        "cut between modules where the model has k layers or more (buffers with the last); fragment j syncs after "
+        "local steps round((j + 1) H / k) + m H (H = round(mean_interval)), each with its own outer step.",
+        ge=1, le=64)
     fragment_delay: int = _f(
         0, "Local steps a fragment's all-reduce travels while training goes on: its average is of the workers at "
         "step t, applied after step t + fragment_delay (needs fragments x fragment_delay < H; 0 = at once).",
@@ -203,8 +204,9 @@ class MergePolicy:
     # -- schema 7: Streaming DiLoCo's strided fragments --
     fragment_pattern: Annotated[str, Choice(FRAGMENT_PATTERNS)] = _f(
         "contiguous", "How the parameter tensors form the fragments: contiguous (groups of neighbouring tensors "
-        "balanced by size, cut between modules where the model has enough layers) or strided (the paper's pattern: layer l, i.e. the tensors of one module, goes to fragment "
-        "l mod k, so every fragment spans the depth; buffers with the last).")
+        "balanced by size, cut between modules where the model has enough layers) or strided (the paper's "
+        "pattern: layer l, i.e. the tensors of one module, goes to fragment l mod k, so every fragment spans the "
+        "depth; buffers with the last).")
     # -- schema 6: asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135), scheme "async" --
     momentum_every: int = _f(
         0, "Asynchronous DiLoCo's delayed Nesterov: every arriving pseudo-gradient d moves the global model by "
