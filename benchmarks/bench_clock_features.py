@@ -10,9 +10,12 @@ time budget, two rounds. Complete-graph push-pull gossip every 4 local steps, al
   similarity peers    similarity_bias 0.5 (the clock asks the replay for every worker's sketch at each event)
   data by similarity  data_exchange_k 8, data_similarity_sign 0.5
   regrouping          communities of 4, regrouped every round (against the same communities without)
+  ..., published      the three decided by the state, reading what every worker publishes every 4 nominal
+                      step times (publish_every 4) instead of its state at each event
 
 Interleaved and repeated; the figure is training-and-merging wall time (evaluation excluded) per worker-step, and
-the ratio with / without. Check that nothing else runs (uptime) and that two runs agree. Run:
+the ratio with / without (each repeat's pair side by side; the median of those ratios). Check that nothing else
+runs (uptime) and that two runs agree. Run:
 
     .venv/bin/python benchmarks/bench_clock_features.py [--repeats 3] [--data-dir DIR]
 """
@@ -38,6 +41,11 @@ CASES = {
     "similarity peers": (PLAIN, PLAIN.replace(similarity_bias=0.5)),
     "data by similarity": (PLAIN, PLAIN.replace(data_exchange_k=8, data_similarity_sign=0.5)),
     "regrouping": (COMMUNITIES, COMMUNITIES.replace(regroup_every=1)),
+    # the same decisions read from what the workers publish every 4 nominal step times (publish_every)
+    "swaps by confidence, published": (PLAIN, PLAIN.replace(swap_p=0.3, swap_confidence=0.5, publish_every=4)),
+    "similarity peers, published": (PLAIN, PLAIN.replace(similarity_bias=0.5, publish_every=4)),
+    "data by similarity, published": (PLAIN, PLAIN.replace(data_exchange_k=8, data_similarity_sign=0.5,
+                                                           publish_every=4)),
 }
 
 
@@ -60,11 +68,13 @@ def main() -> None:
                 r = simulate.simulate(setup, policy, 0, device="cpu")
                 wall = time.perf_counter() - t - r.eval_time
                 per.setdefault((name, k), []).append(wall / (r.final.steps_mean * W) * 1e3)
-    print("\n| feature | without (ms / worker-step) | with | with / without |")
+    # the ratio of each repeat's pair, run one after the other (a slow drift of the machine cancels), then the median
+    print("\n| feature | without (ms / worker-step) | with | with / without (median of the repeats' ratios) |")
     print("|---|---|---|---|")
     for name in CASES:
         a, b = statistics.median(per[(name, 0)]), statistics.median(per[(name, 1)])
-        print(f"| {name} | {a:.3f} | {b:.3f} | {b / a:.2f}x |")
+        ratio = statistics.median(y / x for x, y in zip(per[(name, 0)], per[(name, 1)]))
+        print(f"| {name} | {a:.3f} | {b:.3f} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":

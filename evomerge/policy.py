@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .settings import Choice
 from .engine.topology import TOPOLOGIES
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
@@ -34,7 +34,8 @@ ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange
             7: ("fragment_pattern",),
             8: ("p_intra_schedule", "p_intra_final", "data_unseen_first", "data_similarity_sign", "swap_confidence",
                 "swap_recency", "backup_workers"),
-            9: ("outer_every",)}
+            9: ("outer_every",),
+            10: ("publish_every",)}
 
 # Names of the choices that no registry holds yet (the merge code tests them by name);
 # topologies come from the registry in topology.py.
@@ -239,6 +240,13 @@ class MergePolicy:
     swap_recency: float = _f(
         0.0, "Swaps: the chance is also scaled by 1 - exp(-age / swap_recency), age the local steps since the "
         "initiator's model last held the peer's data (1 if it never has); 0 = unconditioned.", ge=0.0, le=1e6)
+    # -- schema 10: decisions from what the workers publish --
+    publish_every: int = _f(
+        0, "Gossip decisions by the workers' state (peers or examples by similarity, swaps by the peer's confidence) "
+        "read what every worker last published: its sketch (or CKA logits) and its data's confidence, published "
+        "after every publish_every local steps (on a simulated cluster, at every publish_every of its nominal step "
+        "times: step_time). 0 = every worker's state at each decision's instant, gathered for that decision.",
+        ge=0, le=1_000_000)
     # -- schema 8: backup workers, the synchronous answer to stragglers --
     backup_workers: int = _f(
         0, "All-reduce: each all-reduce waits only for the first W - b workers to arrive on the simulated clock; the "
@@ -448,6 +456,8 @@ class MergePolicy:
             cond = "".join([f", by the peer's confidence ({self.swap_confidence:.3g})" if self.swap_confidence else "",
                             f", by recency ({self.swap_recency:.3g} steps)" if self.swap_recency else ""])
             parts.append(f"swaps models with p={self.swap_p:.3g}{cond}")
+        if publishes(self):
+            parts.append(f"decides from what the workers publish every {self.publish_every} steps")
         if self.backup_workers:
             parts.append(f"drops the {self.backup_workers} last to arrive at each all-reduce")
         if self.stop_tol:
@@ -480,6 +490,20 @@ STREAMING_NEEDS = {"weighting": "uniform", "optimizer_state": "keep"}
 ASYNC_OFF = {"momentum_every": 0, "local_steps_by_speed": False}  # asynchronous DiLoCo's own fields, off
 ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster only: its pushes arrive in the "
                      "order of their times; add an [environment], or use scheme gossip, allreduce or none")
+
+
+def decides_by_state(policy: MergePolicy) -> bool:
+    """Whether gossip events of ``policy`` are decided by the workers' state: peers or examples by similarity, swaps
+    by the peer's confidence (what ``publish_every`` publishes)."""
+    return policy.scheme == "gossip" and bool(policy.similarity_bias
+                                              or (policy.data_exchange_k and policy.data_similarity_sign)
+                                              or (policy.swap_p and policy.swap_confidence))
+
+
+def publishes(policy: MergePolicy) -> int:
+    """The local steps between publications of what ``policy``'s decisions read (``publish_every``); 0 where each
+    decision reads the state at its instant, or where nothing is decided by the state."""
+    return policy.publish_every if decides_by_state(policy) else 0
 
 
 def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[str, Any]:
@@ -530,6 +554,10 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         out.update(DATA_TRAVEL_OFF)
     if not out.get("swap_p", fixed.swap_p):
         out.update(SWAP_OFF)
+    if not (scheme == "gossip" and (out.get("similarity_bias", fixed.similarity_bias)
+                                    or out.get("data_similarity_sign", fixed.data_similarity_sign)
+                                    or out.get("swap_confidence", fixed.swap_confidence))):
+        out["publish_every"] = 0  # nothing decided by the state: nothing to publish
     if out.get("backup_workers", fixed.backup_workers) and (
             scheme != "allreduce" or any(out.get(k, getattr(fixed, k)) != v for k, v in BACKUP_NEEDS.items())):
         out["backup_workers"] = 0

@@ -79,6 +79,9 @@ BAD_POLICIES = {
     "data similarity sign out of range": ('{"data_exchange_k": 4, "data_similarity_sign": 2}',
                                           "error: policy.data_similarity_sign: 2"),
     "negative swap recency": ('{"swap_p": 0.5, "swap_recency": -1}', "error: policy.swap_recency: -1"),
+    "negative publish_every": ('{"similarity_bias": 0.5, "publish_every": -2}', "error: policy.publish_every: -2"),
+    "publish_every in a schema 9 file": ('{"schema_version": 9, "similarity_bias": 0.5, "publish_every": 4}',
+                                         "error: policy.publish_every: is a schema 10 field"),
     "unknown p_intra schedule": ('{"topology": "communities", "p_intra_schedule": "step"}',
                                  "error: policy.p_intra_schedule: unknown 'step'; allowed: constant, linear, cosine"),
     "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',
@@ -87,7 +90,7 @@ BAD_POLICIES = {
                                    "error: policy.scheme: 'gossip' cannot all-reduce gradients"),
     "gradient payload every 4 steps": ('{"scheme": "allreduce", "payload": "gradient", "mean_interval": 4}',
                                        "error: policy.mean_interval: 4.0 cannot all-reduce gradients"),
-    "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 9]"),
+    "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 10]"),
     "truncated": ('{"topology": "ri', "invalid JSON"),
     "empty": ("", "empty file"),
 }

@@ -126,3 +126,30 @@ def test_conditioned_swaps_change_how_often_models_swap(setup):
     assert (less.bytes - plain.bytes) * (more.bytes - plain.bytes) < 0, (less.bytes, plain.bytes, more.bytes)
     recent = simulate.simulate(setup, pol.replace(swap_recency=1000.0), 0, device="cpu").final
     assert recent.bytes < plain.bytes  # a model that just left a worker's data rarely goes back
+
+
+def test_the_examples_chosen_are_a_full_stable_sort_s_first_k():
+    """leave() selects without sorting the whole shard; it chooses what the stable sorts of the whole shard (by
+    whether the receiver trained on an example, then by confidence) would, ties and unseen examples included."""
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        n = int(rng.integers(3, 400))
+        conf = rng.choice([0.1, 0.5, 0.9, datapool.UNSEEN], n).astype(np.float32)  # many ties
+        free = rng.random(n) < 0.5
+        conf[free] = rng.random(int(free.sum())).astype(np.float32)
+        seen = rng.random(n) < 0.4
+        k, most, unseen_first = int(rng.integers(1, n)), float(rng.choice([0.0, 0.25, 1.0])), bool(trial % 2)
+        pool = datapool.DataPool([np.arange(n)], n, seed=0)
+        pool.conf[:] = conf
+        pool.seen[:, 0] = seen
+        chosen = pool.leave(0, 0, k, most=most, unseen_first=unseen_first)
+        k = min(k, n - 1)
+        first = seen if unseen_first else np.zeros(n, dtype=bool)
+        least = np.lexsort((conf, first))
+        n_most = int(round(most * k))
+        trained = np.where(conf >= datapool.UNSEEN, -1.0, conf)
+        top = np.lexsort((-trained, first))[:n_most]
+        want = np.concatenate([top, least[~np.isin(least, top)][:k - n_most]])
+        assert chosen.tolist() == want.tolist()
+    key = np.array([3.0, 1.0, 2.0, 1.0, 1.0, 0.5])
+    assert datapool.first_k(key, 3).tolist() == [5, 1, 3]

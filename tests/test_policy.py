@@ -35,7 +35,7 @@ def test_policy_is_frozen():
     ({"payload": "delta", "quantize_bits": 17}, "policy.quantize_bits", "allowed: [0, 16]"),
     ({"topk_fraction": 0.1}, "policy.topk_fraction", "needs payload 'delta'"),
     ({"schema_version": 99}, "policy.schema_version", "newer"),
-    ({"schema_version": 0}, "policy.schema_version", "allowed: [1, 9]"),
+    ({"schema_version": 0}, "policy.schema_version", "allowed: [1, 10]"),
     ({"schema_version": 1, "swap_p": 0.5}, "policy.swap_p", "is a schema 2 field"),
     ({"payload": "weights", "quantize_bits": 4}, "policy.quantize_bits", "needs payload 'delta'"),
     ({"p_intra": float("nan")}, "policy.p_intra", "finite"),

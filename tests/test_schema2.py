@@ -24,7 +24,7 @@ def test_schema_two_reads_version_one_files(tmp_path):
     f = tmp_path / "old.json"
     f.write_text(json.dumps(v1))
     pol = MergePolicy.load(f)
-    assert pol.schema_version == SCHEMA_VERSION == 9
+    assert pol.schema_version == SCHEMA_VERSION == 10
     assert (pol.swap_p, pol.data_exchange_k, pol.similarity_bias, pol.regroup_every, pol.stop_tol) == (0, 0, 0, 0, 0)
     with pytest.raises(ConfigError, match=r"policy.swap_p: is a schema 2 field; this file says schema_version 1"):
         MergePolicy.from_dict({**v1, "swap_p": 0.5})

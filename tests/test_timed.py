@@ -48,6 +48,12 @@ GOSSIP = {
     "data-by-similarity-swaps-by-confidence": P(topology="complete", data_exchange_k=6, data_similarity_sign=-0.7,
                                                 swap_p=0.6, swap_confidence=-0.8, swap_recency=10.0,
                                                 mean_interval=1.5),
+    # decided from what the workers publish every few steps (publish_every): the replay catches up at publications
+    "similarity-bias-published": P(topology="complete", similarity_bias=0.8, mean_interval=1.5, winner_bias=0.3,
+                                   exchange="push_pull", publish_every=3),
+    "cka-published-data-by-similarity-swaps-by-confidence": P(
+        topology="complete", similarity="cka", similarity_bias=-0.6, data_exchange_k=6, data_similarity_sign=0.7,
+        swap_p=0.6, swap_confidence=0.8, mean_interval=1.5, publish_every=4),
 }
 
 

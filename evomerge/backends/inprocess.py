@@ -48,11 +48,30 @@ class InProcess(Backend):
         self._sim_t = None  # on a simulated clock: the instant the cached sketches' similarities were taken
         self._sketches: torch.Tensor | None = None  # on a simulated clock: each row's sketch, kept between decisions
         self._touched: set[int] = set()  # rows changed since
+        # publish_every: what decisions read, as the workers last published it (similarities, each worker's
+        # confidence); published at the start and after every publish_every local steps
+        self.publish_every = plan_mod.publishes(policy)
+        self._published: tuple[np.ndarray | None, list | None] | None = None
         self.sim = None
         self.labels = setup.data.train_y.numpy()
 
     def start(self, judge) -> None:
         self.sim = judge.similarity
+        if self.publish_every:
+            self.publish()
+
+    def publish(self) -> None:
+        """Every worker publishes what decisions read (``publish_every``): its sketch (or CKA logits), taken as the
+        similarity matrix, and its data's confidence where swaps are decided by it."""
+        p = self.p
+        sims = self.sim.matrix(self.state.params).cpu().numpy() if plan_mod.gathers_similarity(p) else None
+        conf = [self.pool.confidence(w) for w in range(self.W)] if p.swap_p and p.swap_confidence else None
+        self._published = (sims, conf)
+
+    def clock_confidence(self, j: int) -> float | None:
+        """Worker ``j``'s data's confidence as a decision on a simulated clock reads it (the replay brought up to the
+        decision's instant, or to the last publication)."""
+        return self._published[1][j] if self.publish_every else self.pool.confidence(j)
 
     def train(self, start, end, after_step):
         return run_mod.train_steps(self.setup, self.state, self.own, self.seed, start, end, self.train_x, self.train_y,
@@ -82,7 +101,10 @@ class InProcess(Backend):
 
     # -- peers drawn during the run, and regrouping -------------------------------------------------
     def _similarities(self, step: int) -> np.ndarray:
-        """The workers' similarity matrix, recomputed at most once per step (every 10 for CKA)."""
+        """The workers' similarity matrix, recomputed at most once per step (every 10 for CKA); with
+        ``publish_every``, the one last published."""
+        if self.publish_every:
+            return self._published[0]
         every = 1 if self.p.similarity == "sketch" else 10
         if self._sim_at is None or step - self._sim_at[0] >= every:
             self._sim_at = (step, self.sim.matrix(self.state.params).cpu().numpy())
@@ -117,7 +139,7 @@ class InProcess(Backend):
         """The similarity matrix at simulated time ``t`` (of a decision at a worker's local step ``step``): sketches
         again at every new instant (of the rows changed since: a sketch is a function of its row alone), CKA every
         10 of the deciding worker's steps (as :meth:`_similarities`)."""
-        if self.p.similarity == "sketch":
+        if self.p.similarity == "sketch" and not self.publish_every:
             if self._sim_at is None or self._sim_t != t:
                 st = self.state
                 if self._sketches is None:
@@ -173,7 +195,7 @@ class InProcess(Backend):
         p = self.p
         if not (p.swap_confidence or p.swap_recency):
             return p.swap_p
-        conf = {j: self.pool.confidence(j) for j in set(b.tolist())} if p.swap_confidence else {}
+        conf = {j: self.clock_confidence(j) for j in set(b.tolist())} if p.swap_confidence else {}
         return np.array([plan_mod.swap_chance(p, conf.get(j), step - self.left_at[self.state.model_at[i], j])
                          for i, j in zip(a.tolist(), b.tolist())])
 

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
-from .plan import gathers_similarity, slowmo_due, swap_chance
+from .plan import gathers_per_event, publishes, slowmo_due, swap_chance
 from .schedule import STREAMS, Schedule, rng_for
 
 TAG_SPEEDS, TAG_JITTER, TAG_SPELLS = (STREAMS[k] for k in ("speeds", "jitter", "spells"))
@@ -393,7 +393,11 @@ class Simulation:
         self.round_ends: list[float] = ([env.time_budget * (r + 1) / rounds for r in range(rounds)]
                                         if env.time_budget else [])
         self.started = False
-        self.gathers = gathers_similarity(policy)
+        self.gathers = gathers_per_event(policy)
+        # publish_every: the workers publish what decisions read at every publish_every of the cluster's nominal
+        # step times (the times a worker of speed 1 without jitter completes those steps at, summed as it sums them)
+        self.publish_every = publishes(policy) if sched.scheme == "gossip" else 0
+        self._publications = [0.0]
         self.regroup_every = policy.regroup_every if sched.scheme == "gossip" else 0
         self.other_sends: list[tuple[float, int]] = []  # (time, bytes) sent outside the schedule's events
         self.other_merges: list[float] = []  # when merges outside the schedule's events happened (SlowMo's averages)
@@ -749,10 +753,31 @@ class Simulation:
         return self.round_ends[r]
 
     def steps_by(self, t: float) -> np.ndarray:
-        """Each worker's local steps done by ``t`` (the clock at ``t`` or before it): those completed, and one it is
-        in if that ends at ``t``."""
-        return np.array([len(c) + (1 if self.busy[w] and self.step_end[w] <= t else 0)
+        """Each worker's local steps done by ``t`` (the clock at ``t`` or after it): those completed by then, and one
+        it is in if that ends at ``t``."""
+        from bisect import bisect_right
+
+        return np.array([bisect_right(c, t) + (1 if self.busy[w] and self.step_end[w] <= t else 0)
                          for w, c in enumerate(self.completions)], dtype=np.int64)
+
+    def publication_time(self, n: int) -> float:
+        """The instant of the ``n``-th publication (``publish_every``; 0: the start)."""
+        pubs, k, d = self._publications, self.publish_every, self.env.step_time
+        while len(pubs) <= n:
+            t = pubs[-1]
+            for _ in range(k):
+                t = t + d
+            pubs.append(t)
+        return pubs[n]
+
+    def publications_by(self, t: float) -> int:
+        """The last publication at or before ``t``."""
+        n = len(self._publications) - 1
+        while self.publication_time(n + 1) <= t:
+            n += 1
+        while self._publications[n] > t:
+            n -= 1
+        return n
 
     def advance(self, stop=None) -> None:
         """Handle the events in time order, until none is left, the run's end, or ``stop(t)`` for the next one's
@@ -863,7 +888,13 @@ class Simulation:
                     stale[r].append(a.time - a.sent)
         sends = sorted(self.sends)
         times = np.asarray([s[0] for s in sends])
-        everything = sorted(self.sends + self.other_sends)
+        published = []  # publish_every: every worker's publication to every other (the start's is free)
+        if self.publish_every:
+            n, each = 1, self.cost.publish(W)
+            while self.publication_time(n) <= end_t:
+                published.append((self._publications[n], each))
+                n += 1
+        everything = sorted(self.sends + self.other_sends + published)
         all_times = np.asarray([s[0] for s in everything])
         cum = np.cumsum([s[1] for s in everything]) if everything else np.zeros(0)
         nbytes, merges = [], []

@@ -27,6 +27,22 @@ UNSEEN = 2.0  # confidence of an example no model has trained on yet: never "lea
 IN_TRANSIT = -2  # the holder of an example on its way between two workers (a simulated clock's link)
 
 
+UNSEEN_LAST = 4.0  # added to the sort key of an example the receiver has trained on: above every confidence
+
+
+def first_k(key: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the ``k`` smallest keys in the order of a stable sort (ties by position), without sorting
+    them all: the selection's value, then the few below it and at it."""
+    if k >= len(key):
+        return np.argsort(key, kind="stable")
+    v = np.partition(key, k - 1)[k - 1]
+    if not np.isfinite(v):  # non-finite confidences (a diverged model): the plain stable sort
+        return np.argsort(key, kind="stable")[:k]
+    below = np.flatnonzero(key < v)
+    idx = np.concatenate([below, np.flatnonzero(key == v)[:k - len(below)]])
+    return idx[np.argsort(key[idx], kind="stable")]
+
+
 def most_confident_share(sign: float, sims: np.ndarray, i: int, j: int) -> float:
     """The share of the examples ``i`` sends ``j`` that are its most confident (policy.data_similarity_sign ``sign``):
     ``j``'s dissimilarity d among ``i``'s others (``sims``: ``i``'s row of the similarity matrix; d = 0 for its most
@@ -139,16 +155,17 @@ class DataPool:
         k = min(k, max(0, len(act) - 1))  # a worker keeps at least one example
         if k <= 0:
             return np.zeros(0, dtype=np.int64)
-        c = self.conf[act]
-        first = self.seen[act, dst] if unseen_first else np.zeros(len(act), dtype=bool)
-        least = act[np.lexsort((c, first))]  # stable: ties keep the shard's order
+        c = self.conf[act].astype(np.float64)
+        # the examples dst has trained on after the others (UNSEEN_LAST more on the key): first by that, then by c
+        later = UNSEEN_LAST * self.seen[act, dst] if unseen_first else 0.0
+        least = act[first_k(c + later, k)]  # the k least confident, stable: ties keep the shard's order
         n_most = int(round(most * k))
         if n_most:
             trained = np.where(c >= UNSEEN, -1.0, c)  # an example no model trained on is not confident
-            top = act[np.lexsort((-trained, first))][:n_most]
+            top = act[first_k(-trained + later, n_most)]
             chosen = np.concatenate([top, least[~np.isin(least, top)][:k - n_most]])
         else:
-            chosen = least[:k]
+            chosen = least
         self.holder[chosen] = to
         self.travelled[chosen] = True
         self.moved += len(chosen)

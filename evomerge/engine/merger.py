@@ -31,7 +31,8 @@ class StepMerger:
             neighbours = [len(sched.topology.neighbours(i)) for i in range(setup.study.run.workers)]
         self.cost = plan_mod.costs(setup, policy, neighbours, len(self.st.optim.stacks()))
         self.W = setup.study.run.workers
-        self.gathers = plan_mod.gathers_similarity(policy)
+        self.gathers = plan_mod.gathers_per_event(policy)
+        self.publish = plan_mod.publishes(policy)  # publish_every: the workers publish what decisions read
         self.bytes = 0
         self.count = 0
         self.landing: dict[int, list[int]] = {}  # Streaming DiLoCo: step -> all-reduce events that land after it
@@ -53,6 +54,9 @@ class StepMerger:
         ex = self.st.examples
         ex += self.B
         s, p = self.sched, self.p
+        if self.publish and step % self.publish == 0:  # after the local step, before its merges
+            self.backend.publish()
+            self.bytes += self.cost.publish(self.W)
         if self.each and step % self.each == 0:
             self.backend.outer_each()
         for ev in self.landing.pop(step, ()):  # fragments sent fragment_delay steps ago land first

@@ -21,7 +21,7 @@ import torch
 from . import ops
 from .. import registry
 from ..errors import ConfigError
-from ..policy import MergePolicy
+from ..policy import MergePolicy, publishes  # noqa: F401  (publishes: re-exported for the engine)
 from .schedule import STREAMS, rng_for
 
 TAG_QUANT = STREAMS["quant"]
@@ -206,6 +206,13 @@ class Bytes:
         sketch at the event."""
         return (workers - 1) * self.similarity
 
+    def publish(self, workers: int) -> int:
+        """One publication (``publish_every``): every worker's sketch (or CKA logits), and its data's confidence
+        (float32) where swaps are decided by it, to every other worker."""
+        sim = self.similarity if gathers_similarity(self.p) else 0
+        conf = 4 if self.p.scheme == "gossip" and self.p.swap_p and self.p.swap_confidence else 0
+        return workers * (workers - 1) * (sim + conf)
+
     def regroup(self, workers: int) -> int:
         return regroup_bytes(workers, self.similarity)
 
@@ -224,9 +231,15 @@ class Bytes:
 
 def gathers_similarity(policy: MergePolicy) -> bool:
     """Whether each gossip event of ``policy`` is decided with the workers' similarity (its peer, or which examples
-    travel): the initiator gathers every other worker's sketch for it (:meth:`Bytes.gather`)."""
+    travel): the initiator gathers every other worker's sketch for it (:meth:`Bytes.gather`), or, with
+    ``publish_every``, reads the sketches last published (:meth:`Bytes.publish`)."""
     return policy.scheme == "gossip" and bool(policy.similarity_bias
                                               or (policy.data_exchange_k and policy.data_similarity_sign))
+
+
+def gathers_per_event(policy: MergePolicy) -> bool:
+    """Whether each decision by similarity gathers every other worker's sketch at its instant (no ``publish_every``)."""
+    return gathers_similarity(policy) and not publishes(policy)
 
 
 def regroup_bytes(workers: int, similarity_bytes: int) -> int:

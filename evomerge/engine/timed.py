@@ -170,6 +170,9 @@ class Timed:
             self._pending: list[list] = [[] for _ in range(self.W)]
             self._loss = torch.zeros((), device=backend.state.params.device)
             self.live_peers = backend.live_peers  # the clock asks for peers drawn during the run
+        # publish_every: the publication the backend holds (0: the start's, published when the run started)
+        self.publish = plan_mod.publishes(policy)
+        self._published = 0
 
     @property
     def horizon(self) -> float:
@@ -206,21 +209,34 @@ class Timed:
     # -- deciding with the state: the clock asks, the replay answers from the state at that instant ----------------
     def peer(self, e: int, w: int, k: int, t: float) -> int:
         if self.p.similarity_bias:  # regrouped communities alone change only between rounds
-            self._catch_up(t)
+            self._state_at(t)
         return self.backend.clock_peer(e, w, k, t)
 
     def share(self, e: int, w: int, j: int, k: int, t: float) -> float:
-        self._catch_up(t)
+        self._state_at(t)
         return self.backend.clock_share(w, j, k, t)
 
     def confidence(self, j: int, t: float) -> float | None:
-        self._catch_up(t)
-        return self.backend.pool.confidence(j)
+        self._state_at(t)
+        return self.backend.clock_confidence(j)
+
+    def _state_at(self, t: float) -> None:
+        """What a decision at ``t`` reads: the state just before ``t``, or with ``publish_every`` the last
+        publication at or before ``t`` (the replay is brought up to it only when it is new: the waves between stay
+        wide)."""
+        if not self.publish:
+            self._catch_up(t)
+            return
+        n = self.live.publications_by(t)
+        if n > self._published:
+            self._catch_up(self.live.publication_time(n))
+            self.backend.publish()
+            self._published = n
 
     def _catch_up(self, t: float) -> None:
         """The replay brought to the state just before ``t``: every step done by ``t``, every action before it."""
         self._collect(t, False)
-        self._loss += self._advance(t, False, self.live.steps_by(t))
+        self._advance(t, False, self.live.steps_by(t), self._loss)  # each step's loss added in turn, as lockstep
 
     def _collect(self, t: float, inclusive: bool) -> None:
         """Each worker's actions up to ``t`` from the running clock, in the order it applies them. Those before ``t``
@@ -254,9 +270,11 @@ class Timed:
             if max(self.live.done) > self.live.horizon:
                 raise RuntimeError(f"simulated clock: a worker ran past its schedule's {self.live.horizon} steps "
                                    "(a bug in evomerge)")
+            if self.publish:  # the last publication of the round, before the replay passes it
+                self._state_at(t_end)
             self._collect(t_end, True)
             target = self.live.steps_by(t_end)
-            loss_sum = self._loss + self._advance(t_end, True, target)
+            loss_sum = self._advance(t_end, True, target, self._loss)
             self._loss = torch.zeros((), device=b.state.params.device)
             self._partial = self.live.timeline(r + 1)
             if r + 1 == self.rounds:
@@ -270,12 +288,13 @@ class Timed:
         steps = float(tl.steps_at[r].sum() - before) / self.W
         return loss_sum, int(round(float(tl.steps_at[r].mean()))), steps if steps > 0 else 1.0
 
-    def _advance(self, t_end: float, inclusive: bool, target) -> torch.Tensor:
+    def _advance(self, t_end: float, inclusive: bool, target, loss_sum: torch.Tensor | None = None) -> torch.Tensor:
         """The waves up to ``t_end``: every worker to its ``target`` steps, with every action before ``t_end`` (at it
-        too when ``inclusive``) applied. Returns the summed loss of the steps done."""
+        too when ``inclusive``) applied. Returns the summed loss of the steps done (added into ``loss_sum``)."""
         b = self.backend
         acts = self.acts if self.live is not None else self.timeline.actions
-        loss_sum = torch.zeros((), device=b.state.params.device)
+        if loss_sum is None:
+            loss_sum = torch.zeros((), device=b.state.params.device)
 
         def due(w: int):
             """Worker w's next action if it is due at its current boundary within this round, else None."""
