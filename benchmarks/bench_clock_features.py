@@ -12,6 +12,7 @@ time budget, two rounds. Complete-graph push-pull gossip every 4 local steps, al
   regrouping          communities of 4, regrouped every round (against the same communities without)
   ..., published      the three decided by the state, reading what every worker publishes every 4 nominal
                       step times (publish_every 4) instead of its state at each event
+  ... vs data         examples by similarity against data that travels without similarity (the same k)
 
 Interleaved and repeated; the figure is training-and-merging wall time (evaluation excluded) per worker-step, and
 the ratio with / without (each repeat's pair side by side; the median of those ratios). Check that nothing else
@@ -33,6 +34,7 @@ from evomerge.policy import MergePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = MergePolicy(topology="complete", mean_interval=4.0, exchange="push_pull")
+DATA = PLAIN.replace(data_exchange_k=8)
 COMMUNITIES = MergePolicy(topology="communities", n_communities=4, mean_interval=4.0, exchange="push_pull")
 CASES = {
     "swaps": (PLAIN, PLAIN.replace(swap_p=0.3)),
@@ -46,6 +48,9 @@ CASES = {
     "similarity peers, published": (PLAIN, PLAIN.replace(similarity_bias=0.5, publish_every=4)),
     "data by similarity, published": (PLAIN, PLAIN.replace(data_exchange_k=8, data_similarity_sign=0.5,
                                                            publish_every=4)),
+    # examples by similarity against data that travels without it (the least confident travel)
+    "data by similarity vs data": (DATA, DATA.replace(data_similarity_sign=0.5)),
+    "data by similarity, published, vs data": (DATA, DATA.replace(data_similarity_sign=0.5, publish_every=4)),
 }
 
 
