@@ -40,6 +40,9 @@ MIXED = [
     MergePolicy(topology="communities", n_communities=2, regroup_every=1, similarity_bias=0.5, data_exchange_k=4,
                 swap_p=0.2),
     MergePolicy(topology="ring", mean_interval=200),  # almost no merging
+    # decisions from what the workers publish every 3 steps (schema 10)
+    MergePolicy(topology="complete", similarity_bias=-0.5, swap_p=0.3, swap_confidence=0.7, mean_interval=2,
+                publish_every=3),
 ]
 
 
@@ -62,7 +65,7 @@ CROSS = [  # plain gossip lerps of weights: applied together across members with
 @pytest.mark.parametrize("cross", [False, True])
 def test_each_member_equals_its_run_alone_bit_for_bit(setup, cross):
     pols = MIXED + (CROSS if cross else [])
-    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 0, 1, 0, 5, 2, 0])]
+    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 4, 0, 1, 0, 5, 2, 0])]
     out = run_population(setup, members, "cpu", keep_params=True, cross=cross)
     for m, got in zip(members, out):
         _same(got, simulate.simulate(setup, m.policy, m.seed, device="cpu", keep_params=True))
