@@ -194,7 +194,7 @@ def test_schema_version_zero_is_refused(tmp_path):
     f.write_text('{"schema_version": 0}')
     p = evomerge("policy", "validate", str(f))
     assert p.returncode == 2
-    assert p.stderr == "error: policy.schema_version: 0 is out of range; allowed: [1, 9]\n"
+    assert p.stderr == "error: policy.schema_version: 0 is out of range; allowed: [1, 10]\n"
 
 
 @pytest.mark.system
