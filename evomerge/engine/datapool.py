@@ -163,7 +163,9 @@ class DataPool:
         if n_most:
             trained = np.where(c >= UNSEEN, -1.0, c)  # an example no model trained on is not confident
             top = act[first_k(-trained + later, n_most)]
-            chosen = np.concatenate([top, least[~np.isin(least, top)][:k - n_most]])
+            taken = set(top.tolist())  # a few examples: a set, not np.isin's sort
+            rest = np.fromiter((x for x in least.tolist() if x not in taken), dtype=np.int64)
+            chosen = np.concatenate([top, rest[:k - n_most]])
         else:
             chosen = least
         self.holder[chosen] = to
