@@ -244,8 +244,8 @@ class MergePolicy:
     publish_every: int = _f(
         0, "Gossip decisions by the workers' state (peers or examples by similarity, swaps by the peer's confidence) "
         "read what every worker last published: its sketch (or CKA logits) and its data's confidence, published "
-        "after every publish_every local steps (on a simulated cluster, at every publish_every of its nominal step "
-        "times: step_time). 0 = every worker's state at each decision's instant, gathered for that decision.",
+        "after every publish_every local steps (on a simulated cluster, at every publish_every of the median worker's "
+        "step times). 0 = every worker's state at each decision's instant, gathered for that decision.",
         ge=0, le=1_000_000)
     # -- schema 8: backup workers, the synchronous answer to stragglers --
     backup_workers: int = _f(

@@ -136,7 +136,7 @@ def test_the_examples_chosen_are_a_full_stable_sort_s_first_k():
         n = int(rng.integers(3, 400))
         conf = rng.choice([0.1, 0.5, 0.9, datapool.UNSEEN], n).astype(np.float32)  # many ties
         free = rng.random(n) < 0.5
-        conf[free] = rng.random(int(free.sum())).astype(np.float32)
+        conf[free] = (rng.random(int(free.sum())) * rng.choice([1.0, 1e-18], int(free.sum()))).astype(np.float32)
         seen = rng.random(n) < 0.4
         k, most, unseen_first = int(rng.integers(1, n)), float(rng.choice([0.0, 0.25, 1.0])), bool(trial % 2)
         pool = datapool.DataPool([np.arange(n)], n, seed=0)
@@ -153,3 +153,9 @@ def test_the_examples_chosen_are_a_full_stable_sort_s_first_k():
         assert chosen.tolist() == want.tolist()
     key = np.array([3.0, 1.0, 2.0, 1.0, 1.0, 0.5])
     assert datapool.first_k(key, 3).tolist() == [5, 1, 3]
+    # confidences too small to survive an offset, and NaN (a diverged model), ordered as lexsort orders them
+    for c, later, k in [([.5, 1e-17, 1e-19, .3], [False, True, True, False], 3),
+                        ([np.nan, .9, .2], [False, True, True], 2),
+                        ([np.nan, np.nan, .1, .4, np.nan], [False, False, False, True, True], 4)]:
+        c, later = np.asarray(c, dtype=np.float32), np.asarray(later)
+        assert datapool.first_k(c, k, later).tolist() == np.lexsort((c, later))[:k].tolist()

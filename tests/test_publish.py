@@ -14,7 +14,7 @@ import torch
 from conftest import tiny_study
 from evomerge import simulate
 from evomerge.backends.inprocess import InProcess
-from evomerge.engine import run as run_mod, similarity
+from evomerge.engine import clock, run as run_mod, similarity
 from evomerge.engine.timed import Timed
 from evomerge.policy import MergePolicy, switch_off_inapplicable
 from evomerge.study import EnvSpec
@@ -115,10 +115,11 @@ def test_on_a_clock_a_decision_reads_the_last_publication_and_the_replay_stops_o
     for r in range(driver.rounds):
         driver.train_round(r)
     live, tl = driver.live, driver.timeline
+    assert live.nominal_step == 0.25 * np.median(clock.speed_factors(env, W, 1)) != 0.25
     assert len(driver.asked) > 3 * len(driver.publications) > 15  # many decisions per stop of the replay
     for n, (done, ptr) in enumerate(driver.publications[1:], 1):
         t = live.publication_time(n)
-        assert t == pytest.approx(n * k * 0.25)
+        assert t == pytest.approx(n * k * live.nominal_step)  # the median worker's step time
         for w in range(W):
             assert done[w] == int((np.asarray(live.completions[w]) <= t).sum())
             assert ptr[w] == sum(1 for a in tl.actions[w] if a.time < t)
@@ -131,7 +132,44 @@ def test_on_a_clock_a_decision_reads_the_last_publication_and_the_replay_stops_o
 def test_publish_every_is_switched_off_where_nothing_is_decided_by_the_state():
     fixed = P()
     assert switch_off_inapplicable({"publish_every": 5}, fixed)["publish_every"] == 0
-    assert switch_off_inapplicable({"publish_every": 5, "swap_confidence": 0.5}, fixed)["publish_every"] == 0  # no swaps
+    no_swaps = {"publish_every": 5, "swap_confidence": 0.5}  # swaps by confidence without swaps
+    assert switch_off_inapplicable(no_swaps, fixed)["publish_every"] == 0
     on = switch_off_inapplicable({"publish_every": 5, "similarity_bias": -0.3}, fixed)
     assert on["publish_every"] == 5 and "publish every 5 steps" in P(**on).describe()
     assert "publish" not in P(publish_every=5).describe()
+
+
+def _lockstep_part(res):
+    timed = {"sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness", "time_to_target",
+             "accuracy_at_time", "loss_at_time", "perplexity_at_time", "wall_time"}
+    return [{k: v for k, v in dataclasses.asdict(h).items() if k not in timed} for h in res.history]
+
+
+def test_a_free_cluster_at_any_one_speed_publishes_as_the_lockstep_run(setup):
+    """Publications fall at every k-th step of the median worker: on a homogeneous free cluster of speed 2 (step
+    time 0.1 s, not a binary fraction) they are the lockstep run's, with the replay at its steps (waves) too."""
+    policy = P(topology="complete", similarity_bias=0.8, mean_interval=1.5, swap_p=0.4, swap_confidence=0.6,
+               publish_every=4)
+    lockstep = simulate.simulate(setup, policy, 3, device="cpu", keep_params=True)
+    env = EnvSpec(step_time=0.1, speeds=(2.0,) * W)
+    s = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=env))
+    for waves in (False, True):
+        timed = simulate.simulate(s, policy, 3, device="cpu", keep_params=True, waves=waves)
+        assert _lockstep_part(timed) == _lockstep_part(lockstep) and torch.equal(timed.params, lockstep.params)
+
+
+def test_on_a_clock_each_publication_is_charged_and_no_decision_gathers(setup):
+    """Uneven speeds (the median worker at speed 1), push gossip that never waits: both runs send the same payloads
+    at the same instants; one charges a gather per decision, the other every publication up to the end."""
+    env = EnvSpec(step_time=0.25, speeds=(1.0, 1.0, 1.0, 0.5, 0.5), latency=0.01, bandwidth=1e7)
+    policy = P(topology="complete", similarity_bias=0.8, mean_interval=2.0, exchange="push", publish_every=3)
+    s = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=env))
+    published = simulate.simulate(s, policy, 0, device="cpu")
+    instant = simulate.simulate(s, policy.replace(publish_every=0), 0, device="cpu")
+    end = published.final.sim_time
+    assert end == instant.final.sim_time and published.final.merges == instant.final.merges > 20
+    sketch = 4 * similarity.SKETCH_DIM
+    publications = int(end // (3 * 0.25))  # at 0.75 s, 1.5 s, ... up to the end
+    assert publications >= 5
+    assert published.final.bytes - instant.final.bytes == publications * W * (W - 1) * sketch \
+        - instant.final.merges * (W - 1) * sketch

@@ -395,8 +395,10 @@ class Simulation:
         self.started = False
         self.gathers = gathers_per_event(policy)
         # publish_every: the workers publish what decisions read at every publish_every of the cluster's nominal
-        # step times (the times a worker of speed 1 without jitter completes those steps at, summed as it sums them)
+        # step times: the median worker's step time without jitter, summed as a worker sums its steps (so on a
+        # homogeneous free cluster they are its step boundaries exactly, whatever its speed)
         self.publish_every = publishes(policy) if sched.scheme == "gossip" else 0
+        self.nominal_step = float(env.step_time * np.median(compute.factor))
         self._publications = [0.0]
         self.regroup_every = policy.regroup_every if sched.scheme == "gossip" else 0
         self.other_sends: list[tuple[float, int]] = []  # (time, bytes) sent outside the schedule's events
@@ -762,7 +764,7 @@ class Simulation:
 
     def publication_time(self, n: int) -> float:
         """The instant of the ``n``-th publication (``publish_every``; 0: the start)."""
-        pubs, k, d = self._publications, self.publish_every, self.env.step_time
+        pubs, k, d = self._publications, self.publish_every, self.nominal_step
         while len(pubs) <= n:
             t = pubs[-1]
             for _ in range(k):

@@ -27,16 +27,18 @@ UNSEEN = 2.0  # confidence of an example no model has trained on yet: never "lea
 IN_TRANSIT = -2  # the holder of an example on its way between two workers (a simulated clock's link)
 
 
-UNSEEN_LAST = 4.0  # added to the sort key of an example the receiver has trained on: above every confidence
-
-
-def first_k(key: np.ndarray, k: int) -> np.ndarray:
-    """The positions of the ``k`` smallest keys in the order of a stable sort (ties by position), without sorting
-    them all: the selection's value, then the few below it and at it."""
+def first_k(key: np.ndarray, k: int, later: np.ndarray | None = None) -> np.ndarray:
+    """The first ``k`` positions of ``np.lexsort((key, later))`` (``later``: positions that go after the others;
+    ties by position; NaN last in its group), without sorting them all: the selection's value, then the few below
+    it and at it."""
+    if later is not None:
+        head, tail = np.flatnonzero(~later), np.flatnonzero(later)
+        out = head[first_k(key[head], k)]
+        return out if len(out) >= k else np.concatenate([out, tail[first_k(key[tail], k - len(out))]])
     if k >= len(key):
         return np.argsort(key, kind="stable")
     v = np.partition(key, k - 1)[k - 1]
-    if not np.isfinite(v):  # non-finite confidences (a diverged model): the plain stable sort
+    if not np.isfinite(v):  # non-finite keys (a diverged model): the whole stable sort, as lexsort orders them
         return np.argsort(key, kind="stable")[:k]
     below = np.flatnonzero(key < v)
     idx = np.concatenate([below, np.flatnonzero(key == v)[:k - len(below)]])
@@ -155,14 +157,13 @@ class DataPool:
         k = min(k, max(0, len(act) - 1))  # a worker keeps at least one example
         if k <= 0:
             return np.zeros(0, dtype=np.int64)
-        c = self.conf[act].astype(np.float64)
-        # the examples dst has trained on after the others (UNSEEN_LAST more on the key): first by that, then by c
-        later = UNSEEN_LAST * self.seen[act, dst] if unseen_first else 0.0
-        least = act[first_k(c + later, k)]  # the k least confident, stable: ties keep the shard's order
+        c = self.conf[act]
+        later = self.seen[act, dst] if unseen_first else None  # the examples dst has trained on go after the others
+        least = act[first_k(c, k, later)]  # the k least confident, stable: ties keep the shard's order
         n_most = int(round(most * k))
         if n_most:
             trained = np.where(c >= UNSEEN, -1.0, c)  # an example no model trained on is not confident
-            top = act[first_k(-trained + later, n_most)]
+            top = act[first_k(-trained, n_most, later)]
             taken = set(top.tolist())  # a few examples: a set, not np.isin's sort
             rest = np.fromiter((x for x in least.tolist() if x not in taken), dtype=np.int64)
             chosen = np.concatenate([top, rest[:k - n_most]])
