@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 from evomerge import simulate, study
 from evomerge.policy import MergePolicy
 from evomerge.search.baselines import fresh_seeds
 
+ROOT = Path(__file__).resolve().parent.parent
 BASE = MergePolicy(topology="complete", mean_interval=4.0, exchange="push_pull")
 
 
@@ -30,7 +32,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, nargs="+", default=[0, 4, 16])
     ap.add_argument("--biases", type=float, nargs="+", default=[-0.5, 0.5])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     args = ap.parse_args()
     full = study.load(args.study)
     setup = simulate.prepare(full, data_dir=args.data_dir)
