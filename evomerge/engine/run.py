@@ -66,6 +66,8 @@ def local_step(setup: Setup, st: Workers, x: torch.Tensor, y: torch.Tensor,
     model, run = setup.model, setup.study.run
     losses = model.sgd_step_(st.params.params, x, y, run.lr) if st.fused else None
     if losses is None:
+        if st.grad is None:  # rows taken for a fused step (Workers.take) whose model has no fused step here
+            st.grad = st.params.like()
         losses = (model.loss_and_grad(st.params.params, x, y, st.grad.params, keys=keys) if keys is not None
                   else model.loss_and_grad(st.params.params, x, y, st.grad.params))
         if not getattr(st, "deferred", False):  # payload "gradient": the all-reduce updates (update())

@@ -119,9 +119,9 @@ class Workers:
 
     STEPPED = ("params", "accum")  # what a local step reads and writes, besides the optimiser's state
 
-    def take(self, rows: list[int]) -> "Workers":
+    def take(self, rows: list[int], step: bool = False) -> "Workers":
         """The state of some rows as a smaller stacked state (copies) that a local step can run on;
-        :meth:`put` writes it back."""
+        :meth:`put` writes it back. ``step``: only for one local step (no gradient stack where it is not needed)."""
         idx = torch.as_tensor(rows, device=self.params.device)
         sub = object.__new__(Workers)
         sub.W, sub.P, sub.fused = len(rows), self.P, self.fused
@@ -134,7 +134,9 @@ class Workers:
                 for b, pb in zip(whole.blocks, part.blocks):
                     torch.index_select(b, 0, idx, out=pb)
             setattr(sub, name, part)
-        sub.grad = sub.params.like()
+        # a fused SGD step (the update inside the model's backward) needs no gradient stack: for ``step`` alone it is
+        # made only if the step asks (run.local_step)
+        sub.grad = None if step and sub.fused and not sub.deferred else sub.params.like()
         sub.score, sub.score_weight = self.score[idx], self.score_weight[idx]
         sub.optim = self.optim.take(idx, sub.params)
         sub.momentum = sub.optim.momentum

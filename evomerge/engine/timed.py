@@ -511,7 +511,7 @@ class Timed:
             losses = local_step(setup, st, x, y, keys=keys)
         else:
             at = [b.pos[w] for w in rows]
-            sub = st.take(at)
+            sub = st.take(at, step=True)
             losses = local_step(setup, sub, x, y, keys=keys)
             st.put(sub, at)
         if pool is not None:
