@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import tiny_study
+from test_timed import lockstep_part
 from evomerge import simulate
 from evomerge.backends.inprocess import InProcess
 from evomerge.engine import clock, run as run_mod, similarity
@@ -139,12 +140,6 @@ def test_publish_every_is_switched_off_where_nothing_is_decided_by_the_state():
     assert "publish" not in P(publish_every=5).describe()
 
 
-def _lockstep_part(res):
-    timed = {"sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness", "time_to_target",
-             "accuracy_at_time", "loss_at_time", "perplexity_at_time", "wall_time"}
-    return [{k: v for k, v in dataclasses.asdict(h).items() if k not in timed} for h in res.history]
-
-
 def test_a_free_cluster_at_any_one_speed_publishes_as_the_lockstep_run(setup):
     """Publications fall at every k-th step of the median worker: on a homogeneous free cluster of speed 2 (step
     time 0.1 s, not a binary fraction) they are the lockstep run's, with the replay at its steps (waves) too."""
@@ -155,7 +150,7 @@ def test_a_free_cluster_at_any_one_speed_publishes_as_the_lockstep_run(setup):
     s = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=env))
     for waves in (False, True):
         timed = simulate.simulate(s, policy, 3, device="cpu", keep_params=True, waves=waves)
-        assert _lockstep_part(timed) == _lockstep_part(lockstep) and torch.equal(timed.params, lockstep.params)
+        assert lockstep_part(timed) == lockstep_part(lockstep) and torch.equal(timed.params, lockstep.params)
 
 
 def test_on_a_clock_each_publication_is_charged_and_no_decision_gathers(setup):
