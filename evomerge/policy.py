@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 from pydantic import Field, model_validator
@@ -492,12 +493,18 @@ ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster 
                      "order of their times; add an [environment], or use scheme gossip, allreduce or none")
 
 
-def decides_by_state(policy: MergePolicy) -> bool:
+def decides_by_confidence(policy) -> bool:
+    """Whether gossip swaps of ``policy`` are decided by the peer's data's confidence."""
+    return policy.scheme == "gossip" and bool(policy.swap_p and policy.swap_confidence)
+
+
+def decides_by_state(policy) -> bool:
     """Whether gossip events of ``policy`` are decided by the workers' state: peers or examples by similarity, swaps
-    by the peer's confidence (what ``publish_every`` publishes)."""
+    by the peer's confidence (what ``publish_every`` publishes). ``policy``: a MergePolicy, or any object with its
+    fields (a search's sampled values over the fixed ones)."""
     return policy.scheme == "gossip" and bool(policy.similarity_bias
-                                              or (policy.data_exchange_k and policy.data_similarity_sign)
-                                              or (policy.swap_p and policy.swap_confidence))
+                                              or (policy.data_exchange_k and policy.data_similarity_sign)) \
+        or decides_by_confidence(policy)
 
 
 def publishes(policy: MergePolicy) -> int:
@@ -554,9 +561,8 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
         out.update(DATA_TRAVEL_OFF)
     if not out.get("swap_p", fixed.swap_p):
         out.update(SWAP_OFF)
-    if not (scheme == "gossip" and (out.get("similarity_bias", fixed.similarity_bias)
-                                    or out.get("data_similarity_sign", fixed.data_similarity_sign)
-                                    or out.get("swap_confidence", fixed.swap_confidence))):
+    state = ("scheme", "similarity_bias", "data_exchange_k", "data_similarity_sign", "swap_p", "swap_confidence")
+    if not decides_by_state(SimpleNamespace(**{k: out.get(k, getattr(fixed, k)) for k in state})):
         out["publish_every"] = 0  # nothing decided by the state: nothing to publish
     if out.get("backup_workers", fixed.backup_workers) and (
             scheme != "allreduce" or any(out.get(k, getattr(fixed, k)) != v for k, v in BACKUP_NEEDS.items())):

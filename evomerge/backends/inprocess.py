@@ -65,7 +65,7 @@ class InProcess(Backend):
         similarity matrix, and its data's confidence where swaps are decided by it."""
         p = self.p
         sims = self.sim.matrix(self.state.params).cpu().numpy() if plan_mod.gathers_similarity(p) else None
-        conf = [self.pool.confidence(w) for w in range(self.W)] if p.swap_p and p.swap_confidence else None
+        conf = [self.pool.confidence(w) for w in range(self.W)] if plan_mod.decides_by_confidence(p) else None
         self._published = (sims, conf)
 
     def clock_confidence(self, j: int) -> float | None:

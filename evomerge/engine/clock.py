@@ -62,6 +62,7 @@ in schedule order.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -757,8 +758,6 @@ class Simulation:
     def steps_by(self, t: float) -> np.ndarray:
         """Each worker's local steps done by ``t`` (the clock at ``t`` or after it): those completed by then, and one
         it is in if that ends at ``t``."""
-        from bisect import bisect_right
-
         return np.array([bisect_right(c, t) + (1 if self.busy[w] and self.step_end[w] <= t else 0)
                          for w, c in enumerate(self.completions)], dtype=np.int64)
 
@@ -774,12 +773,9 @@ class Simulation:
 
     def publications_by(self, t: float) -> int:
         """The last publication at or before ``t``."""
-        n = len(self._publications) - 1
-        while self.publication_time(n + 1) <= t:
-            n += 1
-        while self._publications[n] > t:
-            n -= 1
-        return n
+        while self.publication_time(len(self._publications) - 1) <= t:  # known up to the first one after t
+            self.publication_time(len(self._publications))
+        return bisect_right(self._publications, t) - 1
 
     def advance(self, stop=None) -> None:
         """Handle the events in time order, until none is left, the run's end, or ``stop(t)`` for the next one's

@@ -21,7 +21,7 @@ import torch
 from . import ops
 from .. import registry
 from ..errors import ConfigError
-from ..policy import MergePolicy, publishes  # noqa: F401  (publishes: re-exported for the engine)
+from ..policy import MergePolicy, decides_by_confidence, publishes  # noqa: F401  (publishes: for the engine)
 from .schedule import STREAMS, rng_for
 
 TAG_QUANT = STREAMS["quant"]
@@ -210,7 +210,7 @@ class Bytes:
         """One publication (``publish_every``): every worker's sketch (or CKA logits), and its data's confidence
         (float32) where swaps are decided by it, to every other worker."""
         sim = self.similarity if gathers_similarity(self.p) else 0
-        conf = 4 if self.p.scheme == "gossip" and self.p.swap_p and self.p.swap_confidence else 0
+        conf = 4 if decides_by_confidence(self.p) else 0
         return workers * (workers - 1) * (sim + conf)
 
     def regroup(self, workers: int) -> int:
