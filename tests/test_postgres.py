@@ -16,8 +16,8 @@ def trials(url):
     import sqlalchemy
 
     eng = sqlalchemy.create_engine(url + "/optuna", poolclass=sqlalchemy.pool.NullPool)
-    try:
-        with eng.connect() as c:
+    try:  # one snapshot: a trial created between two reads would otherwise have attributes but no row
+        with eng.connect().execution_options(isolation_level="REPEATABLE READ") as c, c.begin():
             rows = c.execute(sqlalchemy.text("select trial_id, number, state from trials")).fetchall()
             attrs = c.execute(sqlalchemy.text("select trial_id, key, value_json from trial_user_attributes")).fetchall()
             params = c.execute(sqlalchemy.text("select trial_id, param_name, param_value from trial_params")).fetchall()
