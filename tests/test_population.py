@@ -59,13 +59,23 @@ CROSS = [  # plain gossip lerps of weights: applied together across members with
     # per-coordinate weights (accumulators): weighed and summed for every such member at once
     MergePolicy(topology="complete", mean_interval=1.5, exchange="push_pull", weighting="adaptive", winner_bias=0.5),
     MergePolicy(topology="ring", mean_interval=2, exchange="push", weighting="adaptive", lerp="random"),
+    # plain all-reduces of weights (uniform, by examples): every member's applied at once with cross=True
+    MergePolicy(scheme="allreduce", mean_interval=2, weighting="examples", mixing_weight=0.7, lerp="random"),
+    MergePolicy(scheme="allreduce", mean_interval=3, mixing_schedule="linear", mixing_weight_final=0.3),
+    MergePolicy(scheme="allreduce", mean_interval=1, mixing_weight=0.4),
+    # DiLoCo's outer step (each member's own anchor and momentum) on the average taken with the others'
+    MergePolicy(scheme="allreduce", mean_interval=4, mixing_weight=1.0, outer_optimizer="nesterov", outer_lr=0.7,
+                outer_momentum=0.9),
+    # compressed outer gradients: applied by its own backend
+    MergePolicy(scheme="allreduce", mean_interval=3, mixing_weight=1.0, outer_optimizer="sgd", outer_lr=0.8,
+                outer_momentum=0.5, payload="delta", topk_fraction=0.3),
 ]
 
 
 @pytest.mark.parametrize("cross", [False, True])
 def test_each_member_equals_its_run_alone_bit_for_bit(setup, cross):
     pols = MIXED + (CROSS if cross else [])
-    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 4, 0, 1, 0, 5, 2, 0])]
+    members = [Member(p, seed) for p, seed in zip(pols, [0, 1, 0, 2, 3, 4, 0, 1, 0, 5, 2, 0, 1, 3, 0, 2, 1])]
     out = run_population(setup, members, "cpu", keep_params=True, cross=cross)
     for m, got in zip(members, out):
         _same(got, simulate.simulate(setup, m.policy, m.seed, device="cpu", keep_params=True))
@@ -144,3 +154,92 @@ def test_adaptive_gossip_is_applied_with_the_other_members(setup):
     for other in (MergePolicy(topology="ring", weighting="adaptive", payload="delta", topk_fraction=0.2),
                   MergePolicy(topology="ring", weighting="adaptive", swap_p=0.2)):
         assert not cross_mergeable(other, setup.model, whole.member(run.workers, 2 * run.workers, other, run))
+
+
+def test_plain_allreduces_are_applied_with_the_other_members(setup):
+    """With ``cross``, the members whose all-reduces are averages of weights (a mean, or weighted by examples; with
+    or without DiLoCo's outer step on it) leave them to the population, which applies every member's at once;
+    streamed fragments, compressed deltas, per-coordinate supports and merged optimiser state stay with the member's
+    own backend. The arithmetic is held bit for bit above (CROSS has both kinds)."""
+    from evomerge.backends.population import cross_allreducible
+    from evomerge.engine.state import Workers, initial_row
+
+    run = setup.study.run
+
+    def member(policy):
+        whole = Workers.population(setup.model, run, [initial_row(setup.model, 0)], policy.weighting == "adaptive",
+                                   torch.device("cpu"))
+        return whole.member(0, run.workers, policy, run)
+
+    for plain in (MergePolicy(scheme="allreduce", mean_interval=2), MIXED[2],
+                  MergePolicy(scheme="allreduce", weighting="examples", lerp="random"),
+                  MergePolicy(scheme="allreduce", mixing_weight=1.0, outer_optimizer="nesterov", outer_momentum=0.9)):
+        assert cross_allreducible(plain, setup.model, member(plain))
+    for other in (MergePolicy(scheme="allreduce", mixing_weight=1.0, outer_optimizer="sgd", payload="delta"),
+                  MergePolicy(scheme="allreduce", mean_interval=8, mixing_weight=1.0, fragments=2),
+                  MergePolicy(scheme="allreduce", payload="delta", topk_fraction=0.2),
+                  MergePolicy(scheme="allreduce", weighting="adaptive"),
+                  MergePolicy(topology="ring", mean_interval=2)):
+        assert not cross_allreducible(other, setup.model, member(other))
+
+
+def test_allreduces_applied_together_with_eight_workers_and_users_rules(mnist):
+    """Eight workers (a sum over more than four rows is where a layout's order of additions shows), several members
+    weighted by examples, and rules of a user's that weigh gossip by examples but average plainly (and the reverse):
+    each member's all-reduce is its rule's, bit for bit as its run alone."""
+    from evomerge import registry
+    from evomerge.engine.weighting import Examples, Weighting
+
+    class GossipByExamples(Weighting):  # by_examples for its pairs' column, but the all-reduce's plain mean
+        by_examples = True
+
+        def column(self, st, move, own, examples, examples_of=None):
+            return Examples.column(self, st, move, own, examples, examples_of)
+
+    class ExamplesUnflagged(Examples):
+        by_examples = False
+
+    registry.WEIGHTINGS["gossip-by-examples"] = GossipByExamples
+    registry.WEIGHTINGS["examples-unflagged"] = ExamplesUnflagged
+    try:
+        setup = simulate.prepare(tiny_study(rounds=3, workers=8), data=mnist)
+        pols = [MergePolicy(scheme="allreduce", mean_interval=2, weighting="examples", mixing_weight=0.6, lerp="random"),
+                MergePolicy(scheme="allreduce", mean_interval=1, weighting="examples", mixing_weight=0.8),
+                MergePolicy(scheme="allreduce", mean_interval=3, weighting="examples", mixing_schedule="linear",
+                            mixing_weight_final=0.2),
+                MergePolicy(scheme="allreduce", mean_interval=1, mixing_weight=0.5),
+                MergePolicy(scheme="allreduce", mean_interval=2, weighting="gossip-by-examples", mixing_weight=0.7),
+                MergePolicy(scheme="allreduce", mean_interval=2, weighting="examples-unflagged", mixing_weight=0.7),
+                MergePolicy(topology="ring", mean_interval=2, exchange="push_pull", weighting="examples"),
+                MergePolicy(scheme="allreduce", mean_interval=3, weighting="examples", mixing_weight=1.0,
+                            outer_optimizer="nesterov", outer_lr=0.7, outer_momentum=0.9),
+                MergePolicy(scheme="allreduce", mean_interval=2, mixing_weight=1.0, outer_optimizer="sgd", outer_lr=1.3,
+                            outer_momentum=0.5)]
+        seeds = [0, 1, 0, 2, 1, 0, 3, 1, 2]
+        out = run_population(setup, [Member(p, s) for p, s in zip(pols, seeds)], "cpu", keep_params=True, cross=True)
+        for p, s, got in zip(pols, seeds, out):
+            _same(got, simulate.simulate(setup, p, s, device="cpu", keep_params=True))
+    finally:
+        del registry.WEIGHTINGS["gossip-by-examples"], registry.WEIGHTINGS["examples-unflagged"]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_consensus_models_loss_and_one_worker_runs_are_their_runs_alones(mnist, workers):
+    """Each member's consensus model is evaluated in a forward of its own, as its run alone evaluates it (on the CPU
+    a matrix product of one row runs multithreaded and rounds otherwise than rows one thread each: the loss differed
+    in the last bits in some rounds), and members of one worker each run one at a time, for the same reason."""
+    study = tiny_study(rounds=3, workers=workers)
+    study = dataclasses.replace(study, model=dataclasses.replace(study.model, options={"hidden": [64]}))  # 50176 weights
+    setup = simulate.prepare(study, data=mnist)
+    pols = [MergePolicy(scheme="allreduce", mean_interval=2, weighting="examples", mixing_weight=0.6),
+            MergePolicy(scheme="allreduce", mean_interval=3, mixing_weight=0.5),
+            MergePolicy(topology="ring", mean_interval=2, exchange="push_pull"),
+            MergePolicy(topology="ring", mean_interval=5)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # as a user's run has them (a test process has one): where one row rounds otherwise
+    try:
+        out = run_population(setup, [Member(p, s) for s, p in enumerate(pols)], "cpu", keep_params=True)
+        for s, (p, got) in enumerate(zip(pols, out)):
+            _same(got, simulate.simulate(setup, p, s, device="cpu", keep_params=True))
+    finally:
+        torch.set_num_threads(threads)

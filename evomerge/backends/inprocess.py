@@ -32,6 +32,9 @@ class InProcess(Backend):
         super().__init__(setup, policy, seed, device, list(range(W)), state=state, tensors=tensors)
         self.W = W
         self.pool = None
+        # a population's list: this member's all-reduces are collected there and applied with other members' (None:
+        # applied here, at once; population._Group.collect_allreduces)
+        self.collect: list | None = None
         if policy.data_exchange_k or policy.retire_threshold or (policy.swap_p and policy.swap_confidence):
             self.pool = datapool.DataPool(setup.shards, len(self.train_y), seed, retire_threshold=policy.retire_threshold,
                                           reserve_rate=policy.reserve_rate)
@@ -289,6 +292,10 @@ class InProcess(Backend):
             gens = [plan_mod.quant_generator(self.seed, event, w) if p.quantize_bits else None for w in range(W)]
             kernel.gradient_average_(st.grad, st.residual, p.topk_fraction, p.quantize_bits, gens)
             run_mod.update(self.setup, st)
+            return
+        if self.collect is not None:  # the weight, and the supports as they are now (the counters move on at once)
+            support = self.weighting.supports(st)[0]  # a plain mean (None) or the example counters, as below
+            self.collect.append((self, weight, None if support is None else support.clone()))
             return
         every = np.arange(W)
         if self.outer_delta and (self.fragment(event) is not None or p.fragment_alpha):  # streamed, landing now

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import registry
+from .. import models as models_mod, registry
 from ..engine import datapool, judge as judge_mod, kernel, run as run_mod, setup as setup_mod
 from ..engine.judge import Judge
 from ..engine.merger import StepMerger
@@ -75,6 +75,16 @@ class _Group:
 
     def __init__(self, runs: list[_Run], state: Workers):
         self.runs, self.state = runs, state
+        self.idx = self.loss = None  # this round's (begin_round)
+        self.start = None  # the rows at this round's start (a copy)
+        self.pending: list = []  # this step's collected all-reduces (collect_allreduces): (backend, weight, supports)
+
+    def collect_allreduces(self, setup: Setup) -> None:
+        """The members whose all-reduces are plain averages of weights (:func:`cross_allreducible`) leave them to
+        the group, which applies every member's at once after the step's planning (:meth:`_allreduces`)."""
+        for r in self.runs:
+            if cross_allreducible(r.m.policy, setup.model, r.st):
+                r.backend.collect = self.pending
 
     def live(self) -> list[_Run]:
         return [r for r in self.runs if not r.done]
@@ -99,30 +109,43 @@ class _Group:
             r.st.point_at(new, i * W, (i + 1) * W)
         self.runs, self.state = keep, new
 
+    def begin_round(self, dev) -> None:
+        """This round's minibatch positions of every member at once (when none draws from a data pool) and the
+        members' loss sums, one number each: a step then indexes once and adds once, whatever the members."""
+        self.idx = torch.cat([r.idx for r in self.runs], dim=1) if all(r.idx is not None for r in self.runs) else None
+        self.loss = torch.zeros(len(self.runs), device=dev)
+
+    def end_round(self) -> None:
+        """Each member's loss sum, for its round's metrics."""
+        for k, r in enumerate(self.runs):
+            r.loss = self.loss[k]
+        self.idx = None
+
     def step(self, setup: Setup, i: int, train_x, train_y, step: int) -> None:
         """Local step ``i`` of the round (the run's ``step``-th) for every member of the group: one batched step."""
         W, B = setup.study.run.workers, setup.study.run.batch_size
-        parts, pools = [], []
-        for r in self.runs:
-            if r.backend.pool is None:
-                parts.append(r.idx[i])
-                pools.append(None)
-            else:
-                pos = r.backend.pool.batches(B)
-                parts.append(torch.as_tensor(pos, device=train_x.device))
-                pools.append(pos)
-        bi = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if self.idx is not None:
+            bi = self.idx[i]
+        else:
+            parts, pools = [], [None] * len(self.runs)
+            for k, r in enumerate(self.runs):
+                if r.backend.pool is None:
+                    parts.append(r.idx[i])
+                else:
+                    pools[k] = r.backend.pool.batches(B)
+                    parts.append(torch.as_tensor(pools[k], device=train_x.device))
+            bi = torch.cat(parts) if len(parts) > 1 else parts[0]
         x, y = normalise(train_x[bi], setup.data.spec), train_y[bi]
         W_all = self.state.W
         segments = [(k * W, (k + 1) * W) for k in range(W_all // W)]
         keys = ([k for r in self.runs for k in layer_keys(r.m.seed, range(W), step)] if setup.model.random else None)
         losses = local_step(setup, self.state, x, y, segments, keys=keys)
-        for k, (r, pos) in enumerate(zip(self.runs, pools)):
-            part = losses[k * W:(k + 1) * W]
-            r.loss += part.mean(1).sum()
-            if pos is not None:
-                r.backend.pool.record(pos, torch.exp(-part).cpu().numpy())
-
+        # each member's mean loss per worker, summed over its workers (the sum its run alone takes, bit for bit)
+        self.loss.add_(losses.mean(1).reshape(len(self.runs), -1).sum(1))
+        if self.idx is None:  # the members that draw from a data pool record what their examples cost
+            for k, (r, pos) in enumerate(zip(self.runs, pools)):
+                if pos is not None:
+                    r.backend.pool.record(pos, torch.exp(-losses[k * W:(k + 1) * W]).cpu().numpy())
 
     def merge(self, setup: Setup, step: int, cross: bool, train_x, train_y, slices) -> None:
         """The merges due after local step ``step``, each member's planned by its own merger. Members whose
@@ -152,6 +175,42 @@ class _Group:
             layer += 1
         for r, plan in together:
             r.merger.finish(plan)
+        if self.pending:
+            self._allreduces(W, setup.model.offsets)
+
+    @torch.no_grad()
+    def _allreduces(self, W: int, offsets) -> None:
+        """The all-reduces the members left to the group this step (:meth:`collect_allreduces`) in one piece: per
+        parameter block one gather of their rows, the average of each member's rows (:func:`ops.weighted_average` over
+        the workers, with each member's supports where it weighs by examples),
+        each member's outer step on its average where it has one (DiLoCo: its own anchor and momentum, block by
+        block, :meth:`kernel.Outer.step_`), and one lerp with each member's weight and scatter
+        (:func:`kernel.lerp_rows_gathered_`). The arithmetic of :func:`kernel.average_all_` row by row (the tests
+        hold them bit for bit)."""
+        from ..engine import ops
+
+        st = self.state
+        dev = st.params.device
+        offset = {id(r.backend): k * W for k, r in enumerate(self.runs)}
+        pending = list(self.pending)
+        self.pending.clear()  # the members' backends hold this list
+        # one all-reduce per member: cross_allreducible takes one fragment, whose schedule has an event per step at most
+        for items in ([x for x in pending if x[2] is None], [x for x in pending if x[2] is not None]):
+            if not items:
+                continue
+            M = len(items)
+            rows = torch.as_tensor(np.concatenate([np.arange(offset[id(b)], offset[id(b)] + W) for b, _, _ in items]),
+                                   device=dev)
+            weight = torch.tensor([w for _, w, _ in items], dtype=torch.float32, device=dev).view(M, 1, 1)
+            support = None if items[0][2] is None else torch.stack([s for _, _, s in items])  # [M, W]
+            outers = [(m, b.state.outer) for m, (b, _, _) in enumerate(items) if b.state.outer is not None]
+            for k, (blk, chg) in enumerate(zip(st.params.blocks, st.merge_change.blocks)):
+                rows3 = blk.index_select(0, rows).view(M, W, -1)
+                avg, _ = ops.weighted_average(rows3, support, dim=1)  # [M, n]: each member's average
+                for m, outer in outers:  # the outer step on the average: the new anchor is the target
+                    if k < outer.blocks:
+                        avg[m].copy_(outer.step_(avg[m], *offsets[k]))
+                kernel.lerp_rows_gathered_(blk, rows, avg.unsqueeze(1), weight, chg, before=rows3)
 
     @torch.no_grad()
     def _pairs(self, setup: Setup, items, train_x, train_y, slices) -> None:
@@ -237,6 +296,23 @@ def cross_mergeable(policy: MergePolicy, model, st: Workers) -> bool:
             and model.n_trained_blocks == len(model.offsets))
 
 
+def cross_allreducible(policy: MergePolicy, model, st: Workers) -> bool:
+    """Whether a member's all-reduces are averages of weights that :meth:`_Group._allreduces` may apply together
+    with other members': the all-reduce scheme, weights on the wire (with or without DiLoCo's outer step on the
+    average), the whole model at once (no fragments), a plain mean or weighted by examples, no optimiser state
+    merged, no buffers."""
+    from ..engine.weighting import Examples, Payload, Weighting
+
+    rule = registry.WEIGHTINGS.get_object(policy.weighting)
+    payload = registry.PAYLOADS.get_object(policy.payload)
+    return (policy.scheme == "allreduce" and payload.models and not payload.public
+            and payload.outgoing is Payload.outgoing and policy.fragments <= 1
+            and not policy.fragment_delay and not policy.fragment_alpha
+            and not rule.accumulators and rule.supports in (Weighting.supports, Examples.supports)
+            and (policy.optimizer_state == "keep" or (not st.optim.stacks() and st.optim.steps is None))
+            and model.n_trained_blocks == len(model.offsets))
+
+
 def _weighed_together(policy: MergePolicy) -> bool:
     """Whether :meth:`_Group._pairs` may weigh a member's pairs with the others': a column rule that gives its weights
     as numbers (:meth:`Weighting.column`, not its own ``incoming_weights``), or the adaptive rule itself (its
@@ -263,8 +339,11 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     cross = dev.type == "cuda" if cross is None else cross
     if not members:
         return []
-    if setup.study.environment is not None or any(m.policy.payload == "gradient" for m in members):
-        # members on simulated clocks, or all-reducing gradients (their update waits for the average): one at a time
+    if (setup.study.environment is not None or any(m.policy.payload == "gradient" for m in members)
+            or setup.study.run.workers == 1):
+        # members on simulated clocks, or all-reducing gradients (their update waits for the average): one at a time;
+        # so with one worker each, whose run alone multiplies one row at a time (multithreaded on the CPU, rounding
+        # otherwise than the population's rows, one thread each)
         return [_alone(setup, m, dev, evaluate_test, keep_params) for m in members]
     for m in members:
         if m.policy.scheme == "async":
@@ -290,37 +369,44 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
             runs[k] = _Run(members[k], setup, st, dev, tensors, val, t0)
             group.append(runs[k])
         groups.append(_Group(group, whole))
+        if cross:
+            groups[-1].collect_allreduces(setup)
     bounds = round_bounds(T, run.rounds)
     start = 0
     for r, end in enumerate(bounds):
         steps = end - start
         idx_cache: dict[int, torch.Tensor] = {}
         for g in groups:
-            for x in g.runs:
-                x.round_start = x.st.params.clone()
-                x.st.merge_change.zero_()
-                x.loss = torch.zeros((), device=dev)
+            # the round's start, one copy for all members (each reads its rows), and the merges' changes zeroed at once
+            g.start = g.state.params.clone()
+            g.state.merge_change.zero_()
+            for k, x in enumerate(g.runs):
+                x.round_start = models_mod.Stack.view(g.start, k * W, (k + 1) * W)
                 if x.backend.pool is None:
                     if x.m.seed not in idx_cache:  # the minibatches are a function of the seed alone
                         idx = np.stack([batch_indices(setup.shards[w], run.batch_size, start, steps, x.m.seed, w)
                                         for w in range(W)], axis=1)
                         idx_cache[x.m.seed] = torch.as_tensor(idx, device=dev)
                     x.idx = idx_cache[x.m.seed]
+            g.begin_round(dev)
         for i in range(steps):
             for g in groups:
                 g.step(setup, i, tensors[0], tensors[1], start + i + 1)
             for g in groups:
                 g.merge(setup, start + i + 1, cross, *tensors)
         for g in groups:
+            g.end_round()
             # every member's consensus model and workers on the validation split, in forwards over members
             te = time.perf_counter()
             judge = g.runs[0].judge
             evaluated = judge_mod.evaluate_many(setup.model, g.state.params.params, len(g.runs), judge.val_x,
                                                 judge.val_y, judge.n_eval)
             share = (time.perf_counter() - te) / len(g.runs)
-            for x, ev in zip(g.runs, evaluated):
+            # every member's update norms, from one computation over the group's rows
+            norms = judge_mod.update_norms(g.state, g.start, steps, runs=len(g.runs))
+            for x, ev, nm in zip(g.runs, evaluated, norms):
                 x.judge.eval_time += share
-                _judge_round(x, r, end, steps, T, last=r == len(bounds) - 1, evaluated=ev)
+                _judge_round(x, r, end, steps, T, last=r == len(bounds) - 1, evaluated=ev, norms=nm)
                 x.idx = None
         start = end
         for g in groups:
@@ -331,13 +417,15 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     return [_result(x, setup, evaluate_test, keep_params, t0) for x in runs]
 
 
-def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool, evaluated: tuple | None = None) -> None:
+def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool, evaluated: tuple | None = None,
+                 norms: tuple[float, float] | None = None) -> None:
     """What :func:`execute` does at the end of a round (:func:`run.close_round`), for one member (``evaluated``: its
     validation results, taken with the other members')."""
     try:
         sent = x.merger.bytes + x.backend.regroup_bytes
         rm, _, outcome = run_mod.close_round(x.judge, x.backend, x.round_start, r, end, steps, x.loss, sent,
-                                             x.merger.count, {}, 0.0, T, x.m.callback, evaluated=evaluated)
+                                             x.merger.count, {}, 0.0, T, x.m.callback, evaluated=evaluated,
+                                             norms=norms)
     except Exception as e:  # its callback raised: this member's outcome; the others go on
         x.error, x.done = e, True
         return

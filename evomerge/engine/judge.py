@@ -134,14 +134,19 @@ def validation(setup: Setup, dev: torch.device) -> tuple[torch.Tensor, torch.Ten
     return normalise(data.val_x.to(dev), data.spec), data.val_y.to(dev)
 
 
-def update_norms(st: Workers, round_start: torch.Tensor, steps: int) -> tuple[float, float]:
-    """Per-step norms of what local steps and what merges changed this round, means over workers."""
-    model, W = st.params.model, st.W
+def update_norms(st: Workers, round_start: torch.Tensor, steps: int, runs: int | None = None) -> tuple[float, float] | list:
+    """Per-step norms of what local steps and what merges changed this round, means over workers.
+    ``runs``: the rows are that many runs' workers, consecutive ranges (a population's members), and each run's pair
+    comes back in a list, from one computation over all rows (each row's norm is its own; the tests hold them bit for bit)."""
+    model = st.params.model
     k = model.n_trained_blocks  # buffers (running statistics, counters) are not updates
     merged = st.merge_change.row_norms(k)
     local = torch.stack([(p - s - m).pow(2).sum(1) for p, s, m in
                          zip(st.params.blocks[:k], round_start.blocks[:k], st.merge_change.blocks[:k])]).sum(0).sqrt()
-    return float(local.mean()) / steps, float(merged.mean()) / steps
+    n = runs or 1
+    means = torch.stack([local.view(n, -1).mean(1), merged.view(n, -1).mean(1)], 1).tolist()  # one read
+    out = [(a / steps, b / steps) for a, b in means]
+    return out if runs else out[0]
 
 
 class Similarity:
@@ -210,7 +215,8 @@ def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_
     """What :meth:`Judge.round` evaluates, for ``runs`` runs whose workers are the consecutive row ranges of the
     stacked ``params`` (a population's state): each run's consensus model (the mean of its rows) on the validation
     split and every worker on its first ``n_eval`` examples, in forwards of at most ``max_rows`` rows (of several
-    runs) instead of two per run. Each row's numbers are those of its run's own forward (rows are computed alone).
+    runs) instead of one per run; on the CPU each consensus model in a forward of its own. Each row's numbers are
+    those of its run's own forward: bit for bit on the CPU, to float tolerance on a GPU.
     Returns per run ``(consensus accuracy, consensus loss, worker accuracies)``."""
     W = params[0].shape[0] // runs
     per = max(1, max_rows // W)
@@ -219,8 +225,16 @@ def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_
         hi = min(runs, lo + per)
         rows = [p[lo * W:hi * W] for p in params]
         centers = [p.reshape(hi - lo, W, *p.shape[1:]).mean(1) for p in rows]
-        acc, loss = _accuracy(model, centers, val_x, val_y)
         wacc, _ = _accuracy(model, rows, val_x[:n_eval], val_y[:n_eval])
+        if centers[0].device.type == "cpu":
+            # each consensus model in a forward of its own, as Judge.round takes it: on the CPU a batched matrix
+            # product of one row runs multithreaded and of several rows one thread per row, which round differently
+            # (the workers' forwards have several rows either way); on a GPU (float tolerance) in one forward
+            each = [_accuracy(model, [c[k:k + 1] for c in centers], val_x, val_y) for k in range(hi - lo)]
+            acc = None if each[0][0] is None else [a[0] for a, _ in each]
+            loss = [l[0] for _, l in each]
+        else:
+            acc, loss = _accuracy(model, centers, val_x, val_y)
         for k in range(hi - lo):
             out.append((acc[k] if acc is not None else None, loss[k],
                         wacc[k * W:(k + 1) * W] if wacc is not None else None))

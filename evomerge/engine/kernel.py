@@ -61,13 +61,16 @@ def lerp_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.
 def lerp_rows_gathered_(blk: torch.Tensor, rows: torch.Tensor, incoming: torch.Tensor, weight: torch.Tensor,
                         change: torch.Tensor | None = None, before: torch.Tensor | None = None) -> None:
     """:func:`lerp_rows_` as one gather, one lerp and one scatter over all rows (``rows`` a tensor of distinct
-    indices, ``incoming`` ``[k, n]``; ``before``: the rows already gathered): fewer kernel launches, the same
-    numbers (the lerp is elementwise)."""
+    indices, ``incoming`` ``[k, n]`` or what broadcasts to ``before``; ``before``: the rows already gathered, as
+    ``[k, n]`` or in groups ``[g, k/g, n]`` with a weight per group): fewer kernel launches, the same
+    numbers (the lerp is elementwise; ``change`` takes ``+ new`` then ``+ (-1) old``, each row once, which rounds
+    as ``(change + new) - old`` does)."""
     old = blk.index_select(0, rows) if before is None else before
-    new = old.lerp(incoming, weight)
+    new = old.lerp(incoming, weight).reshape(len(rows), -1)  # ``before`` may come grouped (``[g, k/g, n]``)
     blk.index_copy_(0, rows, new)
     if change is not None:
-        change.index_copy_(0, rows, change.index_select(0, rows).add_(new).sub_(old))
+        change.index_add_(0, rows, new)
+        change.index_add_(0, rows, old.reshape(len(rows), -1), alpha=-1)
 
 
 def sum_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.Tensor],
@@ -412,12 +415,13 @@ def sum_pairs_gathered_(blocks: list[torch.Tensor], a: torch.Tensor, b: torch.Te
                         a_pp: torch.Tensor | None = None, sel: torch.Tensor | None = None) -> None:
     """:func:`sum_pairs_` as gathers and scatters over all pairs at once (``a``, ``b`` tensors of distinct rows):
     ``b[r]`` gets the sum of both; the push-pull pairs' initiators ``a_pp`` (``a[sel]``) too. The same numbers (the
-    sums are elementwise)."""
+    sums are elementwise: ``b`` takes ``+ a``, each row once, and the push-pull initiators copy their peer's sum,
+    as ``a + b`` rounds as ``b + a``)."""
+    b_pp = b.index_select(0, sel) if a_pp is not None and len(a_pp) else None
     for q in blocks:
-        old_a, old_b = q.index_select(0, a), q.index_select(0, b)
-        q.index_copy_(0, b, old_b.add(old_a))
-        if a_pp is not None and len(a_pp):
-            q.index_copy_(0, a_pp, old_a.index_select(0, sel).add(old_b.index_select(0, sel)))
+        q.index_add_(0, b, q.index_select(0, a))
+        if b_pp is not None:
+            q.index_copy_(0, a_pp, q.index_select(0, b_pp))
 
 
 def rescale_supports(examples: torch.Tensor, accum=None) -> bool:
@@ -429,7 +433,8 @@ def rescale_supports(examples: torch.Tensor, accum=None) -> bool:
     calls it after its merges (lockstep after each set of pairs and each all-reduce, a simulated clock
     after each batch of landings and each all-reduce): scaling between the same local steps gives the
     same bits, so a free clock keeps the lockstep results."""
-    if float(examples.max()) > SUPPORT_LIMIT:
+    top = examples.numpy().max() if examples.device.type == "cpu" else examples.max()  # host counters: no tensor op
+    if float(top) > SUPPORT_LIMIT:
         examples.mul_(1.0 / SUPPORT_LIMIT)
         if accum is not None:
             accum.mul_(1.0 / SUPPORT_LIMIT)

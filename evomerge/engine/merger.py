@@ -52,7 +52,8 @@ class StepMerger:
         pairs ``(events, a, b, sets, step)``, for :meth:`apply_set` in order and then :meth:`finish`. None
         when nothing is left to do (no event; an all-reduce, applied here)."""
         ex = self.st.examples
-        ex += self.B
+        counts = ex.numpy()  # the counters live on the host: numpy's add in their memory, no tensor op
+        counts += self.B
         s, p = self.sched, self.p
         if self.publish and step % self.publish == 0:  # after the local step, before its merges
             self.backend.publish()
@@ -117,17 +118,22 @@ class StepMerger:
 
     def account(self, ps: plan_mod.PairSet) -> None:
         """The counters and bytes of a set of disjoint gossip events the tensors of which were moved."""
-        ex, push_pull = self.st.examples, self.p.exchange == "push_pull"
-        for i, j, sw in zip(ps.a.tolist(), ps.b.tolist(), ps.swap.tolist()):
-            if sw:
-                ex[[i, j]] = ex[[j, i]]
-                self.bytes += self.cost.swap()
-            else:
-                total = ex[i] + ex[j]
-                ex[j] = total
-                if push_pull:
-                    ex[i] = total
-                self.bytes += self.cost.pair(i, j)
+        ex, push_pull = self.st.examples.numpy(), self.p.exchange == "push_pull"  # on the host: its memory
+        # the pairs of a set are disjoint: every pair's counters at once, as pair by pair
+        sw = ps.swap
+        if sw.any():
+            i, j = ps.a[sw], ps.b[sw]
+            ex[i], ex[j] = ex[j], ex[i]
+            self.bytes += self.cost.swap() * int(sw.sum())
+        plain = ~sw
+        if plain.any():
+            i, j = ps.a[plain], ps.b[plain]
+            total = ex[i] + ex[j]
+            ex[j] = total
+            if push_pull:
+                ex[i] = total
+            for a, b in zip(i.tolist(), j.tolist()):
+                self.bytes += self.cost.pair(a, b)
         self._rescale()
 
     def _rescale(self) -> None:

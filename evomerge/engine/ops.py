@@ -56,18 +56,20 @@ def incoming_weight(a, support_own=None, support_in=None):
     return num / den if den > 0 else a
 
 
-def weighted_average(params: torch.Tensor, support: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def weighted_average(params: torch.Tensor, support: torch.Tensor | None = None,
+                     dim: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Average ``params`` ``[k, ...]`` weighted by ``support`` (``[k]`` counts or ``[k, ...]`` per coordinate).
 
     Returns the average and the merged support: counters are summed, not averaged
-    (VW's merge). Without support it is the plain mean.
+    (VW's merge). Without support it is the plain mean. ``dim``: the dimension of the ``k`` models, for several
+    groups of them at once (``[g, k, ...]`` with ``support`` ``[g, k]``, ``dim=1``: a population's members).
     """
     if support is None:
-        return params.mean(0), None
+        return params.mean(dim), None
     s = support.to(device=params.device, dtype=params.dtype)  # example counters live on the host
     while s.dim() < params.dim():
         s = s.unsqueeze(-1)
-    return average_from_sums((s * params).sum(0), s.sum(0), params.mean(0)), support.sum(0)
+    return average_from_sums((s * params).sum(dim), s.sum(dim), params.mean(dim)), support.sum(dim)
 
 
 def average_from_sums(num: torch.Tensor, total: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

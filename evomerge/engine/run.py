@@ -124,12 +124,14 @@ class Lockstep:
 def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, end: int, steps: int, loss_sum,
                 sent: int, merges: int, timing: dict, horizon: float, total: int,
                 callback: Callable[[RoundMetrics], Any] | None,
-                evaluated: tuple | None = None) -> tuple[RoundMetrics | None, Any, str | None]:
+                evaluated: tuple | None = None,
+                norms: tuple[float, float] | None = None) -> tuple[RoundMetrics | None, Any, str | None]:
     """The end of round ``r`` on one backend: update norms, the run-wide totals and the gathered rows, then
     where the backend judges the round's metrics, the callback (which may raise) and the decision. Returns
     ``(metrics, stack, outcome)``: metrics None where the backend does not judge; outcome None to go on,
     else ``diverged``, ``stopped`` (the callback returned False) or ``converged`` (the convergence stop)."""
-    local, merged = update_norms(backend.state, round_start, steps)
+    # ``norms``: the update norms, if already taken with other runs' (a population's members at once)
+    local, merged = norms if norms is not None else update_norms(backend.state, round_start, steps)
     loss, local, merged = backend.totals(float(loss_sum), local, merged)
     stack = backend.gather()
     if judge is None:

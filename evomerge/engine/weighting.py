@@ -19,6 +19,12 @@ from . import plan as plan_mod
 from .state import Workers
 
 
+def counts(examples: torch.Tensor):
+    """The example counters to read one by one: on the host (where they live, but for the runtime on a GPU) as a
+    numpy view of their memory, so that reading one is no tensor operation."""
+    return examples.numpy() if examples.device.type == "cpu" else examples
+
+
 class Weighting:
     """How supports weight a merge."""
 
@@ -34,12 +40,12 @@ class Weighting:
         ranks), not this."""
         acc = [blk.index_select(0, torch.as_tensor(incoming, device=blk.device)) for blk in st.accum.blocks] \
             if self.accumulators else None
-        return self.incoming_weights(st, move, own, [float(st.examples[j]) for j in incoming.tolist()], acc)
+        return self.incoming_weights(st, move, own, counts(st.examples)[incoming].tolist(), acc)
 
     def pair_column(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray) -> list[float]:
         """:meth:`pair_weights` of a column rule as numbers (a population weighs every member's pairs into one
         column); only for rules without accumulators."""
-        return self.column(st, move, own, [float(st.examples[j]) for j in incoming.tolist()])
+        return self.column(st, move, own, counts(st.examples)[incoming].tolist())
 
     def column(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float],
                examples_of=None) -> list[float]:
@@ -69,7 +75,7 @@ class Examples(Weighting):
     by_examples = True
 
     def column(self, st, move, own, examples, examples_of=None):
-        ex = st.examples
+        ex = counts(st.examples)
         mine = own.tolist() if examples_of is None else examples_of
         return [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, mine, examples)]
 
@@ -87,13 +93,14 @@ class Adaptive(Weighting):
         a = torch.tensor(move, dtype=torch.float32, device=dev).unsqueeze(1)
         rest = torch.tensor([1.0 - m for m in move], dtype=torch.float32, device=dev).unsqueeze(1)  # as ops computes it
         I = torch.as_tensor(own, device=dev)
-        out = []
-        for blk, s_in in zip(st.accum.blocks, accum):
-            s_own = blk.index_select(0, I)
-            num = a * s_in
-            den = num + rest * s_own
-            out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a.expand_as(den)))
-        return out
+        # every block in one piece (the rule is elementwise): a few kernels per set of pairs, not a few per block
+        blocks = st.accum.blocks
+        s_own = torch.cat([blk.index_select(0, I) for blk in blocks], 1) if len(blocks) > 1 else blocks[0].index_select(0, I)
+        s_in = torch.cat(list(accum), 1) if len(blocks) > 1 else accum[0]
+        num = a * s_in
+        den = num + rest * s_own
+        out = torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), a)
+        return list(out.split([blk.shape[1] for blk in blocks], 1))
 
     def supports(self, st):
         return st.accum.blocks
