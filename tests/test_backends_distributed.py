@@ -300,7 +300,7 @@ def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_
     env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir))
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen([*EVOMERGE, "search", "--study", str(study), "--backend", "distributed", "--n-trials", "2",
-                             "--sampler", "random", "--no-prune", "--quiet"], cwd=tmp_path, env=env,
+                             "--sampler", "random", "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ranks = _wait_for_ranks(proc, 4, timeout=120)

@@ -42,7 +42,7 @@ def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "evomerge.cli", "search", "--study", str(f), "--storage", postgres_url + "/optuna",
              "--tracking-uri", postgres_url + "/mlflow", "--runs-dir", f"runs-{i}", "--n-trials", "4", "--no-prune",
-             "--sampler", "random", "--seed", str(i), "--grace-period", "5", "--quiet"],
+             "--sampler", "random", "--seed", str(i), "--grace-period", "5", "--no-verdict", "--quiet"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     victim = procs[0]
     try:

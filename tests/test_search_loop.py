@@ -124,7 +124,7 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=9000)  # trials of about 2 s here: the signal lands inside one
+    f = write_study(tmp_path, steps=3000)  # trials of 1-2 s: the signal lands inside one, or between two (resumed the same)
     # --no-prune: a pruned trial can end within the half second the signal waits for (it then never lands)
     # --no-verdict: the verdict judges picks and baselines on fresh seeds, a minute here, and says nothing of CMA-ES
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3", "--cmaes-categoricals", "fixed",
