@@ -156,6 +156,3 @@ def pytest_collection_modifyitems(config, items):
             continue
         tier = "integration" if DATA_FIXTURES & set(item.fixturenames) else "unit"
         item.add_marker(getattr(pytest.mark, tier))
-    # the long tests (system) first, so that xdist's workers end together on short ones instead of one waiting
-    # out another's minute-long search at the end (a stable sort: the order within each tier is the files')
-    items.sort(key=lambda item: 0 if item.get_closest_marker("system") else 1)
