@@ -433,8 +433,7 @@ def rescale_supports(examples: torch.Tensor, accum=None) -> bool:
     calls it after its merges (lockstep after each set of pairs and each all-reduce, a simulated clock
     after each batch of landings and each all-reduce): scaling between the same local steps gives the
     same bits, so a free clock keeps the lockstep results."""
-    top = examples.numpy().max() if examples.device.type == "cpu" else examples.max()  # host counters: no tensor op
-    if float(top) > SUPPORT_LIMIT:
+    if float(ops.counts(examples).max()) > SUPPORT_LIMIT:
         examples.mul_(1.0 / SUPPORT_LIMIT)
         if accum is not None:
             accum.mul_(1.0 / SUPPORT_LIMIT)

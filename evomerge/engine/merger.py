@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import ops
 from . import schedule as schedule_mod
 from ..policy import MergePolicy
 from . import plan as plan_mod
@@ -52,7 +53,7 @@ class StepMerger:
         pairs ``(events, a, b, sets, step)``, for :meth:`apply_set` in order and then :meth:`finish`. None
         when nothing is left to do (no event; an all-reduce, applied here)."""
         ex = self.st.examples
-        counts = ex.numpy()  # the counters live on the host: numpy's add in their memory, no tensor op
+        counts = ops.counts(ex)  # the counters live on the host: numpy's add in their memory, no tensor op
         counts += self.B
         s, p = self.sched, self.p
         if self.publish and step % self.publish == 0:  # after the local step, before its merges
@@ -118,7 +119,7 @@ class StepMerger:
 
     def account(self, ps: plan_mod.PairSet) -> None:
         """The counters and bytes of a set of disjoint gossip events the tensors of which were moved."""
-        ex, push_pull = self.st.examples.numpy(), self.p.exchange == "push_pull"  # on the host: its memory
+        ex, push_pull = ops.counts(self.st.examples), self.p.exchange == "push_pull"  # on the host: its memory
         # the pairs of a set are disjoint: every pair's counters at once, as pair by pair
         sw = ps.swap
         if sw.any():

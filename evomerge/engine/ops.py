@@ -39,6 +39,12 @@ def pair_moves(a: float, u: float, winner_bias: float, random_lerp: bool, winner
     return moves[0], moves[1]
 
 
+def counts(examples: torch.Tensor):
+    """The example counters to read and update one by one: on the host (where they live, but for the runtime on a
+    GPU) as a numpy view of their memory, so that reading or adding is no tensor operation."""
+    return examples.numpy() if examples.device.type == "cpu" else examples
+
+
 def incoming_weight(a, support_own=None, support_in=None):
     """Weight on the incoming model for a receiver that moves ``a`` towards it.
 

@@ -19,12 +19,6 @@ from . import plan as plan_mod
 from .state import Workers
 
 
-def counts(examples: torch.Tensor):
-    """The example counters to read one by one: on the host (where they live, but for the runtime on a GPU) as a
-    numpy view of their memory, so that reading one is no tensor operation."""
-    return examples.numpy() if examples.device.type == "cpu" else examples
-
-
 class Weighting:
     """How supports weight a merge."""
 
@@ -40,12 +34,12 @@ class Weighting:
         ranks), not this."""
         acc = [blk.index_select(0, torch.as_tensor(incoming, device=blk.device)) for blk in st.accum.blocks] \
             if self.accumulators else None
-        return self.incoming_weights(st, move, own, counts(st.examples)[incoming].tolist(), acc)
+        return self.incoming_weights(st, move, own, ops.counts(st.examples)[incoming].tolist(), acc)
 
     def pair_column(self, st: Workers, move: list[float], own: np.ndarray, incoming: np.ndarray) -> list[float]:
         """:meth:`pair_weights` of a column rule as numbers (a population weighs every member's pairs into one
         column); only for rules without accumulators."""
-        return self.column(st, move, own, counts(st.examples)[incoming].tolist())
+        return self.column(st, move, own, ops.counts(st.examples)[incoming].tolist())
 
     def column(self, st: Workers, move: list[float], own: np.ndarray, examples: list[float],
                examples_of=None) -> list[float]:
@@ -75,7 +69,7 @@ class Examples(Weighting):
     by_examples = True
 
     def column(self, st, move, own, examples, examples_of=None):
-        ex = counts(st.examples)
+        ex = ops.counts(st.examples)
         mine = own.tolist() if examples_of is None else examples_of
         return [ops.incoming_weight(m, float(ex[i]), e) for m, i, e in zip(move, mine, examples)]
 
