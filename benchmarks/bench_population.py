@@ -24,6 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+NAMES = {"alone": "one at a time", "batched": "batched", "cross": "batched, merges together"}
+
+
 def policies(study, n: int, seed: int = 0):
     """``n`` policies of the study's space, drawn by Optuna's RandomSampler (seeded)."""
     import optuna
@@ -47,6 +50,8 @@ def main() -> None:
     ap.add_argument("--study", default=str(ROOT / "studies" / "mnist-gossip.toml"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--ways", nargs="+", choices=("alone", "batched", "cross"), default=["alone", "batched", "cross"],
+                    help="which ways to time (default all three; 'cross' alone for sizes where one at a time takes long)")
     args = ap.parse_args()
 
     import torch
@@ -92,20 +97,25 @@ def main() -> None:
                 return res
             return go
 
-        order = [alone, batched(False), batched(True)]
-        order = order[i % 3:] + order[:i % 3]  # interleaved: each way goes first in turn
-        results = {f: f() for f in order}
-        ra = results[alone]
-        same = all(all(x.final.val_accuracy == y.final.val_accuracy for x, y in zip(ra, res)) for res in results.values())
-        ta, tb, tc = timings["alone"], timings["batched"], timings["cross"]
-        rows.append((n, 60 * n / ta, 60 * n / tb, 60 * n / tc, ta / tb, ta / tc, same))
-        print(f"N={n:4d}  one at a time {60 * n / ta:7.1f} trials/min   batched {60 * n / tb:7.1f} ({ta / tb:4.2f}x)   "
-              f"batched, merges together {60 * n / tc:7.1f} ({ta / tc:4.2f}x)   same accuracies: {same}", flush=True)
-    print("\n| N | one at a time (trials/min) | batched | batched, merges together | batched / one at a time "
-          "| merges together / one at a time |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, fa, fb, fc, rb, rc, _ in rows:
-        print(f"| {n} | {fa:.1f} | {fb:.1f} | {fc:.1f} | {rb:.2f}x | {rc:.2f}x |")
+        ways = {"alone": alone, "batched": batched(False), "cross": batched(True)}
+        order = [ways[w] for w in ("alone", "batched", "cross") if w in args.ways]
+        k = i % len(order)
+        order = order[k:] + order[:k]  # interleaved: each way goes first in turn
+        results = [f() for f in order]
+        same = all(all(x.final.val_accuracy == y.final.val_accuracy for x, y in zip(results[0], res)) for res in results)
+        per_min = {w: 60 * n / t for w, t in timings.items()}
+        rows.append((n, per_min, same))
+        print(f"N={n:4d}  " + "   ".join(f"{NAMES[w]} {per_min[w]:7.1f} trials/min" + (
+            f" ({per_min[w] / per_min['alone']:4.2f}x)" if w != "alone" and "alone" in per_min else "")
+            for w in ("alone", "batched", "cross") if w in per_min) + f"   same accuracies: {same}", flush=True)
+    ways = [w for w in ("alone", "batched", "cross") if w in args.ways]
+    ratios = [w for w in ways if w != "alone"] if "alone" in ways else []
+    print("\n| N | " + " | ".join(NAMES[w] + (" (trials/min)" if j == 0 else "") for j, w in enumerate(ways))
+          + "".join(f" | {NAMES[w]} / one at a time" for w in ratios) + " |")
+    print("|---:|" + "---:|" * (len(ways) + len(ratios)))
+    for n, per_min, _ in rows:
+        print(f"| {n} | " + " | ".join(f"{per_min[w]:.1f}" for w in ways)
+              + "".join(f" | {per_min[w] / per_min['alone']:.2f}x" for w in ratios) + " |")
 
 
 if __name__ == "__main__":
