@@ -49,6 +49,24 @@ def test_a_repeated_proposal_takes_the_stored_results_and_is_not_trained(tmp_pat
 
 
 @pytest.mark.system
+def test_a_batch_takes_the_stored_results_of_earlier_batches(tmp_path, data_dir):
+    """--batch: the study's complete trials are read once per batch; a proposal of a policy an earlier batch ran
+    takes its results, and trials of one batch (none complete when it starts) are all trained."""
+    f = _two_policies(tmp_path, name="reusebatch")
+    res = evomerge.search(study.load(f), n_trials=6, sampler="random", runs_dir=tmp_path / "runs", seed=0,
+                          data_dir=data_dir, prune=False, batch=3, verdict=False)
+    assert res.counts == {"COMPLETE": 6}
+    trials = sorted(res.optuna_study.get_trials(), key=lambda t: t.number)
+    assert all("reused_from" not in t.user_attrs for t in trials[:3])  # the first batch: nothing to take from
+    first = {}
+    for t in trials[:3]:
+        first.setdefault(t.user_attrs["policy_key"], t)
+    for t in trials[3:]:
+        src = first[t.user_attrs["policy_key"]]  # two policies: the first batch ran both (seed 0's draws)
+        assert t.user_attrs["reused_from"] == src.number and t.values == src.values
+
+
+@pytest.mark.system
 def test_a_converged_sampler_stops_the_search_in_one_line(tmp_path, data_dir):
     f = _two_policies(tmp_path, name="one", choices='["ring"]')
     p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "20", "--sampler", "random", "--no-prune", cwd=tmp_path,

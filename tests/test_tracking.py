@@ -68,6 +68,33 @@ def mlflow_server(tmp_path_factory):
     assert proc.poll() is not None
 
 
+@pytest.mark.parametrize("rounds", [3, 80])
+def test_a_trial_run_holds_every_round_param_and_final_value(tmp_path, rounds):
+    """A trial's run in a real local MLflow store: its params, each round's metrics and its final values, written
+    in one batch where MLflow's limits allow (3 rounds) and in several where they do not (80 rounds x 14 metrics)."""
+    from mlflow import MlflowClient
+
+    from evomerge.report.tracking import ROUND_METRICS, Tracker, default_tracking_uri
+
+    s = study.load(write_study(tmp_path, name="marks"))
+    uri = default_tracking_uri(tmp_path)
+    tracker = Tracker(uri, "marks", tmp_path / "art", study=s)
+    tracker.start_parent("search", {}, {})
+    keys = ROUND_METRICS[:14]
+    history = [{"step": 10 * (r + 1), **{k: 0.5 + r / 1000 + i / 100 for i, k in enumerate(keys)}} for r in range(rounds)]
+    rid = tracker.log_trial(_record(0, "COMPLETE", histories=[history], final={"val_accuracy": 0.8125, "bytes": 1e6},
+                                    run_status="ok", policy={"topology": "ring", "mixing_weight": 0.25},
+                                    run={"lr": 0.1}))
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(rid)
+    assert run.data.params == {"topology": "ring", "mixing_weight": "0.25", "run.lr": "0.1", "seeds": "0"}
+    assert run.data.metrics["final_val_accuracy"] == 0.8125 and run.data.metrics["final_bytes"] == 1e6
+    for i, k in enumerate(keys):
+        h = sorted((m.step, m.value) for m in client.get_metric_history(rid, k))
+        assert h == [(10 * (r + 1), pytest.approx(0.5 + r / 1000 + i / 100)) for r in range(rounds)]
+    assert run.info.status == "FINISHED"
+
+
 @pytest.mark.xdist_group("tracking-mlflow-server")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir, mlflow_server):

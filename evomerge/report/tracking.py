@@ -239,8 +239,8 @@ class Tracker:
         name = f"trial-{record['number']}" + ("" if label == "complete" else f" ({label})")
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags, start_time=int(record["start"] * 1000))
         rid = run.info.run_id
-        self._params(rid, {**record["policy"], **{f"run.{k}": v for k, v in (record.get("run") or {}).items()},
-                           "seeds": ",".join(map(str, record["seeds"]))})
+        params = self._param_list({**record["policy"], **{f"run.{k}": v for k, v in (record.get("run") or {}).items()},
+                                   "seeds": ",".join(map(str, record["seeds"]))})
         if self._datasets:
             self.client.log_inputs(rid, datasets=self._datasets)
         history = []
@@ -254,9 +254,15 @@ class Tracker:
                     v = r[key]
                     if v is not None and v == v and abs(v) != float("inf"):
                         history.append(Metric(key, float(v), ts, offset + r["step"]))
-        for i in range(0, len(history), 900):
-            self.client.log_batch(rid, metrics=history[i:i + 900])
-        self._metrics(rid, {objective_metric(k): v for k, v in record["final"].items()})
+        final = self._metric_list({objective_metric(k): v for k, v in record["final"].items()})
+        if len(params) <= 100 and len(params) + len(history) + len(final) <= 1000:  # MLflow's limits on one batch
+            self.client.log_batch(rid, metrics=history + final, params=params)  # one write, not three
+        else:
+            self.client.log_batch(rid, params=params)
+            for i in range(0, len(history), 900):
+                self.client.log_batch(rid, metrics=history[i:i + 900])
+            if final:
+                self.client.log_batch(rid, metrics=final)
         self.client.log_text(rid, json.dumps(record["policy"], indent=2), "policy.json")
         self.client.set_terminated(rid, status=status, end_time=int(record["end"] * 1000))
         return rid
@@ -344,20 +350,28 @@ class Tracker:
         return logged.model_id
 
     def _params(self, rid: str, params: dict[str, Any]) -> None:
+        self.client.log_batch(rid, params=self._param_list(params))
+
+    @staticmethod
+    def _param_list(params: dict[str, Any]) -> list:
         from mlflow.entities import Param
 
-        self.client.log_batch(rid, params=[Param(k, str(v)) for k, v in params.items()])
+        return [Param(k, str(v)) for k, v in params.items()]
 
     def _metrics(self, rid: str, metrics: dict[str, float]) -> None:
+        ms = self._metric_list(metrics)
+        if ms:
+            self.client.log_batch(rid, metrics=ms)
+
+    @staticmethod
+    def _metric_list(metrics: dict[str, float]) -> list:
         import time
 
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         # 7 significant digits: what float32 results hold; the runs list shows 0.738, not 0.73799997...
-        ms = [Metric(k, float(f"{float(v):.7g}"), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
-        if ms:
-            self.client.log_batch(rid, metrics=ms)
+        return [Metric(k, float(f"{float(v):.7g}"), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
 
     def log_transfer(self, result: dict[str, Any]) -> str:
         """One run ``transfer-to-TARGET`` in this (the source study's) experiment: the rank correlations as

@@ -50,9 +50,9 @@ class Evaluation:
     which may raise :class:`Pruned`) and what each finished run adds. :func:`evaluate` drives it one
     run at a time; a population (:func:`run_batch`) drives several trials' evaluations at once."""
 
-    def __init__(self, trial, ostudy, setup, policy, cfg: "SearchConfig", storage):
-        import optuna
-
+    def __init__(self, trial, ostudy, setup, policy, cfg: "SearchConfig", storage, complete=None, beat: bool = True):
+        """``complete``: the study's complete trials, read once for several evaluations (a batch); default: read
+        here. ``beat``: record the trial's heartbeat every round (off where a batch's thread records them)."""
         from ..engine.setup import round_bounds
         from .config import OBJECTIVES, PRUNERS
 
@@ -62,8 +62,9 @@ class Evaluation:
         self.curve: dict[str, list[float]] = {}
         self.completed_curves: list[dict] | None = None
         if cfg.multi and cfg.prune:  # diverged runs are no yardstick
-            self.completed_curves = [t.user_attrs["curve"] for t in ostudy.get_trials(deepcopy=False,
-                                     states=(optuna.trial.TrialState.COMPLETE,)) if "curve" in t.user_attrs and not diverged(t)]
+            self.completed_curves = [t.user_attrs["curve"] for t in (complete_trials(ostudy) if complete is None
+                                     else complete) if "curve" in t.user_attrs and not diverged(t)]
+        self.beat = beat
         self.trial_id = trial._trial_id  # Optuna's own optimize loop records heartbeats by this id too
         self.readers = [OBJECTIVES[o].from_round for o in cfg.study.objectives]
         # one objective: an Optuna pruner judges every round ("rounds") or each seed's final value ("seeds")
@@ -77,7 +78,8 @@ class Evaluation:
         cfg, trial, T, seeds = self.cfg, self.trial, self.T, self.cfg.study.run.seeds
 
         def on_round(m):
-            self.storage.record_heartbeat(self.trial_id)
+            if self.beat:
+                self.storage.record_heartbeat(self.trial_id)
             step = k * T + self.bounds[m.round - 1]
             point = [read(m) for read in self.readers]
             self.curve[str(step)] = point
@@ -241,13 +243,12 @@ class TrialRun:
             return False
         return True
 
-    def reused(self):
+    def reused(self, complete=None):
         """A complete trial of this study that ran the same policy with the same run settings and seeds (the
-        sampler proposed it again), or None. Its results are this trial's: a repeated proposal is not trained."""
-        import optuna
-
+        sampler proposed it again), or None. Its results are this trial's: a repeated proposal is not trained.
+        ``complete``: the study's complete trials, read once for a batch (default: read here)."""
         key = self.record["policy_key"]
-        for t in self.ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        for t in complete_trials(self.ostudy) if complete is None else complete:
             if t.user_attrs.get(ATTR_KEY) == key and "metrics" in t.user_attrs and t.number != self.trial.number:
                 return t
         return None
@@ -330,12 +331,16 @@ def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]
     with heartbeat(storage, [t._trial_id for t in trials], max(0.5, cfg.grace_period / 3)):
         try:
             evals = {}
+            # the study's complete trials, read once for the batch: Optuna's cached storage reads every running
+            # trial again on each read, so a read per trial costs the batch a time that grows as its size squared
+            complete = complete_trials(ostudy)
             for r in runs:
                 if r.start():
-                    if (src := r.reused()) is not None:  # proposed again: its results, not a run
+                    if (src := r.reused(complete)) is not None:  # proposed again: its results, not a run
                         r.complete_from(src)
                         continue
-                    evals[id(r)] = Evaluation(r.trial, ostudy, setup, r.policy, cfg, storage)
+                    # the heartbeat thread above records every trial's: none per member and round
+                    evals[id(r)] = Evaluation(r.trial, ostudy, setup, r.policy, cfg, storage, complete, beat=False)
             alive = [r for r in runs if not r.ended]
             for k, seed in enumerate(cfg.study.run.seeds):
                 if not alive:
@@ -371,6 +376,13 @@ def run_batch(trials, ostudy, setup, cfg: "SearchConfig", storage) -> list[dict]
 
 
 ATTR_KEY, ATTR_REUSED = "policy_key", "reused_from"
+
+
+def complete_trials(ostudy) -> list:
+    """The study's complete trials, in number order (one read of the storage)."""
+    import optuna
+
+    return ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
 def policy_key(policy: dict, run: dict, seeds) -> str:
