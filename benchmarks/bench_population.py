@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--ways", nargs="+", choices=("alone", "batched", "cross"), default=["alone", "batched", "cross"],
                     help="which ways to time (default all three; 'cross' alone for sizes where one at a time takes long)")
     args = ap.parse_args()
+    ways = [w for w in NAMES if w in args.ways]  # in NAMES' order, whatever the command line's
 
     import torch
 
@@ -97,8 +98,8 @@ def main() -> None:
                 return res
             return go
 
-        ways = {"alone": alone, "batched": batched(False), "cross": batched(True)}
-        order = [ways[w] for w in ("alone", "batched", "cross") if w in args.ways]
+        runs = {"alone": alone, "batched": batched(False), "cross": batched(True)}
+        order = [runs[w] for w in ways]
         k = i % len(order)
         order = order[k:] + order[:k]  # interleaved: each way goes first in turn
         results = [f() for f in order]
@@ -107,8 +108,7 @@ def main() -> None:
         rows.append((n, per_min, same))
         print(f"N={n:4d}  " + "   ".join(f"{NAMES[w]} {per_min[w]:7.1f} trials/min" + (
             f" ({per_min[w] / per_min['alone']:4.2f}x)" if w != "alone" and "alone" in per_min else "")
-            for w in ("alone", "batched", "cross") if w in per_min) + f"   same accuracies: {same}", flush=True)
-    ways = [w for w in ("alone", "batched", "cross") if w in args.ways]
+            for w in ways) + f"   same accuracies: {same}", flush=True)
     ratios = [w for w in ways if w != "alone"] if "alone" in ways else []
     print("\n| N | " + " | ".join(NAMES[w] + (" (trials/min)" if j == 0 else "") for j, w in enumerate(ways))
           + "".join(f" | {NAMES[w]} / one at a time" for w in ratios) + " |")
