@@ -36,6 +36,32 @@ def test_a_batch_gives_every_trial_the_values_it_gets_alone(tmp_path, data_dir, 
     assert client.get_run(batched.parent_run_id).data.params["batch"] == "4"
 
 
+def test_a_random_batch_takes_the_enqueued_trials_first_then_draws_what_optunas_ask_draws(tmp_path, data_dir, mnist):
+    """The random sampler's batch is asked without ``Study.ask`` (search/asking.py): a warm start's enqueued
+    trials are taken first, and the rest have the values that Optuna's own ask gives with the same sampler."""
+    import optuna
+
+    from evomerge.search import space as space_mod
+
+    src = study.load(write_study(tmp_path, name="src"))
+    evomerge.search(src, verdict=False, n_trials=3, sampler="random", seed=5, runs_dir=tmp_path / "runs",
+                    data_dir=data_dir, prune=False)
+    s = study.load(write_study(tmp_path, name="tgt"))
+    res = evomerge.search(s, verdict=False, n_trials=7, sampler="random", seed=8, batch=4, warm_start_from="src",
+                          runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
+    assert not res.errors and res.counts == {"COMPLETE": 7}
+    got = res.optuna_study.get_trials()
+    assert [t.user_attrs.get("warm_start_of", "").split(":")[0] for t in got] == ["src"] * 3 + [""] * 4
+    assert {t.user_attrs["batch"] for t in got} == {4}
+    # Optuna's own asks, in memory, with the sampler the search made (it found 3 enqueued trials when it started)
+    mem = optuna.create_study(sampler=res.config.make_sampler(0, 3), directions=s.directions)
+    for t in got[:3]:
+        mem.enqueue_trial(t.params)
+    dists = space_mod.distributions(s.search.space)
+    assert [t.params for t in got] == [mem.ask(fixed_distributions=dists).params for _ in range(7)]
+    assert [t.distributions for t in got] == [dists] * 7
+
+
 @pytest.mark.parametrize("sampler", ["tpe", "cmaes"])
 def test_samplers_ask_a_batch_and_finish_the_study(tmp_path, data_dir, mnist, sampler):
     s = study.load(write_study(tmp_path, steps=60))

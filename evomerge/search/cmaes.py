@@ -59,6 +59,13 @@ class CmaDriver:
     def next(self, trials) -> Candidate | None:
         """The next candidate to evaluate, or None while the current generation's last
         candidates are still running elsewhere (the caller waits and asks again)."""
+        cands = self.next_many(trials, 1)
+        return cands[0] if cands else None
+
+    def next_many(self, trials, k: int) -> list[Candidate]:
+        """Up to ``k`` candidates to evaluate, from one replay of ``trials``: the current generation's first free
+        ones (what ``k`` calls of :meth:`next` give, each candidate running before the next call); fewer, or
+        none, while its other candidates are still running."""
         from optuna.trial import TrialState
 
         by_key: dict[tuple[int, int, int], list] = {}
@@ -80,10 +87,7 @@ class CmaDriver:
                 if v is None and not running:
                     free.append(i)
             if any(v is None for v in values):
-                if not free:
-                    return None
-                i = free[0]
-                return Candidate(restart, gen, i, [float(c) for c in xs[i]])
+                return [Candidate(restart, gen, i, [float(c) for c in xs[i]]) for i in free[:k]]
             finite = [v for v in values if v != "penalty"]
             worst = max((self.sign * v for v in finite), default=0.0)
             es.tell(xs, [worst if v == "penalty" else self.sign * v for v in values])

@@ -56,8 +56,9 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
 
     from .. import backends
     from ..engine.setup import prepare
+    from . import asking
     from . import space as space_mod
-    from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, CmaDriver
+    from .cmaes import CmaDriver
     from .warmstart import ATTR as ATTR_WARM
 
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
@@ -97,19 +98,15 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
                     return
                 # --batch N: up to N trials at once (TPE's constant liar takes the running ones for bad;
                 # CMA-ES hands out its generation's candidates until they all run)
-                for _ in range(min(cfg.batch, cfg.n_trials - done - running)):
-                    if driver is None:
+                k = min(cfg.batch, cfg.n_trials - done - running)
+                if k > 0 and (driver is not None or asking.independent(ostudy)):  # random, CMA-ES: created with values
+                    asking.ask_batch(ostudy, storage, dists, k, asked, trials=trials, driver=driver, space=space)
+                else:
+                    for _ in range(k):
                         trial = ostudy.ask(fixed_distributions=dists)
-                    else:
-                        cand = driver.next(trials if not asked else ostudy.get_trials(deepcopy=False))
-                        if cand is None:
-                            break
-                        ostudy.enqueue_trial(space_mod.decode(space, cand.x), user_attrs={
-                            ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation, ATTR_INDEX: cand.index})
-                        trial = ostudy.ask(fixed_distributions=dists)
-                    # a heartbeat from the start: Optuna only ever fails as stale trials that have one
-                    storage.record_heartbeat(trial._trial_id)
-                    asked.append(trial)
+                        # a heartbeat from the start: Optuna only ever fails as stale trials that have one
+                        storage.record_heartbeat(trial._trial_id)
+                        asked.append(trial)
             if not asked:
                 time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
                 continue
