@@ -62,6 +62,32 @@ def test_a_random_batch_takes_the_enqueued_trials_first_then_draws_what_optunas_
     assert [t.distributions for t in got] == [dists] * 7
 
 
+@pytest.mark.parametrize("objectives", [("val_accuracy",), ("val_accuracy", "bytes")])
+def test_a_tpe_batch_asks_what_optunas_ask_asks(tmp_path, data_dir, mnist, objectives):
+    """TPE's batch is asked against an in-memory copy of the study (search/asking.py): replayed with Optuna's own
+    ``Study.ask`` and the search's sampler (each batch asked, then told what the search stored), every trial has
+    the same values, past TPE's 10 random start-up trials."""
+    import optuna
+
+    from evomerge.search import space as space_mod
+
+    s = study.load(write_study(tmp_path, steps=40, objectives=objectives))
+    res = evomerge.search(s, verdict=False, n_trials=16, sampler="tpe", seed=4, batch=4, runs_dir=tmp_path / "runs",
+                          data_dir=data_dir)
+    assert not res.errors and sum(res.counts.values()) == 16
+    got = res.optuna_study.get_trials()
+    mem = optuna.create_study(sampler=res.config.make_sampler(0, 0), directions=s.directions)
+    dists = space_mod.distributions(s.search.space)
+    for b in range(0, 16, 4):
+        asked = [mem.ask(fixed_distributions=dists) for _ in range(4)]
+        assert [a.params for a in asked] == [t.params for t in got[b:b + 4]], f"batch {b // 4}"
+        for a, t in zip(asked, got[b:b + 4]):
+            for step, v in t.intermediate_values.items():
+                a.report(v, step)
+            mem.tell(a, t.values if t.state.name == "COMPLETE" else None, state=t.state)
+    assert len({tuple(sorted(t.params.items())) for t in got}) == 16
+
+
 @pytest.mark.parametrize("sampler", ["tpe", "cmaes"])
 def test_samplers_ask_a_batch_and_finish_the_study(tmp_path, data_dir, mnist, sampler):
     s = study.load(write_study(tmp_path, steps=60))

@@ -143,14 +143,23 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
 
 
 @pytest.mark.system
-def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir):
+@pytest.mark.parametrize("flags", [["--sampler", "random"], ["--sampler", "tpe", "--batch", "3"]])
+def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir, flags):
+    """Two processes on one SQLite study; with TPE's batches each asks against its copy of the study, which must
+    take in the other process's trials (search/asking.py)."""
+    import optuna
+
     f = write_study(tmp_path, steps=60)
-    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "8", "--jobs", "2", "--sampler", "random", "--quiet",
+    n = 8 if "--batch" not in flags else 16
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", str(n), "--jobs", "2", *flags, "--quiet",
             cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "database is locked" not in p.stderr + p.stdout
     st = states(tmp_path / "runs" / "tiny" / "optuna.db")
-    assert st.get("COMPLETE", 0) + st.get("PRUNED", 0) == 8 and set(st) <= {"COMPLETE", "PRUNED"}
+    assert st.get("COMPLETE", 0) + st.get("PRUNED", 0) == n and set(st) <= {"COMPLETE", "PRUNED"}
+    trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'runs' / 'tiny' / 'optuna.db'}").trials
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == n and {len(t.params) for t in trials} == {3}
+    assert len({t.user_attrs["worker"] for t in trials}) == 2
 
 
 

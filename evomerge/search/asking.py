@@ -17,8 +17,15 @@ For them:
 - a new trial is created running, with its parameters (and CMA-ES's attributes) in one transaction.
 
 The values are the ones ``Study.ask(fixed_distributions=...)`` gives: the random sampler draws them in the same
-order from the same generator. Other samplers (TPE, NSGA-II, one registered by a user) read the study to choose, and
-are asked through ``Study.ask``.
+order from the same generator.
+
+TPE (the studies' own sampler) reads the study to choose, three times an ask (the waiting trials, its search space,
+its constant liar's running trials). A batch of TPE asks goes to an in-memory copy of the study instead
+(:class:`Mirror`): the copy holds every trial of the study (their states, values, parameters and system
+attributes, without the user attributes TPE does not read) as read once a batch under the search lock, and a
+sampler of its own that starts where the study's did, so each ask sees what ``Study.ask`` would have seen and draws
+the same values; each trial is then written to the study in one transaction. Other samplers (NSGA-II, one registered by a user) are
+asked through ``Study.ask``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,89 @@ def independent(ostudy) -> bool:
     import optuna
 
     return type(ostudy.sampler) is optuna.samplers.RandomSampler
+
+
+def mirrored(ostudy) -> bool:
+    """Whether the study's sampler is asked against an in-memory copy of the study (:class:`Mirror`)."""
+    import optuna
+
+    return type(ostudy.sampler) is optuna.samplers.TPESampler
+
+
+class Mirror:
+    """An in-memory copy of a study that TPE asks a batch against (one per search process, brought up to date before
+    each batch): every trial's state, values, parameters, system attributes and intermediate values, without the user
+    attributes TPE does not read. ``sampler``: the copy's own, a copy of the study's made before its first ask."""
+
+    def __init__(self, ostudy, sampler):
+        import optuna
+
+        self.ostudy = ostudy
+        self.storage = optuna.storages.InMemoryStorage()
+        self.study = optuna.create_study(storage=self.storage, study_name=ostudy.study_name,
+                                         directions=ostudy.directions, sampler=sampler, pruner=ostudy.pruner)
+        self.study_id = self.storage.get_study_id_from_name(ostudy.study_name)
+
+    def sync(self, trials) -> None:
+        """Bring the copy up to ``trials`` (all of the study's, read under the search lock): new trials are added,
+        and those it holds unfinished take what the study has since stored."""
+        import optuna
+
+        mine = self.storage.get_all_trials(self.study_id, deepcopy=False)
+        for t in trials:
+            if t.number >= len(mine):
+                self.study.add_trial(optuna.trial.FrozenTrial(
+                    number=t.number, state=t.state, value=None, values=t.values, datetime_start=t.datetime_start,
+                    datetime_complete=t.datetime_complete, params=t.params, distributions=t.distributions,
+                    user_attrs={}, system_attrs=t.system_attrs, intermediate_values=t.intermediate_values,
+                    trial_id=t._trial_id))
+                continue
+            m = mine[t.number]
+            if m.state.is_finished() or m.state == t.state:
+                continue
+            for name, value in t.params.items():
+                if name not in m.params:
+                    d = t.distributions[name]
+                    self.storage.set_trial_param(m._trial_id, name, d.to_internal_repr(value), d)
+            for key, value in t.system_attrs.items():
+                if key not in m.system_attrs:
+                    self.storage.set_trial_system_attr(m._trial_id, key, value)
+            for step, value in t.intermediate_values.items():
+                if step not in m.intermediate_values:
+                    self.storage.set_trial_intermediate_value(m._trial_id, step, value)
+            self.storage.set_trial_state_values(m._trial_id, t.state, t.values)
+
+    def ask(self, storage, dists: dict, k: int, into: list, *, trials) -> None:
+        """Append ``k`` running trials to ``into``, asked against the copy brought up to ``trials``; each is
+        written to the study (``storage``) in one transaction, and a waiting trial the copy takes is taken in the
+        study too."""
+        import optuna
+
+        State = optuna.trial.TrialState
+        self.sync(trials)
+        study_id = storage.get_study_id_from_name(self.ostudy.study_name)
+        waiting = {t.number: t for t in trials if t.state == State.WAITING}
+        for _ in range(k):
+            asked = self.study.ask(fixed_distributions=dists)
+            m = self.storage.get_trial(asked._trial_id)
+            if m.number in waiting:  # an enqueued trial (a warm start's, a retry's): the study's, taken as Study.ask does
+                w = waiting.pop(m.number)
+                if not _claim(storage, w._trial_id):
+                    continue  # another process took it
+                for name, value in m.params.items():
+                    if name not in w.params:
+                        d = m.distributions[name]
+                        storage.set_trial_param(w._trial_id, name, d.to_internal_repr(value), d)
+                for key, value in m.system_attrs.items():
+                    if key not in w.system_attrs:
+                        storage.set_trial_system_attr(w._trial_id, key, value)
+                trial_id = w._trial_id
+            else:
+                template = optuna.trial.create_trial(state=State.RUNNING, params=m.params,
+                                                     distributions=m.distributions, system_attrs=m.system_attrs)
+                trial_id = storage.create_new_trial(study_id, template_trial=template)
+            storage.record_heartbeat(trial_id)
+            into.append(optuna.Trial(self.ostudy, trial_id))
 
 
 def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, driver=None, space=None) -> None:

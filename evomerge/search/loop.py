@@ -8,6 +8,7 @@ it. Only the main process writes to MLflow: workers send a record of every finis
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,9 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
                            **{k: warm[k] for k in ("x0", "sigma0", "stds") if k in warm})
         if cfg.cmaes_categoricals == "fixed":
             dists = {k: v for k, v in dists.items() if k in {p.name for p in space_mod.numeric(space)}}
+    # a batch of TPE asks goes to an in-memory copy of the study (search/asking.py), with a sampler of its own that
+    # starts where the study's does
+    mirror = asking.Mirror(ostudy, copy.deepcopy(ostudy.sampler)) if cfg.batch > 1 and asking.mirrored(ostudy) else None
     engines: dict = {}
     Done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     errors = 0  # trials of this process that failed with an error since the last one that finished
@@ -101,6 +105,8 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
                 k = min(cfg.batch, cfg.n_trials - done - running)
                 if k > 0 and (driver is not None or asking.independent(ostudy)):  # random, CMA-ES: created with values
                     asking.ask_batch(ostudy, storage, dists, k, asked, trials=trials, driver=driver, space=space)
+                elif k > 0 and mirror is not None:  # TPE's batch: asked against a copy of the study
+                    mirror.ask(storage, dists, k, asked, trials=trials)
                 else:
                     for _ in range(k):
                         trial = ostudy.ask(fixed_distributions=dists)
