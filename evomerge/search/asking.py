@@ -50,77 +50,109 @@ def mirrored(ostudy) -> bool:
 class Mirror:
     """An in-memory copy of a study that TPE asks a batch against (one per search process, brought up to date before
     each batch): every trial's state, values, parameters, system attributes and intermediate values, without the user
-    attributes TPE does not read. ``sampler``: the copy's own, a copy of the study's made before its first ask."""
+    attributes TPE does not read. ``sampler``: the copy's own, a copy of the study's made before its first ask.
+    ``usable`` turns False where the copy cannot hold a trial the study holds (the caller then asks ``Study.ask``)."""
 
     def __init__(self, ostudy, sampler):
+        self.ostudy, self.sampler, self.usable = ostudy, sampler, True
+        self._fresh()
+
+    def _fresh(self) -> None:
         import optuna
 
-        self.ostudy = ostudy
         self.storage = optuna.storages.InMemoryStorage()
-        self.study = optuna.create_study(storage=self.storage, study_name=ostudy.study_name,
-                                         directions=ostudy.directions, sampler=sampler, pruner=ostudy.pruner)
-        self.study_id = self.storage.get_study_id_from_name(ostudy.study_name)
+        self.study = optuna.create_study(storage=self.storage, study_name=self.ostudy.study_name,
+                                         directions=self.ostudy.directions, sampler=self.sampler,
+                                         pruner=self.ostudy.pruner)
+        self.study_id = self.storage.get_study_id_from_name(self.ostudy.study_name)
 
-    def sync(self, trials) -> None:
+    def sync(self, trials) -> bool:
         """Bring the copy up to ``trials`` (all of the study's, read under the search lock): new trials are added,
-        and those it holds unfinished take what the study has since stored."""
-        import optuna
-
+        and those it holds unfinished take what the study has stored since. False where it cannot hold one."""
         mine = self.storage.get_all_trials(self.study_id, deepcopy=False)
-        for t in trials:
-            if t.number >= len(mine):
-                self.study.add_trial(optuna.trial.FrozenTrial(
-                    number=t.number, state=t.state, value=None, values=t.values, datetime_start=t.datetime_start,
-                    datetime_complete=t.datetime_complete, params=t.params, distributions=t.distributions,
-                    user_attrs={}, system_attrs=t.system_attrs, intermediate_values=t.intermediate_values,
-                    trial_id=t._trial_id))
-                continue
-            m = mine[t.number]
-            if m.state.is_finished() or m.state == t.state:
-                continue
-            for name, value in t.params.items():
-                if name not in m.params:
-                    d = t.distributions[name]
-                    self.storage.set_trial_param(m._trial_id, name, d.to_internal_repr(value), d)
-            for key, value in t.system_attrs.items():
-                if key not in m.system_attrs:
-                    self.storage.set_trial_system_attr(m._trial_id, key, value)
-            for step, value in t.intermediate_values.items():
-                if step not in m.intermediate_values:
-                    self.storage.set_trial_intermediate_value(m._trial_id, step, value)
-            self.storage.set_trial_state_values(m._trial_id, t.state, t.values)
+        try:
+            for t in trials:
+                if t.number >= len(mine):
+                    self.study.add_trial(_copy(t))
+                    continue
+                m = mine[t.number]
+                if m.state.is_finished() or m.state == t.state:
+                    continue
+                for name, value in t.params.items():
+                    if name not in m.params:
+                        d = t.distributions[name]
+                        self.storage.set_trial_param(m._trial_id, name, d.to_internal_repr(value), d)
+                for key, value in t.system_attrs.items():
+                    if key not in m.system_attrs:
+                        self.storage.set_trial_system_attr(m._trial_id, key, value)
+                for step, value in t.intermediate_values.items():
+                    if step not in m.intermediate_values:
+                        self.storage.set_trial_intermediate_value(m._trial_id, step, value)
+                self.storage.set_trial_state_values(m._trial_id, t.state, t.values)
+        except ValueError:  # e.g. a user's enqueued value outside its distribution (Optuna only warns)
+            self.usable = False
+        return self.usable
 
     def ask(self, storage, dists: dict, k: int, into: list, *, trials) -> None:
         """Append ``k`` running trials to ``into``, asked against the copy brought up to ``trials``; each is
         written to the study (``storage``) in one transaction, and a waiting trial the copy takes is taken in the
-        study too."""
+        study too. Where the study and the copy fall out of step (another process wrote to the study meanwhile), the
+        copy starts again from what the study holds; fewer than ``k`` where the copy is no longer ``usable``."""
         import optuna
 
         State = optuna.trial.TrialState
-        self.sync(trials)
+        if not self.sync(trials):
+            return
         study_id = storage.get_study_id_from_name(self.ostudy.study_name)
         waiting = {t.number: t for t in trials if t.state == State.WAITING}
-        for _ in range(k):
+        while len(into) < k:
             asked = self.study.ask(fixed_distributions=dists)
             m = self.storage.get_trial(asked._trial_id)
             if m.number in waiting:  # an enqueued trial (a warm start's, a retry's): the study's, taken as Study.ask does
                 w = waiting.pop(m.number)
-                if not _claim(storage, w._trial_id):
-                    continue  # another process took it
-                for name, value in m.params.items():
-                    if name not in w.params:
-                        d = m.distributions[name]
-                        storage.set_trial_param(w._trial_id, name, d.to_internal_repr(value), d)
-                for key, value in m.system_attrs.items():
-                    if key not in w.system_attrs:
-                        storage.set_trial_system_attr(w._trial_id, key, value)
                 trial_id = w._trial_id
+                if _claim(storage, trial_id):
+                    storage.record_heartbeat(trial_id)  # from the claim on: Optuna fails as stale only trials with one
+                    for name, value in m.params.items():
+                        if name not in w.params:
+                            d = m.distributions[name]
+                            storage.set_trial_param(trial_id, name, d.to_internal_repr(value), d)
+                    for key, value in m.system_attrs.items():
+                        if key not in w.system_attrs:
+                            storage.set_trial_system_attr(trial_id, key, value)
+                else:  # another process took it
+                    trial_id = None
             else:
                 template = optuna.trial.create_trial(state=State.RUNNING, params=m.params,
                                                      distributions=m.distributions, system_attrs=m.system_attrs)
                 trial_id = storage.create_new_trial(study_id, template_trial=template)
-            storage.record_heartbeat(trial_id)
-            into.append(optuna.Trial(self.ostudy, trial_id))
+                storage.record_heartbeat(trial_id)
+            if trial_id is not None:
+                into.append(optuna.Trial(self.ostudy, trial_id))
+            if trial_id is None or into[-1].number != m.number:  # out of step: start again from the study
+                self._fresh()
+                trials = self.ostudy.get_trials(deepcopy=False)
+                if not self.sync(trials):
+                    return
+                waiting = {t.number: t for t in trials if t.state == State.WAITING}
+
+
+def _copy(t):
+    """``t`` for the copy: without its user attributes; with the times Optuna's validation asks for (a waiting trial
+    failed by hand has no start)."""
+    import datetime
+
+    import optuna
+
+    start, end = t.datetime_start, t.datetime_complete
+    if start is None and t.state != optuna.trial.TrialState.WAITING:
+        start = end or datetime.datetime.now()
+    if end is None and t.state.is_finished():
+        end = start
+    return optuna.trial.FrozenTrial(
+        number=t.number, state=t.state, value=None, values=t.values, datetime_start=start, datetime_complete=end,
+        params=t.params, distributions=t.distributions, user_attrs={}, system_attrs=t.system_attrs,
+        intermediate_values=t.intermediate_values, trial_id=t._trial_id)
 
 
 def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, driver=None, space=None) -> None:
@@ -137,10 +169,10 @@ def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, drive
             return
         if not _claim(storage, t._trial_id):
             continue  # another process took it
+        storage.record_heartbeat(t._trial_id)  # from the claim on: Optuna only ever fails as stale trials with one
         trial = optuna.Trial(ostudy, t._trial_id)
         for name, d in dists.items():  # as Study.ask(fixed_distributions=dists): the enqueued values, the rest drawn
             _suggest(trial, name, d)
-        storage.record_heartbeat(t._trial_id)  # Optuna only ever fails as stale trials that have one
         into.append(trial)
         popped = True
     if driver is None:

@@ -105,10 +105,12 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
                 k = min(cfg.batch, cfg.n_trials - done - running)
                 if k > 0 and (driver is not None or asking.independent(ostudy)):  # random, CMA-ES: created with values
                     asking.ask_batch(ostudy, storage, dists, k, asked, trials=trials, driver=driver, space=space)
-                elif k > 0 and mirror is not None:  # TPE's batch: asked against a copy of the study
-                    mirror.ask(storage, dists, k, asked, trials=trials)
                 else:
-                    for _ in range(k):
+                    if k > 0 and mirror is not None:  # TPE's batch: asked against a copy of the study
+                        mirror.ask(storage, dists, k, asked, trials=trials)
+                        if not mirror.usable:  # a trial the copy cannot hold: Study.ask from now on
+                            mirror = None
+                    for _ in range(k - len(asked)):
                         trial = ostudy.ask(fixed_distributions=dists)
                         # a heartbeat from the start: Optuna only ever fails as stale trials that have one
                         storage.record_heartbeat(trial._trial_id)
