@@ -110,26 +110,21 @@ class Mirror:
             m = self.storage.get_trial(asked._trial_id)
             if m.number in waiting:  # an enqueued trial (a warm start's, a retry's): the study's, taken as Study.ask does
                 w = waiting.pop(m.number)
-                trial_id = w._trial_id
-                if _claim(storage, trial_id):
-                    storage.record_heartbeat(trial_id)  # from the claim on: Optuna fails as stale only trials with one
+                taken = _claim(storage, w._trial_id)  # False: another process took it
+                if taken:
                     for name, value in m.params.items():
                         if name not in w.params:
                             d = m.distributions[name]
-                            storage.set_trial_param(trial_id, name, d.to_internal_repr(value), d)
+                            storage.set_trial_param(w._trial_id, name, d.to_internal_repr(value), d)
                     for key, value in m.system_attrs.items():
                         if key not in w.system_attrs:
-                            storage.set_trial_system_attr(trial_id, key, value)
-                else:  # another process took it
-                    trial_id = None
+                            storage.set_trial_system_attr(w._trial_id, key, value)
+                    into.append(optuna.Trial(self.ostudy, w._trial_id))
             else:
-                template = optuna.trial.create_trial(state=State.RUNNING, params=m.params,
-                                                     distributions=m.distributions, system_attrs=m.system_attrs)
-                trial_id = storage.create_new_trial(study_id, template_trial=template)
-                storage.record_heartbeat(trial_id)
-            if trial_id is not None:
-                into.append(optuna.Trial(self.ostudy, trial_id))
-            if trial_id is None or into[-1].number != m.number:  # out of step: start again from the study
+                taken = True
+                into.append(_create(self.ostudy, storage, study_id, params=m.params, distributions=m.distributions,
+                                    system_attrs=m.system_attrs))
+            if not taken or into[-1].number != m.number:  # out of step: start again from the study
                 self._fresh()
                 trials = self.ostudy.get_trials(deepcopy=False)
                 if not self.sync(trials):
@@ -169,7 +164,6 @@ def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, drive
             return
         if not _claim(storage, t._trial_id):
             continue  # another process took it
-        storage.record_heartbeat(t._trial_id)  # from the claim on: Optuna only ever fails as stale trials with one
         trial = optuna.Trial(ostudy, t._trial_id)
         for name, d in dists.items():  # as Study.ask(fixed_distributions=dists): the enqueued values, the rest drawn
             _suggest(trial, name, d)
@@ -187,11 +181,8 @@ def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, drive
                    {ATTR_RESTART: c.restart, ATTR_GEN: c.generation, ATTR_INDEX: c.index})
                   for c in driver.next_many(trials, k - len(into))]
     for fixed, attrs in wanted:
-        template = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=draw(ostudy, dists, fixed),
-                                             distributions=dists, user_attrs=attrs)
-        trial_id = storage.create_new_trial(study_id, template_trial=template)
-        storage.record_heartbeat(trial_id)
-        into.append(optuna.Trial(ostudy, trial_id))
+        into.append(_create(ostudy, storage, study_id, params=draw(ostudy, dists, fixed), distributions=dists,
+                            user_attrs=attrs))
 
 
 def draw(ostudy, dists: dict, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -208,14 +199,29 @@ def draw(ostudy, dists: dict, fixed: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def _create(ostudy, storage, study_id: int, **template):
+    """A new trial, running, with its values and attributes (``template``: ``create_trial``'s keywords) in one
+    transaction, and its heartbeat: Optuna only ever fails as stale the trials that have one."""
+    import optuna
+
+    trial_id = storage.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+        state=optuna.trial.TrialState.RUNNING, **template))
+    storage.record_heartbeat(trial_id)
+    return optuna.Trial(ostudy, trial_id)
+
+
 def _claim(storage, trial_id: int) -> bool:
-    """Set a waiting trial running, as ``Study.ask`` does; False where another process was first."""
+    """Set a waiting trial running, as ``Study.ask`` does, with its heartbeat from then on; False where another
+    process was first."""
     import optuna
 
     try:
-        return storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.RUNNING)
+        if not storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.RUNNING):
+            return False
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
+    storage.record_heartbeat(trial_id)
+    return True
 
 
 def _suggest(trial, name: str, d) -> Any:
