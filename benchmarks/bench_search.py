@@ -5,10 +5,11 @@ study records them) and over the whole command (start-up and the baselines' runs
 tell and attributes, the MLflow run.
 
     .venv/bin/python benchmarks/bench_search.py [--study mnist-gossip] [--batch 128] [--trials 256] [--sampler random]
-        [--device cuda] [--data-dir DIR] [--epochs 0.02]
+        [--device cuda] [--data-dir DIR] [--epochs 0.02] [--jobs 2] [--profile FILE]
 
 ``--epochs`` replaces the study's epochs (a copy of the study in the run's folder): a short training shows what the
-bookkeeping costs per trial on a CPU.
+bookkeeping costs per trial on a CPU. ``--profile FILE`` runs the command under cProfile (its times then run
+slower) and prints the functions with the most cumulative time.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--epochs", type=float, default=None, help="replace the study's epochs (default: keep them)")
+    ap.add_argument("--jobs", type=int, default=1, help="search processes on the study (evomerge search --jobs)")
+    ap.add_argument("--profile", default=None, help="cProfile the command into this file (the main process only)")
     args = ap.parse_args()
 
     import optuna
@@ -48,9 +51,10 @@ def main() -> None:
             assert n == 1, "the study's [run] epochs line"
             path = Path(tmp) / Path(s.path).name
             path.write_text(text)
-        cmd = [sys.executable, "-m", "evomerge.cli", "search", "--study", str(path), "--data-dir", args.data_dir,
+        prof = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
+        cmd = [sys.executable, *prof, "-m", "evomerge.cli", "search", "--study", str(path), "--data-dir", str(Path(args.data_dir).resolve()),
                "--device", args.device, "--batch", str(args.batch), "--n-trials", str(args.trials), "--sampler",
-               args.sampler, "--no-verdict", "--quiet", "--runs-dir", str(Path(tmp) / "runs")]
+               args.sampler, "--jobs", str(args.jobs), "--no-verdict", "--quiet", "--runs-dir", str(Path(tmp) / "runs")]
         t = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         wall = time.perf_counter() - t
@@ -60,9 +64,13 @@ def main() -> None:
         ended = [x for x in st.trials if x.datetime_complete]
         span = (max(x.datetime_complete for x in ended) - min(x.datetime_start for x in ended)).total_seconds()
         states = {k: sum(x.state.name == k for x in st.trials) for k in ("COMPLETE", "PRUNED", "FAIL")}
-        print(f"{s.name}: --batch {args.batch}, {len(ended)} trials {states}, sampler {args.sampler}, device "
+        print(f"{s.name}: --batch {args.batch} --jobs {args.jobs}, {len(ended)} trials {states}, sampler {args.sampler}, device "
               f"{args.device}: first start to last end {span:.1f} s = {60 * len(ended) / span:.0f} trials/min; "
-              f"the command {wall:.1f} s = {60 * len(ended) / wall:.0f} trials/min")
+              f"the command {wall:.1f} s = {60 * len(ended) / wall:.0f} trials/min{' (profiled)' if args.profile else ''}")
+    if args.profile:
+        import pstats
+
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":

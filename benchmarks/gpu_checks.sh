@@ -11,6 +11,9 @@
 #   population  benchmarks/bench_population.py --device cuda (trials per minute)
 #   generic     benchmarks/bench_generic.py --device cuda (the stacked model against a loop of modules)
 #   profile     benchmarks/profile_population.py --device cuda (where a population's time goes), N = 32 and 128
+#   search      benchmarks/bench_search.py --device cuda (the search a user runs: trials per minute with Optuna's
+#               study and MLflow's runs on SQLite), for each SAMPLER:BATCH:TRIALS:JOBS in SEARCHES; then one
+#               cProfile of PROFILE_SEARCH (a SAMPLER:BATCH:TRIALS:JOBS; none if empty)
 #
 # Python packages the machine lacks can be put in .whl/ as wheels (pydantic, optuna, ...): they are installed
 # into /tmp/site first.
@@ -52,6 +55,18 @@ for part in "$@"; do
         for n in 32 128; do
           $PY benchmarks/profile_population.py --device cuda --data-dir "$DATA" --n $n --scale ${SCALE:-0.25} --top 25
         done
+        ;;
+      search)
+        for spec in ${SEARCHES:-random:256:512:1 tpe:256:512:1 tpe:256:512:2}; do
+          IFS=: read -r sampler batch trials jobs <<<"$spec"
+          timeout "${SEARCH_TIMEOUT:-300}" $PY benchmarks/bench_search.py --device cuda --data-dir "$DATA" \
+            --sampler "$sampler" --batch "$batch" --trials "$trials" --jobs "$jobs"
+        done
+        if [ -n "${PROFILE_SEARCH-random:256:256:1}" ]; then
+          IFS=: read -r sampler batch trials jobs <<<"${PROFILE_SEARCH-random:256:256:1}"
+          timeout "${SEARCH_TIMEOUT:-300}" $PY benchmarks/bench_search.py --device cuda --data-dir "$DATA" \
+            --sampler "$sampler" --batch "$batch" --trials "$trials" --jobs "$jobs" --profile "$OUT/search.prof"
+        fi
         ;;
       generic)
         $PY benchmarks/bench_generic.py --device cuda --workers 8 64 --repeats 5 --steps 10
