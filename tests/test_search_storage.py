@@ -1,5 +1,6 @@
 """search/storage.py and search/fingerprint.py: the stored study, its fingerprint, the lock, Optuna's logging."""
 
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import write_study
 from evomerge import study
+from evomerge.errors import ConfigError
 from evomerge.search import fingerprint, storage
 from searchutil import cli, edit_study, states
 
@@ -156,6 +158,33 @@ def test_the_study_names_its_metrics_for_optuna_dashboard(tmp_path, data_dir):
     evomerge.search(s, verdict=False, n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
     ost = optuna.load_study(study_name="tiny", storage=storage.default_storage(tmp_path / "runs" / "tiny"))
     assert ost.metric_names == ["val_accuracy", "bytes"]
+    # both of the study's SQLite files are left in write-ahead-log mode (evomerge/sqlitefiles.py), read here by plain
+    # sqlite3 as any other program would open them
+    for name in ("optuna.db", "mlflow.db"):
+        with contextlib.closing(sqlite3.connect(tmp_path / "runs" / "tiny" / name)) as con:
+            assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",), name
+            assert con.execute("SELECT count(*) FROM trials" if name == "optuna.db" else "SELECT count(*) FROM runs").fetchone()[0] >= 1
+
+
+def test_the_study_file_takes_wal_and_evomerges_connections_commit_with_synchronous_normal(tmp_path):
+    """open_storage: the file in WAL mode (kept in it: a fresh connection reads it back), and every connection of
+    the storage's engine with synchronous = NORMAL (1), the ones made before the pragma's listener included; a
+    connection of another program keeps SQLite's default FULL (2). A file that cannot be a database is refused in
+    one line naming --storage, as before."""
+    from evomerge.sqlitefiles import sqlite_wal
+
+    st = storage.open_storage(f"sqlite:///{tmp_path / 'o.db'}")
+    with st.engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA synchronous").fetchone() == (1,)
+        assert c.exec_driver_sql("PRAGMA journal_mode").fetchone() == ("wal",)
+    with contextlib.closing(sqlite3.connect(tmp_path / "o.db")) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert con.execute("PRAGMA synchronous").fetchone() == (2,)
+    sqlite_wal(":memory:")  # nothing to keep: left alone, no file made
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".db") == ["o.db"]
+    (tmp_path / "not.db").write_text("not a database")
+    with pytest.raises(ConfigError, match="--storage"):
+        storage.open_storage(f"sqlite:///{tmp_path / 'not.db'}")
 
 
 @pytest.mark.system
