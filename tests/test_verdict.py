@@ -111,6 +111,7 @@ def test_a_tied_objective_is_marked_and_time_is_in_seconds():
 
 
 @pytest.mark.system
+@pytest.mark.first  # about 70 s: the last test to start in file order, it ended the suite alone on one of 2 workers
 def test_the_quick_start_search_prints_stores_and_logs_one_verdict(tmp_path, data_dir):
     """The README's first command, with a small budget: the end screen has a verdict judged on fresh seeds
     against FedAvg and ring gossip first; `status` shows the same headline from the store; the parent MLflow
