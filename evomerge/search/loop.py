@@ -18,7 +18,7 @@ from ..errors import ConfigError, RunError
 from .config import SearchConfig
 from .results import best_trials, count_states
 from .storage import load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
-from .trial import Interrupted, bare_record, mark_interrupted, run_batch, run_trial
+from .trial import Interrupted, bare_record, beat_if_slow, mark_interrupted, run_batch, run_trial
 
 
 #: trials in a row that fail with an error before a search process stops (every trial failing, e.g. a user's
@@ -103,6 +103,7 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
                 # --batch N: up to N trials at once (TPE's constant liar takes the running ones for bad;
                 # CMA-ES hands out its generation's candidates until they all run)
                 k = min(cfg.batch, cfg.n_trials - done - running)
+                asking_since = time.monotonic()
                 if k > 0 and (driver is not None or asking.independent(ostudy)):  # random, CMA-ES: created with values
                     asking.ask_batch(ostudy, storage, dists, k, asked, trials=trials, driver=driver, space=space)
                 else:
@@ -115,6 +116,7 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
                         # a heartbeat from the start: Optuna only ever fails as stale trials that have one
                         storage.record_heartbeat(trial._trial_id)
                         asked.append(trial)
+                beat_if_slow(storage, asked, asking_since, cfg.grace_period)  # a big batch: its first trials too
             if not asked:
                 time.sleep(0.5)  # the last trials are running elsewhere; a dead one goes stale after the grace period
                 continue

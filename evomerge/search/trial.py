@@ -177,6 +177,18 @@ def heartbeat(storage, trial_id, every: float):
         thread.join()
 
 
+def beat_if_slow(storage, trials, since: float, grace_period: float) -> bool:
+    """Record every asked trial's heartbeat once more, before the search lock is let go, where asking them took
+    over a third of the grace period since ``since`` (``time.monotonic()``). The first trials of a big batch beat
+    only at their creation, and the heartbeat thread's first beat comes a third of the grace period after the lock is
+    let go: another process that takes the lock first looks for stale trials, and would fail them. True if it beat."""
+    if not trials or time.monotonic() - since <= grace_period / 3:
+        return False
+    for t in trials:
+        storage.record_heartbeat(t._trial_id)
+    return True
+
+
 def run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn, keeper=None) -> dict:
     with heartbeat(storage, trial._trial_id, max(0.5, cfg.grace_period / 3)):
         return _run_trial(trial, ostudy, setup, cfg, storage, simulate_fn, keeper)
