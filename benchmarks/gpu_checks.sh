@@ -12,8 +12,8 @@
 #   generic     benchmarks/bench_generic.py --device cuda (the stacked model against a loop of modules)
 #   profile     benchmarks/profile_population.py --device cuda (where a population's time goes), N = 32 and 128
 #   search      benchmarks/bench_search.py --device cuda (the search a user runs: trials per minute with Optuna's
-#               study and MLflow's runs on SQLite), for each SAMPLER:BATCH:TRIALS:JOBS in SEARCHES; then one
-#               cProfile of PROFILE_SEARCH (a SAMPLER:BATCH:TRIALS:JOBS; none if empty)
+#               study and MLflow's runs on SQLite), for each SAMPLER:BATCH:TRIALS:JOBS in SEARCHES; then, if
+#               PROFILE_SEARCH names one SAMPLER:BATCH:TRIALS:JOBS, its cProfile (OUT/search.prof)
 #
 # Python packages the machine lacks can be put in .whl/ as wheels (pydantic, optuna, ...): they are installed
 # into /tmp/site first.
@@ -62,8 +62,8 @@ for part in "$@"; do
           timeout "${SEARCH_TIMEOUT:-300}" $PY benchmarks/bench_search.py --device cuda --data-dir "$DATA" \
             --sampler "$sampler" --batch "$batch" --trials "$trials" --jobs "$jobs"
         done
-        if [ -n "${PROFILE_SEARCH-random:256:256:1}" ]; then
-          IFS=: read -r sampler batch trials jobs <<<"${PROFILE_SEARCH-random:256:256:1}"
+        if [ -n "${PROFILE_SEARCH:-}" ]; then
+          IFS=: read -r sampler batch trials jobs <<<"$PROFILE_SEARCH"
           timeout "${SEARCH_TIMEOUT:-300}" $PY benchmarks/bench_search.py --device cuda --data-dir "$DATA" \
             --sampler "$sampler" --batch "$batch" --trials "$trials" --jobs "$jobs" --profile "$OUT/search.prof"
         fi

@@ -12,20 +12,30 @@ from __future__ import annotations
 import contextlib
 
 
-def sqlite_wal(path: str, engine=None) -> None:
-    """Put the SQLite file at ``path`` in write-ahead-log mode (kept in the file, for every process that opens it);
-    with ``engine`` (SQLAlchemy's), its connections commit with ``synchronous = NORMAL``: at WAL checkpoints, not at
-    every commit, does SQLite wait for the disk. A file that cannot take WAL (an in-memory database, a file system
-    without shared memory) stays as it is."""
+def sqlite_wal(url: str, engine=None) -> bool:
+    """Put the SQLite database of ``url`` (SQLAlchemy's form: ``sqlite:///path.db``, a query string allowed) in
+    write-ahead-log mode, which the file keeps for every process that opens it; with ``engine`` (SQLAlchemy's, on that
+    file), its connections then commit with ``synchronous = NORMAL``: SQLite waits for the disk at WAL checkpoints,
+    not at every commit. A database that is not a file (in memory, a ``file:`` URI) or that does not take WAL (a file
+    system without shared memory, a read-only file) stays as it is, and so do its connections. True if in WAL."""
     import sqlite3
 
-    if path in ("", ":memory:") or path.startswith("file:"):
-        return
+    from sqlalchemy.engine import make_url
+
     try:
-        with contextlib.closing(sqlite3.connect(path, timeout=120)) as con:
-            con.execute("PRAGMA journal_mode=WAL")
+        u = make_url(url)
+    except Exception:  # not a URL SQLAlchemy reads: the storage itself says what is wrong with it
+        return False
+    db = u.database
+    if not u.drivername.startswith("sqlite") or not db or db == ":memory:" or db.startswith("file:") or "uri" in u.query:
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(db, timeout=120)) as con:
+            mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     except sqlite3.Error:
-        return
+        return False
+    if str(mode).lower() != "wal":
+        return False
     if engine is not None:
         from sqlalchemy import event
 
@@ -34,3 +44,4 @@ def sqlite_wal(path: str, engine=None) -> None:
 
         event.listen(engine, "connect", normal)
         engine.dispose()  # the connections made before (the storage's own setup) reconnect with it
+    return True

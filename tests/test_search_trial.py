@@ -52,9 +52,10 @@ def test_diverged_trials_are_marked_and_kept_off_best_and_the_pareto_set(tmp_pat
 
 def test_a_slow_ask_beats_its_trials_again_so_another_process_does_not_fail_them_as_stale(tmp_path):
     """A real SQLite study with a 2 s grace period: four trials created running with their first heartbeat (as a
-    batch's asks create them), then an ask that took 1.5 s: ``beat_if_slow`` beats the three given to it, so the
-    stale-trial check another process runs once it takes the lock (1 s later, 2.5 s after the creation) fails only
-    the fourth. An ask quicker than a third of the grace period beats nothing."""
+    batch's asks create them), then an ask that took 2.6 s: ``beat_if_slow`` beats the three given to it, so the
+    stale-trial check another process runs once it takes the lock (1.6 s later, 4.2 s after the creation) fails only
+    the fourth. An ask quicker than a third of the grace period beats nothing. (SQLite's heartbeats are in whole
+    seconds: the margins are over a second either side of the grace period.)"""
     import time
 
     import optuna
@@ -69,9 +70,9 @@ def test_a_slow_ask_beats_its_trials_again_so_another_process_does_not_fail_them
         trials = [asking._create(study, storage, sid, params={}, distributions={}) for _ in range(4)]
         since = time.monotonic()
         assert not trial.beat_if_slow(storage, trials[:3], since, 2)  # quick: nothing to do
-        time.sleep(1.5)
+        time.sleep(2.6)
         assert trial.beat_if_slow(storage, trials[:3], since, 2)
-        time.sleep(1.0)
+        time.sleep(1.6)
         optuna.storages.fail_stale_trials(study)
     states = [storage.get_trial(t._trial_id).state.name for t in trials]
     assert states == ["RUNNING", "RUNNING", "RUNNING", "FAIL"]

@@ -169,10 +169,10 @@ class Tracker:
         self.study = study
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(study_name)
-        if uri.startswith("sqlite:///"):  # the file MLflow has just made, in WAL mode as the study's (sqlitefiles.py)
+        if uri.startswith("sqlite:"):  # the file MLflow has just made, in WAL mode as the study's (sqlitefiles.py)
             from ..sqlitefiles import sqlite_wal
 
-            sqlite_wal(uri[len("sqlite:///"):])
+            sqlite_wal(uri)
         tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         if study is not None:
             tags[VIEW_TAG] = json.dumps(review_view(study))

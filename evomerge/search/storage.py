@@ -91,7 +91,7 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
         if path is not None:
             from ..sqlitefiles import sqlite_wal
 
-            sqlite_wal(path, storage.engine)
+            sqlite_wal(url, storage.engine)
         return storage
     except Exception as e:  # bad URL, missing driver, unreachable server: one line
         raise ConfigError("--storage", f"cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
