@@ -1,5 +1,5 @@
 """One Optuna write on the study's SQLite file, as ``evomerge search`` opens it (write-ahead log, ``synchronous =
-NORMAL``: ``search/storage.py``) against SQLite's defaults (rollback journal, ``synchronous = FULL``): the time of a
+NORMAL``: ``evomerge/sqlitefiles.py``) against SQLite's defaults (rollback journal, ``synchronous = FULL``): the time of a
 ``set_trial_user_attr``, the transaction a trial pays a dozen times (its creation, heartbeats, attributes, tell).
 
     .venv/bin/python benchmarks/bench_sqlite.py [--writes 200] [--repeats 2] [--dir DIR]

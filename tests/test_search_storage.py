@@ -163,7 +163,8 @@ def test_the_study_names_its_metrics_for_optuna_dashboard(tmp_path, data_dir):
     for name in ("optuna.db", "mlflow.db"):
         with contextlib.closing(sqlite3.connect(tmp_path / "runs" / "tiny" / name)) as con:
             assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",), name
-            assert con.execute("SELECT count(*) FROM trials" if name == "optuna.db" else "SELECT count(*) FROM runs").fetchone()[0] >= 1
+            table = "trials" if name == "optuna.db" else "runs"
+            assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] >= 1
 
 
 def test_the_study_file_takes_wal_and_evomerges_connections_commit_with_synchronous_normal(tmp_path):

@@ -80,15 +80,15 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
     if study is not None:
         kwargs["heartbeat_stale_trial_callback"] = _retry_stale
     try:
-        path = None
-        if url.startswith("sqlite:"):
+        sqlite = url.startswith("sqlite:")
+        if sqlite:
             path = url.split("sqlite:///", 1)[-1]
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
         with quiet_optuna():
             storage = retry_setup(lambda: optuna.storages.RDBStorage(
                 url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
-        if path is not None:
+        if sqlite:
             from ..sqlitefiles import sqlite_wal
 
             sqlite_wal(url, storage.engine)

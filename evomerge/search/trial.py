@@ -162,11 +162,7 @@ def heartbeat(storage, trial_id, every: float):
 
     def beat():
         while not stop.wait(every):
-            for i in ids:
-                try:
-                    storage.record_heartbeat(i)
-                except Exception:  # the storage is briefly unreachable: the next beat tries again
-                    pass
+            beat_all(storage, ids)
 
     thread = threading.Thread(target=beat, name=f"evomerge-heartbeat-{ids[0]}", daemon=True)
     thread.start()
@@ -184,12 +180,18 @@ def beat_if_slow(storage, trials, since: float, grace_period: float) -> bool:
     let go: another process that takes the lock first looks for stale trials, and would fail them. True if it beat."""
     if not trials or time.monotonic() - since <= grace_period / 3:
         return False
-    for t in trials:
-        try:
-            storage.record_heartbeat(t._trial_id)
-        except Exception:  # as the heartbeat thread: a beat missed is no worse than none, and the trials must run
-            pass
+    beat_all(storage, [t._trial_id for t in trials])
     return True
+
+
+def beat_all(storage, trial_ids) -> None:
+    """Record each trial's heartbeat; a beat the storage refuses (briefly unreachable, locked) is skipped: the next
+    one tries again, and a missed beat is no worse than none."""
+    for i in trial_ids:
+        try:
+            storage.record_heartbeat(i)
+        except Exception:
+            pass
 
 
 def run_trial(trial, ostudy, setup, cfg: "SearchConfig", storage, simulate_fn, keeper=None) -> dict:
