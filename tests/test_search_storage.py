@@ -117,7 +117,7 @@ import logging, sys
 import optuna
 import evomerge
 {setup}
-kw = dict(n_trials={n}, sampler="random", runs_dir=sys.argv[2], data_dir=sys.argv[3])
+kw = dict(n_trials={n}, sampler="{sampler}", runs_dir=sys.argv[2], data_dir=sys.argv[3], {extra})
 evomerge.search(sys.argv[1], **kw)
 kw["n_trials"] += 1
 evomerge.search(sys.argv[1], **kw)
@@ -125,20 +125,24 @@ print("verbosity", optuna.logging.get_verbosity())
 """
 
 
-def _api(tmp_path, data_dir, setup="", n=1):
+def _api(tmp_path, data_dir, setup="", n=1, sampler="random", extra=""):
     f = write_study(tmp_path)
     script = tmp_path / "api.py"
-    script.write_text(API_TWICE.format(setup=setup, n=n))
+    script.write_text(API_TWICE.format(setup=setup, n=n, sampler=sampler, extra=extra))
     return subprocess.run([sys.executable, str(script), str(f), str(tmp_path / "runs"), str(data_dir)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
 
 @pytest.mark.system
 def test_the_python_api_does_not_print_optunas_existing_study_line(tmp_path, data_dir):
-    p = _api(tmp_path, data_dir)
+    # TPE's batches are asked against an in-memory copy of the study (search/asking.py), whose creation is no study
+    # of the user's either: only the stored study's creation is said
+    p = _api(tmp_path, data_dir, n=2, sampler="tpe", extra="batch=2")
     assert p.returncode == 0, p.stderr
     assert "Using an existing study" not in p.stderr + p.stdout
+    assert "in memory" not in p.stderr + p.stdout
     assert p.stderr.count("A new study created") == 1  # Optuna's own INFO lines are left as they are
+    assert "A new study created in RDB with name: tiny" in p.stderr
     assert f"verbosity {20}" in p.stdout  # INFO: the caller's (here Optuna's default) level is untouched
 
 

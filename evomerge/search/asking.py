@@ -47,6 +47,13 @@ def mirrored(ostudy) -> bool:
     return type(ostudy.sampler) is optuna.samplers.TPESampler
 
 
+class _NoMemoryStudyLine:
+    """A logging filter that drops Optuna's line on creating an in-memory study (:meth:`Mirror._fresh`)."""
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("A new study created in memory")
+
+
 class Mirror:
     """An in-memory copy of a study that TPE asks a batch against (one per search process, brought up to date before
     each batch): every trial's state, values, parameters, system attributes and intermediate values, without the user
@@ -58,12 +65,23 @@ class Mirror:
         self._fresh()
 
     def _fresh(self) -> None:
+        import logging
+
         import optuna
 
         self.storage = optuna.storages.InMemoryStorage()
-        self.study = optuna.create_study(storage=self.storage, study_name=self.ostudy.study_name,
-                                         directions=self.ostudy.directions, sampler=self.sampler,
-                                         pruner=self.ostudy.pruner)
+        # the copy is no study of the user's: Optuna's "A new study created in memory with name: <the study's>" would
+        # read as if the search had not stored it. The line is dropped by a filter on the in-memory storage's own
+        # logger for this one call (the caller's logging otherwise as it was)
+        log = logging.getLogger(type(self.storage).__module__)
+        quiet = _NoMemoryStudyLine()
+        log.addFilter(quiet)
+        try:
+            self.study = optuna.create_study(storage=self.storage, study_name=self.ostudy.study_name,
+                                             directions=self.ostudy.directions, sampler=self.sampler,
+                                             pruner=self.ostudy.pruner)
+        finally:
+            log.removeFilter(quiet)
         self.study_id = self.storage.get_study_id_from_name(self.ostudy.study_name)
 
     def sync(self, trials) -> bool:
