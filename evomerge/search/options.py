@@ -72,7 +72,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("jobs", 1, "trials at once, in separate processes", int),
     Option("batch", 1, "trials asked at once and trained as one stacked computation in each process (a population: "
                        "N trials x W workers as N*W rows; cmaes asks a generation, its population size defaults to "
-                       "N; tpe asks with its constant liar); in-process backend only", int),
+                       "N; tpe asks with its constant liar); in-process backend only; it pays on a GPU, not on a CPU", int),
     Option("seed", 0, "sampler seed", int),
     Option("reevaluate", 3, "fresh seeds on which the verdict runs the search's picks and the baselines again "
                             "(paired by seed); 0: the verdict uses the search's own seeds", int, metavar="N"),
