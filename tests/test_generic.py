@@ -42,12 +42,24 @@ def test_generic_path_on_the_mlp_equals_the_hand_written_mlp(setup, policy):
             return mlp.init(generator)
 
     generic = _with(setup, SameStart(mlp.module, mlp.input_shape, mlp.n_classes))
+    assert generic.model.relu_mlp  # a ReLU MLP: its stacked steps take the hand-written backward
     a = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
     b = simulate.simulate(generic, policy, 2, device="cpu", keep_params=True)
     assert generic.model.n_params == mlp.n_params and generic.model.n_train == mlp.n_params
-    assert torch.allclose(a.params, b.params, atol=1e-5), (a.params - b.params).abs().max()
+    assert torch.equal(a.params, b.params), (a.params - b.params).abs().max()  # the same arithmetic: bit for bit
     assert not torch.equal(a.params[0], setup.model.init(torch.Generator().manual_seed(0)))
     assert abs(a.final.val_accuracy - b.final.val_accuracy) < 0.005
+    # with momentum (the gradients written, then the batched optimiser) and against autograd's gradients of the same
+    # stacked matmuls and the loop of modules: to float tolerance
+    runs = {}
+    for name, execution, hand in (("hand", "stacked", True), ("autograd", "stacked", False), ("loop", "loop", False)):
+        model = SameStart(mlp.module, mlp.input_shape, mlp.n_classes, execution=execution)
+        model.relu_mlp = hand
+        runs[name] = simulate.simulate(_with(setup, model, momentum=0.9), policy, 2, device="cpu", keep_params=True)
+    for name in ("autograd", "loop"):
+        assert torch.allclose(runs["hand"].params, runs[name].params, atol=1e-4), (name, (runs["hand"].params -
+                                                                                          runs[name].params).abs().max())
+    assert not torch.equal(runs["hand"].params, runs["autograd"].params)  # two ways of taking the gradient
 
 
 def small_bn():
@@ -190,10 +202,18 @@ def plain_sequential():
 def test_a_plain_sequential_runs_stacked_in_batched_matmuls_and_gives_the_same_run(setup):
     """A plain nn.Sequential MLP runs its stacked steps as batched matrix products (models.generic.sequential_plan),
     not vmap over functional_call; the run equals the vmap path and the loop of modules to float tolerance."""
-    from evomerge.models.generic import sequential_plan
+    from evomerge.models.generic import relu_mlp_plan, sequential_plan
 
     assert [op[0] for op in sequential_plan(plain_sequential())] == ["flatten", "linear", "act", "linear", "act",
                                                                       "linear"]
+    # the hand-written ReLU step covers flattened inputs, biased linears and ReLU between them, and nothing else
+    relu = [nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.ReLU(inplace=True), nn.Linear(16, 10)),
+            nn.Sequential(nn.Flatten(), nn.Linear(784, 10))]
+    near = [plain_sequential(), nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.ReLU(), nn.Linear(16, 10), nn.ReLU()),
+            nn.Sequential(nn.Flatten(), nn.Linear(784, 16, bias=False), nn.ReLU(), nn.Linear(16, 10)),
+            nn.Sequential(nn.Linear(28, 10))]  # no flatten on 28 x 28 inputs: a linear over the last dimension
+    assert [relu_mlp_plan(sequential_plan(m), (28, 28)) for m in relu + near] == [True, True, False, False, False, False]
+    assert relu_mlp_plan(sequential_plan(nn.Sequential(nn.Linear(784, 10))), (784,))
     for other in (nn.Sequential(nn.Flatten(), nn.Linear(784, 10), nn.Dropout(0.1)),  # random: the loop's keyed masks
                   nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.BatchNorm1d(16), nn.Linear(16, 10)),  # buffers
                   nn.Sequential(nn.Flatten(start_dim=2), nn.Linear(28, 10)),

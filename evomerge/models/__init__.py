@@ -175,49 +175,15 @@ class MLP(StackedModel):
                 h = h.relu_()
         return h.transpose(1, 2)
 
-    def _forward_backward(self, params, x, y, on_layer):
-        """Hand-written backward; ``on_layer(i, d, a)`` receives layer i's output gradient ``d``
-        ``[W, out, B]`` and input ``a`` ``[W, B, in]``, after the gradient for the layer below has
-        been taken from its weight (so ``on_layer`` may update the weight in place)."""
-        n = len(params) // 2
-        acts = [x.flatten(2)]  # inputs of each layer, [W, B, in]
-        h = acts[0].transpose(1, 2)
-        for i in range(n):
-            h = torch.bmm(params[2 * i], h).add_(params[2 * i + 1].unsqueeze(2))
-            if i < n - 1:
-                h = h.relu_()
-                acts.append(h.transpose(1, 2))
-        logp = torch.log_softmax(h, dim=1)  # [W, C, B]
-        losses = -logp.gather(1, y.unsqueeze(1)).squeeze(1)  # per example, [W, B]
-        d = logp.exp_()
-        d.scatter_add_(1, y.unsqueeze(1), torch.full_like(d[:, :1], -1.0))
-        d.mul_(1.0 / y.shape[1])  # dL/dlogits for the per-worker mean loss
-        for i in reversed(range(n)):
-            a = acts[i]
-            below = torch.bmm(params[2 * i].transpose(1, 2), d).mul_(a.transpose(1, 2) > 0) if i > 0 else None
-            on_layer(i, d, a)
-            d = below
-        return losses
-
     def loss_and_grad(self, params, x, y, grads, keys=None):
         if not self.plain_classes():
             return super().loss_and_grad(params, x, y, grads)
-
-        def write(i, d, a):
-            torch.bmm(d, a, out=grads[2 * i])
-            torch.sum(d, dim=2, out=grads[2 * i + 1])
-
-        return self._forward_backward(params, x, y, write)
+        return relu_mlp_grads(params, x, y, grads)
 
     def sgd_step_(self, params, x, y, lr):
         if not self.plain_classes():
             return None
-
-        def update(i, d, a):
-            params[2 * i].baddbmm_(d, a, alpha=-lr)
-            params[2 * i + 1].sub_(d.sum(2), alpha=lr)
-
-        return self._forward_backward(params, x, y, update)
+        return relu_mlp_sgd_(params, x, y, lr)
 
     def module(self):
         layers: list[nn.Module] = [nn.Flatten()]
@@ -226,6 +192,53 @@ class MLP(StackedModel):
             if i < len(self.sizes) - 2:
                 layers.append(nn.ReLU())
         return nn.Sequential(*layers)
+
+
+def relu_mlp_forward_backward(params, x, y, on_layer):
+    """The hand-written forward and backward of a ReLU MLP (linears with biases, ReLU between them) of W stacked
+    workers, with the mean cross-entropy of one class per input: ``params`` ``[W, out, in]`` weights and ``[W, out]``
+    biases in turn, ``x`` ``[W, B, ...]`` (flattened from dimension 2), ``y`` ``[W, B]``. ``on_layer(i, d, a)``
+    receives layer i's output gradient ``d`` ``[W, out, B]`` and input ``a`` ``[W, B, in]``, after the gradient for
+    the layer below has been taken from its weight (so ``on_layer`` may update the weight in place). Returns the
+    per-example losses ``[W, B]``. The one definition for the named ``mlp`` and for a user's ``nn.Sequential`` of the
+    same shape (:mod:`evomerge.models.generic`)."""
+    n = len(params) // 2
+    acts = [x.flatten(2)]  # inputs of each layer, [W, B, in]
+    h = acts[0].transpose(1, 2)
+    for i in range(n):
+        h = torch.bmm(params[2 * i], h).add_(params[2 * i + 1].unsqueeze(2))
+        if i < n - 1:
+            h = h.relu_()
+            acts.append(h.transpose(1, 2))
+    logp = torch.log_softmax(h, dim=1)  # [W, C, B]
+    losses = -logp.gather(1, y.unsqueeze(1)).squeeze(1)  # per example, [W, B]
+    d = logp.exp_()
+    d.scatter_add_(1, y.unsqueeze(1), torch.full_like(d[:, :1], -1.0))
+    d.mul_(1.0 / y.shape[1])  # dL/dlogits for the per-worker mean loss
+    for i in reversed(range(n)):
+        a = acts[i]
+        below = torch.bmm(params[2 * i].transpose(1, 2), d).mul_(a.transpose(1, 2) > 0) if i > 0 else None
+        on_layer(i, d, a)
+        d = below
+    return losses
+
+
+def relu_mlp_grads(params, x, y, grads):
+    """:func:`relu_mlp_forward_backward` writing each worker's gradient into ``grads``; the per-example losses."""
+    def write(i, d, a):
+        torch.bmm(d, a, out=grads[2 * i])
+        torch.sum(d, dim=2, out=grads[2 * i + 1])
+
+    return relu_mlp_forward_backward(params, x, y, write)
+
+
+def relu_mlp_sgd_(params, x, y, lr):
+    """:func:`relu_mlp_forward_backward` with plain SGD fused into the backward, in place; the per-example losses."""
+    def update(i, d, a):
+        params[2 * i].baddbmm_(d, a, alpha=-lr)
+        params[2 * i + 1].sub_(d.sum(2), alpha=lr)
+
+    return relu_mlp_forward_backward(params, x, y, update)
 
 
 class CNN(StackedModel):

@@ -53,7 +53,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from ..errors import ConfigError
-from . import StackedModel, state_buffer_slots, state_buffers
+from . import StackedModel, relu_mlp_grads, relu_mlp_sgd_, state_buffer_slots, state_buffers
 from ..userref import one_line, resolve
 
 FIELD = "study.model.factory"
@@ -100,6 +100,19 @@ def sequential_plan(module: nn.Module) -> list[tuple] | None:
         else:
             return None
     return plan
+
+
+def relu_mlp_plan(plan: list[tuple] | None, input_shape) -> bool:
+    """Whether a :func:`sequential_plan` is the named ``mlp``'s network: flattened inputs (a flatten first, or inputs
+    of one dimension), linears with biases, ``nn.ReLU`` between them and nothing after the last, so that its steps can
+    take the hand-written backward (:func:`evomerge.models.relu_mlp_forward_backward`) instead of autograd's."""
+    if plan is None:
+        return False
+    ops = plan[1:] if plan and plan[0][0] == "flatten" else plan
+    if (len(ops) == len(plan) and len(input_shape) != 1) or not ops or len(ops) % 2 == 0:
+        return False
+    return all(op[0] == "linear" and op[2] if i % 2 == 0 else op[0] == "act" and type(op[1]) is nn.ReLU
+               for i, op in enumerate(ops))
 
 
 @contextmanager
@@ -164,6 +177,8 @@ class GenericModel(StackedModel):
         self.timings: dict[str, float] = {}  # auto's measured seconds per step of each strategy
         self.random = has_random_layers(self.template)
         self.plan = sequential_plan(self.template)  # a plain MLP's stacked step in batched matmuls (None: vmap)
+        # a ReLU MLP of the named mlp's shape: its training steps run the hand-written backward (models.relu_mlp_*)
+        self.relu_mlp = relu_mlp_plan(self.plan, self.input_shape)
         self._reps: list = []  # the loop's copies of the module (models.generic._replicas)
         self._device = torch.device("cpu")  # where the template and the copies live (their own buffers: a mask)
         self._probe = None  # auto's timed choice: a few examples to time it again on another device
@@ -381,6 +396,8 @@ class GenericModel(StackedModel):
                                  train=True, grads=grads)
             losses, objective = self.task.train_losses(out, y)
             objective.sum().backward()
+        elif self._hand_written(execution):
+            losses = relu_mlp_grads(params, x, y, grads)
         else:
             leaves = [p.detach().requires_grad_(True) for p in params[:k]]
             out = self._call(leaves + buffers, x, True, 0, keys, execution)
@@ -399,6 +416,8 @@ class GenericModel(StackedModel):
         None for any other model, strategy, or with frozen parameters (the caller then takes :meth:`loss_and_grad`)."""
         if self.plan is None or self.execution != "stacked" or self.frozen:
             return None
+        if self._hand_written(None):
+            return relu_mlp_sgd_(params, x, y, lr)
         with torch.enable_grad():  # the caller may step under no_grad (the in-place update is)
             leaves = [p.detach().requires_grad_(True) for p in params]
             losses, objective = self.task.train_losses(self._sequential(leaves, x, 0), y)
@@ -407,6 +426,12 @@ class GenericModel(StackedModel):
             for p, g in zip(params, grads):
                 p.add_(g, alpha=-lr)
         return losses.detach()
+
+    def _hand_written(self, execution: str | None) -> bool:
+        """The stacked step of a ReLU MLP (:func:`relu_mlp_plan`) with the mean cross-entropy of one class per input and
+        nothing frozen: the named ``mlp``'s hand-written backward, 1.4-1.6x faster than autograd's on the CPU at W = 8."""
+        return (self.relu_mlp and self.plan is not None and (execution or self.execution) == "stacked" and not self.frozen
+                and self.plain_classes())
 
     @torch.no_grad()
     def logits(self, params, x, chunk: int = 2048, execution: str | None = None):
