@@ -220,6 +220,8 @@ def test_a_plain_sequential_runs_stacked_in_batched_matmuls_and_gives_the_same_r
                   nn.Sequential(nn.Linear(28, 10), nn.Flatten(), nn.Linear(280, 10)),
                   small_bn()):
         assert sequential_plan(other) is None, other
+    shared = nn.Linear(784, 784)  # one layer used twice: its parameters once, in two places
+    assert sequential_plan(nn.Sequential(nn.Flatten(), shared, nn.ReLU(), shared, nn.ReLU(), nn.Linear(784, 10))) is None
     runs = {}
     for name, execution, plan in (("matmuls", "stacked", True), ("vmap", "stacked", False), ("loop", "loop", True)):
         model = GenericModel(plain_sequential, (28, 28), 10, execution=execution)
