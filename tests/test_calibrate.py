@@ -306,6 +306,16 @@ def test_a_rank_that_fails_is_named_in_one_line(tmp_path, data_dir):
     assert not (tmp_path / "c.toml").exists()
 
 
+def need_netlab() -> None:
+    """Fail, in one line naming what is missing, where netlab cannot run: its tests are the project's only check of
+    real shaped links (CI has unshare, ip and tc; a machine without them fails these tests rather than pass them
+    unrun)."""
+    why = _netlab_usable()
+    if why:
+        pytest.fail(f"netlab cannot run here: {why} (it needs root, unshare from util-linux, ip and tc from "
+                    f"iproute2)", pytrace=False)
+
+
 def _netlab_usable() -> str:
     """Why netlab cannot run here ('' if it can)."""
     if not NETLAB.is_file():
@@ -323,10 +333,7 @@ def _netlab_usable() -> str:
 def test_links_under_netlab_give_the_tbf_rate(tmp_path, data_dir):
     """2 ranks, each in its own network namespace with its own 50 Mbit/s link (tbf both ways): the fitted
     bandwidth is within 25% of 6.25e6 bytes/s."""
-    why = _netlab_usable()
-    if why:
-        print(f"SKIPPED: netlab needs unshare, ip and tc: {why}")
-        pytest.skip(f"netlab cannot run here: {why}")
+    need_netlab()
     (tmp_path / "s.toml").write_text(study_text(model='name = "mlp"\nhidden = [128]'))  # 407 KB of parameters
     out = tmp_path / "net.toml"
     env = dict(os.environ, EVOMERGE_THREADS="1", PYTHONPATH=str(ROOT))
@@ -407,10 +414,7 @@ def test_a_gossip_jobs_trace_under_netlab_gives_the_tbf_rate(tmp_path, data_dir)
     most crowded of the sender's uplink, the receiver's downlink and the pair's connection) taken out of each
     transfer, 0.94x to 1.16x (7 traces, 4 with the fast tests beside them), and one link at 1.26x in a full
     suite's run (CI, 2026-11-25): each link is held to 35%, the median to 10%."""
-    why = _netlab_usable()
-    if why:
-        print(f"SKIPPED: netlab needs unshare, ip and tc: {why}")
-        pytest.skip(f"netlab cannot run here: {why}")
+    need_netlab()
     (tmp_path / "user_mlp.py").write_text(USER_MLP)
     (tmp_path / "s.toml").write_text(TRACE_STUDY.format(workers=4, batch=16, environment="").replace(
         "steps = 20", "steps = 120").replace('"user_mlp:mlp"', '"user_mlp:mlp"\noptions = { hidden = 128 }'))  # 407 KB

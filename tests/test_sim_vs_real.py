@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_calibrate import _netlab_usable
+from test_calibrate import need_netlab
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,10 +26,7 @@ def test_the_clock_calibrated_from_a_real_run_predicts_its_time_to_target(tmp_pa
     too slow). All-reduce's accuracy per step is the same real and simulated, so the time is the clock's alone;
     gossip's time to target also depends on when each payload landed, and near a plateau it spreads by a third
     between runs, so here it is only required to reach the target."""
-    why = _netlab_usable()
-    if why:
-        print(f"SKIPPED: netlab needs unshare, ip and tc: {why}")
-        pytest.skip(f"netlab cannot run here: {why}")
+    need_netlab()
     out = tmp_path / "figures.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_vs_real.py"), "--scenarios", "network",
                         "--policies", "allreduce", "ring-gossip", "--budget", "10", "--dt", "0.25",
