@@ -10,9 +10,11 @@ wall time into
 
 and prints ratios to the in-process backend's training time. The distributed runs
 use one process per worker (8) and, to show what grouping buys, 2 processes of 4
-workers each. The machine has 2 cores: 8 processes share them. Run:
+workers each. The machine has 2 cores: 8 processes share them. ``--start`` adds the
+ranks started the other way (``spawn``: a fresh interpreter per rank, as before the
+fork server) beside the default, interleaved, for the start-up's comparison. Run:
 
-    .venv/bin/python benchmarks/bench_backends.py [--repeats 3] [--data-dir DIR] [--study mnist-gossip]
+    .venv/bin/python benchmarks/bench_backends.py [--repeats 3] [--data-dir DIR] [--study mnist-gossip] [--start spawn]
 """
 
 from __future__ import annotations
@@ -38,31 +40,37 @@ def main() -> None:
     ap.add_argument("--study", default="mnist-gossip")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--start", nargs="*", choices=("spawn",), default=[],
+                    help="also time the distributed runs with their ranks started this way (spawn)")
+    ap.add_argument("--policies", nargs="*", choices=list(POLICIES), default=list(POLICIES))
     args = ap.parse_args()
     st = study.load(args.study)
     setup = simulate.prepare(st, data_dir=args.data_dir)
     W = st.run.workers
-    variants = [("inprocess", None), ("distributed", W), ("distributed", 2)]
+    variants = [("inprocess", None, None), ("distributed", W, None), ("distributed", 2, None)]
+    variants += [("distributed", procs, m) for m in args.start for procs in (W, 2)]
     print(f"{st.name}: {W} workers, {setup.total_steps} local steps, {args.repeats} repeats (medians)\n")
-    print(f"{'policy':<24} {'backend':<16} {'start-up s':>10} {'training s':>10} {'train/in':>9} {'total/in':>9} {'val acc':>8}")
-    for name, pol in POLICIES.items():
+    print(f"{'policy':<24} {'backend':<22} {'start-up s':>10} {'training s':>10} {'train/in':>9} {'total/in':>9} {'val acc':>8}")
+    for name, pol in ((n, POLICIES[n]) for n in args.policies):
         times: dict = {v: {"start": [], "train": [], "acc": []} for v in variants}
         for _ in range(args.repeats):
-            for backend, procs in variants:  # interleaved, so drift hits all alike
+            for v in variants:  # interleaved, so drift hits all alike
+                backend, procs, start = v
                 t = time.perf_counter()
                 if backend == "inprocess":
                     res = simulate.simulate(setup, pol, 0, device="cpu")
                 else:
-                    res = dist.simulate(setup, pol, 0, device="cpu", procs=procs)
+                    res = dist.simulate(setup, pol, 0, device="cpu", procs=procs, _start=start)
                 total = time.perf_counter() - t
-                times[(backend, procs)]["start"].append(total - res.wall_time)
-                times[(backend, procs)]["train"].append(res.wall_time - res.eval_time)
-                times[(backend, procs)]["acc"].append(res.final.val_accuracy)
+                times[v]["start"].append(total - res.wall_time)
+                times[v]["train"].append(res.wall_time - res.eval_time)
+                times[v]["acc"].append(res.final.val_accuracy)
         base = statistics.median(times[variants[0]]["train"])
-        for backend, procs in variants:
-            m = {k: statistics.median(v) for k, v in times[(backend, procs)].items()}
-            label = backend if procs is None else f"{backend} x{procs}"
-            print(f"{name:<24} {label:<16} {m['start']:>10.2f} {m['train']:>10.2f} {m['train'] / base:>9.2f} "
+        for v in variants:
+            backend, procs, start = v
+            m = {k: statistics.median(x) for k, x in times[v].items()}
+            label = backend if procs is None else f"{backend} x{procs}" + (f" {start}" if start else "")
+            print(f"{name:<24} {label:<22} {m['start']:>10.2f} {m['train']:>10.2f} {m['train'] / base:>9.2f} "
                   f"{(m['start'] + m['train']) / base:>9.2f} {m['acc']:>8.4f}")
         print()
 

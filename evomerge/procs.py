@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -80,9 +81,46 @@ def _group_entry(target: Callable, args: tuple, parent: int) -> None:
     """The start of a spawned child: its own process group, a signal if the parent dies."""
     os.setpgid(0, 0)
     _set_pdeathsig()
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        return
+    if os.getppid() != parent:
+        # forked by a start server (multiprocessing's forkserver): the kernel's signal watches that server, which
+        # outlives the supervisor while any child it forked runs, so a thread here watches the supervisor
+        if not _watch(parent):  # the supervisor died before the watch began
+            return
     target(*args)
+
+
+def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
+    """Send ``sig`` to this process when process ``pid`` ends (a daemon thread waiting on its pidfd; polling
+    where there is none); False, and no thread, if it has already ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): poll
+        fd = None
+
+    def wait() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _running(pid):
+                time.sleep(0.2)
+        os.kill(os.getpid(), sig)
+
+    if fd is None and not _running(pid):
+        return False
+    threading.Thread(target=wait, name=f"evomerge-watch-{pid}", daemon=True).start()
+    return True
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class _Handle:

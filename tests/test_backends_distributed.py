@@ -133,6 +133,45 @@ def test_a_raising_rank_is_named_and_the_others_stopped(setup):
     assert _spawned_children(os.getpid()) == []
 
 
+def _raise_before_a_peer_is_killed(rank, *args):
+    if rank == 1:  # what a peer of a dead rank raises, here a moment before the death is reported
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:49804")
+    if rank == 2:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+@pytest.mark.system
+def test_a_rank_killed_by_a_signal_is_named_over_a_peer_that_raised_first(setup):
+    """A killed rank's peers lose their connections and raise, sometimes before the launcher hears of the kill:
+    the one line names the killed rank, the cause."""
+    with pytest.raises(dist.DistributedRunError, match=r"^rank 2 \(pid \d+\) was killed by SIGKILL") as e:
+        dist.simulate(setup, MergePolicy(), 0, device="cpu", _entry=_raise_before_a_peer_is_killed)
+    assert e.value.rank == 2
+    assert _spawned_children(os.getpid()) == []
+
+
+def _raise_with_the_environment(rank, *args):
+    if rank == 1:
+        raise ValueError(f"EVOMERGE_TEST_MARK={os.environ.get('EVOMERGE_TEST_MARK')}")
+    time.sleep(60)
+
+
+@pytest.mark.system
+def test_a_rank_sees_the_launchers_environment_at_its_launch(setup, monkeypatch):
+    """Ranks are forked from a server started at the first launch; each still gets the environment the launcher
+    has when it launches them, as a spawned process would (a variable set after the server started, one unset)."""
+    for mark in ("first", "second", None):
+        if mark is None:
+            monkeypatch.delenv("EVOMERGE_TEST_MARK")
+        else:
+            monkeypatch.setenv("EVOMERGE_TEST_MARK", mark)
+        with pytest.raises(dist.DistributedRunError, match=rf"rank 1 .*ValueError: EVOMERGE_TEST_MARK={mark}$"):
+            dist.simulate(setup, MergePolicy(), 0, device="cpu", _entry=_raise_with_the_environment)
+    assert _spawned_children(os.getpid()) == []
+
+
 def _send_the_result_and_exit_at_once(rank, world, store, setup, policy, seed, up, *rest):
     """Rank 0 hands over a result that holds a tensor, as a run with keep_params does, and its process is gone
     before the launcher has read it (under load, rank 0's exit could win that race)."""
@@ -160,8 +199,9 @@ def test_bad_process_count_is_refused(setup):
 
 
 def _spawned_children(ppid: int) -> list[int]:
-    """Live rank processes (multiprocessing spawn children, not the resource tracker) of ``ppid``."""
-    out = []
+    """Live rank processes of the launcher ``ppid``: forked by its fork server (its child running
+    ``multiprocessing.forkserver``), or spawned by it (``spawn_main``); not the server, not the resource tracker."""
+    live = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -171,10 +211,11 @@ def _spawned_children(ppid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        state, parent = fields[0], int(fields[1])
-        if parent == ppid and state != "Z" and "spawn_main" in cmd and "resource_tracker" not in cmd:
-            out.append(int(d.name))
-    return sorted(out)
+        if fields[0] != "Z":
+            live[int(d.name)] = (int(fields[1]), cmd)
+    servers = {pid for pid, (parent, cmd) in live.items() if parent == ppid and "forkserver" in cmd}
+    return sorted(pid for pid, (parent, cmd) in live.items() if parent in servers or (
+        parent == ppid and "spawn_main" in cmd and "resource_tracker" not in cmd))
 
 
 def _alive(pid: int) -> bool:
@@ -227,6 +268,20 @@ def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
     assert err.strip().count("\n") == 0, err  # one line, no traceback
     time.sleep(0.5)
     assert [p for p in ranks if _alive(p)] == []
+
+
+@pytest.mark.system
+def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
+    """SIGKILL to the launcher gives it no chance to stop its ranks: they go with it (each asked the kernel for
+    SIGKILL when its parent dies; a rank's parent is the fork server, which exits when the launcher does)."""
+    with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
+        server = {int(Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[1]) for r in ranks}
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while [p for p in [*ranks, *server] if p != proc.pid and _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert [p for p in [*ranks, *server] if p != proc.pid and _alive(p)] == []
 
 
 @pytest.mark.system

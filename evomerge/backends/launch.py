@@ -1,7 +1,13 @@
 """Launching a distributed run on this machine: :func:`simulate` spawns one process per rank (or per group of
 workers), each running :func:`evomerge.backends.distributed.run_rank` (gloo on the CPU, NCCL on CUDA, rendezvous
 through a file), relays rank 0's rounds to the caller's callback, and stops every rank however it ends: a rank
-that dies or raises ends the run with one line naming it."""
+that dies or raises ends the run with one line naming it.
+
+The ranks are forked from multiprocessing's fork server where the platform has one (Linux), started once per
+launching process with this module (and so torch) imported: a rank then starts in well under a second instead of
+the seconds a fresh interpreter takes to import torch, which a distributed search pays on every trial. Each rank
+gets the launcher's working directory, ``sys.path`` and environment as they are at its launch, as a spawned one
+would; elsewhere the ranks are spawned."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import pickle
 import queue as queue_mod
 import signal
 import tempfile
+import time
 from datetime import timedelta
 
 import torch
@@ -26,7 +33,8 @@ from .distributed import DistributedRunError, groups, run_rank
 
 # -- local launch --------------------------------------------------------------------------------------
 def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the launcher dies, however it dies (no orphaned ranks)."""
+    """Linux: this process gets SIGKILL when its parent dies, however it dies (no orphaned ranks). A rank forked
+    by the fork server has the server as its parent; :func:`evomerge.procs._group_entry` watches the launcher."""
     try:
         import ctypes
 
@@ -80,13 +88,12 @@ def _receive(up, timeout: float):
 
 def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device: str | None = None,
              evaluate_test: bool = False, keep_params: bool = False, procs: int | None = None,
-             emulate_time: bool = False, _entry=None) -> RunResult:
+             emulate_time: bool = False, _entry=None, _start: str | None = None) -> RunResult:
     """Like :func:`evomerge.simulate.simulate`, on ``procs`` processes (default: one per worker)
-    spawned on this machine. ``callback`` runs here, in the caller's process; if it raises, the
+    started on this machine (:func:`_context`). ``callback`` runs here, in the caller's process; if it raises, the
     ranks stop at the end of that round and the exception propagates. A rank that dies or raises
-    ends the run with :class:`DistributedRunError` naming it, and no rank is left running."""
-    import torch.multiprocessing as mp
-
+    ends the run with :class:`DistributedRunError` naming it, and no rank is left running. ``_start``: a start
+    method other than :func:`_context`'s (``"spawn"``; benchmarks/bench_backends.py compares them)."""
     check_policy("distributed", policy)
     check_model("distributed", setup.model)
     world = procs or setup.study.run.workers
@@ -95,7 +102,7 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
         raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
                                      f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
-    ctx = mp.get_context("spawn")
+    ctx = _context(_start)
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
@@ -106,7 +113,8 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
     with ProcessGroup(grace=3) as ranks:
         for rank in range(world):
-            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), args), ctx=ctx)
+            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), args,
+                                        dict(os.environ)), ctx=ctx)
         try:
             while True:
                 try:
@@ -143,9 +151,25 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     return result
 
 
-def _rank_process(entry, rank: int, error_path: str, args: tuple) -> None:
-    """A spawned rank: ``entry(rank, *args)``; if it raises, its last traceback line goes to
-    ``error_path`` for the launcher's one-line message, and the process exits with code 1."""
+def _context(method: str | None = None):
+    """The multiprocessing context the ranks start from: the fork server, with this module preloaded, where the
+    platform has one; spawn elsewhere (or where ``method`` says so)."""
+    import torch.multiprocessing as mp
+
+    if method == "spawn" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # read when the server starts: the first launch in this process
+    return ctx
+
+
+def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict | None = None) -> None:
+    """A started rank: ``entry(rank, *args)``; if it raises, its last traceback line goes to
+    ``error_path`` for the launcher's one-line message, and the process exits with code 1. ``environ``: the
+    launcher's environment at launch (a rank forked from the fork server has the server's)."""
+    if environ is not None and environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
     try:
         entry(rank, *args)
     except BaseException:  # noqa: BLE001 - reported by the launcher
@@ -156,12 +180,22 @@ def _rank_process(entry, rank: int, error_path: str, args: tuple) -> None:
         os._exit(1)
 
 
-def _raise_if_failed(processes, error_dir: str) -> None:
-    """The first rank that exited non-zero, as a one-line error naming it (the others are stopped
-    by the caller's ``finally``)."""
-    for rank, p in enumerate(processes):
-        if p.exitcode is None or p.exitcode == 0:
-            continue
+def _raise_if_failed(processes, error_dir: str, settle: float = 1.0) -> None:
+    """The rank that failed, as a one-line error naming it (the others are stopped by the caller's ``finally``):
+    one killed by a signal, else the first that exited non-zero. A rank that dies takes its peers' connections
+    with it, and they raise moments later, sometimes before the launcher hears of the death (a forked rank's end
+    is reported through the fork server): so when the first failure seen is a raise, the others get up to
+    ``settle`` seconds to end, and a rank killed by a signal among them is the one named."""
+    failed = [rank for rank, p in enumerate(processes) if p.exitcode not in (None, 0)]
+    if not failed:
+        return
+    if all(processes[r].exitcode > 0 for r in failed):
+        deadline = time.monotonic() + settle
+        while (left := deadline - time.monotonic()) > 0 and any(p.exitcode is None for p in processes):
+            multiprocessing.connection.wait([p.sentinel for p in processes if p.exitcode is None], timeout=left)
+    killed = [rank for rank, p in enumerate(processes) if p.exitcode is not None and p.exitcode < 0]
+    for rank in killed[:1] or failed[:1]:
+        p = processes[rank]
         if p.exitcode < 0:
             try:
                 why = f"was killed by {signal.Signals(-p.exitcode).name}"
