@@ -211,13 +211,18 @@ def _accuracy(model, params: list[torch.Tensor], x, y) -> tuple[list[float] | No
 
 @torch.no_grad()
 def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_eval: int,
-                  max_rows: int = 256) -> list[tuple]:
+                  max_rows: int | None = None) -> list[tuple]:
     """What :meth:`Judge.round` evaluates, for ``runs`` runs whose workers are the consecutive row ranges of the
     stacked ``params`` (a population's state): each run's consensus model (the mean of its rows) on the validation
     split and every worker on its first ``n_eval`` examples, in forwards of at most ``max_rows`` rows (of several
     runs) instead of one per run; on the CPU each consensus model in a forward of its own. Each row's numbers are
     those of its run's own forward: bit for bit on the CPU, to float tolerance on a GPU.
+    ``max_rows`` defaults to 256 on a GPU and 32 on the CPU, where a forward's activations of many rows leave the
+    caches: at 32 members of 8 workers, 32 rows took 0.91-1.01x the time of 256, 0.93-0.96x in three runs of four
+    (``benchmarks/bench_evaluate_many.py``).
     Returns per run ``(consensus accuracy, consensus loss, worker accuracies)``."""
+    if max_rows is None:
+        max_rows = 32 if params[0].device.type == "cpu" else 256
     W = params[0].shape[0] // runs
     per = max(1, max_rows // W)
     out = []
