@@ -90,7 +90,7 @@ def _group_entry(target: Callable, args: tuple, parent: int) -> None:
 
 
 def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
-    """Send ``sig`` to this process when process ``pid`` ends (a daemon thread waiting on its pidfd; polling
+    """Send ``sig`` to this process's group (it leads its own) when process ``pid`` ends (a daemon thread waiting on its pidfd; polling
     where there is none); False, and no thread, if it has already ended."""
     try:
         fd = os.pidfd_open(pid)
@@ -105,7 +105,7 @@ def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
         else:
             while _running(pid):
                 time.sleep(0.2)
-        os.kill(os.getpid(), sig)
+        os.killpg(0, sig)  # this process's own group: what it started goes with it
 
     if fd is None and not _running(pid):
         return False

@@ -133,11 +133,14 @@ def test_a_raising_rank_is_named_and_the_others_stopped(setup):
     assert _spawned_children(os.getpid()) == []
 
 
-def _raise_before_a_peer_is_killed(rank, *args):
+def _raise_before_a_peer_is_killed(rank, world, store, *rest):
     if rank == 1:  # what a peer of a dead rank raises, here a moment before the death is reported
+        while not os.path.exists(store + ".rank2"):  # once rank 2 is up
+            time.sleep(0.01)
         raise RuntimeError("Connection closed by peer [127.0.0.1]:49804")
     if rank == 2:
-        time.sleep(0.3)
+        Path(store + ".rank2").touch()
+        time.sleep(0.1)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
 
@@ -152,24 +155,68 @@ def test_a_rank_killed_by_a_signal_is_named_over_a_peer_that_raised_first(setup)
     assert _spawned_children(os.getpid()) == []
 
 
-def _raise_with_the_environment(rank, *args):
+class _EnvironmentWhenUnpickled:
+    """Stands where a user's module would be imported as a rank unpickles its setup: reads the environment then."""
+
+    def __init__(self):
+        self.mark = "in the launcher"
+
+    def __setstate__(self, state):
+        self.mark = os.environ.get("EVOMERGE_TEST_MARK")
+
+
+def _raise_with_the_environment(rank, world, store, setup, policy, seed, *rest):
     if rank == 1:
-        raise ValueError(f"EVOMERGE_TEST_MARK={os.environ.get('EVOMERGE_TEST_MARK')}")
+        raise ValueError(f"EVOMERGE_TEST_MARK={os.environ.get('EVOMERGE_TEST_MARK')}, when unpickled {seed.mark}")
     time.sleep(60)
 
 
 @pytest.mark.system
 def test_a_rank_sees_the_launchers_environment_at_its_launch(setup, monkeypatch):
     """Ranks are forked from a server started at the first launch; each still gets the environment the launcher
-    has when it launches them, as a spawned process would (a variable set after the server started, one unset)."""
+    has when it launches them, as a spawned process would (a variable set after the server started, one unset),
+    already while it unpickles its arguments (where a user's modules are imported)."""
     for mark in ("first", "second", None):
         if mark is None:
             monkeypatch.delenv("EVOMERGE_TEST_MARK")
         else:
             monkeypatch.setenv("EVOMERGE_TEST_MARK", mark)
-        with pytest.raises(dist.DistributedRunError, match=rf"rank 1 .*ValueError: EVOMERGE_TEST_MARK={mark}$"):
-            dist.simulate(setup, MergePolicy(), 0, device="cpu", _entry=_raise_with_the_environment)
+        with pytest.raises(dist.DistributedRunError,
+                           match=rf"rank 1 .*ValueError: EVOMERGE_TEST_MARK={mark}, when unpickled {mark}$"):
+            dist.simulate(setup, MergePolicy(), _EnvironmentWhenUnpickled(), device="cpu",
+                          _entry=_raise_with_the_environment)
     assert _spawned_children(os.getpid()) == []
+
+
+@pytest.mark.system
+def test_a_fork_server_that_found_another_evomerge_is_named_in_one_line(tmp_path, data_dir):
+    """The fork server imports evomerge from the launcher's starting path, not from what the launcher put on
+    ``sys.path`` since: where that is another copy, the ranks say so in one line instead of running other code."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    other = tmp_path / "other"
+    shutil.copytree(root / "evomerge", other / "evomerge", ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "launch.py"
+    script.write_text(f"""
+import sys
+sys.path[:0] = [{str(root)!r}, {str(root / "tests")!r}]  # the checkout first, at run time
+import evomerge
+from conftest import tiny_study
+from evomerge import dist, simulate
+from evomerge.policy import MergePolicy
+if __name__ == "__main__":  # (a rank runs this file again, as __mp_main__, with the server's evomerge)
+    assert evomerge.__file__.startswith({str(root)!r}), evomerge.__file__
+    try:
+        dist.simulate(simulate.prepare(tiny_study(), data_dir={str(data_dir)!r}), MergePolicy(), 0, device="cpu")
+    except dist.DistributedRunError as e:
+        print(e)
+""")
+    env = dict(os.environ, PYTHONPATH=str(other))  # where the server looks first
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("rank 0 ") and f"raised RuntimeError: this rank runs evomerge from {other / 'evomerge'} " in r.stdout
+    assert f"its launcher from {root / 'evomerge'};" in r.stdout and r.stdout.count("\n") == 1, r.stdout
 
 
 def _send_the_result_and_exit_at_once(rank, world, store, setup, policy, seed, up, *rest):
@@ -272,8 +319,9 @@ def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
 
 @pytest.mark.system
 def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
-    """SIGKILL to the launcher gives it no chance to stop its ranks: they go with it (each asked the kernel for
-    SIGKILL when its parent dies; a rank's parent is the fork server, which exits when the launcher does)."""
+    """SIGKILL to the launcher gives it no chance to stop its ranks: they go with it. A rank's parent is the fork
+    server, which outlives the launcher while a rank runs (each holds its end of the server's pipe), so each rank
+    watches the launcher itself; the server then exits too."""
     with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         server = {int(Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[1]) for r in ranks}
         os.kill(proc.pid, signal.SIGKILL)

@@ -3,11 +3,13 @@ workers), each running :func:`evomerge.backends.distributed.run_rank` (gloo on t
 through a file), relays rank 0's rounds to the caller's callback, and stops every rank however it ends: a rank
 that dies or raises ends the run with one line naming it.
 
-The ranks are forked from multiprocessing's fork server where the platform has one (Linux), started once per
-launching process with this module (and so torch) imported: a rank then starts in well under a second instead of
-the seconds a fresh interpreter takes to import torch, which a distributed search pays on every trial. Each rank
-gets the launcher's working directory, ``sys.path`` and environment as they are at its launch, as a spawned one
-would; elsewhere the ranks are spawned."""
+On Linux the ranks are forked from multiprocessing's fork server, started once per launching process with this
+module (so torch and evomerge) imported: a rank then starts in well under a second instead of the seconds a fresh
+interpreter takes to import torch, which a distributed search pays on every trial. A rank takes the launcher's
+working directory, ``sys.path`` and environment as they are at its launch, as a spawned rank would, before it
+unpickles its arguments (which imports a user's modules). The server does not take the launcher's ``sys.path``
+(Python 3.11): where that finds another evomerge than the launcher's, each rank says so in one line instead of
+running other code. Elsewhere the ranks are spawned."""
 
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ import os
 import pickle
 import queue as queue_mod
 import signal
+import sys
 import tempfile
 import time
 from datetime import timedelta
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing  # noqa: F401 - its tensor reductions, in ForkingPickler
 
 from ..engine.setup import RunResult, Setup, resolve_device
 from ..errors import ConfigError
@@ -106,15 +111,19 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
-    args = (world, os.path.join(tmp.name, "store"), setup, policy, seed, up, down, device, evaluate_test, keep_params, threads,
-            emulate_time)
+    # pickled here, once per rank, and unpickled in the rank once it has the launcher's environment: unpickling the
+    # setup imports the user's modules (a model, a loss), whose import-time code must see it. torch's pickler puts
+    # the tensors (the data) in shared memory, as for the process's own arguments; the queues travel as themselves
+    head = (world, os.path.join(tmp.name, "store"), setup, policy, seed)
+    tail = pickle.dumps((device, evaluate_test, keep_params, threads, emulate_time), protocol=pickle.HIGHEST_PROTOCOL)
     result, error = None, None
     # one supervisor for every process evomerge starts: each rank leads its own process group, and
     # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
     with ProcessGroup(grace=3) as ranks:
         for rank in range(world):
-            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), args,
-                                        dict(os.environ)), ctx=ctx)
+            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"),
+                                        (bytes(ForkingPickler.dumps(head)), up, down, tail), dict(os.environ),
+                                        _package()), ctx=ctx)
         try:
             while True:
                 try:
@@ -156,22 +165,33 @@ def _context(method: str | None = None):
     platform has one; spawn elsewhere (or where ``method`` says so)."""
     import torch.multiprocessing as mp
 
-    if method == "spawn" or "forkserver" not in mp.get_all_start_methods():
+    if method == "spawn" or sys.platform != "linux":  # the rank's watch of its launcher needs Linux's pidfd
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])  # read when the server starts: the first launch in this process
     return ctx
 
 
-def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict | None = None) -> None:
-    """A started rank: ``entry(rank, *args)``; if it raises, its last traceback line goes to
-    ``error_path`` for the launcher's one-line message, and the process exits with code 1. ``environ``: the
-    launcher's environment at launch (a rank forked from the fork server has the server's)."""
-    if environ is not None and environ != os.environ:
+def _package() -> str:
+    """Where this evomerge is (the package's folder)."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict, package: str | None = None) -> None:
+    """A started rank: ``entry(rank, *head, up, down, *tail)`` from ``args = (head, up, down, tail)``, head and tail
+    pickled; if it raises (unpickling included), its last traceback line goes to ``error_path`` for the launcher's
+    one-line message, and the process exits with code 1. ``environ``: the launcher's environment at launch, taken
+    before anything is unpickled (a rank forked from the fork server has the server's). ``package``: the
+    launcher's evomerge, which the rank must be running."""
+    if environ != os.environ:
         os.environ.clear()
         os.environ.update(environ)
     try:
-        entry(rank, *args)
+        if package is not None and package != _package():
+            raise RuntimeError(f"this rank runs evomerge from {_package()} (the fork server's sys.path), its launcher "
+                               f"from {package}; make one evomerge importable (pip install -e) or launch from that one")
+        head, up, down, tail = args
+        entry(rank, *pickle.loads(head), up, down, *pickle.loads(tail))
     except BaseException:  # noqa: BLE001 - reported by the launcher
         import traceback
 
@@ -180,12 +200,17 @@ def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict 
         os._exit(1)
 
 
+# signals that come from outside a rank (the OOM killer, a user, a scheduler), not from a failure inside it (SIGABRT,
+# SIGSEGV), which may follow a peer's error: a rank that got one of these is the cause
+_FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
 def _raise_if_failed(processes, error_dir: str, settle: float = 1.0) -> None:
     """The rank that failed, as a one-line error naming it (the others are stopped by the caller's ``finally``):
-    one killed by a signal, else the first that exited non-zero. A rank that dies takes its peers' connections
+    one killed by a signal from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP), else the first that exited non-zero. A rank that dies takes its peers' connections
     with it, and they raise moments later, sometimes before the launcher hears of the death (a forked rank's end
     is reported through the fork server): so when the first failure seen is a raise, the others get up to
-    ``settle`` seconds to end, and a rank killed by a signal among them is the one named."""
+    ``settle`` seconds to end, and a rank killed from outside among them is the one named."""
     failed = [rank for rank, p in enumerate(processes) if p.exitcode not in (None, 0)]
     if not failed:
         return
@@ -193,7 +218,7 @@ def _raise_if_failed(processes, error_dir: str, settle: float = 1.0) -> None:
         deadline = time.monotonic() + settle
         while (left := deadline - time.monotonic()) > 0 and any(p.exitcode is None for p in processes):
             multiprocessing.connection.wait([p.sentinel for p in processes if p.exitcode is None], timeout=left)
-    killed = [rank for rank, p in enumerate(processes) if p.exitcode is not None and p.exitcode < 0]
+    killed = [rank for rank, p in enumerate(processes) if p.exitcode is not None and -p.exitcode in _FROM_OUTSIDE]
     for rank in killed[:1] or failed[:1]:
         p = processes[rank]
         if p.exitcode < 0:
