@@ -90,8 +90,8 @@ def _group_entry(target: Callable, args: tuple, parent: int) -> None:
 
 
 def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
-    """Send ``sig`` to this process's group (it leads its own) when process ``pid`` ends (a daemon thread waiting on its pidfd; polling
-    where there is none); False, and no thread, if it has already ended."""
+    """Send ``sig`` to this process's group (it leads its own) when process ``pid`` ends: a daemon thread waiting
+    on its pidfd (polling where there is none). False, and no thread, if it has already ended."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:

@@ -111,11 +111,12 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
-    # pickled here, once per rank, and unpickled in the rank once it has the launcher's environment: unpickling the
-    # setup imports the user's modules (a model, a loss), whose import-time code must see it. torch's pickler puts
-    # the tensors (the data) in shared memory, as for the process's own arguments; the queues travel as themselves
+    # the head pickled here, once per rank, and unpickled in the rank once it has the launcher's environment:
+    # unpickling the setup imports the user's modules (a model, a loss), whose import-time code must see it. torch's
+    # pickler puts the tensors (the data) in shared memory, as for the process's own arguments; the queues and the
+    # plain values of the tail travel as themselves
     head = (world, os.path.join(tmp.name, "store"), setup, policy, seed)
-    tail = pickle.dumps((device, evaluate_test, keep_params, threads, emulate_time), protocol=pickle.HIGHEST_PROTOCOL)
+    tail = (device, evaluate_test, keep_params, threads, emulate_time)
     result, error = None, None
     # one supervisor for every process evomerge starts: each rank leads its own process group, and
     # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
@@ -178,7 +179,7 @@ def _package() -> str:
 
 
 def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict, package: str | None = None) -> None:
-    """A started rank: ``entry(rank, *head, up, down, *tail)`` from ``args = (head, up, down, tail)``, head and tail
+    """A started rank: ``entry(rank, *head, up, down, *tail)`` from ``args = (head, up, down, tail)``, the head
     pickled; if it raises (unpickling included), its last traceback line goes to ``error_path`` for the launcher's
     one-line message, and the process exits with code 1. ``environ``: the launcher's environment at launch, taken
     before anything is unpickled (a rank forked from the fork server has the server's). ``package``: the
@@ -191,7 +192,7 @@ def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict,
             raise RuntimeError(f"this rank runs evomerge from {_package()} (the fork server's sys.path), its launcher "
                                f"from {package}; make one evomerge importable (pip install -e) or launch from that one")
         head, up, down, tail = args
-        entry(rank, *pickle.loads(head), up, down, *pickle.loads(tail))
+        entry(rank, *pickle.loads(head), up, down, *tail)
     except BaseException:  # noqa: BLE001 - reported by the launcher
         import traceback
 
@@ -207,8 +208,8 @@ _FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 def _raise_if_failed(processes, error_dir: str, settle: float = 1.0) -> None:
     """The rank that failed, as a one-line error naming it (the others are stopped by the caller's ``finally``):
-    one killed by a signal from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP), else the first that exited non-zero. A rank that dies takes its peers' connections
-    with it, and they raise moments later, sometimes before the launcher hears of the death (a forked rank's end
+    one killed by a signal from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP), else the first that exited non-zero.
+    A rank that dies takes its peers' connections with it, and they raise moments later, sometimes before the launcher hears of the death (a forked rank's end
     is reported through the fork server): so when the first failure seen is a raise, the others get up to
     ``settle`` seconds to end, and a rank killed from outside among them is the one named."""
     failed = [rank for rank, p in enumerate(processes) if p.exitcode not in (None, 0)]
