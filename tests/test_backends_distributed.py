@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,6 +156,29 @@ def test_a_rank_killed_by_a_signal_is_named_over_a_peer_that_raised_first(setup)
     assert _spawned_children(os.getpid()) == []
 
 
+class _DiesWhenUnpickled:
+    """Stands for a rank killed (by the OOM killer, a user) while it reads what the launcher sends it: the rank
+    ends as it unpickles this, before the rest of its arguments."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("start", [None, "spawn"])
+def test_a_rank_that_dies_as_it_starts_is_named_in_one_line(setup, start):
+    """Ranks end before they have read their arguments, whose head (4 MB here) is more than a pipe holds: one line
+    naming the rank, from the fork server and from spawn. (Sent through the start pipe, the head left the launcher
+    blocked writing to a spawned rank that had died, and raised BrokenPipeError at one forked from the server.)"""
+    t = time.monotonic()
+    with pytest.raises(dist.DistributedRunError, match=r"^rank \d \(pid \d+\) exited with code 3$") as e:
+        dist.simulate(setup, MergePolicy(), b"x" * (4 << 20), device="cpu", _entry=_DiesWhenUnpickled(),
+                      _start=start)
+    assert e.value.rank in range(setup.study.run.workers)  # every rank dies; the first seen is named
+    assert time.monotonic() - t < 60
+    assert _spawned_children(os.getpid()) == []
+
+
 class _EnvironmentWhenUnpickled:
     """Stands where a user's module would be imported as a rank unpickles its setup: reads the environment then."""
 
@@ -215,7 +239,7 @@ if __name__ == "__main__":  # (a rank runs this file again, as __mp_main__, with
     env = dict(os.environ, PYTHONPATH=str(other))  # where the server looks first
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("rank 0 ") and f"raised RuntimeError: this rank runs evomerge from {other / 'evomerge'} " in r.stdout
+    assert re.match(r"rank \d \(pid \d+\) ", r.stdout) and f"raised RuntimeError: this rank runs evomerge from {other / 'evomerge'} " in r.stdout
     assert f"its launcher from {root / 'evomerge'};" in r.stdout and r.stdout.count("\n") == 1, r.stdout
 
 

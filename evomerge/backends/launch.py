@@ -113,8 +113,10 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
     # the head pickled here, once per rank, and unpickled in the rank once it has the launcher's environment:
     # unpickling the setup imports the user's modules (a model, a loss), whose import-time code must see it. torch's
-    # pickler puts the tensors (the data) in shared memory, as for the process's own arguments; the queues and the
-    # plain values of the tail travel as themselves
+    # pickler puts the tensors (the data) in shared memory, as for the process's own arguments. The head and the
+    # environment go through a file, the queues and the tail's plain values through the start pipe: that stays
+    # smaller than a pipe holds, so a rank that dies before reading it (killed, out of memory) cannot leave the
+    # launcher blocked writing to it (spawn keeps the pipe's read end open in the launcher until the write ends)
     head = (world, os.path.join(tmp.name, "store"), setup, policy, seed)
     tail = (device, evaluate_test, keep_params, threads, emulate_time)
     result, error = None, None
@@ -122,9 +124,15 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
     with ProcessGroup(grace=3) as ranks:
         for rank in range(world):
-            ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"),
-                                        (bytes(ForkingPickler.dumps(head)), up, down, tail), dict(os.environ),
-                                        _package()), ctx=ctx)
+            sent = os.path.join(tmp.name, f"args-{rank}")
+            with open(sent, "wb") as fh:
+                pickle.dump((dict(os.environ), bytes(ForkingPickler.dumps(head))), fh, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), sent,
+                                            (up, down, tail), _package()), ctx=ctx)
+            except OSError as e:  # it died (killed, out of memory) before it had read what it was sent
+                raise DistributedRunError(rank, f"died while starting (its arguments could not be sent: "
+                                                f"{e.strerror or e}); the run was stopped") from None
         try:
             while True:
                 try:
@@ -178,20 +186,23 @@ def _package() -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
-def _rank_process(entry, rank: int, error_path: str, args: tuple, environ: dict, package: str | None = None) -> None:
-    """A started rank: ``entry(rank, *head, up, down, *tail)`` from ``args = (head, up, down, tail)``, the head
-    pickled; if it raises (unpickling included), its last traceback line goes to ``error_path`` for the launcher's
-    one-line message, and the process exits with code 1. ``environ``: the launcher's environment at launch, taken
-    before anything is unpickled (a rank forked from the fork server has the server's). ``package``: the
-    launcher's evomerge, which the rank must be running."""
-    if environ != os.environ:
-        os.environ.clear()
-        os.environ.update(environ)
+def _rank_process(entry, rank: int, error_path: str, sent: str, args: tuple, package: str | None = None) -> None:
+    """A started rank: ``entry(rank, *head, up, down, *tail)`` with ``args = (up, down, tail)``. ``sent``: a file
+    that holds the launcher's environment at launch and the head pickled; the environment is applied before the
+    head is unpickled (a rank forked from the fork server has the server's environment). If it raises (unpickling
+    included), its last traceback line goes to ``error_path`` for the launcher's one-line message, and the process
+    exits with code 1. ``package``: the launcher's evomerge, which the rank must be running."""
     try:
+        with open(sent, "rb") as fh:
+            environ, head = pickle.load(fh)
+        os.remove(sent)
+        if environ != os.environ:
+            os.environ.clear()
+            os.environ.update(environ)
         if package is not None and package != _package():
             raise RuntimeError(f"this rank runs evomerge from {_package()} (the fork server's sys.path), its launcher "
                                f"from {package}; make one evomerge importable (pip install -e) or launch from that one")
-        head, up, down, tail = args
+        up, down, tail = args
         entry(rank, *pickle.loads(head), up, down, *tail)
     except BaseException:  # noqa: BLE001 - reported by the launcher
         import traceback
