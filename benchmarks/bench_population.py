@@ -4,7 +4,8 @@ population (backends/population.py, what ``evomerge search --batch N`` does), at
 The trials are N policies drawn at random (seeded) from mnist-gossip's search space, each run on
 the study's seed, as a search's trials are. The population is timed twice: with each member
 applying its own merges (the CPU default) and with the members' plain gossip merges applied
-together (``cross=True``, the CUDA default). All three ways run the same N trials in the same
+together (``cross=True``, the CUDA default); ``--ways groups`` adds populations of ``--group-size`` members
+in turn (what the CPU makes of smaller populations). All the ways run the same N trials in the same
 process on the same data, interleaved (they take turns going first); each ratio is of timings
 taken side by side. ``--scale`` shortens every run to a fraction
 of the study's epochs (rounds kept), so N = 128 fits in minutes on a CPU; trials per minute at
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-NAMES = {"alone": "one at a time", "batched": "batched", "cross": "batched, merges together"}
+NAMES = {"alone": "one at a time", "batched": "batched", "cross": "batched, merges together", "groups": "in groups"}
 
 
 def policies(study, n: int, seed: int = 0):
@@ -50,8 +51,10 @@ def main() -> None:
     ap.add_argument("--study", default=str(ROOT / "studies" / "mnist-gossip.toml"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--ways", nargs="+", choices=("alone", "batched", "cross"), default=["alone", "batched", "cross"],
-                    help="which ways to time (default all three; 'cross' alone for sizes where one at a time takes long)")
+    ap.add_argument("--ways", nargs="+", choices=tuple(NAMES), default=["alone", "batched", "cross"],
+                    help="which ways to time (default the first three; 'cross' alone for sizes where one at a time takes "
+                         "long; 'groups': populations of --group-size members in turn)")
+    ap.add_argument("--group-size", type=int, default=8, help="members per population of the 'groups' way (default 8)")
     args = ap.parse_args()
     ways = [w for w in NAMES if w in args.ways]  # in NAMES' order, whatever the command line's
 
@@ -98,7 +101,16 @@ def main() -> None:
                 return res
             return go
 
-        runs = {"alone": alone, "batched": batched(False), "cross": batched(True)}
+        def groups():
+            sync()
+            t = time.perf_counter()
+            g = args.group_size
+            res = [r for lo in range(0, n, g) for r in run_population(setup, [Member(p, seed) for p in pols[lo:lo + g]], dev)]
+            sync()
+            timings["groups"] = time.perf_counter() - t
+            return res
+
+        runs = {"alone": alone, "batched": batched(False), "cross": batched(True), "groups": groups}
         order = [runs[w] for w in ways]
         k = i % len(order)
         order = order[k:] + order[:k]  # interleaved: each way goes first in turn
