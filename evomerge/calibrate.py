@@ -807,7 +807,7 @@ def measure(args) -> Measured | None:
 
     rank, W = dist.get_rank(), dist.get_world_size()
     dev = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
-    st = study_mod.load(args.study)
+    st = study_mod.load(args.study, calibrating=True)
     setup = prepare(st, data_dir=args.data_dir)
     model = setup.model.module()
     nbytes = 4 * (sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
@@ -924,7 +924,7 @@ def launch(args) -> int:
     from . import study as study_mod
     from .procs import ProcessGroup, default_threads
 
-    st = study_mod.load(args.study)  # a bad study: one line, exit 2, before any process
+    st = study_mod.load(args.study, calibrating=True)  # a bad study: one line, exit 2, before any process
     check_options(args)
     if args.procs is None:
         raise ConfigError("--procs", "is needed with --study (how many ranks to start on this host); under torchrun "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -35,6 +36,41 @@ ENV_NOTE = """environment:
   EVOMERGE_RUNS_DIR   the default of --runs-dir (else ./runs)
   MLFLOW_TRACKING_URI the default of --tracking-uri
   EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command starts)"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags as every other bad input: one line naming the flag, exit 2 (``--help`` shows the usage)."""
+
+    def error(self, message: str):
+        m = re.match(r"argument (\S+?)(?:/\S+)?: (.*)", message)
+        c = re.match(r"invalid choice: '(.*)' \(choose from (.*)\)$", m[2]) if m else None
+        if c:  # a command, or a flag's choices
+            import difflib
+
+            allowed = [x.strip(" '") for x in c[2].split(",")]
+            near = difflib.get_close_matches(c[1], allowed, n=1)
+            line = (f"{'command' if m[1].startswith('{') else m[1]}: unknown {c[1]!r}; allowed: {', '.join(allowed)}"
+                    + (f"; did you mean {near[0]}?" if near else ""))
+        elif m:
+            line = f"{m[1]}: {m[2]}"
+        elif message.startswith("the following arguments are required: "):
+            line = f"{message.split(': ', 1)[1]}: required; see {self.prog} --help"
+        else:
+            line = message
+        self.exit(2, f"error: {line}\n")
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str]) -> str:
+    """The one line for flags the command does not take, with the nearest it does."""
+    import difflib
+
+    path = tuple(x for x in (args.command, getattr(args, "policy_command", None)) if x)
+    sub = dict(commands(parser)).get(path, parser)
+    flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), extra[0])
+    known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    near = difflib.get_close_matches(flag, known, n=1)
+    hint = f"did you mean {near[0]}?" if near else f"see {sub.prog} --help"
+    return f"{flag}: {sub.prog} does not take it ({' '.join(extra)}); {hint}"
 
 
 def _parser(sub, name: str, help: str, example: str, env: bool = True) -> argparse.ArgumentParser:
@@ -211,7 +247,7 @@ def add_policy(sub):
 def build_parser() -> argparse.ArgumentParser:
     from .version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="evomerge", description="Search for the best way for data-parallel workers to merge their models.",
         formatter_class=_Help, epilog="example:\n  evomerge search --study mnist-gossip && evomerge dashboard --study "
                                       f"mnist-gossip --open\n\n{ENV_NOTE}")
@@ -234,8 +270,17 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        print(f"error: {_unrecognized(parser, args, extra)}", file=sys.stderr)
+        return 2
     try:
+        if getattr(args, "seed", None) is not None and args.seed < 0:
+            raise ConfigError("--seed", f"{args.seed} is out of range; allowed: an integer >= 0")
+        if getattr(args, "device", None):  # before any data is read or trial is asked
+            from .engine.setup import resolve_device
+
+            resolve_device(args.device)
         return args.handler(args) or 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -261,7 +306,18 @@ def cmd_policy_validate(args) -> int:
 
     pol = MergePolicy.load(args.file)
     print(f"ok: {pol.describe()}")
+    _merger_note(pol)
     return 0
+
+
+def _merger_note(policy) -> None:
+    """One line where evomerge.Merger would refuse ``policy`` in a training loop (evomerge run still replays it)."""
+    from .runtime import check_policy
+
+    try:
+        check_policy(policy)
+    except ConfigError as e:
+        print(f"note: evomerge.Merger cannot run it in a training loop ({e}); evomerge run replays it")
 
 
 def _prepare(study, args):
@@ -653,6 +709,9 @@ def cmd_export(args) -> int:
         doc = export_best(study, url, out, args.tolerance, limits)
         values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
+        from .policy import MergePolicy
+
+        _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0
 
 

@@ -393,8 +393,8 @@ class MergePolicy:
         """The policy in words, one line."""
         if self.scheme == "none":
             if self.outer_optimizer != "none":  # Lookahead / SNOO: the control without merging
-                return (f"no merging; each worker takes its own outer {self.outer_optimizer} step every "
-                        f"{max(1, round(self.mean_interval))} steps (lr {self.outer_lr:.3g}, momentum "
+                return (f"no merging; each worker takes its own outer {self.outer_optimizer} step "
+                        f"{self._every()} (lr {self.outer_lr:.3g}, momentum "
                         f"{self.outer_momentum:.3g}; Lookahead/SNOO); the consensus model is the average at the end")
             return "no merging; the consensus model is the average at the end"
         a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
@@ -420,10 +420,10 @@ class MergePolicy:
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
                 comp = comp.replace("delta payload", "compressed outer gradients")
-                return (f"all workers average every {max(1, round(self.mean_interval))} steps, then an outer "
+                return (f"all workers average {self._every()}, then an outer "
                         f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}), "
                         f"{self.weighting} weighting{comp}{extra}")
-            return (f"all workers average every {max(1, round(self.mean_interval))} steps, {a}, "
+            return (f"all workers average {self._every()}, {a}, "
                     f"{self.weighting} weighting{comp}{extra}")
         topo = self.topology
         if topo == "communities":
@@ -440,9 +440,15 @@ class MergePolicy:
         return (f"{self.exchange} gossip on {topo} every ~{self.mean_interval:.3g} steps, {self.lerp} lerp {a}, "
                 f"winner bias {self.winner_bias:.3g}, {self.weighting} weighting{comp}{extra}")
 
+    def _every(self) -> str:
+        """``every N steps`` of the all-reduce and the outer steps (``every step`` at 1)."""
+        n = max(1, round(self.mean_interval))
+        return "every step" if n == 1 else f"every {n} steps"
+
     def _describe_extras(self) -> str:
         parts = []
-        if self.similarity_bias:
+        gossip = self.scheme == "gossip"  # the peer's choice and the swap are a gossip pair's; other schemes carry them
+        if self.similarity_bias and gossip:
             parts.append(f"prefers {'similar' if self.similarity_bias > 0 else 'dissimilar'} peers "
                          f"({self.similarity} bias {self.similarity_bias:.3g})")
         if self.data_exchange_k:
@@ -453,7 +459,7 @@ class MergePolicy:
         if self.retire_threshold:
             parts.append(f"retires examples confident above {self.retire_threshold:.3g} "
                          f"(reserve rate {self.reserve_rate:.3g})")
-        if self.swap_p:
+        if self.swap_p and gossip:
             cond = "".join([f", by the peer's confidence ({self.swap_confidence:.3g})" if self.swap_confidence else "",
                             f", by recency ({self.swap_recency:.3g} steps)" if self.swap_recency else ""])
             parts.append(f"swaps models with p={self.swap_p:.3g}{cond}")

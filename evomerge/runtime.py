@@ -93,6 +93,9 @@ REFUSED = {
                "its step",
 }
 _ALLOWED: dict[str, tuple] = {"payload": ("weights", "delta")}
+#: fields that only a gossip pair's merge reads (its peer, swap and lerp): another scheme carries them unused, as a
+#: search that varies the scheme draws them for every trial
+GOSSIP_ONLY = ("similarity_bias", "regroup_every", "swap_p", "winner_bias")
 
 
 class MergerError(RunError):
@@ -144,10 +147,12 @@ def step_size_warning(run: dict, optimizer) -> str | None:
             f"step size: train at lr {lr:g}, or search with run.lr in [search.space] at yours")
 
 
-def check_policy(policy: MergePolicy, workers: int) -> None:
-    """Refuse, in one line naming the field, a policy a user's loop cannot run on ``workers`` ranks."""
-    check_workers(policy, workers)
-    if policy.winner_bias > 0 and policy.score == "holdout":
+def check_policy(policy: MergePolicy, workers: int | None = None) -> None:
+    """Refuse, in one line naming the field, a policy a user's loop cannot run (on ``workers`` ranks, where given:
+    the topology's rules for that many)."""
+    if workers is not None:
+        check_workers(policy, workers)
+    if _winner_biased(policy) and policy.score == "holdout":
         raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
                                           "would score both models on validation slices, which a loop does not have); "
                                           "allowed: 'running' (each model's running training loss), or winner_bias 0")
@@ -164,11 +169,19 @@ def check_policy(policy: MergePolicy, workers: int) -> None:
                                                     f"loop yet; allowed: {off!r}, or payload 'weights'")
     defaults = MergePolicy()
     for name, why in REFUSED.items():
+        if name in GOSSIP_ONLY and policy.scheme != "gossip":  # carried (a search's draw), never used
+            continue
         value = getattr(policy, name)
         allowed = _ALLOWED.get(name, (getattr(defaults, name),))
         if value not in allowed:
             raise ConfigError(f"policy.{name}", f"{value!r} cannot run in a training loop ({why}); "
                                                 f"allowed: {', '.join(repr(a) for a in allowed)}")
+
+
+def _winner_biased(policy: MergePolicy) -> bool:
+    """Whether the policy's merges compare the two models (``winner_bias`` moves only a gossip pair's lerp; the
+    other schemes carry it without using it)."""
+    return policy.scheme == "gossip" and policy.winner_bias > 0
 
 
 def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) -> list[int] | None:
@@ -446,7 +459,7 @@ class Merger:
 
     def _step(self, loss, examples) -> None:
         now = time.perf_counter()
-        if loss is None and self.p.winner_bias > 0:
+        if loss is None and _winner_biased(self.p):
             raise ConfigError("loss", "None, but winner_bias compares the models' running training losses; allowed: "
                                       "this step's loss (merger.step(loss=loss))")
         self.t += 1

@@ -522,7 +522,9 @@ def find(ref: str | Path) -> Path:
                                  "(or give a path to a .toml file)")
 
 
-def load(ref: str | Path) -> Study:
+def load(ref: str | Path, calibrating: bool = False) -> Study:
+    """The study ``ref`` names (a file, or a shipped study's name). ``calibrating``: the study ``evomerge calibrate``
+    times, whose ``[environment] from`` file may not exist yet (calibrate writes it): the keys beside ``from`` then."""
     path = find(ref)
     try:
         text = path.read_text(encoding="utf-8")
@@ -534,13 +536,13 @@ def load(ref: str | Path) -> Study:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), f"invalid TOML: {e}") from None
-    return from_dict(raw, path=path, default_name=path.stem)
+    return from_dict(raw, path=path, default_name=path.stem, calibrating=calibrating)
 
 
 _TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "baselines", "environment")
 
 
-def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") -> Study:
+def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", calibrating: bool = False) -> Study:
     """A study from its TOML tables; every setting is checked here, before any data is read."""
     _no_unknown(raw, _TOP, "study")
     meta = settings.build(_Meta, _table(raw, "study"), "study.study")
@@ -574,7 +576,7 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
     env = None
     if "environment" in raw:
-        env = _environment(_table(raw, "environment"), r.workers, path.parent if path else None)
+        env = _environment(_table(raw, "environment"), r.workers, path.parent if path else None, calibrating)
     baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
@@ -587,9 +589,10 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study") 
     return study
 
 
-def _environment(table: dict, workers: int, base: Path | None) -> EnvSpec:
+def _environment(table: dict, workers: int, base: Path | None, calibrating: bool = False) -> EnvSpec:
     """``[environment]``, or with ``from = "cluster.toml"`` (relative to the study file) the keys of that file
-    (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them."""
+    (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating`` and no such
+    file yet: the keys beside ``from`` alone."""
     if "from" not in table:
         return settings.build(EnvSpec, table, "study.environment").check(workers, base)
     ref, where = table["from"], "study.environment.from"
@@ -597,6 +600,9 @@ def _environment(table: dict, workers: int, base: Path | None) -> EnvSpec:
         raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
     path = Path(ref).expanduser()
     path = path if path.is_absolute() or base is None else base / path
+    own = {k: v for k, v in table.items() if k != "from"}
+    if calibrating and not path.exists():
+        return settings.build(EnvSpec, own, "study.environment").check(workers, base)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -615,7 +621,6 @@ def _environment(table: dict, workers: int, base: Path | None) -> EnvSpec:
             raise ConfigError(where, f"{path}: unknown key {k!r}; allowed: {', '.join(EnvSpec.__pydantic_fields__)}")
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
-    own = {k: v for k, v in table.items() if k != "from"}
     try:
         return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base)
     except ConfigError as e:

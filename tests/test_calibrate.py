@@ -256,10 +256,12 @@ SLOW_MODEL = 'name = "mlp"\nhidden = [32]'
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory, data_dir):
     """3 gloo ranks started by the command; rank 2 is a device 3x slower (every rank's step padded with 20 ms
-    of sleep, as a device that takes that long; rank 2 sleeps to take 3x its own step)."""
+    of sleep, as a device that takes that long; rank 2 sleeps to take 3x its own step). The study already names
+    the file the command writes, as the docs pair them (``from = "cluster.toml"`` before it exists)."""
     d = tmp_path_factory.mktemp("calibrated")
-    (d / "s.toml").write_text(study_text(model=SLOW_MODEL))
     out = d / "cluster.toml"
+    (d / "s.toml").write_text(study_text(model=SLOW_MODEL, environment=f'[environment]\nfrom = "{out.name}"\n'
+                                                                         'time_budget = 1.0'))
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(d / "s.toml"), "--procs", "3",
                         "-o", str(out), "--data-dir", str(data_dir), "--steps", "25", "--warmup", "3", "--repeats", "3",
                         "--step-sleep", "0.02", "--slow-rank", "2", "--slow-factor", "3", "--timeout", "120"],
@@ -286,8 +288,7 @@ def test_a_slow_rank_gets_a_third_of_the_speed(calibrated):
 @pytest.mark.system
 def test_a_calibrated_file_runs_as_a_studys_environment(calibrated, data_dir, capsys):
     d, out, _ = calibrated
-    (d / "run.toml").write_text(study_text(environment=f'[environment]\nfrom = "{out.name}"\ntime_budget = 1.0'))
-    assert cli.main(["run", "--study", str(d / "run.toml"), "--policy", "ring-gossip", "--data-dir", str(data_dir),
+    assert cli.main(["run", "--study", str(d / "s.toml"), "--policy", "ring-gossip", "--data-dir", str(data_dir),
                      "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "simulated time" in text and "slowest / mean / fastest" in text

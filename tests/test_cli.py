@@ -151,6 +151,71 @@ def test_validate_describes_a_good_policy(tmp_path):
     assert cli.main(["policy", "validate", str(f)]) == 0
 
 
+def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
+    """A valid policy that a training loop cannot run gets a note (exit 0: evomerge run replays it); an all-reduce
+    that carries a winner bias it never uses, as a search varying the scheme exports it, gets none."""
+    f = tmp_path / "p.json"
+    f.write_text('{"scheme": "gossip", "winner_bias": 0.4, "score": "holdout"}')
+    assert cli.main(["policy", "validate", str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ok: ") and out[1] == (
+        "note: evomerge.Merger cannot run it in a training loop (policy.score: 'holdout' cannot run in a training "
+        "loop (winner_bias 0.4 would score both models on validation slices, which a loop does not have); allowed: "
+        "'running' (each model's running training loss), or winner_bias 0); evomerge run replays it")
+    f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "swap_p": 0.3}')
+    assert cli.main(["policy", "validate", str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["ok: all workers average every 3 steps, a=0.5, uniform weighting"], out
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "--policy", "fedavg", "--seed", "-1"], "error: --seed: -1 is out of range; allowed: an integer >= 0"),
+    (["search", "--seed", "-1", "--n-trials", "1"], "error: --seed: -1 is out of range; allowed: an integer >= 0"),
+    (["run", "--policy", "fedavg", "--device", "tpu"],
+     "error: --device: 'tpu' is not a torch device; allowed: cpu, cuda, cuda:N"),
+    (["baselines", "--device", "cuda:x"], "error: --device: 'cuda:x' is not a torch device; allowed: cpu, cuda, cuda:N"),
+])
+def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, args, line):
+    """(Were numpy's and torch's tracebacks.) Nothing is written where the command runs (no runs folder)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([args[0], "--study", "mnist-gossip", *args[1:]]) == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, line", [
+    (["search", "--study", "mnist-gossip", "--n-trails", "3"],
+     "error: --n-trails: evomerge search does not take it (--n-trails 3); did you mean --n-trials?"),
+    (["search", "--study", "mnist-gossip", "--n-trials", "three"], "error: --n-trials: invalid int value: 'three'"),
+    (["serch", "--study", "mnist-gossip"], "error: command: unknown 'serch'; allowed: search, transfer, status, export, "
+                                           "dashboard, ui, run, baselines, calibrate, policy; did you mean search?"),
+    (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
+    (["policy", "validat", "p.json"], "error: command: unknown 'validat'; allowed: schema, validate; did you mean "
+                                      "validate?"),
+])
+def test_a_bad_flag_is_one_line_with_the_nearest_good_one(tmp_path, monkeypatch, capsys, args, line):
+    """(Were argparse's usage and its message, 4 to 14 lines, the top-level usage for a command's flag.)"""
+    monkeypatch.chdir(tmp_path)
+    try:
+        rc = cli.main(args)
+    except SystemExit as e:  # argparse's own errors leave through exit(), as from the command line
+        rc = e.code
+    assert rc == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cuda_device_this_torch_lacks_is_one_line(capsys):
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = f"cuda:{n}" if n else "cuda"  # one past the last, or any where there is none
+    assert cli.main(["run", "--study", "mnist-gossip", "--policy", "fedavg", "--device", device]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --device: '{device}', but there are {n} CUDA device(s); allowed: cpu, cuda, cuda:0 to cuda:{n - 1}\n"
+        if n else "error: --device: 'cuda', but this torch has no CUDA device; allowed: cpu\n")
+
+
 @pytest.mark.system
 def test_cli_does_not_import_torch_for_help_or_bad_input(tmp_path):
     f = tmp_path / "bad.json"

@@ -142,3 +142,16 @@ def test_an_objective_registered_from_outside_is_optimised(tmp_path, data_dir):
     for b in res.best:
         assert b["objectives"] == ["val_accuracy", "merges"]
         assert b["values"][1] == b["metrics"]["0"]["merges"]  # one seed: the mean is that seed's count
+
+
+def test_a_bad_sampler_names_where_it_was_written(tmp_path):
+    """In the study file: the study's field; on the command line: the flag."""
+    f = write_study(tmp_path)
+    f.write_text(f.read_text().replace("[search]\n", '[search]\nsampler = "bayes"\n', 1))
+    st = study.load(f)
+    with pytest.raises(ConfigError, match=r"^study\.search\.sampler: unknown 'bayes'; allowed: tpe, random, "):
+        config.make_config(st, runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match=r"^--sampler: unknown 'bayse'; allowed: tpe, random, "):
+        config.make_config(st, sampler="bayse", runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match=r"^--sampler: nsga2 is for studies with several objectives"):
+        config.make_config(st, sampler="nsga2", runs_dir=tmp_path / "runs")

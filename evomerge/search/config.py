@@ -246,16 +246,17 @@ def make_config(study: Study, **options) -> SearchConfig:
                                                                  "procs"))
     grace_period, warm_start_from, cmaes_categoricals = opts["grace_period"], opts["warm_start_from"], opts["cmaes_categoricals"]
 
+    where = "--sampler" if sampler else "study.search.sampler"  # the field the user wrote it in
     sampler = sampler or study.search.sampler
     if sampler not in SAMPLERS:
-        raise ConfigError("--sampler", f"unknown {sampler!r}; allowed: {', '.join(SAMPLERS)}")
+        raise ConfigError(where, f"unknown {sampler!r}; allowed: {', '.join(SAMPLERS)}")
     n_obj = len(study.objectives)
     if SAMPLERS[sampler].multi_objective == "required" and n_obj == 1:
         others = [n for n, s in SAMPLERS.items() if s.multi_objective != "required"]
-        raise ConfigError("--sampler", f"{sampler} is for studies with several objectives; this study has one "
+        raise ConfigError(where, f"{sampler} is for studies with several objectives; this study has one "
                                        f"({study.objectives[0]}); allowed: {', '.join(others)}")
     if SAMPLERS[sampler].multi_objective == "no" and n_obj > 1:
-        raise ConfigError("--sampler", f"{sampler} optimises one objective; this study has {n_obj} "
+        raise ConfigError(where, f"{sampler} optimises one objective; this study has {n_obj} "
                                        f"(use {', '.join(n for n, s in SAMPLERS.items() if s.multi_objective != 'no')})")
     n_trials = study.search.n_trials if n_trials is None else n_trials
     if n_trials < 1:
@@ -286,7 +287,7 @@ def make_config(study: Study, **options) -> SearchConfig:
                          timed=study.environment is not None)
     if sampler == "cmaes":
         if not space_mod.numeric(study.search.space):
-            raise ConfigError("--sampler", "cmaes needs at least one numeric field in study.search.space")
+            raise ConfigError(where, "cmaes needs at least one numeric field in study.search.space")
         if cmaes_categoricals not in CMAES_CATEGORICALS:
             raise ConfigError("--cmaes-categoricals", f"unknown {cmaes_categoricals!r}; allowed: {', '.join(CMAES_CATEGORICALS)}")
     check_pruner(pruner, sampler, study, prune)
