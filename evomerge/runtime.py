@@ -71,7 +71,7 @@ from . import registry
 from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError
-from .policy import STREAMING_OFF, MergePolicy, check_workers
+from .policy import GOSSIP_ONLY, STREAMING_OFF, MergePolicy, check_workers
 
 OVERLAPS = ("nonblocking", "blocking", "lockstep")
 WINDOW = 4  # incoming payloads whose receives are posted ahead
@@ -93,9 +93,6 @@ REFUSED = {
                "its step",
 }
 _ALLOWED: dict[str, tuple] = {"payload": ("weights", "delta")}
-#: fields that only a gossip pair's merge reads (its peer, swap and lerp): another scheme carries them unused, as a
-#: search that varies the scheme draws them for every trial
-GOSSIP_ONLY = ("similarity_bias", "regroup_every", "swap_p", "winner_bias")
 
 
 class MergerError(RunError):

@@ -67,6 +67,7 @@ class Capabilities:
     name: str = "this"
 
     def check_policy(self, policy, timed: bool = False) -> None:
+        inert = () if policy.scheme == "gossip" else policy_mod.GOSSIP_ONLY  # carried unused by another scheme
         for name, known in self.rules.items():  # rules registered later run elsewhere until this backend knows them
             value = getattr(policy, name)
             if value not in known:
@@ -74,12 +75,12 @@ class Capabilities:
                                                     f"allowed: {', '.join(known)}, or --backend inprocess")
         for name, why in self.refuses.items():
             value = getattr(policy, name)
-            if value:
+            if value and name not in inert:
                 raise ConfigError(f"policy.{name}", f"{value} is not supported by the {self.name} backend ({why}); "
                                                     "allowed: 0, or --backend inprocess")
         for name, (only, why) in (self.only | (self.timed_only if timed else {})).items():
             value = getattr(policy, name)
-            if value != only:
+            if value != only and name not in inert:
                 raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend ({why}); "
                                                     f"allowed: {only!r}, or --backend inprocess")
         if policy.outer_optimizer != "none" and self.outer_payloads is not None and \
