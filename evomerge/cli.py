@@ -54,19 +54,24 @@ class _Parser(argparse.ArgumentParser):
         elif m:
             line = f"{m[1]}: {m[2]}"
         elif message.startswith("the following arguments are required: "):
-            line = f"{message.split(': ', 1)[1]}: required; see {self.prog} --help"
+            names = ", ".join("command" if n.startswith("{") else n for n in message.split(": ", 1)[1].split(", "))
+            line = f"{names}: required; see {self.prog} --help"
         else:
             line = message
         self.exit(2, f"error: {line}\n")
 
 
-def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str]) -> str:
-    """The one line for flags the command does not take, with the nearest it does."""
+def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv: list[str]) -> str:
+    """The one line for flags the command does not take (or ``evomerge`` itself, before the command), with the
+    nearest it does."""
     import difflib
 
+    flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-") and x != "--"), extra[0])
     path = tuple(x for x in (args.command, getattr(args, "policy_command", None)) if x)
-    sub = dict(commands(parser)).get(path, parser)
-    flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), extra[0])
+    before = flag in argv and args.command in argv and argv.index(flag) < argv.index(args.command)
+    sub = parser if before else dict(commands(parser)).get(path, parser)
+    if extra[0] == "--":
+        return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
     near = difflib.get_close_matches(flag, known, n=1)
     hint = f"did you mean {near[0]}?" if near else f"see {sub.prog} --help"
@@ -270,9 +275,10 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
-        print(f"error: {_unrecognized(parser, args, extra)}", file=sys.stderr)
+        print(f"error: {_unrecognized(parser, args, extra, argv)}", file=sys.stderr)
         return 2
     try:
         if getattr(args, "seed", None) is not None and args.seed < 0:

@@ -486,9 +486,11 @@ GRADIENT_NEEDS = {"scheme": "allreduce", "mean_interval": 1.0, "weighting": "uni
 REGROUP_OFF = {"regroup_every": 0, "p_intra_schedule": "constant"}  # only with topology 'communities'
 DATA_TRAVEL_OFF = {"data_unseen_first": False, "data_similarity_sign": 0.0}  # only with data_exchange_k
 SWAP_OFF = {"swap_confidence": 0.0, "swap_recency": 0.0}  # only with swap_p
-#: fields that only a gossip pair's merge reads (its peer, its swap, its winner test): another scheme carries them
-#: unused (a search that varies the scheme draws them for every trial), so what refuses them refuses them on gossip
-GOSSIP_ONLY = ("similarity_bias", "regroup_every", "swap_p", "winner_bias", "score")
+#: fields that only a gossip pair's merge reads (its peer's choice, its winner test): another scheme carries them
+#: unused in every backend (a search that varies the scheme draws them for every trial), so what refuses them
+#: refuses them on gossip. (Not swap_p, whose confidence-conditioned form draws the minibatches from a data pool, nor
+#: regroup_every, which the in-process backend runs and charges bytes for, whatever the scheme.)
+GOSSIP_ONLY = ("similarity_bias", "winner_bias", "score")
 BACKUP_NEEDS = {"weighting": "uniform", "payload": "weights", "fragments": 1, "fragment_delay": 0,
                 "optimizer_state": "keep", "mixing_weight": 1.0, "lerp": "fixed", "mixing_schedule": "constant"}
 # what an outer step needs of the other fields (the workers restart from the anchor); the validator's rule

@@ -524,7 +524,8 @@ def find(ref: str | Path) -> Path:
 
 def load(ref: str | Path, calibrating: bool = False) -> Study:
     """The study ``ref`` names (a file, or a shipped study's name). ``calibrating``: the study ``evomerge calibrate``
-    times, whose ``[environment] from`` file may not exist yet (calibrate writes it): the keys beside ``from`` then."""
+    times, whose ``[environment] from`` file calibrate (re)writes: it is not read (it may not exist yet, or be stale);
+    the keys beside ``from`` alone."""
     path = find(ref)
     try:
         text = path.read_text(encoding="utf-8")
@@ -591,8 +592,8 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
 
 def _environment(table: dict, workers: int, base: Path | None, calibrating: bool = False) -> EnvSpec:
     """``[environment]``, or with ``from = "cluster.toml"`` (relative to the study file) the keys of that file
-    (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating`` and no such
-    file yet: the keys beside ``from`` alone."""
+    (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating``: the keys beside
+    ``from`` alone."""
     if "from" not in table:
         return settings.build(EnvSpec, table, "study.environment").check(workers, base)
     ref, where = table["from"], "study.environment.from"
@@ -601,7 +602,7 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
     path = Path(ref).expanduser()
     path = path if path.is_absolute() or base is None else base / path
     own = {k: v for k, v in table.items() if k != "from"}
-    if calibrating and not path.exists():
+    if calibrating:  # the file calibrate (re)writes: missing, stale or broken, it is not read
         return settings.build(EnvSpec, own, "study.environment").check(workers, base)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

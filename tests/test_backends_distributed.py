@@ -37,7 +37,7 @@ AGREEMENT = {
                                          weighting="adaptive", mean_interval=1.5), 2),
     # as a search that varies the scheme exports it: values of a gossip pair's merge, carried unused
     "fedavg-as-searched": (MergePolicy(scheme="allreduce", mean_interval=10, winner_bias=0.59, score="running",
-                                       swap_p=0.3, similarity_bias=0.5), None),
+                                       similarity_bias=0.5), None),
     "allreduce-delta-adaptive": (MergePolicy(scheme="allreduce", weighting="adaptive", mean_interval=3, payload="delta",
                                              topk_fraction=0.3), None),
     "diloco-examples": (MergePolicy(scheme="allreduce", mean_interval=5, mixing_weight=1.0, weighting="examples",

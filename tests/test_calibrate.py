@@ -270,6 +270,20 @@ def calibrated(tmp_path_factory, data_dir):
     return d, out, p.stdout
 
 
+def test_calibrate_reads_its_study_without_the_file_it_writes(tmp_path):
+    """Missing, stale (measured on other ranks) or broken: the file a study's ``from`` names is calibrate's output,
+    not its input; any other command still reads it (and refuses it in one line)."""
+    f = tmp_path / "s.toml"
+    f.write_text(study_text(workers=4, environment='[environment]\nfrom = "cluster.toml"\ntime_budget = 2.0'))
+    for content in (None, "[environment]\nspeeds = [1.0, 0.5, 0.9]\n", "[environment\n"):
+        if content is not None:
+            (tmp_path / "cluster.toml").write_text(content)
+        env = study_mod.load(f, calibrating=True).environment
+        assert env.time_budget == 2.0 and env.speeds == "equal"
+        with pytest.raises(ConfigError, match=r"^study\.environment\.(from|speeds): "):
+            study_mod.load(f)
+
+
 @pytest.mark.xdist_group("calibrate-calibrated")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_a_slow_rank_gets_a_third_of_the_speed(calibrated):

@@ -162,7 +162,7 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
         "note: evomerge.Merger cannot run it in a training loop (policy.score: 'holdout' cannot run in a training "
         "loop (winner_bias 0.4 would score both models on validation slices, which a loop does not have); allowed: "
         "'running' (each model's running training loss), or winner_bias 0); evomerge run replays it")
-    f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "swap_p": 0.3}')
+    f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "similarity_bias": 0.3}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == ["ok: all workers average every 3 steps, a=0.5, uniform weighting"], out
@@ -190,6 +190,11 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["serch", "--study", "mnist-gossip"], "error: command: unknown 'serch'; allowed: search, transfer, status, export, "
                                            "dashboard, ui, run, baselines, calibrate, policy; did you mean search?"),
     (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
+    (["--bogus", "search", "--study", "mnist-gossip"], "error: --bogus: evomerge does not take it (--bogus); see "
+                                                        "evomerge --help"),
+    (["search", "--study", "mnist-gossip", "--", "--n-trials", "3"],
+     "error: --: evomerge search takes no arguments after it (-- --n-trials 3); see evomerge search --help"),
+    ([], "error: command: required; see evomerge --help"),
     (["policy", "validat", "p.json"], "error: command: unknown 'validat'; allowed: schema, validate; did you mean "
                                       "validate?"),
 ])

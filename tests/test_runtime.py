@@ -68,7 +68,7 @@ POLICIES = {
     # DiLoCo as a search that varies the scheme exports it: carrying gossip-only values it never uses
     "diloco-as-searched": {"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
                            "outer_lr": 0.7, "outer_momentum": 0.9, "winner_bias": 0.59, "score": "holdout",
-                           "swap_p": 0.3, "similarity_bias": 0.5},
+                           "similarity_bias": 0.5},
     "snoo": {"scheme": "none", "mean_interval": 5, "outer_optimizer": "nesterov", "outer_lr": 0.7,
              "outer_momentum": 0.9},  # Lookahead / SNOO: each rank's own outer step, nothing sent
     "ring-push-pull": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3},
@@ -748,7 +748,9 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
     check_policy(MergePolicy(winner_bias=0.5, score="running"), 4)
     check_policy(MergePolicy(scheme="allreduce", payload="delta"), 4)
     # values of a gossip pair's merge that another scheme carries unused (a search varying the scheme draws them)
-    check_policy(MergePolicy(scheme="allreduce", winner_bias=0.5, swap_p=0.2, similarity_bias=0.5), 4)
+    check_policy(MergePolicy(scheme="allreduce", winner_bias=0.5, similarity_bias=0.5), 4)
+    with pytest.raises(ConfigError, match=r"^policy\.swap_p: 0\.2 cannot run in a training loop"):  # not inert
+        check_policy(MergePolicy(scheme="allreduce", swap_p=0.2, swap_confidence=0.5), 4)
     check_policy(MergePolicy(scheme="none", winner_bias=0.5, outer_optimizer="nesterov", outer_momentum=0.9), 4)
     with pytest.raises(ConfigError, match=r"^policy.weighting: 'examples' with a delta payload on the all-reduce "
                                           r"scheme .*; allowed: 'uniform'$"):

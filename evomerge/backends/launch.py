@@ -123,17 +123,17 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     # one supervisor for every process evomerge starts: each rank leads its own process group, and
     # leaving the block (normally, on an error, Ctrl-C, SIGTERM or SIGHUP) stops every group
     with ProcessGroup(grace=3) as ranks:
-        for rank in range(world):
-            sent = os.path.join(tmp.name, f"args-{rank}")
-            with open(sent, "wb") as fh:
-                pickle.dump((dict(os.environ), bytes(ForkingPickler.dumps(head))), fh, protocol=pickle.HIGHEST_PROTOCOL)
-            try:
-                ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"), sent,
-                                            (up, down, tail), _package()), ctx=ctx)
-            except OSError as e:  # it died (killed, out of memory) before it had read what it was sent
-                raise DistributedRunError(rank, f"died while starting (its arguments could not be sent: "
-                                                f"{e.strerror or e}); the run was stopped") from None
-        try:
+        try:  # the folder (the environment's copies in it) goes whatever happens from here
+            for rank in range(world):
+                sent = os.path.join(tmp.name, f"args-{rank}")
+                with open(sent, "wb") as fh:
+                    pickle.dump((dict(os.environ), bytes(ForkingPickler.dumps(head))), fh,
+                                protocol=pickle.HIGHEST_PROTOCOL)
+                try:
+                    ranks.spawn(_rank_process, (_entry or _rank_main, rank, os.path.join(tmp.name, f"error-{rank}"),
+                                                sent, (up, down, tail), _package()), ctx=ctx)
+                except OSError as e:  # no process, or one that ended before it read its start (a broken pipe)
+                    raise DistributedRunError(rank, f"could not be started ({e}); the run was stopped") from None
             while True:
                 try:
                     kind, payload = _receive(up, 0.05)

@@ -445,7 +445,7 @@ def policy_words(policy: MergePolicy, total_steps: int | None) -> str:
                          f"over the run ({p.mixing_schedule}).")
         if p.lerp == "random":
             lines.append("Each merge scales it by a uniform random draw.")
-        if p.winner_bias > 0:
+        if p.winner_bias > 0 and p.scheme == "gossip":  # a gossip pair's winner test; other schemes carry it unused
             lines.append(f"The worker with the lower validation loss moves {1 - p.winner_bias:.0%} as far as the other.")
         if p.weighting != "uniform":
             lines.append({"examples": "Models are weighted by the examples each has seen.",
