@@ -45,12 +45,10 @@ class _Parser(argparse.ArgumentParser):
         m = re.match(r"argument (\S+?)(?:/\S+)?: (.*)", message)
         c = re.match(r"invalid choice: '(.*)' \(choose from (.*)\)$", m[2]) if m else None
         if c:  # a command, or a flag's choices
-            import difflib
-
             allowed = [x.strip(" '") for x in c[2].split(",")]
-            near = difflib.get_close_matches(c[1], allowed, n=1)
+            near = _nearest(c[1], allowed)
             line = (f"{'command' if m[1].startswith('{') else m[1]}: unknown {c[1]!r}; allowed: {', '.join(allowed)}"
-                    + (f"; did you mean {near[0]}?" if near else ""))
+                    + (f"; did you mean {near}?" if near else ""))
         elif m:
             line = f"{m[1]}: {m[2]}"
         elif message.startswith("the following arguments are required: "):
@@ -61,11 +59,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {line}\n")
 
 
+def _nearest(word: str, options: list[str]) -> str | None:
+    """The option most like ``word`` (a misspelt flag, command or choice), if any is close."""
+    import difflib
+
+    near = difflib.get_close_matches(word, options, n=1)
+    return near[0] if near else None
+
+
 def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv: list[str]) -> str:
     """The one line for flags the command does not take (or ``evomerge`` itself, before the command), with the
     nearest it does."""
-    import difflib
-
     flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-") and x != "--"), extra[0])
     path = tuple(x for x in (args.command, getattr(args, "policy_command", None)) if x)
     before = flag in argv and args.command in argv and argv.index(flag) < argv.index(args.command)
@@ -73,8 +77,8 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
     if extra[0] == "--":
         return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
-    near = difflib.get_close_matches(flag, known, n=1)
-    hint = f"did you mean {near[0]}?" if near else f"see {sub.prog} --help"
+    near = _nearest(flag, known)
+    hint = f"did you mean {near}?" if near else f"see {sub.prog} --help"
     return f"{flag}: {sub.prog} does not take it ({' '.join(extra)}); {hint}"
 
 
