@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RunError, nearest, unknown
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
@@ -46,9 +46,7 @@ class _Parser(argparse.ArgumentParser):
         c = re.match(r"invalid choice: '(.*)' \(choose from (.*)\)$", m[2]) if m else None
         if c:  # a command, or a flag's choices
             allowed = [x.strip(" '") for x in c[2].split(",")]
-            near = _nearest(c[1], allowed)
-            line = (f"{'command' if m[1].startswith('{') else m[1]}: unknown {c[1]!r}; allowed: {', '.join(allowed)}"
-                    + (f"; did you mean {near}?" if near else ""))
+            line = f"{'command' if m[1].startswith('{') else m[1]}: {unknown(c[1], allowed)}"
         elif m:
             line = f"{m[1]}: {m[2]}"
         elif message.startswith("the following arguments are required: "):
@@ -57,14 +55,6 @@ class _Parser(argparse.ArgumentParser):
         else:
             line = message
         self.exit(2, f"error: {line}\n")
-
-
-def _nearest(word: str, options: list[str]) -> str | None:
-    """The option most like ``word`` (a misspelt flag, command or choice), if any is close."""
-    import difflib
-
-    near = difflib.get_close_matches(word, options, n=1)
-    return near[0] if near else None
 
 
 def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv: list[str]) -> str:
@@ -77,7 +67,7 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
     if extra[0] == "--":
         return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
-    near = _nearest(flag, known)
+    near = nearest(flag, known)
     hint = f"did you mean {near}?" if near else f"see {sub.prog} --help"
     return f"{flag}: {sub.prog} does not take it ({' '.join(extra)}); {hint}"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, DataNotFoundError
+from .errors import ConfigError, DataNotFoundError, unknown
 
 SPLITS = ("train", "test")
 PARTS = ("images", "labels")
@@ -86,7 +86,7 @@ DATASETS: dict[str, DatasetSpec] = {
 
 def get_spec(name: str) -> DatasetSpec:
     if name not in DATASETS:
-        raise ConfigError("study.data.dataset", f"unknown {name!r}; allowed: {', '.join(DATASETS)}")
+        raise ConfigError("study.data.dataset", unknown(name, DATASETS))
     return DATASETS[name]
 
 
@@ -457,7 +457,7 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
     if kind == "iid":
         return [np.sort(s) for s in np.array_split(rng.permutation(n), workers)]
     if kind != "dirichlet":
-        raise ConfigError("study.data.partition", f"unknown {kind!r}; allowed: {', '.join(PARTITIONS)}")
+        raise ConfigError("study.data.partition", unknown(kind, PARTITIONS))
     if not alpha > 0:
         raise ConfigError("study.data.alpha", f"{alpha} is out of range; allowed: (0, inf)")
     classes = np.unique(labels)

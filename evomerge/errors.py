@@ -20,6 +20,22 @@ class ConfigError(ValueError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
+def nearest(word: str, options) -> str | None:
+    """The option most like ``word`` (a misspelt flag, command or name), if any is close."""
+    import difflib
+
+    near = difflib.get_close_matches(str(word), [str(o) for o in options], n=1)
+    return near[0] if near else None
+
+
+def unknown(value, allowed, more: str = "") -> str:
+    """The message for a value that is not one of ``allowed``: ``unknown 'x'; allowed: a, b`` (and ``more``),
+    with the nearest allowed value when one is close (``; did you mean a?``)."""
+    allowed = [str(a) for a in allowed]
+    near = nearest(value, allowed) if isinstance(value, str) else None
+    return f"unknown {value!r}; allowed: {', '.join(allowed)}{more}" + (f"; did you mean {near}?" if near else "")
+
+
 class DataNotFoundError(ConfigError):
     """Dataset files are missing and could not be downloaded."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, unknown
 
 
 class Registry(dict):
@@ -31,7 +31,7 @@ class Registry(dict):
     def get_object(self, name: str) -> Any:
         """The object registered as ``name``; an unknown name is a one-line error naming the field."""
         if name not in self:
-            raise ConfigError(self.field, f"unknown {name!r}; allowed: {', '.join(self)}")
+            raise ConfigError(self.field, unknown(name, self))
         target = self[name]
         if isinstance(target, str) and ":" in target:
             module, attr = target.split(":")

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-from .errors import ConfigError
+from .errors import ConfigError, nearest, unknown
 
 CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -44,7 +44,7 @@ class Choice:
 
     def check(self, value: str) -> str:
         if value not in self.registry:
-            raise Invalid(f"unknown {value!r}; allowed: {', '.join(self.names)}")
+            raise Invalid(unknown(value, self.names))
         return value
 
     def __get_pydantic_core_schema__(self, source, handler):
@@ -120,7 +120,9 @@ def translate(error: ValidationError, prefix: str, cls) -> ConfigError:
         return ConfigError(field, err.args[0] if isinstance(err, Invalid) else str(err or e["msg"]))
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         owner = _owner(cls, loc[:-1])
-        return ConfigError(field, f"unknown key; allowed: {', '.join(owner.__pydantic_fields__)}")
+        near = nearest(loc[-1], owner.__pydantic_fields__) if loc else None
+        return ConfigError(field, f"unknown key; allowed: {', '.join(owner.__pydantic_fields__)}"
+                           + (f"; did you mean {near}?" if near else ""))
     if kind == "missing_argument" or kind == "missing":
         return ConfigError(field, "is required")
     if kind in _TYPES:

@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from . import data as data_mod
 from . import policy as policy_mod
 from . import settings
-from .errors import ConfigError
+from .errors import ConfigError, nearest, unknown
 from .policy import MergePolicy, field_specs
 from .settings import Choice
 from .userref import check_format
@@ -180,8 +180,10 @@ class Param:
         if self.name.startswith(RUN_PREFIX):
             return self._fits_the_run()
         if self.name not in specs:
+            run = [RUN_PREFIX + k for k in RUN_SEARCHABLE]
+            near = nearest(self.name, [*specs, *run])
             raise ConfigError(where, f"unknown policy field; allowed: {', '.join(specs)}, or the run's "
-                                     f"{', '.join(RUN_PREFIX + k for k in RUN_SEARCHABLE)}")
+                                     f"{', '.join(run)}" + (f"; did you mean {near}?" if near else ""))
         meta = specs[self.name]
         if self.kind == "categorical":
             if not self.choices:
@@ -442,7 +444,10 @@ class Study:
         for d in self.policy_dirs():
             if (d / f"{ref}.json").is_file():
                 return MergePolicy.load(d / f"{ref}.json")
-        raise ConfigError(where, f"{ref}: no such file or named policy; named: {', '.join(self.named_policies()) or 'none'}")
+        named = self.named_policies()
+        near = nearest(str(ref), named)
+        raise ConfigError(where, f"{ref}: no such file or named policy; named: {', '.join(named) or 'none'}"
+                                 + (f"; did you mean {near}?" if near else ""))
 
     def with_overrides(self, **run_changes: Any) -> "Study":
         return dataclasses.replace(self, run=dataclasses.replace(self.run, **run_changes))
@@ -518,8 +523,9 @@ def find(ref: str | Path) -> Path:
     for base in (Path.cwd() / "studies", shipped_studies_dir()):
         if (base / f"{ref}.toml").is_file():
             return base / f"{ref}.toml"
+    near = nearest(str(ref), known_studies())
     raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'} "
-                                 "(or give a path to a .toml file)")
+                                 "(or give a path to a .toml file)" + (f"; did you mean {near}?" if near else ""))
 
 
 def load(ref: str | Path, calibrating: bool = False) -> Study:
@@ -619,7 +625,7 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
         raise ConfigError(where, f"{path}: has a 'from' of its own; allowed: the environment's keys")
     for k in keys:
         if k not in EnvSpec.__pydantic_fields__:
-            raise ConfigError(where, f"{path}: unknown key {k!r}; allowed: {', '.join(EnvSpec.__pydantic_fields__)}")
+            raise ConfigError(where, f"{path}: " + unknown(k, EnvSpec.__pydantic_fields__).replace("unknown", "unknown key", 1))
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
     try:
@@ -676,4 +682,6 @@ def _table(raw: dict, key: str) -> dict:
 def _no_unknown(d: dict, allowed, where: str) -> None:
     for k in d:
         if k not in allowed:
-            raise ConfigError(f"{where}.{k}", f"unknown key; allowed: {', '.join(allowed)}")
+            near = nearest(k, allowed)
+            raise ConfigError(f"{where}.{k}", f"unknown key; allowed: {', '.join(allowed)}"
+                                              + (f"; did you mean {near}?" if near else ""))

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError
+from .errors import ConfigError, unknown
 
 FIELD = "study.run.loss"
 LOSSES = ("cross_entropy", "mse")
@@ -40,7 +40,7 @@ class Task:
         self.fn = None
         if loss not in LOSSES:
             if not isinstance(loss, str) or ":" not in loss:
-                raise ConfigError(FIELD, f"unknown {loss!r}; allowed: {', '.join(LOSSES)} or 'module:function'")
+                raise ConfigError(FIELD, unknown(loss, LOSSES, " or 'module:function'"))
             from .userref import resolve
 
             self.fn = resolve(loss, FIELD, self.base_dir, "mylosses:huber")

@@ -174,6 +174,11 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     (["run", "--policy", "fedavg", "--device", "tpu"],
      "error: --device: 'tpu' is not a torch device; allowed: cpu, cuda, cuda:N"),
     (["baselines", "--device", "cuda:x"], "error: --device: 'cuda:x' is not a torch device; allowed: cpu, cuda, cuda:N"),
+    # devices torch knows but evomerge never runs on (were tracebacks from deep in a run)
+    (["run", "--policy", "fedavg", "--device", "meta"],
+     "error: --device: 'meta': evomerge runs on the CPU or CUDA; allowed: cpu, cuda, cuda:N"),
+    (["search", "--device", "mps", "--n-trials", "1"],
+     "error: --device: 'mps': evomerge runs on the CPU or CUDA; allowed: cpu, cuda, cuda:N"),
 ])
 def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, args, line):
     """(Were numpy's and torch's tracebacks.) Nothing is written where the command runs (no runs folder)."""
@@ -208,6 +213,51 @@ def test_a_bad_flag_is_one_line_with_the_nearest_good_one(tmp_path, monkeypatch,
     assert rc == 2
     assert capsys.readouterr().err == line + "\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "--study", "mnist-gossip", "--policy", "fedavg", "--backend", "inproces"],
+     "error: --backend: unknown 'inproces'; allowed: inprocess, distributed; did you mean inprocess?"),
+    (["run", "--study", "mnist-gosip", "--policy", "fedavg"],
+     "error: --study: unknown study 'mnist-gosip'; known: mnist-gossip, mnist-gossip-64, mnist-skewed, mnist-stragglers, "
+     "mnist-two-sites, tiny-lm (or give a path to a .toml file); did you mean mnist-gossip?"),
+    (["run", "--study", "mnist-gossip", "--policy", "fedav"],
+     "error: --policy: fedav: no such file or named policy; named: allreduce, allreduce-backup, allreduce-sign, "
+     "allreduce-topk, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco; did you mean fedavg?"),
+    (["search", "--study", "mnist-gossip", "--sampler", "tp", "--n-trials", "1"],
+     "error: --sampler: unknown 'tp'; allowed: tpe, random, nsga2, cmaes; did you mean tpe?"),
+])
+def test_a_misspelt_name_is_one_line_with_the_nearest_good_one(tmp_path, monkeypatch, capsys, args, line):
+    """Names evomerge checks itself (backends, studies, policies, samplers), as argparse's choices are."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(args) == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("typo, line", [
+    (("epochs = 2.0", "epoch = 2.0"), "error: study.run.epoch: unknown key; allowed: workers, batch_size, epochs, "),
+    (("mixing_weight = 0.5", "mixing_wieght = 0.5"), "error: policy.mixing_wieght: unknown key; allowed: name, "),
+    (('partition = "dirichlet"', 'partition = "dirichelt"'),
+     "error: study.data.partition: unknown 'dirichelt'; allowed: iid, dirichlet, by_file; did you mean dirichlet?"),
+    (('name = "mlp"', 'name = "mpl"'), "error: study.model.name: unknown 'mpl'; allowed: "),
+    (('hidden = [128]', 'hiden = [128]'),
+     "error: study.model.hiden: unknown option of the 'mlp' model; allowed: hidden, execution; did you mean hidden?"),
+])
+def test_a_typo_in_a_users_study_file_names_the_key_and_the_nearest(tmp_path, monkeypatch, capsys, typo, line, data_dir):
+    """A user's own study file (a copy of a shipped one with one typo): one line, the nearest key or value."""
+    text = (ROOT / "studies" / "mnist-gossip.toml").read_text()
+    assert typo[0] in text
+    f = tmp_path / "mine.toml"
+    f.write_text(text.replace(typo[0], typo[1], 1))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EVOMERGE_DATA_DIR", str(data_dir))  # a model's options are checked when it is built
+    assert cli.main(["run", "--study", str(f), "--policy", "fedavg"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+    if "unknown key" in line:
+        assert err.endswith(f"; did you mean {typo[0].split(' ')[0]}?\n"), err
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["mine.toml"]
 
 
 def test_a_cuda_device_this_torch_lacks_is_one_line(capsys):

@@ -87,8 +87,10 @@ def test_init_is_seeded_and_follows_fan_in():
 @pytest.mark.parametrize("name, options, field", [("resnet", {}, "study.model.name"),
                                                   ("mlp", {"hidden": [0]}, "study.model.hidden"),
                                                   ("cnn", {"channels": [4]}, "study.model.channels"),
-                                                  ("mlp", {"width": 3}, "study.model")])
+                                                  ("mlp", {"width": 3}, "study.model.width")])
 def test_bad_model_options(name, options, field):
     with pytest.raises(ConfigError) as e:
         models.build(name, (28, 28), 10, **options)
     assert e.value.field == field
+    if "width" in options:  # an option the model does not take: what it takes
+        assert e.value.message == "unknown option of the 'mlp' model; allowed: hidden, execution"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import policy as policy_mod
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 from ..policy import MergePolicy
 
 # name -> "module:function" of the run function, imported when used (torch is heavy)
@@ -38,7 +38,7 @@ def register(name: str, target: str, capabilities: "Capabilities | None" = None)
 def check(backend: str, procs: int | None, workers: int) -> None:
     """One-line errors for a bad ``--backend`` / ``--procs`` pair."""
     if backend not in BACKENDS:
-        raise ConfigError("--backend", f"unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+        raise ConfigError("--backend", unknown(backend, BACKENDS))
     if procs is not None:
         if backend != "distributed":
             raise ConfigError("--procs", "applies to --backend distributed only")
@@ -178,7 +178,7 @@ def runner(backend: str = "inprocess", procs: int | None = None, workers: int | 
     if workers is not None:
         check(backend, procs, workers)
     if backend not in BACKENDS:
-        raise ConfigError("--backend", f"unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+        raise ConfigError("--backend", unknown(backend, BACKENDS))
     module, name = BACKENDS[backend].split(":")
     fn = getattr(importlib.import_module(module), name)
     return partial(fn, procs=procs) if backend == "distributed" else fn

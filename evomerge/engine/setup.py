@@ -204,13 +204,16 @@ def round_bounds(total: int, rounds: int) -> list[int]:
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """The device a run uses: the one asked for, else CUDA when present, else the CPU (every backend). One that
-    torch does not know, or CUDA where torch has none, is one line naming ``--device``."""
+    torch does not know, another kind than the CPU and CUDA (``mps``, ``meta``: never run), or CUDA where torch has
+    none, is one line naming ``--device``."""
     if not device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ConfigError("--device", f"{device!r} is not a torch device; allowed: cpu, cuda, cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError("--device", f"{device!r}: evomerge runs on the CPU or CUDA; allowed: cpu, cuda, cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", f"{device!r}, but this torch has no CUDA device; allowed: cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 
 
 class Topology:
@@ -165,5 +165,5 @@ TOPOLOGIES: dict[str, Callable[..., Topology]] = {
 
 def build(policy, n: int, rng: np.random.Generator) -> Topology:
     if policy.topology not in TOPOLOGIES:
-        raise ConfigError("policy.topology", f"unknown {policy.topology!r}; allowed: {', '.join(TOPOLOGIES)}")
+        raise ConfigError("policy.topology", unknown(policy.topology, TOPOLOGIES))
     return TOPOLOGIES[policy.topology](n, policy, rng)

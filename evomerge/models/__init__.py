@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, nearest
 
 
 class StackedModel:
@@ -401,6 +401,17 @@ def build_spec(spec, input_shape, n_classes: int, base_dir=None, task=None) -> S
 
 def build(name: str, input_shape, n_classes: int, **options: Any) -> StackedModel:
     cls = MODELS.get_object(name)
+    import inspect
+
+    takes = [k for k, p in list(inspect.signature(cls).parameters.items())[2:]
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not any(p.kind == p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values()):
+        for k in options:
+            if k not in takes:  # a misspelt option: named, with what the model takes
+                near = nearest(k, [*takes, "execution"])
+                raise ConfigError(f"study.model.{k}", f"unknown option of the {name!r} model; allowed: "
+                                                      f"{', '.join([*takes, 'execution']) or 'none'}"
+                                  + (f"; did you mean {near}?" if near else ""))
     try:
         return cls(input_shape, n_classes, **options)
     except TypeError as e:

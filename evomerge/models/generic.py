@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 from . import StackedModel, relu_mlp_grads, relu_mlp_sgd_, state_buffer_slots, state_buffers
 from ..userref import one_line, resolve
 
@@ -155,7 +155,7 @@ class GenericModel(StackedModel):
     def __init__(self, builder: Callable[[], nn.Module], input_shape, n_classes: int, *, ref: str | None = None,
                  options: dict | None = None, base_dir: str | None = None, execution: str = "auto"):
         if execution not in EXECUTIONS:
-            raise ConfigError(EXECUTION, f"unknown {execution!r}; allowed: {', '.join(EXECUTIONS)}")
+            raise ConfigError(EXECUTION, unknown(execution, EXECUTIONS))
         self.builder, self.ref, self.options, self.base_dir = builder, ref, dict(options or {}), base_dir
         self.template = self._build()
         params = list(self.template.named_parameters())

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 from ..study import OBJECTIVES as _DIRECTIONS
 from ..study import Study
 from . import options as options_mod
@@ -249,7 +249,7 @@ def make_config(study: Study, **options) -> SearchConfig:
     where = "--sampler" if sampler else "study.search.sampler"  # the field the user wrote it in
     sampler = sampler or study.search.sampler
     if sampler not in SAMPLERS:
-        raise ConfigError(where, f"unknown {sampler!r}; allowed: {', '.join(SAMPLERS)}")
+        raise ConfigError(where, unknown(sampler, SAMPLERS))
     n_obj = len(study.objectives)
     if SAMPLERS[sampler].multi_objective == "required" and n_obj == 1:
         others = [n for n, s in SAMPLERS.items() if s.multi_objective != "required"]
@@ -280,7 +280,7 @@ def make_config(study: Study, **options) -> SearchConfig:
         raise ConfigError("study.search.space", "is empty: nothing to search")
     for o in study.objectives:
         if o not in OBJECTIVES:
-            raise ConfigError("study.objectives.metrics", f"unknown {o!r}; allowed: {', '.join(OBJECTIVES)}")
+            raise ConfigError("study.objectives.metrics", unknown(o, OBJECTIVES))
     backends.check(backend, procs, study.run.workers)
     backends.check_policy(backend, study.policy)
     backends.check_space(backend, [p.name for p in study.search.space], study.search.space,
@@ -289,7 +289,7 @@ def make_config(study: Study, **options) -> SearchConfig:
         if not space_mod.numeric(study.search.space):
             raise ConfigError(where, "cmaes needs at least one numeric field in study.search.space")
         if cmaes_categoricals not in CMAES_CATEGORICALS:
-            raise ConfigError("--cmaes-categoricals", f"unknown {cmaes_categoricals!r}; allowed: {', '.join(CMAES_CATEGORICALS)}")
+            raise ConfigError("--cmaes-categoricals", unknown(cmaes_categoricals, CMAES_CATEGORICALS))
     check_pruner(pruner, sampler, study, prune)
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     study_dir = runs_dir / study.name
@@ -308,7 +308,7 @@ make_config.__signature__ = options_mod.signature(make_config)
 def check_pruner(pruner: str, sampler: str, study: Study, prune: bool) -> None:
     """One line naming ``--pruner`` for a pruner that is unknown or cannot judge this search."""
     if pruner not in PRUNERS:
-        raise ConfigError("--pruner", f"unknown {pruner!r}; allowed: {', '.join(PRUNERS)}")
+        raise ConfigError("--pruner", unknown(pruner, PRUNERS))
     if not prune or pruner == "median":  # the default: the dominance rule on several objectives, none for CMA-ES
         return
     if len(study.objectives) > 1:

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -79,7 +79,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
         raise ConfigError("--seeds", f"{seeds} is out of range; allowed: [1, inf)")
     metric = source.objectives[0]
     if metric not in OBJECTIVES:
-        raise ConfigError("study.objectives.metrics", f"unknown {metric!r}; allowed: {', '.join(OBJECTIVES)}")
+        raise ConfigError("study.objectives.metrics", unknown(metric, OBJECTIVES))
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     url = storage or default_storage(runs_dir / source.name)
     ostudy = load_study(source, url)
