@@ -162,6 +162,9 @@ def add_export(sub):
     _store(p, tracking=False)
     p.add_argument("-o", "--output", required=True, help="a file (best policy) or, with --pareto, a folder; required")
     p.add_argument("--pareto", action="store_true", help="one file per Pareto-optimal trial")
+    p.add_argument("--trial", type=int, default=None, metavar="N",
+                   help="write trial N's policy (a complete trial, by its number in the dashboard or MLflow) instead "
+                        "of the best (default: the best)")
     p.add_argument("--tolerance", type=float, default=0.005,
                    help="several objectives: the Pareto-optimal trials within this of the best first objective (in "
                         "its unit) are candidates, and the best by the second is written (default: 0.005)")
@@ -311,13 +314,19 @@ def cmd_policy_validate(args) -> int:
 
 
 def _merger_note(policy) -> None:
-    """One line where evomerge.Merger would refuse ``policy`` in a training loop (evomerge run still replays it)."""
-    from .runtime import check_policy
+    """One line where evomerge.Merger would refuse ``policy`` in a training loop (evomerge run still replays it), or
+    needs more of the loop than its model and optimiser (each rank's held-out examples)."""
+    from .runtime import _holdout_scored, check_policy
 
     try:
         check_policy(policy)
     except ConfigError as e:
         print(f"note: evomerge.Merger cannot run it in a training loop ({e}); evomerge run replays it")
+        return
+    if _holdout_scored(policy):
+        print(f"note: its winner test (winner_bias {policy.winner_bias:g}, score 'holdout') scores models on held-out "
+              "examples: in a training loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does "
+              "not train on")
 
 
 def _prepare(study, args):
@@ -686,12 +695,25 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .report.export import export_best, export_pareto
+    from .report.export import export_best, export_pareto, export_trial
 
+    if args.trial is not None:
+        if args.trial < 0:
+            raise ConfigError("--trial", f"{args.trial} is out of range; allowed: a trial number >= 0")
+        for flag, given in (("--pareto", args.pareto), ("--limit", args.limit)):
+            if given:
+                raise ConfigError("--trial", f"given with {flag}; allowed: one of --trial (one trial), {flag}")
     study = _load_stored(args)
     url = _storage_url(study, args)
     out = Path(args.output)
-    if args.pareto:
+    if args.trial is not None:
+        from .policy import MergePolicy
+
+        doc = export_trial(study, url, out, args.trial)
+        values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
+        print(f"wrote trial {doc['trial']} ({values}) to {out}")
+        _merger_note(MergePolicy.from_dict(doc["policy"]))
+    elif args.pareto:
         paths = export_pareto(study, url, out)
         print(f"wrote {len(paths)} Pareto-optimal policies to {out}/")
     else:

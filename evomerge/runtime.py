@@ -95,6 +95,10 @@ REFUSED = {
 _ALLOWED: dict[str, tuple] = {"payload": ("weights", "delta")}
 
 
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool]
+
+
 class MergerError(RunError):
     """A peer died or hung: the message, one line, names the rank."""
 
@@ -149,10 +153,6 @@ def check_policy(policy: MergePolicy, workers: int | None = None) -> None:
     the topology's rules for that many)."""
     if workers is not None:
         check_workers(policy, workers)
-    if _winner_biased(policy) and policy.score == "holdout":
-        raise ConfigError("policy.score", f"'holdout' cannot run in a training loop (winner_bias {policy.winner_bias:g} "
-                                          "would score both models on validation slices, which a loop does not have); "
-                                          "allowed: 'running' (each model's running training loss), or winner_bias 0")
     if registry.PAYLOADS.get_object(policy.payload).public and policy.scheme == "allreduce" and \
             policy.weighting != "uniform":
         raise ConfigError("policy.weighting", f"{policy.weighting!r} with a delta payload on the all-reduce scheme "
@@ -173,6 +173,31 @@ def check_policy(policy: MergePolicy, workers: int | None = None) -> None:
         if value not in allowed:
             raise ConfigError(f"policy.{name}", f"{value!r} cannot run in a training loop ({why}); "
                                                 f"allowed: {', '.join(repr(a) for a in allowed)}")
+
+
+def _holdout_scored(policy: MergePolicy) -> bool:
+    """Whether the policy's winner test scores both models of a pair on the pair's held-out examples
+    (``score = "holdout"``): the Merger then needs the loop's ``holdout``."""
+    return _winner_biased(policy) and policy.score == "holdout"
+
+
+def _check_holdout(holdout, policy: MergePolicy) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """This rank's held-out examples ``(x, y)`` when the policy scores on them (None when it does not: a holdout
+    given for a policy that does not is unused); one line naming ``holdout`` for what is missing or malformed."""
+    if not _holdout_scored(policy):
+        return None
+    if holdout is None:
+        raise ConfigError("holdout", f"None, but policy.score 'holdout' with winner_bias {policy.winner_bias:g} "
+                                     "scores both models of a gossip pair on the two ranks' held-out examples; allowed: "
+                                     "(x, y), examples this rank does not train on (as many on every rank), or a "
+                                     "policy with score 'running'")
+    ok = isinstance(holdout, (tuple, list)) and len(holdout) == 2 and all(isinstance(t, torch.Tensor) for t in holdout)
+    if not ok or holdout[0].dim() == 0 or holdout[1].dim() == 0 or len(holdout[0]) != len(holdout[1]) or \
+            len(holdout[0]) == 0:
+        got = (f"tensors of shapes {[list(t.shape) for t in holdout]}" if ok else type(holdout).__name__)
+        raise ConfigError("holdout", f"got {got}; allowed: (x, y), two tensors with the same number of examples "
+                                     "(at least one)")
+    return holdout[0], holdout[1]
 
 
 def _winner_biased(policy: MergePolicy) -> bool:
@@ -280,11 +305,19 @@ class Merger:
 
     ``speeds``: asynchronous DiLoCo with ``local_steps_by_speed`` only: each rank's speed (steps per second, any
     common unit), which scales its local steps per push against the fastest rank's.
+
+    ``holdout``: ``(x, y)``, examples this rank does not train on (as many on every rank, inputs as the model takes
+    them), for a gossip policy whose winner-biased lerp scores on held-out examples (``winner_bias > 0`` with
+    ``score = "holdout"``, as evomerge's studies search it: each worker's ``score_samples`` examples carved from its
+    shard). Both models of a pair are scored on the pair's two holdouts (the initiator's, then the peer's) by
+    ``loss_fn(model(x), y)`` (default: ``torch.nn.functional.cross_entropy``), in eval mode: the initiator sends its
+    model's loss with its payload, the peer compares its own. Every rank's holdout is gathered once, here. Unused
+    (and allowed) for any other policy.
     """
 
     def __init__(self, policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, seed: int,
                  total_steps: int, group=None, timeout: float = 60.0, trace: str | os.PathLike | None = None,
-                 overlap: str = "nonblocking", worker_group=None, speeds=None):
+                 overlap: str = "nonblocking", worker_group=None, speeds=None, holdout=None, loss_fn=None):
         p, found = read_policy_and_run(policy)
         if not isinstance(model, torch.nn.Module):
             raise ConfigError("model", f"got {type(model).__name__}; allowed: a torch.nn.Module")
@@ -314,6 +347,9 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
+        held = None if self._follower else _check_holdout(holdout, p)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")
         local_steps = _async_local_steps(p, self.W, speeds, worker_group)
         from .models import state_buffers
 
@@ -386,6 +422,10 @@ class Merger:
         self._closing = False
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._broadcast_start()
+        self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
+        self.loss_fn = loss_fn or torch.nn.functional.cross_entropy
+        if held is not None:
+            self._gather_holdouts(*held)
         self.outer = kernel.outer_for(p, self.layout, self._flat, lambda: self._flat().unsqueeze(0))
         self.own_outer = plan_mod.own_outer_every(p)  # Lookahead / SNOO: this rank's own outer step, no merging
         if local_steps is not None:  # every rank must draw the same pushes: refuse, on every rank, ranks that differ
@@ -441,6 +481,12 @@ class Merger:
         if worker_group is not None:
             self._sync_worker(force=True)
 
+    @staticmethod
+    def needs_holdout(policy) -> bool:
+        """Whether ``policy`` (as :class:`Merger` takes it) scores a gossip pair's models on held-out examples, so that
+        the loop must keep some of each rank's data out of training and pass them as ``holdout``."""
+        return _holdout_scored(read_policy(policy))
+
     # -- the loop's calls ----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, loss=None, examples: float = 1) -> None:
@@ -456,7 +502,7 @@ class Merger:
 
     def _step(self, loss, examples) -> None:
         now = time.perf_counter()
-        if loss is None and _winner_biased(self.p):
+        if loss is None and _winner_biased(self.p) and self.p.score == "running":
             raise ConfigError("loss", "None, but winner_bias compares the models' running training losses; allowed: "
                                       "this step's loss (merger.step(loss=loss))")
         self.t += 1
@@ -767,7 +813,10 @@ class Merger:
         it): its model, or with delta payloads its encoded change since its public copy (which moves by what is
         sent: error feedback keeps the rest) and its counters as they are; then the scalars; then the
         accumulators. ``winner``: the winner the peer found, sent with a push-pull answer."""
-        meta = torch.tensor([float(self.examples[0]), float(self.epoch), float(self.score[0]),
+        score = float(self.score[0])
+        if self._hx is not None and kind == REQUEST:  # the winner test: this model's loss on the pair's holdouts
+            score = self._holdout_loss(self.rank, int(self.sched.peer[ev]))
+        meta = torch.tensor([float(self.examples[0]), float(self.epoch), score,
                              -1.0 if winner is None else float(winner), float(self._seq)], dtype=torch.float64,
                             device=self.dev)
         if self.delta:
@@ -798,12 +847,14 @@ class Merger:
         return buf[o:o + META].clone().view(torch.float64).tolist()
 
     def _take_request(self, ev: int, buf: torch.Tensor) -> None:
-        """This rank is the peer of ``ev`` and its initiator's payload came: the winner test on the running scores,
-        the answer (push-pull: this rank's state before it moves, with the winner), the merge."""
+        """This rank is the peer of ``ev`` and its initiator's payload came: the winner test on the running scores
+        (or both models' losses on the pair's holdouts), the answer (push-pull: this rank's state before it moves, with
+        the winner), the merge."""
         a = int(self.sched.initiator[ev])
         winner = None
         if self.p.winner_bias > 0:
-            winner = plan_mod.winner(self._meta(buf)[2], float(self.score[0]))
+            mine = self._holdout_loss(a, self.rank) if self._hx is not None else float(self.score[0])
+            winner = plan_mod.winner(self._meta(buf)[2], mine)
         if self.p.exchange == "push_pull":
             self._send(ev, REPLY, winner)
         self._merge(ev, buf, self._moves(ev, winner)[1], a)
@@ -1257,6 +1308,47 @@ class Merger:
         self._take_global(glob)
         self.merges += 1
         self._reap_sends()
+
+    def _gather_holdouts(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Every rank's held-out examples, on every rank (once: a pair's winner test scores on both of its holdouts);
+        shapes and dtypes that differ between ranks are one line naming ``holdout``."""
+        def desc(t: torch.Tensor) -> list[int]:
+            return [t.dim(), *t.shape, *[-1] * (8 - t.dim()), _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -2]
+
+        if x.dim() > 8 or y.dim() > 8:
+            raise ConfigError("holdout", f"inputs of {x.dim()} and labels of {y.dim()} dimensions; allowed: at most 8")
+        mine = torch.tensor(desc(x) + desc(y), dtype=torch.int64, device=self.wire_dev)
+        every = [torch.zeros_like(mine) for _ in range(self.W)]
+        self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
+        for r, theirs in enumerate(every):
+            if not torch.equal(theirs, mine):
+                def show(d: list[int]) -> str:
+                    dt = _DTYPES[d[9]] if 0 <= d[9] < len(_DTYPES) else "another dtype"
+                    return f"{d[1:1 + d[0]]} {str(dt).replace('torch.', '')}"
+                t, m = theirs.tolist(), mine.tolist()
+                raise ConfigError("holdout", f"rank {r}'s is x {show(t[:10])}, y {show(t[10:])}; rank {self.rank}'s x "
+                                             f"{show(m[:10])}, y {show(m[10:])}; allowed: the same shapes and dtypes on "
+                                             "every rank")
+        held = []
+        for t in (x, y):
+            t = t.detach().to(self.wire_dev).contiguous()
+            got = [torch.empty_like(t) for _ in range(self.W)]
+            self._collective(lambda: dist.all_gather(got, t, group=self.group, async_op=True), "the start")
+            held.append(torch.stack(got).to(self.dev))
+        self._hx, self._hy = held
+
+    @torch.no_grad()
+    def _holdout_loss(self, a: int, b: int) -> float:
+        """This rank's model's loss on ranks ``a``'s and ``b``'s held-out examples (in that order), in eval mode:
+        one side of a pair's winner test (as the engine scores a pair on its two validation slices)."""
+        x, y = torch.cat([self._hx[a], self._hx[b]]), torch.cat([self._hy[a], self._hy[b]])
+        training = self.model.training
+        self.model.eval()
+        try:
+            loss = self.loss_fn(self.model(x), y)
+        finally:
+            self.model.train(training)
+        return float(loss.detach().float().mean() if isinstance(loss, torch.Tensor) else loss)
 
     def _same_on_every_rank(self, local_steps: list[int]) -> None:
         mine = torch.tensor(local_steps, dtype=torch.int64)

@@ -95,8 +95,12 @@ def main() -> int:
             overlaps = args.overlap or ["lockstep"]
             overlap = overlaps[min(i, len(overlaps) - 1)]
             speeds = args.speeds if read_policy(policy).local_steps_by_speed else None
+            # this worker's held-out examples, as the engine carves them from its shard (score = "holdout")
+            held = torch.as_tensor(setup.slices[worker])
+            holdout = (normalise(setup.data.train_x[held], setup.data.spec).to(dev), setup.data.train_y[held].to(dev))
             merger = evomerge.Merger(policy, model, opt, seed=args.seed, total_steps=T, overlap=overlap,
-                                     timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub, speeds=speeds)
+                                     timeout=args.timeout, trace=out / f"trace-{i}", worker_group=sub, speeds=speeds,
+                                     holdout=holdout)
             if args.mixing and rank != 0:  # the Merger starts every rank from rank 0's model, as DDP does
                 fill(model, rank, args.ramp)
             start = 0

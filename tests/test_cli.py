@@ -152,16 +152,23 @@ def test_validate_describes_a_good_policy(tmp_path):
 
 
 def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
-    """A valid policy that a training loop cannot run gets a note (exit 0: evomerge run replays it); an all-reduce
-    that carries a winner bias it never uses, as a search varying the scheme exports it, gets none."""
+    """A valid policy that a training loop cannot run gets a note (exit 0: evomerge run replays it), one that needs the
+    loop's held-out examples says so; an all-reduce that carries a winner bias it never uses, as a search varying the
+    scheme exports it, gets none."""
     f = tmp_path / "p.json"
-    f.write_text('{"scheme": "gossip", "winner_bias": 0.4, "score": "holdout"}')
+    f.write_text('{"scheme": "gossip", "similarity_bias": 0.5}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("ok: ") and out[1] == (
-        "note: evomerge.Merger cannot run it in a training loop (policy.score: 'holdout' cannot run in a training "
-        "loop (winner_bias 0.4 would score both models on validation slices, which a loop does not have); allowed: "
-        "'running' (each model's running training loss), or winner_bias 0); evomerge run replays it")
+        "note: evomerge.Merger cannot run it in a training loop (policy.similarity_bias: 0.5 cannot run in a training "
+        "loop (peers drawn from the models' similarity need every worker's model at each event); allowed: 0.0); "
+        "evomerge run replays it") and len(out) == 2
+    f.write_text('{"scheme": "gossip", "winner_bias": 0.4, "score": "holdout"}')
+    assert cli.main(["policy", "validate", str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ok: ") and out[1:] == [
+        "note: its winner test (winner_bias 0.4, score 'holdout') scores models on held-out examples: in a training "
+        "loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does not train on"]
     f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "similarity_bias": 0.3}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()

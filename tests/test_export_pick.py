@@ -57,3 +57,33 @@ def test_a_limit_nothing_meets_is_one_line_naming_the_option(searched, data_dir)
         p = cli("export", "--study", str(f), "-o", "x.json", *args, cwd=d, data_dir=data_dir)
         assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
     assert not (d / "x.json").exists()  # nothing written
+
+
+@pytest.mark.system
+def test_export_trial_writes_the_trial_a_user_chose_and_run_replays_it(searched, data_dir):
+    """A user who picked a trial in the dashboard or the MLflow UI exports it by its number."""
+    d, f, ostudy = searched
+    trials = [t for t in ostudy.get_trials() if t.state.name == "COMPLETE"]
+    default = json.loads((d / "best.json").read_text())["trial"] if (d / "best.json").exists() else None
+    chosen = next(t for t in reversed(trials) if t.number != default)
+    p = cli("export", "--study", str(f), "-o", "mine.json", "--trial", str(chosen.number), cwd=d, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((d / "mine.json").read_text())
+    assert doc["trial"] == chosen.number and doc["picked_by"] == f"--trial {chosen.number}"
+    assert list(doc["objectives"].values()) == chosen.values
+    assert doc["policy"] == chosen.user_attrs["policy"] | {"name": doc["policy"]["name"]}
+    assert p.stdout.startswith(f"wrote trial {chosen.number} (val_accuracy {chosen.values[0]:.6g}, ")
+    p = cli("run", "--study", str(f), "--policy", "mine.json", "--json", "replay.json", "--quiet", cwd=d,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    replay = json.loads((d / "replay.json").read_text())
+    assert replay["final"]["val_accuracy"] == pytest.approx(chosen.values[0], abs=1e-9)
+    n = len(trials)
+    for args, line in [(["--trial", "99"], f"error: --trial: 'two' has no trial 99; allowed: the number of a complete "
+                                           f"trial ({n}, from 0 to {max(t.number for t in trials)})"),
+                       (["--trial", "1", "--pareto"], "error: --trial: given with --pareto; allowed: one of --trial "
+                                                      "(one trial), --pareto"),
+                       (["--trial", "-2"], "error: --trial: -2 is out of range; allowed: a trial number >= 0")]:
+        p = cli("export", "--study", str(f), "-o", "x.json", *args, cwd=d, data_dir=data_dir)
+        assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
+    assert not (d / "x.json").exists()

@@ -83,6 +83,11 @@ POLICIES = {
     "allreduce-adaptive": {"scheme": "allreduce", "mean_interval": 4, "mixing_weight": 0.5, "weighting": "adaptive"},
     "ring-winner": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
                     "winner_bias": 0.6, "score": "running"},
+    "ring-winner-holdout": {"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
+                            "winner_bias": 0.6},  # score "holdout", the default: as mnist-gossip searches it
+    "complete-push-winner-holdout": {"scheme": "gossip", "topology": "complete", "exchange": "push",
+                                     "mean_interval": 1.5, "winner_bias": 0.8, "score": "holdout",
+                                     "lerp": "random", "weighting": "examples"},
     "complete-push-winner": {"scheme": "gossip", "topology": "complete", "exchange": "push", "mean_interval": 1.5,
                              "winner_bias": 0.5, "score": "running", "weighting": "adaptive"},
     # Streaming DiLoCo: the user's MLP has 4 parameter tensors; fragments in flight while the loop trains
@@ -219,7 +224,7 @@ def trace(out: Path, i: int, rank: int) -> list[dict]:
 
 # -- identity with the engine -------------------------------------------------------------------------
 IDENTITY = ["fedavg", "diloco", "diloco-as-searched", "snoo", "ring-push-pull", "communities-push", "complete-push-examples", "ring-adaptive",
-            "allreduce-adaptive", "ring-winner", "complete-push-winner", "streaming-diloco", "streaming-4", "streaming-strided",
+            "allreduce-adaptive", "ring-winner", "ring-winner-holdout", "complete-push-winner-holdout", "complete-push-winner", "streaming-diloco", "streaming-4", "streaming-strided",
             "ring-topk-delta", "complete-push-delta-4bit", "regular-delta-winner", "complete-push-delta-examples",
             "regular-delta-winner-whole", "fedavg-delta-whole", "fedavg-topk-delta", "async-diloco",
             "diloco-delta-whole", "diloco-topk-4bit", "slowmo-ring"]
@@ -679,14 +684,15 @@ def test_asynchronous_diloco_resumes_at_a_push_with_a_slow_rank(folder, data_dir
 @pytest.mark.system
 def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir, tmp_path):
     """examples/deploy/train.py, a plain loop (CNN, Fashion-MNIST, AdamW), launched by torchrun with one rank 3x
-    slower: it ends with the consensus model's accuracy, and each rank's trace holds every step."""
+    slower: it ends with the consensus model's accuracy, and each rank's trace holds every step. The gossip policy
+    scores its winner test on held-out examples (as mnist-gossip searches it): the example keeps them out of training."""
     import re
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
             str(ROOT / "examples" / "deploy" / "train.py"), "--data-dir", str(data_dir), "--train-size", "2000",
             "--steps", "40", "--batch-size", "32"]
-    r = subprocess.run(base + ["--policy", str(folder / "ring-push-pull.json"), "--slow-rank", "1", "--slow-factor",
+    r = subprocess.run(base + ["--policy", str(folder / "ring-winner-holdout.json"), "--slow-rank", "1", "--slow-factor",
                                "3", "--trace", str(tmp_path / "trace")], capture_output=True, text=True, timeout=240,
                        env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -755,9 +761,7 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
     with pytest.raises(ConfigError, match=r"^policy.weighting: 'examples' with a delta payload on the all-reduce "
                                           r"scheme .*; allowed: 'uniform'$"):
         check_policy(MergePolicy(scheme="allreduce", payload="delta", weighting="examples"), 4)
-    with pytest.raises(ConfigError, match=r"^policy.score: 'holdout' cannot run in a training loop \(winner_bias 0.5 "
-                                          r"would score both models on validation slices.*allowed: 'running'"):
-        check_policy(MergePolicy(winner_bias=0.5), 4)
+    check_policy(MergePolicy(winner_bias=0.5, score="holdout"), 4)  # runs, given the loop's held-out examples
 
 
 ASYNC = {"scheme": "async", "mean_interval": 2, "mixing_weight": 1.0, "outer_optimizer": "nesterov"}
@@ -783,7 +787,15 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(overlap="async"), r"^overlap: 'async'; allowed: nonblocking, blocking, lockstep"),
             (dict(timeout=0), r"^timeout: 0"),
             (dict(policy={"weighting": "adaptive"}), r"^optimizer: None, but weighting 'adaptive'"),
-            (dict(policy={"winner_bias": 0.3}), r"^policy.score: 'holdout' cannot run"),
+            (dict(policy={"winner_bias": 0.3}), r"^holdout: None, but policy.score 'holdout' with winner_bias 0.3 "
+                                                 r"scores both models of a gossip pair on the two ranks' held-out "
+                                                 r"examples; allowed: \(x, y\), .* or a policy with score 'running'$"),
+            (dict(policy={"winner_bias": 0.3}, holdout=torch.zeros(4, 2)),
+             r"^holdout: got Tensor; allowed: \(x, y\), two tensors with the same number of examples \(at least one\)$"),
+            (dict(policy={"winner_bias": 0.3}, holdout=(torch.zeros(4, 2), torch.zeros(3, dtype=torch.long))),
+             r"^holdout: got tensors of shapes \[\[4, 2\], \[3\]\]; allowed: \(x, y\), two tensors with the same "),
+            (dict(policy={"winner_bias": 0.3}, holdout=(torch.zeros(4, 2), torch.zeros(4)), loss_fn="mse"),
+             r"^loss_fn: got str; allowed: a function \(output, y\) -> loss, or None$"),
             (dict(worker_group="ranks 0-1"), r"^worker_group: 'ranks 0-1' is not a process group holding this rank"),
             (dict(worker_group=dist.group.WORLD, group=dist.group.WORLD), r"^group: set with worker_group; "),
             # asynchronous DiLoCo: speeds for dynamic local updates, one process per worker, no buffers yet
@@ -808,6 +820,19 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         for _ in range(4):
             m.step()
         assert m.merges == 0 and m.finish() is model  # one worker: nothing to merge with
+        m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4,
+                            holdout="unused")  # a holdout for a policy that does not score on one: unused, allowed
+        assert m._hx is None and m.finish() is model
+        x, y = torch.randn(5, 2), torch.tensor([0, 1, 1, 0, 1])
+        m = evomerge.Merger({"winner_bias": 0.3}, model, seed=0, total_steps=4, holdout=(x, y))
+        assert torch.equal(m._hx, x.unsqueeze(0)) and torch.equal(m._hy, y.unsqueeze(0))  # every rank's: this one's
+        with torch.no_grad():  # the winner test's side: this model's cross-entropy on both ranks' holdouts, eval mode
+            want = float(torch.nn.functional.cross_entropy(model(torch.cat([x, x])), torch.cat([y, y])))
+        model.train()
+        assert m._holdout_loss(0, 0) == want and model.training
+        for _ in range(4):
+            m.step()  # no loss needed: the holdout scores the models
+        assert m.finish() is model
         m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4,
                             worker_group=dist.group.WORLD)  # a worker of one rank, its own leader
         for _ in range(4):

@@ -62,6 +62,26 @@ def export_best(study: Study, storage_url: str, out: Path, tolerance: float = 0.
     return doc
 
 
+def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict:
+    """One trial's policy, chosen by its number (as the dashboard and the MLflow UI show it): a complete trial."""
+    from ..search.results import trial_summary
+
+    ostudy = load_study_trials(study, storage_url)
+    trials = ostudy.get_trials(deepcopy=False)
+    complete = [t.number for t in trials if t.state.name == "COMPLETE"]
+    got = next((t for t in trials if t.number == number), None)
+    if got is None or got.state.name != "COMPLETE":
+        what = f"trial {number} is {got.state.name.lower()}" if got is not None else \
+            f"{study.name!r} has no trial {number}"
+        allowed = (f"the number of a complete trial ({len(complete)}, from {min(complete)} to {max(complete)})"
+                   if complete else "none yet (no complete trial)")
+        raise ConfigError("--trial", f"{what}; allowed: {allowed}")
+    doc = export_document(trial_summary(got, study), study) | {"picked_by": f"--trial {number}"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
+    return doc
+
+
 def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
     from ..search.results import pareto_trials, trial_summary
 

@@ -43,6 +43,9 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--holdout-size", type=int, default=32,
+                    help="examples of each rank's shard kept out of training for the winner test of a policy that "
+                         "scores on held-out examples (score 'holdout'; the studies' score_samples)")
     ap.add_argument("--overlap", default="nonblocking", choices=["nonblocking", "blocking", "lockstep"])
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--trace", default=None, help="a directory for each rank's trace (JSON Lines)")
@@ -62,6 +65,10 @@ def main() -> int:
     data = load(args.dataset, args.data_dir, val_size=2000, train_size=args.train_size)
     mean, std = data.spec.mean, data.spec.std
     mine = torch.arange(rank, len(data.train_y), world)  # this rank's shard
+    holdout = None
+    if evomerge.Merger.needs_holdout(args.policy):  # the winner test's examples, kept out of training
+        held, mine = mine[:args.holdout_size], mine[args.holdout_size:]
+        holdout = (((data.train_x[held].float() / 255 - mean) / std).unsqueeze(1).to(dev), data.train_y[held].to(dev))
     x_train = ((data.train_x[mine].float() / 255 - mean) / std).unsqueeze(1)
     y_train = data.train_y[mine]
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=args.batch_size,
@@ -75,7 +82,8 @@ def main() -> int:
     scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda")
     try:
         merger = evomerge.Merger(args.policy, model, optimizer, seed=args.seed, total_steps=steps,
-                                 overlap=args.overlap, timeout=args.timeout, trace=args.trace, speeds=args.speeds)
+                                 overlap=args.overlap, timeout=args.timeout, trace=args.trace, speeds=args.speeds,
+                                 holdout=holdout)
         t0, step = time.perf_counter(), 0
         while step < steps:
             for x, y in loader:
