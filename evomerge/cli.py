@@ -197,6 +197,15 @@ def add_ui(sub):
     p.set_defaults(handler=cmd_ui)
 
 
+def _shipped_policies() -> str:
+    """The shipped named policies, for the help (found without importing the study module)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("evomerge.studies")
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    return ", ".join(sorted({f.stem for d in dirs for f in Path(d, "policies").glob("*.json")})) or "none"
+
+
 @command
 def add_run(sub):
     p = _parser(sub, "run", "run one policy on a study and print its metrics",
@@ -205,7 +214,7 @@ def add_run(sub):
     _emulate(p)
     p.add_argument("--policy", required=True,
                    help="policy JSON file (or exported file), or a named policy: the study's policies/NAME.json, "
-                        "else a shipped one (no-merging, fedavg, allreduce, ring-gossip); required")
+                        f"else a shipped one ({_shipped_policies()}); required")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: an exported file's first seed, else the study's first seed)")
     p.add_argument("--reevaluate", type=int, default=0, metavar="N",
@@ -414,6 +423,8 @@ def cmd_run(args) -> int:
     t = Table(title=f"{study.name}: {policy.name or args.policy} (seed {seed})", caption=policy.describe())
     t.add_column("metric")
     t.add_column("value", justify="right")
+    backend = args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")
+    execution = f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"
     for name, value in [
         ("status", res.status),
         *([("consensus val accuracy", f"{f.val_accuracy:.4f}"),
@@ -428,8 +439,8 @@ def cmd_run(args) -> int:
          f"{f.steps_min} / {f.steps_mean:.1f} / {f.steps_max} (slowest / mean / fastest worker)"),
         *_time_rows(study, f),
         ("wall time", f"{res.wall_time:.2f} s"),
-        ("backend", args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")),
-        ("execution", f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"),
+        ("backend", backend),
+        ("execution", execution),
     ]:
         t.add_row(name, value)
     _console().print(t)
@@ -440,7 +451,7 @@ def cmd_run(args) -> int:
             same = "matches" if want == getattr(f, key) else "DIFFERS from"
             print(f"{what} {same} trial {exported['trial']} of {exported['study']} (seed {seed}: {want:.4f})")
     if args.json_out:
-        out = res.to_dict() | {"study": study.name}
+        out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # as the table says
         Path(args.json_out).write_text(json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
 

@@ -35,6 +35,8 @@ def test_run_prints_the_table_and_writes_json(tmp_path, data_dir, tiny_study_fil
     r = json.loads(out.read_text())
     assert r["status"] == "ok" and len(r["history"]) == 3 and r["final"]["step"] == 40
     assert r["policy"]["name"] == "ring-gossip" and r["policy"]["mean_interval"] == 10.0
+    # what the table says about how it ran (were only in the table)
+    assert r["backend"] == "inprocess" and r["execution"] == "stacked (the named model)", (r["backend"], r["execution"])
 
 
 @pytest.mark.system
@@ -354,3 +356,13 @@ def test_a_four_worker_copy_of_the_shipped_study_runs_every_trial(tmp_path, data
     trials = optuna.load_study(study_name="four", storage=f"sqlite:///{tmp_path / 'runs' / 'four' / 'optuna.db'}").trials
     assert len(trials) == 5 and all(t.state.name == "COMPLETE" for t in trials)
     assert {(t.user_attrs["policy"]["topology"], t.user_attrs["policy"]["degree"]) for t in trials} == {("random_regular", 3)}
+
+
+def test_run_help_names_every_shipped_policy(capsys):
+    """(Listed four of the eleven.) The names `--policy` takes, as a user reads them in the help."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--help"])
+    assert e.value.code == 0
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps lines (and breaks names at hyphens)
+    names = sorted(f.stem for f in (ROOT / "studies" / "policies").glob("*.json"))
+    assert len(names) >= 11 and "(" + ",".join(names) + ");required" in text, text
