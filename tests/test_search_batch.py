@@ -189,3 +189,25 @@ def test_a_search_whose_every_trial_fails_stops_in_one_line(tmp_path, data_dir, 
         del study_mod.OBJECTIVES["consensus_distance"]
     st = states(tmp_path / "runs" / "tiny" / "optuna.db")
     assert st == {"FAIL": MAX_ERRORS + (2 if batch == 3 else 0)}  # whole batches: 3 + 3 + 3 + 3
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("execution", ["stacked", "auto"])
+def test_a_batch_of_a_forced_stacked_model_with_dropout_says_its_trials_differ(tmp_path, data_dir, execution):
+    """A user's module with dropout forced 'stacked' draws its masks for the population's rows together: the search
+    says so (a new user found a trial that `evomerge run` replayed otherwise); under 'auto' (a loop) it says nothing."""
+    import warnings
+
+    f = write_study(tmp_path, name="drop", steps=10)
+    (tmp_path / "dropnet.py").write_text(
+        "import torch.nn as nn\n\n\ndef net():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 10))\n")
+    f.write_text(f.read_text().replace('name = "mlp"\nhidden = [16]',
+                                       f'factory = "dropnet:net"\nexecution = "{execution}"'))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        res = evomerge.search(study.load(f), verdict=False, n_trials=2, sampler="random", seed=0, batch=2,
+                              runs_dir=tmp_path / "runs", data_dir=data_dir, prune=False)
+    assert not res.errors and len(res.records) == 2
+    said = [str(w.message) for w in got if str(w.message).startswith("--batch: the model has random layers")]
+    assert len(said) == (1 if execution == "stacked" else 0), said

@@ -66,6 +66,13 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
     setup = prepare(cfg.study, data=data, data_dir=cfg.data_dir)
     backends.check_model(cfg.backend, setup.model)
     check_fragments(cfg.study, setup.model)
+    if cfg.batch > 1 and getattr(setup.model, "random", False) and getattr(setup.model, "execution", "") == "stacked":
+        import warnings
+
+        warnings.warn("--batch: the model has random layers and runs 'stacked' (study.model.execution), whose masks a "
+                      "population draws for all its rows together: its trials will differ from their runs alone and "
+                      "from evomerge run's replay; execution 'auto' or 'loop' keeps each worker's masks its own",
+                      stacklevel=2)
     ostudy = load_or_create(cfg, storage, worker, setup.total_steps)  # the pruner judges by the run's local steps
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
