@@ -692,12 +692,17 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
             str(ROOT / "examples" / "deploy" / "train.py"), "--data-dir", str(data_dir), "--train-size", "2000",
             "--steps", "40", "--batch-size", "32"]
-    r = subprocess.run(base + ["--policy", str(folder / "ring-winner-holdout.json"), "--slow-rank", "1", "--slow-factor",
+    # as `evomerge export` writes it: with the optimiser and step size it was found with, which the example trains at
+    (tmp_path / "best.json").write_text(json.dumps({"trial": 3, "study": "s", "policy": POLICIES["ring-winner-holdout"],
+                                                    "run": {"optimizer": "sgd", "lr": 0.05, "weight_decay": 0.0}}))
+    r = subprocess.run(base + ["--policy", str(tmp_path / "best.json"), "--slow-rank", "1", "--slow-factor",
                                "3", "--trace", str(tmp_path / "trace")], capture_output=True, text=True, timeout=240,
                        env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    m = re.search(r"consensus val accuracy (0\.\d+) after 40 steps per rank, (\d+) merges on rank 0", r.stdout)
+    m = re.search(r"consensus val accuracy (0\.\d+) after 40 steps per rank, (\d+) merges on rank 0, .* \(sgd, lr "
+                  r"0\.05\)$", r.stdout, re.M)
     assert m and float(m[1]) > 0.4 and int(m[2]) > 0, r.stdout
+    assert "this optimizer's lr" not in r.stderr  # trained at the found step size: no warning
     for rank in (0, 1):
         recs = [json.loads(ln) for ln in (tmp_path / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert [x["step"] for x in recs if "compute_s" in x] == list(range(1, 41))

@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 4 examples/deploy/train.py --policy best.json [--slow-rank 3 --slow-factor 4]
 
-Each process is one worker: its own shard of the training set, its own AdamW, AMP on CUDA. evomerge's part is
+Each process is one worker: its own shard of the training set, its own optimiser (the one an exported policy was
+found with, at its lr, unless ``--optimizer`` / ``--lr`` say otherwise; else AdamW at 1e-3), AMP on CUDA. evomerge's part is
 three lines: build the ``Merger``, call ``merger.step(loss=...)`` after each optimiser step, and ``finish()`` at
 the end, which leaves the consensus model (every rank's model averaged) on every rank. ``--slow-rank R
 --slow-factor F`` makes rank R sleep (F - 1) times its compute after each step: a device F times slower.
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 import evomerge
 from evomerge.data import load
+from evomerge.runtime import read_policy_and_run
 
 
 def cnn() -> nn.Module:
@@ -41,7 +43,9 @@ def main() -> int:
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=0, help="local steps per rank (overrides --epochs)")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--optimizer", default=None, choices=["adamw", "adam", "sgd"],
+                    help="default: the exported policy's (its 'run'), else adamw")
+    ap.add_argument("--lr", type=float, default=None, help="default: the exported policy's, else 1e-3")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--holdout-size", type=int, default=32,
                     help="examples of each rank's shard kept out of training for the winner test of a policy that "
@@ -78,7 +82,17 @@ def main() -> int:
 
     torch.manual_seed(args.seed)
     model = cnn().to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    try:  # the step size the policy was found with: the best merge policy depends on it
+        found = read_policy_and_run(args.policy)[1]
+    except evomerge.ConfigError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    kind = args.optimizer or found.get("optimizer", "adamw")
+    lr = args.lr if args.lr is not None else found.get("lr", 1e-3)
+    decay = {"weight_decay": found["weight_decay"]} if "weight_decay" in found and kind == found.get("optimizer") else {}
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+    optimizer = cls(model.parameters(), lr=lr, **decay)
     scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda")
     try:
         merger = evomerge.Merger(args.policy, model, optimizer, seed=args.seed, total_steps=steps,
@@ -118,7 +132,7 @@ def main() -> int:
             xv = ((data.val_x.float() / 255 - mean) / std).unsqueeze(1).to(dev)
             acc = (model(xv).argmax(1).cpu() == data.val_y).float().mean().item()
         print(f"consensus val accuracy {acc:.4f} after {steps} steps per rank, {merger.merges} merges on rank 0, "
-              f"{seconds:.1f} s on {world} ranks", flush=True)
+              f"{seconds:.1f} s on {world} ranks ({kind}, lr {lr:g})", flush=True)
     dist.destroy_process_group()
     return 0
 
