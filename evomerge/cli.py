@@ -332,6 +332,13 @@ def _merger_note(policy) -> None:
     except ConfigError as e:
         print(f"note: evomerge.Merger cannot run it in a training loop ({e}); evomerge run replays it")
         return
+    from .policy import workers_needed
+
+    need = workers_needed(policy)
+    if need:
+        print(f"note: its topology ({policy.topology}, "
+              + (f"degree {policy.degree}" if policy.topology == "random_regular" else f"{policy.n_communities} communities")
+              + f") runs on {need}: in a training loop, one rank per worker")
     if _holdout_scored(policy):
         print(f"note: its winner test (winner_bias {policy.winner_bias:g}, score 'holdout') scores models on held-out "
               "examples: in a training loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does "

@@ -633,6 +633,19 @@ def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> N
                                                     f"allowed: [1, {workers}] for {workers} workers")
 
 
+def workers_needed(policy: MergePolicy) -> str | None:
+    """In words, the numbers of workers the policy's topology runs on (None: any): what :func:`check_workers`
+    refuses, said before a launch."""
+    if policy.scheme != "gossip":
+        return None
+    if policy.topology == "random_regular":
+        d = policy.degree
+        return f"at least {d + 1} workers" + (", an even number" if d % 2 else "")
+    if policy.topology == "communities" and policy.n_communities > 1:
+        return f"at least {policy.n_communities} workers"
+    return None
+
+
 # -- what other code reads from the model ---------------------------------------------------
 def field_specs() -> dict[str, dict[str, Any]]:
     """Name -> kind (choice, int, float), range, choices and doc of every searchable policy field,

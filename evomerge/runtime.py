@@ -40,7 +40,8 @@ as float64 bits), then the squared-gradient accumulators under ``adaptive`` weig
 under ``optimizer_state = "average"``. With delta payloads every rank that receives from a sender keeps its
 public copy, so the sender's messages go to all of them, and each applies them in the order they were sent.
 
-**Faults.** Every wait is bounded by ``timeout``: a rank that died or hangs ends every rank that needs it with
+**Faults.** Every wait is bounded by ``timeout`` (and the roll call after it by ``timeout`` more): a rank that died
+or hangs ends every rank that needs it with
 :class:`MergerError`, one line naming it (``rank 2 did not answer for 30 s (merge event 1234); stopped``).
 
 **Asynchronous DiLoCo** (``scheme = "async"``): rank 0 holds the server (:class:`evomerge.engine.kernel.AsyncServer`)
@@ -133,14 +134,23 @@ def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
     return MergePolicy.from_dict(policy), run
 
 
+_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}  # a study's run.optimizer -> torch.optim's class
+
+
 def step_size_warning(run: dict, optimizer) -> str | None:
-    """What to tell a user whose optimiser's lr is not the one the exported policy was found with (None: it is,
-    or nothing says). The best merge policy depends on the step size (issue: DiLoCo's outer step, tuned rivals)."""
+    """What to tell a user whose optimiser is not the kind, or its lr not the one, the exported policy was found with
+    (None: they are, or nothing says). The best merge policy depends on the step size (issue: DiLoCo's outer step,
+    tuned rivals), and on the optimiser that takes it."""
     lr = run.get("lr")
     if optimizer is None or not isinstance(lr, (int, float)) or not optimizer.param_groups:
         return None
     mine = optimizer.param_groups[0].get("lr")
     mine = float(mine.item() if isinstance(mine, torch.Tensor) else mine)
+    kind, theirs = type(optimizer).__name__, _OPTIMIZERS.get(run.get("optimizer"))
+    if theirs is not None and kind != theirs:
+        return (f"policy: found with {run['optimizer']} at lr {lr:g}; this optimizer is {kind} at lr {mine:g}. The "
+                f"best merge policy depends on the optimiser and its step size: train with torch.optim.{theirs} at lr "
+                f"{lr:g}, or search with yours (study.run.optimizer, and run.lr in [search.space])")
     if abs(mine - lr) <= 1e-9 * max(abs(lr), 1.0):
         return None
     how = f" with {run['optimizer']}" if run.get("optimizer") else ""
@@ -518,6 +528,10 @@ class Merger:
             self._write(rec)
         self._check_stops("")
         if self.t > self.T:
+            if self.t == self.T + 1:  # once: the loop runs longer than the Merger was told
+                warnings.warn(f"step: called more than total_steps ({self.T}) times; the policy's merges stop there "
+                              "(its schedule spans total_steps): give Merger(total_steps=) the loop's iterations",
+                              stacklevel=3)
             self._t_last = time.perf_counter()
             return
         s = self.sched

@@ -171,6 +171,11 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     assert out[0].startswith("ok: ") and out[1:] == [
         "note: its winner test (winner_bias 0.4, score 'holdout') scores models on held-out examples: in a training "
         "loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does not train on"]
+    f.write_text('{"scheme": "gossip", "topology": "random_regular", "degree": 3}')
+    assert cli.main(["policy", "validate", str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == ["note: its topology (random_regular, degree 3) runs on at least 4 workers, an even number: in a "
+                       "training loop, one rank per worker"], out
     f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "similarity_bias": 0.3}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()

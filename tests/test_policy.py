@@ -132,3 +132,29 @@ def test_degree_and_communities_are_fitted_to_the_workers(workers):
             assert fitted["degree"] == d  # possible values are kept
     with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
         check_workers(MergePolicy(topology="random_regular", degree=4), 4)
+
+
+@pytest.mark.parametrize("fields", [dict(topology="random_regular", degree=d) for d in range(1, 8)]
+                         + [dict(topology="communities", n_communities=n) for n in (2, 3, 5)]
+                         + [dict(topology="ring"), dict(scheme="allreduce", topology="random_regular", degree=5)])
+def test_the_workers_a_policy_needs_in_words_are_those_check_workers_takes(fields):
+    """What `export` and `policy validate` say before a launch (a user found out from a refusal under torchrun)."""
+    import re
+
+    from evomerge.policy import check_workers, workers_needed
+
+    p = MergePolicy(**fields)
+    taken = []
+    for w in range(2, 21):
+        try:
+            check_workers(p, w)
+            taken.append(w)
+        except ConfigError:
+            pass
+    words = workers_needed(p)
+    if words is None:
+        assert taken == list(range(2, 21))
+        return
+    m = re.fullmatch(r"at least (\d+) workers(, an even number)?", words)
+    assert m, words
+    assert taken == [w for w in range(2, 21) if w >= int(m[1]) and not (m[2] and w % 2)]

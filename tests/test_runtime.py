@@ -837,6 +837,10 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         assert m._holdout_loss(0, 0) == want and model.training
         for _ in range(4):
             m.step()  # no loss needed: the holdout scores the models
+        with pytest.warns(UserWarning, match=r"^step: called more than total_steps \(4\) times; the policy's merges "
+                                             r"stop there .*: give Merger\(total_steps=\) the loop's iterations$"):
+            m.step()
+        m.step()  # said once
         assert m.finish() is model
         m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4,
                             worker_group=dist.group.WORLD)  # a worker of one rank, its own leader

@@ -144,3 +144,24 @@ def test_a_found_step_size_is_applied_only_where_it_was_searched_and_with_its_op
     adam = tiny_study(lr=1e-3, optimizer="adam")
     st, note = found_with(adam, export)
     assert st.run.lr == 1e-3 and "this study trains with adam, so its own values are used" in note
+
+
+def test_the_merger_warns_when_the_loops_optimizer_is_not_the_one_the_policy_was_found_with():
+    """(An Adam loop deploying a policy found with SGD at the same lr got no word, and reached 0.17 accuracy.)"""
+    import torch
+
+    from evomerge.runtime import step_size_warning
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    run = {"optimizer": "sgd", "lr": 0.05, "weight_decay": 0.0}
+    assert step_size_warning(run, torch.optim.SGD(params, lr=0.05)) is None
+    assert step_size_warning(run, torch.optim.Adam(params, lr=0.05)) == (
+        "policy: found with sgd at lr 0.05; this optimizer is Adam at lr 0.05. The best merge policy depends on the "
+        "optimiser and its step size: train with torch.optim.SGD at lr 0.05, or search with yours (study.run.optimizer, "
+        "and run.lr in [search.space])")
+    adamw = {"optimizer": "adamw", "lr": 1e-3}
+    assert step_size_warning(adamw, torch.optim.AdamW(params, lr=1e-3)) is None
+    assert step_size_warning(adamw, torch.optim.Adam(params, lr=1e-3)).startswith(
+        "policy: found with adamw at lr 0.001; this optimizer is Adam at lr 0.001.")
+    assert step_size_warning(adamw, torch.optim.AdamW(params, lr=0.01)).startswith(
+        "policy: found with adamw at lr 0.001; this optimizer's lr is 0.01.")

@@ -56,8 +56,13 @@ def test_status_and_pareto_export(tmp_path, data_dir):
 @pytest.mark.system
 def test_status_of_an_unsearched_study_is_one_line(tmp_path, data_dir):
     f = write_study(tmp_path)
-    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
-    assert p.returncode == 2 and "run `evomerge search` first" in p.stderr and p.stderr.count("\n") == 1
+    before = sorted(tmp_path.rglob("*"))
+    for command in (["status"], ["export", "-o", "best.json"]):
+        p = cli(*command, "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.endswith("; run `evomerge search` first, or say where it stored them (--runs-dir or "
+                                 "$EVOMERGE_RUNS_DIR, --storage)\n"), p.stderr
+    assert sorted(tmp_path.rglob("*")) == before  # (left an empty runs/tiny/optuna.db behind)
 
 
 def _study_with(points, diverged_at, directions):

@@ -31,11 +31,15 @@ def load_study(study: Study, storage_url: str):
 
     from .storage import open_storage
 
+    missing = ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` "
+                                     "first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)")
+    if storage_url.startswith("sqlite:///") and not Path(storage_url[len("sqlite:///"):]).is_file():
+        raise missing  # (opening it would leave an empty study file behind a command that only reads)
     storage = open_storage(storage_url)
     try:
         return optuna.load_study(study_name=study.name, storage=storage)
     except KeyError:
-        raise ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` first") from None
+        raise missing from None
 
 
 def stored_study(name: str, storage_url: str):
