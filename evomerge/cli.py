@@ -203,6 +203,7 @@ def _shipped_policies() -> str:
 
     spec = importlib.util.find_spec("evomerge.studies")
     dirs = list(spec.submodule_search_locations or []) if spec else []
+    dirs = dirs or [Path(__file__).resolve().parent.parent / "studies"]  # a source tree not installed
     return ", ".join(sorted({f.stem for d in dirs for f in Path(d, "policies").glob("*.json")})) or "none"
 
 

@@ -96,6 +96,7 @@ REFUSED = {
 _ALLOWED: dict[str, tuple] = {"payload": ("weights", "delta")}
 
 
+_MAX_DIMS = 8  # of a holdout's inputs and labels (their shapes travel in a fixed-size descriptor)
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool]
 
@@ -152,6 +153,11 @@ def step_size_warning(run: dict, optimizer) -> str | None:
                 f"best merge policy depends on the optimiser and its step size: train with torch.optim.{theirs} at lr "
                 f"{lr:g}, or search with yours (study.run.optimizer, and run.lr in [search.space])")
     if abs(mine - lr) <= 1e-9 * max(abs(lr), 1.0):
+        m, theirs_m = optimizer.param_groups[0].get("momentum"), run.get("momentum")
+        if kind == "SGD" and isinstance(theirs_m, (int, float)) and isinstance(m, (int, float)) and \
+                abs(m - theirs_m) > 1e-9:  # SGD's momentum scales its steps by 1 / (1 - momentum)
+            return (f"policy: found with sgd at lr {lr:g} and momentum {theirs_m:g}; this optimizer's momentum is "
+                    f"{m:g}. The best merge policy depends on the step size: train with momentum {theirs_m:g}")
         return None
     how = f" with {run['optimizer']}" if run.get("optimizer") else ""
     return (f"policy: found{how} at lr {lr:g}; this optimizer's lr is {mine:g}. The best merge policy depends on the "
@@ -191,23 +197,25 @@ def _holdout_scored(policy: MergePolicy) -> bool:
     return _winner_biased(policy) and policy.score == "holdout"
 
 
-def _check_holdout(holdout, policy: MergePolicy) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """This rank's held-out examples ``(x, y)`` when the policy scores on them (None when it does not: a holdout
-    given for a policy that does not is unused); one line naming ``holdout`` for what is missing or malformed."""
+def _check_holdout(holdout, policy: MergePolicy) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str | None]:
+    """This rank's held-out examples ``(x, y)`` when the policy scores on them, else None (a holdout given for a policy
+    that does not is unused), and what is wrong with them, if anything (one line for ``holdout``): every rank learns
+    of it at the gather (:meth:`Merger._gather_holdouts`) before this one raises it, so none waits on it."""
     if not _holdout_scored(policy):
-        return None
+        return None, None
     if holdout is None:
-        raise ConfigError("holdout", f"None, but policy.score 'holdout' with winner_bias {policy.winner_bias:g} "
-                                     "scores both models of a gossip pair on the two ranks' held-out examples; allowed: "
-                                     "(x, y), examples this rank does not train on (as many on every rank), or a "
-                                     "policy with score 'running'")
+        return None, (f"None, but policy.score 'holdout' with winner_bias {policy.winner_bias:g} scores both models of "
+                      "a gossip pair on the two ranks' held-out examples; allowed: (x, y), examples this rank does not "
+                      "train on (as many on every rank), or a policy with score 'running'")
     ok = isinstance(holdout, (tuple, list)) and len(holdout) == 2 and all(isinstance(t, torch.Tensor) for t in holdout)
     if not ok or holdout[0].dim() == 0 or holdout[1].dim() == 0 or len(holdout[0]) != len(holdout[1]) or \
             len(holdout[0]) == 0:
         got = (f"tensors of shapes {[list(t.shape) for t in holdout]}" if ok else type(holdout).__name__)
-        raise ConfigError("holdout", f"got {got}; allowed: (x, y), two tensors with the same number of examples "
-                                     "(at least one)")
-    return holdout[0], holdout[1]
+        return None, (f"got {got}; allowed: (x, y), two tensors with the same number of examples (at least one)")
+    if holdout[0].dim() > _MAX_DIMS or holdout[1].dim() > _MAX_DIMS:
+        return None, (f"inputs of {holdout[0].dim()} and labels of {holdout[1].dim()} dimensions; allowed: at most "
+                      f"{_MAX_DIMS}")
+    return (holdout[0], holdout[1]), None
 
 
 def _winner_biased(policy: MergePolicy) -> bool:
@@ -357,7 +365,7 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
-        held = None if self._follower else _check_holdout(holdout, p)
+        held, held_why = (None, None) if self._follower else _check_holdout(holdout, p)
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")
         local_steps = _async_local_steps(p, self.W, speeds, worker_group)
@@ -432,10 +440,11 @@ class Merger:
         self._closing = False
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._broadcast_start()
+        self._same_run_on_every_rank()
         self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
-        self.loss_fn = loss_fn or torch.nn.functional.cross_entropy
-        if held is not None:
-            self._gather_holdouts(*held)
+        self.loss_fn = torch.nn.functional.cross_entropy if loss_fn is None else loss_fn
+        if _holdout_scored(p):
+            self._gather_holdouts(held, held_why)
         self.outer = kernel.outer_for(p, self.layout, self._flat, lambda: self._flat().unsqueeze(0))
         self.own_outer = plan_mod.own_outer_every(p)  # Lookahead / SNOO: this rank's own outer step, no merging
         if local_steps is not None:  # every rank must draw the same pushes: refuse, on every rank, ranks that differ
@@ -531,7 +540,7 @@ class Merger:
             if self.t == self.T + 1:  # once: the loop runs longer than the Merger was told
                 warnings.warn(f"step: called more than total_steps ({self.T}) times; the policy's merges stop there "
                               "(its schedule spans total_steps): give Merger(total_steps=) the loop's iterations",
-                              stacklevel=3)
+                              stacklevel=4)  # the loop's line (step() is wrapped by torch.no_grad)
             self._t_last = time.perf_counter()
             return
         s = self.sched
@@ -1323,46 +1332,73 @@ class Merger:
         self.merges += 1
         self._reap_sends()
 
-    def _gather_holdouts(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Every rank's held-out examples, on every rank (once: a pair's winner test scores on both of its holdouts);
-        shapes and dtypes that differ between ranks are one line naming ``holdout``."""
-        def desc(t: torch.Tensor) -> list[int]:
-            return [t.dim(), *t.shape, *[-1] * (8 - t.dim()), _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -2]
+    def _gather_holdouts(self, held: tuple[torch.Tensor, torch.Tensor] | None, why: str | None) -> None:
+        """Every rank's held-out examples, on every rank (once: a pair's winner test scores on both of its holdouts).
+        A rank whose own are unusable (``why``) says so first, and every rank stops with one line naming
+        ``holdout``; so do shapes and dtypes that differ between ranks."""
+        w = 2 + _MAX_DIMS  # one tensor's descriptor: dims, shape (padded), dtype
+        n = 1 + 2 * w  # a flag (this rank's are unusable), then x's and y's descriptors
 
-        if x.dim() > 8 or y.dim() > 8:
-            raise ConfigError("holdout", f"inputs of {x.dim()} and labels of {y.dim()} dimensions; allowed: at most 8")
-        mine = torch.tensor(desc(x) + desc(y), dtype=torch.int64, device=self.wire_dev)
+        def desc(t: torch.Tensor) -> list[int]:
+            return [t.dim(), *t.shape, *[-1] * (_MAX_DIMS - t.dim()), _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -2]
+
+        mine = torch.tensor([1, *[0] * (n - 1)] if why else [0, *desc(held[0]), *desc(held[1])], dtype=torch.int64,
+                            device=self.wire_dev)
         every = [torch.zeros_like(mine) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
+        if why:
+            raise ConfigError("holdout", why)
+        bad = [r for r, theirs in enumerate(every) if int(theirs[0])]
+        if bad:
+            raise ConfigError("holdout", f"rank {bad[0]}'s is unusable (its own error says why); allowed: (x, y) on "
+                                         "every rank, two tensors with as many examples")
+        def show(d: list[int]) -> str:
+            dt = _DTYPES[d[-1]] if 0 <= d[-1] < len(_DTYPES) else "another dtype"
+            return f"{d[1:1 + d[0]]} {str(dt).replace('torch.', '')}"
+
         for r, theirs in enumerate(every):
             if not torch.equal(theirs, mine):
-                def show(d: list[int]) -> str:
-                    dt = _DTYPES[d[9]] if 0 <= d[9] < len(_DTYPES) else "another dtype"
-                    return f"{d[1:1 + d[0]]} {str(dt).replace('torch.', '')}"
-                t, m = theirs.tolist(), mine.tolist()
-                raise ConfigError("holdout", f"rank {r}'s is x {show(t[:10])}, y {show(t[10:])}; rank {self.rank}'s x "
-                                             f"{show(m[:10])}, y {show(m[10:])}; allowed: the same shapes and dtypes on "
+                t, m = theirs.tolist()[1:], mine.tolist()[1:]
+                raise ConfigError("holdout", f"rank {r}'s is x {show(t[:w])}, y {show(t[w:])}; rank {self.rank}'s x "
+                                             f"{show(m[:w])}, y {show(m[w:])}; allowed: the same shapes and dtypes on "
                                              "every rank")
-        held = []
-        for t in (x, y):
+        gathered = []
+        for t in held:
             t = t.detach().to(self.wire_dev).contiguous()
             got = [torch.empty_like(t) for _ in range(self.W)]
             self._collective(lambda: dist.all_gather(got, t, group=self.group, async_op=True), "the start")
-            held.append(torch.stack(got).to(self.dev))
-        self._hx, self._hy = held
+            gathered.append(torch.stack(got).to(self.dev))
+        self._hx, self._hy = gathered
 
     @torch.no_grad()
     def _holdout_loss(self, a: int, b: int) -> float:
         """This rank's model's loss on ranks ``a``'s and ``b``'s held-out examples (in that order), in eval mode:
         one side of a pair's winner test (as the engine scores a pair on its two validation slices)."""
         x, y = torch.cat([self._hx[a], self._hx[b]]), torch.cat([self._hy[a], self._hy[b]])
-        training = self.model.training
+        modes = [(m, m.training) for m in self.model.modules()]  # each module's own (a frozen BatchNorm stays in eval)
         self.model.eval()
         try:
             loss = self.loss_fn(self.model(x), y)
         finally:
-            self.model.train(training)
+            for m, training in modes:
+                m.training = training
         return float(loss.detach().float().mean() if isinstance(loss, torch.Tensor) else loss)
+
+    def _same_run_on_every_rank(self) -> None:
+        """Every rank must draw the same schedule: refuse, on every rank, a seed, total_steps or policy that differs
+        between ranks (e.g. total_steps from each rank's own shard size), naming the first that does."""
+        import hashlib
+
+        digest = hashlib.sha256(json.dumps(self.p.to_dict(), sort_keys=True).encode()).digest()
+        mine = torch.tensor([self.seed, self.T, int.from_bytes(digest[:7], "big")], dtype=torch.int64, device=self.wire_dev)
+        every = [torch.zeros_like(mine) for _ in range(self.W)]
+        self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
+        for r, theirs in enumerate(every):
+            for k, name in enumerate(("seed", "total_steps", "policy")):
+                if int(theirs[k]) != int(mine[k]):
+                    what = "another policy" if name == "policy" else f"{int(theirs[k])}, this rank's {int(mine[k])}"
+                    raise ConfigError(name, f"rank {r}'s is {what}; allowed: the same on every rank (each rank draws "
+                                            "the merge schedule from the policy, seed and total_steps)")
 
     def _same_on_every_rank(self, local_steps: list[int]) -> None:
         mine = torch.tensor(local_steps, dtype=torch.int64)

@@ -12,6 +12,21 @@ from __future__ import annotations
 import contextlib
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL (SQLAlchemy's form, a query string allowed), or None for any other URL and for a
+    database that is not a plain file (in memory, a ``file:`` URI)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(url)
+    except Exception:  # not a URL SQLAlchemy reads: the storage itself says what is wrong with it
+        return None
+    db = u.database
+    if not u.drivername.startswith("sqlite") or not db or db == ":memory:" or db.startswith("file:") or "uri" in u.query:
+        return None
+    return db
+
+
 def sqlite_wal(url: str, engine=None) -> bool:
     """Put the SQLite database of ``url`` (SQLAlchemy's form: ``sqlite:///path.db``, a query string allowed) in
     write-ahead-log mode, which the file keeps for every process that opens it; with ``engine`` (SQLAlchemy's, on that
@@ -20,14 +35,8 @@ def sqlite_wal(url: str, engine=None) -> bool:
     system without shared memory, a read-only file) stays as it is, and so do its connections. True if in WAL."""
     import sqlite3
 
-    from sqlalchemy.engine import make_url
-
-    try:
-        u = make_url(url)
-    except Exception:  # not a URL SQLAlchemy reads: the storage itself says what is wrong with it
-        return False
-    db = u.database
-    if not u.drivername.startswith("sqlite") or not db or db == ":memory:" or db.startswith("file:") or "uri" in u.query:
+    db = sqlite_file(url)
+    if db is None:
         return False
     try:
         with contextlib.closing(sqlite3.connect(db, timeout=120)) as con:

@@ -9,7 +9,7 @@ import pytest
 import evomerge
 from conftest import write_study
 from evomerge import study
-from evomerge.search.results import pareto_trials
+from evomerge.search.results import diverged, pareto_trials
 from searchutil import cli
 
 
@@ -63,7 +63,7 @@ def test_a_limit_nothing_meets_is_one_line_naming_the_option(searched, data_dir)
 def test_export_trial_writes_the_trial_a_user_chose_and_run_replays_it(searched, data_dir):
     """A user who picked a trial in the dashboard or the MLflow UI exports it by its number."""
     d, f, ostudy = searched
-    trials = [t for t in ostudy.get_trials() if t.state.name == "COMPLETE"]
+    trials = [t for t in ostudy.get_trials() if t.state.name == "COMPLETE" and not diverged(t)]
     default = json.loads((d / "best.json").read_text())["trial"] if (d / "best.json").exists() else None
     chosen = next(t for t in reversed(trials) if t.number != default)
     p = cli("export", "--study", str(f), "-o", "mine.json", "--trial", str(chosen.number), cwd=d, data_dir=data_dir)
@@ -78,12 +78,47 @@ def test_export_trial_writes_the_trial_a_user_chose_and_run_replays_it(searched,
     assert p.returncode == 0, p.stderr
     replay = json.loads((d / "replay.json").read_text())
     assert replay["final"]["val_accuracy"] == pytest.approx(chosen.values[0], abs=1e-9)
+    # the study's storage as a URL with a query string (SQLAlchemy's form), as a user may give --storage
+    url = f"sqlite:///{d / 'runs' / 'two' / 'optuna.db'}?timeout=30"
+    p = cli("export", "--study", str(f), "--storage", url, "-o", "q.json", "--trial", str(chosen.number), cwd=d,
+            data_dir=data_dir)
+    assert p.returncode == 0 and json.loads((d / "q.json").read_text())["trial"] == chosen.number, p.stderr
     n = len(trials)
     for args, line in [(["--trial", "99"], f"error: --trial: 'two' has no trial 99; allowed: the number of a complete "
-                                           f"trial ({n}, from 0 to {max(t.number for t in trials)})"),
+                                           f"trial that did not diverge ({n}, from 0 to {max(t.number for t in trials)})"),
                        (["--trial", "1", "--pareto"], "error: --trial: given with --pareto; allowed: one of --trial "
                                                       "(one trial), --pareto"),
                        (["--trial", "-2"], "error: --trial: -2 is out of range; allowed: a trial number >= 0")]:
         p = cli("export", "--study", str(f), "-o", "x.json", *args, cwd=d, data_dir=data_dir)
         assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
     assert not (d / "x.json").exists()
+
+
+def test_export_trial_refuses_a_trial_that_did_not_complete_or_diverged(tmp_path):
+    """In one line naming --trial (a diverged trial's values are not finite: no policy to deploy), and no file."""
+    import optuna
+
+    from evomerge.errors import ConfigError
+    from evomerge.report.export import export_trial
+    from evomerge.search.results import DIVERGED, RUN_STATUS
+
+    s = study.load(write_study(tmp_path))
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    o = optuna.create_study(study_name=s.name, storage=url, direction="maximize")
+    policy = {"scheme": "gossip", "mean_interval": 3.0}
+    for state, attrs, value in [("COMPLETE", {}, 0.9), ("PRUNED", {}, None), ("FAIL", {}, None),
+                                ("COMPLETE", {RUN_STATUS: DIVERGED}, float("-inf")), ("COMPLETE", {}, 0.8)]:
+        t = o.ask()
+        t.set_user_attr("policy", policy)
+        for k, v in attrs.items():
+            t.set_user_attr(k, v)
+        o.tell(t, value, state=getattr(optuna.trial.TrialState, state)) if state != "COMPLETE" else o.tell(t, value)
+    ok = "allowed: the number of a complete trial that did not diverge (2, from 0 to 4)"
+    for number, what in [(1, "trial 1 was pruned"), (2, "trial 2 failed"), (3, "trial 3 diverged (its values are not "
+                                                                                 "finite)"), (7, "'tiny' has no trial 7")]:
+        with pytest.raises(ConfigError) as e:
+            export_trial(s, url, tmp_path / "x.json", number)
+        assert str(e.value) == f"--trial: {what}; {ok}"
+    assert not (tmp_path / "x.json").exists()
+    doc = export_trial(s, url, tmp_path / "x.json", 4)
+    assert doc["trial"] == 4 and doc["objectives"] == {"val_accuracy": 0.8}

@@ -837,6 +837,14 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         assert m._holdout_loss(0, 0) == want and model.training
         for _ in range(4):
             m.step()  # no loss needed: the holdout scores the models
+        net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+        net[1].eval()  # a loop that freezes its BatchNorm: the winner test leaves it in eval mode
+        b = evomerge.Merger({"winner_bias": 0.3}, net, seed=0, total_steps=4, holdout=(x, y))
+        stats = net[1].running_mean.clone()
+        b._holdout_loss(0, 0)
+        assert net.training and net[0].training and not net[1].training
+        assert torch.equal(net[1].running_mean, stats)
+        b.close()
         with pytest.warns(UserWarning, match=r"^step: called more than total_steps \(4\) times; the policy's merges "
                                              r"stop there .*: give Merger\(total_steps=\) the loop's iterations$"):
             m.step()
@@ -853,3 +861,47 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         assert m.merges == 0 and m.finish() is model
     finally:
         dist.destroy_process_group()
+
+
+DISAGREE = """
+import sys, torch, torch.distributed as dist, evomerge
+store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+model = torch.nn.Linear(4, 2)
+x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
+kw = dict(seed=0, total_steps=10, timeout=60, holdout=(x, y))
+if case == "holdout":  # one rank forgets its held-out examples
+    kw["holdout"] = None if rank == 1 else (x, y)
+elif case == "steps":  # each rank counts its own shard's steps
+    kw["total_steps"] = 10 + rank
+try:
+    evomerge.Merger({"scheme": "gossip", "winner_bias": 0.5}, model, **kw)
+    print("built")
+except evomerge.ConfigError as e:
+    print(f"error: {e}")
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case, lines", [
+    ("holdout", ["error: holdout: rank 1's is unusable (its own error says why); allowed: (x, y) on every rank, two "
+                 "tensors with as many examples",
+                 "error: holdout: None, but policy.score 'holdout' with winner_bias 0.5 scores both models of a gossip "
+                 "pair on the two ranks' held-out examples; allowed: (x, y), examples this rank does not train on (as "
+                 "many on every rank), or a policy with score 'running'"]),
+    ("steps", ["error: total_steps: rank 1's is 11, this rank's 10; allowed: the same on every rank (each rank draws "
+               "the merge schedule from the policy, seed and total_steps)",
+               "error: total_steps: rank 0's is 10, this rank's 11; allowed: the same on every rank (each rank draws "
+               "the merge schedule from the policy, seed and total_steps)"]),
+])
+def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_line(tmp_path, case, lines):
+    """(One rank's bad holdout was raised on that rank alone: the others waited the whole timeout, then named it as
+    dead; ranks with different total_steps drew different schedules.) Every rank says why, well within the timeout."""
+    (tmp_path / "disagree.py").write_text(DISAGREE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "disagree.py", str(tmp_path / "store"), str(r), case], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert time.perf_counter() - t0 < 40, "a rank waited for the timeout"
+    assert [o.strip() for o, _ in outs] == lines, outs

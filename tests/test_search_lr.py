@@ -70,7 +70,7 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     doc = json.loads((tmp_path / "best.json").read_text())
     best = max(trials, key=lambda t: t.values[0])
     assert doc["format"] == 2 and doc["trial"] == best.number
-    assert doc["run"] == {"optimizer": "sgd", "lr": best.params["run.lr"], "weight_decay": 0.0}
+    assert doc["run"] == {"optimizer": "sgd", "lr": best.params["run.lr"], "weight_decay": 0.0, "momentum": 0.0}
     assert doc["run_searched"] == ["lr"]
     p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
@@ -159,6 +159,11 @@ def test_the_merger_warns_when_the_loops_optimizer_is_not_the_one_the_policy_was
         "policy: found with sgd at lr 0.05; this optimizer is Adam at lr 0.05. The best merge policy depends on the "
         "optimiser and its step size: train with torch.optim.SGD at lr 0.05, or search with yours (study.run.optimizer, "
         "and run.lr in [search.space])")
+    momentum = run | {"momentum": 0.9}  # exported since the momentum lived only in the study
+    assert step_size_warning(momentum, torch.optim.SGD(params, lr=0.05, momentum=0.9)) is None
+    assert step_size_warning(momentum, torch.optim.SGD(params, lr=0.05)) == (
+        "policy: found with sgd at lr 0.05 and momentum 0.9; this optimizer's momentum is 0. The best merge policy "
+        "depends on the step size: train with momentum 0.9")
     adamw = {"optimizer": "adamw", "lr": 1e-3}
     assert step_size_warning(adamw, torch.optim.AdamW(params, lr=1e-3)) is None
     assert step_size_warning(adamw, torch.optim.Adam(params, lr=1e-3)).startswith(

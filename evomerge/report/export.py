@@ -33,11 +33,20 @@ def export_document(summary: dict, study: Study) -> dict:
         "policy": policy.to_dict(),
         # the step size the policy was judged with: searched ([search.space] run.lr) or the study's own
         "run": {"optimizer": study.run.optimizer} | {k: (summary.get("run") or {}).get(k, getattr(study.run, k))
-                                                     for k in RUN_SEARCHABLE},
+                                                     for k in RUN_SEARCHABLE} | _optimizer_settings(study),
         "run_searched": sorted(summary.get("run") or {}),
         # how the workers' steps ran (models.generic): `evomerge run --policy` runs the same strategy
         "execution": summary.get("execution"),
     }
+
+
+def _optimizer_settings(study: Study) -> dict:
+    """The study's optimiser settings beyond the step size, as torch.optim takes them (a loop that deploys the policy
+    builds the same optimiser): SGD's momentum, Adam's and AdamW's betas and eps."""
+    run = study.run
+    if run.optimizer == "sgd":
+        return {"momentum": run.momentum}
+    return {"betas": list(run.betas), "eps": run.eps}
 
 
 def load_study_trials(study: Study, storage_url: str):
@@ -63,18 +72,21 @@ def export_best(study: Study, storage_url: str, out: Path, tolerance: float = 0.
 
 
 def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict:
-    """One trial's policy, chosen by its number (as the dashboard and the MLflow UI show it): a complete trial."""
-    from ..search.results import trial_summary
+    """One trial's policy, chosen by its number (as the dashboard and the MLflow UI show it): a complete trial whose
+    run did not diverge."""
+    from ..search.results import diverged, trial_summary
 
     ostudy = load_study_trials(study, storage_url)
     trials = ostudy.get_trials(deepcopy=False)
-    complete = [t.number for t in trials if t.state.name == "COMPLETE"]
+    ok = [t.number for t in trials if t.state.name == "COMPLETE" and not diverged(t)]
     got = next((t for t in trials if t.number == number), None)
-    if got is None or got.state.name != "COMPLETE":
-        what = f"trial {number} is {got.state.name.lower()}" if got is not None else \
+    if got is None or got.number not in ok:
+        states = {"PRUNED": "was pruned", "FAIL": "failed", "RUNNING": "is still running", "WAITING": "is waiting",
+                  "COMPLETE": "diverged (its values are not finite)"}
+        what = f"trial {number} {states.get(got.state.name, got.state.name.lower())}" if got is not None else \
             f"{study.name!r} has no trial {number}"
-        allowed = (f"the number of a complete trial ({len(complete)}, from {min(complete)} to {max(complete)})"
-                   if complete else "none yet (no complete trial)")
+        allowed = (f"the number of a complete trial that did not diverge ({len(ok)}, from {min(ok)} to {max(ok)})"
+                   if ok else "none yet (no complete trial that did not diverge)")
         raise ConfigError("--trial", f"{what}; allowed: {allowed}")
     doc = export_document(trial_summary(got, study), study) | {"picked_by": f"--trial {number}"}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,13 +33,21 @@ def load_study(study: Study, storage_url: str):
 
     missing = ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` "
                                      "first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)")
-    if storage_url.startswith("sqlite:///") and not Path(storage_url[len("sqlite:///"):]).is_file():
+    if not _exists(storage_url):
         raise missing  # (opening it would leave an empty study file behind a command that only reads)
     storage = open_storage(storage_url)
     try:
         return optuna.load_study(study_name=study.name, storage=storage)
     except KeyError:
         raise missing from None
+
+
+def _exists(storage_url: str) -> bool:
+    """False for a SQLite file that is not there (a query string allowed); True for any other storage."""
+    from ..sqlitefiles import sqlite_file
+
+    db = sqlite_file(storage_url)
+    return db is None or Path(db).is_file()
 
 
 def stored_study(name: str, storage_url: str):
@@ -52,7 +60,7 @@ def stored_study(name: str, storage_url: str):
     from .. import study as study_mod
     from .storage import DEFINITION, open_storage
 
-    if storage_url.startswith("sqlite:///") and not Path(storage_url[len("sqlite:///"):]).is_file():
+    if not _exists(storage_url):
         return None  # never create a database to read one
     try:
         ostudy = optuna.load_study(study_name=name, storage=open_storage(storage_url))

@@ -59,6 +59,13 @@ def main() -> int:
     ap.add_argument("--slow-factor", type=float, default=1.0)
     args = ap.parse_args()
 
+    try:  # the policy, and the optimiser and step size it was found with: the best merge policy depends on them
+        policy, found = read_policy_and_run(args.policy)
+    except evomerge.ConfigError as e:
+        if os.environ.get("RANK", "0") == "0":  # every rank reads it: one says why
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+
     # a GPU per rank with NCCL; ranks that share one GPU talk through host memory under gloo; else the CPU
     dev, backend = evomerge.rank_device()
     if dev.type == "cpu":
@@ -70,7 +77,7 @@ def main() -> int:
     mean, std = data.spec.mean, data.spec.std
     mine = torch.arange(rank, len(data.train_y), world)  # this rank's shard
     holdout = None
-    if evomerge.Merger.needs_holdout(args.policy):  # the winner test's examples, kept out of training
+    if evomerge.Merger.needs_holdout(policy):  # the winner test's examples, kept out of training
         held, mine = mine[:args.holdout_size], mine[args.holdout_size:]
         holdout = (((data.train_x[held].float() / 255 - mean) / std).unsqueeze(1).to(dev), data.train_y[held].to(dev))
     x_train = ((data.train_x[mine].float() / 255 - mean) / std).unsqueeze(1)
@@ -82,17 +89,14 @@ def main() -> int:
 
     torch.manual_seed(args.seed)
     model = cnn().to(dev)
-    try:  # the step size the policy was found with: the best merge policy depends on it
-        found = read_policy_and_run(args.policy)[1]
-    except evomerge.ConfigError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
     kind = args.optimizer or found.get("optimizer", "adamw")
     lr = args.lr if args.lr is not None else found.get("lr", 1e-3)
-    decay = {"weight_decay": found["weight_decay"]} if "weight_decay" in found and kind == found.get("optimizer") else {}
+    # the found optimiser's other settings (weight decay, SGD's momentum, Adam's betas and eps), with that optimiser
+    keys = {"sgd": ("weight_decay", "momentum"), "adam": ("weight_decay", "betas", "eps"),
+            "adamw": ("weight_decay", "betas", "eps")}[kind]
+    extra = {k: found[k] for k in keys if k in found} if kind == found.get("optimizer") else {}
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
-    optimizer = cls(model.parameters(), lr=lr, **decay)
+    optimizer = cls(model.parameters(), lr=lr, **extra)
     scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda")
     try:
         merger = evomerge.Merger(args.policy, model, optimizer, seed=args.seed, total_steps=steps,
