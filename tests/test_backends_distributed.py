@@ -348,7 +348,11 @@ def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
 def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
     """SIGKILL to the launcher gives it no chance to stop its ranks: they go with it. A rank's parent is the fork
     server, which outlives the launcher while a rank runs (each holds its end of the server's pipe), so each rank
-    watches the launcher itself; the server then exits too."""
+    watches the launcher itself; the server then exits too. The run's private folder, which the launcher had no
+    chance to remove, goes at the next distributed run."""
+    import glob
+    import tempfile
+
     with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         server = {int(Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[1]) for r in ranks}
         os.kill(proc.pid, signal.SIGKILL)
@@ -357,6 +361,13 @@ def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
         while [p for p in [*ranks, *server] if p != proc.pid and _alive(p)] and time.monotonic() < deadline:
             time.sleep(0.1)
     assert [p for p in [*ranks, *server] if p != proc.pid and _alive(p)] == []
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"evomerge-dist-*/launcher-{proc.pid}"))
+    assert len(left) == 1, left  # (were left for good: one a killed launcher)
+    study = write_study(tmp_path / "next", workers=2, steps=10)
+    r = subprocess.run([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
+                        "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(os.path.dirname(left[0]))
 
 
 @pytest.mark.system

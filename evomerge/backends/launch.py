@@ -110,7 +110,9 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     ctx = _context(_start)
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
-    tmp = tempfile.TemporaryDirectory(prefix="evomerge-dist-")
+    _remove_orphans()
+    tmp = tempfile.TemporaryDirectory(prefix=TMP_PREFIX)
+    open(os.path.join(tmp.name, f"launcher-{os.getpid()}"), "w").close()  # whose it is (_remove_orphans)
     # the head pickled here, once per rank, and unpickled in the rank once it has the launcher's environment:
     # unpickling the setup imports the user's modules (a model, a loss), whose import-time code must see it. torch's
     # pickler puts the tensors (the data) in shared memory, as for the process's own arguments. The head and the
@@ -167,6 +169,35 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     if error is not None:
         raise error
     return result
+
+
+TMP_PREFIX = "evomerge-dist-"  # a run's private folder: the ranks' rendezvous file, their arguments, their errors
+
+
+def _remove_orphans() -> None:
+    """Remove the private folders of runs whose launcher is gone (killed outright: SIGKILL leaves it no chance to
+    clean up; its ranks went with it). A folder names its launcher (``launcher-PID``); one whose launcher still
+    runs, or that names none, is left as it is."""
+    import glob
+    import shutil
+
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), TMP_PREFIX + "*")):
+        try:
+            pids = [f.split("-", 1)[1] for f in os.listdir(d) if f.startswith("launcher-")]
+        except OSError:  # not a folder, or not ours to read
+            continue
+        if len(pids) == 1 and pids[0].isdigit() and not _alive(int(pids[0])):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _context(method: str | None = None):
