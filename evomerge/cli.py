@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import ConfigError, RunError, nearest, unknown
+from .errors import ConfigError, RunError, did_you_mean, unknown
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
@@ -67,8 +67,7 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
     if extra[0] == "--":
         return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
-    near = nearest(flag, known)
-    hint = f"did you mean {near}?" if near else f"see {sub.prog} --help"
+    hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
     return f"{flag}: {sub.prog} does not take it ({' '.join(extra)}); {hint}"
 
 
@@ -198,13 +197,10 @@ def add_ui(sub):
 
 
 def _shipped_policies() -> str:
-    """The shipped named policies, for the help (found without importing the study module)."""
-    import importlib.util
+    """The shipped named policies, for the help (without importing the study module)."""
+    from .registry import shipped_studies_dir
 
-    spec = importlib.util.find_spec("evomerge.studies")
-    dirs = list(spec.submodule_search_locations or []) if spec else []
-    dirs = dirs or [Path(__file__).resolve().parent.parent / "studies"]  # a source tree not installed
-    return ", ".join(sorted({f.stem for d in dirs for f in Path(d, "policies").glob("*.json")})) or "none"
+    return ", ".join(sorted(f.stem for f in (shipped_studies_dir() / "policies").glob("*.json"))) or "none"
 
 
 @command

@@ -28,12 +28,25 @@ def nearest(word: str, options) -> str | None:
     return near[0] if near else None
 
 
-def unknown(value, allowed, more: str = "") -> str:
-    """The message for a value that is not one of ``allowed``: ``unknown 'x'; allowed: a, b`` (and ``more``),
-    with the nearest allowed value when one is close (``; did you mean a?``)."""
+def did_you_mean(word, options) -> str:
+    """``; did you mean a?`` with the option most like ``word``, or nothing when none is close."""
+    near = nearest(word, options) if isinstance(word, str) else None
+    return f"; did you mean {near}?" if near else ""
+
+
+def unknown(value, allowed, more: str = "", noun: str = "") -> str:
+    """The message for a value that is not one of ``allowed``: ``unknown 'x'; allowed: a, b`` (``noun``: ``unknown
+    key 'x'``; ``more`` after the list), with the nearest allowed value when one is close (``; did you mean a?``)."""
     allowed = [str(a) for a in allowed]
-    near = nearest(value, allowed) if isinstance(value, str) else None
-    return f"unknown {value!r}; allowed: {', '.join(allowed)}{more}" + (f"; did you mean {near}?" if near else "")
+    return f"unknown {noun + ' ' if noun else ''}{value!r}; allowed: {', '.join(allowed)}{more}" + \
+        did_you_mean(value, allowed)
+
+
+def unknown_key(key: str, allowed) -> str:
+    """The message for a key that is not one of ``allowed``, when the field's name already says which:
+    ``unknown key; allowed: a, b`` and the nearest."""
+    allowed = [str(a) for a in allowed]
+    return f"unknown key; allowed: {', '.join(allowed)}" + did_you_mean(key, allowed)
 
 
 class DataNotFoundError(ConfigError):

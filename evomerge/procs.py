@@ -103,17 +103,18 @@ def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
         if fd is not None:
             select.select([fd], [], [])
         else:
-            while _running(pid):
+            while pid_running(pid):
                 time.sleep(0.2)
         os.killpg(0, sig)  # this process's own group: what it started goes with it
 
-    if fd is None and not _running(pid):
+    if fd is None and not pid_running(pid):
         return False
     threading.Thread(target=wait, name=f"evomerge-watch-{pid}", daemon=True).start()
     return True
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -13,6 +13,8 @@ an entry here is all it takes for a new name to validate.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, unknown
@@ -38,6 +40,14 @@ class Registry(dict):
             target = getattr(importlib.import_module(module), attr)
             self[name] = target
         return target
+
+
+def shipped_studies_dir() -> Path:
+    """The studies folder shipped with evomerge (the ``evomerge.studies`` package, found without importing it, or
+    the source tree's ``studies/``): the shipped studies and, in its ``policies/``, the named policies."""
+    spec = importlib.util.find_spec("evomerge.studies")  # mapped onto ``studies/`` by pyproject
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    return Path(dirs[0]).resolve() if dirs else Path(__file__).resolve().parent.parent / "studies"
 
 
 #: stacked models (``study.model.name``): classes built as ``cls(input_shape, n_classes, **options)``

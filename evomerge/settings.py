@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-from .errors import ConfigError, nearest, unknown
+from .errors import ConfigError, unknown, unknown_key
 
 CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -120,9 +120,7 @@ def translate(error: ValidationError, prefix: str, cls) -> ConfigError:
         return ConfigError(field, err.args[0] if isinstance(err, Invalid) else str(err or e["msg"]))
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         owner = _owner(cls, loc[:-1])
-        near = nearest(loc[-1], owner.__pydantic_fields__) if loc else None
-        return ConfigError(field, f"unknown key; allowed: {', '.join(owner.__pydantic_fields__)}"
-                           + (f"; did you mean {near}?" if near else ""))
+        return ConfigError(field, unknown_key(loc[-1] if loc else "", owner.__pydantic_fields__))
     if kind == "missing_argument" or kind == "missing":
         return ConfigError(field, "is required")
     if kind in _TYPES:

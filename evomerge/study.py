@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from . import data as data_mod
 from . import policy as policy_mod
 from . import settings
-from .errors import ConfigError, nearest, unknown
+from .errors import ConfigError, did_you_mean, unknown, unknown_key
 from .policy import MergePolicy, field_specs
 from .settings import Choice
 from .userref import check_format
@@ -25,6 +25,7 @@ from .userref import check_format
 SPACE_KINDS = ("float", "log-float", "int", "categorical")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # engine.optim.OPTIMIZERS (without importing torch)
 from .registry import MODELS as MODEL_NAMES  # noqa: E402  (names known without importing torch)
+from .registry import shipped_studies_dir  # noqa: E402,F401  (where the shipped studies and policies are)
 OBJECTIVES = {  # name -> direction
     "val_accuracy": "maximize",
     "mean_worker_accuracy": "maximize",
@@ -181,9 +182,8 @@ class Param:
             return self._fits_the_run()
         if self.name not in specs:
             run = [RUN_PREFIX + k for k in RUN_SEARCHABLE]
-            near = nearest(self.name, [*specs, *run])
             raise ConfigError(where, f"unknown policy field; allowed: {', '.join(specs)}, or the run's "
-                                     f"{', '.join(run)}" + (f"; did you mean {near}?" if near else ""))
+                                     f"{', '.join(run)}" + did_you_mean(self.name, [*specs, *run]))
         meta = specs[self.name]
         if self.kind == "categorical":
             if not self.choices:
@@ -445,9 +445,8 @@ class Study:
             if (d / f"{ref}.json").is_file():
                 return MergePolicy.load(d / f"{ref}.json")
         named = self.named_policies()
-        near = nearest(str(ref), named)
         raise ConfigError(where, f"{ref}: no such file or named policy; named: {', '.join(named) or 'none'}"
-                                 + (f"; did you mean {near}?" if near else ""))
+                                 + did_you_mean(str(ref), named))
 
     def with_overrides(self, **run_changes: Any) -> "Study":
         return dataclasses.replace(self, run=dataclasses.replace(self.run, **run_changes))
@@ -499,16 +498,6 @@ def fit_to_workers(policy: MergePolicy, space: tuple[Param, ...], workers: int):
 
 
 # -- loading -------------------------------------------------------------------
-def shipped_studies_dir() -> Path:
-    """The studies folder shipped with evomerge (the ``evomerge.studies`` package, or the source tree)."""
-    try:
-        import evomerge.studies as shipped  # mapped onto ``studies/`` by pyproject
-
-        return Path(shipped.__file__).resolve().parent
-    except ImportError:
-        return Path(__file__).resolve().parent.parent / "studies"
-
-
 def known_studies() -> list[str]:
     """The study names found by name: ./studies/*.toml and the shipped ones."""
     return sorted({f.stem for b in (Path.cwd() / "studies", shipped_studies_dir()) if b.is_dir() for f in b.glob("*.toml")})
@@ -523,9 +512,9 @@ def find(ref: str | Path) -> Path:
     for base in (Path.cwd() / "studies", shipped_studies_dir()):
         if (base / f"{ref}.toml").is_file():
             return base / f"{ref}.toml"
-    near = nearest(str(ref), known_studies())
-    raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'} "
-                                 "(or give a path to a .toml file)" + (f"; did you mean {near}?" if near else ""))
+    known = known_studies()
+    raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known) or 'none'} "
+                                 "(or give a path to a .toml file)" + did_you_mean(str(ref), known))
 
 
 def load(ref: str | Path, calibrating: bool = False) -> Study:
@@ -625,7 +614,7 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
         raise ConfigError(where, f"{path}: has a 'from' of its own; allowed: the environment's keys")
     for k in keys:
         if k not in EnvSpec.__pydantic_fields__:
-            raise ConfigError(where, f"{path}: " + unknown(k, EnvSpec.__pydantic_fields__).replace("unknown", "unknown key", 1))
+            raise ConfigError(where, f"{path}: " + unknown(k, EnvSpec.__pydantic_fields__, noun="key"))
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
     try:
@@ -682,6 +671,4 @@ def _table(raw: dict, key: str) -> dict:
 def _no_unknown(d: dict, allowed, where: str) -> None:
     for k in d:
         if k not in allowed:
-            near = nearest(k, allowed)
-            raise ConfigError(f"{where}.{k}", f"unknown key; allowed: {', '.join(allowed)}"
-                                              + (f"; did you mean {near}?" if near else ""))
+            raise ConfigError(f"{where}.{k}", unknown_key(k, allowed))

@@ -31,7 +31,7 @@ import torch.multiprocessing  # noqa: F401 - its tensor reductions, in ForkingPi
 from ..engine.setup import RunResult, Setup, resolve_device
 from ..errors import ConfigError
 from ..policy import MergePolicy
-from ..procs import ProcessGroup
+from ..procs import ProcessGroup, pid_running
 from . import check_model, check_policy
 from .distributed import DistributedRunError, groups, run_rank
 
@@ -186,18 +186,8 @@ def _remove_orphans() -> None:
             pids = [f.split("-", 1)[1] for f in os.listdir(d) if f.startswith("launcher-")]
         except OSError:  # not a folder, or not ours to read
             continue
-        if len(pids) == 1 and pids[0].isdigit() and not _alive(int(pids[0])):
+        if len(pids) == 1 and pids[0].isdigit() and not pid_running(int(pids[0])):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _context(method: str | None = None):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, nearest
+from ..errors import ConfigError, did_you_mean
 
 
 class StackedModel:
@@ -403,15 +403,13 @@ def build(name: str, input_shape, n_classes: int, **options: Any) -> StackedMode
     cls = MODELS.get_object(name)
     import inspect
 
-    takes = [k for k, p in list(inspect.signature(cls).parameters.items())[2:]
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if not any(p.kind == p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values()):
+    params = list(inspect.signature(cls).parameters.values())[2:]  # after input_shape and n_classes
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] + ["execution"]
         for k in options:
             if k not in takes:  # a misspelt option: named, with what the model takes
-                near = nearest(k, [*takes, "execution"])
                 raise ConfigError(f"study.model.{k}", f"unknown option of the {name!r} model; allowed: "
-                                                      f"{', '.join([*takes, 'execution']) or 'none'}"
-                                  + (f"; did you mean {near}?" if near else ""))
+                                                      f"{', '.join(takes)}" + did_you_mean(k, takes))
     try:
         return cls(input_shape, n_classes, **options)
     except TypeError as e:
