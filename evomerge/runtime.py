@@ -1130,6 +1130,17 @@ class Merger:
                     missing.add(r)
                     break
                 time.sleep(0.005)
+        # the stop messages out before this rank leaves: a caller that ends its process at once (os._exit, as a
+        # broken process group asks) would otherwise drop a message still queued, and a rank that is alive would be
+        # named by the others' roll calls
+        for work in self._stop_out:
+            while time.perf_counter() < deadline:
+                try:
+                    if work.done():
+                        break
+                except RuntimeError:  # its connection closed: the rank it went to is gone
+                    break
+                time.sleep(0.005)
         who = ", ".join(str(r) for r in sorted(missing)) or "?"
         place = where if isinstance(where, str) else f"merge event {where}"
         place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
