@@ -146,7 +146,7 @@ def add_transfer(sub):
 
 @command
 def add_status(sub):
-    p = _parser(sub, "status", "a study's trials by state, best so far, top 5", "evomerge status --study mnist-gossip")
+    p = _parser(sub, "status", "a study's trials by state and its best: the top 5, or the Pareto-optimal trials", "evomerge status --study mnist-gossip")
     _study(p)
     _store(p, tracking=False)
     p.set_defaults(handler=cmd_status)
@@ -168,8 +168,8 @@ def add_export(sub):
                    help="several objectives: the Pareto-optimal trials within this of the best first objective (in "
                         "its unit) are candidates, and the best by the second is written (default: 0.005)")
     p.add_argument("--limit", action="append", default=None, metavar="OBJECTIVE=VALUE",
-                   help="several objectives: only trials whose OBJECTIVE is at most VALUE (minimised) or at least "
-                        "VALUE (maximised), e.g. --limit bytes=1e8; repeatable (default: none)")
+                   help="only trials whose OBJECTIVE is at most VALUE (minimised) or at least VALUE (maximised), "
+                        "e.g. --limit bytes=1e8; repeatable (default: none)")
     p.set_defaults(handler=cmd_export)
 
 
@@ -448,6 +448,11 @@ def cmd_run(args) -> int:
     ]:
         t.add_row(name, value)
     _console().print(t)
+    from .search.results import never_merged
+
+    idle = never_merged(policy, [res.metrics()]) if res.status == "ok" else None
+    if idle:
+        print(f"note: {policy.name or args.policy} {idle}", file=sys.stderr)
     if exported and str(seed) in exported.get("metrics_per_seed", {}):
         key, what = ("val_accuracy", "validation accuracy") if f.val_accuracy is not None else ("val_loss", "validation loss")
         want = exported["metrics_per_seed"][str(seed)].get(key)
@@ -496,12 +501,12 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
         vals = [v for v in vals if v is not None]
         if not vals:
             return "n/a"
-        return f"{statistics.fmean(vals):.4f} +- {statistics.stdev(vals) if len(vals) > 1 else 0.0:.4f}"
+        return f"{statistics.fmean(vals):.4f} ± {statistics.stdev(vals) if len(vals) > 1 else 0.0:.4f}"
 
     ok = [r for r in results if r.status == "ok"]
     t = Table(title=f"{study.name}: {policy.name or args.policy} re-evaluated on fresh seeds {seeds}", caption=policy.describe())
     t.add_column("metric")
-    t.add_column("mean +- sd", justify="right")
+    t.add_column("mean ± sd", justify="right")
     rows = [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
             ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
             ("mean worker val accuracy", ms([r.final.mean_worker_accuracy for r in results])),
@@ -539,7 +544,8 @@ def _load_stored(args, ref: str | None = None):
             stored = sorted(p.parent.name for p in Path(args.runs_dir).glob("*/optuna.db"))
             raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'}; "
                                          f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} "
-                                         "(or give a path to a .toml file)") from None
+                                         "(or give a path to a .toml file)"
+                                         + did_you_mean(str(ref), [*known_studies(), *stored])) from None
         return study
     stored, definition = got
     if study is not None and study.path is not None and Path(study.path).read_text(encoding="utf-8") != definition["toml"]:
@@ -633,7 +639,7 @@ def cmd_transfer(args) -> int:
         print(f"note: trial {x['trial']} left out: {x['why']}")
     rho = result["spearman"]
     print(f"Spearman rho {rho:.3f} (p {result['spearman_p']:.3g}), Kendall tau {result['kendall']:.3f} "
-          f"(p {result['kendall_p']:.3g}) over {result['top']} policies: {verdict(rho)}")
+          f"(p {result['kendall_p']:.3g}) over {result['top']} policies: {verdict(rho, result['top'])}")
     print(f"logged to MLflow run {run_id} ({uri}); `evomerge dashboard --study {args.study}` shows it")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
@@ -688,7 +694,9 @@ def cmd_status(args) -> int:
     if not best:
         print(no_best_line(len(gone)))
         return 0
-    _console().print(best_table(study, best, [], title=f"{study.name}: top {len(best)}"))
+    title = (f"{study.name}: top {len(best)}" if len(study.objectives) == 1
+             else f"{study.name}: the {len(best)} Pareto-optimal trial{'s' if len(best) > 1 else ''}")
+    _console().print(best_table(study, best, [], title=title))
     stored = ostudy.user_attrs.get("verdict")  # the last search's verdict (search/verdict.py)
     if stored:
         from .search.verdict import render
@@ -710,8 +718,6 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .report.export import export_best, export_pareto, export_trial
-
     if args.trial is not None:
         if args.trial < 0:
             raise ConfigError("--trial", f"{args.trial} is out of range; allowed: a trial number >= 0")
@@ -721,16 +727,31 @@ def cmd_export(args) -> int:
     study = _load_stored(args)
     url = _storage_url(study, args)
     out = Path(args.output)
+    if not args.pareto and out.is_dir():
+        raise ConfigError("--output", f"{str(out)!r} is a folder; allowed: a file to write the policy to (e.g. "
+                                      f"{out / 'best.json'}), or a folder with --pareto")
+    if args.pareto and out.exists() and not out.is_dir():
+        raise ConfigError("--output", f"{str(out)!r} is a file; allowed: a folder for --pareto's files")
+    try:
+        return _export(args, study, url, out)
+    except OSError as e:  # a folder that cannot be made or a file that cannot be written: nothing was written
+        raise ConfigError("--output", f"cannot write {e.filename or out}: {e.strerror or e}") from None
+
+
+def _export(args, study, url, out: Path) -> int:
+    from .report.export import export_best, export_pareto, export_trial
+
     if args.trial is not None:
         from .policy import MergePolicy
 
         doc = export_trial(study, url, out, args.trial)
-        values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
+        values = _values_text(doc["objectives"])
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     elif args.pareto:
         paths = export_pareto(study, url, out)
-        print(f"wrote {len(paths)} Pareto-optimal policies to {out}/")
+        print(f"wrote {len(paths)} Pareto-optimal {'policy' if len(paths) == 1 else 'policies'} to {out}/"
+              + (" (one objective: the best trial)" if len(study.objectives) == 1 else ""))
     else:
         if args.tolerance < 0:
             raise ConfigError("--tolerance", f"{args.tolerance} is out of range; allowed: [0, inf)")
@@ -744,12 +765,19 @@ def cmd_export(args) -> int:
             if not eq:
                 raise ConfigError("--limit", f"{item!r} is not OBJECTIVE=VALUE (e.g. bytes=1e8)")
         doc = export_best(study, url, out, args.tolerance, limits)
-        values = ", ".join(f"{k} {v:.6g}" for k, v in doc["objectives"].items())
+        values = _values_text(doc["objectives"])
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
         from .policy import MergePolicy
 
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0
+
+
+def _values_text(objectives: dict) -> str:
+    """An exported trial's objective values as the terminal says them: bytes in their unit, the rest to 6 digits."""
+    from .units import size
+
+    return ", ".join(f"{k} {size(v) if k == 'bytes' else format(v, '.6g')}" for k, v in objectives.items())
 
 
 def cmd_dashboard(args) -> int:
@@ -766,7 +794,9 @@ def cmd_dashboard(args) -> int:
     if args.open:
         import webbrowser
 
-        webbrowser.open(page.resolve().as_uri())
+        if not webbrowser.open(page.resolve().as_uri()):  # no browser here (a server, a container): say so
+            print(f"note: --open: no web browser found here; open {page.resolve().as_uri()} where there is one",
+                  file=sys.stderr)
     return 0
 
 

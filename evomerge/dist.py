@@ -17,6 +17,7 @@ from .backends import check_policy
 from .backends.distributed import DistributedRunError, groups, run_rank  # noqa: F401
 from .backends.launch import simulate  # noqa: F401
 from .engine.setup import prepare, resolve_device
+from .units import size
 
 
 def main(argv=None) -> int:
@@ -64,12 +65,12 @@ def main(argv=None) -> int:
 
         def report(rm):
             print(f"round {rm.round}: step {rm.step}, val accuracy {rm.val_accuracy if rm.val_accuracy is None else round(rm.val_accuracy, 4)}, "
-                  f"{rm.bytes / 1e6:.1f} MB", flush=True)
+                  f"{size(rm.bytes)}", flush=True)
             return True
 
         res = run_rank(setup, policy, seed, rank=rank, world=world, report=report if rank == 0 else None, device=dev)
         if rank == 0:
-            print(f"{res.status}: val accuracy {res.final.val_accuracy if res.final.val_accuracy is None else round(res.final.val_accuracy, 4)}, {res.final.bytes / 1e6:.1f} MB, "
+            print(f"{res.status}: val accuracy {res.final.val_accuracy if res.final.val_accuracy is None else round(res.final.val_accuracy, 4)}, {size(res.final.bytes)}, "
                   f"{res.wall_time:.1f} s on {world} processes", flush=True)
             if args.json_out:
                 with open(args.json_out, "w") as fh:

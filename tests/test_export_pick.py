@@ -122,3 +122,82 @@ def test_export_trial_refuses_a_trial_that_did_not_complete_or_diverged(tmp_path
     assert not (tmp_path / "x.json").exists()
     doc = export_trial(s, url, tmp_path / "x.json", 4)
     assert doc["trial"] == 4 and doc["objectives"] == {"val_accuracy": 0.8}
+
+
+def _one_objective(tmp_path):
+    """A stored single-objective study: trial 0 at 0.9, trial 1 pruned, trial 2 at 0.8."""
+    import optuna
+
+    f = write_study(tmp_path)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    o = optuna.create_study(study_name="tiny", storage=url, direction="maximize")
+    for value in (0.9, None, 0.8):
+        t = o.ask()
+        t.set_user_attr("policy", {"scheme": "gossip", "mean_interval": 3.0})
+        o.tell(t, value) if value is not None else o.tell(t, state=optuna.trial.TrialState.PRUNED)
+    return f, url
+
+
+def test_one_objective_export_honours_limit_and_says_what_pareto_wrote(tmp_path, data_dir):
+    """--limit was ignored where the study has one objective: now the best trial that meets it, or one line."""
+    f, url = _one_objective(tmp_path)
+    base = ["export", "--study", str(f), "--storage", url]
+    p = cli(*base, "-o", "lim.json", "--limit", "val_accuracy=0.85", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "lim.json").read_text())
+    assert doc["trial"] == 0 and doc["picked_by"] == "the best val_accuracy, with val_accuracy limited to 0.85"
+    for args, line in [(["--limit", "val_accuracy=0.95"], "error: --limit: val_accuracy=0.95: no complete trial meets it"),
+                       (["--limit", "foo=1"], "error: --limit: 'foo' is not an objective of tiny; allowed: val_accuracy")]:
+        p = cli(*base, "-o", "x.json", *args, cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
+    assert not (tmp_path / "x.json").exists()
+    p = cli(*base, "--pareto", "-o", "front", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and p.stdout.strip() == "wrote 1 Pareto-optimal policy to front/ (one objective: the best " \
+                                                     "trial)", p.stdout
+    assert [x.name for x in (tmp_path / "front").iterdir()] == ["trial-0000.json"]
+
+
+def test_export_to_a_folder_or_an_unwritable_path_is_one_line_naming_output(tmp_path, data_dir):
+    f, url = _one_objective(tmp_path)
+    base = ["export", "--study", str(f), "--storage", url]
+    (tmp_path / "afile").write_text("x")
+    for out, extra, line in [
+        (str(tmp_path), [], f"error: --output: {str(tmp_path)!r} is a folder; allowed: a file to write the policy to "
+                            f"(e.g. {tmp_path / 'best.json'}), or a folder with --pareto"),
+        (str(tmp_path / "afile"), ["--pareto"], f"error: --output: {str(tmp_path / 'afile')!r} is a file; allowed: a "
+                                                f"folder for --pareto's files"),
+        (str(tmp_path / "afile" / "x.json"), [], None),  # under a file: the folder cannot be made
+    ]:
+        p = cli(*base, "-o", out, *extra, cwd=tmp_path, data_dir=data_dir)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert lines[0] == line if line else lines[0].startswith("error: --output: cannot write "), p.stderr
+    assert (tmp_path / "afile").read_text() == "x"  # nothing lost
+
+
+@pytest.mark.integration
+def test_the_dashboard_shows_the_policy_export_writes(data_dir, tmp_path):
+    """The dashboard's policy section named the best first objective while export wrote another trial: here trial
+    0 is the most accurate, and trial 1, within 0.005 of it and sending a fifth of the bytes, is what export writes."""
+    import optuna
+
+    from evomerge.report import dashboard
+
+    f = write_study(tmp_path, name="two", objectives=("val_accuracy", "bytes"))
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    o = optuna.create_study(study_name="two", storage=url, directions=["maximize", "minimize"])
+    for values, interval in (([0.900, 5e6], 1.0), ([0.898, 1e6], 5.0), ([0.7, 2e6], 3.0)):
+        t = o.ask()
+        t.set_user_attr("policy", {"scheme": "gossip", "mean_interval": interval})
+        o.tell(t, values)
+    p = cli("export", "--study", str(f), "--storage", url, "-o", "default.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "default.json").read_text())
+    assert doc["trial"] == 1
+    page = dashboard.build(study.load(f), url, f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "dash",
+                           compute_baselines=False).read_text()
+    assert "The best policy: trial 1<" in page
+    assert f"The policy evomerge export writes: {doc['picked_by']}. push_pull gossip on ring every ~5 steps" in page
+    # `status` titles the Pareto set as such (it said "top 2" where its help and docs said "top 5")
+    p = cli("status", "--study", str(f), "--storage", url, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "two: the 2 Pareto-optimal trials" in p.stdout, p.stdout

@@ -707,13 +707,16 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
         recs = [json.loads(ln) for ln in (tmp_path / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert [x["step"] for x in recs if "compute_s" in x] == list(range(1, 41))
         assert all(x["bytes"] > 0 for x in recs if x.get("kind") in ("send", "recv"))
-    # asynchronous DiLoCo found with dynamic local updates: the same example, each rank's speed on the command line
-    (tmp_path / "async.json").write_text(json.dumps(POLICIES["async-diloco"] | {"mean_interval": 10,
-                                                                               "local_steps_by_speed": True}))
+    # asynchronous DiLoCo found with dynamic local updates: the same example, each rank's speed on the command line;
+    # found with SGD at 0.05 and trained with --optimizer adamw: AdamW's own default step size, not SGD's
+    (tmp_path / "async.json").write_text(json.dumps({"trial": 4, "study": "s", "policy": POLICIES["async-diloco"] | {
+        "mean_interval": 10, "local_steps_by_speed": True}, "run": {"optimizer": "sgd", "lr": 0.05}}))
     r = subprocess.run(base + ["--policy", str(tmp_path / "async.json"), "--slow-rank", "1", "--slow-factor", "3",
-                               "--speeds", "1", "0.333"], capture_output=True, text=True, timeout=240, env=env)
+                               "--speeds", "1", "0.333", "--optimizer", "adamw"], capture_output=True, text=True,
+                       timeout=240, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    m = re.search(r"consensus val accuracy (0\.\d+) after 40 steps per rank, (\d+) merges on rank 0", r.stdout)
+    m = re.search(r"consensus val accuracy (0\.\d+) after 40 steps per rank, (\d+) merges on rank 0, .* \(adamw, "
+                  r"lr 0\.001\)$", r.stdout, re.M)
     assert m and float(m[1]) > 0.4 and int(m[2]) == 4, r.stdout  # rank 0 pushes after every 10 of its steps
     (tmp_path / "bad.json").write_text(json.dumps({"scheme": "gossip", "swap_p": 0.5}))
     bad = [a if a != "2" else "1" for a in base[:6]] + base[6:]  # one process is enough to be refused

@@ -46,6 +46,8 @@ def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, 
     for r in doc["rows"]:
         assert f"{r['source_value']:.4f}" in out and f"{r['target_value']:.4f}" in out
     assert f"Spearman rho {doc['spearman']:.3f}" in out and f"Kendall tau {doc['kendall']:.3f}" in out
+    # four policies: no ranking is judged from so few, whatever the correlation came out as
+    assert "over 4 policies: 4 policies are too few to judge" in out and "sound proxy" not in out
     # the target values are real runs of the policies on the target, on the fresh seed
     row = doc["rows"][0]
     again = evomerge.run(study.load(big), evomerge.MergePolicy.from_dict(row["policy"]), 1000, data_dir=data_dir)
@@ -96,3 +98,13 @@ def test_the_shipped_64_worker_study_is_mnist_gossip_with_64_workers_and_4x_the_
     assert big.objectives[0] == small.objectives[0]  # the big run is judged on accuracy alone
     # 4x the samples trained on in all: passes over each shard times the workers' share of the data
     assert big.run.epochs == 4 * small.run.epochs and big.run.batch_size == small.run.batch_size
+
+
+def test_a_ranking_is_judged_only_over_enough_policies():
+    """Two policies always correlate perfectly (p nan): that said 'a sound proxy'."""
+    from evomerge.search.transfer import MIN_RANKED, verdict
+
+    assert verdict(1.0, 2).startswith("2 policies are too few to judge")
+    assert verdict(1.0, MIN_RANKED - 1).startswith(f"{MIN_RANKED - 1} policies are too few")
+    assert verdict(0.9, MIN_RANKED).endswith("searching it is a sound proxy")
+    assert verdict(0.1, 10).startswith("the small study does not rank policies")

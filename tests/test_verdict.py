@@ -171,3 +171,35 @@ def test_reevaluate_zero_judges_on_the_search_seeds_and_says_so(tmp_path, data_d
               data_dir=data_dir)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --reevaluate: -1 is out of range; allowed: [0, inf) fresh seeds"]
+
+
+@pytest.mark.integration
+def test_a_baseline_whose_interval_outlasts_the_run_is_said_to_have_never_merged(tmp_path, data_dir):
+    """FedAvg averages every 50 local steps; a worker of this study takes 30: it sends nothing and is no-merging in
+    all but name. The verdict and `evomerge run` say so, where the table alone showed 0 bytes."""
+    from conftest import write_study
+
+    f = write_study(tmp_path)
+    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]', 'policies = ["fedavg", "ring-gossip"]'))
+    p = cli("search", "--study", f, "--n-trials", "1", "--sampler", "random", "--no-prune", "--reevaluate", "0",
+            "--runs-dir", tmp_path / "runs", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    said = ("fedavg never merged: a worker's 30 local steps ended before its first merge (all workers average every "
+            "50 steps, a=1, uniform weighting), so it ran as no-merging")
+    assert f"note: {said}" in p.stdout.replace("\n", " ").replace("  ", " "), p.stdout
+    assert "ring-gossip never merged" not in p.stdout
+    r = cli("run", "--study", f, "--policy", "fedavg", cwd=tmp_path, data_dir=data_dir)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")] == [f"note: {said}"]
+    r = cli("run", "--study", f, "--policy", "ring-gossip", cwd=tmp_path, data_dir=data_dir)
+    assert r.returncode == 0 and "never merged" not in r.stderr
+
+
+@pytest.mark.unit
+def test_bytes_read_in_the_unit_that_shows_them():
+    """A small model's payloads are kilobytes: in megabytes the verdict read '0.0 MB more bytes'."""
+    from evomerge.units import size
+
+    assert [size(n) for n in (0, 512, 20544, 924_886_000)] == ["0 B", "512 B", "20.5 kB", "924.9 MB"]
+    text = verdict.difference_text("bytes", [20544.0], [0.0], 20544.0, 0.0, False)
+    assert text == "20.5 kB more bytes (the baseline sends none)"

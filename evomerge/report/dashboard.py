@@ -22,6 +22,7 @@ from typing import Any
 from ..version import __version__
 from ..policy import MergePolicy
 from ..study import Study
+from ..units import size
 from .tracking import diverged
 
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
@@ -239,7 +240,7 @@ def transfer_text(result: dict) -> str:
     return (f"The top {result['top']} policies of {result['source']} re-run on {result['target']} "
             f"({result['target_workers']} workers, {result['target_total_steps']} local steps) on fresh seeds {seeds}, "
             f"on {result['when']}: Spearman rho {num(result.get('spearman'))}, Kendall tau {num(result.get('kendall'))}. "
-            f"{verdict(result.get('spearman')).capitalize()}.")
+            f"{verdict(result.get('spearman'), result.get('top')).capitalize()}.")
 
 
 def curves_figure(best: dict, baselines: list[dict]):
@@ -504,7 +505,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
 
     from .export import load_study_trials
     from ..search.baselines import baseline_rows
-    from ..search.results import best_trials, count_states, trial_summary
+    from ..search.results import best_trials, count_states, pick_one, trial_summary
     from .tracking import review_url
 
     ostudy = load_study_trials(study, storage_url)
@@ -533,7 +534,9 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         # the best (diverged trials may be left out of it): else every complete trial, ranked by the first objective
         best = best_trials(ostudy, study, 10) or sorted(summaries, key=lambda b: b["values"][0],
                                                          reverse=study.directions[0] == "maximize")[:10]
-        top = best[0]
+        # the policy `evomerge export` writes (one rule: search.results.pick_one), else the best by the first objective
+        picked, picked_by = pick_one(ostudy, study)
+        top = picked if picked is not None else best[0]
         top_full = next(t for t in complete if t.number == top["number"])
         top["history"] = top_full.user_attrs.get("history")
         policy = MergePolicy.from_dict(top["policy"])
@@ -582,6 +585,8 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         # "beaten" only for a trial the verdict judged (a multi-objective study's best first objective may not be)
         judged = {p["number"] for p in (stored_verdict or {}).get("picks", [])}
         beaten = (stored_verdict or {}).get("beaten_by") if top["number"] in judged else None
+        if picked is not None:
+            words = f"The policy evomerge export writes: {picked_by}. " + words
         section("policy", f"The best trial, beaten by {', '.join(beaten)}: trial {top['number']}" if beaten
                 else f"The best policy: trial {top['number']}", words,
                 _div(policy_figure(policy, study.run.workers), "plot-policy", toolbar=False),
@@ -667,7 +672,7 @@ def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tra
         rid = runs.get(b["number"])
         rows.append({
             "number": b["number"],
-            "cells": [f"{v / 1e6:,.1f} MB" if o == "bytes" else f"{v:.4f}" for o, v in zip(study.objectives, b["values"])],
+            "cells": [size(v) if o == "bytes" else f"{v:.4f}" for o, v in zip(study.objectives, b["values"])],
             "status": "diverged" if diverged(b) else "ok",
             "policy": MergePolicy.from_dict(b["policy"]).describe(),
             "run_id": rid,

@@ -19,13 +19,15 @@ def console(stderr: bool = False):
     """Rich console; off a terminal, wide enough that tables are not squeezed into 80 columns."""
     from rich.console import Console
 
-    if stderr:
-        return Console(stderr=True)
+    if stderr:  # off a terminal as wide as stdout's: lines are not broken mid-phrase at 80 columns
+        return Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    from ..units import size
+
+    return size(n)
 
 
 def _fmt(name: str, v: float) -> str:
@@ -111,7 +113,9 @@ class SearchView:
             from ..search.warmstart import describe
 
             warm = describe(info.get("warm_start"))
-            msg = (f"{cfg.study.name}: {self.done} of {cfg.n_trials} trials already finished; sampler {cfg.sampler}"
+            done = (f"{self.done} of {cfg.n_trials} trials already finished" if self.done < cfg.n_trials else
+                    f"{self.done} trials already finished, {cfg.n_trials} asked: none to run")
+            msg = (f"{cfg.study.name}: {done}; sampler {cfg.sampler}"
                    f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") +
                    f"  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}" +
                    "".join(f"\n  note: {n}" for n in cfg.study.notes))  # ranges clamped to the study's workers

@@ -163,35 +163,50 @@ def best_trials(ostudy, study: Study, n: int = 5) -> list[dict]:
 def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, float] | None = None):
     """One policy of a study (what ``evomerge export`` writes), and the rule that picked it, in words.
 
-    One objective: the best trial. Several: among the Pareto set, the trials that meet every limit in ``limits``
-    (objective -> value: at most it for a minimised objective, at least for a maximised one); of those, the ones
-    within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a point of accuracy); of
+    One objective: the best trial that meets every limit in ``limits`` (objective -> value: at most it for a
+    minimised objective, at least for a maximised one). Several: among the Pareto set, the trials that meet every
+    limit; of those, the ones within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a point of accuracy); of
     those, the best by the second objective (then the third). A limit or tolerance that no trial meets raises a
     ConfigError naming ``--limit`` (None: no trial at all)."""
     from ..errors import ConfigError
 
-    if len(study.objectives) == 1:
-        best = best_trials(ostudy, study, 1)
-        return (best[0], f"the best {study.objectives[0]}") if best else (None, "")
-    front = pareto_trials(ostudy, study)
-    if not front:
-        return None, ""
     dirs = study.directions
     names = list(study.objectives)
+    # one objective: every judged trial is a candidate (its Pareto set is its best trial alone, which a limit on
+    # that objective would then only accept or refuse); several: the Pareto set
+    front = judged(ostudy) if len(names) == 1 else pareto_trials(ostudy, study)
+    if not front:
+        return None, ""
+    among = "trials" if len(names) == 1 else "Pareto-optimal trials"
     for name, bound in (limits or {}).items():
         if name not in names:
             raise ConfigError("--limit", f"{name!r} is not an objective of {study.name}; allowed: {', '.join(names)}")
         k = names.index(name)
         front = [t for t in front if (t.values[k] <= bound if dirs[k] == "minimize" else t.values[k] >= bound)]
         if not front:
-            raise ConfigError("--limit", f"{name}={bound:g}: no Pareto-optimal trial meets it")
+            raise ConfigError("--limit", f"{name}={bound:g}: no {'complete' if len(names) == 1 else 'Pareto-optimal'} "
+                                         f"trial meets it")
+    limited = f", with {', '.join(f'{k} limited to {v:g}' for k, v in limits.items())}" if limits else ""
+    if len(names) == 1:
+        pick = rank_trials(front, dirs)[0]
+        return trial_summary(pick, study), f"the best {names[0]}{limited}"
     sign = [1 if d == "minimize" else -1 for d in dirs]
     best0 = min(sign[0] * t.values[0] for t in front)
     close = [t for t in front if sign[0] * t.values[0] <= best0 + tolerance]
     pick = min(close, key=lambda t: tuple(sign[k] * t.values[k] for k in range(1, len(names))) + (t.number,))
-    said = (f"the best {names[1]} among the Pareto-optimal trials within {tolerance:g} of the best {names[0]}"
-            + (f", with {', '.join(f'{k} limited to {v:g}' for k, v in limits.items())}" if limits else ""))
+    said = f"the best {names[1]} among the {among} within {tolerance:g} of the best {names[0]}{limited}"
     return trial_summary(pick, study), said
+
+
+def never_merged(policy, finals: list[dict]) -> str | None:
+    """Words for a policy that merges but merged on none of its runs (``finals``: each seed's final metrics): the
+    run's local steps ended before its first merge, so it ran as no merging does and sent nothing. None otherwise
+    (no-merging itself, or any merge on any seed)."""
+    if policy.scheme == "none" or not finals or any(int(f.get("merges", 1)) for f in finals):
+        return None
+    steps = max(int(f.get("local_steps", 0)) for f in finals)
+    return (f"never merged: a worker's {steps} local steps ended before its first merge ({policy.describe()}), "
+            f"so it ran as no-merging")
 
 
 def trial_summary(t, study: Study) -> dict:

@@ -151,8 +151,16 @@ def stored(ostudy) -> list[dict[str, Any]]:
     return [v for k, v in sorted(ostudy.user_attrs.items()) if k.startswith(ATTR_PREFIX)]
 
 
-def verdict(rho: float | None) -> str:
-    """What a rank correlation says about sizing the search study."""
+#: below this many policies a rank correlation cannot tell agreement from chance (with 4, even a perfect one has
+#: Spearman's p = 0.083 one-sided, and 1 in 24 random orders gives it)
+MIN_RANKED = 5
+
+
+def verdict(rho: float | None, n: int | None = None) -> str:
+    """What a rank correlation over ``n`` policies says about sizing the search study."""
+    if n is not None and n < MIN_RANKED:
+        return (f"{n} policies are too few to judge: any order of them is likely by chance "
+                f"(--top {MIN_RANKED} or more)")
     if rho is None or not math.isfinite(rho):
         return "no ranking on the target (every policy scored the same)"
     if rho >= 0.7:

@@ -22,6 +22,7 @@ import statistics
 from typing import Any, Callable
 
 from ..study import Study
+from ..units import size
 
 ATTR = "verdict"  # the Optuna study's user attribute that holds the last verdict
 FRESH_ATTR = "verdict-fresh-v2:"  # + the study's fingerprint and seeds: the picks' runs on fresh seeds, by trial
@@ -80,7 +81,7 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
     if name in RATIO:
         if any(b <= 0 for b in base):
             p = statistics.fmean(pick)
-            return f"{p / 1e6:,.1f} MB more {label} (the baseline sends none)" if p > 0 else f"no {label} (as the baseline)"
+            return f"{size(p)} more {label} (the baseline sends none)" if p > 0 else f"no {label} (as the baseline)"
         ratios = [p / b for p, b in zip(pick, base)]
         if not all(math.isfinite(x) for x in ratios):
             return f"{label}: not comparable"
@@ -186,6 +187,9 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     elif len(seeds) in FALSE_CALLS:
         notes.append(f"with {len(seeds)} seeds this rule calls about {FALSE_CALLS[len(seeds)]:.0%} of true ties a "
                      "difference (more seeds: --reevaluate N)")
+    for who, side in [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names]:
+        if side.get("never_merged"):  # its interval is longer than the run: what it is compared as is no merging
+            notes.append(f"{who} {side['never_merged']}")
     searched = sorted({k for p in picks for k in (p.get("run") or {})})
     notes.append(f"the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each"
                  + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
@@ -245,6 +249,18 @@ def _describe(policy: dict) -> str:
         return "?"
 
 
+def _idle(policy: dict, finals: list[dict]) -> dict:
+    """``{"never_merged": words}`` for a side that merged on no seed (:func:`results.never_merged`), else ``{}``."""
+    from ..policy import MergePolicy
+    from .results import never_merged
+
+    try:
+        said = never_merged(MergePolicy.from_dict(policy), finals)
+    except Exception:  # a policy of a later schema, read by an older evomerge
+        said = None
+    return {"never_merged": said} if said else {}
+
+
 def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
             on_run: Callable[[int, int], None] | None = None) -> dict[str, Any] | None:
     """Name the picks, run them and the baselines on ``reevaluate`` fresh seeds (0: the search's own seeds; runs
@@ -287,10 +303,10 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         finals_of = {p["number"]: [p["metrics"][str(s)] for s in seeds] for p in picks}
     for p in picks:
         p.update(per_seed=per_seed(study, finals_of[p["number"]]), describe=_describe(p["policy"]),
-                 **_outcomes(study, finals_of[p["number"]], seeds))
+                 **_outcomes(study, finals_of[p["number"]], seeds), **_idle(p["policy"], finals_of[p["number"]]))
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds)
-    bases = [{"name": r["name"], "per_seed": per_seed(study, r["per_seed"]), **_outcomes(study, r["per_seed"], seeds)}
-             for r in rows]
+    bases = [{"name": r["name"], "per_seed": per_seed(study, r["per_seed"]), **_outcomes(study, r["per_seed"], seeds),
+              **_idle(r["policy"], r["per_seed"])} for r in rows]
     verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
     verdict["complete"] = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.name == "COMPLETE")
     ostudy.set_user_attr(ATTR, verdict)

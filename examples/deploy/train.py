@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 4 examples/deploy/train.py --policy best.json [--slow-rank 3 --slow-factor 4]
 
 Each process is one worker: its own shard of the training set, its own optimiser (the one an exported policy was
-found with, at its lr, unless ``--optimizer`` / ``--lr`` say otherwise; else AdamW at 1e-3), AMP on CUDA. evomerge's part is
+found with, at its lr, unless ``--optimizer`` / ``--lr`` say otherwise; another optimiser starts at its own default,
+1e-3 for Adam(W) and 0.05 for SGD; with a plain policy file, AdamW at 1e-3), AMP on CUDA. evomerge's part is
 three lines: build the ``Merger``, call ``merger.step(loss=...)`` after each optimiser step, and ``finish()`` at
 the end, which leaves the consensus model (every rank's model averaged) on every rank. ``--slow-rank R
 --slow-factor F`` makes rank R sleep (F - 1) times its compute after each step: a device F times slower.
@@ -45,7 +46,8 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--optimizer", default=None, choices=["adamw", "adam", "sgd"],
                     help="default: the exported policy's (its 'run'), else adamw")
-    ap.add_argument("--lr", type=float, default=None, help="default: the exported policy's, else 1e-3")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default: the exported policy's with its optimiser; else 1e-3 for adam(w), 0.05 for sgd")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--holdout-size", type=int, default=32,
                     help="examples of each rank's shard kept out of training for the winner test of a policy that "
@@ -90,7 +92,10 @@ def main() -> int:
     torch.manual_seed(args.seed)
     model = cnn().to(dev)
     kind = args.optimizer or found.get("optimizer", "adamw")
-    lr = args.lr if args.lr is not None else found.get("lr", 1e-3)
+    # the exported step size belongs to the exported optimiser: another optimiser starts from its own default
+    default_lr = {"sgd": 0.05}.get(kind, 1e-3)
+    lr = args.lr if args.lr is not None else (found["lr"] if kind == found.get("optimizer") and "lr" in found
+                                              else default_lr)
     # the found optimiser's other settings (weight decay, SGD's momentum, Adam's betas and eps), with that optimiser
     keys = {"sgd": ("weight_decay", "momentum"), "adam": ("weight_decay", "betas", "eps"),
             "adamw": ("weight_decay", "betas", "eps")}[kind]
