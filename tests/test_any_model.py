@@ -5,6 +5,7 @@ constant), and each bad input is one line naming its field."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import re
@@ -529,3 +530,50 @@ def test_evomerge_run_on_a_timed_regression_study_shows_the_loss_at_the_budget(f
     assert r.returncode == 0, r.stderr
     assert re.search(r"time to 0\.1 val loss\s.*\d s", r.stdout) and re.search(r"loss at the 4 s budget\s.*0\.\d{4}", r.stdout), r.stdout
     assert "accuracy" not in r.stdout
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """``n`` torch threads, as a user's run has them (a test process has one), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_loop_on_two_threads_is_the_loop_on_one_bit_for_bit(folder):
+    """With several torch threads the loop runs its workers on as many threads, each with one intra-op thread: each
+    worker's arithmetic is one thread's, so the run is the one-thread run bit for bit, and within float tolerance
+    of the stacked run; the process keeps its threads."""
+    runs = {}
+    for name, execution, threads in (("one", "loop", 1), ("two", "loop", 2), ("stacked", "stacked", 2)):
+        with torch_threads(threads):
+            setup = simulate.prepare(load(write_study(folder, f"my-bn-threads-{name}", 'loader = "mydata:images"',
+                                                      "bn_cnn", steps=30, execution=execution)))
+            runs[name] = simulate.simulate(setup, MergePolicy(topology="ring", mean_interval=3), 1, device="cpu",
+                                           keep_params=True)
+            assert torch.get_num_threads() == threads
+            if execution == "loop":  # the threads ran the workers where there are two
+                assert (setup.model._pool is not None) == (threads == 2)
+    one, two, stacked = runs["one"], runs["two"], runs["stacked"]
+    assert torch.equal(one.params, two.params)
+    assert [(h.val_loss, h.val_accuracy, h.bytes, h.merges) for h in one.history] == \
+        [(h.val_loss, h.val_accuracy, h.bytes, h.merges) for h in two.history]
+    assert torch.allclose(two.params, stacked.params, atol=1e-4), (two.params - stacked.params).abs().max()
+
+
+def test_a_population_of_a_users_model_on_two_threads_is_each_run_alone(folder):
+    """A population's rows (members x workers) split over the threads as one run's are: each member's numbers are
+    its run alone's, bit for bit; with random layers (trained in order, evaluated on the threads) too."""
+    with torch_threads(2):
+        for factory in ("bn_cnn", "dropout_mlp"):
+            setup = simulate.prepare(load(write_study(folder, f"my-pop-threads-{factory}", 'loader = "mydata:images"',
+                                                      factory, steps=20, execution="loop")))
+            pols = [MergePolicy(topology="ring", mean_interval=2), MergePolicy(scheme="allreduce", mean_interval=3)]
+            pop = run_population(setup, [Member(p, s) for s, p in enumerate(pols)], device="cpu", keep_params=True)
+            for s, (p, got) in enumerate(zip(pols, pop)):
+                alone = simulate.simulate(setup, p, s, device="cpu", keep_params=True)
+                assert torch.equal(got.params, alone.params), factory
+                assert [h.val_loss for h in got.history] == [h.val_loss for h in alone.history], factory

@@ -40,8 +40,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
+import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
@@ -182,6 +185,7 @@ class GenericModel(StackedModel):
         # a ReLU MLP of the named mlp's shape: its training steps run the hand-written backward (models.relu_mlp_*)
         self.relu_mlp = relu_mlp_plan(self.plan, self.input_shape)
         self._reps: list = []  # the loop's copies of the module (models.generic._replicas)
+        self._pool = None  # (pid, threads, executor): the loop's worker threads on the CPU (models.generic._threads)
         self._device = torch.device("cpu")  # where the template and the copies live (their own buffers: a mask)
         self._probe = None  # auto's timed choice: a few examples to time it again on another device
         # parameters the user froze (requires_grad=False): no gradient under either strategy
@@ -348,14 +352,33 @@ class GenericModel(StackedModel):
             self._reps.append((m, list(m.parameters()), [(sub, name) for _, sub, name in state_buffer_slots(m)]))
         return self._reps[:W]
 
-    def _loop(self, params, x, x_dim, keys, train: bool = False, grads=None) -> torch.Tensor:
-        """The loop strategy: worker w's forward is the w-th copy of the module, whose parameters are *views* of
-        row w of the stacked blocks (``.data`` rebound when the rows move) and whose state buffers are views of
-        ``params``' buffer blocks. With ``grads``, each copy's ``.grad`` is a view of row w of the gradient blocks
-        (zeroed here), so that the backward accumulates the gradients into the stack in place."""
-        k, W = self.n_trained_blocks, params[0].shape[0]
-        outs = []
-        for w, (m, ps, slots) in enumerate(self._replicas(W)):
+    def _threads(self, W: int, device: torch.device, keyed: bool) -> tuple[ThreadPoolExecutor | None, int]:
+        """The loop's rows split over threads on the CPU, each thread with one intra-op thread: small layers
+        (a convolution of a few channels, a minibatch of 32) keep two cores busier as two workers at once than as
+        one worker on two threads (``benchmarks/RESULTS.md``). As many threads as torch has (``EVOMERGE_THREADS``),
+        at most W; none on a GPU, with one torch thread, or where random layers draw from torch's one generator
+        (``keyed``: each worker's masks from its own key, in order). Each worker's arithmetic is then one
+        thread's, whatever the number of threads: a run's numbers do not depend on it."""
+        n = min(torch.get_num_threads(), W)
+        if device.type != "cpu" or keyed or n < 2:
+            return None, 1
+        got = self._pool
+        if got is None or got[0] != os.getpid() or got[1] != n:  # a forked process starts its own threads
+            prior = torch.get_num_threads()
+            pool = ThreadPoolExecutor(n, thread_name_prefix="evomerge-loop", initializer=_one_intra_op_thread)
+            barrier = threading.Barrier(n)  # start all n now, each setting its one thread
+            list(pool.map(lambda _: barrier.wait(), range(n)))
+            torch.set_num_threads(prior)  # torch keeps the last setting for threads yet to start: this thread's
+            if got is not None and got[0] == os.getpid():
+                got[2].shutdown(wait=False)
+            self._pool = got = (os.getpid(), n, pool)
+        return got[2], n
+
+    def _bind(self, params, W: int, train: bool, grads=None) -> list:
+        """The W copies with row w of ``params`` (and of ``grads``) bound to copy w (see :meth:`_loop`)."""
+        k = self.n_trained_blocks
+        reps = self._replicas(W)
+        for w, (m, ps, slots) in enumerate(reps):
             if m.training != train:
                 m.train(train)
             for i, p in enumerate(ps):
@@ -370,6 +393,35 @@ class GenericModel(StackedModel):
                     p.grad = None
             for j, (sub, name) in enumerate(slots):
                 sub._buffers[name] = params[k + j][w]
+        return reps
+
+    def _in_threads(self, pool: ThreadPoolExecutor, n: int, W: int, run) -> list:
+        """``run(rows)`` for n contiguous slices of range(W), one per thread, with this thread's grad mode; their
+        results in row order (a worker's error is raised here)."""
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+        def one(rows):
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                return run(rows)
+
+        cuts = [W * i // n for i in range(n + 1)]
+        return list(pool.map(one, [range(cuts[i], cuts[i + 1]) for i in range(n)]))
+
+    def _loop(self, params, x, x_dim, keys, train: bool = False, grads=None) -> torch.Tensor:
+        """The loop strategy: worker w's forward is the w-th copy of the module, whose parameters are *views* of
+        row w of the stacked blocks (``.data`` rebound when the rows move) and whose state buffers are views of
+        ``params``' buffer blocks. With ``grads``, each copy's ``.grad`` is a view of row w of the gradient blocks
+        (zeroed here), so that the backward accumulates the gradients into the stack in place."""
+        W = params[0].shape[0]
+        reps = self._bind(params, W, train, grads)
+        pool, n = self._threads(W, params[0].device, train and self.random)  # a training forward draws masks
+        if pool is not None:
+            def rows_out(rows):
+                return torch.stack([reps[w][0](x[w] if x_dim == 0 else x) for w in rows])
+
+            return torch.cat(self._in_threads(pool, n, W, rows_out))
+        outs = []
+        for w, (m, ps, slots) in enumerate(reps):
             if keys is not None:
                 self._seed(params[0].device, int(keys[w]))
             outs.append(m(x[w] if x_dim == 0 else x))
@@ -393,11 +445,23 @@ class GenericModel(StackedModel):
                 g.zero_()
             self.template.train(True)
             fork = self._seeded(True, keys, params[0].device)
-            with fork if fork is not None else nullcontext():
-                out = self._loop([p.detach() for p in params[:k]] + buffers, x, 0, keys if fork is not None else None,
-                                 train=True, grads=grads)
-            losses, objective = self.task.train_losses(out, y)
-            objective.sum().backward()
+            rows = [p.detach() for p in params[:k]] + buffers
+            pool, n = self._threads(x.shape[0], params[0].device, fork is not None)
+            if pool is not None:  # each thread its workers' forwards, their losses and one backward
+                reps = self._bind(rows, x.shape[0], True, grads)
+
+                def step(ws):
+                    out = torch.stack([reps[w][0](x[w]) for w in ws])
+                    losses, objective = self.task.train_losses(out, y[ws.start:ws.stop])
+                    objective.sum().backward()
+                    return losses.detach()
+
+                losses = torch.cat(self._in_threads(pool, n, x.shape[0], step))
+            else:  # random layers: in order, each worker's masks from its key (torch's one generator)
+                with fork if fork is not None else nullcontext():
+                    out = self._loop(rows, x, 0, keys if fork is not None else None, train=True, grads=grads)
+                losses, objective = self.task.train_losses(out, y)
+                objective.sum().backward()
         elif self._hand_written(execution):
             losses = relu_mlp_grads(params, x, y, grads)
         else:
@@ -513,7 +577,7 @@ class GenericModel(StackedModel):
         xs, ys = xb.unsqueeze(0).expand(workers, *xb.shape), yb.unsqueeze(0).expand(workers, *yb.shape)
         best = {"stacked": float("inf"), "loop": float("inf")}
         sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
-        for rep in range(4):  # the first of each is a warm-up
+        for rep in range(6):  # the first of each is a warm-up (the loop's starts its threads)
             for execution in ("stacked", "loop"):
                 sync()
                 t0 = time.perf_counter()
@@ -525,6 +589,13 @@ class GenericModel(StackedModel):
         pick = "stacked" if best["stacked"] <= best["loop"] else "loop"
         return pick, (f"timed at W={workers}, batch {batch} on {x.device.type}: stacked {best['stacked'] * 1e3:.1f} ms, "
                       f"loop {best['loop'] * 1e3:.1f} ms per step")
+
+
+def _one_intra_op_thread() -> None:
+    """A loop thread's start: torch's intra-op threads for this thread only (read first, so that torch's lazy
+    start of this thread's pool does not later reset it from the process's setting)."""
+    torch.get_num_threads()
+    torch.set_num_threads(1)
 
 
 def _attention_under_vmap(device: torch.device):
