@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+import statistics
 import threading
 import time
 import warnings
@@ -566,25 +567,27 @@ class GenericModel(StackedModel):
         self.execution, self.execution_reason = self._chosen[key]
 
     def _time(self, x, y, workers: int, batch: int) -> tuple[str, str]:
-        """Time a training step of each strategy at ``workers`` rows and ``batch`` examples each, interleaved,
-        after a warm-up; the faster, with the figures."""
+        """Time a training step of each strategy at ``workers`` rows and ``batch`` examples each, interleaved and
+        taking turns going first, after a warm-up; the faster by the median of 6, with the figures."""
         reps = -(-batch // len(x))
         xb = x.repeat(reps, *[1] * (x.dim() - 1))[:batch]
         yb = y.repeat(reps, *[1] * (y.dim() - 1))[:batch]
         st = self.stack(workers, x.device)
         st.set_rows(self.init(torch.Generator().manual_seed(0)).to(x.device).expand(workers, -1))
         grads = st.like()
-        xs, ys = xb.unsqueeze(0).expand(workers, *xb.shape), yb.unsqueeze(0).expand(workers, *yb.shape)
-        best = {"stacked": float("inf"), "loop": float("inf")}
+        xs = xb.unsqueeze(0).expand(workers, *xb.shape).contiguous()  # each worker's minibatch its own memory
+        ys = yb.unsqueeze(0).expand(workers, *yb.shape).contiguous()
+        took: dict[str, list[float]] = {"stacked": [], "loop": []}
         sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
-        for rep in range(6):  # the first of each is a warm-up (the loop's starts its threads)
-            for execution in ("stacked", "loop"):
+        for rep in range(8):  # the first two of each are a warm-up (the loop's starts its threads)
+            for execution in ("stacked", "loop") if rep % 2 else ("loop", "stacked"):  # each goes first in turn
                 sync()
                 t0 = time.perf_counter()
                 self.loss_and_grad(st.params, xs, ys, grads.params, execution=execution)
                 sync()
-                if rep:
-                    best[execution] = min(best[execution], time.perf_counter() - t0)
+                if rep > 1:
+                    took[execution].append(time.perf_counter() - t0)
+        best = {k: statistics.median(v) for k, v in took.items()}
         self.timings = dict(best)
         pick = "stacked" if best["stacked"] <= best["loop"] else "loop"
         return pick, (f"timed at W={workers}, batch {batch} on {x.device.type}: stacked {best['stacked'] * 1e3:.1f} ms, "
