@@ -360,16 +360,16 @@ class GenericModel(StackedModel):
         at most W; none on a GPU, with one torch thread, or where random layers draw from torch's one generator
         (``keyed``: each worker's masks from its own key, in order). Each worker's arithmetic is then one
         thread's, whatever the number of threads: a run's numbers do not depend on it."""
-        n = min(torch.get_num_threads(), W)
+        threads = torch.get_num_threads()
+        n = min(threads, W)
         if device.type != "cpu" or keyed or n < 2:
             return None, 1
         got = self._pool
         if got is None or got[0] != os.getpid() or got[1] != n:  # a forked process starts its own threads
-            prior = torch.get_num_threads()
             pool = ThreadPoolExecutor(n, thread_name_prefix="evomerge-loop", initializer=_one_intra_op_thread)
             barrier = threading.Barrier(n)  # start all n now, each setting its one thread
             list(pool.map(lambda _: barrier.wait(), range(n)))
-            torch.set_num_threads(prior)  # torch keeps the last setting for threads yet to start: this thread's
+            torch.set_num_threads(threads)  # torch keeps the last setting for threads yet to start: this thread's
             if got is not None and got[0] == os.getpid():
                 got[2].shutdown(wait=False)
             self._pool = got = (os.getpid(), n, pool)
@@ -417,15 +417,17 @@ class GenericModel(StackedModel):
         reps = self._bind(params, W, train, grads)
         pool, n = self._threads(W, params[0].device, train and self.random)  # a training forward draws masks
         if pool is not None:
-            def rows_out(rows):
-                return torch.stack([reps[w][0](x[w] if x_dim == 0 else x) for w in rows])
+            return torch.cat(self._in_threads(pool, n, W, lambda ws: self._forwards(reps, ws, x, x_dim, None)))
+        return self._forwards(reps, range(W), x, x_dim, keys)
 
-            return torch.cat(self._in_threads(pool, n, W, rows_out))
+    def _forwards(self, reps, ws: range, x, x_dim, keys) -> torch.Tensor:
+        """Rows ``ws``' outputs, stacked: each bound copy on its own minibatch (``x_dim`` 0) or the shared ``x``,
+        its random layers seeded by its key first (``keys``: in order, on one thread)."""
         outs = []
-        for w, (m, ps, slots) in enumerate(reps):
+        for w in ws:
             if keys is not None:
-                self._seed(params[0].device, int(keys[w]))
-            outs.append(m(x[w] if x_dim == 0 else x))
+                self._seed(x.device, int(keys[w]))
+            outs.append(reps[w][0](x[w] if x_dim == 0 else x))
         return torch.stack(outs)
 
     def forward(self, params, x, execution: str | None = None):
@@ -447,22 +449,21 @@ class GenericModel(StackedModel):
             self.template.train(True)
             fork = self._seeded(True, keys, params[0].device)
             rows = [p.detach() for p in params[:k]] + buffers
-            pool, n = self._threads(x.shape[0], params[0].device, fork is not None)
-            if pool is not None:  # each thread its workers' forwards, their losses and one backward
-                reps = self._bind(rows, x.shape[0], True, grads)
+            reps = self._bind(rows, x.shape[0], True, grads)
+            keyed = keys if fork is not None else None
 
-                def step(ws):
-                    out = torch.stack([reps[w][0](x[w]) for w in ws])
-                    losses, objective = self.task.train_losses(out, y[ws.start:ws.stop])
-                    objective.sum().backward()
-                    return losses.detach()
-
-                losses = torch.cat(self._in_threads(pool, n, x.shape[0], step))
-            else:  # random layers: in order, each worker's masks from its key (torch's one generator)
-                with fork if fork is not None else nullcontext():
-                    out = self._loop(rows, x, 0, keys if fork is not None else None, train=True, grads=grads)
-                losses, objective = self.task.train_losses(out, y)
+            def step(ws: range) -> torch.Tensor:  # rows ws' forwards, their losses and one backward
+                losses, objective = self.task.train_losses(self._forwards(reps, ws, x, 0, keyed), y[ws.start:ws.stop])
                 objective.sum().backward()
+                return losses.detach()
+
+            # on the threads where there are several; random layers in order, each worker's masks from its key
+            pool, n = self._threads(x.shape[0], params[0].device, fork is not None)
+            if pool is not None:
+                losses = torch.cat(self._in_threads(pool, n, x.shape[0], step))
+            else:
+                with fork if fork is not None else nullcontext():
+                    losses = step(range(x.shape[0]))
         elif self._hand_written(execution):
             losses = relu_mlp_grads(params, x, y, grads)
         else:

@@ -165,8 +165,8 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
 
     One objective: the best trial that meets every limit in ``limits`` (objective -> value: at most it for a
     minimised objective, at least for a maximised one). Several: among the Pareto set, the trials that meet every
-    limit; of those, the ones within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a point of accuracy); of
-    those, the best by the second objective (then the third). A limit or tolerance that no trial meets raises a
+    limit; of those, the ones within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a
+    point of accuracy); of those, the best by the second objective (then the third). A limit or tolerance that no trial meets raises a
     ConfigError naming ``--limit`` (None: no trial at all)."""
     from ..errors import ConfigError
 
@@ -177,7 +177,6 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
     front = judged(ostudy) if len(names) == 1 else pareto_trials(ostudy, study)
     if not front:
         return None, ""
-    among = "trials" if len(names) == 1 else "Pareto-optimal trials"
     for name, bound in (limits or {}).items():
         if name not in names:
             raise ConfigError("--limit", f"{name!r} is not an objective of {study.name}; allowed: {', '.join(names)}")
@@ -194,7 +193,7 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
     best0 = min(sign[0] * t.values[0] for t in front)
     close = [t for t in front if sign[0] * t.values[0] <= best0 + tolerance]
     pick = min(close, key=lambda t: tuple(sign[k] * t.values[k] for k in range(1, len(names))) + (t.number,))
-    said = f"the best {names[1]} among the {among} within {tolerance:g} of the best {names[0]}{limited}"
+    said = f"the best {names[1]} among the Pareto-optimal trials within {tolerance:g} of the best {names[0]}{limited}"
     return trial_summary(pick, study), said
 
 
