@@ -70,6 +70,21 @@ def test_the_site_builds_strictly_with_every_page(site):
     assert not (ROOT / "docs" / "reference").exists(), "the references are generated at build time, not committed"
     results = (site / "results" / "index.html").read_text(encoding="utf-8")
     assert "compare_samplers.py" in results and "2-core" in results  # benchmarks/RESULTS.md, in the site
+    # the pages link the generated pages' sources on disk; in the site those links are the generated pages
+    front = (site / "index.html").read_text(encoding="utf-8")
+    for page in ("reference/policy/", "reference/cli/", "results/"):
+        assert f'href="{page}"' in front, page
+    assert "evomerge/cli.py" not in front and "RESULTS.md" not in front
+
+
+def test_every_link_of_the_manual_works_on_disk():
+    """A reader of docs/ on disk or on a code host follows the same links as the site's (which the hook repoints)."""
+    broken = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists():
+                broken.append(f"{page.name}: {target}")
+    assert not broken, f"links to nothing on disk: {broken}"
 
 
 @pytest.mark.system

@@ -8,7 +8,8 @@
 - ``results.md``: ``benchmarks/RESULTS.md``, the measured figures, kept beside the benchmarks that produce them.
 
 Links are written between the files as they lie in the repository (``../benchmarks/RESULTS.md`` from a page of
-``docs/``), so that they also work on disk; ``on_page_markdown`` points them at the site's pages. Nothing generated is committed; ``mkdocs build`` alone writes it. Named in ``mkdocs.yml``
+``docs/``; ``../evomerge/cli.py`` and ``../evomerge/policy.py`` for the references, the code they are read from),
+so that they also work on disk and on a code host; ``on_page_markdown`` points them at the site's pages. Nothing generated is committed; ``mkdocs build`` alone writes it. Named in ``mkdocs.yml``
 (``hooks:``); ``exclude_docs`` keeps this folder out of the site.
 """
 
@@ -27,6 +28,9 @@ if str(ROOT) not in sys.path:  # the checkout's evomerge, also when it is not in
 
 RESULTS = "benchmarks/RESULTS.md"
 GENERATED = {"reference/cli.md", "reference/policy.md", "results.md"}
+#: what each generated page is made from, as it lies in the repository: the pages of docs/ link these (a link that
+#: works on disk and on a code host), and the site points them at the generated page
+SOURCES = {RESULTS: "results.md", "evomerge/cli.py": "reference/cli.md", "evomerge/policy.py": "reference/policy.md"}
 
 
 # -- the command line -----------------------------------------------------------------------------------------
@@ -164,15 +168,15 @@ def _on_disk(src_uri: str) -> str:
 
 def _in_site(path: str) -> str | None:
     """The site page of a repository file, if it has one."""
-    if path == RESULTS:
-        return "results.md"
+    if path in SOURCES:
+        return SOURCES[path]
     return path.removeprefix("docs/") if path.startswith("docs/") else None
 
 
 def on_page_markdown(markdown, page, config, files):
     """Links are written between the files as they lie in the repository (so they work on disk and on a code
-    host); point them at the site's pages: docs/X is X, benchmarks/RESULTS.md is results.md. A link to anything
-    else outside docs/ is left as it is, and MkDocs reports it."""
+    host); point them at the site's pages: docs/X is X, and a generated page's source is that page (:data:`SOURCES`).
+    A link to anything else outside docs/ is left as it is, and MkDocs reports it."""
     here = posixpath.dirname(_on_disk(page.file.src_uri))
     site_here = posixpath.dirname(page.file.src_uri) or "."
 
