@@ -439,16 +439,20 @@ class Merger:
         self._stop_out: list = []
         self._closing = False
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
-        self._broadcast_start()
-        self._same_run_on_every_rank()
         self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
         self.loss_fn = torch.nn.functional.cross_entropy if loss_fn is None else loss_fn
-        if _holdout_scored(p):
-            self._gather_holdouts(held, held_why)
+        try:  # the checks every rank makes on what all of them gathered: each refuses at the same point
+            self._broadcast_start()
+            self._same_run_on_every_rank()
+            if _holdout_scored(p):
+                self._gather_holdouts(held, held_why)
+            if local_steps is not None:  # every rank must draw the same pushes: refuse, on every rank, ranks that differ
+                self._same_on_every_rank(local_steps)
+        except ConfigError:
+            self._abandon()
+            raise
         self.outer = kernel.outer_for(p, self.layout, self._flat, lambda: self._flat().unsqueeze(0))
         self.own_outer = plan_mod.own_outer_every(p)  # Lookahead / SNOO: this rank's own outer step, no merging
-        if local_steps is not None:  # every rank must draw the same pushes: refuse, on every rank, ranks that differ
-            self._same_on_every_rank(local_steps)
         self.local_steps = local_steps
         self.sched = schedule_mod.build(p, self.W, self.T, self.seed, local_steps)
         # asynchronous DiLoCo: the server (the global model and its delayed Nesterov momentum) is rank 0's; it
@@ -1659,6 +1663,18 @@ class Merger:
         self._drain(final=False)
         self._release()
 
+    def _abandon(self) -> None:
+        """Every rank refused the run at its start (:class:`ConfigError` from a check of what they all gathered): end
+        the standing receives as :meth:`close` does, so that nothing is left waiting when the caller leaves (a
+        process that exits with a receive still posted is aborted: ``terminate called without an active
+        exception``). Within ``timeout``; a rank that does not answer is left to the process's end."""
+        self._closing = True
+        try:
+            self._close()
+        except MergerError:
+            pass
+        self._let_go()
+
     def _pend(self, work, error: BaseException | None = None) -> _Pending:
         """A pollable work handle (:class:`backends.pending.Pending`), kept until its waiting thread has ended."""
         if len(self._pending) > 256:
@@ -1670,7 +1686,11 @@ class Merger:
     def _release(self) -> None:
         self._cancel_window()
         self._close()
-        # every message has gone or come by now: let each waiting thread end before the process group can go
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Every message has gone or come by now: let each waiting thread end (within ``timeout``) before the process
+        group can go; the optimiser's hook off, the trace closed."""
         deadline = time.perf_counter() + self.timeout
         for x in self._pending:
             x.join(max(0.0, deadline - time.perf_counter()))

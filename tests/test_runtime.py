@@ -869,7 +869,7 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
 DISAGREE = """
 import sys, torch, torch.distributed as dist, evomerge
 store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=3)
 model = torch.nn.Linear(4, 2)
 x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
 kw = dict(seed=0, total_steps=10, timeout=60, holdout=(x, y))
@@ -880,8 +880,9 @@ elif case == "steps":  # each rank counts its own shard's steps
 try:
     evomerge.Merger({"scheme": "gossip", "winner_bias": 0.5}, model, **kw)
     print("built")
-except evomerge.ConfigError as e:
+except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
     print(f"error: {e}")
+    sys.exit(2)
 """
 
 
@@ -891,11 +892,12 @@ except evomerge.ConfigError as e:
                  "tensors with as many examples",
                  "error: holdout: None, but policy.score 'holdout' with winner_bias 0.5 scores both models of a gossip "
                  "pair on the two ranks' held-out examples; allowed: (x, y), examples this rank does not train on (as "
-                 "many on every rank), or a policy with score 'running'"]),
-    ("steps", ["error: total_steps: rank 1's is 11, this rank's 10; allowed: the same on every rank (each rank draws "
-               "the merge schedule from the policy, seed and total_steps)",
-               "error: total_steps: rank 0's is 10, this rank's 11; allowed: the same on every rank (each rank draws "
-               "the merge schedule from the policy, seed and total_steps)"]),
+                 "many on every rank), or a policy with score 'running'",
+                 "error: holdout: rank 1's is unusable (its own error says why); allowed: (x, y) on every rank, two "
+                 "tensors with as many examples"]),
+    ("steps", [f"error: total_steps: rank {o}'s is {10 + o}, this rank's {10 + r}; allowed: the same on every rank "
+               "(each rank draws the merge schedule from the policy, seed and total_steps)"
+               for r, o in ((0, 1), (1, 0), (2, 0))]),
 ])
 def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_line(tmp_path, case, lines):
     """(One rank's bad holdout was raised on that rank alone: the others waited the whole timeout, then named it as
@@ -904,7 +906,9 @@ def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_l
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "disagree.py", str(tmp_path / "store"), str(r), case], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert time.perf_counter() - t0 < 40, "a rank waited for the timeout"
     assert [o.strip() for o, _ in outs] == lines, outs
+    # nothing left waiting that aborts the process at its exit ("terminate called without an active exception")
+    assert [p.returncode for p in procs] == [2, 2, 2], [e[-2000:] for _, e in outs]
