@@ -128,6 +128,13 @@ def check_options(args) -> None:
         raise ConfigError("--output", f"{out.parent}: no such folder")
 
 
+def check_rank(args, world: int) -> None:
+    """``--slow-rank`` names one of the ``world`` ranks, or none (-1)."""
+    if args.slow_rank != -1 and not 0 <= args.slow_rank < world:
+        raise ConfigError("--slow-rank", f"{args.slow_rank} is out of range; allowed: -1 (none) or a rank in "
+                                         f"[0, {world - 1}]")
+
+
 # -- what was measured --------------------------------------------------------------------------------------
 @dataclass
 class Measured:
@@ -339,7 +346,17 @@ def fit_links(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list
         predicted = 2 * (W - 1) * rl + 2 * (W - 1) / W * nbytes / rb
         notes.append(f"ring all-reduce of {nbytes} bytes: measured {_ms(seconds)}; the fitted links predict "
                      f"{_ms(predicted)} (2 (W-1) latency + 2 (W-1)/W bytes / bandwidth over the ring's slowest link)")
+        off_by = max(predicted, seconds) / max(min(predicted, seconds), 1e-12)
+        if off_by > CHECK_OFF:
+            notes.append(f"{WARNING}the fitted links predict a ring all-reduce of {nbytes} bytes in {_ms(predicted)}; "
+                         f"it took {_ms(seconds)} ({off_by:.1f}x off): the links' figures are unsure at this message "
+                         "size, and a search on them may avoid links that are fine; calibrate from a trace of your "
+                         "own job (--from-trace), whose messages are its own, or read the links in the file")
     return env, notes
+
+
+CHECK_OFF = 2.0  # the fitted links' ring all-reduce this many times off the measured one: a warning
+WARNING = "warning: "  # a note that starts so is also printed when the file is written
 
 
 def fit(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list[str]]:
@@ -385,11 +402,12 @@ def to_toml(env: dict[str, Any], notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(m: Measured, out: str | os.PathLike, fit_kind: str | None = None) -> dict[str, Any]:
-    """Fit ``m`` and write the file; returns the environment's keys."""
+def write(m: Measured, out: str | os.PathLike, fit_kind: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Fit ``m`` and write the file; returns the environment's keys and the warnings (notes the file also has) for
+    the terminal."""
     env, notes = fit(m, fit_kind)
     Path(out).write_text(to_toml(env, notes), encoding="utf-8")
-    return env
+    return env, [n for n in notes if n.startswith(WARNING)]
 
 
 def summary(env: dict[str, Any], W: int, out) -> str:
@@ -400,8 +418,8 @@ def summary(env: dict[str, Any], W: int, out) -> str:
           + (f" (alpha {env['alpha']:g})" if "alpha" in env else ""))
     if "latency_matrix" in env:
         lat = [v for i, r in enumerate(env["latency_matrix"]) for j, v in enumerate(r) if i != j]
-        bw = [v for i, r in enumerate(env["bandwidth_matrix"]) for j, v in enumerate(r) if i != j]
-        link = f"links {_us(_median(lat))}, {_rate(_median(bw) or math.inf)} (median)"
+        bw = [v or math.inf for i, r in enumerate(env["bandwidth_matrix"]) for j, v in enumerate(r) if i != j]  # 0: unlimited
+        link = f"links {_us(_median(lat))}, {_rate(_median(bw))} (median)"
     elif "latency" in env:
         link = f"links {_us(env['latency'])}, {_rate(env['bandwidth'] or math.inf)}"
         if "sites" in env:
@@ -876,10 +894,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     try:
+        check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
         m = measure(args)
         if m is not None:
-            env = write(m, args.output, args.fit)
+            env, warned = write(m, args.output, args.fit)
             print(summary(env, len(m.step_times), args.output), flush=True)
+            for w in warned:
+                print(w, file=sys.stderr, flush=True)
     except ConfigError as e:
         print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
         return 2
@@ -932,6 +953,11 @@ def launch(args) -> int:
     if args.procs < 1:
         raise ConfigError("--procs", f"{args.procs} is out of range; allowed: [1, inf)")
     N = args.procs
+    check_rank(args, N)
+    if st.run.workers != N and args.fit is None:
+        print(f"note: {N} ranks for a study of {st.run.workers} workers: the file's speeds and link matrices are per "
+              f"rank, for a study of {N} workers; --fit writes a speed model and single links, for any number",
+              file=sys.stderr)
     cmd = [sys.executable, "-m", "evomerge.calibrate", "--study", str(st.path or args.study), "-o", str(args.output),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
            "--all-pairs-up-to", str(args.all_pairs_up_to), "--seed", str(args.seed), "--timeout", str(args.timeout),
@@ -995,8 +1021,10 @@ def from_trace_command(args) -> int:
     """``evomerge calibrate --from-trace DIR -o FILE``."""
     check_options(args)
     m = from_trace(args.from_trace, args.warmup)
-    env = write(m, args.output, args.fit)
+    env, warned = write(m, args.output, args.fit)
     print(summary(env, len(m.step_times), args.output))
+    for w in warned:
+        print(w, file=sys.stderr)
     return 0
 
 

@@ -127,10 +127,42 @@ def test_links_in_clear_groups_give_sites_else_matrices():
     assert env["bandwidth_matrix"] == [[0.0, 0.0], [0.0, 0.0]]
 
 
+def test_the_summary_line_counts_unlimited_links_as_the_fastest(tmp_path):
+    """(0 is how the file writes an unlimited link; the line's median took it as the slowest: 648 kB/s for links of
+    which half were unlimited and the others 1.3 MB/s to 1 GB/s.)"""
+    rates = {(0, 1): float("inf"), (1, 0): float("inf"), (0, 2): 1.3e6, (1, 2): 1.3e6, (2, 0): 1.3e9, (2, 1): 1.3e9}
+    lat, bw = links(3, lambda i, j: 1e-4, lambda i, j: rates[i, j])
+    env, _ = calibrate.write(calibrate.Measured(made_up([1.0, 1.0, 1.0], n=50), lat, bw), tmp_path / "c.toml")
+    assert env["bandwidth_matrix"] == [[0.0, 0.0, 1.3e6], [0.0, 0.0, 1.3e6], [1.3e9, 1.3e9, 0.0]]
+    line = calibrate.summary(env, 3, tmp_path / "c.toml")
+    assert line.endswith("links 100 us, 1.3 GB/s (median)"), line
+
+
+def test_links_that_miss_the_measured_all_reduce_are_a_warning(tmp_path):
+    """The fitted links' ring all-reduce against the one measured: more than 2x apart is printed, and written."""
+    lat, bw = links(3, lambda i, j: 1e-4, lambda i, j: 1e8)  # predicts 4e-4 + 4/3 * 4e5 / 1e8 = 5.7 ms
+    for seconds, warns in ((6e-3, False), (3e-3, False), (11e-3, False), (2e-3, True), (20e-3, True)):
+        m = calibrate.Measured(made_up([1.0, 1.0, 1.0], n=50), lat, bw, allreduce=(seconds, 400_000))
+        _, warned = calibrate.write(m, tmp_path / "c.toml", None)
+        assert bool(warned) == warns, (seconds, warned)
+        if warns:
+            assert warned[0].startswith("warning: the fitted links predict a ring all-reduce of 400000 bytes in ")
+            assert "# " + warned[0] in (tmp_path / "c.toml").read_text()
+
+
+def test_a_slow_rank_out_of_range_is_one_line(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(study_text())
+    assert cli.main(["calibrate", "--study", str(tmp_path / "s.toml"), "--procs", "2", "--slow-rank", "5",
+                     "--slow-factor", "3", "-o", str(tmp_path / "c.toml")]) == 2
+    assert one_line_error(capsys) == "error: --slow-rank: 5 is out of range; allowed: -1 (none) or a rank in [0, 1]"
+    assert not (tmp_path / "c.toml").exists()
+
+
 def test_written_file_loads_as_a_studys_environment(tmp_path):
     lat, bw = links(3, lambda i, j: 1e-4, lambda i, j: 1e8 * (1 + i))
     m = calibrate.Measured(made_up([1.0, 0.5, 0.5], n=50), lat, bw, source="made up")
-    env = calibrate.write(m, tmp_path / "cluster.toml")
+    env, warned = calibrate.write(m, tmp_path / "cluster.toml")
+    assert warned == []
     text = (tmp_path / "cluster.toml").read_text()
     assert text.startswith("# made up\n") and "# compute:" in text
     assert tomllib.loads(text)["environment"] == env
