@@ -577,3 +577,26 @@ def test_a_population_of_a_users_model_on_two_threads_is_each_run_alone(folder):
                 alone = simulate.simulate(setup, p, s, device="cpu", keep_params=True)
                 assert torch.equal(got.params, alone.params), factory
                 assert [h.val_loss for h in got.history] == [h.val_loss for h in alone.history], factory
+
+
+def test_a_search_on_a_users_recurrent_model_prints_no_warning_of_torchs_export(folder, tmp_path):
+    """(Logging the best trial's consensus model with MLflow's pytorch flavour runs torch.export, which warned mid-search
+    about an LSTM's ``_flat_weights``.) The search's output is its own; torch's words stay on the logged model."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    p = write_study(folder, "my-lstm-search", 'loader = "mydata:images"', "rnn", '{ cell = "lstm" }', steps=20)
+    p.write_text(p.read_text() + '\n[search.space]\nmean_interval = { kind = "log-float", low = 2.0, high = 50.0 }\n')
+    r = subprocess.run([sys.executable, "-m", "evomerge.cli", "search", "--study", str(p), "--n-trials", "1",
+                        "--no-verdict", "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    assert r.returncode == 0, r.stderr
+    assert "Warning" not in r.stderr and "warn" not in r.stderr.lower(), r.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'my-lstm-search' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("my-lstm-search")
+    models = client.search_logged_models([exp.experiment_id])
+    assert len(models) == 1 and models[0].status.to_int() == models[0].status.READY.to_int()
+    assert "_flat_weights" in models[0].tags.get("evomerge.save_warnings", ""), models[0].tags

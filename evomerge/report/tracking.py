@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -341,11 +342,18 @@ class Tracker:
                 self.client.log_outputs(rid, [LoggedModelOutput(logged.model_id, step=0)])
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "model"
-                mlflow.pytorch.save_model(
-                    module, str(path), signature=signature, input_example=x.numpy(), serialization_format="pt2",
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                    mlflow_model=Model(artifact_path=logged.artifact_location, run_id=source, model_uuid=logged.model_id,
-                                       model_id=logged.model_id))
+                # torch.export's warnings about the user's module (an LSTM's _flat_weights "assigned during export")
+                # are about how torch traces it, not about the search: kept on the model, not printed mid-search
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    mlflow.pytorch.save_model(
+                        module, str(path), signature=signature, input_example=x.numpy(), serialization_format="pt2",
+                        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                        mlflow_model=Model(artifact_path=logged.artifact_location, run_id=source,
+                                           model_uuid=logged.model_id, model_id=logged.model_id))
+                said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+                if said:
+                    self.client.set_logged_model_tags(logged.model_id, {"evomerge.save_warnings": "\n".join(said)[:5000]})
                 self.client.log_model_artifacts(logged.model_id, str(path))
             self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         except BaseException:
