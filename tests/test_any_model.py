@@ -579,6 +579,7 @@ def test_a_population_of_a_users_model_on_two_threads_is_each_run_alone(folder):
                 assert [h.val_loss for h in got.history] == [h.val_loss for h in alone.history], factory
 
 
+@pytest.mark.system
 def test_a_search_on_a_users_recurrent_model_prints_no_warning_of_torchs_export(folder, tmp_path):
     """(Logging the best trial's consensus model with MLflow's pytorch flavour runs torch.export, which warned mid-search
     about an LSTM's ``_flat_weights``.) The search's output is its own; torch's words stay on the logged model."""
