@@ -104,7 +104,7 @@ CASES = {
     "factory bad format": (dict(factory="digits_models.classifier"),
                            "error: study.model.factory: 'digits_models.classifier' must be 'module:function'"),
     "factory options": (dict(options="{ depth = 3 }"),
-                        "error: study.model.options: digits_models:classifier does not take ['depth']"),
+                        "error: study.model.options: digits_models:classifier does not take 'depth'; allowed: hidden, batchnorm"),
     "inputs the model rejects": (dict(factory="bad:wants_ten_features", options="{}"),
                                  "error: study.model.factory: bad:wants_ten_features rejects the data's inputs of shape "
                                  "[4, 64]: RuntimeError: "),

@@ -202,11 +202,21 @@ class GenericModel(StackedModel):
         fn = resolve(ref, FIELD, base_dir, "mymodels:small_resnet")
         options = dict(options or {})
         try:
-            inspect.signature(fn).bind(**options)
-        except TypeError as e:
-            raise ConfigError("study.model.options", f"{ref} does not take {sorted(options)}: {e}") from None
+            sig = inspect.signature(fn)
         except ValueError:  # no signature to check (a builtin): the call will tell
-            pass
+            sig = None
+        if sig is not None:
+            try:
+                sig.bind(**options)
+            except TypeError as e:
+                ps = sig.parameters.values()
+                named = [p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+                unknown = sorted(set(options) - set(named)) if not any(p.kind == p.VAR_KEYWORD for p in ps) else []
+                if unknown:
+                    raise ConfigError("study.model.options", f"{ref} does not take {', '.join(map(repr, unknown))}; "
+                                                             f"allowed: {', '.join(named) or 'no options'}") from None
+                raise ConfigError("study.model.options", f"{ref}({', '.join(f'{k}=...' for k in options)}): {e}") \
+                    from None
         model = cls(partial(fn, **options), input_shape, n_classes, ref=ref, options=options,
                     base_dir=None if base_dir is None else str(base_dir), execution=execution)
         if task is not None:
