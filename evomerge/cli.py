@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`evomerge policy schema | head`): end quietly, as a shell tool does
+        # what is still buffered for stdout would raise again at the interpreter's exit: send it nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE's exit status
 
 
 # -- handlers ---------------------------------------------------------------------
@@ -327,7 +331,7 @@ def _merger_note(policy) -> None:
     try:
         check_policy(policy)
     except ConfigError as e:
-        print(f"note: evomerge.Merger cannot run it in a training loop ({e}); evomerge run replays it")
+        print(f"note: evomerge run replays it; in a training loop evomerge.Merger refuses it: {e}")
         return
     from .policy import workers_needed
 
@@ -336,6 +340,10 @@ def _merger_note(policy) -> None:
         print(f"note: its topology ({policy.topology}, "
               + (f"degree {policy.degree}" if policy.topology == "random_regular" else f"{policy.n_communities} communities")
               + f") runs on {need}: in a training loop, one rank per worker")
+    if policy.scheme == "async" and policy.local_steps_by_speed:
+        print("note: its local steps scale by each rank's speed (local_steps_by_speed): in a training loop, pass "
+              "evomerge.Merger(..., speeds=[...]), one per rank (steps per second in any common unit, or the speeds "
+              "evomerge calibrate writes)")
     if _holdout_scored(policy):
         print(f"note: its winner test (winner_bias {policy.winner_bias:g}, score 'holdout') scores models on held-out "
               "examples: in a training loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does "

@@ -242,8 +242,9 @@ def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) 
     if speeds is None:
         if policy.local_steps_by_speed:
             raise ConfigError("speeds", "None, but policy.local_steps_by_speed scales each rank's local steps by its "
-                                        f"speed; allowed: a list of {workers} speeds (steps per second, e.g. from "
-                                        "evomerge calibrate), or local_steps_by_speed false")
+                                        f"speed; allowed: a list of {workers} speeds (steps per second in any common "
+                                        "unit, or the speeds evomerge calibrate writes), or local_steps_by_speed "
+                                        "false")
         return None
     try:
         values = [float(x) for x in speeds]

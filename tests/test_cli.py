@@ -162,9 +162,9 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("ok: ") and out[1] == (
-        "note: evomerge.Merger cannot run it in a training loop (policy.similarity_bias: 0.5 cannot run in a training "
-        "loop (peers drawn from the models' similarity need every worker's model at each event); allowed: 0.0); "
-        "evomerge run replays it") and len(out) == 2
+        "note: evomerge run replays it; in a training loop evomerge.Merger refuses it: policy.similarity_bias: 0.5 "
+        "cannot run in a training loop (peers drawn from the models' similarity need every worker's model at each "
+        "event); allowed: 0.0") and len(out) == 2
     f.write_text('{"scheme": "gossip", "winner_bias": 0.4, "score": "holdout"}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -176,6 +176,13 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == ["note: its topology (random_regular, degree 3) runs on at least 4 workers, an even number: in a "
                        "training loop, one rank per worker"], out
+    f.write_text('{"scheme": "async", "mean_interval": 4, "mixing_weight": 1.0, "outer_optimizer": "nesterov", '
+                 '"local_steps_by_speed": true}')
+    assert cli.main(["policy", "validate", str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == ["note: its local steps scale by each rank's speed (local_steps_by_speed): in a training loop, "
+                       "pass evomerge.Merger(..., speeds=[...]), one per rank (steps per second in any common unit, or "
+                       "the speeds evomerge calibrate writes)"], out
     f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "similarity_bias": 0.3}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -371,3 +378,13 @@ def test_run_help_names_every_shipped_policy(capsys):
     text = "".join(capsys.readouterr().out.split())  # argparse wraps lines (and breaks names at hyphens)
     names = sorted(f.stem for f in (ROOT / "studies" / "policies").glob("*.json"))
     assert len(names) >= 11 and "(" + ",".join(names) + ");required" in text, text
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`evomerge policy schema | head`: the pipe closes before the command has written; no traceback."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "policy", "schema"], stdout=w, stderr=subprocess.PIPE,
+                       text=True, timeout=120, cwd=ROOT)
+    os.close(w)
+    assert p.stderr == "" and p.returncode == 141, p.stderr[-2000:]
