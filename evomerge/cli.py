@@ -904,7 +904,8 @@ def cmd_baselines(args) -> int:
 
     t = Table(title=f"{study.name}: baselines (seed {seed}, {setup.total_steps} local steps, {study.run.workers} workers)")
     timed = study.environment is not None
-    cols = ["policy", "status", "val acc", "mean worker", "worst worker", "val loss"]
+    acc = setup.model.task.classification  # a regression's table has no accuracy columns (own-model.md)
+    cols = ["policy", "status", *(["val acc", "mean worker", "worst worker"] if acc else []), "val loss"]
     lm = any(r.final.val_perplexity is not None for _, r in results)
     cols += (["val ppl"] if lm else []) + ["consensus dist", "bytes", "merges"]
     if timed:
@@ -913,7 +914,8 @@ def cmd_baselines(args) -> int:
         t.add_column(col, justify="left" if col in ("policy", "status") else "right")
     for name, r in results:
         f = r.final
-        row = [name, r.status, _num(f.val_accuracy), _num(f.mean_worker_accuracy), _num(f.worst_worker_accuracy),
+        row = [name, r.status,
+               *([_num(f.val_accuracy), _num(f.mean_worker_accuracy), _num(f.worst_worker_accuracy)] if acc else []),
                _num(f.val_loss), *([_num(f.val_perplexity, ".3f")] if lm else []),
                f"{f.consensus_distance:.3g}", _mb(f.bytes), f"{f.merges}"]
         if timed:

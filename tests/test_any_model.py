@@ -441,6 +441,10 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     assert "consensus val loss (mse)" in r.stdout and "accuracy" not in r.stdout
     assert re.search(r"execution\s.*(loop|stacked) \(", r.stdout), r.stdout
+    r = evomerge("baselines", "--study", str(p), "--quiet")
+    assert r.returncode == 0, r.stderr
+    head = next(line for line in r.stdout.splitlines() if "policy" in line and "status" in line)
+    assert "val loss" in head and "acc" not in head and "worker" not in head, r.stdout
     r = evomerge("search", "--study", str(p), "--n-trials", "2", "--reevaluate", "1", "--runs-dir", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     assert "val loss (min)" in r.stdout and re.search(r"^verdict: ", r.stdout, re.M), r.stdout
