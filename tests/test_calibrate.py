@@ -517,3 +517,16 @@ def test_from_trace_counts_messages_queued_on_one_link_one_after_the_other(tmp_p
     m = calibrate.from_trace(tmp_path / "tr")
     assert m.bandwidth[0][1] == pytest.approx(1e7)
     assert any("6 of 6 had both ends to themselves" in n for n in m.notes), m.notes
+
+
+@pytest.mark.system
+def test_ranks_that_are_not_the_studys_workers_get_a_note(tmp_path, data_dir):
+    (tmp_path / "s.toml").write_text(study_text(workers=4))
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(tmp_path / "s.toml"), "--procs",
+                        "2", "-o", str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--steps", "3", "--warmup",
+                        "0", "--repeats", "1", "--timeout", "120"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.splitlines()[0] == ("note: 2 ranks for a study of 4 workers: the file's speeds and link matrices are "
+                                        "per rank, for a study of 2 workers; --fit writes a speed model and single "
+                                        "links, for any number"), p.stderr
+    assert len(tomllib.loads((tmp_path / "c.toml").read_text())["environment"]["speeds"]) == 2
