@@ -216,8 +216,10 @@ def scenario(kind: str, args) -> list[dict]:
               f"steps {r['steps']}, "
               f"{r['seconds']:.1f} s)", flush=True)
     cluster = root / "cluster.toml"
-    env = calibrate.write(calibrate.from_trace(root / CALIBRATE_FROM / "trace"), cluster)
+    env, warned = calibrate.write(calibrate.from_trace(root / CALIBRATE_FROM / "trace"), cluster)
     print("  " + calibrate.summary(env, W, cluster), flush=True)
+    for w in warned:
+        print("  " + w, flush=True)
     for name in args.policies:
         p = predict(name, cluster, root, args)
         m, s = real[name]["time_to_target"], p["time_to_target"]

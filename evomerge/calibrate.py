@@ -348,7 +348,8 @@ def fit_links(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list
                      f"{_ms(predicted)} (2 (W-1) latency + 2 (W-1)/W bytes / bandwidth over the ring's slowest link)")
         off_by = max(predicted, seconds) / max(min(predicted, seconds), 1e-12)
         if off_by > CHECK_OFF:
-            notes.append(f"{WARNING}the fitted links predict a ring all-reduce of {nbytes} bytes in {_ms(predicted)}; "
+            notes.append(f"{WARNING}the ring's measured links predict a ring all-reduce of {nbytes} bytes in "
+                         f"{_ms(predicted)}; "
                          f"it took {_ms(seconds)} ({off_by:.1f}x off): the links' figures are unsure at this message "
                          "size, and a search on them may avoid links that are fine; calibrate from a trace of your "
                          "own job (--from-trace), whose messages are its own, or read the links in the file")
@@ -1004,6 +1005,8 @@ def launch(args) -> int:
             time.sleep(0.05)
         outs[0].seek(0)
         sys.stdout.write(outs[0].read())
+        errs[0].seek(0)  # rank 0 wrote the file: its warnings about it
+        sys.stderr.write("".join(ln for ln in errs[0].read().splitlines(keepends=True) if ln.startswith(WARNING)))
         for f in outs + errs:
             f.close()
     return 0

@@ -301,9 +301,26 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader left (`evomerge policy schema | head`): end quietly, as a shell tool does
+        if not _stdout_gone():
+            raise
         # what is still buffered for stdout would raise again at the interpreter's exit: send it nowhere
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
         return 128 + 13  # SIGPIPE's exit status
+
+
+def _stdout_gone() -> bool:
+    """Whether the broken pipe is stdout's: its reader has closed it (another pipe's is an error of its own)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (captured): not a pipe that broke
+        return False
 
 
 # -- handlers ---------------------------------------------------------------------

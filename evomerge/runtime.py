@@ -442,7 +442,9 @@ class Merger:
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
         self.loss_fn = torch.nn.functional.cross_entropy if loss_fn is None else loss_fn
-        try:  # the checks every rank makes on what all of them gathered: each refuses at the same point
+        # the checks every rank makes on what all of them gathered: each refuses at the same point (a ConfigError
+        # raised here must be raised on every rank: _abandon)
+        try:
             self._broadcast_start()
             self._same_run_on_every_rank()
             if _holdout_scored(p):
@@ -1668,13 +1670,27 @@ class Merger:
         """Every rank refused the run at its start (:class:`ConfigError` from a check of what they all gathered): end
         the standing receives as :meth:`close` does, so that nothing is left waiting when the caller leaves (a
         process that exits with a receive still posted is aborted: ``terminate called without an active
-        exception``). Within ``timeout``; a rank that does not answer is left to the process's end."""
+        exception``). Within one ``timeout`` in all; a rank that does not answer is left to the process's end. Only
+        for refusals every rank reaches at the same point (a rank that refused alone would use up the others' stop
+        receives with a message that is not a stop)."""
         self._closing = True
-        try:
-            self._close()
-        except MergerError:
-            pass
-        self._let_go()
+        deadline = time.perf_counter() + self.timeout
+        flag, works = torch.zeros(1), []
+        for r in self._stop_in:
+            try:
+                works.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
+            except RuntimeError:  # its connection is closed
+                pass
+        for work in works + [w for w, _ in self._stop_in.values()]:
+            while time.perf_counter() < deadline:
+                try:
+                    if work.done():
+                        break
+                except RuntimeError:
+                    break
+                time.sleep(0.005)
+        self._stop_in = {}
+        self._let_go(deadline)
 
     def _pend(self, work, error: BaseException | None = None) -> _Pending:
         """A pollable work handle (:class:`backends.pending.Pending`), kept until its waiting thread has ended."""
@@ -1689,10 +1705,10 @@ class Merger:
         self._close()
         self._let_go()
 
-    def _let_go(self) -> None:
-        """Every message has gone or come by now: let each waiting thread end (within ``timeout``) before the process
-        group can go; the optimiser's hook off, the trace closed."""
-        deadline = time.perf_counter() + self.timeout
+    def _let_go(self, deadline: float | None = None) -> None:
+        """Every message has gone or come by now: let each waiting thread end (by ``deadline``, default within
+        ``timeout``) before the process group can go; the optimiser's hook off, the trace closed."""
+        deadline = time.perf_counter() + self.timeout if deadline is None else deadline
         for x in self._pending:
             x.join(max(0.0, deadline - time.perf_counter()))
         self._pending = []

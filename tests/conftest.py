@@ -139,7 +139,15 @@ DATA_FIXTURES = {"data_dir", "mnist"}
 
 def pytest_configure(config):
     """Under pytest-xdist each test process trains with one torch thread (``$EVOMERGE_THREADS``, default 1), so
-    two test processes on two cores do not fight over them; the commands the tests start inherit the setting."""
+    two test processes on two cores do not fight over them; the commands the tests start inherit the setting.
+
+    A suite started in the background by a script (``bash .ci/run &``) inherits SIGINT ignored, and so would every
+    command a test starts: the tests that press Ctrl-C on them (``send_signal(SIGINT)``) would see it ignored and
+    fail. The suite takes SIGINT back, so the commands it starts get Python's own handling of it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("EVOMERGE_THREADS", "1")
         import torch

@@ -203,7 +203,7 @@ class GenericModel(StackedModel):
         options = dict(options or {})
         try:
             sig = inspect.signature(fn)
-        except ValueError:  # no signature to check (a builtin): the call will tell
+        except (ValueError, TypeError):  # no signature to check (a builtin): the call will tell
             sig = None
         if sig is not None:
             try:

@@ -346,14 +346,17 @@ class Tracker:
                 # are about how torch traces it, not about the search: kept on the model, not printed mid-search
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    mlflow.pytorch.save_model(
-                        module, str(path), signature=signature, input_example=x.numpy(), serialization_format="pt2",
-                        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                        mlflow_model=Model(artifact_path=logged.artifact_location, run_id=source,
-                                           model_uuid=logged.model_id, model_id=logged.model_id))
-                said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
-                if said:
-                    self.client.set_logged_model_tags(logged.model_id, {"evomerge.save_warnings": "\n".join(said)[:5000]})
+                    try:
+                        mlflow.pytorch.save_model(
+                            module, str(path), signature=signature, input_example=x.numpy(),
+                            serialization_format="pt2", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                            mlflow_model=Model(artifact_path=logged.artifact_location, run_id=source,
+                                               model_uuid=logged.model_id, model_id=logged.model_id))
+                    finally:  # kept whether it saved or not: they may say why it did not
+                        said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+                        if said:
+                            self.client.set_logged_model_tags(logged.model_id,
+                                                              {"evomerge.save_warnings": "\n".join(said)[:5000]})
                 self.client.log_model_artifacts(logged.model_id, str(path))
             self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         except BaseException:
