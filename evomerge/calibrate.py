@@ -419,7 +419,8 @@ def summary(env: dict[str, Any], W: int, out) -> str:
           + (f" (alpha {env['alpha']:g})" if "alpha" in env else ""))
     if "latency_matrix" in env:
         lat = [v for i, r in enumerate(env["latency_matrix"]) for j, v in enumerate(r) if i != j]
-        bw = [v or math.inf for i, r in enumerate(env["bandwidth_matrix"]) for j, v in enumerate(r) if i != j]  # 0: unlimited
+        # 0 is an unlimited link
+        bw = [v or math.inf for i, r in enumerate(env["bandwidth_matrix"]) for j, v in enumerate(r) if i != j]
         link = f"links {_us(_median(lat))}, {_rate(_median(bw))} (median)"
     elif "latency" in env:
         link = f"links {_us(env['latency'])}, {_rate(env['bandwidth'] or math.inf)}"

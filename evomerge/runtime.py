@@ -255,6 +255,20 @@ def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) 
     return plan_mod.steps_by_speed(max(1, round(policy.mean_interval)), [1.0 / x for x in values])
 
 
+def _done_by(work: _Pending, deadline: float) -> bool:
+    """Poll ``work`` until it is done (True) or ``deadline`` (``time.perf_counter()``) passes or its connection closes
+    (False)."""
+    while True:
+        try:
+            if work.done():
+                return True
+        except RuntimeError:  # its connection closed
+            return False
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(0.005)
+
+
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     """For ``Merger(worker_group=...)``: the group of the workers' leaders (every rank builds it, collectively),
     whether this rank follows its leader, its leader's global rank, and the number of workers."""
@@ -449,7 +463,8 @@ class Merger:
             self._same_run_on_every_rank()
             if _holdout_scored(p):
                 self._gather_holdouts(held, held_why)
-            if local_steps is not None:  # every rank must draw the same pushes: refuse, on every rank, ranks that differ
+            # every rank must draw the same pushes: refuse, on every rank, ranks that differ
+            if local_steps is not None:
                 self._same_on_every_rank(local_steps)
         except ConfigError:
             self._abandon()
@@ -1118,36 +1133,15 @@ class Merger:
         find out too), then waits, at most ``timeout``, for every other rank's; those that never send it, or whose
         connection closed, are the ones named. ``where``: a merge event, or words."""
         if not self._stop_out:
-            flag = torch.ones(1)
-            for r in self._stop_in:
-                try:
-                    self._stop_out.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
-                except RuntimeError:
-                    pass
-        deadline, missing = time.perf_counter() + self.timeout, set()
-        for r, (work, buf) in self._stop_in.items():
-            while True:
-                try:
-                    if work.done():
-                        break
-                except RuntimeError:  # its connection closed
-                    missing.add(r)
-                    break
-                if time.perf_counter() > deadline:
-                    missing.add(r)
-                    break
-                time.sleep(0.005)
+            self._stop_out = self._send_stops(1.0)
+        deadline = time.perf_counter() + self.timeout
+        # those that never sent theirs, or whose connection closed
+        missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline)}
         # the stop messages out before this rank leaves: a caller that ends its process at once (os._exit, as a
         # broken process group asks) would otherwise drop a message still queued, and a rank that is alive would be
         # named by the others' roll calls
         for work in self._stop_out:
-            while time.perf_counter() < deadline:
-                try:
-                    if work.done():
-                        break
-                except RuntimeError:  # its connection closed: the rank it went to is gone
-                    break
-                time.sleep(0.005)
+            _done_by(work, deadline)
         who = ", ".join(str(r) for r in sorted(missing)) or "?"
         place = where if isinstance(where, str) else f"merge event {where}"
         place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
@@ -1675,22 +1669,20 @@ class Merger:
         receives with a message that is not a stop)."""
         self._closing = True
         deadline = time.perf_counter() + self.timeout
-        flag, works = torch.zeros(1), []
-        for r in self._stop_in:
-            try:
-                works.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
-            except RuntimeError:  # its connection is closed
-                pass
-        for work in works + [w for w, _ in self._stop_in.values()]:
-            while time.perf_counter() < deadline:
-                try:
-                    if work.done():
-                        break
-                except RuntimeError:
-                    break
-                time.sleep(0.005)
+        for work in self._send_stops(0.0) + [w for w, _ in self._stop_in.values()]:
+            _done_by(work, deadline)
         self._stop_in = {}
         self._let_go(deadline)
+
+    def _send_stops(self, value: float) -> list[_Pending]:
+        """This rank's stop message to every other rank (1: it stops, 0: it is done), where the connection holds."""
+        flag, out = torch.full((1,), value), []
+        for r in self._stop_in:
+            try:
+                out.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
+            except RuntimeError:  # its connection is closed
+                pass
+        return out
 
     def _pend(self, work, error: BaseException | None = None) -> _Pending:
         """A pollable work handle (:class:`backends.pending.Pending`), kept until its waiting thread has ended."""

@@ -166,8 +166,8 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
     One objective: the best trial that meets every limit in ``limits`` (objective -> value: at most it for a
     minimised objective, at least for a maximised one). Several: among the Pareto set, the trials that meet every
     limit; of those, the ones within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a
-    point of accuracy); of those, the best by the second objective (then the third). A limit or tolerance that no trial meets raises a
-    ConfigError naming ``--limit`` (None: no trial at all)."""
+    point of accuracy); of those, the best by the second objective (then the third). A limit or tolerance that no
+    trial meets raises a ConfigError naming ``--limit`` (None: no trial at all)."""
     from ..errors import ConfigError
 
     dirs = study.directions
