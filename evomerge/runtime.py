@@ -55,10 +55,13 @@ every worker's state at an event or data that travels, and those the runtime doe
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import time
 import warnings
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -77,7 +80,9 @@ from .policy import GOSSIP_ONLY, STREAMING_OFF, MergePolicy, check_workers
 OVERLAPS = ("nonblocking", "blocking", "lockstep")
 WINDOW = 4  # incoming payloads whose receives are posted ahead
 REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload, the peer's answer (push-pull)
-STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done
+STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done,
+LEFT = 2.0  # ... and 2: its process is ending without finish() or close() (an error in its own loop: _leave_at_exit)
+EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
 META = 10  # float32 slots of a payload's scalars (five float64): examples, their scale epoch, running score, winner,
 # and the sender's message number (delta payloads: its neighbours apply its deltas in the order it sent them)
 
@@ -269,6 +274,42 @@ def _done_by(work: _Pending, deadline: float) -> bool:
         time.sleep(0.005)
 
 
+
+def _leave_at_exit(ref) -> None:
+    """At the interpreter's exit, for a :class:`Merger` never finished or closed (an error in the user's loop, a loop
+    that left early, or a :class:`MergerError` not followed by ``os._exit``): its message threads would end during
+    the shutdown, as their peers' processes end, when a thread can no longer take the GIL, and the process would
+    abort (``terminate called without an active exception``). So a rank that has not stopped yet tells every other
+    rank it is leaving (:data:`LEFT`: they stop, naming it) and waits for their stop messages; then every such rank
+    waits for its message threads to end as their peers' processes end. Ranks that are all ending would wait on each
+    other, so a rank does not wait for a lower one that is leaving this way, and waits for a lower one that stopped
+    on a failure only :data:`EXIT_GRACE` seconds (time for one that leaves at once, by ``os._exit``): the highest goes
+    first and no connection closes while a rank shuts down. Within one ``timeout`` in all."""
+    self = ref()
+    if self is None or not any(x.alive() for x in self._pending):
+        return
+    self._closing = True
+    now = time.perf_counter()
+    deadline, grace = now + self.timeout, now + min(EXIT_GRACE, self.timeout)
+    if not self._stop_out:  # it has not stopped on a failure: the others learn that it leaves
+        self._stop_out = self._send_stops(LEFT)
+    for work in self._stop_out + [w for w, _ in self._stop_in.values()]:
+        _done_by(work, deadline)
+    flags = {}
+    for r, (work, buf) in self._stop_in.items():
+        try:
+            if work.done():
+                flags[r] = float(buf[0])
+        except RuntimeError:  # its connection closed: its threads end by themselves
+            pass
+    for x in self._pending:
+        if x.peer is not None and x.peer < self.rank and flags.get(x.peer, 0.0) != 0.0:
+            if flags[x.peer] == LEFT:  # in this hook too, waiting for this rank
+                continue
+            x.join(max(0.0, grace - time.perf_counter()))  # stopped on a failure: leaves at once, or is in this hook
+        else:
+            x.join(max(0.0, deadline - time.perf_counter()))
+
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     """For ``Merger(worker_group=...)``: the group of the workers' leaders (every rank builds it, collectively),
     whether this rank follows its leader, its leader's global rank, and the number of workers."""
@@ -447,12 +488,16 @@ class Merger:
             if r != self.rank:
                 buf = torch.zeros(1)
                 try:
-                    work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG))
+                    work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
                 except RuntimeError as e:  # its connection is already closed
-                    work = self._pend(None, e)
+                    work = self._pend(None, e, peer=r)
                 self._stop_in[r] = (work, buf)
         self._stop_out: list = []
         self._closing = False
+        # a process that ends with receives still posted (an error in the user's loop) is aborted when one of them
+        # completes during the interpreter's shutdown: before it, tell the others and wait for them (_leave_at_exit)
+        self._exit_hook = functools.partial(_leave_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
         self.loss_fn = torch.nn.functional.cross_entropy if loss_fn is None else loss_fn
@@ -1029,7 +1074,7 @@ class Merger:
         for to in self._dests(ev, kind):
             sent_at = time.time()  # before the message can go (the trace's wall clock)
             try:
-                work = self._pend(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)))
+                work = self._pend(dist.isend(buf, self._global(to), group=self.group, tag=self._tag(ev, kind)), peer=to)
             except RuntimeError as e:
                 raise self._gone(to, ev, e) from None
             self._sending.append((work, buf, ev, time.perf_counter(), to))
@@ -1039,7 +1084,8 @@ class Merger:
         if (ev, kind) not in self._posted:
             buf = torch.empty(self._size() if size is None else size, dtype=torch.float32, device=self.wire_dev)
             try:
-                work = self._pend(dist.irecv(buf, self._global(src), group=self.group, tag=self._tag(ev, kind)))
+                work = self._pend(dist.irecv(buf, self._global(src), group=self.group, tag=self._tag(ev, kind)),
+                                  peer=src)
             except RuntimeError as e:
                 raise self._gone(src, ev, e) from None
             self._posted[(ev, kind)] = (work, buf, time.perf_counter())
@@ -1122,7 +1168,7 @@ class Merger:
         """Raise (after the roll call) if another rank sent its stop message or its connection closed."""
         for r, (work, buf) in self._stop_in.items():
             try:
-                stopped = work.done() and float(buf[0]) == 1.0
+                stopped = work.done() and float(buf[0]) != 0.0  # it stopped, or its process is ending (LEFT)
             except RuntimeError:
                 stopped = True
             if stopped:
@@ -1137,14 +1183,17 @@ class Merger:
         deadline = time.perf_counter() + self.timeout
         # those that never sent theirs, or whose connection closed
         missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline)}
+        left = {r for r, (work, buf) in self._stop_in.items() if r not in missing and float(buf[0]) == LEFT}
         # the stop messages out before this rank leaves: a caller that ends its process at once (os._exit, as a
         # broken process group asks) would otherwise drop a message still queued, and a rank that is alive would be
         # named by the others' roll calls
         for work in self._stop_out:
             _done_by(work, deadline)
-        who = ", ".join(str(r) for r in sorted(missing)) or "?"
+        who = ", ".join(str(r) for r in sorted(missing | left)) or "?"
         place = where if isinstance(where, str) else f"merge event {where}"
         place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
+        if left and not missing:
+            return MergerError(f"rank {who} left the run without finish() or close() ({place}); stopped")
         return MergerError(f"rank {who} did not answer{' ' + how if how else ''} ({place}); stopped")
 
     def _sent(self, work: _Pending, ev: int, to: int) -> bool | None:
@@ -1255,7 +1304,10 @@ class Merger:
         out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.W)]
         work = dist.all_gather(out, mine, group=self.group, async_op=True)
         self._wait(lambda: True if work.is_completed() else None, ("the end of the run", None))
-        work.wait()
+        try:
+            work.wait()
+        except RuntimeError:  # a rank's connection closed
+            raise self._fail("the end of the run") from None
         return torch.cat(out)
 
     def _cancel_window(self) -> None:
@@ -1284,7 +1336,7 @@ class Merger:
                 buf = torch.zeros(self._size(), device=self.wire_dev)
                 try:
                     voids.append((self._pend(dist.isend(buf, self._global(b), group=self.group,
-                                                      tag=self._tag(ev, kind))), buf, ev, b))
+                                                      tag=self._tag(ev, kind)), peer=b), buf, ev, b))
                 except RuntimeError as e:
                     raise self._gone(b, ev, e) from None
         for (ev, kind), (work, buf, t0) in list(self._posted.items()):
@@ -1334,7 +1386,7 @@ class Merger:
         self._post(ev, REPLY, 0, self.P)
         sent_at = time.time()
         try:
-            work = self._pend(dist.isend(flat, self._global(0), group=self.group, tag=self._tag(ev, REQUEST)))
+            work = self._pend(dist.isend(flat, self._global(0), group=self.group, tag=self._tag(ev, REQUEST)), peer=0)
         except RuntimeError as e:
             raise self._gone(0, ev, e) from None
         self._sending.append((work, flat, ev, time.perf_counter(), 0))
@@ -1465,7 +1517,7 @@ class Merger:
             out = glob.to(self.wire_dev)
             sent_at = time.time()
             try:
-                work = self._pend(dist.isend(out, self._global(q), group=self.group, tag=self._tag(ev, REPLY)))
+                work = self._pend(dist.isend(out, self._global(q), group=self.group, tag=self._tag(ev, REPLY)), peer=q)
             except RuntimeError as e:
                 raise self._gone(q, ev, e) from None
             self._sending.append((work, out, ev, time.perf_counter(), q))
@@ -1506,7 +1558,8 @@ class Merger:
             if later and self.overlap != "lockstep":
                 buf = torch.zeros(self.P + 1, device=self.wire_dev)  # last slot 0: not a push (this rank leaves)
                 try:
-                    work = self._pend(dist.isend(buf, self._global(0), group=self.group, tag=self._tag(later[0], REQUEST)))
+                    work = self._pend(dist.isend(buf, self._global(0), group=self.group,
+                                                 tag=self._tag(later[0], REQUEST)), peer=0)
                 except RuntimeError as e:
                     raise self._gone(0, later[0], e) from None
                 self._wait(lambda: self._sent(work, later[0], 0), (later[0], 0))
@@ -1679,16 +1732,16 @@ class Merger:
         flag, out = torch.full((1,), value), []
         for r in self._stop_in:
             try:
-                out.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)))
+                out.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG), peer=r))
             except RuntimeError:  # its connection is closed
                 pass
         return out
 
-    def _pend(self, work, error: BaseException | None = None) -> _Pending:
+    def _pend(self, work, error: BaseException | None = None, *, peer: int) -> _Pending:
         """A pollable work handle (:class:`backends.pending.Pending`), kept until its waiting thread has ended."""
         if len(self._pending) > 256:
             self._pending = [x for x in self._pending if x.alive()]
-        out = _Pending(work, error)
+        out = _Pending(work, error, peer)
         self._pending.append(out)
         return out
 
@@ -1704,6 +1757,7 @@ class Merger:
         for x in self._pending:
             x.join(max(0.0, deadline - time.perf_counter()))
         self._pending = []
+        atexit.unregister(self._exit_hook)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -1716,7 +1770,8 @@ class Merger:
         if not self._stop_in:
             return
         flag = torch.zeros(1)
-        sends = [self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG)) for r in self._stop_in]
+        sends = [self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
+                 for r in self._stop_in]
         for work in sends + [w for w, _ in self._stop_in.values()]:
             self._wait(lambda: True if work.done() else None, ("the end of the run", None))
         self._stop_in = {}

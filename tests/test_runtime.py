@@ -912,3 +912,59 @@ def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_l
     assert [o.strip() for o, _ in outs] == lines, outs
     # nothing left waiting that aborts the process at its exit ("terminate called without an active exception")
     assert [p.returncode for p in procs] == [2, 2, 2], [e[-2000:] for _, e in outs]
+
+
+LEAVER = """
+import os, sys, time, torch, torch.distributed as dist, evomerge
+store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=3)
+g = torch.Generator().manual_seed(rank)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+merger = evomerge.Merger({"scheme": "gossip", "topology": "ring", "mean_interval": 2}, model, opt, seed=0,
+                         total_steps=40, timeout=30)
+try:
+    for t in range(40):
+        x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.01)
+        merger.step(loss=loss)
+        if t == 15 and (rank == 1 or case == "all"):
+            raise ValueError(f"a bug in rank {rank}'s own loop")
+    merger.finish()
+except evomerge.MergerError as e:
+    print(f"error: {e}", flush=True)
+    if case == "caught":  # as deploy.md says: print the line and leave
+        os._exit(1)
+    raise
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ["caught", "uncaught", "all"])
+def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, case):
+    """(A rank whose own loop raised left its receives posted: the process aborted at its exit, status 134 and
+    'terminate called without an active exception', and so did the others when their MergerError went uncaught.)
+    The rank that leaves tells the others, which name it in one line, and every process ends with status 1."""
+    (tmp_path / "leaver.py").write_text(LEAVER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "leaver.py", str(tmp_path / "store"), str(r), case], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert time.perf_counter() - t0 < 25, "a rank waited for the timeout"
+    assert [p.returncode for p in procs] == [1, 1, 1], [e[-1500:] for _, e in outs]
+    assert not any("terminate called" in e for _, e in outs), [e[-1500:] for _, e in outs]
+    if case == "all":  # every rank leaves; one may first learn that another left (within the same step)
+        assert all(re.search(r"(ValueError: a bug in rank \d's own loop|MergerError: rank [\d, ]+ left the run without"
+                             r" finish\(\) or close\(\) \(.*\); stopped)\n$", e)
+                   for _, e in outs), [e[-500:] for _, e in outs]
+        return
+    for r, (o, e) in enumerate(outs):
+        if r == 1:
+            assert "ValueError: a bug in rank 1's own loop" in e and o == ""
+        else:
+            assert o.splitlines() == [o.splitlines()[0]] and re.fullmatch(
+                r"error: rank 1 left the run without finish\(\) or close\(\) \((the end of the run, )?local step "
+                r"\d+\); stopped", o.strip()), o

@@ -12,10 +12,12 @@ import time
 
 
 class Pending:
-    """A ``torch.distributed`` work handle (``None`` with ``error``: it failed when posted), pollable."""
+    """A ``torch.distributed`` work handle (``None`` with ``error``: it failed when posted), pollable. ``peer``:
+    the rank at the other end, where the caller keeps it."""
 
-    def __init__(self, work, error: BaseException | None = None):
+    def __init__(self, work, error: BaseException | None = None, peer: int | None = None):
         self.error = error
+        self.peer = peer
         self._done = threading.Event()
         self.finished_at: float | None = None  # wall-clock time (time.time()) the message went or came
         self._thread = None
