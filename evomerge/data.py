@@ -455,6 +455,11 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
         raise ConfigError("study.run.workers", f"{workers} is out of range; allowed: [1, {n}] for {n} samples")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xDA7A])))
     if kind == "iid":
+        if n // workers < min_size:  # the smallest of an even split
+            raise ConfigError("study.run.workers", f"{workers} workers of {n} training samples get {n // workers} "
+                                                   f"each; each needs at least {min_size} (run.score_samples and one "
+                                                   f"to train on); allowed: [1, {n // min_size}], or a smaller "
+                                                   "run.score_samples")
         return [np.sort(s) for s in np.array_split(rng.permutation(n), workers)]
     if kind != "dirichlet":
         raise ConfigError("study.data.partition", unknown(kind, PARTITIONS))

@@ -284,6 +284,8 @@ def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(fo
      r"'stacked' cannot batch mymodels:rnn over workers with torch.func.vmap \(layer 'rnn': RuntimeError: Batching "
      r"rule not implemented for aten::gru.input.*\); allowed: auto or loop"),
     (dict(execution="fast"), "study.model.execution", r"'fast'.*auto, stacked, loop"),
+    (dict(workers=200), "study.run.workers", r"200 workers of \d+ training samples get \d+ each; each needs at least "
+     r"33 \(run.score_samples and one to train on\); allowed: \[1, \d+\], or a smaller run.score_samples$"),
     (dict(loss="mydata:raises"), "study.run.loss",
      r"mydata:raises raised IndexError: .* on outputs of shape \[4, 10\] and targets torch.int64 of shape \[4\]"),
     (dict(extra="[policy]\ndata_exchange_k = 4", data='loader = "mydata:halves"', factory="regressor", loss="mse",

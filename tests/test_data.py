@@ -146,3 +146,15 @@ def test_partition_errors_name_the_field():
         data.partition(np.zeros(10, int), 2, "zipf")
     with pytest.raises(ConfigError, match="study.run.workers"):
         data.partition(np.zeros(10, int), 11)
+
+
+@pytest.mark.unit
+def test_an_iid_split_too_thin_for_the_score_slices_is_refused_naming_the_most_workers_that_fit():
+    """(25 workers of 800 samples, 32 each, all of it the score slice: a ZeroDivisionError inside a trial.)"""
+    labels = np.arange(800) % 10
+    shards = data.partition(labels, 24, "iid", min_size=33)
+    assert min(len(s) for s in shards) == 33
+    with pytest.raises(data.ConfigError) as e:
+        data.partition(labels, 25, "iid", min_size=33)
+    assert e.value.field == "study.run.workers"
+    assert "get 32 each; each needs at least 33" in str(e.value) and "allowed: [1, 24]" in str(e.value)
