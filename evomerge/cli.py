@@ -532,18 +532,22 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     t = Table(title=f"{study.name}: {policy.name or args.policy} re-evaluated on fresh seeds {seeds}", caption=policy.describe())
     t.add_column("metric")
     t.add_column("mean ± sd", justify="right")
-    rows = [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
-            ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
-            ("mean worker val accuracy", ms([r.final.mean_worker_accuracy for r in results])),
-            ("val loss (consensus)", ms([r.final.val_loss for r in results])),
-            ("bytes sent (MB)", ms([r.final.bytes / 1e6 for r in results])),
-            ("diverged runs", f"{len(results) - len(ok)} of {len(results)}")]
+    rows = []
+    if setup.model.task.classification:  # no accuracy rows for a task without classes (regression)
+        rows += [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
+                 ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
+                 ("mean worker val accuracy", ms([r.final.mean_worker_accuracy for r in results]))]
+    rows += [("test loss (consensus)", ms([r.test_loss for r in ok]) if ok else "n/a"),
+             ("val loss (consensus)", ms([r.final.val_loss for r in results])),
+             ("bytes sent (MB)", ms([r.final.bytes / 1e6 for r in results])),
+             ("diverged runs", f"{len(results) - len(ok)} of {len(results)}")]
     for name, v in rows:
         t.add_row(name, v)
     _console().print(t)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"study": study.name, "seeds": seeds, "policy": policy.to_dict(),
-                                                   "runs": [r.to_dict() | {"test_accuracy": r.test_accuracy} for r in results]}, indent=2))
+                                                   "runs": [r.to_dict() | {"test_accuracy": r.test_accuracy, "test_loss": r.test_loss}
+                                                            for r in results]}, indent=2))
     return 0 if len(ok) == len(results) else 1
 
 

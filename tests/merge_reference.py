@@ -108,9 +108,10 @@ def reference_simulate(
         if judge.converged(rm, T):
             converged = end
             break
-    test_acc = judge.test_accuracy(st.params) if evaluate_test and status == "ok" else None
+    test_acc, test_loss = judge.test_metrics(st.params) if evaluate_test and status == "ok" else (None, None)
     return RunResult(status=status, seed=seed, policy=policy.to_dict(), history=history, total_steps=T,
                      wall_time=time.perf_counter() - t0, label_skew=setup.label_skew, workers=W, test_accuracy=test_acc,
+                     test_loss=test_loss,
                      eval_time=judge.eval_time, params=st.params.rows().cpu() if keep_params else None,
                      converged_step=converged, communities=merger.groups.tolist() if policy.regroup_every else None,
                      model_at=st.model_at.tolist())

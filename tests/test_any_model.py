@@ -462,6 +462,18 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     assert re.search(r"^validation loss matches trial \d+ of my-mse-cli", r.stdout, re.M), r.stdout
     assert "as the exported trial ran" in r.stdout
+    # the final check on fresh seeds reports the test set's loss (it had no test figure, and three n/a accuracy rows)
+    r = evomerge("run", "--study", str(p), "--policy", str(tmp_path / "best.json"), "--reevaluate", "2", "--json",
+                 str(tmp_path / "re.json"))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"test loss \(consensus\)[\s│|]+\d\.\d{4} ± \d\.\d{4}", r.stdout), r.stdout
+    assert "accuracy" not in r.stdout, r.stdout
+    d = simulate.prepare(load(p)).data
+    tx, ty = d.test()
+    constant = float((ty - d.train_y.mean()).pow(2).mean())  # the best constant predictor's test loss
+    runs = json.loads((tmp_path / "re.json").read_text())["runs"]
+    assert len(runs) == 2 and all(0 < x["test_loss"] < 0.8 * constant for x in runs), (runs, constant)
+    assert runs[0]["test_loss"] != runs[1]["test_loss"]  # two fresh seeds
     r = evomerge("dashboard", "--study", str(p), "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "dash"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "dash" / "index.html").read_text()

@@ -442,11 +442,11 @@ def _result(x: _Run, setup: Setup, evaluate_test: bool, keep_params: bool, t0: f
     if x.error is not None:
         return x.error
     stack = x.backend.gather()
-    test_acc = x.judge.test_accuracy(stack) if evaluate_test and x.status == "ok" else None
+    test_acc, test_loss = x.judge.test_metrics(stack) if evaluate_test and x.status == "ok" else (None, None)
     return RunResult(
         status=x.status, seed=x.m.seed, policy=x.m.policy.to_dict(), history=x.history, total_steps=setup.total_steps,
         wall_time=time.perf_counter() - t0, label_skew=setup.label_skew, workers=setup.study.run.workers,
-        test_accuracy=test_acc, eval_time=x.judge.eval_time,
+        test_accuracy=test_acc, test_loss=test_loss, eval_time=x.judge.eval_time,
         params=stack.rows().cpu() if keep_params else None, converged_step=x.converged,
         communities=x.backend.communities(), model_at=x.backend.model_at(),
     )

@@ -121,11 +121,13 @@ class Judge:
         self.calm = self.calm + 1 if tol and rm.local_update_norm < tol and rm.merge_update_norm < tol else 0
         return bool(tol) and self.calm >= self.policy.stop_patience and rm.step < total
 
-    def test_accuracy(self, stack: models_mod.Stack) -> float:
+    def test_metrics(self, stack: models_mod.Stack) -> tuple[float | None, float]:
+        """The consensus model's accuracy (None where the task has no classes) and loss on the test set."""
         tx, ty = self.data.test()
         center = stack.mean().unsqueeze(0)
-        acc = _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec), ty.to(self.dev))[0]
-        return acc[0] if acc is not None else None
+        acc, loss = _accuracy(self.model, self.model.views(center), normalise(tx.to(self.dev), self.data.spec),
+                              ty.to(self.dev))
+        return (acc[0] if acc is not None else None), loss[0]
 
 
 def validation(setup: Setup, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

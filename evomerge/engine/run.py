@@ -190,11 +190,11 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
             break
     if judge is None:
         return None
-    test_acc = judge.test_accuracy(stack) if evaluate_test and status == "ok" else None
+    test_acc, test_loss = judge.test_metrics(stack) if evaluate_test and status == "ok" else (None, None)
     return RunResult(
         status=status, seed=seed, policy=policy.to_dict(), history=history, total_steps=T,
         wall_time=time.perf_counter() - t0, label_skew=setup.label_skew, workers=run.workers,
-        test_accuracy=test_acc, eval_time=judge.eval_time,
+        test_accuracy=test_acc, test_loss=test_loss, eval_time=judge.eval_time,
         params=stack.rows().cpu() if keep_params else None, converged_step=converged,
         communities=backend.communities(), model_at=backend.model_at(),
     )

@@ -66,7 +66,8 @@ class RunResult:
     wall_time: float
     label_skew: float
     workers: int
-    test_accuracy: float | None = None
+    test_accuracy: float | None = None  # the consensus model's on the test set (evaluate_test; a task with classes)
+    test_loss: float | None = None  # and its loss there (evaluate_test)
     eval_time: float = 0.0  # seconds of wall_time spent evaluating (the rest is training and merging)
     params: torch.Tensor | None = None  # final [W, P] parameters, with keep_params=True
     converged_step: int | None = None  # the step at which the convergence stop ended the run
@@ -85,6 +86,8 @@ class RunResult:
             out["converged_step"] = self.converged_step
         if self.test_accuracy is not None:
             out["test_accuracy"] = self.test_accuracy
+        if self.test_loss is not None:
+            out["test_loss"] = self.test_loss
         return out
 
     def to_dict(self) -> dict[str, Any]:
