@@ -334,7 +334,10 @@ def cmd_policy_schema(args) -> int:
 def cmd_policy_validate(args) -> int:
     from .policy import MergePolicy
 
+    from .policy import read_export
+
     pol = MergePolicy.load(args.file)
+    read_export(args.file)  # an exported file's "run": the optimiser and step size it was found with
     print(f"ok: {pol.describe()}")
     _merger_note(pol)
     return 0

@@ -707,4 +707,10 @@ def read_export(path: str | Path) -> dict | None:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "policy" in data and "trial" in data else None
+    if not (isinstance(data, dict) and "policy" in data and "trial" in data):
+        return None
+    if "run" in data:
+        from .study import check_found_run
+
+        check_found_run(data["run"])
+    return data

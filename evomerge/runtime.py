@@ -74,7 +74,7 @@ from .engine import ops, schedule as schedule_mod
 from . import registry
 from .backends.pending import Pending as _Pending
 from .engine import kernel, plan as plan_mod
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RunError, did_you_mean
 from .policy import GOSSIP_ONLY, STREAMING_OFF, MergePolicy, check_workers
 
 OVERLAPS = ("nonblocking", "blocking", "lockstep")
@@ -111,7 +111,8 @@ class MergerError(RunError):
 
 
 def read_policy(policy) -> MergePolicy:
-    """A :class:`MergePolicy` from an object, a dict, or a path to a policy or an exported file (``best.json``)."""
+    """A :class:`MergePolicy` from an object, a dict, a path to a policy or an exported file (``best.json``), or a
+    shipped policy's name (``"diloco"``)."""
     return read_policy_and_run(policy)[0]
 
 
@@ -123,16 +124,23 @@ def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
     run = {}
     if isinstance(policy, (str, os.PathLike)):
         path = Path(policy)
+        shipped = registry.shipped_studies_dir() / "policies"
+        if not path.exists() and isinstance(policy, str) and (shipped / f"{policy}.json").is_file():
+            path = shipped / f"{policy}.json"  # a shipped policy by name, as evomerge run --policy takes it
         try:
             data = json.loads(path.read_text())
         except OSError as e:
+            named = sorted(f.stem for f in shipped.glob("*.json"))
             raise ConfigError("policy", f"cannot read {str(path)!r}: {e.strerror or e}; allowed: a policy or an "
-                                        "exported JSON file, a dict or a MergePolicy") from None
+                                        f"exported JSON file, a shipped policy's name ({', '.join(named)}), a dict "
+                                        "or a MergePolicy" + did_you_mean(str(policy), named)) from None
         except ValueError as e:
             raise ConfigError("policy", f"{str(path)!r} is not JSON ({e})") from None
         policy = data
     if isinstance(policy, dict) and "trial" in policy and "policy" in policy:  # an exported file
-        run = policy.get("run") if isinstance(policy.get("run"), dict) else {}
+        from .study import check_found_run
+
+        run = check_found_run(policy["run"]) if "run" in policy else {}
         policy = policy["policy"]
     if not isinstance(policy, dict):
         raise ConfigError("policy", f"got {type(policy).__name__}; allowed: a MergePolicy, a dict, or a path to a "

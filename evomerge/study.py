@@ -158,6 +158,24 @@ RUN_PREFIX = "run."
 RUN_SEARCHABLE = ("lr", "weight_decay")
 
 
+FOUND_RUN_KEYS = ("optimizer", "lr", "weight_decay", "momentum", "betas", "eps")  # an export's "run"
+
+
+def check_found_run(run: Any, where: str = "run") -> dict[str, Any]:
+    """An exported file's ``run`` (the optimiser and step size its policy was found with), checked by the rules of a
+    study's ``[run]``: one line naming ``run.<key>`` and what is allowed."""
+    if not isinstance(run, dict):
+        raise ConfigError(where, f"must be a table, got {type(run).__name__}")
+    for k in run:
+        if k not in FOUND_RUN_KEYS:
+            raise ConfigError(f"{where}.{k}", unknown_key(str(k), FOUND_RUN_KEYS))
+    try:
+        RunSpec(**run)
+    except ConfigError as e:
+        raise ConfigError(e.field.replace("study.run", where, 1), e.message) from None
+    return run
+
+
 def with_run(study: "Study", values: dict[str, Any]) -> "Study":
     """``study`` with the ``[run]`` settings ``values`` (a trial's searched ``run.lr``), checked as the file's are."""
     if not values:

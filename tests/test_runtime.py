@@ -744,6 +744,40 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
         read_policy({"topology": "star"})
     with pytest.raises(ConfigError, match=r"^policy: got int"):
         read_policy(3)
+    # a shipped policy by name, as evomerge run --policy takes it
+    assert read_policy("streaming-diloco") == MergePolicy.load(ROOT / "studies" / "policies" / "streaming-diloco.json")
+    with pytest.raises(ConfigError, match=r"^policy: cannot read 'streaming-dilco'.*shipped policy's name \(.*"
+                                          r"streaming-diloco\).*; did you mean streaming-diloco\?$"):
+        read_policy("streaming-dilco")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("run, line", [
+    ({"optimizer": "lion", "lr": 0.1}, "run.optimizer: unknown 'lion'; allowed: sgd, adam, adamw"),
+    ({"optimizer": "sgd", "lr": "fast"}, 'run.lr: must be a number, got str "fast"'),
+    ({"optimizer": "sgd", "lr": -1}, "run.lr: -1 is out of range; allowed: [0, inf)"),
+    ({"optimizer": "adamw", "lr": 0.01, "betas": [0.9, 1.5]}, "run.betas: [0.9, 1.5] is out of range; allowed: two "
+                                                             "numbers in [0, 1)"),
+    ({"optimizer": "sgd", "learning_rate": 0.1}, "run.learning_rate: unknown key; allowed: optimizer, lr, "
+                                                 "weight_decay, momentum, betas, eps"),
+    ("fast", "run: must be a table, got str"),
+])
+def test_an_exports_run_edited_by_hand_is_refused_in_one_line_by_validate_run_and_the_merger(tmp_path, run, line):
+    """(An export's "run" was never checked: policy validate said ok, run replayed it, the Merger took lr 'fast'.)"""
+    from evomerge import cli
+    from evomerge.runtime import read_policy_and_run
+
+    f = tmp_path / "best.json"
+    f.write_text(json.dumps({"policy": MergePolicy().to_dict(), "trial": 1, "study": "s", "run": run}))
+    with pytest.raises(ConfigError) as e:
+        read_policy_and_run(str(f))
+    assert str(e.value) == line
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "policy", "validate", str(f)], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert (p.returncode, p.stderr.strip(), p.stdout) == (2, f"error: {line}", "")
+    ok = {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8}
+    f.write_text(json.dumps({"policy": MergePolicy().to_dict(), "trial": 1, "study": "s", "run": ok}))
+    assert read_policy_and_run(str(f))[1] == ok and cli.main(["policy", "validate", str(f)]) == 0
 
 
 @pytest.mark.parametrize("field,value,why", [
