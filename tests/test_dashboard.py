@@ -137,6 +137,7 @@ def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_pat
     assert all(sub[1] >= main[3] for sub in plots["plot-curves"]["subtitles"])
     # the default (local) MLflow store: run ids are not links, and the page says how to open them
     assert "evomerge ui --study" in text and "workflowType=machine_learning" in text
+    assert "go to the address it prints, which ends with /#/experiments/" in text  # (it said "followed by" it)
 
 
 @pytest.mark.system
