@@ -957,8 +957,10 @@ def launch(args) -> int:
     N = args.procs
     check_rank(args, N)
     if st.run.workers != N and args.fit is None:
-        print(f"note: {N} ranks for a study of {st.run.workers} workers: the file's speeds and link matrices are per "
-              f"rank, for a study of {N} workers; --fit writes a speed model and single links, for any number",
+        ranks, workers = f"{N} rank{'s' * (N != 1)}", f"{N} worker{'s' * (N != 1)}"
+        print(f"note: {ranks} for a study of {st.run.workers} worker{'s' * (st.run.workers != 1)}: the file's speeds "
+              f"and link matrices are per rank, for a study of {workers}; --fit writes a speed model and single links, "
+              "for any number",
               file=sys.stderr)
     cmd = [sys.executable, "-m", "evomerge.calibrate", "--study", str(st.path or args.study), "-o", str(args.output),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),

@@ -87,6 +87,14 @@ def test_every_link_of_the_manual_works_on_disk():
     assert not broken, f"links to nothing on disk: {broken}"
 
 
+def test_the_studies_page_names_every_shipped_policy():
+    """(snoo was shipped and missing from the list of named policies.)"""
+    text = (ROOT / "docs" / "studies.md").read_text(encoding="utf-8")
+    listed = text.split("then among the shipped", 1)[1].split("so a study file", 1)[0]
+    shipped = sorted(p.stem for p in (ROOT / "studies" / "policies").glob("*.json"))
+    assert sorted(re.findall(r"`([a-z-]+)`", listed)) == shipped
+
+
 @pytest.mark.system
 def test_the_cli_reference_lists_every_command_and_option(site):
     sections = _sections(site / "reference" / "cli" / "index.html")
