@@ -108,6 +108,19 @@ def test_a_tied_objective_is_marked_and_time_is_in_seconds():
     assert v["lines"][1] == "  beats fedavg: 12.50 ± 0.40 s faster (time to target s)"
     assert v["lines"][2].startswith("  ties with ring-gossip: ")
     assert any("--reevaluate 0" in n for n in v["notes"])  # judged on the search's own seeds: said
+    assert not any("first evaluation" in n for n in v["notes"])
+
+
+@pytest.mark.unit
+def test_sides_that_all_reach_the_target_at_the_first_round_are_said_to_be_indistinguishable():
+    """(Four of six trials and two baselines tied at exactly the first round's end, and nothing said why.)"""
+    s = study.load("mnist-stragglers")
+    first = s.environment.time_budget / s.run.rounds
+    v = verdict.judge(s, _picks((2, [[first], [first]])), _bases(fedavg=[[first], [first]], ring_gossip=[[3.1], [first]]),
+                      [1000, 1001], True, "the best time_to_target")
+    assert [n for n in v["notes"] if "first evaluation" in n] == [
+        f"trial 2 and fedavg reached the target at the first evaluation ({first:g} s, the end of round 1) on every "
+        "seed: time to target cannot tell them apart there; a harder study.objectives.target or more run.rounds can"]
 
 
 @pytest.mark.system

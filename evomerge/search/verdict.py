@@ -127,6 +127,22 @@ def compare(study: Study, pick: list[list[float]], base: list[list[float]], seed
     return {"outcome": outcome, "objectives": objs, "text": ", ".join(marked)}
 
 
+def _at_first_round(study: Study, sides: list[tuple[str, dict]]) -> str | None:
+    """A note where two or more sides reached the time target at the first evaluation on every seed: time to
+    target is taken at round resolution there (the first round's end), so it cannot tell them apart."""
+    env = study.environment
+    if "time_to_target" not in study.objectives or env is None or not env.time_budget:
+        return None
+    k, first = study.objectives.index("time_to_target"), env.time_budget / study.run.rounds
+    at = [who for who, side in sides
+          if side.get("per_seed") and all(abs(v[k] - first) <= 1e-6 * first for v in side["per_seed"])]
+    if len(at) < 2:
+        return None
+    return (f"{_join(at)} reached the target at the first evaluation ({first:g} s, the end of round 1) on every "
+            "seed: time to target cannot tell them apart there; a harder study.objectives.target or more run.rounds "
+            "can")
+
+
 def ordered(names: list[str]) -> list[str]:
     """Baselines in the order a verdict speaks of them: FedAvg and ring gossip first, then the study's order."""
     return [n for n in LEAD if n in names] + [n for n in names if n not in LEAD]
@@ -190,6 +206,9 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     for who, side in [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names]:
         if side.get("never_merged"):  # its interval is longer than the run: what it is compared as is no merging
             notes.append(f"{who} {side['never_merged']}")
+    first_round = _at_first_round(study, [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names])
+    if first_round:
+        notes.append(first_round)
     searched = sorted({k for p in picks for k in (p.get("run") or {})})
     notes.append(f"the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each"
                  + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
