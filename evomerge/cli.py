@@ -779,6 +779,7 @@ def _export(args, study, url, out: Path) -> int:
         doc = export_trial(study, url, out, args.trial)
         values = _values_text(doc["objectives"])
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
+        _never_merged_note(doc)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     elif args.pareto:
         paths = export_pareto(study, url, out)
@@ -801,8 +802,20 @@ def _export(args, study, url, out: Path) -> int:
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
         from .policy import MergePolicy
 
+        _never_merged_note(doc)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0
+
+
+def _never_merged_note(doc: dict) -> None:
+    """One line (stderr, as evomerge run says it) where the exported trial merged on none of its seeds: what it
+    was judged as is no merging."""
+    from .policy import MergePolicy
+    from .search.results import never_merged
+
+    said = never_merged(MergePolicy.from_dict(doc["policy"]), list((doc.get("metrics_per_seed") or {}).values()))
+    if said:
+        print(f"note: trial {doc['trial']} {said}", file=sys.stderr)
 
 
 def _values_text(objectives: dict) -> str:

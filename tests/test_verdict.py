@@ -193,7 +193,9 @@ def test_a_baseline_whose_interval_outlasts_the_run_is_said_to_have_never_merged
     from conftest import write_study
 
     f = write_study(tmp_path)
-    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]', 'policies = ["fedavg", "ring-gossip"]'))
+    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]', 'policies = ["fedavg", "ring-gossip"]')
+                 .replace("low = 1.0, high = 30.0", "low = 40.0, high = 45.0")  # the trial never merges either
+                 .replace("[policy]\n", '[policy]\nscheme = "allreduce"\n'))
     p = cli("search", "--study", f, "--n-trials", "1", "--sampler", "random", "--no-prune", "--reevaluate", "0",
             "--runs-dir", tmp_path / "runs", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
@@ -206,6 +208,14 @@ def test_a_baseline_whose_interval_outlasts_the_run_is_said_to_have_never_merged
     assert [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")] == [f"note: {said}"]
     r = cli("run", "--study", f, "--policy", "ring-gossip", cwd=tmp_path, data_dir=data_dir)
     assert r.returncode == 0 and "never merged" not in r.stderr
+    # the export of a trial that never merged says so too (it said nothing)
+    r = cli("export", "--study", f, "--runs-dir", tmp_path / "runs", "-o", tmp_path / "best.json", cwd=tmp_path,
+            data_dir=data_dir)
+    assert r.returncode == 0, r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: trial 0 never merged: a worker's 30 local steps ended before "
+                                                   "its first merge (all workers average every 4") and \
+        notes[0].endswith("so it ran as no-merging"), r.stderr
 
 
 @pytest.mark.unit
