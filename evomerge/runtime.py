@@ -61,7 +61,6 @@ import json
 import os
 import time
 import warnings
-import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -80,8 +79,8 @@ from .policy import GOSSIP_ONLY, STREAMING_OFF, MergePolicy, check_workers
 OVERLAPS = ("nonblocking", "blocking", "lockstep")
 WINDOW = 4  # incoming payloads whose receives are posted ahead
 REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload, the peer's answer (push-pull)
-STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done,
-LEFT = 2.0  # ... and 2: its process is ending without finish() or close() (an error in its own loop: _leave_at_exit)
+STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done, LEFT
+LEFT = 2.0  # the stop message of a rank whose process is ending without finish() or close() (_leave_at_exit)
 EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
 META = 10  # float32 slots of a payload's scalars (five float64): examples, their scale epoch, running score, winner,
 # and the sender's message number (delta payloads: its neighbours apply its deltas in the order it sent them)
@@ -283,40 +282,43 @@ def _done_by(work: _Pending, deadline: float) -> bool:
 
 
 
-def _leave_at_exit(ref) -> None:
+def _leave_at_exit(self: "Merger") -> None:
     """At the interpreter's exit, for a :class:`Merger` never finished or closed (an error in the user's loop, a loop
     that left early, or a :class:`MergerError` not followed by ``os._exit``): its message threads would end during
     the shutdown, as their peers' processes end, when a thread can no longer take the GIL, and the process would
     abort (``terminate called without an active exception``). So a rank that has not stopped yet tells every other
     rank it is leaving (:data:`LEFT`: they stop, naming it) and waits for their stop messages; then every such rank
-    waits for its message threads to end as their peers' processes end. Ranks that are all ending would wait on each
-    other, so a rank does not wait for a lower one that is leaving this way, and waits for a lower one that stopped
-    on a failure only :data:`EXIT_GRACE` seconds (time for one that leaves at once, by ``os._exit``): the highest goes
-    first and no connection closes while a rank shuts down. Within one ``timeout`` in all."""
-    self = ref()
-    if self is None or not any(x.alive() for x in self._pending):
-        return
-    self._closing = True
-    now = time.perf_counter()
-    deadline, grace = now + self.timeout, now + min(EXIT_GRACE, self.timeout)
-    if not self._stop_out:  # it has not stopped on a failure: the others learn that it leaves
-        self._stop_out = self._send_stops(LEFT)
-    for work in self._stop_out + [w for w, _ in self._stop_in.values()]:
-        _done_by(work, deadline)
-    flags = {}
-    for r, (work, buf) in self._stop_in.items():
-        try:
-            if work.done():
-                flags[r] = float(buf[0])
-        except RuntimeError:  # its connection closed: its threads end by themselves
-            pass
-    for x in self._pending:
-        if x.peer is not None and x.peer < self.rank and flags.get(x.peer, 0.0) != 0.0:
-            if flags[x.peer] == LEFT:  # in this hook too, waiting for this rank
-                continue
-            x.join(max(0.0, grace - time.perf_counter()))  # stopped on a failure: leaves at once, or is in this hook
-        else:
-            x.join(max(0.0, deadline - time.perf_counter()))
+    waits until its message threads have ended, as their peers' processes end. It does not wait for a lower rank that
+    is leaving this way (that one waits for it), and waits for a lower one that stopped on a failure only
+    :data:`EXIT_GRACE` seconds (time for one that leaves at once, by ``os._exit``): the highest goes first, and no
+    connection closes while a rank shuts down (a rank whose only messages left are to lower ones can still go first:
+    a race, not a guarantee). Within one ``timeout`` in all; never raises."""
+    try:
+        if not dist.is_initialized():  # the caller destroyed the process group: nothing left to tell or wait for
+            return
+        self._closing = True
+        now = time.perf_counter()
+        deadline, grace = now + self.timeout, now + min(EXIT_GRACE, self.timeout)
+        if not self._stop_out:  # it has not stopped on a failure: the others learn that it leaves
+            self._stop_out = self._send_stops(LEFT)
+        for work in self._stop_out + [w for w, _ in self._stop_in.values()]:
+            _done_by(work, deadline)
+        flags = {}
+        for r, (work, buf) in self._stop_in.items():
+            try:
+                if work.done():
+                    flags[r] = float(buf[0])
+            except RuntimeError:  # its connection closed: its process has ended
+                pass
+        for x in self._pending:
+            if x.peer is not None and x.peer < self.rank and flags.get(x.peer, 0.0) != 0.0:
+                if flags[x.peer] == LEFT:  # in this hook too, waiting for this rank
+                    continue
+                x.join(max(0.0, grace - time.perf_counter()))  # stopped on a failure: left at once, or waits here
+            else:
+                x.join(max(0.0, deadline - time.perf_counter()))
+    except Exception:  # noqa: BLE001 - the interpreter is ending: nothing to report to
+        pass
 
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     """For ``Merger(worker_group=...)``: the group of the workers' leaders (every rank builds it, collectively),
@@ -504,7 +506,8 @@ class Merger:
         self._closing = False
         # a process that ends with receives still posted (an error in the user's loop) is aborted when one of them
         # completes during the interpreter's shutdown: before it, tell the others and wait for them (_leave_at_exit)
-        self._exit_hook = functools.partial(_leave_at_exit, weakref.ref(self))
+        self._hook_off = False  # finished, closed or left: the exit hook is off
+        self._exit_hook = functools.partial(_leave_at_exit, self)  # held until _let_go: a Merger the caller dropped
         atexit.register(self._exit_hook)
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
@@ -1712,6 +1715,20 @@ class Merger:
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
 
+    def __enter__(self) -> "Merger":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        """The end of a ``with evomerge.Merger(...) as merger:`` block: where the loop left without ``finish()`` or
+        ``close()`` (an error in it), tell the other ranks and wait for them now (what the process's exit would do,
+        :func:`_leave_at_exit`), before a ``finally`` that destroys the process group. The error goes on."""
+        hook = getattr(self, "_exit_hook", None)  # a worker's follower rank has none
+        if hook is not None and not self._hook_off:
+            _leave_at_exit(self)
+            atexit.unregister(hook)
+            self._hook_off = True
+        return False
+
     def close(self) -> None:
         """Leave the run without the final average (after :meth:`state_dict`, to stop and resume later): tell every
         other rank this one is done and wait until they say so too. :meth:`finish` calls it; call it on every rank
@@ -1736,12 +1753,13 @@ class Merger:
         self._let_go(deadline)
 
     def _send_stops(self, value: float) -> list[_Pending]:
-        """This rank's stop message to every other rank (1: it stops, 0: it is done), where the connection holds."""
+        """This rank's stop message to every other rank (1: it stops, 0: it is done, :data:`LEFT`: its process is
+        ending), where the connection holds."""
         flag, out = torch.full((1,), value), []
         for r in self._stop_in:
             try:
                 out.append(self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG), peer=r))
-            except RuntimeError:  # its connection is closed
+            except (RuntimeError, ValueError):  # its connection is closed, or the process group is gone
                 pass
         return out
 
@@ -1766,6 +1784,7 @@ class Merger:
             x.join(max(0.0, deadline - time.perf_counter()))
         self._pending = []
         atexit.unregister(self._exit_hook)
+        self._hook_off = True
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -1777,11 +1796,18 @@ class Merger:
         """Tell every other rank this one is done (its standing receive completes), and wait for theirs."""
         if not self._stop_in:
             return
-        flag = torch.zeros(1)
-        sends = [self._pend(dist.isend(flag, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
-                 for r in self._stop_in]
-        for work in sends + [w for w, _ in self._stop_in.values()]:
-            self._wait(lambda: True if work.done() else None, ("the end of the run", None))
+        self._stop_out = self._send_stops(0.0)  # a failure found below sends no second stop message
+
+        def ready(work):
+            try:
+                return True if work.done() else None
+            except RuntimeError:  # its connection closed
+                raise self._fail("the end of the run") from None
+
+        for work in self._stop_out + [w for w, _ in self._stop_in.values()]:
+            self._wait(lambda: ready(work), ("the end of the run", None))
+        if any(float(buf[0]) != 0.0 for _, buf in self._stop_in.values()):  # a rank stopped or left instead
+            raise self._fail("the end of the run")
         self._stop_in = {}
 
     # -- trace ---------------------------------------------------------------------------------------------------

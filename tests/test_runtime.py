@@ -949,38 +949,65 @@ def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_l
 
 
 LEAVER = """
-import os, sys, time, torch, torch.distributed as dist, evomerge
+import contextlib, os, sys, time, torch, torch.distributed as dist, evomerge
 store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=3)
-g = torch.Generator().manual_seed(rank)
-model = torch.nn.Linear(4, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-merger = evomerge.Merger({"scheme": "gossip", "topology": "ring", "mean_interval": 2}, model, opt, seed=0,
-                         total_steps=40, timeout=30)
-try:
-    for t in range(40):
-        x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward(); opt.step(); opt.zero_grad()
-        time.sleep(0.01)
-        merger.step(loss=loss)
-        if t == 15 and (rank == 1 or case == "all"):
-            raise ValueError(f"a bug in rank {rank}'s own loop")
-    merger.finish()
-except evomerge.MergerError as e:
-    print(f"error: {e}", flush=True)
-    if case == "caught":  # as deploy.md says: print the line and leave
-        os._exit(1)
-    raise
+leaver = 0 if case == "close" else 1
+
+
+def main():  # the Merger lives in here: under "dropped" it is gone when the error reaches the caller
+    g = torch.Generator().manual_seed(rank)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = {"scheme": "allreduce", "mean_interval": 5} if case == "close" else \\
+        {"scheme": "gossip", "topology": "ring", "mean_interval": 2}
+    merger = evomerge.Merger(policy, model, opt, seed=0, total_steps=40, timeout=30)
+    with merger if case == "with" else contextlib.nullcontext():
+        loop(merger, g, model, opt)
+
+
+def loop(merger, g, model, opt):
+    try:
+        for t in range(40):
+            x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            time.sleep(0.01)
+            merger.step(loss=loss)
+            if t == (39 if case == "close" else 15) and (rank == leaver or case == "all"):
+                raise ValueError(f"a bug in rank {rank}'s own loop")
+        merger.close() if case == "close" else merger.finish()
+    except evomerge.MergerError as e:
+        print(f"error: {e}", flush=True)
+        if case in ("caught", "close", "with"):  # as deploy.md says: print the line and leave
+            os._exit(1)
+        raise
+
+
+if case == "dropped":
+    try:
+        main()
+    except (ValueError, evomerge.MergerError) as e:
+        print(f"rank {rank}: {e}", file=sys.stderr)
+        sys.exit(1)
+elif case == "with":  # the process group destroyed before the process ends: the with block told the others
+    try:
+        main()
+    finally:
+        dist.destroy_process_group()
+else:
+    main()
 """
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("case", ["caught", "uncaught", "all"])
+@pytest.mark.parametrize("case", ["caught", "uncaught", "all", "dropped", "close", "with"])
 def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, case):
     """(A rank whose own loop raised left its receives posted: the process aborted at its exit, status 134 and
     'terminate called without an active exception', and so did the others when their MergerError went uncaught.)
-    The rank that leaves tells the others, which name it in one line, and every process ends with status 1."""
+    The rank that leaves tells the others, which name it in one line, and every process ends with status 1: also
+    where the caller dropped the Merger before the process ended, where the others were already in close(), and
+    where a ``with`` block told the others before a ``finally`` destroyed the process group."""
     (tmp_path / "leaver.py").write_text(LEAVER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     t0 = time.perf_counter()
@@ -995,10 +1022,12 @@ def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, cas
                              r" finish\(\) or close\(\) \(.*\); stopped)\n$", e)
                    for _, e in outs), [e[-500:] for _, e in outs]
         return
+    leaver = 0 if case == "close" else 1
     for r, (o, e) in enumerate(outs):
-        if r == 1:
-            assert "ValueError: a bug in rank 1's own loop" in e and o == ""
+        if r == leaver:
+            said = "rank 1: a bug in rank 1's own loop" if case == "dropped" else f"ValueError: a bug in rank {r}'s own loop"
+            assert said in e and o == "", e
         else:
             assert o.splitlines() == [o.splitlines()[0]] and re.fullmatch(
-                r"error: rank 1 left the run without finish\(\) or close\(\) \((the end of the run, )?local step "
-                r"\d+\); stopped", o.strip()), o
+                rf"error: rank {leaver} left the run without finish\(\) or close\(\) \((the end of the run, )?local "
+                r"step \d+\); stopped", o.strip()), o
