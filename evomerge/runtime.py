@@ -281,7 +281,6 @@ def _done_by(work: _Pending, deadline: float) -> bool:
         time.sleep(0.005)
 
 
-
 def _leave_at_exit(self: "Merger") -> None:
     """At the interpreter's exit, for a :class:`Merger` never finished or closed (an error in the user's loop, a loop
     that left early, or a :class:`MergerError` not followed by ``os._exit``): its message threads would end during
@@ -319,6 +318,7 @@ def _leave_at_exit(self: "Merger") -> None:
                 x.join(max(0.0, deadline - time.perf_counter()))
     except Exception:  # noqa: BLE001 - the interpreter is ending: nothing to report to
         pass
+
 
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     """For ``Merger(worker_group=...)``: the group of the workers' leaders (every rank builds it, collectively),
@@ -1722,12 +1722,14 @@ class Merger:
         """The end of a ``with evomerge.Merger(...) as merger:`` block: where the loop left without ``finish()`` or
         ``close()`` (an error in it), tell the other ranks and wait for them now (what the process's exit would do,
         :func:`_leave_at_exit`), before a ``finally`` that destroys the process group. The error goes on."""
-        hook = getattr(self, "_exit_hook", None)  # a worker's follower rank has none
-        if hook is not None and not self._hook_off:
+        if not getattr(self, "_hook_off", True):  # a worker's follower rank has no hook
             _leave_at_exit(self)
-            atexit.unregister(hook)
-            self._hook_off = True
+            self._exit_hook_off()
         return False
+
+    def _exit_hook_off(self) -> None:
+        atexit.unregister(self._exit_hook)
+        self._hook_off = True
 
     def close(self) -> None:
         """Leave the run without the final average (after :meth:`state_dict`, to stop and resume later): tell every
@@ -1783,8 +1785,7 @@ class Merger:
         for x in self._pending:
             x.join(max(0.0, deadline - time.perf_counter()))
         self._pending = []
-        atexit.unregister(self._exit_hook)
-        self._hook_off = True
+        self._exit_hook_off()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

@@ -900,6 +900,18 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         dist.destroy_process_group()
 
 
+def three_ranks(tmp_path: Path, script: str, case: str):
+    """``script`` on three gloo ranks (a file store in ``tmp_path``): the processes, each one's (stdout, stderr),
+    and the seconds until all ended."""
+    (tmp_path / "ranks.py").write_text(script)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "ranks.py", str(tmp_path / "store"), str(r), case], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    return procs, outs, time.perf_counter() - t0
+
+
 DISAGREE = """
 import sys, torch, torch.distributed as dist, evomerge
 store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -936,13 +948,8 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
 def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_line(tmp_path, case, lines):
     """(One rank's bad holdout was raised on that rank alone: the others waited the whole timeout, then named it as
     dead; ranks with different total_steps drew different schedules.) Every rank says why, well within the timeout."""
-    (tmp_path / "disagree.py").write_text(DISAGREE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "disagree.py", str(tmp_path / "store"), str(r), case], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert time.perf_counter() - t0 < 40, "a rank waited for the timeout"
+    procs, outs, seconds = three_ranks(tmp_path, DISAGREE, case)
+    assert seconds < 40, "a rank waited for the timeout"
     assert [o.strip() for o, _ in outs] == lines, outs
     # nothing left waiting that aborts the process at its exit ("terminate called without an active exception")
     assert [p.returncode for p in procs] == [2, 2, 2], [e[-2000:] for _, e in outs]
@@ -1008,13 +1015,8 @@ def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, cas
     The rank that leaves tells the others, which name it in one line, and every process ends with status 1: also
     where the caller dropped the Merger before the process ended, where the others were already in close(), and
     where a ``with`` block told the others before a ``finally`` destroyed the process group."""
-    (tmp_path / "leaver.py").write_text(LEAVER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "leaver.py", str(tmp_path / "store"), str(r), case], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert time.perf_counter() - t0 < 25, "a rank waited for the timeout"
+    procs, outs, seconds = three_ranks(tmp_path, LEAVER, case)
+    assert seconds < 25, "a rank waited for the timeout"
     assert [p.returncode for p in procs] == [1, 1, 1], [e[-1500:] for _, e in outs]
     assert not any("terminate called" in e for _, e in outs), [e[-1500:] for _, e in outs]
     if case == "all":  # every rank leaves; one may first learn that another left (within the same step)
