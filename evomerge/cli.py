@@ -608,19 +608,17 @@ def _quiet_libraries(mlflow: bool = True) -> None:
 
 
 def cmd_search(args) -> int:
-    from .procs import signals_raise
+    from .procs import apply_threads, signals_raise
     from .search.config import make_config
     from .search.loop import run_search
+    from .search.options import from_args
     from .study import load
 
-    _quiet_libraries()
+    _quiet_libraries(mlflow=False)
     study = load(args.study)
-    from .procs import apply_threads
-
+    cfg = make_config(study, **from_args(args))  # every flag checked before seconds of importing MLflow and torch
+    _quiet_libraries()
     apply_threads()  # trials in this process (--jobs 1); --jobs N workers take a share each
-    from .search.options import from_args
-
-    cfg = make_config(study, **from_args(args))
     from .report.search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)

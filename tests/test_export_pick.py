@@ -22,6 +22,7 @@ def searched(tmp_path_factory, data_dir):
     return d, f, res.optuna_study
 
 
+@pytest.mark.xdist_group("export-pick-searched")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_export_picks_the_cheapest_close_to_the_best_accuracy_and_says_so(searched, data_dir):
     d, f, ostudy = searched
@@ -47,6 +48,7 @@ def test_export_picks_the_cheapest_close_to_the_best_accuracy_and_says_so(search
     assert got["trial"] == max(meets, key=lambda t: (t.values[0], -t.number)).number
 
 
+@pytest.mark.xdist_group("export-pick-searched")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_a_limit_nothing_meets_is_one_line_naming_the_option(searched, data_dir):
     d, f, _ = searched
@@ -59,6 +61,7 @@ def test_a_limit_nothing_meets_is_one_line_naming_the_option(searched, data_dir)
     assert not (d / "x.json").exists()  # nothing written
 
 
+@pytest.mark.xdist_group("export-pick-searched")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_export_trial_writes_the_trial_a_user_chose_and_run_replays_it(searched, data_dir):
     """A user who picked a trial in the dashboard or the MLflow UI exports it by its number."""
