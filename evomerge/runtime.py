@@ -59,6 +59,7 @@ import atexit
 import functools
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -281,7 +282,7 @@ def _done_by(work: _Pending, deadline: float) -> bool:
         time.sleep(0.005)
 
 
-def _leave_at_exit(self: "Merger") -> None:
+def _leave_at_exit(self: "Merger", ending: BaseException | None = None) -> None:
     """At the interpreter's exit, for a :class:`Merger` never finished or closed (an error in the user's loop, a loop
     that left early, or a :class:`MergerError` not followed by ``os._exit``): its message threads would end during
     the shutdown, as their peers' processes end, when a thread can no longer take the GIL, and the process would
@@ -290,9 +291,13 @@ def _leave_at_exit(self: "Merger") -> None:
     waits until its message threads have ended, as their peers' processes end. It does not wait for a lower rank that
     is leaving this way (that one waits for it), and waits for a lower one that stopped on a failure only
     :data:`EXIT_GRACE` seconds (time for one that leaves at once, by ``os._exit``): the highest goes first, and no
-    connection closes while a rank shuts down (a rank whose only messages left are to lower ones can still go first:
-    a race, not a guarantee). Within one ``timeout`` in all; never raises."""
+    connection closes while a rank shuts down. A wait still open after that (a message from a rank that stopped, which
+    will not come, or one that outlived the grace) is cut (:meth:`Pending.cut`: gloo closes this rank's connections,
+    as its process's end would), so that no thread waits when the process ends. Within one ``timeout`` in all; never
+    raises. It warns where the loop ran every step and never finished (:func:`_unfinished_warning`)."""
     try:
+        _unfinished_warning(self, ending or sys.exc_info()[1] or getattr(sys, "last_exc", None) or
+                            getattr(sys, "last_value", None))  # the error the process ends on, if any
         if not dist.is_initialized():  # the caller destroyed the process group: nothing left to tell or wait for
             return
         self._closing = True
@@ -316,8 +321,20 @@ def _leave_at_exit(self: "Merger") -> None:
                 x.join(max(0.0, grace - time.perf_counter()))  # stopped on a failure: left at once, or waits here
             else:
                 x.join(max(0.0, deadline - time.perf_counter()))
+        for x in self._pending:  # still waiting: a message from a rank that stopped, which will not come
+            x.cut()
     except Exception:  # noqa: BLE001 - the interpreter is ending: nothing to report to
         pass
+
+
+def _unfinished_warning(self: "Merger", ending: BaseException | None) -> None:
+    """A loop that ran all its steps and ended without :meth:`Merger.finish` (or :meth:`Merger.close`) leaves each
+    rank with its own model, not the consensus, and nothing else would say so. Not where the process ends on an
+    error (``ending``: the loop's error is the story) or after a stop on a failure (the failure was said)."""
+    if ending is None and self.t >= self.T and not self._stop_out:
+        warnings.warn(f"rank {self.rank}'s Merger ran its {self.T} steps but was neither finished nor closed: this "
+                      "rank's model is its own, not the consensus; call merger.finish() after the loop (or "
+                      "merger.close() to leave without the final average)", RuntimeWarning, stacklevel=2)
 
 
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
@@ -1723,7 +1740,7 @@ class Merger:
         ``close()`` (an error in it), tell the other ranks and wait for them now (what the process's exit would do,
         :func:`_leave_at_exit`), before a ``finally`` that destroys the process group. The error goes on."""
         if not getattr(self, "_hook_off", True):  # a worker's follower rank has no hook
-            _leave_at_exit(self)
+            _leave_at_exit(self, exc[1])
             self._exit_hook_off()
         return False
 

@@ -912,6 +912,24 @@ def three_ranks(tmp_path: Path, script: str, case: str):
     return procs, outs, time.perf_counter() - t0
 
 
+@pytest.mark.integration
+def test_a_loop_that_runs_every_step_but_never_calls_finish_is_warned(tmp_path):
+    """(Each rank kept its own model, not the consensus, and the first to end said nothing.) The rank whose loop
+    ends first warns and ends; the others, still in their last steps, stop naming it."""
+    procs, outs, seconds = three_ranks(tmp_path, LEAVER, "forgot")
+    assert seconds < 25, "a rank waited for the timeout"
+    assert not any("terminate called" in e for _, e in outs), [e[-1500:] for _, e in outs]
+    warned = [r for r, (_, e) in enumerate(outs) if
+              f"RuntimeWarning: rank {r}'s Merger ran its 40 steps but was neither finished nor closed: this rank's "
+              "model is its own, not the consensus; call merger.finish() after the loop" in e]
+    assert warned and all(procs[r].returncode == 0 for r in warned), [e[-1500:] for _, e in outs]
+    for r, (o, e) in enumerate(outs):
+        if r not in warned:
+            assert procs[r].returncode == 1 and re.fullmatch(
+                rf"error: rank ({'|'.join(map(str, warned))}) left the run without finish\(\) or close\(\) \(local step "
+                r"\d+\); stopped", o.strip()), (o, e[-1500:])
+
+
 DISAGREE = """
 import sys, torch, torch.distributed as dist, evomerge
 store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -981,9 +999,10 @@ def loop(merger, g, model, opt):
             loss.backward(); opt.step(); opt.zero_grad()
             time.sleep(0.01)
             merger.step(loss=loss)
-            if t == (39 if case == "close" else 15) and (rank == leaver or case == "all"):
+            if t == (39 if case == "close" else 15) and (rank == leaver or case == "all") and case != "forgot":
                 raise ValueError(f"a bug in rank {rank}'s own loop")
-        merger.close() if case == "close" else merger.finish()
+        if case != "forgot":  # a loop that runs every step and forgets the end
+            merger.close() if case == "close" else merger.finish()
     except evomerge.MergerError as e:
         print(f"error: {e}", flush=True)
         if case in ("caught", "close", "with"):  # as deploy.md says: print the line and leave
@@ -1019,6 +1038,7 @@ def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, cas
     assert seconds < 25, "a rank waited for the timeout"
     assert [p.returncode for p in procs] == [1, 1, 1], [e[-1500:] for _, e in outs]
     assert not any("terminate called" in e for _, e in outs), [e[-1500:] for _, e in outs]
+    assert not any("neither finished nor closed" in e for _, e in outs)  # the loop's error is what is said
     if case == "all":  # every rank leaves; one may first learn that another left (within the same step)
         assert all(re.search(r"(ValueError: a bug in rank \d's own loop|MergerError: rank [\d, ]+ left the run without"
                              r" finish\(\) or close\(\) \(.*\); stopped)\n$", e)

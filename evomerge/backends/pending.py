@@ -21,6 +21,7 @@ class Pending:
         self._done = threading.Event()
         self.finished_at: float | None = None  # wall-clock time (time.time()) the message went or came
         self._thread = None
+        self._work = work
         if work is None:
             self.finished_at = time.time()
             self._done.set()
@@ -53,6 +54,19 @@ class Pending:
         still has to return from the process group's ``wait()``."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def cut(self) -> None:
+        """End the wait of a message that will not come (its peer stopped, at the process's end): a short ``wait``
+        from here times out, which closes gloo's context and wakes the waiting thread with an error. A process that
+        ends while the thread still waits is aborted (``terminate called without an active exception``)."""
+        if self.alive():
+            from datetime import timedelta
+
+            try:
+                self._work.wait(timedelta(milliseconds=1))
+            except Exception:  # noqa: BLE001 - the time-out that closes it, or a connection already closed
+                pass
+            self.join(1.0)
 
     def wait(self) -> None:
         """Block until the message went or came (raises RuntimeError if it failed)."""
