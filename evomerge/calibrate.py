@@ -429,7 +429,7 @@ def summary(env: dict[str, Any], W: int, out) -> str:
                     f"between {_us(env['latency_inter'])}, {_rate(env['bandwidth_inter'] or math.inf)}")
     else:
         link = "no links"
-    return (f"wrote {out}: {W} ranks, step time {_ms(env['step_time'])}, {sp}, jitter {env['jitter']:g}, "
+    return (f"wrote {out}: {W} rank{'s' * (W != 1)}, step time {_ms(env['step_time'])}, {sp}, jitter {env['jitter']:g}, "
             f"straggle_p {env['straggle_p']:g}, {link}")
 
 
@@ -592,7 +592,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                              "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
     n_steps = sum(len(t) for t in steps)
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
-                    source=f"evomerge calibrate --from-trace {d}: {W} ranks, {n_steps} steps (the first {warmup} "
+                    source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps (the first {warmup} "
                            f"of each rank left out)", notes=notes)
 
 
@@ -863,7 +863,7 @@ def measure(args) -> Measured | None:
              f"{st.run.optimizer}",
              f"pairs: {n_pairs} ({'all' if W <= args.all_pairs_up_to else 'the ring and sampled ones'}), "
              f"{4 * args.repeats} small and {args.repeats} model-sized round trips each way (medians)"]
-    source = (f"evomerge calibrate --study {st.name}: {W} ranks, {args.steps} timed steps each after "
+    source = (f"evomerge calibrate --study {st.name}: {W} rank{'s' * (W != 1)}, {args.steps} timed steps each after "
               f"{args.warmup} warm-up steps, {time.strftime('%Y-%m-%d %H:%M')}")
     return Measured([x["times"] for x in everyone], L, B, payload=nbytes, source=source, notes=notes,
                     allreduce=(ar, nbytes) if ar is not None else None)

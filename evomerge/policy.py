@@ -416,7 +416,7 @@ class MergePolicy:
         if self.scheme == "allreduce":
             if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()):  # Streaming DiLoCo
                 strided = " strided" if self.fragment_pattern == "strided" else ""
-                extra = (f", streamed in {self.fragments}{strided} fragments (delay {self.fragment_delay} steps, "
+                extra = (f", streamed in {self.fragments}{strided} fragment{'s' * (self.fragments != 1)} (delay {self.fragment_delay} steps, "
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
                 comp = comp.replace("delta payload", "compressed outer gradients")
@@ -623,6 +623,9 @@ def check_timed(policy: MergePolicy, where: str = "policy") -> None:
 
 def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> None:
     """Refuse, in one line, a policy that cannot run on ``workers`` workers (checked before any data is read)."""
+    if policy.backup_workers and policy.backup_workers >= workers:
+        raise ConfigError(f"{where}.backup_workers", f"{policy.backup_workers} with {workers} workers; allowed: "
+                                                     f"0..{workers - 1}")
     if policy.scheme != "gossip" or workers < 2:
         return
     if policy.topology == "random_regular" and possible_degree(policy.degree, workers) != policy.degree:

@@ -336,8 +336,10 @@ class EnvSpec:
         for key in ("latency_matrix", "bandwidth_matrix"):
             m = getattr(self, key)
             if m and (len(m) != workers or any(len(row) != workers for row in m)):
-                raise ConfigError(f"{where}.{key}", f"must be {workers} x {workers} (run.workers), "
-                                                    f"got {len(m)} x {len(m[0]) if m else 0}")
+                lengths = sorted({len(row) for row in m})
+                got = (f"{len(m)} x {lengths[0]}" if len(lengths) == 1 else
+                       f"{len(m)} rows of {', '.join(map(str, lengths))} entries")
+                raise ConfigError(f"{where}.{key}", f"must be {workers} x {workers} (run.workers), got {got}")
             if any(v < 0 for row in m for v in row):
                 raise ConfigError(f"{where}.{key}", "entries must be >= 0")
         return self
@@ -511,7 +513,9 @@ def fit_to_workers(policy: MergePolicy, space: tuple[Param, ...], workers: int):
         if name not in searched and name not in changes and fit(value, workers) != value \
                 and policy_mod.TOPOLOGY_OF[name] in topologies:
             changes[name] = fit(value, workers)
-            notes.append(f"study.policy.{name}: {value} is impossible with {workers} workers; using {changes[name]}")
+            default = " (the default)" if value == policy_mod.MergePolicy.__pydantic_fields__[name].default else ""
+            notes.append(f"study.policy.{name}: {value}{default} is impossible with {workers} workers; using "
+                         f"{changes[name]}")
     return (policy.replace(**changes) if changes else policy), tuple(out), tuple(notes)
 
 
@@ -600,6 +604,11 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
         pol = study.resolve_policy(ref, where="study.baselines.policies")
         if pol.scheme == "async" and env is None:
             raise ConfigError("study.baselines.policies", f"{ref}: {policy_mod.ASYNC_NEEDS_CLOCK}")
+        try:
+            policy_mod.check_workers(pol, r.workers)
+        except ConfigError as e:  # a study copied with fewer workers than a baseline it names needs
+            raise ConfigError("study.baselines.policies", f"{ref} cannot run on {r.workers} workers ({e}); allowed: "
+                                                          "policies that can, or more run.workers") from None
     return study
 
 
@@ -642,9 +651,11 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
         if key not in keys or key in own:
             raise
         hint = ""
-        if key in ("speeds", "latency_matrix", "bandwidth_matrix") and isinstance(keys[key], list):
-            hint = (f", measured on {len(keys[key])} ranks; for {workers} workers write it with evomerge calibrate "
-                    "--fit lognormal or pareto")
+        if key in ("speeds", "latency_matrix", "bandwidth_matrix") and isinstance(keys[key], list) and \
+                len(keys[key]) != workers:  # measured on another number of ranks (not a malformed entry)
+            ranks = len(keys[key])
+            hint = (f", measured on {ranks} rank{'s' if ranks != 1 else ''}; for {workers} workers write it with "
+                    "evomerge calibrate --fit lognormal or pareto")
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
 
 

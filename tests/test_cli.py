@@ -365,7 +365,7 @@ def test_a_four_worker_copy_of_the_shipped_study_runs_every_trial(tmp_path, data
     assert p.returncode == 0, p.stderr
     # the clamp is said once, as a note in the header; no trial failed on it
     lines = [line for line in (p.stdout + p.stderr).splitlines() if "policy.degree" in line]
-    assert lines == ["  note: study.policy.degree: 4 is impossible with 4 workers; using 3"], lines
+    assert lines == ["  note: study.policy.degree: 4 (the default) is impossible with 4 workers; using 3"], lines
     for name in ("no-merging", "fedavg", "allreduce", "ring-gossip"):  # the copy has no policies/: the shipped ones
         assert name in p.stdout
     r = json.loads(out.read_text())

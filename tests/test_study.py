@@ -118,9 +118,38 @@ def test_a_copied_study_finds_the_shipped_named_policies(tmp_path):
 def test_impossible_corners_of_the_space_are_resolved_when_the_study_is_loaded(tmp_path):
     s = study.load(_copy_of_mnist_gossip(tmp_path, workers=4))
     assert s.policy.degree == 3  # random_regular is in the space: 4 with 4 workers is impossible
-    assert s.notes == ("study.policy.degree: 4 is impossible with 4 workers; using 3",)
+    assert s.notes == ("study.policy.degree: 4 (the default) is impossible with 4 workers; using 3",)
     s3 = study.load(_copy_of_mnist_gossip(tmp_path, workers=3))
     ranges = {p.name: (p.low, p.high) for p in s3.search.space}
     assert ranges["n_communities"] == (2, 3) and s3.policy.degree == 2
     assert any("n_communities: [2, 4] -> [2, 3]" in n for n in s3.notes)
     assert study.load("mnist-gossip").notes == ()  # nothing to resolve with 8 workers
+
+
+def test_a_shipped_study_copied_with_fewer_workers_names_the_baseline_that_cannot_run(tmp_path):
+    """(A copy of mnist-stragglers on 2 workers ran its trials, then failed on `policy.backup_workers: 2 with 2
+    workers`, a field the user never wrote.) Refused at load, naming the baseline."""
+    import shutil
+
+    text = (study.shipped_studies_dir() / "mnist-stragglers.toml").read_text()
+    text = text.replace("workers = 16", "workers = 2").replace("slow_workers = [15]", "slow_workers = [1]")
+    (tmp_path / "my.toml").write_text(text)
+    shutil.copytree(study.shipped_studies_dir() / "policies", tmp_path / "policies")
+    with pytest.raises(ConfigError) as e:
+        study.load(tmp_path / "my.toml")
+    assert str(e.value) == ("study.baselines.policies: allreduce-backup cannot run on 2 workers (policy.backup_workers: "
+                            "2 with 2 workers; allowed: 0..1); allowed: policies that can, or more run.workers")
+    (tmp_path / "my.toml").write_text(text.replace('"allreduce-backup", ', ""))
+    assert "allreduce-backup" not in study.load(tmp_path / "my.toml").baselines
+
+
+def test_a_ragged_matrix_in_a_cluster_file_is_said_as_it_is(tmp_path):
+    """(A row of three entries in a 2 x 2 matrix was reported as "got 2 x 2", with a hint to fit another number of
+    ranks.)"""
+    (tmp_path / "cluster.toml").write_text("[environment]\nstep_time = 0.05\n"
+                                           "bandwidth_matrix = [[0, 1e9, 5], [1e9, 0]]\n")
+    (tmp_path / "s.toml").write_text('[study]\nname = "s"\n[run]\nworkers = 2\n[environment]\nfrom = "cluster.toml"\n')
+    with pytest.raises(ConfigError) as e:
+        study.load(tmp_path / "s.toml")
+    assert str(e.value) == ("study.environment.bandwidth_matrix: must be 2 x 2 (run.workers), got 2 rows of 2, 3 "
+                            f"entries (from {tmp_path / 'cluster.toml'})")
