@@ -126,8 +126,8 @@ def main() -> int:
                     time.sleep((args.slow_factor - 1) * (time.perf_counter() - tc))
                 merger.step(loss=loss)
                 step += 1
-        seconds = time.perf_counter() - t0
-        merger.finish()  # the consensus model, on every rank
+        merger.finish()  # the consensus model, on every rank (it waits for the slowest rank's last merges)
+        seconds = time.perf_counter() - t0  # the run's time: this rank's loop alone would leave out a slower rank
     except evomerge.ConfigError as e:  # a bad policy or argument: one line, before any merge
         if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
@@ -141,7 +141,7 @@ def main() -> int:
             xv = ((data.val_x.float() / 255 - mean) / std).unsqueeze(1).to(dev)
             acc = (model(xv).argmax(1).cpu() == data.val_y).float().mean().item()
         print(f"consensus val accuracy {acc:.4f} after {steps} steps per rank, {merger.merges} merges on rank 0, "
-              f"{seconds:.1f} s on {world} ranks ({kind}, lr {lr:g})", flush=True)
+              f"{seconds:.1f} s to the consensus on {world} ranks ({kind}, lr {lr:g})", flush=True)
     dist.destroy_process_group()
     return 0
 
