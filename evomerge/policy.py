@@ -621,11 +621,16 @@ def check_timed(policy: MergePolicy, where: str = "policy") -> None:
                                                  f"{getattr(defaults, name)!r} (or a study without [environment])")
 
 
-def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> None:
-    """Refuse, in one line, a policy that cannot run on ``workers`` workers (checked before any data is read)."""
+def check_backup_workers(policy: MergePolicy, workers: int, where: str = "policy") -> None:
+    """Refuse ``backup_workers`` that would leave no worker in an all-reduce (the clock's rule too)."""
     if policy.backup_workers and policy.backup_workers >= workers:
         raise ConfigError(f"{where}.backup_workers", f"{policy.backup_workers} with {workers} workers; allowed: "
                                                      f"0..{workers - 1}")
+
+
+def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> None:
+    """Refuse, in one line, a policy that cannot run on ``workers`` workers (checked before any data is read)."""
+    check_backup_workers(policy, workers, where)
     if policy.scheme != "gossip" or workers < 2:
         return
     if policy.topology == "random_regular" and possible_degree(policy.degree, workers) != policy.degree:

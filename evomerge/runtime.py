@@ -296,8 +296,7 @@ def _leave_at_exit(self: "Merger", ending: BaseException | None = None) -> None:
     as its process's end would), so that no thread waits when the process ends. Within one ``timeout`` in all; never
     raises. It warns where the loop ran every step and never finished (:func:`_unfinished_warning`)."""
     try:
-        _unfinished_warning(self, ending or sys.exc_info()[1] or getattr(sys, "last_exc", None) or
-                            getattr(sys, "last_value", None))  # the error the process ends on, if any
+        _unfinished_warning(self, ending or getattr(sys, "last_exc", None) or getattr(sys, "last_value", None))
         if not dist.is_initialized():  # the caller destroyed the process group: nothing left to tell or wait for
             return
         self._closing = True

@@ -654,7 +654,7 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
         if key in ("speeds", "latency_matrix", "bandwidth_matrix") and isinstance(keys[key], list) and \
                 len(keys[key]) != workers:  # measured on another number of ranks (not a malformed entry)
             ranks = len(keys[key])
-            hint = (f", measured on {ranks} rank{'s' if ranks != 1 else ''}; for {workers} workers write it with "
+            hint = (f", measured on {ranks} rank{'s' * (ranks != 1)}; for {workers} workers write it with "
                     "evomerge calibrate --fit lognormal or pareto")
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
 

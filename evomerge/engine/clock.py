@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..policy import check_backup_workers
 from .plan import gathers_per_event, publishes, slowmo_due, swap_chance
 from .schedule import STREAMS, Schedule, rng_for
 
@@ -360,9 +360,8 @@ class Simulation:
         self.barrier: dict[int, float] = {}
         self.barrier_at: tuple[int, int] | None = None  # (event, boundary) of the all-reduce being waited for
         self.step_seq = [0] * W  # each worker's step number: an "end" event of a dropped step is stale
+        check_backup_workers(policy, W)
         self.backups = policy.backup_workers
-        if self.backups >= W:
-            raise ConfigError("policy.backup_workers", f"{self.backups} with {W} workers; allowed: 0..{W - 1}")
         self.dropped: dict[int, tuple[int, ...]] = {}  # all-reduce event -> the late workers left out of it
         self.total = 0
         self.end = self.budget
