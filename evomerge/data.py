@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, DataNotFoundError, unknown
+from .userdirs import user_cache_dir
 
 SPLITS = ("train", "test")
 PARTS = ("images", "labels")
@@ -118,11 +119,6 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 # -- locating and downloading ------------------------------------------------
-def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "evomerge"
-
-
 def candidate_dirs(spec: DatasetSpec, data_dir: str | Path | None = None) -> list[Path]:
     roots: list[Path] = []
     if data_dir:

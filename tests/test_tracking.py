@@ -327,3 +327,68 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     assert str(best.data.metrics["final_val_accuracy"]) in shown  # 7 significant digits, as logged
     worst = min(by_state["COMPLETE"], key=lambda c: c.data.metrics["final_val_accuracy"])
     assert text.index(best.info.run_name + "\n") < text.index(worst.info.run_name + "\n")  # sorted by accuracy
+
+
+def _schema(db) -> tuple:
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        tables = sorted(r[0] for r in c.execute("select sql from sqlite_master where sql is not null"))
+        return tables, c.execute("select version_num from alembic_version").fetchall()
+
+
+def _blank(cache):
+    import mlflow
+
+    return cache / "evomerge" / f"mlflow-{mlflow.__version__}-blank.db"
+
+
+def test_a_new_studys_store_is_a_copy_of_the_blank_one_mlflow_made_and_holds_what_mlflows_own_does(
+        tmp_path, data_dir, monkeypatch):
+    """MLflow makes a new SQLite store by running its migrations (1.5-2 s); the first search on this machine keeps
+    the blank store in the user cache, and every new study's store after is a copy: the same tables at the same
+    revision as a store MLflow makes, the same default experiment, and the search's runs in it."""
+    from mlflow import MlflowClient
+
+    from evomerge.sqlitefiles import new_mlflow_store
+    from searchutil import cli
+
+    cache = tmp_path / "cache"
+    f = write_study(tmp_path)
+    for name in ("a", "b"):
+        p = cli("search", "--study", f, "--n-trials", "2", "--sampler", "random", "--no-verdict", "--runs-dir",
+                tmp_path / name, cwd=tmp_path, data_dir=data_dir, env_extra={"XDG_CACHE_HOME": str(cache)})
+        assert p.returncode == 0, p.stderr
+        assert _blank(cache).is_file()
+    monkeypatch.chdir(tmp_path)
+    ref = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'ref.db'}")  # MLflow's own, made here
+    ours = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'b' / 'tiny' / 'mlflow.db'}")
+    assert {(e.experiment_id, e.name, e.artifact_location) for e in ref.search_experiments()} < {
+        (e.experiment_id, e.name, e.artifact_location) for e in ours.search_experiments()}
+    assert _schema(tmp_path / "b" / "tiny" / "mlflow.db") == _schema(tmp_path / "ref.db")
+    exp = ours.get_experiment_by_name("tiny")
+    assert len(ours.search_runs([exp.experiment_id])) == 3  # the search's parent and its 2 trials
+    # a store that exists is left alone; a new one is copied (the same file MLflow's migrations would give)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    assert not new_mlflow_store(f"sqlite:///{tmp_path / 'ref.db'}")
+    assert new_mlflow_store(f"sqlite:///{tmp_path / 'c' / 'mlflow.db'}")
+    assert _schema(tmp_path / "c" / "mlflow.db") == _schema(tmp_path / "ref.db")
+
+
+def test_a_cache_file_that_is_not_a_blank_store_is_made_again(tmp_path, data_dir):
+    """A cache file that is not a blank store (cut short by a full disk, another tool's file): the search makes it
+    again from MLflow's own store, and the study's store is a copy of that."""
+    from mlflow import MlflowClient
+
+    from searchutil import cli
+
+    cache = tmp_path / "cache"
+    _blank(cache).parent.mkdir(parents=True)
+    _blank(cache).write_bytes(b"SQLite format 3\0 cut short")
+    f = write_study(tmp_path)
+    p = cli("search", "--study", f, "--n-trials", "2", "--sampler", "random", "--no-verdict", "--runs-dir",
+            tmp_path / "a", cwd=tmp_path, data_dir=data_dir, env_extra={"XDG_CACHE_HOME": str(cache)})
+    assert p.returncode == 0, p.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'a' / 'tiny' / 'mlflow.db'}")
+    assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == 3
+    assert _schema(_blank(cache))[1] == _schema(tmp_path / "a" / "tiny" / "mlflow.db")[1]  # MLflow's revision

@@ -166,13 +166,14 @@ class Tracker:
     def __init__(self, uri: str, study_name: str, artifact_dir: Path | None = None, study=None):
         from mlflow import MlflowClient
 
+        from ..sqlitefiles import new_mlflow_store, sqlite_wal
+
         self.uri = uri
         self.study = study
+        new_mlflow_store(uri)  # a new SQLite store: a copy of the blank one MLflow made before (sqlitefiles.py)
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(study_name)
         if uri.startswith("sqlite:"):  # the file MLflow has just made, in WAL mode as the study's (sqlitefiles.py)
-            from ..sqlitefiles import sqlite_wal
-
             sqlite_wal(uri)
         tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         if study is not None:
