@@ -49,9 +49,26 @@ def user_study(folder, name="mine", loader="digits_models:load", factory="digits
     return f
 
 
+COUNTED = '''
+import os
+from pathlib import Path
+
+import digits_models
+
+
+def load():
+    with open(Path(__file__).with_name("loads.txt"), "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    return digits_models.load()
+'''
+
+
 @pytest.mark.system
 def test_user_factory_and_loader_outside_the_project_run_search_and_export(tmp_path):
-    study = user_study(tmp_path / "elsewhere")
+    """The loader runs once per command: a search calls it once for its trials, the best model, the verdict and
+    the end screen's baselines."""
+    study = user_study(tmp_path / "elsewhere", loader="counted:load")
+    (tmp_path / "elsewhere" / "counted.py").write_text(COUNTED)
     work = tmp_path / "cwd"  # neither the project nor the study's folder: the study's folder is looked in first
     work.mkdir()
     out = tmp_path / "run.json"
@@ -68,6 +85,8 @@ def test_user_factory_and_loader_outside_the_project_run_search_and_export(tmp_p
     p = evomerge("export", "--study", str(study), "--runs-dir", str(runs), "-o", str(best), cwd=work)
     assert p.returncode == 0, p.stderr
     assert json.loads(best.read_text())["policy"]["optimizer_state"] in ("keep", "average", "reset")
+    loads = (tmp_path / "elsewhere" / "loads.txt").read_text().split()
+    assert len(loads) == len(set(loads)) >= 2  # run and search, once each
 
 
 BAD_MODULE = '''

@@ -330,10 +330,13 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
 
 
 def _schema(db) -> tuple:
+    """A SQLite file's tables, indexes and revision; each statement as its sorted lines: the order of a table's
+    constraints differs between stores MLflow makes in different processes (its migrations rebuild tables)."""
     import sqlite3
 
     with sqlite3.connect(db) as c:
-        tables = sorted(r[0] for r in c.execute("select sql from sqlite_master where sql is not null"))
+        tables = sorted(sorted(line.strip().rstrip(",") for line in r[0].splitlines())
+                        for r in c.execute("select sql from sqlite_master where sql is not null"))
         return tables, c.execute("select version_num from alembic_version").fetchall()
 
 

@@ -163,7 +163,8 @@ class SearchView:
             return
         baselines = []
         if not result.interrupted:
-            baselines = baseline_rows(study, data_dir=data_dir, device=self.cfg.device, storage_study=result.optuna_study)
+            baselines = baseline_rows(study, data=result.data, data_dir=data_dir, device=self.cfg.device,
+                                      storage_study=result.optuna_study)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
         out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} (means over seeds {list(study.run.seeds)})"))
         if result.verdict:

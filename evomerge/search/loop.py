@@ -12,7 +12,7 @@ import copy
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import ConfigError, RunError
 from .config import SearchConfig
@@ -251,6 +251,7 @@ class SearchResult:
     fatal: list[tuple[str, int]] = field(default_factory=list)  # what stopped a worker process, and its exit status
     warm_start: dict | None = None  # the study's warm start (search/warmstart.py), if it has one
     verdict: dict | None = None  # the picks against the baselines on fresh seeds (search/verdict.py)
+    data: Any = None  # the study's data (data.Data) as this process loaded it, once; None if it never needed it
 
     @property
     def optuna_study(self):
@@ -302,11 +303,21 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     from .consensus import Keeper
 
     keeper = Keeper(cfg.study.directions[0] == "maximize")  # the best trial's model, from its own run (--jobs 1)
+
+    def the_data():  # loaded once for this process's trials, the best model, the verdict and the end screen
+        if result.data is None:
+            from .. import data as data_mod
+
+            result.data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
+                                             cfg.study.path.parent if cfg.study.path is not None else None)
+        return result.data
+
+    result.data = data
     status, ended = "FINISHED", False
     try:
         if cfg.jobs == 1:
             try:
-                work(cfg, 0, on_record, data=data, keeper=keeper)
+                work(cfg, 0, on_record, data=the_data(), keeper=keeper)
             except Interrupted as i:
                 for rec in i.args:
                     on_record(rec)
@@ -329,7 +340,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             from .consensus import consensus
 
             best = result.best[0]
-            tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
+            tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=the_data(), data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
         if ended and result.best and cfg.verdict:  # the verdict: the picks against the baselines, on fresh seeds
             from . import verdict
@@ -337,7 +348,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             if progress:
                 progress("verdict", reevaluate=cfg.reevaluate)
             try:
-                result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir,
+                result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=the_data(), data_dir=cfg.data_dir,
                                                  device=cfg.device)
             except KeyboardInterrupt:  # the trials are done and kept; the runs judged so far are cached
                 result.interrupted = True
