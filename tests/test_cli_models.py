@@ -161,15 +161,17 @@ def test_user_code_errors_are_one_line_exit_2_before_any_trial(bad_folder, case,
 
 
 @pytest.mark.system
-def test_a_search_on_a_broken_factory_stops_before_any_trial(bad_folder, tmp_path):
+def test_a_search_on_a_broken_factory_stops_before_storing_and_the_fixed_file_searches(bad_folder, tmp_path):
+    """The factory's mistake is one line before the study is stored (no header, no progress bar, no store): the
+    fixed file then searches under the same name, as a new study."""
     study = user_study(bad_folder, name="broken-search", factory="bad:wants_ten_features", options="{}")
     runs = tmp_path / "runs"
     p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", cwd=tmp_path)
-    last = p.stderr.strip().splitlines()[-1]
-    assert p.returncode == 2 and last.startswith("error: study.model.factory: bad:wants_ten_features rejects"), p.stderr
-    assert "Traceback" not in p.stderr
-    import optuna
-
-    db = runs / "broken-search" / "optuna.db"
-    if db.exists():  # the storage may be opened first; no trial was asked
-        assert optuna.load_study(study_name="broken-search", storage=f"sqlite:///{db}").get_trials() == []
+    assert p.returncode == 2 and p.stderr.startswith("error: study.model.factory: bad:wants_ten_features rejects"), \
+        p.stderr
+    assert p.stderr.count("\n") == 1 and p.stdout == ""
+    assert not (runs / "broken-search").exists()
+    user_study(bad_folder, name="broken-search")  # the factory fixed
+    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1",
+                 "--no-verdict", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr

@@ -100,17 +100,17 @@ def changes(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def _show(v: Any) -> str:
-    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return json.dumps(v) if isinstance(v, (dict, list, str)) else str(v)  # "16" -> 16: a string became a number
 
 
 def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
-    """Refuse, in one line, to search a stored study whose fingerprint differs from the study file's;
-    store the fingerprint when the stored study has none (or lacks fields added since)."""
+    """Refuse, in one line, to search a stored study with trials whose fingerprint differs from the study file's;
+    store the fingerprint when the stored study has none (or lacks fields added since), or has no trial yet."""
     current = of(cfg.study)
     stored = ostudy.user_attrs.get(ATTR)
     if stored and stored.get("hash") == current["hash"]:
         return
-    if stored:
+    if stored and n_trials:  # with no trial stored, nothing was judged by the old definition: the new one is taken
         diff = changes(stored.get("summary", {}), current["summary"])
         if diff:
             shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")

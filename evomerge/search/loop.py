@@ -43,6 +43,18 @@ def check_fragments(study, model) -> None:
                                                     f"tensors; allowed: at most {n}")
 
 
+def _check_before_storing(cfg: SearchConfig, data) -> None:
+    """What each worker checks before its first trial (the data, the model on a few examples, the backend, the
+    fragments), done once before the study is stored: a mistake in a user's loader or model is one line, and the
+    fixed file then searches as a new study (its definition was never stored)."""
+    from .. import backends
+    from ..engine.setup import prepare
+
+    setup = prepare(cfg.study, data=data, data_dir=cfg.data_dir)
+    backends.check_model(cfg.backend, setup.model)
+    check_fragments(cfg.study, setup.model)
+
+
 # -- the worker loop ---------------------------------------------------------------------------
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
          keeper=None) -> None:
@@ -251,7 +263,7 @@ class SearchResult:
     fatal: list[tuple[str, int]] = field(default_factory=list)  # what stopped a worker process, and its exit status
     warm_start: dict | None = None  # the study's warm start (search/warmstart.py), if it has one
     verdict: dict | None = None  # the picks against the baselines on fresh seeds (search/verdict.py)
-    data: Any = None  # the study's data (data.Data) as this process loaded it, once; None if it never needed it
+    data: Any = None  # the study's data (data.Data) as this process loaded it, once
 
     @property
     def optuna_study(self):
@@ -269,6 +281,12 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
 
     uri = resolve_tracking_uri(cfg.tracking_uri, cfg.study_dir)
     check_reachable(uri)  # before the first trial
+    if data is None:  # loaded once, for this process's trials, the best model, the verdict and the end screen
+        from .. import data as data_mod
+
+        data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
+                                  cfg.study.path.parent if cfg.study.path is not None else None)
+    _check_before_storing(cfg, data)  # a user's loader or model refused in one line, before anything is stored
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(cfg.storage)
     ostudy = load_or_create(cfg, storage)
@@ -303,21 +321,12 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     from .consensus import Keeper
 
     keeper = Keeper(cfg.study.directions[0] == "maximize")  # the best trial's model, from its own run (--jobs 1)
-
-    def the_data():  # loaded once for this process's trials, the best model, the verdict and the end screen
-        if result.data is None:
-            from .. import data as data_mod
-
-            result.data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
-                                             cfg.study.path.parent if cfg.study.path is not None else None)
-        return result.data
-
     result.data = data
     status, ended = "FINISHED", False
     try:
         if cfg.jobs == 1:
             try:
-                work(cfg, 0, on_record, data=the_data(), keeper=keeper)
+                work(cfg, 0, on_record, data=data, keeper=keeper)
             except Interrupted as i:
                 for rec in i.args:
                     on_record(rec)
@@ -340,7 +349,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             from .consensus import consensus
 
             best = result.best[0]
-            tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=the_data(), data_dir=cfg.data_dir,
+            tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
         if ended and result.best and cfg.verdict:  # the verdict: the picks against the baselines, on fresh seeds
             from . import verdict
@@ -348,7 +357,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
             if progress:
                 progress("verdict", reevaluate=cfg.reevaluate)
             try:
-                result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=the_data(), data_dir=cfg.data_dir,
+                result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir,
                                                  device=cfg.device)
             except KeyboardInterrupt:  # the trials are done and kept; the runs judged so far are cached
                 result.interrupted = True
