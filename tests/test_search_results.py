@@ -197,3 +197,10 @@ def test_a_diverged_loss_objective_is_the_worst_value_and_the_trial_stays_comple
     t = o.ask()
     o.tell(t, objective_values(st, [{"val_loss": float("nan"), "bytes": 10}]))
     assert o.trials[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_counts_line_says_when_a_stored_study_has_no_trial_yet():
+    from evomerge.search.results import format_counts
+
+    assert format_counts({}) == "no trials yet"
+    assert format_counts({"COMPLETE": 3, "PRUNED": 1}, n_diverged=1) == "3 complete (1 diverged), 1 pruned"

@@ -98,7 +98,7 @@ def format_counts(counts: dict[str, int], n_diverged: int = 0) -> str:
     parts = []
     for k, n in sorted(counts.items()):
         parts.append(f"{n} {k.lower()}" + (f" ({n_diverged} diverged)" if k == "COMPLETE" and n_diverged else ""))
-    return ", ".join(parts)
+    return ", ".join(parts) or "no trials yet"
 
 
 def dominated_count(point: tuple[float, ...], others: list[tuple[float, ...]], directions: list[str]) -> int:
