@@ -29,10 +29,12 @@ def __getattr__(name: str):
 
 
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
-        procs: int | None = None, callback=None, evaluate_test: bool = False, emulate_time: bool = False):
+        procs: int | None = None, callback=None, evaluate_test: bool = False, emulate_time: bool = False,
+        runs_dir=None, storage: str | None = None):
     """Run one merge run of ``policy`` on ``study`` and return its :class:`RunResult`; ``evomerge run`` in Python.
 
-    ``study`` is a name, a path or a Study; ``policy`` a MergePolicy, a policy or exported JSON file, or a
+    ``study`` is a name, a path or a Study (a name a search stored under ``runs_dir``, or in ``storage``, from a
+    file elsewhere too); ``policy`` a MergePolicy, a policy or exported JSON file, or a
     named policy (the study's ``policies/``, else the shipped ones). ``seed`` defaults to an exported
     file's first seed, else the study's first seed. ``backend="distributed"`` runs it on ``procs``
     processes (default one per worker) over ``torch.distributed``; call it under
@@ -43,9 +45,10 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     from .engine.setup import prepare
     from .backends import runner
     from .backends import found_with, run_inputs
-    from .study import Study, load
+    from .search.results import load_or_stored
+    from .study import Study
 
-    st = study if isinstance(study, Study) else load(study)
+    st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage)
     pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
     st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
     if note:

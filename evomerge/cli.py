@@ -208,6 +208,7 @@ def add_run(sub):
     p = _parser(sub, "run", "run one policy on a study and print its metrics",
                 "evomerge run --study mnist-gossip --policy ring-gossip --seed 1")
     _common(p)
+    _store(p, tracking=False)  # where a study named by --study alone was searched
     _emulate(p)
     p.add_argument("--policy", required=True,
                    help="policy JSON file (or exported file), or a named policy: the study's policies/NAME.json, "
@@ -427,9 +428,14 @@ def _num(v, fmt: str = ".4f") -> str:
 
 def cmd_run(args) -> int:
     from .backends import found_with, run_inputs
-    from .study import load
+    from .search.results import load_or_stored
 
-    study = load(args.study)
+    try:  # a file or a shipped name as it says now, else a study searched from a file elsewhere, as stored
+        study = load_or_stored(args.study, args.runs_dir, args.storage)
+    except ConfigError:
+        if str(args.study).endswith(".toml") or Path(str(args.study)).is_file():
+            raise
+        study = _load_stored(args)  # an unknown name: one line with the known and the stored ones
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     # every input is checked before data is read (the same checks as evomerge.run())
@@ -456,7 +462,9 @@ def cmd_run(args) -> int:
     t.add_column("metric")
     t.add_column("value", justify="right")
     backend = args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")
-    execution = f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"
+    reason = getattr(setup.model, "execution_reason", "the named model")
+    execution = f"{setup.model.execution} ({reason})"  # in full in --json; the table's cell cut to its first 60
+    cell = f"{setup.model.execution} ({reason if len(reason) <= 60 else reason[:57] + '...'})"
     for name, value in [
         ("status", res.status),
         *([("consensus val accuracy", f"{f.val_accuracy:.4f}"),
@@ -472,7 +480,7 @@ def cmd_run(args) -> int:
         *_time_rows(study, f),
         ("wall time", f"{res.wall_time:.2f} s"),
         ("backend", backend),
-        ("execution", execution),
+        ("execution", cell),
     ]:
         t.add_row(name, value)
     _console().print(t)
@@ -488,7 +496,7 @@ def cmd_run(args) -> int:
             same = "matches" if want == getattr(f, key) else "DIFFERS from"
             print(f"{what} {same} trial {exported['trial']} of {exported['study']} (seed {seed}: {want:.4f})")
     if args.json_out:
-        out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # as the table says
+        out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         Path(args.json_out).write_text(json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
 

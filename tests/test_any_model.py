@@ -6,6 +6,7 @@ constant), and each bad input is one line naming its field."""
 from __future__ import annotations
 
 import contextlib
+import json
 import importlib
 import math
 import re
@@ -619,3 +620,12 @@ def test_a_search_on_a_users_recurrent_model_prints_no_warning_of_torchs_export(
     models = client.search_logged_models([exp.experiment_id])
     assert len(models) == 1 and models[0].status.to_int() == models[0].status.READY.to_int()
     assert "_flat_weights" in models[0].tags.get("evomerge.save_warnings", ""), models[0].tags
+    # `run` takes the study's stored name from anywhere; vmap's long refusal is cut in the table, whole in --json
+    out = tmp_path / "run.json"
+    r = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", "my-lstm-search", "--policy", "fedavg",
+                        "--quiet", "--runs-dir", str(tmp_path / "runs"), "--json", str(out)], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    assert r.returncode == 0, r.stderr
+    full = json.loads(out.read_text())["execution"]
+    assert full.startswith("loop (vmap cannot batch it: ") and len(full) > 80, full
+    assert f"{full[:63]}..." in r.stdout and full not in r.stdout, r.stdout

@@ -239,9 +239,9 @@ def test_a_bad_flag_is_one_line_with_the_nearest_good_one(tmp_path, monkeypatch,
 @pytest.mark.parametrize("args, line", [
     (["run", "--study", "mnist-gossip", "--policy", "fedavg", "--backend", "inproces"],
      "error: --backend: unknown 'inproces'; allowed: inprocess, distributed; did you mean inprocess?"),
-    (["run", "--study", "mnist-gosip", "--policy", "fedavg"],
+    (["run", "--study", "mnist-gosip", "--policy", "fedavg"],  # run takes a stored study's name too
      "error: --study: unknown study 'mnist-gosip'; known: mnist-gossip, mnist-gossip-64, mnist-skewed, mnist-stragglers, "
-     "mnist-two-sites, tiny-lm (or give a path to a .toml file); did you mean mnist-gossip?"),
+     "mnist-two-sites, tiny-lm; stored in runs: none (or give a path to a .toml file); did you mean mnist-gossip?"),
     (["run", "--study", "mnist-gossip", "--policy", "fedav"],
      "error: --policy: fedav: no such file or named policy; named: allreduce, allreduce-backup, allreduce-sign, "
      "allreduce-topk, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco; did you mean fedavg?"),

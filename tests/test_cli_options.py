@@ -22,6 +22,8 @@ def options(parser) -> dict[str, argparse.Action]:
 
 
 def test_run_keywords_are_the_run_command_options_with_the_same_defaults():
+    from evomerge.search.config import default_runs_dir
+
     cmd = dict(commands(cli.build_parser()))[("run",)]
     opts = options(cmd)
     params = inspect.signature(evomerge.run).parameters
@@ -32,6 +34,8 @@ def test_run_keywords_are_the_run_command_options_with_the_same_defaults():
         p, a = params[name], opts[name]
         if p.default is inspect.Parameter.empty:
             assert a.required, f"{name}: required in evomerge.run(), optional in the command"
+        elif name == "runs_dir":  # the command's default is $EVOMERGE_RUNS_DIR else runs, read when it starts; the
+            assert p.default is None and a.default == str(default_runs_dir())  # function's None reads it when called
         else:
             assert not a.required and a.default == p.default, f"{name}: default {a.default!r} vs {p.default!r}"
 

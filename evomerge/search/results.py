@@ -73,6 +73,26 @@ def stored_study(name: str, storage_url: str):
                                default_name=Path(definition["path"]).stem), definition
 
 
+def load_or_stored(ref, runs_dir=None, storage: str | None = None):
+    """``evomerge run``'s study: a file or a shipped name as it says now, else the name of a study a search stored
+    under ``runs_dir`` (or in ``storage``) from a file elsewhere, as stored with its trials; else None, for the caller
+    to name what is known."""
+    from ..errors import ConfigError
+    from ..study import load
+    from .config import default_runs_dir
+    from .storage import default_storage
+
+    try:
+        return load(ref)
+    except ConfigError:
+        if str(ref).endswith(".toml") or Path(str(ref)).is_file():
+            raise  # a path that cannot be read is that path's error
+        got = stored_study(str(ref), storage or default_storage(Path(runs_dir or default_runs_dir()) / str(ref)))
+        if got is None:
+            raise
+        return got[0]
+
+
 def diverged(t) -> bool:
     return t.user_attrs.get(RUN_STATUS) == DIVERGED
 
