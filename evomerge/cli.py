@@ -582,6 +582,9 @@ def _load_stored(args, ref: str | None = None):
     if got is None:
         if study is None:
             stored = sorted(p.parent.name for p in Path(args.runs_dir).glob("*/optuna.db"))
+            if str(ref) in stored:  # its trials are there, its definition is not (an older evomerge, or Optuna alone)
+                raise ConfigError("--study", f"{str(ref)!r} is stored in {args.runs_dir} without its study file's text "
+                                             "(searched by an older evomerge); allowed: the path to its .toml file")
             raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'}; "
                                          f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} "
                                          "(or give a path to a .toml file)"

@@ -204,3 +204,17 @@ def test_counts_line_says_when_a_stored_study_has_no_trial_yet():
 
     assert format_counts({}) == "no trials yet"
     assert format_counts({"COMPLETE": 3, "PRUNED": 1}, n_diverged=1) == "3 complete (1 diverged), 1 pruned"
+
+
+def test_a_stored_study_without_its_definition_is_named_with_what_to_give_instead(tmp_path, data_dir):
+    """Trials stored without the study file's text (an older evomerge, or Optuna alone): by name, one line that
+    says so and asks for the file; by the file, read."""
+    runs = tmp_path / "runs"
+    (runs / "tiny").mkdir(parents=True)
+    optuna.create_study(study_name="tiny", storage=f"sqlite:///{runs / 'tiny' / 'optuna.db'}")
+    p = cli("status", "--study", "tiny", "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr == (
+        f"error: --study: 'tiny' is stored in {runs} without its study file's text (searched by an older evomerge); "
+        "allowed: the path to its .toml file\n")
+    p = cli("status", "--study", write_study(tmp_path), "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "tiny: no trials yet" in p.stdout, p.stderr
