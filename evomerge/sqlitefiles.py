@@ -64,16 +64,17 @@ def new_mlflow_store(url: str) -> bool:
     version, in the user cache (``$XDG_CACHE_HOME/evomerge``, else ``~/.cache/evomerge``, where the datasets go), and
     copies it: MLflow then finds its tables at the current revision and only adds its default experiment, as it does in
     a store of its own making (its artifact folder ``mlruns/0`` under the folder the command runs in). Anything in the
-    way (no cache folder, a file system without hard links) leaves the store to MLflow, as before; a cache file that is
-    not a blank store (cut short, another tool's) is made again. The copy is linked
+    way (no cache folder, a file system without hard links, a write-ahead log left where a store was removed, which
+    SQLite would read into the copy) leaves the store to MLflow, as before; a cache file that is not a blank store (cut
+    short, another tool's) is made again. The copy is linked
     into place, so it never replaces a store another process has just made."""
     import os
     import shutil
     from pathlib import Path
 
     db = sqlite_file(url)
-    if db is None or os.path.exists(db):
-        return False
+    if db is None or any(os.path.exists(db + end) for end in ("", "-wal", "-shm", "-journal")):
+        return False  # a store's log left by a process that ended there would be read into the copy: MLflow's own
     target = Path(db)
     try:
         blank = _blank_mlflow_store()

@@ -116,24 +116,6 @@ def test_fingerprint_summary_and_changes(tmp_path):
         'data.loader changed ("m:lod" -> "m:load")']
 
 
-def test_a_stored_study_without_trials_takes_the_changed_definition(tmp_path):
-    """Nothing was judged by the old definition: the study file's new one is stored; with a trial, refused."""
-    import optuna
-
-    from evomerge.search.config import make_config
-
-    old = study.load(write_study(tmp_path / "old", workers=4))
-    new = study.load(write_study(tmp_path / "new", workers=2))
-    ostudy = optuna.create_study(study_name="tiny", storage=optuna.storages.InMemoryStorage())
-    ostudy.set_user_attr(fingerprint.ATTR, fingerprint.of(old))
-    cfg = make_config(new, runs_dir=tmp_path / "runs")
-    fingerprint.check(ostudy, cfg, 0)
-    assert ostudy.user_attrs[fingerprint.ATTR]["hash"] == fingerprint.of(new)["hash"]
-    ostudy.set_user_attr(fingerprint.ATTR, fingerprint.of(old))
-    with pytest.raises(ConfigError, match=r"run.workers changed \(4 -> 2\) since its 1 stored trials"):
-        fingerprint.check(ostudy, cfg, 1)
-
-
 API_TWICE = """
 import logging, sys
 import optuna

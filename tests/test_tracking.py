@@ -376,6 +376,11 @@ def test_a_new_studys_store_is_a_copy_of_the_blank_one_mlflow_made_and_holds_wha
     assert not new_mlflow_store(f"sqlite:///{tmp_path / 'ref.db'}")
     assert new_mlflow_store(f"sqlite:///{tmp_path / 'c' / 'mlflow.db'}")
     assert _schema(tmp_path / "c" / "mlflow.db") == _schema(tmp_path / "ref.db")
+    # a log left by a store's process that ended there (kill -9) would be read into a copy: MLflow makes that one
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "mlflow.db-wal").write_bytes(b"left by a killed process")
+    assert not new_mlflow_store(f"sqlite:///{tmp_path / 'd' / 'mlflow.db'}")
+    assert not (tmp_path / "d" / "mlflow.db").exists()
 
 
 def test_a_cache_file_that_is_not_a_blank_store_is_made_again(tmp_path, data_dir):

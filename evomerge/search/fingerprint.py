@@ -104,13 +104,13 @@ def _show(v: Any) -> str:
 
 
 def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
-    """Refuse, in one line, to search a stored study with trials whose fingerprint differs from the study file's;
-    store the fingerprint when the stored study has none (or lacks fields added since), or has no trial yet."""
+    """Refuse, in one line, to search a stored study whose fingerprint differs from the study file's;
+    store the fingerprint when the stored study has none (or lacks fields added since)."""
     current = of(cfg.study)
     stored = ostudy.user_attrs.get(ATTR)
     if stored and stored.get("hash") == current["hash"]:
         return
-    if stored and n_trials:  # with no trial stored, nothing was judged by the old definition: the new one is taken
+    if stored:
         diff = changes(stored.get("summary", {}), current["summary"])
         if diff:
             shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
