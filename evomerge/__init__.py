@@ -46,9 +46,10 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     from .backends import runner
     from .backends import found_with, run_inputs
     from .search.results import load_or_stored
-    from .study import Study
+    from .study import Study, load
 
-    st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage)
+    # an unknown name: load's own line
+    st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
     pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
     st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
     if note:

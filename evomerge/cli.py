@@ -430,12 +430,9 @@ def cmd_run(args) -> int:
     from .backends import found_with, run_inputs
     from .search.results import load_or_stored
 
-    try:  # a file or a shipped name as it says now, else a study searched from a file elsewhere, as stored
-        study = load_or_stored(args.study, args.runs_dir, args.storage)
-    except ConfigError:
-        if str(args.study).endswith(".toml") or Path(str(args.study)).is_file():
-            raise
-        study = _load_stored(args)  # an unknown name: one line with the known and the stored ones
+    # a file or a shipped name as it says now, else a study searched from a file elsewhere, as stored; an unknown
+    # name: _load_stored's line with the known and the stored ones
+    study = load_or_stored(args.study, args.runs_dir, args.storage) or _load_stored(args)
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     # every input is checked before data is read (the same checks as evomerge.run())
@@ -566,7 +563,7 @@ def _load_stored(args, ref: str | None = None):
     """The study of a command that reads results: a file, a shipped name, or the name of a study stored under
     --runs-dir (or in --storage) wherever its file lives. The definition stored with the trials wins; when the
     file on disk differs, one line says so."""
-    from .search.results import stored_study
+    from .search.results import is_path, stored_study
     from .search.storage import default_storage
     from .study import known_studies, load
 
@@ -574,7 +571,7 @@ def _load_stored(args, ref: str | None = None):
     try:
         study, missing = load(ref), None
     except ConfigError as e:
-        if str(ref).endswith(".toml") or Path(str(ref)).is_file():
+        if is_path(ref):
             raise  # a path that cannot be read is that path's error
         study, missing = None, e
     name = study.name if study is not None else str(ref)

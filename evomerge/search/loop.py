@@ -43,41 +43,39 @@ def check_fragments(study, model) -> None:
                                                     f"tensors; allowed: at most {n}")
 
 
-def _check_before_storing(cfg: SearchConfig, data) -> None:
-    """What each worker checks before its first trial (the data, the model on a few examples, the backend, the
-    fragments), done once before the study is stored: a mistake in a user's loader or model is one line, and the
-    fixed file then searches as a new study (its definition was never stored)."""
+def checked_setup(cfg: SearchConfig, data=None):
+    """The trials' setup, checked (the data, the model on a few examples, the backend, the fragments): each worker's
+    before its first trial, and the search's before the study is stored, so that a mistake in a user's loader or
+    model is one line and the fixed file then searches as a new study (its definition was never stored)."""
     from .. import backends
     from ..engine.setup import prepare
 
     setup = prepare(cfg.study, data=data, data_dir=cfg.data_dir)
     backends.check_model(cfg.backend, setup.model)
     check_fragments(cfg.study, setup.model)
+    return setup
 
 
 # -- the worker loop ---------------------------------------------------------------------------
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
-         keeper=None) -> None:
+         keeper=None, setup=None) -> None:
     """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials; ``keeper`` keeps the best
-    trial's consensus model (search/consensus.py)."""
+    trial's consensus model (search/consensus.py); ``setup``: the trials' setup, already checked (``checked_setup``)."""
     with quiet_optuna():
-        _work(cfg, worker, on_record, data, should_stop, keeper)
+        _work(cfg, worker, on_record, data, should_stop, keeper, setup)
 
 
-def _work(cfg, worker, on_record, data, should_stop, keeper=None) -> None:
+def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None) -> None:
     import optuna
 
     from .. import backends
-    from ..engine.setup import prepare
     from . import asking
     from . import space as space_mod
     from .cmaes import CmaDriver
     from .warmstart import ATTR as ATTR_WARM
 
     storage = open_storage(cfg.storage, cfg.grace_period, cfg.study.name)
-    setup = prepare(cfg.study, data=data, data_dir=cfg.data_dir)
-    backends.check_model(cfg.backend, setup.model)
-    check_fragments(cfg.study, setup.model)
+    setup = setup if setup is not None else checked_setup(cfg, data)
     if cfg.batch > 1 and getattr(setup.model, "random", False) and getattr(setup.model, "execution", "") == "stacked":
         import warnings
 
@@ -286,7 +284,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
 
         data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
                                   cfg.study.path.parent if cfg.study.path is not None else None)
-    _check_before_storing(cfg, data)  # a user's loader or model refused in one line, before anything is stored
+    setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(cfg.storage)
     ostudy = load_or_create(cfg, storage)
@@ -326,7 +324,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     try:
         if cfg.jobs == 1:
             try:
-                work(cfg, 0, on_record, data=data, keeper=keeper)
+                work(cfg, 0, on_record, data=data, keeper=keeper, setup=setup)
             except Interrupted as i:
                 for rec in i.args:
                     on_record(rec)

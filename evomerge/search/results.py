@@ -73,10 +73,15 @@ def stored_study(name: str, storage_url: str):
                                default_name=Path(definition["path"]).stem), definition
 
 
+def is_path(ref) -> bool:
+    """``--study``'s value names a file (whose own error a failed load is), not a study by name."""
+    return str(ref).endswith(".toml") or Path(str(ref)).is_file()
+
+
 def load_or_stored(ref, runs_dir=None, storage: str | None = None):
     """``evomerge run``'s study: a file or a shipped name as it says now, else the name of a study a search stored
-    under ``runs_dir`` (or in ``storage``) from a file elsewhere, as stored with its trials; else None, for the caller
-    to name what is known."""
+    under ``runs_dir`` (or in ``storage``) from a file elsewhere, as stored with its trials; None for a name that is
+    neither (the caller says what is known), and a file's own error for a file."""
     from ..errors import ConfigError
     from ..study import load
     from .config import default_runs_dir
@@ -85,12 +90,10 @@ def load_or_stored(ref, runs_dir=None, storage: str | None = None):
     try:
         return load(ref)
     except ConfigError:
-        if str(ref).endswith(".toml") or Path(str(ref)).is_file():
-            raise  # a path that cannot be read is that path's error
-        got = stored_study(str(ref), storage or default_storage(Path(runs_dir or default_runs_dir()) / str(ref)))
-        if got is None:
+        if is_path(ref):
             raise
-        return got[0]
+    got = stored_study(str(ref), storage or default_storage(Path(runs_dir or default_runs_dir()) / str(ref)))
+    return got[0] if got is not None else None
 
 
 def diverged(t) -> bool:
