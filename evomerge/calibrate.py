@@ -62,6 +62,7 @@ LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themsel
 POOL_LIKE = 2.0  # else on the flows at its ends, among the links whose own fits are within this factor of its own
 PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
 FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
+PROGRESS = "EVOMERGE_CALIBRATE_PROGRESS"  # the launcher's folder where each rank says which collective it is at
 DEFAULTS = dict(steps=50, warmup=5, repeats=5, all_pairs_up_to=16, seed=0, timeout=600.0)
 
 
@@ -733,7 +734,7 @@ def _timed_steps(setup, rank: int, args, dev) -> list[float]:
     return [float(t) for t in times[args.warmup:]]
 
 
-def _links(rank: int, W: int, nbytes: int, args, dev) -> tuple[dict, dict]:
+def _links(rank: int, W: int, nbytes: int, args, dev, progress: Progress) -> tuple[dict, dict]:
     """Ping-pong with each peer of this rank's rounds; returns {(i, j): seconds} of the latency and
     {(i, j): bytes/s} of the bandwidth for the links this rank measured (it measures both directions of its
     pairs where it is the lower rank)."""
@@ -745,7 +746,8 @@ def _links(rank: int, W: int, nbytes: int, args, dev) -> tuple[dict, dict]:
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     lat, bw = {}, {}
     n_small = 4 * args.repeats
-    for rnd in pair_rounds(W, args.all_pairs_up_to, args.seed):
+    for k, rnd in enumerate(pair_rounds(W, args.all_pairs_up_to, args.seed)):
+        progress.at(f"the links' round {k + 1}")
         dist.barrier()
         mine = [p for p in rnd if rank in p]
         if not mine:
@@ -782,7 +784,7 @@ def _links(rank: int, W: int, nbytes: int, args, dev) -> tuple[dict, dict]:
     return lat, bw
 
 
-def _allreduce(nbytes: int, args, dev) -> float:
+def _allreduce(nbytes: int, args, dev, progress: Progress) -> float:
     import torch
     import torch.distributed as dist
 
@@ -790,6 +792,7 @@ def _allreduce(nbytes: int, args, dev) -> float:
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     times = []
     for k in range(args.repeats + 1):
+        progress.at(f"all-reduce {k + 1}")
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(t)
@@ -797,6 +800,40 @@ def _allreduce(nbytes: int, args, dev) -> float:
         if k:  # the first is a warm-up
             times.append(time.perf_counter() - t0)
     return _median(times)
+
+
+class Progress:
+    """Where this rank is: before each collective it writes the collective's number and name to a file of its own in
+    the launcher's folder (``$EVOMERGE_CALIBRATE_PROGRESS``; nothing without it). Every rank enters the same
+    collectives in the same order, so when the time is up the ranks that have not reached the furthest one are those
+    the others wait for (:func:`behind`)."""
+
+    def __init__(self, rank: int):
+        folder = os.environ.get(PROGRESS)
+        self.file = Path(folder) / f"at-{rank}" if folder else None
+        self.n = 0
+
+    def at(self, what: str) -> None:
+        self.n += 1
+        if self.file is not None:
+            tmp = self.file.with_suffix(".new")
+            tmp.write_text(f"{self.n} {what}")
+            os.replace(tmp, self.file)
+
+
+def behind(folder: str | os.PathLike, ranks: list[int]) -> tuple[list[int], str] | None:
+    """Of ``ranks`` (those still running when the time is up), the ones that have not reached the collective the
+    furthest of them waits at, and its name; None if they all are at the same one (or none said)."""
+    at = {}
+    for r in ranks:
+        try:
+            n, what = (Path(folder) / f"at-{r}").read_text().split(" ", 1)
+            at[r] = (int(n), what)
+        except (OSError, ValueError):
+            at[r] = (0, "its start")
+    furthest = max(at.values())
+    late = [r for r in ranks if at[r][0] < furthest[0]]
+    return (late, furthest[1]) if late else None
 
 
 class PeerGone(Exception):
@@ -815,7 +852,7 @@ class _talking:
         return False
 
 
-def measure(args) -> Measured | None:
+def measure(args, progress: Progress) -> Measured | None:
     """This rank's part of the calibration (the process group is initialised); rank 0 returns the figures."""
     import socket
 
@@ -831,6 +868,7 @@ def measure(args) -> Measured | None:
     setup = prepare(st, data_dir=args.data_dir)
     model = setup.model.module()
     nbytes = 4 * (sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
+    progress.at("the start of the timed steps")
     with _talking():
         dist.barrier()  # every rank has its data: all start training together
     times = _timed_steps(setup, rank, args, dev)
@@ -838,12 +876,14 @@ def measure(args) -> Measured | None:
         raise RuntimeError(f"rank {rank} fails on purpose (${FAIL_RANK})")
     wire = dev if dist.get_backend() == "nccl" else torch.device("cpu")  # gloo: ranks sharing a GPU talk via host
     with _talking():
-        lat, bw = _links(rank, W, nbytes, args, wire) if W > 1 else ({}, {})
-        ar = _allreduce(nbytes, args, wire) if W > 1 else None
+        lat, bw = _links(rank, W, nbytes, args, wire, progress) if W > 1 else ({}, {})
+        ar = _allreduce(nbytes, args, wire, progress) if W > 1 else None
     host = socket.gethostname()
     mine = {"rank": rank, "times": times, "lat": list(lat.items()), "bw": list(bw.items()), "host": host,
-            "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev)}
+            "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
+            "threads": torch.get_num_threads()}
     everyone = [None] * W
+    progress.at("the gathering of the figures")
     with _talking():
         dist.all_gather_object(everyone, mine)
     if rank != 0:
@@ -858,7 +898,9 @@ def measure(args) -> Measured | None:
     hosts = sorted({x["host"] for x in everyone})
     devices = sorted({x["device"] for x in everyone})
     n_pairs = sum(len(r) for r in pair_rounds(W, args.all_pairs_up_to, args.seed))
-    notes = [f"device: {', '.join(devices)}; {dist.get_backend()}; hosts: {', '.join(hosts)}",
+    threads = sorted({x["threads"] for x in everyone})
+    notes = [f"device: {', '.join(devices)}; {dist.get_backend()}; hosts: {', '.join(hosts)}; torch threads per "
+             f"rank: {', '.join(map(str, threads))}",
              f"model: {nbytes} bytes of float32 parameters and buffers; batch {st.run.batch_size}, optimiser "
              f"{st.run.optimizer}",
              f"pairs: {n_pairs} ({'all' if W <= args.all_pairs_up_to else 'the ring and sampled ones'}), "
@@ -877,27 +919,38 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, launcher=False)
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    import torch
+    import torch.distributed as dist
+
     try:
         check_options(args)
         from datetime import timedelta
 
-        import torch
-        import torch.distributed as dist
 
         from .procs import apply_threads, rank_device
 
         dev, backend = rank_device()
-        if dev.type == "cpu":
-            apply_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        told = "LOCAL_WORLD_SIZE" in os.environ  # torchrun and --procs say how many ranks share this machine
+        if dev.type == "cpu" and told:
+            apply_threads(int(os.environ["LOCAL_WORLD_SIZE"]))
         if "MASTER_ADDR" not in os.environ:  # one process alone
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        progress = Progress(rank)
+        progress.at("joining the process group")
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except torch.distributed.DistError as e:  # a rank that never joined (dead or stopped at its start)
+        print(f"error: rank {rank}: the ranks did not all join the process group within --timeout {args.timeout:g} s "
+              f"({_one_line(e)})", file=sys.stderr, flush=True)
+        return PEER_GONE
     try:
         check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
-        m = measure(args)
+        if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own)
+            with _talking():
+                apply_threads(_ranks_on_this_machine())
+        m = measure(args, progress)
         if m is not None:
             env, warned = write(m, args.output, args.fit)
             print(summary(env, len(m.step_times), args.output), flush=True)
@@ -907,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
         return 2
     except (PeerGone, torch.distributed.DistError) as e:  # another rank failed: the launcher names that one
-        print(f"error: rank {rank}: another rank is gone ({_one_line(e)})", file=sys.stderr, flush=True)
+        print(f"error: rank {rank}: {_peer_failed(e, args.timeout)}", file=sys.stderr, flush=True)
         os._exit(PEER_GONE)
     except Exception as e:  # noqa: BLE001 - this rank's own failure: the traceback, then one line
         import traceback
@@ -916,13 +969,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: rank {rank}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
         os._exit(1)  # the process group may be broken: leave without tearing it down
     try:
+        progress.at("the end (rank 0 writing the file)")
         with _talking():
             dist.barrier()  # rank 0 has written the file: every rank leaves together
     except PeerGone as e:
-        print(f"error: rank {rank}: another rank is gone ({e})", file=sys.stderr, flush=True)
+        print(f"error: rank {rank}: {_peer_failed(e, args.timeout)}", file=sys.stderr, flush=True)
         os._exit(PEER_GONE)
     dist.destroy_process_group()
     return 0
+
+
+def _machine() -> str:
+    """This machine, as its ranks share its cores: the kernel's boot id (network namespaces and containers of one
+    machine share it), else the host name."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
+
+
+def _ranks_on_this_machine() -> int:
+    """How many ranks of the process group run on this rank's machine (one all-gather): without it, each rank of
+    four on two cores took both, and two of them measured 55x slower than the others."""
+    import torch.distributed as dist
+
+    machines = [None] * dist.get_world_size()
+    dist.all_gather_object(machines, _machine())
+    return machines.count(_machine())
+
+
+def _peer_failed(e: BaseException, timeout: float) -> str:
+    """What this rank saw of another's failure: gone (its connection closed), or silent for ``timeout`` (hung, or
+    slower than the timeout allows), with the backend's own line."""
+    line = _one_line(e)
+    if "timed out" in line.lower() or "timeout" in line.lower():
+        return f"another rank did not answer within --timeout {timeout:g} s ({line})"
+    return f"another rank is gone ({line})"
 
 
 def _one_line(e: BaseException) -> str:
@@ -978,7 +1062,7 @@ def launch(args) -> int:
         procs, errs, outs = [], [], []
         for r in range(N):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(N), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(N),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EVOMERGE_THREADS=threads,
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EVOMERGE_THREADS=threads, **{PROGRESS: tmp},
                        PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
             out, err = open(Path(tmp) / f"out-{r}", "w+"), open(Path(tmp) / f"err-{r}", "w+")
             outs.append(out)
@@ -1003,6 +1087,13 @@ def launch(args) -> int:
                 raise RunError(f"calibration rank {r} failed ({how}): {last}")
             if time.monotonic() > deadline:
                 hung = [r for r, c in enumerate(codes) if c is None]
+                late = behind(tmp, hung)
+                if late:  # the others wait for these at a collective they have not reached
+                    waiting = [r for r in hung if r not in late[0]]
+                    raise RunError(f"calibration rank{'s' if len(late[0]) > 1 else ''} {', '.join(map(str, late[0]))} "
+                                   f"did not reach {late[1]} within --timeout {args.timeout:g} s (rank"
+                                   f"{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} waited there); "
+                                   "stopped")
                 raise RunError(f"calibration rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} did not "
                                f"finish within --timeout {args.timeout:g} s; stopped")
             time.sleep(0.05)

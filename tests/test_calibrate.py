@@ -354,6 +354,90 @@ def test_a_rank_that_fails_is_named_in_one_line(tmp_path, data_dir):
     assert not (tmp_path / "c.toml").exists()
 
 
+@pytest.mark.system
+def test_ranks_of_a_launcher_that_does_not_say_how_many_share_the_machine_share_its_threads(tmp_path, data_dir):
+    """netlab and a user's own script set RANK and WORLD_SIZE, not torchrun's LOCAL_WORLD_SIZE: the ranks count
+    those on their machine, and two of them given 2 threads take 1 each (each took both: four ranks on two cores
+    measured two of them 55x slower)."""
+    (tmp_path / "s.toml").write_text(study_text(workers=2))
+    out = tmp_path / "c.toml"
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
+    env.update(EVOMERGE_THREADS="2", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(calibrate._free_port()), PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
+                               str(out), "--data-dir", str(data_dir), "--steps", "5", "--warmup", "1", "--repeats",
+                               "2", "--timeout", "90"], env=dict(env, RANK=str(r)), cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=150) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    assert "torch threads per rank: 1\n" in out.read_text(), out.read_text()
+
+
+def _child_rank(parent: int, rank: int) -> int | None:
+    """The pid of the calibration rank ``rank`` that process ``parent`` started, if it is there yet."""
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent and \
+                    f"RANK={rank}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                return int(d.name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+@pytest.mark.system
+def test_a_rank_that_hangs_is_named_when_the_time_is_up(tmp_path, data_dir):
+    """Rank 1 stopped (SIGSTOP) as it starts: the others wait for it at their first collective, and the line names
+    rank 1, not every rank still running."""
+    import signal
+    import time
+
+    (tmp_path / "s.toml").write_text(study_text())
+    p = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(tmp_path / "s.toml"),
+                          "--procs", "3", "-o", str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--steps", "5",
+                          "--timeout", "30"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 20
+        while (pid := _child_rank(p.pid, 1)) is None and time.monotonic() < end:
+            time.sleep(0.02)
+        assert pid is not None, "rank 1 did not start"
+        os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=90)
+    finally:
+        p.kill()
+    assert p.returncode == 1
+    err = err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: calibration rank 1 did not reach ") and \
+        err.endswith(" within --timeout 30 s (ranks 0, 2 waited there); stopped"), err
+    assert not (tmp_path / "c.toml").exists()
+
+
+@pytest.mark.system
+def test_ranks_started_by_hand_name_a_rank_that_never_joins_in_one_line(tmp_path, data_dir):
+    """Two ranks started by a user's own launcher, rank 1 stopped as it starts: rank 0 ends at its --timeout with one
+    line (was a traceback of the store's error)."""
+    import signal
+
+    (tmp_path / "s.toml").write_text(study_text(workers=2))
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port()),
+               PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
+                               str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--timeout", "10"],
+                              env=dict(env, RANK=str(r)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == calibrate.PEER_GONE, err[-2000:]
+    assert len(err.strip().splitlines()) == 1 and err.startswith(
+        "error: rank 0: the ranks did not all join the process group within --timeout 10 s ("), err[-2000:]
+    assert not (tmp_path / "c.toml").exists()
+
+
 def need_netlab() -> None:
     """Fail, in one line naming what is missing, where netlab cannot run: its tests are the project's only check of
     real shaped links (CI has unshare, ip and tc; a machine without them fails these tests rather than pass them
