@@ -563,7 +563,7 @@ def _load_stored(args, ref: str | None = None):
     """The study of a command that reads results: a file, a shipped name, or the name of a study stored under
     --runs-dir (or in --storage) wherever its file lives. The definition stored with the trials wins; when the
     file on disk differs, one line says so."""
-    from .search.results import is_path, stored_study
+    from .search.results import is_path, stored_names, stored_study
     from .search.storage import default_storage
     from .study import known_studies, load
 
@@ -578,7 +578,7 @@ def _load_stored(args, ref: str | None = None):
     got = stored_study(name, args.storage or default_storage(Path(args.runs_dir) / name))
     if got is None:
         if study is None:
-            stored = sorted(p.parent.name for p in Path(args.runs_dir).glob("*/optuna.db"))
+            stored = stored_names(args.runs_dir)
             if str(ref) in stored:  # its trials are there, its definition is not (an older evomerge, or Optuna alone)
                 raise ConfigError("--study", f"{str(ref)!r} is stored in {args.runs_dir} without its study file's text "
                                              "(searched by an older evomerge); allowed: the path to its .toml file")
@@ -630,8 +630,8 @@ def cmd_search(args) -> int:
     from .report.search_view import SearchView
 
     view = SearchView(cfg, quiet=args.quiet)
-    with view, signals_raise():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the running trial failed, the rest kept
-        result = run_search(cfg, progress=view.event)
+    with view, signals_raise() as stop:  # SIGTERM and SIGHUP stop it as Ctrl-C does: the running trial failed, the rest kept
+        result = run_search(cfg, progress=view.event, stop=stop)
     view.summary(result, data_dir=args.data_dir)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"study": study.name, "counts": result.counts, "best": result.best,

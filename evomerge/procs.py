@@ -46,23 +46,38 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+class Stop:
+    """The stop signal a :func:`signals_raise` block received, kept: a :class:`Terminated` raised while Python runs
+    a callback of its own (a garbage collector's, a weak reference's, a ``__del__``) is printed as ignored and lost,
+    and :meth:`check` raises it again where the code can take it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Terminated(self.signum)
+
+
 @contextlib.contextmanager
 def signals_raise(signals: Iterable[int] = STOP_SIGNALS):
     """Within the block, the given signals raise :class:`Terminated` in the main thread (so
     ``finally`` blocks and context managers run); the previous handlers come back after it.
-    Outside the main thread it changes nothing."""
+    Outside the main thread it changes nothing. Yields a :class:`Stop` that keeps the signal."""
+    stop = Stop()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop
         return
 
     def raise_terminated(signum, frame):
+        stop.signum = signum
         raise Terminated(signum)
 
     previous = {}
     try:
         for s in signals:
             previous[s] = signal.signal(s, raise_terminated)
-        yield
+        yield stop
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -89,6 +89,44 @@ def test_user_factory_and_loader_outside_the_project_run_search_and_export(tmp_p
     assert len(loads) == len(set(loads)) >= 2  # run and search, once each
 
 
+SIGNALLED = '''
+import os
+import signal
+import weakref
+from pathlib import Path
+
+import digits_models
+
+
+def _stop():
+    flag = Path(__file__).with_name("signalled")
+    if not flag.exists():
+        flag.write_text("")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def classifier(hidden=16):
+    """A model whose finaliser sends the process SIGTERM once: the handler runs inside a callback of Python's own,
+    whose exceptions Python prints as ignored and drops."""
+    model = digits_models.classifier(hidden)
+    weakref.finalize(model, _stop)
+    return model
+'''
+
+
+@pytest.mark.system
+def test_a_stop_signal_that_lands_in_a_callback_still_stops_the_search(tmp_path):
+    """(A SIGTERM that arrived while Python ran a garbage collector's callback was printed as ignored, and the search
+    went on to its verdict.) The signal is kept and the search stops at the next trial as interrupted, exit 130."""
+    study = user_study(tmp_path / "elsewhere", factory="signalled:classifier")
+    (tmp_path / "elsewhere" / "signalled.py").write_text(SIGNALLED)
+    runs = tmp_path / "runs"
+    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", cwd=tmp_path)
+    assert (tmp_path / "elsewhere" / "signalled").exists()  # the signal was sent
+    assert p.returncode == 130, p.stdout + p.stderr
+    assert "interrupted: finished trials are kept" in p.stderr and "judging" not in p.stdout + p.stderr, p.stderr
+
+
 BAD_MODULE = '''
 import torch
 from torch import nn

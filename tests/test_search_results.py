@@ -218,3 +218,19 @@ def test_a_stored_study_without_its_definition_is_named_with_what_to_give_instea
         "allowed: the path to its .toml file\n")
     p = cli("status", "--study", write_study(tmp_path), "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and "tiny: no trials yet" in p.stdout, p.stderr
+
+
+def test_a_store_left_empty_by_an_interrupted_start_is_not_a_stored_study(tmp_path, data_dir):
+    """(A search stopped as it started left runs/NAME/optuna.db empty, and status said the study was stored without
+    its definition by an older evomerge.) By name: unknown, nothing stored; by the file: no search results; and the
+    file is not written."""
+    runs = tmp_path / "runs"
+    (runs / "tiny").mkdir(parents=True)
+    (runs / "tiny" / "optuna.db").write_bytes(b"")
+    for command in (("status",), ("export", "-o", str(tmp_path / "best.json"))):
+        p = cli(*command, "--study", "tiny", "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 2 and p.stderr.startswith("error: --study: unknown study 'tiny'; ") and \
+            f"stored in {runs}: none " in p.stderr, p.stderr
+    p = cli("status", "--study", write_study(tmp_path), "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.startswith("error: --study: no search results for 'tiny' in "), p.stderr
+    assert (runs / "tiny" / "optuna.db").stat().st_size == 0

@@ -58,14 +58,15 @@ def checked_setup(cfg: SearchConfig, data=None):
 
 # -- the worker loop ---------------------------------------------------------------------------
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
-         keeper=None, setup=None) -> None:
+         keeper=None, setup=None, stop=None) -> None:
     """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials; ``keeper`` keeps the best
-    trial's consensus model (search/consensus.py); ``setup``: the trials' setup, already checked (``checked_setup``)."""
+    trial's consensus model (search/consensus.py); ``setup``: the trials' setup, already checked (``checked_setup``);
+    ``stop`` (procs.Stop): a stop signal that a callback swallowed is raised before the next trial."""
     with quiet_optuna():
-        _work(cfg, worker, on_record, data, should_stop, keeper, setup)
+        _work(cfg, worker, on_record, data, should_stop, keeper, setup, stop)
 
 
-def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None) -> None:
+def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, stop=None) -> None:
     import optuna
 
     from .. import backends
@@ -106,6 +107,8 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None) ->
     reuses = 0  # trials of this process in a row whose policy was already evaluated (reused, not trained)
 
     while not should_stop():
+        if stop is not None:
+            stop.check()
         asked: list = []
         n_before = None
         try:
@@ -206,7 +209,7 @@ def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
         queue.put({"worker_done": worker})
 
 
-def _run_processes(cfg: SearchConfig, on_record) -> None:
+def _run_processes(cfg: SearchConfig, on_record, stop=None) -> None:
     """``cfg.jobs`` worker processes on the study; their records come back through a queue. A Ctrl-C,
     SIGTERM or SIGHUP asks them to stop (SIGINT: each fails its running trial as interrupted), waits
     up to 30 s for their last records, and the process group stops whatever is left."""
@@ -223,6 +226,8 @@ def _run_processes(cfg: SearchConfig, on_record) -> None:
         done = 0
         try:
             while done < len(procs):
+                if stop is not None:
+                    stop.check()
                 try:
                     rec = q.get(timeout=1.0)
                 except queue_mod.Empty:
@@ -270,8 +275,10 @@ class SearchResult:
         return optuna.load_study(study_name=self.config.study.name, storage=open_storage(self.config.storage))
 
 
-def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
-    """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial."""
+def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> SearchResult:
+    """Run the search described by ``cfg``. ``progress(event, **info)`` is told of the start and of each trial;
+    ``stop``: the :class:`~evomerge.procs.Stop` of the command's stop signals, checked between trials and before the
+    verdict (a signal that arrived while Python ran one of its callbacks is otherwise lost)."""
     from ..version import __version__
     from ..report.tracking import Tracker, check_reachable, resolve_tracking_uri
     from . import warmstart
@@ -324,13 +331,15 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None) -> SearchResult:
     try:
         if cfg.jobs == 1:
             try:
-                work(cfg, 0, on_record, data=data, keeper=keeper, setup=setup)
+                work(cfg, 0, on_record, data=data, keeper=keeper, setup=setup, stop=stop)
             except Interrupted as i:
                 for rec in i.args:
                     on_record(rec)
                 raise KeyboardInterrupt from None
         else:
-            _run_processes(cfg, on_record)
+            _run_processes(cfg, on_record, stop)
+        if stop is not None:
+            stop.check()  # a signal lost in the last trial: the search stops before its verdict
         ended = True
     except KeyboardInterrupt:
         result.interrupted = True

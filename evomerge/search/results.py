@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..sqlitefiles import sqlite_file
 from ..study import Study
 
 RUN_STATUS, DIVERGED = "run_status", "diverged"
@@ -33,8 +34,8 @@ def load_study(study: Study, storage_url: str):
 
     missing = ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` "
                                      "first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)")
-    if not _exists(storage_url):
-        raise missing  # (opening it would leave an empty study file behind a command that only reads)
+    if not _may_hold(storage_url, study.name):
+        raise missing  # (opening it would write Optuna's tables, or a new file, behind a command that only reads)
     storage = open_storage(storage_url)
     try:
         return optuna.load_study(study_name=study.name, storage=storage)
@@ -42,12 +43,29 @@ def load_study(study: Study, storage_url: str):
         raise missing from None
 
 
-def _exists(storage_url: str) -> bool:
-    """False for a SQLite file that is not there (a query string allowed); True for any other storage."""
-    from ..sqlitefiles import sqlite_file
-
+def _may_hold(storage_url: str, name: str) -> bool:
+    """False for a SQLite file (a query string allowed) that is not there or holds no study ``name`` (an empty file
+    an interrupted start left); True for any other storage, which Optuna reads without writing."""
     db = sqlite_file(storage_url)
-    return db is None or Path(db).is_file()
+    return db is None or (Path(db).is_file() and name in _sqlite_studies(db))
+
+
+def _sqlite_studies(db) -> set[str]:
+    """The names of the studies a SQLite file of Optuna's holds, read without writing (none for a file that is empty,
+    cut short, or not Optuna's: an interrupted start can leave an empty one)."""
+    import contextlib
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            return {n for (n,) in con.execute("SELECT study_name FROM studies")}
+    except sqlite3.Error:
+        return set()
+
+
+def stored_names(runs_dir) -> list[str]:
+    """The studies stored under ``runs_dir`` (``runs_dir/NAME/optuna.db`` holding a study NAME), sorted."""
+    return sorted(p.parent.name for p in Path(runs_dir).glob("*/optuna.db") if p.parent.name in _sqlite_studies(p))
 
 
 def stored_study(name: str, storage_url: str):
@@ -60,8 +78,8 @@ def stored_study(name: str, storage_url: str):
     from .. import study as study_mod
     from .storage import DEFINITION, open_storage
 
-    if not _exists(storage_url):
-        return None  # never create a database to read one
+    if not _may_hold(storage_url, name):
+        return None  # never create a database, or write Optuna's tables into one, to read it
     try:
         ostudy = optuna.load_study(study_name=name, storage=open_storage(storage_url))
     except KeyError:
