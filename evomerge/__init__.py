@@ -59,10 +59,9 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     run_fn = runner(backend, procs, st.run.workers)
     extra = {}
     if emulate_time:
-        from .errors import ConfigError
+        from .backends import check_emulate_time
 
-        if backend != "distributed" or st.environment is None:
-            raise ConfigError("--emulate-time", "needs --backend distributed and a study with an [environment]")
+        check_emulate_time(backend, st)
         extra["emulate_time"] = True
     setup = prepare(st, data_dir=data_dir)
     return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test, **extra)

@@ -120,6 +120,12 @@ def check_options(args) -> None:
         raise ConfigError("--step-sleep", f"{args.step_sleep} is out of range; allowed: seconds >= 0")
     if not args.slow_factor >= 1:
         raise ConfigError("--slow-factor", f"{args.slow_factor} is out of range; allowed: [1, inf)")
+    if args.slow_rank != -1 and args.slow_factor == 1:
+        raise ConfigError("--slow-factor", f"1 (the default) with --slow-rank {args.slow_rank} emulates nothing; "
+                                           "allowed: a factor above 1, e.g. --slow-factor 3")
+    if args.slow_rank == -1 and args.slow_factor > 1:
+        raise ConfigError("--slow-rank", f"none, so --slow-factor {args.slow_factor:g} emulates nothing; allowed: the "
+                                         "rank to slow down, e.g. --slow-rank 0")
     if not args.timeout > 0:
         raise ConfigError("--timeout", f"{args.timeout} is out of range; allowed: seconds > 0")
     out = Path(args.output)

@@ -382,11 +382,10 @@ def _prepare(study, args):
 def _runner(args, study):
     from functools import partial
 
-    from .backends import runner
+    from .backends import check_emulate_time, runner
 
     if getattr(args, "emulate_time", False):
-        if args.backend != "distributed" or study.environment is None:
-            raise ConfigError("--emulate-time", "needs --backend distributed and a study with an [environment]")
+        check_emulate_time(args.backend, study)
         return partial(runner(args.backend, args.procs, study.run.workers), emulate_time=True)
     return runner(args.backend, args.procs, study.run.workers)
 

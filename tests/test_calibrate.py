@@ -156,6 +156,13 @@ def test_a_slow_rank_out_of_range_is_one_line(tmp_path, capsys):
     assert cli.main(["calibrate", "--study", str(tmp_path / "s.toml"), "--procs", "2", "--slow-rank", "5",
                      "--slow-factor", "3", "-o", str(tmp_path / "c.toml")]) == 2
     assert one_line_error(capsys) == "error: --slow-rank: 5 is out of range; allowed: -1 (none) or a rank in [0, 1]"
+    for flags, line in ((["--slow-rank", "1"], "error: --slow-factor: 1 (the default) with --slow-rank 1 emulates "
+                                               "nothing; allowed: a factor above 1, e.g. --slow-factor 3"),
+                        (["--slow-factor", "3"], "error: --slow-rank: none, so --slow-factor 3 emulates nothing; "
+                                                 "allowed: the rank to slow down, e.g. --slow-rank 0")):
+        assert cli.main(["calibrate", "--study", str(tmp_path / "s.toml"), "--procs", "2", *flags, "-o",
+                         str(tmp_path / "c.toml")]) == 2
+        assert one_line_error(capsys) == line
     assert not (tmp_path / "c.toml").exists()
 
 

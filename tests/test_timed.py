@@ -448,10 +448,17 @@ def test_a_target_outside_0_1_and_a_retired_objective_exit_2(tmp_path):
 
 
 @pytest.mark.system
-def test_emulated_time_needs_the_distributed_backend(tmp_path, data_dir):
+def test_emulated_time_needs_the_distributed_backend_and_an_environment_and_says_which_is_missing(tmp_path, data_dir):
+    from conftest import write_study
+
     p = cli("run", "--study", str(write(tmp_path)), "--policy", "ring-gossip", "--emulate-time", cwd=tmp_path,
             data_dir=data_dir)
-    assert p.returncode == 2 and "--emulate-time" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.returncode == 2 and p.stderr == \
+        "error: --emulate-time: needs --backend distributed (the backend is 'inprocess')\n", p.stderr
+    p = cli("run", "--study", str(write_study(tmp_path)), "--policy", "ring-gossip", "--backend", "distributed",
+            "--emulate-time", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr == ("error: --emulate-time: needs a study with an [environment] ('tiny' has "
+                                              "none: its steps have no simulated time to emulate)\n"), p.stderr
 
 
 @pytest.mark.parametrize("name", ["mnist-stragglers", "mnist-two-sites"])

@@ -169,6 +169,17 @@ def check_space(backend: str, names, space=(), timed: bool = False) -> None:
                                                               "inprocess")
 
 
+def check_emulate_time(backend: str, study) -> None:
+    """``--emulate-time`` sleeps a distributed run's simulated times: it needs both, and says which is missing."""
+    from ..errors import ConfigError
+
+    if backend != "distributed":
+        raise ConfigError("--emulate-time", f"needs --backend distributed (the backend is {backend!r})")
+    if study.environment is None:
+        raise ConfigError("--emulate-time", f"needs a study with an [environment] ({study.name!r} has none: its steps "
+                                            "have no simulated time to emulate)")
+
+
 def runner(backend: str = "inprocess", procs: int | None = None, workers: int | None = None) -> Callable:
     """The run function of a backend, called as ``fn(setup, policy, seed, callback=..., device=..., ...)``
     and returning a ``RunResult``; the distributed one runs on ``procs`` processes (default one per worker)."""
