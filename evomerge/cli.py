@@ -439,6 +439,9 @@ def cmd_run(args) -> int:
     study, note = found_with(study, exported)  # the step size the policy was found with
     if note:
         print(note)
+    for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
+        if n.startswith("study.environment"):
+            print(f"note: {n}", file=sys.stderr)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     replay = (exported or {}).get("execution") or ""

@@ -8,6 +8,7 @@ studies shipped with evomerge.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -594,7 +595,8 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
     env = None
     if "environment" in raw:
-        env = _environment(_table(raw, "environment"), r.workers, path.parent if path else None, calibrating)
+        env, measured = _environment(_table(raw, "environment"), r, path.parent if path else None, calibrating)
+        notes += measured
     baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
@@ -612,12 +614,14 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     return study
 
 
-def _environment(table: dict, workers: int, base: Path | None, calibrating: bool = False) -> EnvSpec:
+def _environment(table: dict, run: RunSpec, base: Path | None,
+                 calibrating: bool = False) -> tuple[EnvSpec, tuple[str, ...]]:
     """``[environment]``, or with ``from = "cluster.toml"`` (relative to the study file) the keys of that file
     (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating``: the keys beside
-    ``from`` alone."""
+    ``from`` alone. With the notes on the file: measured with another batch size or optimiser than the study's."""
+    workers = run.workers
     if "from" not in table:
-        return settings.build(EnvSpec, table, "study.environment").check(workers, base)
+        return settings.build(EnvSpec, table, "study.environment").check(workers, base), ()
     ref, where = table["from"], "study.environment.from"
     if not isinstance(ref, str) or not ref:
         raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
@@ -625,7 +629,7 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
     path = path if path.is_absolute() or base is None else base / path
     own = {k: v for k, v in table.items() if k != "from"}
     if calibrating:  # the file calibrate (re)writes: missing, stale or broken, it is not read
-        return settings.build(EnvSpec, own, "study.environment").check(workers, base)
+        return settings.build(EnvSpec, own, "study.environment").check(workers, base), ()
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -645,7 +649,7 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
     try:
-        return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base)
+        return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base), _measured_with(path, run)
     except ConfigError as e:
         key = e.field.removeprefix("study.environment.").split(".")[0]
         if key not in keys or key in own:
@@ -657,6 +661,22 @@ def _environment(table: dict, workers: int, base: Path | None, calibrating: bool
             hint = (f", measured on {ranks} rank{'s' * (ranks != 1)}; for {workers} workers write it with "
                     "evomerge calibrate --fit lognormal or pareto")
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
+
+
+# the line evomerge calibrate writes into its file: what the timed steps trained (calibrate.measure)
+MEASURED_WITH = re.compile(r"^# model: (\d+) bytes of float32 parameters and buffers; batch (\d+), optimiser (\S+)$",
+                           re.MULTILINE)
+
+
+def _measured_with(path: Path, run: RunSpec) -> tuple[str, ...]:
+    """A note when the calibrated file's steps trained another batch size or optimiser than ``run``: its step times
+    are another training's."""
+    m = MEASURED_WITH.search(path.read_text(encoding="utf-8"))
+    if m is None or (int(m[2]), m[3]) == (run.batch_size, run.optimizer):
+        return ()
+    return (f"study.environment.from: {path} timed steps of batch {m[2]} with {m[3]}; this study trains batch "
+            f"{run.batch_size} with {run.optimizer}: its step times are another training's (calibrate with this "
+            "study)",)
 
 
 def _data(d: dict) -> DataSpec:

@@ -344,8 +344,15 @@ def test_a_calibrated_file_runs_as_a_studys_environment(calibrated, data_dir, ca
     d, out, _ = calibrated
     assert cli.main(["run", "--study", str(d / "s.toml"), "--policy", "ring-gossip", "--data-dir", str(data_dir),
                      "--quiet"]) == 0
-    text = capsys.readouterr().out
-    assert "simulated time" in text and "slowest / mean / fastest" in text
+    got = capsys.readouterr()
+    assert "simulated time" in got.out and "slowest / mean / fastest" in got.out
+    assert "study.environment.from" not in got.err  # measured with the study's own batch and optimiser
+    # the same file for a study that trains another batch: a note, as the run starts
+    (d / "big.toml").write_text((d / "s.toml").read_text().replace("batch_size = 16", "batch_size = 64"))
+    assert cli.main(["run", "--study", str(d / "big.toml"), "--policy", "ring-gossip", "--data-dir", str(data_dir),
+                     "--quiet"]) == 0
+    assert f"note: study.environment.from: {out} timed steps of batch 16 with sgd; this study trains batch 64 with " \
+           "sgd: its step times are another training's (calibrate with this study)\n" in capsys.readouterr().err
 
 
 @pytest.mark.system
