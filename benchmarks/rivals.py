@@ -25,7 +25,7 @@ shipped study's data, model, workers and [environment]:
 
 Each search's best trial is re-run on fresh seeds (``--eval-seeds``, never the search's own) at the lr it was
 found with; the table gives the mean and spread of the study's objective and of validation accuracy, and says
-whether the full space's winner is itself a DiLoCo instance (allreduce with an outer step). Every metric is
+whether the full space's winner is itself a DiLoCo instance (allreduce or async with an outer step). Every metric is
 simulated (accuracy, simulated seconds), so the machine's load does not change a figure, only how long it takes.
 """
 
