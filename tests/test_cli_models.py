@@ -5,6 +5,7 @@ study.model.factory / study.data.loader as one line with exit status 2."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -213,3 +214,9 @@ def test_a_search_on_a_broken_factory_stops_before_storing_and_the_fixed_file_se
     p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1",
                  "--no-verdict", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    # the end table's baselines run without a verdict too, and say so (they sat silent for minutes); kept after
+    assert re.search(r"^baselines: 4 on the study's seeds \[0\] for the table, 4 runs \(kept with the study for the "
+                     r"next time\)$", p.stderr, re.M), p.stderr
+    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1",
+                 "--no-verdict", cwd=tmp_path)
+    assert p.returncode == 0 and "baselines:" not in p.stderr and "ring-gossip" in p.stdout, p.stderr

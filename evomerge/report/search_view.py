@@ -163,8 +163,13 @@ class SearchView:
             return
         baselines = []
         if not result.interrupted:
+            def announce(runs: int) -> None:
+                self.err.print(f"baselines: {len(study.baselines)} on the study's seeds {list(study.run.seeds)} for "
+                               f"the table, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
+                               highlight=False)
+
             baselines = baseline_rows(study, data=result.data, data_dir=data_dir, device=self.cfg.device,
-                                      storage_study=result.optuna_study)
+                                      storage_study=result.optuna_study, announce=announce)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
         out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} (means over seeds {list(study.run.seeds)})"))
         if result.verdict:

@@ -17,9 +17,10 @@ def fresh_seeds(study: Study, n: int) -> list[int]:
 
 
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None,
-                  seeds=None) -> list[dict]:
+                  seeds=None, announce=None) -> list[dict]:
     """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
-    (``per_seed``); cached in the Optuna study's user attributes, per list of seeds."""
+    (``per_seed``); cached in the Optuna study's user attributes, per list of seeds. ``announce(runs)`` is told
+    before runs that are not cached start."""
     import hashlib
     import json
 
@@ -36,6 +37,8 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     from ..backends.inprocess import run
     from ..engine.setup import prepare
 
+    if announce is not None:
+        announce(len(policies) * len(seeds))
     setup = prepare(study, data=data, data_dir=data_dir)
     rows = []
     for name, pol in policies:
