@@ -3,6 +3,7 @@ export says which lr its policy was found with, ``run`` replays it there, ``tran
 loop is told when its lr differs; real SQLite, MLflow, runs and gloo processes."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -69,6 +70,10 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     assert p.returncode == 0, p.stderr
     doc = json.loads((tmp_path / "best.json").read_text())
     best = max(trials, key=lambda t: t.values[0])
+    # the status table's policy says the step size each trial searched with it
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    flat = re.sub(r"[\s│]+", " ", p.stdout)  # the table's cells, wrapped over lines, read as one text
+    assert p.returncode == 0 and all(f"; run.lr {t.params['run.lr']:.3g} " in flat for t in trials), p.stdout
     assert doc["format"] == 2 and doc["trial"] == best.number
     assert doc["run"] == {"optimizer": "sgd", "lr": best.params["run.lr"], "weight_decay": 0.0, "momentum": 0.0}
     assert doc["run_searched"] == ["lr"]

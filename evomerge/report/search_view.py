@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..search.baselines import baseline_rows
-from ..search.results import DIVERGED, RUN_STATUS, format_counts, objective_label
+from ..search.results import DIVERGED, RUN_STATUS, describe_policy, format_counts, objective_label
 from ..study import Study
 
 if TYPE_CHECKING:
@@ -46,22 +46,13 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
     for b in best:
         spread = b["spread"].get(f"{study.objectives[0]}_std")
         t.add_row(f"trial {b['number']}", *[_fmt(o, v) for o, v in zip(study.objectives, b["values"])],
-                  f"{spread:.4f}" if spread is not None else "-", _describe(b["policy"]))
+                  f"{spread:.4f}" if spread is not None else "-", describe_policy(b["policy"], b.get("run")))
     for r in baselines:
         spread = r.get(f"{study.objectives[0]}_std")
         name = r["name"] + (f" ({DIVERGED})" if r.get(RUN_STATUS) == DIVERGED else "")
         t.add_row(f"[dim]{name}[/dim]", *[_fmt(o, v) for o, v in zip(study.objectives, r["values"])],
                   f"{spread:.4f}" if spread is not None else "-", "[dim]baseline[/dim]")
     return t
-
-
-def _describe(policy: dict) -> str:
-    from ..policy import MergePolicy
-
-    try:
-        return MergePolicy.from_dict(policy).describe()
-    except Exception:
-        return "?"
 
 
 def diverged_line(numbers: list[int]) -> str:

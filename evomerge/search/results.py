@@ -249,6 +249,18 @@ def never_merged(policy, finals: list[dict]) -> str | None:
             f"so it ran as no-merging")
 
 
+def describe_policy(policy: dict, run: dict | None = None) -> str:
+    """A stored policy in words, and the run settings a trial searched with it (``; run.lr 0.0123``); "?" for a
+    policy of a later schema, read by an older evomerge."""
+    from ..policy import MergePolicy
+
+    searched = "".join(f"; run.{k} {v:.3g}" for k, v in sorted((run or {}).items()))
+    try:
+        return MergePolicy.from_dict(policy).describe() + searched
+    except Exception:
+        return "?" + searched
+
+
 def trial_summary(t, study: Study) -> dict:
     return {"number": t.number, "values": list(t.values), "objectives": list(study.objectives),
             "params": dict(t.params), "policy": t.user_attrs.get("policy", {}), "metrics": t.user_attrs.get("metrics", {}),

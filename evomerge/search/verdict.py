@@ -259,15 +259,6 @@ def _outcomes(study: Study, finals: list[dict], seeds: list[int]) -> dict[str, l
     return {"diverged": [s for s, f in zip(seeds, finals) if f.get("status") == DIVERGED], "missed": missed}
 
 
-def _describe(policy: dict) -> str:
-    from ..policy import MergePolicy
-
-    try:
-        return MergePolicy.from_dict(policy).describe()
-    except Exception:  # a policy of a later schema, read by an older evomerge
-        return "?"
-
-
 def _idle(policy: dict, finals: list[dict]) -> dict:
     """``{"never_merged": words}`` for a side that merged on no seed (:func:`results.never_merged`), else ``{}``."""
     from ..policy import MergePolicy
@@ -291,7 +282,7 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     from ..study import with_run
     from . import fingerprint
     from .baselines import baseline_rows, fresh_seeds
-    from .results import slim
+    from .results import describe_policy, slim
 
     picks, rule = choose_picks(ostudy, study)
     if not picks:
@@ -321,7 +312,7 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         seeds = list(study.run.seeds)
         finals_of = {p["number"]: [p["metrics"][str(s)] for s in seeds] for p in picks}
     for p in picks:
-        p.update(per_seed=per_seed(study, finals_of[p["number"]]), describe=_describe(p["policy"]),
+        p.update(per_seed=per_seed(study, finals_of[p["number"]]), describe=describe_policy(p["policy"], p.get("run")),
                  **_outcomes(study, finals_of[p["number"]], seeds), **_idle(p["policy"], finals_of[p["number"]]))
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds)
     bases = [{"name": r["name"], "per_seed": per_seed(study, r["per_seed"]), **_outcomes(study, r["per_seed"], seeds),
