@@ -62,6 +62,7 @@ LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themsel
 POOL_LIKE = 2.0  # else on the flows at its ends, among the links whose own fits are within this factor of its own
 PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
 FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
+FIT_FROM = 4  # --fit from fewer ranks than this: a warning (a spread fitted to 2 or 3 medians)
 PROGRESS = "EVOMERGE_CALIBRATE_PROGRESS"  # the launcher's folder where each rank says which collective it is at
 DEFAULTS = dict(steps=50, warmup=5, repeats=5, all_pairs_up_to=16, seed=0, timeout=600.0)
 
@@ -231,6 +232,9 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
         notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's median, alpha the "
                      f"maximum-likelihood fit of log(median / step_time); measured speeds "
                      f"{[_num(fastest / m, 3) for m in med]}")
+    if fit is not None and W < FIT_FROM:
+        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} median"
+                     f"{'s' * (W != 1)} is a rough guess; fit from {FIT_FROM} ranks or more")
     # slow spells: the steps over SPELL x their rank's median, in runs
     ratios = [np.asarray(t) / m for t, m in zip(step_times, med)]
     slow = [r > SPELL for r in ratios]

@@ -102,6 +102,21 @@ def test_speed_models_for_another_number_of_workers():
     assert env["speeds"] == "equal"
 
 
+def test_a_speed_model_fitted_from_few_ranks_is_a_warning(tmp_path):
+    """The warnings are what the command prints, and the file keeps them as comments."""
+    for speeds, fit in (([1.0, 0.6], "lognormal"), ([1.0, 0.8, 0.5], "pareto")):
+        lat, bw = links(len(speeds), lambda i, j: 1e-4, lambda i, j: 1e8)
+        m = calibrate.Measured(made_up(speeds, n=50), lat, bw, source="made up")
+        _, warned = calibrate.write(m, tmp_path / "c.toml", fit)
+        line = (f"warning: --fit {fit} from {len(speeds)} ranks: a spread fitted to {len(speeds)} medians is a rough "
+                "guess; fit from 4 ranks or more")
+        assert line in warned and "# " + line in (tmp_path / "c.toml").read_text()
+    lat, bw = links(4, lambda i, j: 1e-4, lambda i, j: 1e8)
+    _, warned = calibrate.write(calibrate.Measured(made_up([1.0, 0.8, 0.5, 0.4], n=50), lat, bw, source="made up"),
+                                tmp_path / "c.toml", "lognormal")
+    assert not any(w.startswith("warning: --fit") for w in warned)
+
+
 def links(W, lat, bw):
     """Matrices from a function of (i, j)."""
     return ([[None if i == j else lat(i, j) for j in range(W)] for i in range(W)],
