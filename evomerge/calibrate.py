@@ -1005,9 +1005,9 @@ def _ranks_on_this_machine() -> int:
     four on two cores took both, and two of them measured 55x slower than the others."""
     import torch.distributed as dist
 
-    machines = [None] * dist.get_world_size()
-    dist.all_gather_object(machines, _machine())
-    return machines.count(_machine())
+    me, machines = _machine(), [None] * dist.get_world_size()
+    dist.all_gather_object(machines, me)
+    return machines.count(me)
 
 
 def _peer_failed(e: BaseException, timeout: float) -> str:

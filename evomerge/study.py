@@ -631,7 +631,8 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     if calibrating:  # the file calibrate (re)writes: missing, stale or broken, it is not read
         return settings.build(EnvSpec, own, "study.environment").check(workers, base), ()
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        raw = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(where, f"{path}: no such file (write one with evomerge calibrate)") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -649,7 +650,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
     try:
-        return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base), _measured_with(path, run)
+        return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base), _measured_with(path, text, run)
     except ConfigError as e:
         key = e.field.removeprefix("study.environment.").split(".")[0]
         if key not in keys or key in own:
@@ -668,10 +669,10 @@ MEASURED_WITH = re.compile(r"^# model: (\d+) bytes of float32 parameters and buf
                            re.MULTILINE)
 
 
-def _measured_with(path: Path, run: RunSpec) -> tuple[str, ...]:
-    """A note when the calibrated file's steps trained another batch size or optimiser than ``run``: its step times
-    are another training's."""
-    m = MEASURED_WITH.search(path.read_text(encoding="utf-8"))
+def _measured_with(path: Path, text: str, run: RunSpec) -> tuple[str, ...]:
+    """A note when the calibrated file (``text``, read from ``path``) timed another batch size or optimiser than
+    ``run``: its step times are another training's."""
+    m = MEASURED_WITH.search(text)
     if m is None or (int(m[2]), m[3]) == (run.batch_size, run.optimizer):
         return ()
     return (f"study.environment.from: {path} timed steps of batch {m[2]} with {m[3]}; this study trains batch "
