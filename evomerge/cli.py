@@ -886,8 +886,11 @@ def cmd_ui(args) -> int:
                 print(f"error: mlflow server did not answer on {url} (exit status {proc.poll()})", file=sys.stderr)
                 return 1
             # the review first on its line (a terminal makes it a link): the study's runs in the model-training view
-            print(f"{_review_address(url, study.name)}  MLflow UI for {study.name} (store {uri}; Ctrl-C stops it)",
-                  flush=True)
+            address, logged = _review_address(url, study.name)
+            print(f"{address}  MLflow UI for {study.name} (store {uri}; Ctrl-C stops it)", flush=True)
+            if not logged:  # a mistyped --runs-dir shows an empty list: say so, and how it fills
+                print(f"note: no search of {study.name} is logged in this store yet; a search with the same "
+                      "--runs-dir (or --tracking-uri) fills the list as it runs", file=sys.stderr, flush=True)
             return proc.wait() or 1
     except Terminated as t:
         print("MLflow UI stopped", file=sys.stderr)
@@ -897,17 +900,18 @@ def cmd_ui(args) -> int:
         return 0
 
 
-def _review_address(server: str, study_name: str) -> str:
+def _review_address(server: str, study_name: str) -> tuple[str, bool]:
     """The address that opens the study's review: its runs list, flat and sorted by the objective, in MLflow's
-    model-training view (MLflow 3's home is the GenAI view); the experiments list before any search logged."""
+    model-training view (MLflow 3's home is the GenAI view); the experiments list before any search logged. With
+    whether the study's experiment exists."""
     from mlflow import MlflowClient
 
     from .report.tracking import review_url
 
     exp = MlflowClient(tracking_uri=server).get_experiment_by_name(study_name)
     if exp is None:
-        return f"{server}/#/experiments?workflowType=machine_learning"
-    return review_url(server, exp.experiment_id)
+        return f"{server}/#/experiments?workflowType=machine_learning", False
+    return review_url(server, exp.experiment_id), True
 
 
 def _wait_until_answering(url: str, proc, timeout: float) -> bool:

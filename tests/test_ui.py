@@ -35,6 +35,10 @@ def test_ui_stops_the_whole_server_session(tmp_path, sig):
         # no search logged yet: the address is the experiments list in the model-training view, first on the line
         assert line.startswith(f"{url}/#/experiments?workflowType=machine_learning  MLflow UI for tiny"), \
             line + ui.communicate(timeout=30)[1][-3000:]
+        note = ui.stderr.readline()  # before it, the server's log (on stderr too) may hold lines of its own
+        while note and not note.startswith("note: "):
+            note = ui.stderr.readline()
+        assert note.startswith("note: no search of tiny is logged in this store yet"), note
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             assert r.status == 200
         (server,) = children(ui.pid)
