@@ -112,7 +112,9 @@ def add_options(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--slow-factor", type=float, default=1.0, metavar="F", help="see --slow-rank (default: 1.0)")
 
 
-def check_options(args) -> None:
+def check_options(args, writes: bool = True) -> None:
+    """The options' values, before any work; ``writes``: this process writes ``--output`` (rank 0 alone does: a
+    rank on another machine need not hold its folder)."""
     for name, low in (("steps", 3), ("warmup", 0), ("repeats", 1), ("all_pairs_up_to", 2)):
         v = getattr(args, name)
         if v < low:
@@ -130,6 +132,8 @@ def check_options(args) -> None:
     if not args.timeout > 0:
         raise ConfigError("--timeout", f"{args.timeout} is out of range; allowed: seconds > 0")
     out = Path(args.output)
+    if not writes:
+        return
     if out.is_dir():
         raise ConfigError("--output", f"{out} is a folder; allowed: a file to write")
     if not out.parent.is_dir():
@@ -921,11 +925,21 @@ def measure(args, progress: Progress) -> Measured | None:
                     allreduce=(ar, nbytes) if ar is not None else None)
 
 
+class _RankParser(argparse.ArgumentParser):
+    """Every rank parses the same command line: rank 0 says what is wrong with it, the others leave with the same
+    status in silence (not one usage per rank)."""
+
+    def error(self, message):
+        if os.environ.get("RANK", "0") == "0":
+            super().error(message)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """One rank of ``python -m evomerge.calibrate`` (under torchrun or ``evomerge calibrate --procs``)."""
-    p = argparse.ArgumentParser(prog="python -m evomerge.calibrate",
-                                description="One rank of a calibration: time the study's steps and the links, "
-                                            "and (rank 0) write the [environment].")
+    p = _RankParser(prog="python -m evomerge.calibrate",
+                    description="One rank of a calibration: time the study's steps and the links, "
+                                "and (rank 0) write the [environment].")
     add_options(p, launcher=False)
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -933,9 +947,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     try:
-        check_options(args)
+        check_options(args, writes=rank == 0)
         from datetime import timedelta
-
 
         from .procs import apply_threads, rank_device
 
@@ -948,8 +961,9 @@ def main(argv: list[str] | None = None) -> int:
         progress = Progress(rank)
         progress.at("joining the process group")
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+    except ConfigError as e:  # the options, which every rank reads alike: rank 0 says why
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except torch.distributed.DistError as e:  # a rank that never joined (dead or stopped at its start)
         print(f"error: rank {rank}: the ranks did not all join the process group within --timeout {args.timeout:g} s "

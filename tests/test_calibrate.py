@@ -467,6 +467,39 @@ def test_ranks_started_by_hand_name_a_rank_that_never_joins_in_one_line(tmp_path
     assert not (tmp_path / "c.toml").exists()
 
 
+@pytest.mark.system
+@pytest.mark.parametrize("bad, line", [
+    (["--bogus"], "python -m evomerge.calibrate: error: unrecognized arguments: --bogus"),
+    (["--steps", "1"], "error: --steps: 1 is out of range; allowed: [3, inf)"),
+], ids=["unknown-option", "bad-value"])
+def test_a_bad_option_is_said_once_not_once_per_rank(tmp_path, bad, line):
+    """Every rank reads the same command line: rank 0 says what is wrong, the others leave with the same status
+    in silence (a launcher's 4 or 8 ranks printed 4 or 8 usages)."""
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", "mnist-gossip", "-o",
+                               str(tmp_path / "c.toml"), *bad], env=dict(env, RANK=str(r)), cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in procs)
+    assert [p.returncode for p in procs] == [2, 2]
+    assert err0.strip().splitlines()[-1] == line and line.startswith(("error", "python")), err0
+    assert not err0.startswith("Traceback") and (err1, out1) == ("", ""), err1
+    assert not (tmp_path / "c.toml").exists()
+
+
+def test_only_the_rank_that_writes_needs_the_output_folder(tmp_path):
+    """Rank 0 writes the file: a rank on another machine, whose working folder may lack the output's, is not
+    stopped by it."""
+    p = __import__("argparse").ArgumentParser()
+    calibrate.add_options(p, launcher=False)
+    args = p.parse_args(["--study", "mnist-gossip", "-o", str(tmp_path / "no" / "such" / "c.toml")])
+    with pytest.raises(ConfigError, match="--output"):
+        calibrate.check_options(args)
+    calibrate.check_options(args, writes=False)  # rank 1's view: the other checks only
+    args.steps = 1
+    with pytest.raises(ConfigError, match="--steps"):
+        calibrate.check_options(args, writes=False)
+
+
 def need_netlab() -> None:
     """Fail, in one line naming what is missing, where netlab cannot run: its tests are the project's only check of
     real shaped links (CI has unshare, ip and tc; a machine without them fails these tests rather than pass them
