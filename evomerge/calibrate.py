@@ -948,6 +948,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_options(args, writes=rank == 0)
+    except ConfigError as e:  # the options, which every rank reads alike: rank 0 says why
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
         from datetime import timedelta
 
         from .procs import apply_threads, rank_device
@@ -961,14 +966,19 @@ def main(argv: list[str] | None = None) -> int:
         progress = Progress(rank)
         progress.at("joining the process group")
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    except ConfigError as e:  # the options, which every rank reads alike: rank 0 says why
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+    except ConfigError as e:  # this rank's own setting (its threads, its device)
+        print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
         return 2
-    except torch.distributed.DistError as e:  # a rank that never joined (dead or stopped at its start)
-        print(f"error: rank {rank}: the ranks did not all join the process group within --timeout {args.timeout:g} s "
-              f"({_one_line(e)})", file=sys.stderr, flush=True)
-        return PEER_GONE
+    except torch.distributed.DistError as e:
+        line = _one_line(e)
+        if "timed out" in line.lower() or "timeout" in line.lower():  # a rank that never joined (dead or stopped)
+            print(f"error: rank {rank}: the ranks did not all join the process group within --timeout "
+                  f"{args.timeout:g} s ({line})", file=sys.stderr, flush=True)
+            return PEER_GONE
+        # this rank's own failure (rank 0's port taken, an address that is not this machine's): not another's
+        print(f"error: rank {rank}: cannot join the process group at {os.environ.get('MASTER_ADDR')}:"
+              f"{os.environ.get('MASTER_PORT')} ({line})", file=sys.stderr, flush=True)
+        return 1
     try:
         check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
         if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own)

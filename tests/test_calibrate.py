@@ -486,6 +486,27 @@ def test_a_bad_option_is_said_once_not_once_per_rank(tmp_path, bad, line):
     assert not (tmp_path / "c.toml").exists()
 
 
+@pytest.mark.system
+def test_rank_0_whose_port_is_taken_says_so_not_that_another_rank_is_gone(tmp_path):
+    """(A taken MASTER_PORT was reported as 'the ranks did not all join ... within --timeout', exit 3: another
+    rank's failure to a launcher.) It is this rank's own, exit 1, at once."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=str(ROOT))
+        p = subprocess.run([sys.executable, "-m", "evomerge.calibrate", "--study", "mnist-gossip", "-o",
+                            str(tmp_path / "c.toml"), "--timeout", "60"], env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1].startswith(
+        f"error: rank 0: cannot join the process group at 127.0.0.1:{port} ("), p.stderr[-2000:]
+    assert not (tmp_path / "c.toml").exists()
+
+
 def test_only_the_rank_that_writes_needs_the_output_folder(tmp_path):
     """Rank 0 writes the file: a rank on another machine, whose working folder may lack the output's, is not
     stopped by it."""

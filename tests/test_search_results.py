@@ -8,6 +8,7 @@ import pytest
 import evomerge
 from conftest import write_study
 from evomerge import study
+from evomerge.errors import ConfigError
 from evomerge.search import results
 from searchutil import cli
 
@@ -234,3 +235,28 @@ def test_a_store_left_empty_by_an_interrupted_start_is_not_a_stored_study(tmp_pa
     p = cli("status", "--study", write_study(tmp_path), "--runs-dir", runs, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr.startswith("error: --study: no search results for 'tiny' in "), p.stderr
     assert (runs / "tiny" / "optuna.db").stat().st_size == 0
+    # a warm start from it is refused in one line, and the file stays empty (Optuna's tables were written into it)
+    from evomerge.search import warmstart
+
+    with pytest.raises(ConfigError, match="no study 'tiny' in .*allowed: none \\(no study stored\\)"):
+        warmstart.check_source("tiny", study.load(write_study(tmp_path, name="other")), runs)
+    assert (runs / "tiny" / "optuna.db").stat().st_size == 0
+
+
+def test_a_store_in_a_folder_whose_name_holds_a_hash_or_a_question_mark_is_read(tmp_path):
+    """(The read-only look went through a file: URI built by hand: a '#' cut the path, a '?' opened another file.)"""
+    import optuna
+
+    from evomerge.search.results import _may_hold, stored_names
+
+    for folder in ("runs#1", "runs?x=1"):
+        plain = tmp_path / "plain" / "tiny" / "optuna.db"  # (SQLAlchemy's URL would take '?' for its query)
+        plain.parent.mkdir(parents=True)
+        optuna.create_study(study_name="tiny", storage=f"sqlite:///{plain}")
+        (tmp_path / "plain").rename(tmp_path / folder)
+        db = tmp_path / folder / "tiny" / "optuna.db"
+        assert stored_names(tmp_path / folder) == ["tiny"]
+        if "?" not in folder:  # (in a storage URL a '?' starts SQLAlchemy's query string)
+            assert _may_hold(f"sqlite:///{db}", "tiny") and not _may_hold(f"sqlite:///{db}", "other")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs#1", "runs?x=1"]  # no other file opened or made
+

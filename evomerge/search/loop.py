@@ -358,7 +358,9 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
             best = result.best[0]
             tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
-        if ended and result.best and cfg.verdict:  # the verdict: the picks against the baselines, on fresh seeds
+        if stop is not None and stop.signum is not None:  # a signal lost while the best was logged: no verdict
+            result.interrupted = True
+        if ended and result.best and cfg.verdict and not result.interrupted:  # the picks against the baselines
             from . import verdict
 
             if progress:

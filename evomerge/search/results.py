@@ -45,27 +45,45 @@ def load_study(study: Study, storage_url: str):
 
 def _may_hold(storage_url: str, name: str) -> bool:
     """False for a SQLite file (a query string allowed) that is not there or holds no study ``name`` (an empty file
-    an interrupted start left); True for any other storage, which Optuna reads without writing."""
+    an interrupted start left); True for any other storage, which Optuna reads without writing, and for a file this
+    check cannot read (Optuna then opens it and says what is wrong)."""
     db = sqlite_file(storage_url)
-    return db is None or (Path(db).is_file() and name in _sqlite_studies(db))
+    if db is None:
+        return True
+    if not Path(db).is_file():
+        return False
+    names = _sqlite_studies(db)
+    return names is None or name in names
 
 
-def _sqlite_studies(db) -> set[str]:
-    """The names of the studies a SQLite file of Optuna's holds, read without writing (none for a file that is empty,
-    cut short, or not Optuna's: an interrupted start can leave an empty one)."""
+def _sqlite_studies(db) -> set[str] | None:
+    """The names of the studies a SQLite file of Optuna's holds, read without writing: none for a file that is
+    empty or has no table of studies (an interrupted start can leave an empty one); None where it cannot be read
+    here (locked, or in a folder this user cannot write, as a read-only look at a WAL store needs)."""
     import contextlib
     import sqlite3
 
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-            return {n for (n,) in con.execute("SELECT study_name FROM studies")}
-    except sqlite3.Error:
+    path = Path(db).resolve()
+    if path.stat().st_size == 0:
         return set()
+    try:  # a file: URI of its own (a '#' or '?' in a folder's name is not the URI's)
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as con:
+            return {n for (n,) in con.execute("SELECT study_name FROM studies")}
+    except sqlite3.Error as e:
+        if "no such table" in str(e) or "not a database" in str(e):
+            return set()
+        return None
 
 
 def stored_names(runs_dir) -> list[str]:
-    """The studies stored under ``runs_dir`` (``runs_dir/NAME/optuna.db`` holding a study NAME), sorted."""
-    return sorted(p.parent.name for p in Path(runs_dir).glob("*/optuna.db") if p.parent.name in _sqlite_studies(p))
+    """The studies stored under ``runs_dir`` (``runs_dir/NAME/optuna.db`` holding a study NAME, or a file that
+    cannot be read here), sorted."""
+    found = []
+    for p in Path(runs_dir).glob("*/optuna.db"):
+        names = _sqlite_studies(p)
+        if names is None or p.parent.name in names:
+            found.append(p.parent.name)
+    return sorted(found)
 
 
 def stored_study(name: str, storage_url: str):

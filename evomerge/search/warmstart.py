@@ -55,9 +55,19 @@ def check_source(spec: str, study: "Study", runs_dir: Path) -> None:
     url, name = parse_source(spec, runs_dir)
     if "://" not in spec and name == study.name:
         raise ConfigError(FIELD, f"{spec!r} is this study; name another study")
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
-        raise ConfigError(FIELD, f"no study {spec!r}: {url[len('sqlite:///'):]} does not exist "
+    from ..sqlitefiles import sqlite_file
+    from .results import _sqlite_studies
+
+    db = sqlite_file(url)
+    if db is None:
+        return
+    if not Path(db).is_file():
+        raise ConfigError(FIELD, f"no study {spec!r}: {db} does not exist "
                                  "(a study name in --runs-dir, or STORAGE_URL#NAME)")
+    names = _sqlite_studies(db)  # read without writing: an empty file is no study, and stays empty
+    if names is not None and (not names or (name is not None and name not in names)):
+        raise ConfigError(FIELD, f"no study {name or spec!r} in {db}; allowed: "
+                                 f"{', '.join(sorted(names)) or 'none (no study stored)'}")
 
 
 def source_trials(spec: str, runs_dir: Path) -> tuple[str, list, list[str]]:
