@@ -316,9 +316,13 @@ class EnvSpec:
         """The checks that need the run's workers (and the study's folder for ``speeds_file``)."""
         where = "study.environment"
         if isinstance(self.speeds, tuple):
-            if len(self.speeds) != workers or not all(v > 0 for v in self.speeds):
+            if len(self.speeds) != workers:
                 raise ConfigError(f"{where}.speeds", f"a list needs {workers} positive speeds (run.workers), "
                                                      f"got {len(self.speeds)}; or one of: {', '.join(SPEED_MODELS)}")
+            bad = next((i for i, v in enumerate(self.speeds) if not 0 < v < float("inf")), None)
+            if bad is not None:
+                raise ConfigError(f"{where}.speeds[{bad}]", f"{self.speeds[bad]} is out of range; allowed: a speed > 0 "
+                                                            "(1.0 = step_time per step)")
         if self.speeds_file:
             path = Path(self.speeds_file)
             path = path if path.is_absolute() or base is None else base / path
@@ -326,8 +330,11 @@ class EnvSpec:
                 values = tuple(float(x) for x in path.read_text(encoding="utf-8").split())
             except (OSError, ValueError) as e:
                 raise ConfigError(f"{where}.speeds_file", f"{path}: cannot read speeds ({e})") from None
-            if len(values) != workers or not all(v > 0 and v < float("inf") for v in values):
+            if len(values) != workers:
                 raise ConfigError(f"{where}.speeds_file", f"{path}: needs {workers} positive speeds, got {len(values)}")
+            bad = next((i for i, v in enumerate(values) if not 0 < v < float("inf")), None)
+            if bad is not None:
+                raise ConfigError(f"{where}.speeds_file", f"{path}: speed {bad + 1} is {values[bad]}; allowed: speeds > 0")
             return dataclasses.replace(self, speeds=values, speeds_file="").check(workers, base)
         bad = [w for w in self.slow_workers if not 0 <= w < workers]
         if bad:

@@ -102,6 +102,20 @@ def test_an_allreduce_waits_for_the_slowest_then_pays_the_ring():
     assert whole[3] == pytest.approx(ring)
 
 
+@pytest.mark.parametrize("delay", [0, 1], ids=["barrier", "streaming"])
+def test_an_allreduce_that_never_takes_place_sends_nothing(delay):
+    """(Each worker's share of an all-reduce was charged as it reached the barrier: one whose straggler never came
+    before the budget ran out counted its bytes, with no merge.) Bytes are those of the all-reduces that ran."""
+    W = 4
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1.0, 0.25), time_budget=19.5)
+    policy = MergePolicy(scheme="allreduce", mean_interval=4.0, fragment_delay=delay,
+                         **({"fragments": 1, "mixing_weight": 1.0, "outer_optimizer": "nesterov"} if delay else {}))
+    tl, cost = timeline(env, policy, W, 1000)
+    assert tl.end == pytest.approx(19.5)
+    assert tl.merges[-1] == 1  # the straggler's 4th step ends at 16 s, its 8th would at 32 s
+    assert tl.bytes[-1] == W * cost.allreduce(1, None if not delay else 0), tl.bytes
+
+
 def test_blocking_pauses_the_initiator_until_its_payload_lands():
     l, b = 0.5, 4000.0
     env = EnvSpec(step_time=1.0, latency=l, bandwidth=b, overlap="blocking")

@@ -418,6 +418,7 @@ BAD = [
     ("step_time", "-1.0", "out of range"),
     ("speeds", '"gauss"', "allowed: equal, lognormal, pareto"),
     ("speeds", "[1.0, 2.0]", "needs 4 positive speeds"),
+    ("speeds", "[1.0, -1.0, 0.8, 1.2]", "speeds[1]: -1.0 is out of range; allowed: a speed > 0"),
     ("latency_matrix", "[[0.0, 1.0], [1.0, 0.0]]", "must be 4 x 4"),
     ("overlap", '"sometimes"', "allowed: nonblocking, blocking"),
     ("slow_workers", "[9]", "allowed: 0..3"),

@@ -358,6 +358,7 @@ class Simulation:
         self.actions: list[list[Action]] = [[] for _ in range(W)]
         self.sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
         self.barrier: dict[int, float] = {}
+        self.barrier_bytes = 0  # each worker's share of the open barrier's all-reduce
         self.barrier_at: tuple[int, int] | None = None  # (event, boundary) of the all-reduce being waited for
         self.step_seq = [0] * W  # each worker's step number: an "end" event of a dropped step is stale
         check_backup_workers(policy, W)
@@ -598,6 +599,10 @@ class Simulation:
         W = self.W
         late = [v for v in range(W) if v not in self.barrier]
         t_all = max(self.barrier.values())
+        # the bytes of an all-reduce that takes place: a barrier still open at the run's end sent nothing
+        if self.barrier_bytes:  # (SlowMo's barrier: its bytes are the exact average's, below)
+            self.sends.extend((t, self.barrier_bytes) for _ in self.barrier)
+        self.barrier_bytes = 0
         t_done = t_all + self.ring(e)
         if self.gradient:  # payload "gradient": the steps are done when the averaged gradient has updated them
             for v in range(W):
@@ -678,11 +683,11 @@ class Simulation:
             e = evs[0]
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
             self.actions[w].append(Action(w, k, t, e, AR_SEND))
-            self.sends.append((t, cost.allreduce(1, frag)))
             self.due_landing[(w, k + self.delay)] = e
             bar = self.streams.setdefault(e, {})
             bar[w] = t
-            if len(bar) == W:
+            if len(bar) == W:  # the ring runs once every worker has sent: its bytes then, not before
+                self.sends.extend((max(bar.values()), cost.allreduce(1, frag)) for _ in range(W))
                 self.t_landed[e] = max(bar.values()) + self.ring(e)
                 for v in range(W):
                     self.send_spans[v].append((max(bar.values()), self.t_landed[e]))
@@ -695,7 +700,7 @@ class Simulation:
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
             self.barrier[w] = t
             self.barrier_at = (e, k)
-            self.sends.append((t, cost.allreduce(1, frag)))  # this worker's share of the bytes
+            self.barrier_bytes = cost.allreduce(1, frag)  # each worker's share, sent when the barrier is left
             if len(self.barrier) == W:
                 self.release(e, k, t)
             elif self.backups and len(self.barrier) == W - self.backups:
