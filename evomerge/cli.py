@@ -785,7 +785,7 @@ def _export(args, study, url, out: Path) -> int:
         from .policy import MergePolicy
 
         doc = export_trial(study, url, out, args.trial)
-        values = _values_text(doc["objectives"])
+        values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
         _never_merged_note(doc)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
@@ -806,7 +806,7 @@ def _export(args, study, url, out: Path) -> int:
             if not eq:
                 raise ConfigError("--limit", f"{item!r} is not OBJECTIVE=VALUE (e.g. bytes=1e8)")
         doc = export_best(study, url, out, args.tolerance, limits)
-        values = _values_text(doc["objectives"])
+        values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
         from .policy import MergePolicy
 
@@ -826,11 +826,14 @@ def _never_merged_note(doc: dict) -> None:
         print(f"note: trial {doc['trial']} {said}", file=sys.stderr)
 
 
-def _values_text(objectives: dict) -> str:
-    """An exported trial's objective values as the terminal says them: bytes in their unit, the rest to 6 digits."""
+def _values_text(objectives: dict, study=None) -> str:
+    """An exported trial's objective values as the terminal says them: bytes in their unit, the rest to 6 digits
+    (a time to target over the budget marked as missed)."""
+    from .search.results import missed
     from .units import size
 
-    return ", ".join(f"{k} {size(v) if k == 'bytes' else format(v, '.6g')}" for k, v in objectives.items())
+    return ", ".join(f"{k} {size(v) if k == 'bytes' else format(v, '.6g') + missed(study, k, v)}"
+                     for k, v in objectives.items())
 
 
 def cmd_dashboard(args) -> int:

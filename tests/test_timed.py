@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -412,6 +413,28 @@ def test_a_search_minimises_time_to_target_and_logs_time_per_round(tmp_path, dat
     p = cli("dashboard", "--study", str(f), "--out", str(tmp_path / "dash"), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert '"title":{"text":"simulated seconds"}' in (tmp_path / "dash" / "index.html").read_text()
+
+
+@pytest.mark.system
+def test_a_target_never_reached_is_marked_missed_where_the_search_status_and_export_show_it(tmp_path, data_dir):
+    """(A trial that never reached its target showed its penalty time as if it were a time: '8.9001' against an 8 s
+    budget, in the tables and in export's line; only `run` said 'not reached'.)"""
+    f = write(tmp_path)
+    f.write_text(f.read_text().replace("target = 0.5", "target = 0.999"))
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "(missed)" in p.stdout, p.stdout
+    st = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert st.returncode == 0 and "(missed)" in st.stdout, st.stdout
+    e = cli("export", "--study", str(f), "-o", str(tmp_path / "best.json"), cwd=tmp_path, data_dir=data_dir)
+    assert e.returncode == 0 and re.search(r"wrote trial 0 \(time_to_target [\d.]+ \(missed\)\)", e.stdout), e.stdout
+    ok = write(tmp_path, name="reached")  # a target reached is a time, unmarked
+    from evomerge.search.results import missed
+
+    s = study_mod.load(ok)
+    assert missed(s, "time_to_target", 1.5) == "" and missed(s, "time_to_target", 2.5) == " (missed)"
+    assert missed(s, "bytes", 2.5) == ""
 
 
 BAD = [

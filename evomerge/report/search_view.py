@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..search.baselines import baseline_rows
-from ..search.results import DIVERGED, RUN_STATUS, describe_policy, format_counts, objective_label
+from ..search.results import DIVERGED, RUN_STATUS, describe_policy, format_counts, missed, objective_label
 from ..study import Study
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ def mb(n: float) -> str:
     return size(n)
 
 
-def _fmt(name: str, v: float) -> str:
-    return mb(v) if name == "bytes" else f"{v:.4f}"
+def _fmt(study: Study, name: str, v: float) -> str:
+    return mb(v) if name == "bytes" else f"{v:.4f}{missed(study, name, v)}"
 
 
 def best_table(study: Study, best: list[dict], baselines: list[dict], title: str):
@@ -45,12 +45,12 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
     t.add_column("policy")
     for b in best:
         spread = b["spread"].get(f"{study.objectives[0]}_std")
-        t.add_row(f"trial {b['number']}", *[_fmt(o, v) for o, v in zip(study.objectives, b["values"])],
+        t.add_row(f"trial {b['number']}", *[_fmt(study, o, v) for o, v in zip(study.objectives, b["values"])],
                   f"{spread:.4f}" if spread is not None else "-", describe_policy(b["policy"], b.get("run")))
     for r in baselines:
         spread = r.get(f"{study.objectives[0]}_std")
         name = r["name"] + (f" ({DIVERGED})" if r.get(RUN_STATUS) == DIVERGED else "")
-        t.add_row(f"[dim]{name}[/dim]", *[_fmt(o, v) for o, v in zip(study.objectives, r["values"])],
+        t.add_row(f"[dim]{name}[/dim]", *[_fmt(study, o, v) for o, v in zip(study.objectives, r["values"])],
                   f"{spread:.4f}" if spread is not None else "-", "[dim]baseline[/dim]")
     return t
 
