@@ -627,6 +627,11 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating``: the keys beside
     ``from`` alone. With the notes on the file: measured with another batch size or optimiser than the study's."""
     workers = run.workers
+    from .errors import unknown_key
+
+    for k in table:  # 'from' is a key here too, not a field of EnvSpec: the list of allowed keys names it
+        if k != "from" and k not in EnvSpec.__pydantic_fields__:
+            raise ConfigError(f"study.environment.{k}", unknown_key(k, [*EnvSpec.__pydantic_fields__, "from"]))
     if "from" not in table:
         return settings.build(EnvSpec, table, "study.environment").check(workers, base), ()
     ref, where = table["from"], "study.environment.from"

@@ -437,11 +437,28 @@ def test_a_target_never_reached_is_marked_missed_where_the_search_status_and_exp
     assert missed(s, "bytes", 2.5) == ""
 
 
+@pytest.mark.system
+def test_an_allreduce_whose_straggler_never_reaches_it_sent_nothing_and_is_not_called_no_merging(tmp_path, data_dir):
+    """(On a clock, an all-reduce the straggler never reached before the budget counted the bytes of the workers
+    waiting at its barrier, and the note said the policy 'ran as no-merging', though they idled there.)"""
+    f = write(tmp_path)  # 2 s budget of 0.05 s steps: the straggler (speed 0.25) does 10 steps, the others 20 first
+    (tmp_path / "late.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 20}))
+    p = cli("run", "--study", str(f), "--policy", str(tmp_path / "late.json"), "--json", str(tmp_path / "r.json"),
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    final = json.loads((tmp_path / "r.json").read_text())["final"]
+    assert final["merges"] == 0 and final["bytes"] == 0, final
+    assert re.search(r"note: \S*late.json never merged: the time ran out before its first merge \(.*\); the slowest worker "
+                     r"did \d+ local steps, and the others waited for it at the barrier", p.stderr), p.stderr
+    assert "no-merging" not in p.stderr
+
+
 BAD = [
     ("step_time", "-1.0", "out of range"),
     ("speeds", '"gauss"', "allowed: equal, lognormal, pareto"),
     ("speeds", "[1.0, 2.0]", "needs 4 positive speeds"),
     ("speeds", "[1.0, -1.0, 0.8, 1.2]", "speeds[1]: -1.0 is out of range; allowed: a speed > 0"),
+    ("frm", '"cluster.toml"', "time_budget, from; did you mean from?"),
     ("latency_matrix", "[[0.0, 1.0], [1.0, 0.0]]", "must be 4 x 4"),
     ("overlap", '"sometimes"', "allowed: nonblocking, blocking"),
     ("slow_workers", "[9]", "allowed: 0..3"),

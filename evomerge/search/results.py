@@ -258,10 +258,16 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
 
 def never_merged(policy, finals: list[dict]) -> str | None:
     """Words for a policy that merges but merged on none of its runs (``finals``: each seed's final metrics): the
-    run's local steps ended before its first merge, so it ran as no merging does and sent nothing. None otherwise
-    (no-merging itself, or any merge on any seed)."""
+    run's local steps ended before its first merge, so it ran as no merging does and sent nothing; on a simulated
+    cluster, its time ran out first (workers at a barrier waited: not as no merging). None otherwise (no-merging
+    itself, or any merge on any seed)."""
     if policy.scheme == "none" or not finals or any(int(f.get("merges", 1)) for f in finals):
         return None
+    if any(f.get("sim_time") is not None for f in finals):  # a simulated cluster: its time ran out first
+        slowest = min(int(f.get("steps_min") or f.get("local_steps") or 0) for f in finals)
+        barrier = policy.scheme == "allreduce" and not getattr(policy, "fragment_delay", 0)
+        return (f"never merged: the time ran out before its first merge ({policy.describe()}); the slowest worker "
+                f"did {slowest} local steps" + (", and the others waited for it at the barrier" if barrier else ""))
     steps = max(int(f.get("local_steps", 0)) for f in finals)
     return (f"never merged: a worker's {steps} local steps ended before its first merge ({policy.describe()}), "
             f"so it ran as no-merging")
