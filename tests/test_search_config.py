@@ -19,7 +19,10 @@ from searchutil import cli, edit_study
 @pytest.mark.parametrize("kwargs, field", [({"sampler": "annealing"}, "--sampler"), ({"n_trials": 0}, "--n-trials"),
                                             ({"jobs": 0}, "--jobs"), ({"cmaes_categoricals": "x", "sampler": "cmaes"}, "--cmaes-categoricals"),
                                             ({"grace_period": 1}, "--grace-period"), ({"batch": 0}, "--batch"),
-                                            ({"batch": 4, "backend": "distributed"}, "--batch")])
+                                            ({"batch": 4, "backend": "distributed"}, "--batch"),
+                                            ({"cmaes_popsize": 1, "sampler": "cmaes"}, "--cmaes-popsize"),
+                                            ({"cmaes_popsize": -2, "sampler": "cmaes"}, "--cmaes-popsize"),
+                                            ({"cmaes_restarts": -1, "sampler": "cmaes"}, "--cmaes-restarts")])
 def test_bad_search_options(tmp_path, kwargs, field):
     s = study.load(write_study(tmp_path))
     with pytest.raises(ConfigError) as e:

@@ -274,6 +274,11 @@ def make_config(study: Study, **options) -> SearchConfig:
                                      f"--backend {backend}: 1 (or use --backend inprocess)")
     if opts["reevaluate"] < 0:
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
+    if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:
+        raise ConfigError("--cmaes-popsize", f"{opts['cmaes_popsize']} is out of range; allowed: 0 (4 + 3 ln d for d "
+                                             "numeric fields) or [2, inf)")
+    if opts["cmaes_restarts"] < 0:
+        raise ConfigError("--cmaes-restarts", f"{opts['cmaes_restarts']} is out of range; allowed: [0, inf) restarts")
     if grace_period < 2:
         raise ConfigError("--grace-period", f"{grace_period} is out of range; allowed: [2, inf) seconds")
     if not study.search.space:
