@@ -62,7 +62,7 @@ def _in_process(args, cwd, data_dir, env_extra: dict) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(["evomerge", *args], rc, out.getvalue(), err.getvalue())
 
 
-def wait_for(pred, timeout=120, proc=None):
+def wait_for(pred, timeout=120, proc=None, every=0.2):
     """Poll ``pred`` until it holds (True) or ``timeout`` seconds pass; with ``proc``, give up (False) as soon as
     that process has ended, so that a search that finished before the awaited moment fails at once."""
     deadline = time.time() + timeout
@@ -71,7 +71,7 @@ def wait_for(pred, timeout=120, proc=None):
             return True
         if proc is not None and proc.poll() is not None:
             return False
-        time.sleep(0.2)
+        time.sleep(every)
     return False
 
 

@@ -1,6 +1,7 @@
 """Several `evomerge search` processes on one PostgreSQL study, one killed with SIGKILL mid-trial."""
 
 import json
+import socket
 import os
 import signal
 import subprocess
@@ -88,3 +89,28 @@ def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp
     assert sorted(int(r.data.tags["optuna.trial_number"]) for r in complete) == sorted(
         t["number"] for t in final if t["state"] == "COMPLETE")
     assert len({r.data.tags["mlflow.parentRunId"] for r in complete}) == 2  # both survivors ran trials
+
+
+@pytest.mark.system
+def test_a_tracking_database_that_is_not_there_is_one_line_in_seconds(tmp_path, data_dir, postgres_url):
+    """A PostgreSQL server that is up but lacks the database, and one that is not listening: `search` ends in
+    one line naming --tracking-uri before any trial or store, not after MLflow's minutes of connection retries."""
+    from searchutil import cli
+
+    f = write_study(tmp_path)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nothing listens on (kept bound so no other test takes it meanwhile)
+    try:
+        for uri, why in ((postgres_url + "/nosuchdb", 'database "nosuchdb" does not exist'),
+                         (f"postgresql://postgres@127.0.0.1:{closed.getsockname()[1]}/mlflow", "Connection refused")):
+            t0 = time.time()
+            p = cli("search", "--study", f, "--tracking-uri", uri, "--n-trials", "1", "--no-verdict", "--quiet",
+                    cwd=tmp_path, data_dir=data_dir)
+            assert time.time() - t0 < 60
+            assert p.returncode == 2, p.stderr
+            lines = p.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: --tracking-uri: cannot reach the database at ")
+            assert why in lines[0]
+            assert not (tmp_path / "runs").exists()  # nothing stored before the check
+    finally:
+        closed.close()

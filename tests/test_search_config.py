@@ -158,3 +158,13 @@ def test_a_bad_sampler_names_where_it_was_written(tmp_path):
         config.make_config(st, sampler="bayse", runs_dir=tmp_path / "runs")
     with pytest.raises(ConfigError, match=r"^--sampler: nsga2 is for studies with several objectives"):
         config.make_config(st, sampler="nsga2", runs_dir=tmp_path / "runs")
+
+
+def test_a_storage_without_its_driver_says_what_to_install():
+    from evomerge.search.storage import open_storage
+
+    with pytest.raises(ConfigError) as e:
+        open_storage("postgresql+psycopg2://me@127.0.0.1:1/optuna")
+    assert e.value.field == "--storage"
+    assert ("the PostgreSQL driver is not installed (no module named 'psycopg2'); "
+            'pip install "evomerge[postgres]"') in str(e.value)

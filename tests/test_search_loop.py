@@ -196,3 +196,37 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
     with sqlite3.connect(db) as c:
         failures = [json.loads(v) for (v,) in c.execute("select value_json from trial_user_attributes where key = 'failure'")]
     assert failures == ["interrupted", "interrupted"]
+
+
+@pytest.mark.system
+def test_ctrl_c_while_parallel_jobs_start_ends_quietly_and_leaves_no_worker(tmp_path, data_dir):
+    """Ctrl-C the moment the --jobs workers exist, while they are still importing (the study, torch): the command
+    ends with the interrupted line and 130, no worker prints a traceback, and none is left running."""
+    from procutil import children, wait_gone
+
+    f = write_study(tmp_path)
+    proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "4", "--jobs", "2", "--quiet",
+               cwd=tmp_path, data_dir=data_dir, wait=False)
+    try:
+        def workers():  # spawned workers (multiprocessing's resource tracker is a child too)
+            out = []
+            for pid in children(proc.pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        if b"spawn_main" in fh.read():
+                            out.append(pid)
+                except OSError:
+                    pass
+            return out
+        assert wait_for(lambda: len(workers()) == 2, timeout=600, proc=proc, every=0.02), proc.communicate(timeout=5)
+        started = workers()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "run the same command again to resume" in err
+    assert wait_gone(started, timeout=30) == []

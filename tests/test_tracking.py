@@ -401,3 +401,49 @@ def test_a_cache_file_that_is_not_a_blank_store_is_made_again(tmp_path, data_dir
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'a' / 'tiny' / 'mlflow.db'}")
     assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == 3
     assert _schema(_blank(cache))[1] == _schema(tmp_path / "a" / "tiny" / "mlflow.db")[1]  # MLflow's revision
+
+
+@pytest.mark.parametrize("uri, said", [
+    ("foo://bar", "foo://bar: MLflow does not store runs at foo:// addresses; allowed: http(s)://HOST:PORT"),
+    ("sqlite:////proc/nowhere/mlflow.db", "cannot write in /proc/nowhere, the folder of sqlite:////proc/nowhere/mlflow.db "
+                                          "(No such file or directory)"),
+    ("mysql://me@127.0.0.1:1/runs", "cannot open mysql://me@127.0.0.1:1/runs: its database driver is not installed "
+                                    "(no module named 'MySQLdb')"),
+    ("postgresql+psycopg2://me:secret@127.0.0.1:1/runs", 'postgresql+psycopg2://me:***@127.0.0.1:1/runs: the PostgreSQL '
+                                                         'driver is not installed (no module named \'psycopg2\'); pip '
+                                                         'install "evomerge[postgres]"'),
+])
+def test_a_tracking_store_mlflow_could_not_use_is_one_line_naming_the_flag(tmp_path, uri, said):
+    from evomerge.errors import ConfigError
+    from evomerge.report.tracking import check_reachable
+
+    with pytest.raises(ConfigError) as e:
+        check_reachable(uri)
+    assert e.value.field == "--tracking-uri" and said in str(e.value)
+    assert "secret" not in str(e.value)  # a password in the address is not printed
+
+
+def test_a_folder_is_refused_where_mlflow_will_not_write_it_and_a_sqlite_check_leaves_nothing(tmp_path):
+    """MLflow 3 keeps its file store in maintenance mode and raises on a folder; the check says so in one line (and
+    how to opt in). A SQLite store's folders are made by its first write, so checking one makes nothing."""
+    import mlflow
+
+    from evomerge.errors import ConfigError
+    from evomerge.report.tracking import check_reachable
+
+    if int(mlflow.__version__.split(".")[0]) >= 3:
+        with pytest.raises(ConfigError, match=r"MLflow cannot store runs in the folder .*MLFLOW_ALLOW_FILE_STORE=true"):
+            check_reachable(str(tmp_path / "mlruns"))
+    check_reachable(f"sqlite:///{tmp_path}/a/b/mlflow.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if int(mlflow.__version__.split(".")[0]) >= 3 else ["mlruns"])
+
+
+@pytest.mark.system
+def test_search_with_a_tracking_address_mlflow_does_not_know_ends_in_one_line(tmp_path, data_dir):
+    from searchutil import cli
+
+    p = cli("search", "--study", write_study(tmp_path), "--tracking-uri", "foo://bar", "--n-trials", "1",
+            "--no-verdict", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert p.stderr.startswith("error: --tracking-uri: foo://bar: MLflow does not store runs at foo:// addresses; ")
+    assert p.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()

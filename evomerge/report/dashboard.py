@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..version import __version__
 from ..policy import MergePolicy
 from ..study import Study
@@ -596,9 +597,16 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         for tr in stored(ostudy):  # `evomerge transfer` checks of this study against bigger ones
             section(f"transfer-{tr['target']}", f"Transfer to {tr['target']}", transfer_text(tr),
                     _div(transfer_figure(tr), f"plot-transfer-{tr['target']}"), transfer=transfer_table(tr))
-        runs, exp_id = mlflow_runs(tracking_uri, study.name)
-        if not runs:
-            notes.append(f"No MLflow runs found at {tracking_uri}.")
+        from .tracking import check_reachable
+
+        try:
+            check_reachable(tracking_uri)  # a database that does not answer: seconds, not MLflow's minutes of retries
+            runs, exp_id = mlflow_runs(tracking_uri, study.name)
+            if not runs:
+                notes.append(f"No MLflow runs found at {tracking_uri}.")
+        except ConfigError as e:
+            runs, exp_id = {}, None
+            notes.append(f"MLflow runs not read: {e}.")
         section("top", "Top trials", "", table=_top_table(study, best, runs, exp_id, tracking_uri))
 
     page = render(study=study, summary=summary_line, storage=storage_url, tracking=tracking_uri, version=__version__,

@@ -43,23 +43,118 @@ def default_tracking_uri(runs_dir: Path) -> str:
 
 
 def resolve_tracking_uri(explicit: str | None, study_dir: Path) -> str:
-    """``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else the study's own SQLite store."""
+    """``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else the study's own SQLite store. A ``postgresql://``
+    address uses psycopg 3 (``evomerge[postgres]``) when psycopg2 is not installed, as ``--storage`` does."""
     import os
 
-    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(study_dir)
+    from ..search.storage import normalise_url
+
+    return normalise_url(explicit or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(study_dir))
+
+
+DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy dialects MLflow stores runs in, besides sqlite
+ALLOWED_URIS = "http(s)://HOST:PORT (an MLflow server), sqlite:///PATH/mlflow.db, postgresql://USER@HOST/DB, mysql://..., mssql://..."
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
-    """For an HTTP tracking server, fail now, in one line, if it does not answer."""
-    if not uri.startswith(("http://", "https://")):
+    """Fail now, in one line naming ``--tracking-uri``, for a store MLflow could not use: an HTTP server that does not
+    answer, a database that refuses or does not answer within ``timeout`` seconds (MLflow itself retries for minutes),
+    a missing database driver, a SQLite file whose folder cannot be made, a scheme MLflow does not know, or a folder
+    MLflow will not write (MLflow 3's file store)."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+                if r.status != 200:
+                    raise ConfigError("--tracking-uri", f"{uri} answered /health with HTTP {r.status}")
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {uri} ({getattr(e, 'reason', e)}); "
+                                                "start it or pass another --tracking-uri") from None
         return
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    base = scheme.split("+", 1)[0]
+    if base == "sqlite":
+        _check_sqlite(uri)
+    elif base in DATABASES:
+        _check_database(uri, base, timeout)
+    elif base in ("", "file"):
+        _check_folder(uri)
+    elif not base.startswith("databricks") and base != "uc":  # hosted stores: MLflow's own business
+        raise ConfigError("--tracking-uri", f"{uri}: MLflow does not store runs at {scheme}:// addresses; allowed: "
+                                            + ALLOWED_URIS)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _check_sqlite(uri: str) -> None:
+    from ..sqlitefiles import sqlite_file
+
+    db = sqlite_file(uri)
+    if db is None:  # in memory, or an address SQLAlchemy reads its own way
+        return
+    import tempfile
+
+    folder = Path(db).resolve().parent
+    made = []  # the folders this check makes, removed again: the store's first write makes them
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
-            if r.status != 200:
-                raise ConfigError("--tracking-uri", f"{uri} answered /health with HTTP {r.status}")
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {uri} ({getattr(e, 'reason', e)}); "
+        for p in reversed((folder, *folder.parents)):
+            if not p.exists():
+                p.mkdir()
+                made.append(p)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError("--tracking-uri", f"cannot write in {folder}, the folder of {uri} "
+                                            f"({e.strerror or _first_line(e)}); pass another --tracking-uri") from None
+    finally:
+        for p in reversed(made):
+            p.rmdir()
+
+
+def _check_database(uri: str, base: str, timeout: float) -> None:
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    from ..search.storage import driver_missing
+
+    try:
+        shown = sqlalchemy.engine.make_url(uri).render_as_string(hide_password=True)
+    except Exception as e:  # noqa: BLE001 (not an address SQLAlchemy can read)
+        raise ConfigError("--tracking-uri", f"{uri} is not a database address ({_first_line(e)}); allowed: "
+                                            + ALLOWED_URIS) from None
+    connect_args = {"connect_timeout": max(1, int(timeout))} if base in ("postgresql", "mysql") else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
+    except Exception as e:  # noqa: BLE001 (a missing driver, an unknown dialect)
+        hint = driver_missing(uri, e)
+        raise ConfigError("--tracking-uri", f"cannot open {shown}: {hint or _first_line(e)}") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as e:  # noqa: BLE001 (refused, no such database, timed out, bad password)
+        raise ConfigError("--tracking-uri", f"cannot reach the database at {shown} ({_first_line(getattr(e, 'orig', e) or e)}); "
                                             "start it or pass another --tracking-uri") from None
+    finally:
+        engine.dispose()
+
+
+def _check_folder(uri: str) -> None:
+    """A folder is MLflow's file store: MLflow 3 refuses to write one (maintenance mode); MLflow 2 writes it."""
+    import warnings
+
+    from mlflow import MlflowClient
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001
+        why = _first_line(e).split(". ")[0].rstrip(".")
+        if "MLFLOW_ALLOW_FILE_STORE" in str(e):
+            why += "; MLFLOW_ALLOW_FILE_STORE=true makes MLflow write it anyway"
+        raise ConfigError("--tracking-uri", f"MLflow cannot store runs in the folder {uri} ({why}); "
+                                            "allowed: " + ALLOWED_URIS) from None
 
 
 # per-round metrics logged as MLflow metric histories (x axis: local steps)

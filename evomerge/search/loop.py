@@ -189,14 +189,17 @@ def _fail_orphans(ostudy, n_before: int) -> None:
 
 # -- processes ---------------------------------------------------------------------------------
 def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
-    import optuna
-    import torch
+    import signal
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a process of ours: its logging is ours to set
-    from ..procs import apply_threads
-
-    apply_threads(share=cfg.jobs)  # the command decided its threads once; each of its jobs gets a share
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (_run_processes)
+        import optuna
+        import torch  # noqa: F401 (seconds of start-up: a Ctrl-C in it ends the worker quietly, as in a trial)
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # a process of ours: its logging is ours to set
+        from ..procs import apply_threads
+
+        apply_threads(share=cfg.jobs)  # the command decided its threads once; each of its jobs gets a share
         work(cfg, worker, queue.put)
     except Interrupted as i:
         for rec in i.args:
@@ -222,7 +225,13 @@ def _run_processes(cfg: SearchConfig, on_record, stop=None) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with ProcessGroup(grace=10) as group:
-        procs = [group.spawn(_worker_main, (cfg, w, q), ctx=ctx, name=f"evomerge-search-{w}") for w in range(cfg.jobs)]
+        # the workers start with SIGINT blocked (a process inherits its mask): a Ctrl-C while Python starts and
+        # imports is held until _worker_main's first line, and ends the worker there quietly, not with a traceback
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            procs = [group.spawn(_worker_main, (cfg, w, q), ctx=ctx, name=f"evomerge-search-{w}") for w in range(cfg.jobs)]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         done = 0
         try:
             while done < len(procs):

@@ -85,6 +85,8 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
             path = url.split("sqlite:///", 1)[-1]
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
+        elif url.startswith(("postgresql", "mysql")):  # a server that does not answer: an error, not a wait forever
+            kwargs["engine_kwargs"] = {"connect_args": {"connect_timeout": 10}}
         with quiet_optuna():
             storage = retry_setup(lambda: optuna.storages.RDBStorage(
                 url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
@@ -94,7 +96,24 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
             sqlite_wal(url, storage.engine)
         return storage
     except Exception as e:  # bad URL, missing driver, unreachable server: one line
-        raise ConfigError("--storage", f"cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        hint = driver_missing(url, e)
+        raise ConfigError("--storage", f"cannot open {url}: " + (hint or f"{type(e).__name__}: {str(e).splitlines()[0]}")) from None
+
+
+def driver_missing(url: str, e: BaseException) -> str | None:
+    """For an error that says a database driver is not installed: what to install, in words; else None."""
+    import sqlalchemy.exc
+
+    while not isinstance(e, (ModuleNotFoundError, sqlalchemy.exc.NoSuchModuleError)) and (e.__cause__ or e.__context__):
+        e = e.__cause__ or e.__context__  # Optuna says "Failed to import DB access module" over the import's own error
+    if isinstance(e, sqlalchemy.exc.NoSuchModuleError):
+        return f"SQLAlchemy has no dialect for {url.split('://', 1)[0]}:// ({str(e).splitlines()[0]})"
+    if not isinstance(e, ModuleNotFoundError):
+        return None
+    if url.startswith("postgresql"):
+        return (f"the PostgreSQL driver is not installed (no module named {e.name!r}); "
+                'pip install "evomerge[postgres]" installs psycopg 3, which postgresql:// addresses then use')
+    return f"its database driver is not installed (no module named {e.name!r}); pip install it"
 
 
 def retry_setup(make, attempts: int = 8):
