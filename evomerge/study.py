@@ -369,14 +369,16 @@ def _not_retired(name: Any) -> Any:
 class _Objectives:
     metrics: Annotated[tuple[Annotated[str, BeforeValidator(_not_retired), Choice(OBJECTIVES)], ...], Seq] = \
         Field(("val_accuracy",), min_length=1)
-    target: float | None = Field(None, ge=0)  # the value of target_metric that time_to_target waits for
+    target: float | None = None  # the value of target_metric that time_to_target waits for
     target_metric: Annotated[str, Choice(TARGET_METRICS)] = "val_accuracy"
 
     @model_validator(mode="after")
     def _target_in_range(self) -> "_Objectives":
-        if self.target is not None and self.target_metric.endswith("accuracy") and self.target > 1:
-            raise ConfigError("study.objectives.target", f"{self.target} is out of range; allowed: [0, 1] for "
-                                                         f"{self.target_metric}")
+        """One range per metric, said the same way for a value below it and above it."""
+        accuracy = self.target_metric.endswith("accuracy")
+        if self.target is not None and not (0 <= self.target <= (1 if accuracy else float("inf"))):
+            raise ConfigError("study.objectives.target", f"{self.target} is out of range; allowed: "
+                                                         f"{'[0, 1]' if accuracy else '[0, inf)'} for {self.target_metric}")
         return self
 
     @model_validator(mode="after")
@@ -562,6 +564,9 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), f"invalid TOML: {e}") from None
+    if set(raw) == {"environment"}:  # what evomerge calibrate writes: a cluster, not a study of the defaults on it
+        raise ConfigError(str(path), "holds only an [environment] table: a cluster (as evomerge calibrate writes), not a "
+                                     f"study; a study reads it with [environment] from = \"{path.name}\"")
     return from_dict(raw, path=path, default_name=path.stem, calibrating=calibrating)
 
 
@@ -633,7 +638,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
         if k != "from" and k not in EnvSpec.__pydantic_fields__:
             raise ConfigError(f"study.environment.{k}", unknown_key(k, [*EnvSpec.__pydantic_fields__, "from"]))
     if "from" not in table:
-        return settings.build(EnvSpec, table, "study.environment").check(workers, base), ()
+        return _used(settings.build(EnvSpec, table, "study.environment").check(workers, base), table), ()
     ref, where = table["from"], "study.environment.from"
     if not isinstance(ref, str) or not ref:
         raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
@@ -662,7 +667,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
     try:
-        return settings.build(EnvSpec, keys | own, "study.environment").check(workers, base), _measured_with(path, text, run)
+        spec = settings.build(EnvSpec, keys | own, "study.environment").check(workers, base)
     except ConfigError as e:
         key = e.field.removeprefix("study.environment.").split(".")[0]
         if key not in keys or key in own:
@@ -674,6 +679,34 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
             hint = (f", measured on {ranks} rank{'s' * (ranks != 1)}; for {workers} workers write it with "
                     "evomerge calibrate --fit lognormal or pareto")
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
+    return _used(spec, own), _measured_with(path, text, run)
+
+
+def _used(spec: EnvSpec, given: dict) -> EnvSpec:
+    """One line for a key the study wrote (``given``: its own keys, not a calibrated file's) that this environment
+    would ignore: a speed model's parameter with another speed model, a slow spell's length with no slow spells,
+    the links between sites with one site, the single link values beside the matrices that override them."""
+    where = "study.environment"
+    speeds = "a list" if isinstance(spec.speeds, tuple) else f'"{spec.speeds}"'
+    rules = [("sigma", spec.speeds == "lognormal", f'applies with speeds = "lognormal"; speeds is {speeds}'),
+             ("alpha", spec.speeds == "pareto", f'applies with speeds = "pareto"; speeds is {speeds}'),
+             ("slow_factor", bool(spec.slow_workers), "applies to slow_workers, and there are none"),
+             ("straggle_factor", spec.straggle_p > 0, "applies to slow spells, and straggle_p is 0 (none)"),
+             ("straggle_length", spec.straggle_p > 0, "applies to slow spells, and straggle_p is 0 (none)"),
+             ("latency_inter", spec.sites > 1 and not spec.latency_matrix, "is the latency between sites, and there is "
+                                                                             "one site (sites = 1)"),
+             ("bandwidth_inter", spec.sites > 1 and not spec.bandwidth_matrix, "is the bandwidth between sites, and "
+                                                                                 "there is one site (sites = 1)"),
+             ("latency", not spec.latency_matrix, "is overridden by latency_matrix"),
+             ("bandwidth", not spec.bandwidth_matrix, "is overridden by bandwidth_matrix")]
+    for key, applies, why in rules:
+        if key in given and not applies:
+            if key.endswith("_inter") and spec.sites > 1:
+                why = f"is overridden by {key.removesuffix('_inter')}_matrix"
+            raise ConfigError(f"{where}.{key}", f"{why}: it would be ignored; remove it")
+    if "speeds" in given and "speeds_file" in given:
+        raise ConfigError(f"{where}.speeds_file", "gives the speeds, and so does speeds; allowed: one of them")
+    return spec
 
 
 # the line evomerge calibrate writes into its file: what the timed steps trained (calibrate.measure)

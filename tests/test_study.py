@@ -63,6 +63,8 @@ def test_bad_studies_are_rejected_before_anything_runs(over, field):
     ("", "empty file"),
     ("[run\nworkers = 3", "invalid TOML"),
     ("[run]\nworkers = 'x'", "study.run.workers"),
+    ("# model: 407080 bytes\n[environment]\nstep_time = 0.02\n", 'holds only an \\[environment\\] table: a cluster .*'
+                                                              '\\[environment\\] from = "s.toml"'),
 ])
 def test_bad_study_files(tmp_path, text, words):
     f = tmp_path / "s.toml"
@@ -85,6 +87,12 @@ def test_error_lines_name_the_field_and_what_is_allowed():
          "study.baselines.policies: nope: no such file or named policy; named: allreduce, allreduce-backup, allreduce-sign, allreduce-topk, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco"),
         ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}},
          "study.search.space.degree: [4, 6] is impossible with 4 workers; allowed: at most 3"),
+        ({"objectives": {"metrics": ["time_to_target"], "target": -0.2}, "environment": {"time_budget": 2.0}},
+         "study.objectives.target: -0.2 is out of range; allowed: [0, 1] for val_accuracy"),
+        ({"objectives": {"metrics": ["time_to_target"], "target": 1.5}, "environment": {"time_budget": 2.0}},
+         "study.objectives.target: 1.5 is out of range; allowed: [0, 1] for val_accuracy"),
+        ({"objectives": {"metrics": ["time_to_target"], "target": -1, "target_metric": "val_loss"},
+          "environment": {"time_budget": 2.0}}, "study.objectives.target: -1.0 is out of range; allowed: [0, inf) for val_loss"),
     ]
     for over, line in cases:
         with pytest.raises(ConfigError) as e:

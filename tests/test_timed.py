@@ -464,7 +464,31 @@ BAD = [
     ("slow_workers", "[9]", "allowed: 0..3"),
     ("speeds_file", '"nowhere.txt"', "cannot read speeds"),
     ("time_budget", "0.0", "is required by time_to_target"),
+    ("sigma", "0.3", 'applies with speeds = "lognormal"; speeds is a list: it would be ignored; remove it'),
+    ("latency_inter", "0.02", "is the latency between sites, and there is one site (sites = 1): it would be ignored"),
 ]
+
+
+def test_a_key_the_environment_would_ignore_is_refused_but_a_calibrated_files_is_not(tmp_path):
+    """A study's own key that its environment would ignore is one line naming it; the same key in a file the study
+    reads with `from` (calibrate's, overridden beside `from`) is that file's business and is not refused."""
+    from evomerge import study as study_mod
+    from evomerge.errors import ConfigError
+
+    (tmp_path / "speeds.txt").write_text("1.0\n1.0\n1.0\n0.5\n")
+    for changes, field in [({"speeds_file": '"speeds.txt"'}, "speeds_file"),
+                           ({"speeds": '"equal"', "alpha": "3.0"}, "alpha"),
+                           ({"slow_factor": "2.0"}, "slow_factor"),
+                           ({"straggle_length": "5.0"}, "straggle_length")]:
+        with pytest.raises(ConfigError) as e:
+            study_mod.load(write(tmp_path, "bad", **changes))
+        assert e.value.field == f"study.environment.{field}"
+    (tmp_path / "cluster.toml").write_text('[environment]\nstep_time = 0.05\nspeeds = "lognormal"\nsigma = 0.3\n')
+    f = write(tmp_path, "ok")
+    text = f.read_text().replace("[environment]\n", '[environment]\nfrom = "cluster.toml"\n', 1)
+    f.write_text(text)  # the study's own speeds list overrides the file's model; the file's sigma goes unused
+    s = study_mod.load(f)
+    assert s.environment.speeds == (1.0, 1.0, 1.0, 0.25)
 
 
 @pytest.mark.system
