@@ -189,18 +189,24 @@ def _fail_orphans(ostudy, n_before: int) -> None:
 
 # -- processes ---------------------------------------------------------------------------------
 def _worker_main(cfg: SearchConfig, worker: int, queue) -> None:
+    """One ``--jobs`` process. SIGINT (the command's Ctrl-C, passed on) and SIGTERM stop it as a Ctrl-C stops a
+    search: the running trial fails as interrupted; a signal a callback of Python's swallowed is kept and raised
+    before the next trial (procs.Stop), rather than lost while the command waits for this worker."""
     import signal
 
+    from ..procs import signals_raise
+
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (_run_processes)
-        import optuna
-        import torch  # noqa: F401 (seconds of start-up: a Ctrl-C in it ends the worker quietly, as in a trial)
+        with signals_raise((signal.SIGINT, signal.SIGTERM)) as stop:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (_run_processes)
+            import optuna
+            import torch  # noqa: F401 (seconds of start-up: a Ctrl-C in it ends the worker quietly, as in a trial)
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # a process of ours: its logging is ours to set
-        from ..procs import apply_threads
+            optuna.logging.set_verbosity(optuna.logging.WARNING)  # a process of ours: its logging is ours to set
+            from ..procs import apply_threads
 
-        apply_threads(share=cfg.jobs)  # the command decided its threads once; each of its jobs gets a share
-        work(cfg, worker, queue.put)
+            apply_threads(share=cfg.jobs)  # the command decided its threads once; each of its jobs gets a share
+            work(cfg, worker, queue.put, stop=stop)
     except Interrupted as i:
         for rec in i.args:
             queue.put(rec)
