@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from .dburls import shown
 from .errors import ConfigError, RunError, did_you_mean, unknown
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
@@ -68,7 +69,7 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
         return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
     hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
-    return f"{flag}: {sub.prog} does not take it ({' '.join(extra)}); {hint}"
+    return f"{flag}: {sub.prog} does not take it ({' '.join(shown(x) for x in extra)}); {hint}"
 
 
 def _parser(sub, name: str, help: str, example: str, env: bool = True) -> argparse.ArgumentParser:
@@ -680,7 +681,7 @@ def cmd_transfer(args) -> int:
     rho = result["spearman"]
     print(f"Spearman rho {rho:.3f} (p {result['spearman_p']:.3g}), Kendall tau {result['kendall']:.3f} "
           f"(p {result['kendall_p']:.3g}) over {result['top']} policies: {verdict(rho, result['top'])}")
-    print(f"logged to MLflow run {run_id} ({uri}); `evomerge dashboard --study {args.study}` shows it")
+    print(f"logged to MLflow run {run_id} ({shown(uri)}); `evomerge dashboard --study {args.study}` shows it")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
     return 0
@@ -724,7 +725,7 @@ def cmd_status(args) -> int:
     url = _storage_url(study, args)
     ostudy = load_study(study, url)
     trials = ostudy.get_trials(deepcopy=False)
-    print(f"{study.name}: {count_line(trials)}  ({url})")
+    print(f"{study.name}: {count_line(trials)}  ({shown(url)})")
     for note in study.notes:  # what loading the study changed to fit its workers
         print(f"note: {note}")
     gone = [t.number for t in trials if t.state.name == "COMPLETE" and diverged(t)]
@@ -866,7 +867,7 @@ def cmd_ui(args) -> int:
     study_dir = Path(args.runs_dir) / study.name
     uri = resolve_tracking_uri(args.tracking_uri, study_dir)
     if uri.startswith(("http://", "https://")):
-        print(f"the study is tracked on a server: open {uri}")
+        print(f"the study is tracked on a server: open {shown(uri)}")
         return 0
     if args.port and not 0 < args.port < 65536:
         raise ConfigError("--port", f"{args.port} is out of range; allowed: 1 to 65535, or 0 for a free one")
@@ -891,7 +892,7 @@ def cmd_ui(args) -> int:
                 return 1
             # the review first on its line (a terminal makes it a link): the study's runs in the model-training view
             address, logged = _review_address(url, study.name)
-            print(f"{address}  MLflow UI for {study.name} (store {uri}; Ctrl-C stops it)", flush=True)
+            print(f"{address}  MLflow UI for {study.name} (store {shown(uri)}; Ctrl-C stops it)", flush=True)
             if not logged:  # a mistyped --runs-dir shows an empty list: say so, and how it fills
                 print(f"note: no search of {study.name} is logged in this store yet; a search with the same "
                       "--runs-dir (or --tracking-uri) fills the list as it runs", file=sys.stderr, flush=True)

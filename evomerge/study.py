@@ -564,10 +564,13 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), f"invalid TOML: {e}") from None
-    if set(raw) == {"environment"}:  # what evomerge calibrate writes: a cluster, not a study of the defaults on it
+    if set(raw) == {"environment"} and isinstance(raw["environment"], dict) and "from" not in raw["environment"]:
+        # what evomerge calibrate writes: a cluster, not a study of the defaults on it
         raise ConfigError(str(path), "holds only an [environment] table: a cluster (as evomerge calibrate writes), not a "
                                      f"study; a study reads it with [environment] from = \"{path.name}\"")
-    return from_dict(raw, path=path, default_name=path.stem, calibrating=calibrating)
+    s = from_dict(raw, path=path, default_name=path.stem, calibrating=calibrating)
+    _check_used(raw, s.environment)
+    return s
 
 
 _TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "baselines", "environment")
@@ -638,7 +641,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
         if k != "from" and k not in EnvSpec.__pydantic_fields__:
             raise ConfigError(f"study.environment.{k}", unknown_key(k, [*EnvSpec.__pydantic_fields__, "from"]))
     if "from" not in table:
-        return _used(settings.build(EnvSpec, table, "study.environment").check(workers, base), table), ()
+        return settings.build(EnvSpec, table, "study.environment").check(workers, base), ()
     ref, where = table["from"], "study.environment.from"
     if not isinstance(ref, str) or not ref:
         raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
@@ -679,34 +682,42 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
             hint = (f", measured on {ranks} rank{'s' * (ranks != 1)}; for {workers} workers write it with "
                     "evomerge calibrate --fit lognormal or pareto")
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
-    return _used(spec, own), _measured_with(path, text, run)
+    return spec, _measured_with(path, text, run)
 
 
-def _used(spec: EnvSpec, given: dict) -> EnvSpec:
-    """One line for a key the study wrote (``given``: its own keys, not a calibrated file's) that this environment
-    would ignore: a speed model's parameter with another speed model, a slow spell's length with no slow spells,
-    the links between sites with one site, the single link values beside the matrices that override them."""
-    where = "study.environment"
+def ignored_keys(spec: EnvSpec) -> dict[str, str]:
+    """The [environment] keys ``spec`` does not use, with why: a speed model's parameter with another speed model, a
+    slow spell's setting with no slow spells, the links between sites with one site, the single link values beside
+    the matrices that override them. (Their values change nothing: the fingerprint of a stored study skips them.)"""
     speeds = "a list" if isinstance(spec.speeds, tuple) else f'"{spec.speeds}"'
+    one_site = "and there is one site (sites = 1)"
     rules = [("sigma", spec.speeds == "lognormal", f'applies with speeds = "lognormal"; speeds is {speeds}'),
              ("alpha", spec.speeds == "pareto", f'applies with speeds = "pareto"; speeds is {speeds}'),
              ("slow_factor", bool(spec.slow_workers), "applies to slow_workers, and there are none"),
              ("straggle_factor", spec.straggle_p > 0, "applies to slow spells, and straggle_p is 0 (none)"),
              ("straggle_length", spec.straggle_p > 0, "applies to slow spells, and straggle_p is 0 (none)"),
-             ("latency_inter", spec.sites > 1 and not spec.latency_matrix, "is the latency between sites, and there is "
-                                                                             "one site (sites = 1)"),
-             ("bandwidth_inter", spec.sites > 1 and not spec.bandwidth_matrix, "is the bandwidth between sites, and "
-                                                                                 "there is one site (sites = 1)"),
+             ("latency_inter", spec.sites > 1 and not spec.latency_matrix,
+              "is overridden by latency_matrix" if spec.sites > 1 else f"is the latency between sites, {one_site}"),
+             ("bandwidth_inter", spec.sites > 1 and not spec.bandwidth_matrix,
+              "is overridden by bandwidth_matrix" if spec.sites > 1 else f"is the bandwidth between sites, {one_site}"),
              ("latency", not spec.latency_matrix, "is overridden by latency_matrix"),
              ("bandwidth", not spec.bandwidth_matrix, "is overridden by bandwidth_matrix")]
-    for key, applies, why in rules:
-        if key in given and not applies:
-            if key.endswith("_inter") and spec.sites > 1:
-                why = f"is overridden by {key.removesuffix('_inter')}_matrix"
-            raise ConfigError(f"{where}.{key}", f"{why}: it would be ignored; remove it")
+    return {key: why for key, used, why in rules if not used}
+
+
+def _check_used(raw: dict, spec: EnvSpec | None) -> None:
+    """One line for a key a study file wrote in its own [environment] (not one of a file it reads with ``from``)
+    that its environment would ignore. Checked on the files a user writes, not on the definitions stored with a
+    search's trials, which were accepted when they were searched."""
+    given = raw.get("environment")
+    if spec is None or not isinstance(given, dict):
+        return
+    ignored = ignored_keys(spec)
+    for key in given:
+        if key in ignored:
+            raise ConfigError(f"study.environment.{key}", f"{ignored[key]}: it would be ignored; remove it")
     if "speeds" in given and "speeds_file" in given:
-        raise ConfigError(f"{where}.speeds_file", "gives the speeds, and so does speeds; allowed: one of them")
-    return spec
+        raise ConfigError("study.environment.speeds_file", "gives the speeds, and so does speeds; allowed: one of them")
 
 
 # the line evomerge calibrate writes into its file: what the timed steps trained (calibrate.measure)

@@ -14,7 +14,7 @@ ROOT = Path(evomerge.__file__).resolve().parent
 # lowest first; a module belongs to the first layer whose prefix it matches (the longest prefix wins)
 LAYERS = [
     ("foundations", ["errors", "settings", "registry", "userref", "engine.ops", "engine.topology", "procs",
-                     "version", "sqlitefiles", "userdirs", "units"]),
+                     "version", "sqlitefiles", "userdirs", "units", "dburls"]),
     ("what a run is made of", ["engine.schedule", "policy", "data", "models", "engine.similarity", "engine.datapool",
                                "study", "studies", "dashboards", "task", "text"]),
     ("engine", ["engine"]),

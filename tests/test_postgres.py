@@ -114,3 +114,29 @@ def test_a_tracking_database_that_is_not_there_is_one_line_in_seconds(tmp_path, 
             assert not (tmp_path / "runs").exists()  # nothing stored before the check
     finally:
         closed.close()
+
+
+@pytest.mark.system
+def test_a_password_in_the_addresses_is_never_shown(tmp_path, data_dir, postgres_url):
+    """Stores given with a password (the test server trusts any): the search's screen, its MLflow parameters and
+    `status` show `***` where the password was."""
+    from mlflow import MlflowClient
+
+    from searchutil import cli
+
+    with_pw = postgres_url.replace("postgres@", "postgres:hunter2@")
+    storage, tracking = with_pw + "/optuna", with_pw + "/mlflow"
+    f = write_study(tmp_path, name="pw")
+    p = cli("search", "--study", f, "--storage", storage, "--tracking-uri", tracking, "--n-trials", "1",
+            "--no-verdict", "--no-prune", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "hunter2" not in p.stdout + p.stderr and "postgres:***@" in p.stdout + p.stderr
+    runs = MlflowClient(tracking_uri=tracking).search_runs(
+        [MlflowClient(tracking_uri=tracking).get_experiment_by_name("pw").experiment_id])
+    parent = [r for r in runs if "storage" in r.data.params]
+    assert parent and all("hunter2" not in r.data.params["storage"] for r in parent)
+    p = cli("status", "--study", f, "--storage", storage, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "hunter2" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "postgres:***@" in p.stdout
+    p = cli("status", "--study", f, "--storage", storage, "--tracking-uri", tracking, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and "hunter2" not in p.stderr and "--tracking-uri postgresql+psycopg://postgres:***@" in p.stderr

@@ -161,3 +161,13 @@ def test_a_ragged_matrix_in_a_cluster_file_is_said_as_it_is(tmp_path):
         study.load(tmp_path / "s.toml")
     assert str(e.value) == ("study.environment.bandwidth_matrix: must be 2 x 2 (run.workers), got 2 rows of 2, 3 "
                             f"entries (from {tmp_path / 'cluster.toml'})")
+
+
+def test_a_study_of_the_defaults_on_a_calibrated_cluster_loads(tmp_path):
+    """Only `[environment] from = ...` is a study (the defaults on that cluster), not a cluster file given as one."""
+    (tmp_path / "cluster.toml").write_text("[environment]\nstep_time = 0.02\nspeeds = \"lognormal\"\nsigma = 0.2\n")
+    (tmp_path / "s.toml").write_text('[environment]\nfrom = "cluster.toml"\n')
+    s = study.load(tmp_path / "s.toml")
+    assert s.environment.step_time == 0.02 and s.environment.sigma == 0.2
+    with pytest.raises(ConfigError, match="holds only an"):
+        study.load(tmp_path / "cluster.toml")

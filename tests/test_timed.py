@@ -491,6 +491,33 @@ def test_a_key_the_environment_would_ignore_is_refused_but_a_calibrated_files_is
     assert s.environment.speeds == (1.0, 1.0, 1.0, 0.25)
 
 
+def test_a_study_searched_with_a_key_now_refused_still_reads_and_resumes_once_the_key_is_gone(tmp_path):
+    """A study stored before ignored keys were refused: its stored definition still reads (as `dashboard` and `run`
+    read it), and once the user takes the ignored key out of the file, the search resumes: a key its environment
+    ignores is no change of the study."""
+    import tomllib
+
+    import optuna
+
+    from evomerge import study as study_mod
+    from evomerge.errors import ConfigError
+    from evomerge.search import fingerprint
+    from evomerge.search.config import make_config
+
+    old = write(tmp_path, "tiny-timed", sigma="0.3")
+    with pytest.raises(ConfigError, match="study.environment.sigma"):
+        study_mod.load(old)
+    before = study_mod.from_dict(tomllib.loads(old.read_text()), path=old, default_name="tiny-timed")  # as stored
+    assert before.environment.sigma == 0.3
+    ostudy = optuna.create_study(study_name="tiny-timed", storage=f"sqlite:///{tmp_path / 'o.db'}")
+    ostudy.set_user_attr(fingerprint.ATTR, fingerprint.of(before))
+    now = study_mod.load(write(tmp_path, "tiny-timed"))  # the key taken out: the default sigma, unused
+    fingerprint.check(ostudy, make_config(now, runs_dir=tmp_path / "runs"), 3)
+    changed = study_mod.load(write(tmp_path, "tiny-timed", step_time="0.07"))  # a used key is still a change
+    with pytest.raises(ConfigError, match="environment.step_time changed"):
+        fingerprint.check(ostudy, make_config(changed, runs_dir=tmp_path / "runs"), 3)
+
+
 @pytest.mark.system
 @pytest.mark.parametrize("key, value, why", BAD)
 def test_bad_environment_values_exit_2_naming_the_field(tmp_path, key, value, why):

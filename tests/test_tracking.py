@@ -403,39 +403,59 @@ def test_a_cache_file_that_is_not_a_blank_store_is_made_again(tmp_path, data_dir
     assert _schema(_blank(cache))[1] == _schema(tmp_path / "a" / "tiny" / "mlflow.db")[1]  # MLflow's revision
 
 
+def _installed(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 @pytest.mark.parametrize("uri, said", [
-    ("foo://bar", "foo://bar: MLflow does not store runs at foo:// addresses; allowed: http(s)://HOST:PORT"),
+    ("foo://me:secret@bar", "foo://me:***@bar: MLflow does not store runs at foo:// addresses (nor does an installed "
+                            "MLflow plugin); allowed: http(s)://HOST:PORT"),
     ("sqlite:////proc/nowhere/mlflow.db", "cannot write in /proc/nowhere, the folder of sqlite:////proc/nowhere/mlflow.db "
                                           "(No such file or directory)"),
-    ("mysql://me@127.0.0.1:1/runs", "cannot open mysql://me@127.0.0.1:1/runs: its database driver is not installed "
-                                    "(no module named 'MySQLdb')"),
-    ("postgresql+psycopg2://me:secret@127.0.0.1:1/runs", 'postgresql+psycopg2://me:***@127.0.0.1:1/runs: the PostgreSQL '
-                                                         'driver is not installed (no module named \'psycopg2\'); pip '
-                                                         'install "evomerge[postgres]"'),
+    ("postgresql+psycopg://me:s3cr@t@127.0.0.1:notaport/runs", "postgresql+psycopg://me:***@127.0.0.1:notaport/runs is "
+                                                                "not a database address"),
+    ("http://me:secret@127.0.0.1:1", "cannot reach the MLflow server at http://me:***@127.0.0.1:1 ("),
+    ("mysql+pymysql://me:secret@127.0.0.1:1/runs",
+     "cannot reach the database at mysql+pymysql://me:***@127.0.0.1:1/runs (" if _installed("pymysql") else
+     "cannot open mysql+pymysql://me:***@127.0.0.1:1/runs: its database driver is not installed (no module named "
+     "'pymysql'); pip install it"),
+    ("postgresql+psycopg2://me:secret@127.0.0.1:1/runs",
+     "cannot reach the database at postgresql+psycopg2://me:***@127.0.0.1:1/runs (" if _installed("psycopg2") else
+     "cannot open postgresql+psycopg2://me:***@127.0.0.1:1/runs: the PostgreSQL driver is not installed (no module "
+     "named 'psycopg2'); pip install \"evomerge[postgres]\""),
 ])
 def test_a_tracking_store_mlflow_could_not_use_is_one_line_naming_the_flag(tmp_path, uri, said):
+    """Every refusal names --tracking-uri and says why; none prints the password (even one holding an '@')."""
     from evomerge.errors import ConfigError
     from evomerge.report.tracking import check_reachable
 
     with pytest.raises(ConfigError) as e:
         check_reachable(uri)
-    assert e.value.field == "--tracking-uri" and said in str(e.value)
-    assert "secret" not in str(e.value)  # a password in the address is not printed
+    assert e.value.field == "--tracking-uri" and said in str(e.value), str(e.value)
+    assert "secret" not in str(e.value) and "s3cr" not in str(e.value)
 
 
-def test_a_folder_is_refused_where_mlflow_will_not_write_it_and_a_sqlite_check_leaves_nothing(tmp_path):
+def test_a_folder_is_refused_where_mlflow_will_not_write_it_and_no_check_writes_anything(tmp_path, monkeypatch):
     """MLflow 3 keeps its file store in maintenance mode and raises on a folder; the check says so in one line (and
-    how to opt in). A SQLite store's folders are made by its first write, so checking one makes nothing."""
+    how to opt in). Checking a SQLite store in folders not made yet, or a folder store MLflow takes, makes nothing."""
     import mlflow
 
     from evomerge.errors import ConfigError
     from evomerge.report.tracking import check_reachable
 
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     if int(mlflow.__version__.split(".")[0]) >= 3:
         with pytest.raises(ConfigError, match=r"MLflow cannot store runs in the folder .*MLFLOW_ALLOW_FILE_STORE=true"):
             check_reachable(str(tmp_path / "mlruns"))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    check_reachable(str(tmp_path / "mlruns"))
+    check_reachable(f"file://{tmp_path}/mlruns2")
     check_reachable(f"sqlite:///{tmp_path}/a/b/mlflow.db")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if int(mlflow.__version__.split(".")[0]) >= 3 else ["mlruns"])
+    assert list(tmp_path.iterdir()) == []
+    for uri in ("databricks", "databricks://profile", "sqlite:///:memory:"):  # left to MLflow
+        check_reachable(uri)
 
 
 @pytest.mark.system
@@ -445,5 +465,5 @@ def test_search_with_a_tracking_address_mlflow_does_not_know_ends_in_one_line(tm
     p = cli("search", "--study", write_study(tmp_path), "--tracking-uri", "foo://bar", "--n-trials", "1",
             "--no-verdict", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
-    assert p.stderr.startswith("error: --tracking-uri: foo://bar: MLflow does not store runs at foo:// addresses; ")
+    assert p.stderr.startswith("error: --tracking-uri: foo://bar: MLflow does not store runs at foo:// addresses (")
     assert p.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()

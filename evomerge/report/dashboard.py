@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..dburls import shown
 from ..errors import ConfigError
 from ..version import __version__
 from ..policy import MergePolicy
@@ -600,16 +601,16 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         from .tracking import check_reachable
 
         try:
-            check_reachable(tracking_uri)  # a database that does not answer: seconds, not MLflow's minutes of retries
+            check_reachable(tracking_uri, reading=True)  # a database that does not answer: seconds, not MLflow's retries
             runs, exp_id = mlflow_runs(tracking_uri, study.name)
             if not runs:
-                notes.append(f"No MLflow runs found at {tracking_uri}.")
+                notes.append(f"No MLflow runs found at {shown(tracking_uri)}.")
         except ConfigError as e:
             runs, exp_id = {}, None
             notes.append(f"MLflow runs not read: {e}.")
         section("top", "Top trials", "", table=_top_table(study, best, runs, exp_id, tracking_uri))
 
-    page = render(study=study, summary=summary_line, storage=storage_url, tracking=tracking_uri, version=__version__,
+    page = render(study=study, summary=summary_line, storage=shown(storage_url), tracking=shown(tracking_uri), version=__version__,
                   when=time.strftime("%Y-%m-%d %H:%M"), notes=notes, sections=sections,
                   review_url=review_url(tracking_uri, exp_id) if http and exp_id else None)
     path = out_dir / "index.html"

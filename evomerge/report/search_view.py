@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from ..dburls import shown
 from ..search.baselines import baseline_rows
 from ..search.results import DIVERGED, RUN_STATUS, describe_policy, format_counts, missed, objective_label
 from ..study import Study
@@ -108,7 +109,7 @@ class SearchView:
                     f"{self.done} trials already finished, {cfg.n_trials} asked: none to run")
             msg = (f"{cfg.study.name}: {done}; sampler {cfg.sampler}"
                    f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") +
-                   f"  optuna: {info['storage']}\n  mlflow: {info['tracking_uri']}" +
+                   f"  optuna: {shown(info['storage'])}\n  mlflow: {shown(info['tracking_uri'])}" +
                    "".join(f"\n  note: {n}" for n in cfg.study.notes))  # ranges clamped to the study's workers
             self.err.print(msg, highlight=False)
             if self.bar is not None:

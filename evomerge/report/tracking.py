@@ -47,114 +47,159 @@ def resolve_tracking_uri(explicit: str | None, study_dir: Path) -> str:
     address uses psycopg 3 (``evomerge[postgres]``) when psycopg2 is not installed, as ``--storage`` does."""
     import os
 
-    from ..search.storage import normalise_url
+    from ..dburls import normalise_url
 
     return normalise_url(explicit or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(study_dir))
 
 
 DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy dialects MLflow stores runs in, besides sqlite
+HOSTED = ("databricks", "databricks-uc", "uc")  # MLflow's hosted stores: their own credentials, their own checks
 ALLOWED_URIS = "http(s)://HOST:PORT (an MLflow server), sqlite:///PATH/mlflow.db, postgresql://USER@HOST/DB, mysql://..., mssql://..."
 
 
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
+def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> None:
     """Fail now, in one line naming ``--tracking-uri``, for a store MLflow could not use: an HTTP server that does not
     answer, a database that refuses or does not answer within ``timeout`` seconds (MLflow itself retries for minutes),
-    a missing database driver, a SQLite file whose folder cannot be made, a scheme MLflow does not know, or a folder
-    MLflow will not write (MLflow 3's file store)."""
-    if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
-                if r.status != 200:
-                    raise ConfigError("--tracking-uri", f"{uri} answered /health with HTTP {r.status}")
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
-            raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {uri} ({getattr(e, 'reason', e)}); "
-                                                "start it or pass another --tracking-uri") from None
-        return
+    a missing database driver, a SQLite file in a folder that cannot be made or written, a scheme neither MLflow nor
+    an installed MLflow plugin knows, or a folder MLflow will not write (MLflow 3's file store). Nothing is written.
+    ``reading`` (the dashboard, which only reads): the databases alone, whose connection would otherwise hang."""
+    from ..dburls import shown
+
+    said = shown(uri)  # never a password in a message
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     base = scheme.split("+", 1)[0]
-    if base == "sqlite":
-        _check_sqlite(uri)
-    elif base in DATABASES:
-        _check_database(uri, base, timeout)
+    if base in DATABASES:
+        _check_database(uri, said, timeout)
+    elif reading:
+        return
+    elif base in ("http", "https"):
+        try:
+            with _health(uri, timeout) as r:
+                if r.status != 200:
+                    raise ConfigError("--tracking-uri", f"{said} answered /health with HTTP {r.status}")
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {said} ({getattr(e, 'reason', e)}); "
+                                                "start it or pass another --tracking-uri") from None
+    elif base == "sqlite":
+        _check_sqlite(uri, said)
+    elif uri in HOSTED or base in HOSTED or uri.startswith("databricks:"):
+        return
     elif base in ("", "file"):
-        _check_folder(uri)
-    elif not base.startswith("databricks") and base != "uc":  # hosted stores: MLflow's own business
-        raise ConfigError("--tracking-uri", f"{uri}: MLflow does not store runs at {scheme}:// addresses; allowed: "
-                                            + ALLOWED_URIS)
+        _check_folder(uri, said)
+    elif base not in _plugin_schemes():
+        raise ConfigError("--tracking-uri", f"{said}: MLflow does not store runs at {scheme}:// addresses (nor does an "
+                                            "installed MLflow plugin); allowed: " + ALLOWED_URIS)
+
+
+def _health(uri: str, timeout: float):
+    """GET the server's /health as MLflow's client would reach it: a user and password in the address as basic
+    authentication, ``MLFLOW_TRACKING_TOKEN`` as a bearer token, ``MLFLOW_TRACKING_INSECURE_TLS`` and
+    ``MLFLOW_TRACKING_SERVER_CERT_PATH`` for TLS."""
+    import base64
+    import os
+    import ssl
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(uri.rstrip("/") + "/health")
+    headers = {}
+    if parts.username is not None:
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = "Bearer " + os.environ["MLFLOW_TRACKING_TOKEN"]
+    context = None
+    if parts.scheme == "https":
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("1", "true"):
+            context = ssl._create_unverified_context()
+        elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            context = ssl.create_default_context(cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts), headers=headers)
+    return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+
+def _plugin_schemes() -> set[str]:
+    """The schemes installed packages add to MLflow's tracking stores (entry points ``mlflow.tracking_store``)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name.lower() for ep in entry_points(group="mlflow.tracking_store")}
 
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _check_sqlite(uri: str) -> None:
+def _writable(folder: Path, said: str) -> None:
+    """The folder exists and takes a file, or its nearest existing parent does (the store's first write makes the
+    rest): tried with a temporary file there, removed at once; no folder is made."""
+    import tempfile
+
+    there = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    try:
+        if there is None or not there.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        with tempfile.TemporaryFile(dir=there):
+            pass
+    except OSError as e:
+        raise ConfigError("--tracking-uri", f"cannot write in {folder}, the folder of {said} "
+                                            f"({e.strerror or _first_line(e)}); pass another --tracking-uri") from None
+
+
+def _check_sqlite(uri: str, said: str) -> None:
     from ..sqlitefiles import sqlite_file
 
     db = sqlite_file(uri)
-    if db is None:  # in memory, or an address SQLAlchemy reads its own way
-        return
-    import tempfile
-
-    folder = Path(db).resolve().parent
-    made = []  # the folders this check makes, removed again: the store's first write makes them
-    try:
-        for p in reversed((folder, *folder.parents)):
-            if not p.exists():
-                p.mkdir()
-                made.append(p)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ConfigError("--tracking-uri", f"cannot write in {folder}, the folder of {uri} "
-                                            f"({e.strerror or _first_line(e)}); pass another --tracking-uri") from None
-    finally:
-        for p in reversed(made):
-            p.rmdir()
+    if db is not None:  # else in memory, or an address SQLAlchemy reads its own way
+        _writable(Path(db).resolve().parent, said)
 
 
-def _check_database(uri: str, base: str, timeout: float) -> None:
+def _check_database(uri: str, said: str, timeout: float) -> None:
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
-    from ..search.storage import driver_missing
+    from ..dburls import connect_args, driver_missing
 
     try:
-        shown = sqlalchemy.engine.make_url(uri).render_as_string(hide_password=True)
+        sqlalchemy.engine.make_url(uri)
     except Exception as e:  # noqa: BLE001 (not an address SQLAlchemy can read)
-        raise ConfigError("--tracking-uri", f"{uri} is not a database address ({_first_line(e)}); allowed: "
+        raise ConfigError("--tracking-uri", f"{said} is not a database address ({_first_line(e)}); allowed: "
                                             + ALLOWED_URIS) from None
-    connect_args = {"connect_timeout": max(1, int(timeout))} if base in ("postgresql", "mysql") else {}
     try:
-        engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
+        engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args(uri, timeout))
     except Exception as e:  # noqa: BLE001 (a missing driver, an unknown dialect)
-        hint = driver_missing(uri, e)
-        raise ConfigError("--tracking-uri", f"cannot open {shown}: {hint or _first_line(e)}") from None
+        raise ConfigError("--tracking-uri", f"cannot open {said}: {driver_missing(uri, e) or _first_line(e)}") from None
     try:
         with engine.connect():
             pass
     except Exception as e:  # noqa: BLE001 (refused, no such database, timed out, bad password)
-        raise ConfigError("--tracking-uri", f"cannot reach the database at {shown} ({_first_line(getattr(e, 'orig', e) or e)}); "
+        raise ConfigError("--tracking-uri", f"cannot reach the database at {said} "
+                                            f"({_first_line(getattr(e, 'orig', None) or e)}); "
                                             "start it or pass another --tracking-uri") from None
     finally:
         engine.dispose()
 
 
-def _check_folder(uri: str) -> None:
-    """A folder is MLflow's file store: MLflow 3 refuses to write one (maintenance mode); MLflow 2 writes it."""
+def _check_folder(uri: str, said: str) -> None:
+    """A folder is MLflow's file store: MLflow 3 refuses it (maintenance mode) unless MLFLOW_ALLOW_FILE_STORE=true;
+    MLflow 2 writes it. Whether this MLflow takes a file store at all is tried on a temporary folder of its own (a
+    store MLflow accepts is made on first use: the user's folder is not touched), then the user's folder is checked
+    for writing."""
+    import tempfile
     import warnings
 
     from mlflow import MlflowClient
 
     try:
-        with warnings.catch_warnings():
+        with tempfile.TemporaryDirectory(prefix="evomerge-filestore-") as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            MlflowClient(tracking_uri=str(Path(tmp) / "mlruns")).search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001
         why = _first_line(e).split(". ")[0].rstrip(".")
         if "MLFLOW_ALLOW_FILE_STORE" in str(e):
             why += "; MLFLOW_ALLOW_FILE_STORE=true makes MLflow write it anyway"
-        raise ConfigError("--tracking-uri", f"MLflow cannot store runs in the folder {uri} ({why}); "
+        raise ConfigError("--tracking-uri", f"MLflow cannot store runs in the folder {said} ({why}); "
                                             "allowed: " + ALLOWED_URIS) from None
+    _writable(Path(uri[len("file://"):] if uri.startswith("file://") else uri).expanduser().resolve(), said)
 
 
 # per-round metrics logged as MLflow metric histories (x axis: local steps)

@@ -275,8 +275,8 @@ def make_config(study: Study, **options) -> SearchConfig:
     if opts["reevaluate"] < 0:
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
     if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:
-        raise ConfigError("--cmaes-popsize", f"{opts['cmaes_popsize']} is out of range; allowed: 0 (4 + 3 ln d for d "
-                                             "numeric fields) or [2, inf)")
+        raise ConfigError("--cmaes-popsize", f"{opts['cmaes_popsize']} is out of range; allowed: 0 (N with --batch N, "
+                                             "else 4 + 3 ln d for d numeric fields) or [2, inf)")
     if opts["cmaes_restarts"] < 0:
         raise ConfigError("--cmaes-restarts", f"{opts['cmaes_restarts']} is out of range; allowed: [0, inf) restarts")
     if grace_period < 2:

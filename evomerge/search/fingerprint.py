@@ -83,10 +83,13 @@ def of(study: "Study") -> dict[str, Any]:
     return {"hash": digest(s), "summary": s}
 
 
-def changes(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """What changed from ``stored`` to ``now`` (keys only in ``now`` are fields added since: not changes)."""
+def changes(stored: dict[str, Any], now: dict[str, Any], unused: frozenset[str] = frozenset()) -> list[str]:
+    """What changed from ``stored`` to ``now`` (keys only in ``now`` are fields added since: not changes; ``unused``:
+    keys whose value changes nothing now, such as an [environment] key its environment ignores)."""
     out = []
     for k in sorted(stored):
+        if k in unused:
+            continue
         if k.startswith("space.") and k not in now:
             out.append(f"search.{k} removed")
         elif k not in now:
@@ -111,7 +114,11 @@ def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
     if stored and stored.get("hash") == current["hash"]:
         return
     if stored:
-        diff = changes(stored.get("summary", {}), current["summary"])
+        from ..study import ignored_keys
+
+        env = getattr(cfg.study, "environment", None)  # a key it ignores may have been taken out of the file since
+        unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
+        diff = changes(stored.get("summary", {}), current["summary"], unused)
         if diff:
             shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
             afresh = "--runs-dir" if cfg.default_store else "--storage"

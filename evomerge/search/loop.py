@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..dburls import shown
 from ..errors import ConfigError, RunError
 from .config import SearchConfig
 from .results import best_trials, count_states
@@ -233,8 +234,9 @@ def _run_processes(cfg: SearchConfig, on_record, stop=None) -> None:
     with ProcessGroup(grace=10) as group:
         # the workers start with SIGINT blocked (a process inherits its mask): a Ctrl-C while Python starts and
         # imports is held until _worker_main's first line, and ends the worker there quietly, not with a traceback
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask now, restored however the spawning ends
         try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             procs = [group.spawn(_worker_main, (cfg, w, q), ctx=ctx, name=f"evomerge-search-{w}") for w in range(cfg.jobs)]
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -317,7 +319,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     parent = tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
         {"sampler": cfg.sampler, "pruner": cfg.pruner if cfg.prune else "none", "n_trials": cfg.n_trials,
-         "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": cfg.storage,
+         "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": shown(cfg.storage),
          "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
          "warm_start_from": (warm or {}).get("spec", ""), "warm_start_trials": (warm or {}).get("trials", 0),
          "study_file": str(cfg.study.path or "")},

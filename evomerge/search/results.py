@@ -14,6 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
+from ..dburls import shown
 from ..errors import ConfigError
 from ..sqlitefiles import sqlite_file
 from ..study import Study
@@ -32,7 +33,7 @@ def load_study(study: Study, storage_url: str):
 
     from .storage import open_storage
 
-    missing = ConfigError("--study", f"no search results for {study.name!r} in {storage_url}; run `evomerge search` "
+    missing = ConfigError("--study", f"no search results for {study.name!r} in {shown(storage_url)}; run `evomerge search` "
                                      "first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)")
     if not _may_hold(storage_url, study.name):
         raise missing  # (opening it would write Optuna's tables, or a new file, behind a command that only reads)

@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..dburls import connect_args, driver_missing, normalise_url, shown  # noqa: F401 (normalise_url: this module's name)
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # config imports this module, not the other way round
@@ -47,16 +48,6 @@ def stored_definition_of(study) -> dict | None:
 
 def default_storage(study_dir: Path) -> str:
     return f"sqlite:///{(study_dir / 'optuna.db').resolve()}"
-
-
-def normalise_url(url: str) -> str:
-    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when that is the driver installed."""
-    if url.startswith("postgresql://"):
-        import importlib.util
-
-        if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
-            return "postgresql+psycopg://" + url[len("postgresql://"):]
-    return url
 
 
 @contextlib.contextmanager
@@ -85,8 +76,8 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
             path = url.split("sqlite:///", 1)[-1]
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
-        elif url.startswith(("postgresql", "mysql")):  # a server that does not answer: an error, not a wait forever
-            kwargs["engine_kwargs"] = {"connect_args": {"connect_timeout": 10}}
+        elif connect_args(url, 10):  # a server that does not answer: an error in seconds, not a wait without end
+            kwargs["engine_kwargs"] = {"connect_args": connect_args(url, 10)}
         with quiet_optuna():
             storage = retry_setup(lambda: optuna.storages.RDBStorage(
                 url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
@@ -97,23 +88,8 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
         return storage
     except Exception as e:  # bad URL, missing driver, unreachable server: one line
         hint = driver_missing(url, e)
-        raise ConfigError("--storage", f"cannot open {url}: " + (hint or f"{type(e).__name__}: {str(e).splitlines()[0]}")) from None
-
-
-def driver_missing(url: str, e: BaseException) -> str | None:
-    """For an error that says a database driver is not installed: what to install, in words; else None."""
-    import sqlalchemy.exc
-
-    while not isinstance(e, (ModuleNotFoundError, sqlalchemy.exc.NoSuchModuleError)) and (e.__cause__ or e.__context__):
-        e = e.__cause__ or e.__context__  # Optuna says "Failed to import DB access module" over the import's own error
-    if isinstance(e, sqlalchemy.exc.NoSuchModuleError):
-        return f"SQLAlchemy has no dialect for {url.split('://', 1)[0]}:// ({str(e).splitlines()[0]})"
-    if not isinstance(e, ModuleNotFoundError):
-        return None
-    if url.startswith("postgresql"):
-        return (f"the PostgreSQL driver is not installed (no module named {e.name!r}); "
-                'pip install "evomerge[postgres]" installs psycopg 3, which postgresql:// addresses then use')
-    return f"its database driver is not installed (no module named {e.name!r}); pip install it"
+        raise ConfigError("--storage", f"cannot open {shown(url)}: "
+                          + (hint or f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")) from None
 
 
 def retry_setup(make, attempts: int = 8):

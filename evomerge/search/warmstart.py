@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..dburls import shown
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -82,11 +83,11 @@ def source_trials(spec: str, runs_dir: Path) -> tuple[str, list, list[str]]:
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     if name is None:
         if len(names) != 1:
-            raise ConfigError(FIELD, f"{url} holds {len(names)} studies ({', '.join(names) or 'none'}); "
+            raise ConfigError(FIELD, f"{shown(url)} holds {len(names)} studies ({', '.join(names) or 'none'}); "
                                      "name one as STORAGE_URL#NAME")
         name = names[0]
     if name not in names:
-        raise ConfigError(FIELD, f"no study {name!r} in {url}; allowed: {', '.join(names) or 'none (no study stored)'}")
+        raise ConfigError(FIELD, f"no study {name!r} in {shown(url)}; allowed: {', '.join(names) or 'none (no study stored)'}")
     src = optuna.load_study(study_name=name, storage=storage)
     done = src.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not done:

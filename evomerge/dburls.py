@@ -1,0 +1,65 @@
+"""Database addresses, as the Optuna storage (``--storage``) and the MLflow store (``--tracking-uri``) take them:
+the driver a ``postgresql://`` address uses, how long a connection may wait, what to install when a driver is
+missing, and an address as it may be printed (its password masked). Imports nothing heavy at module level."""
+
+from __future__ import annotations
+
+import re
+
+# the keyword each driver takes for the seconds a connection may wait (SQLAlchemy's driver names)
+TIMEOUT_KEYWORD = {"psycopg2": "connect_timeout", "psycopg": "connect_timeout", "pg8000": "timeout",
+                   "mysqldb": "connect_timeout", "pymysql": "connect_timeout", "mysqlconnector": "connection_timeout",
+                   "pyodbc": "timeout", "pymssql": "login_timeout"}
+DEFAULT_DRIVER = {"postgresql": "psycopg2", "mysql": "mysqldb", "mssql": "pyodbc"}  # SQLAlchemy's defaults
+
+
+def normalise_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when that is the driver installed."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+            return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
+def shown(url: str) -> str:
+    """``url`` with the password of its user masked (``user:***@host``), for messages and pages. The host is what
+    follows the last ``@`` before the path, so a password holding an ``@`` is masked whole."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", url, re.DOTALL)
+    if not m or "@" not in m[2]:
+        return url
+    user, host = m[2].rsplit("@", 1)
+    return f"{m[1]}{user.split(':', 1)[0] + ':***' if ':' in user else user}@{host}{m[3]}"
+
+
+def connect_args(url: str, seconds: float) -> dict:
+    """The connection argument that makes ``url``'s driver give up after ``seconds`` (a server that does not answer:
+    an error, not a wait without end); none where the address sets its own or the driver is not one we know."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 (not an address SQLAlchemy reads: it says so itself)
+        return {}
+    backend, _, driver = u.drivername.partition("+")
+    key = TIMEOUT_KEYWORD.get(driver or DEFAULT_DRIVER.get(backend, ""))
+    if key is None or key in u.query:
+        return {}
+    return {key: max(1, int(seconds))}
+
+
+def driver_missing(url: str, e: BaseException) -> str | None:
+    """For an error that says a database driver is not installed: what to install, in words; else None."""
+    import sqlalchemy.exc
+
+    while not isinstance(e, (ModuleNotFoundError, sqlalchemy.exc.NoSuchModuleError)) and (e.__cause__ or e.__context__):
+        e = e.__cause__ or e.__context__  # Optuna says "Failed to import DB access module" over the import's own error
+    if isinstance(e, sqlalchemy.exc.NoSuchModuleError):
+        return f"SQLAlchemy has no dialect for {url.split('://', 1)[0]}:// ({str(e).splitlines()[0]})"
+    if not isinstance(e, ModuleNotFoundError):
+        return None
+    if url.startswith("postgresql"):
+        return (f"the PostgreSQL driver is not installed (no module named {e.name!r}); "
+                'pip install "evomerge[postgres]" installs psycopg 3, which postgresql:// addresses then use')
+    return f"its database driver is not installed (no module named {e.name!r}); pip install it"
