@@ -463,7 +463,7 @@ def test_search_with_a_tracking_address_mlflow_does_not_know_ends_in_one_line(tm
     from searchutil import cli
 
     p = cli("search", "--study", write_study(tmp_path), "--tracking-uri", "foo://bar", "--n-trials", "1",
-            "--no-verdict", "--quiet", cwd=tmp_path, data_dir=data_dir)
+            "--no-verdict", cwd=tmp_path, data_dir=data_dir, process=True)  # as a user's shell runs it, with its screen
     assert p.returncode == 2
     assert p.stderr.startswith("error: --tracking-uri: foo://bar: MLflow does not store runs at foo:// addresses (")
     assert p.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()

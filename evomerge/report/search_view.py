@@ -80,11 +80,10 @@ class SearchView:
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.err)
-            self.bar.__enter__()
-        return self
+        return self  # the bar shows from the search's start: a search refused before it (a bad store) prints one line
 
     def __exit__(self, *exc):
-        if self.bar is not None:
+        if self.task is not None:
             self.bar.__exit__(*exc)
         return False
 
@@ -113,6 +112,7 @@ class SearchView:
                    "".join(f"\n  note: {n}" for n in cfg.study.notes))  # ranges clamped to the study's workers
             self.err.print(msg, highlight=False)
             if self.bar is not None:
+                self.bar.__enter__()
                 self.task = self.bar.add_task("trials", total=cfg.n_trials, completed=min(self.done, cfg.n_trials), info="")
         elif kind == "verdict":
             n = info["reevaluate"]
