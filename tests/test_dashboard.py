@@ -174,6 +174,13 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
                        timeout=300)
     assert p.returncode == 0, p.stderr
     assert f"wrote {tmp_path / 'out' / 'index.html'}" in p.stdout and (tmp_path / "out" / "index.html").is_file()
+    # an MLflow server that does not answer: the page is written at once and says why it shows no runs
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "dashboard", "--study", str(s.path), "--runs-dir",
+                        str(d / "runs"), "--out", str(tmp_path / "dead"), "--no-baselines", "--tracking-uri",
+                        "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "MLflow runs not read: --tracking-uri: cannot reach the MLflow server at http://127.0.0.1:9" in \
+        (tmp_path / "dead" / "index.html").read_text()
 
 
 @pytest.mark.system

@@ -62,7 +62,7 @@ def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> No
     answer, a database that refuses or does not answer within ``timeout`` seconds (MLflow itself retries for minutes),
     a missing database driver, a SQLite file in a folder that cannot be made or written, a scheme neither MLflow nor
     an installed MLflow plugin knows, or a folder MLflow will not write (MLflow 3's file store). Nothing is written.
-    ``reading`` (the dashboard, which only reads): the databases alone, whose connection would otherwise hang."""
+    ``reading`` (the dashboard, which only reads): a server's or a database's answer alone (MLflow would retry for minutes)."""
     from ..dburls import shown
 
     said = shown(uri)  # never a password in a message
@@ -70,8 +70,6 @@ def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> No
     base = scheme.split("+", 1)[0]
     if base in DATABASES:
         _check_database(uri, said, timeout)
-    elif reading:
-        return
     elif base in ("http", "https"):
         try:
             with _health(uri, timeout) as r:
@@ -80,6 +78,8 @@ def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> No
         except (urllib.error.URLError, OSError, TimeoutError) as e:
             raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {said} ({getattr(e, 'reason', e)}); "
                                                 "start it or pass another --tracking-uri") from None
+    elif reading:
+        return
     elif base == "sqlite":
         _check_sqlite(uri, said)
     elif uri in HOSTED or base in HOSTED or uri.startswith("databricks:"):
