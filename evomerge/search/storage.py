@@ -76,8 +76,8 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
             path = url.split("sqlite:///", 1)[-1]
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
-        elif connect_args(url, 10):  # a server that does not answer: an error in seconds, not a wait without end
-            kwargs["engine_kwargs"] = {"connect_args": connect_args(url, 10)}
+        elif args := connect_args(url, 10):  # a server that does not answer: an error in seconds, not a wait without end
+            kwargs["engine_kwargs"] = {"connect_args": args}
         with quiet_optuna():
             storage = retry_setup(lambda: optuna.storages.RDBStorage(
                 url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
