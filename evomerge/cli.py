@@ -866,9 +866,8 @@ def cmd_ui(args) -> int:
     study = _load_stored(args)
     study_dir = Path(args.runs_dir) / study.name
     uri = resolve_tracking_uri(args.tracking_uri, study_dir)
-    if uri.startswith(("http://", "https://")):
-        print(f"the study is tracked on a server: open {shown(uri)}")
-        return 0
+    if uri.startswith(("http://", "https://")):  # already served: the study's review there, or one line if it is not
+        return _ui_on_server(uri, study.name)
     if args.port and not 0 < args.port < 65536:
         raise ConfigError("--port", f"{args.port} is out of range; allowed: 1 to 65535, or 0 for a free one")
     port = args.port
@@ -905,17 +904,38 @@ def cmd_ui(args) -> int:
         return 0
 
 
-def _review_address(server: str, study_name: str) -> tuple[str, bool]:
+def _ui_on_server(uri: str, study_name: str) -> int:
+    """``evomerge ui`` for a study tracked on an MLflow server: nothing to start; the address of its review there
+    (without the user and password a browser would not take), or one line naming --tracking-uri if it does not answer."""
+    import urllib.parse
+
+    from .report.tracking import check_reachable
+
+    _quiet_libraries()
+    check_reachable(uri, reading=True)
+    parts = urllib.parse.urlsplit(uri.rstrip("/"))
+    server = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+    address, logged = _review_address(server, study_name, client_uri=uri)
+    print(f"{address}  MLflow UI for {study_name} (tracked on the server {shown(uri)})",
+          flush=True)
+    if not logged:
+        print(f"note: no search of {study_name} is logged on {shown(uri)} yet; a search with the same --tracking-uri "
+              "fills the list as it runs", file=sys.stderr)
+    return 0
+
+
+def _review_address(server: str, study_name: str, client_uri: str | None = None) -> tuple[str, bool]:
     """The address that opens the study's review: its runs list, flat and sorted by the objective, in MLflow's
     model-training view (MLflow 3's home is the GenAI view); the experiments list before any search logged. With
-    whether the study's experiment exists."""
+    whether the study's experiment exists (asked of ``client_uri``, the server with its credentials; ``server``
+    by default)."""
     from mlflow import MlflowClient
 
     from .report.tracking import review_url
 
-    exp = MlflowClient(tracking_uri=server).get_experiment_by_name(study_name)
+    exp = MlflowClient(tracking_uri=client_uri or server).get_experiment_by_name(study_name)
     if exp is None:
-        return f"{server}/#/experiments?workflowType=machine_learning", False
+        return f"{server.rstrip('/')}/#/experiments?workflowType=machine_learning", False
     return review_url(server, exp.experiment_id), True
 
 

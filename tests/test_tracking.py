@@ -302,7 +302,15 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     assert best_link in html_text and f'href="{review_url(mlflow_server, exp.experiment_id)}"'.replace("&", "&amp;") in html_text
     assert "evomerge ui --study" not in html_text
 
-    url = review_url(mlflow_server, exp.experiment_id)
+    # the address `evomerge ui` prints for a study tracked on a server (given with a user and password: not shown)
+    from searchutil import cli
+
+    with_user = mlflow_server.replace("http://", "http://someone:secret@")
+    ui = cli("ui", "--study", str(s.path), "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", with_user,
+             cwd=tmp_path, data_dir=data_dir)
+    assert ui.returncode == 0 and "secret" not in ui.stdout + ui.stderr and "someone" not in ui.stdout.split()[0]
+    url = ui.stdout.split()[0]
+    assert url == review_url(mlflow_server, exp.experiment_id)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         text, header_visible, box, cells = _read_review(browser, url, tmp_path / "mlflow-runs.png")
@@ -456,6 +464,17 @@ def test_a_folder_is_refused_where_mlflow_will_not_write_it_and_no_check_writes_
     assert list(tmp_path.iterdir()) == []
     for uri in ("databricks", "databricks://profile", "sqlite:///:memory:"):  # left to MLflow
         check_reachable(uri)
+
+
+def test_ui_for_a_server_that_does_not_answer_is_one_line(tmp_path, data_dir):
+    from searchutil import cli
+
+    port = free_port()  # nothing listens there
+    p = cli("ui", "--study", write_study(tmp_path), "--tracking-uri", f"http://me:pw@127.0.0.1:{port}",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith(f"error: --tracking-uri: cannot reach the MLflow server at http://me:***@127.0.0.1:{port} (")
+    assert p.stderr.count("\n") == 1
 
 
 @pytest.mark.system
