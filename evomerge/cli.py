@@ -846,7 +846,8 @@ def cmd_dashboard(args) -> int:
     url = _storage_url(study, args)
     uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir) / study.name)
     out = Path(args.out) if args.out else Path("dashboards") / study.name
-    page = dashboard.build(study, url, uri, out, data_dir=args.data_dir, compute_baselines=not args.no_baselines)
+    page = dashboard.build(study, url, uri, out, data_dir=args.data_dir, compute_baselines=not args.no_baselines,
+                           warn=lambda text: print(f"note: {text.rstrip('.')}", file=sys.stderr, flush=True))
     print(f"wrote {page}")
     if args.open:
         import webbrowser

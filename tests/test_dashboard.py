@@ -174,6 +174,7 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
                        timeout=300)
     assert p.returncode == 0, p.stderr
     assert f"wrote {tmp_path / 'out' / 'index.html'}" in p.stdout and (tmp_path / "out" / "index.html").is_file()
+    assert "note:" not in p.stderr  # the search's own MLflow store: nothing left out of the page
     # an MLflow server that does not answer: the page is written at once and says why it shows no runs
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", "dashboard", "--study", str(s.path), "--runs-dir",
                         str(d / "runs"), "--out", str(tmp_path / "dead"), "--no-baselines", "--tracking-uri",
@@ -181,6 +182,10 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     assert p.returncode == 0, p.stderr
     assert "MLflow runs not read: --tracking-uri: cannot reach the MLflow server at http://127.0.0.1:9" in \
         (tmp_path / "dead" / "index.html").read_text()
+    # and the terminal says so too, in one line: the page is not the only place a user would see it
+    notes = [ln for ln in p.stderr.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: MLflow runs not read: --tracking-uri: cannot reach the "
+                                                   "MLflow server at http://127.0.0.1:9 ("), p.stderr
 
 
 @pytest.mark.system

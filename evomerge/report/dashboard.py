@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..dburls import shown
 from ..errors import ConfigError
@@ -499,8 +499,10 @@ def render(**context: Any) -> str:
 
 
 def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, data_dir=None, device=None,
-          compute_baselines: bool = True) -> Path:
-    """Write ``out_dir/index.html`` and ``out_dir/plotly.min.js``; return the page's path."""
+          compute_baselines: bool = True, warn: Callable[[str], None] | None = None) -> Path:
+    """Write ``out_dir/index.html`` and ``out_dir/plotly.min.js``; return the page's path. What the page could not
+    hold (baselines, MLflow runs, the picture of the time it could not compute) is noted in it, and passed to
+    ``warn`` as well (the command prints it)."""
     import optuna
     from markupsafe import Markup
     from plotly.offline import get_plotlyjs
@@ -518,6 +520,12 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     (out_dir / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
     sections: list[dict[str, Any]] = []
     notes: list[str] = []
+
+    def problem(text: str) -> None:
+        notes.append(text)
+        if warn is not None:
+            warn(text)
+
     n_diverged = sum(diverged(t.user_attrs) for t in complete)
     summary_line = ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())) or "no trials"
     if n_diverged:
@@ -531,7 +539,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
             try:
                 baselines = baseline_rows(study, data_dir=data_dir, device=device, storage_study=ostudy)
             except Exception as e:  # data missing here: the page still shows the search
-                notes.append(f"Baselines could not be run here ({e}); they are left out.")
+                problem(f"Baselines could not be run here ({e}); they are left out.")
         summaries = [trial_summary(t, study) for t in complete]
         # the best (diverged trials may be left out of it): else every complete trial, ranked by the first objective
         best = best_trials(ostudy, study, 10) or sorted(summaries, key=lambda b: b["values"][0],
@@ -582,7 +590,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                     f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
                     _div(curves_figure(top, baselines), "plot-curves", top=90))
         if study.environment is not None:  # a simulated cluster: what it is, and where the time went
-            cluster_and_time(study, policy, top["number"], section, notes, data_dir)
+            cluster_and_time(study, policy, top["number"], section, notes, data_dir, problem)
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
         # "beaten" only for a trial the verdict judged (a multi-objective study's best first objective may not be)
         judged = {p["number"] for p in (stored_verdict or {}).get("picks", [])}
@@ -604,10 +612,10 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
             check_reachable(tracking_uri, reading=True)  # a database that does not answer: seconds, not MLflow's retries
             runs, exp_id = mlflow_runs(tracking_uri, study.name)
             if not runs:
-                notes.append(f"No MLflow runs found at {shown(tracking_uri)}.")
+                problem(f"No MLflow runs found at {shown(tracking_uri)}.")
         except ConfigError as e:
             runs, exp_id = {}, None
-            notes.append(f"MLflow runs not read: {e}.")
+            problem(f"MLflow runs not read: {e}.")
         section("top", "Top trials", "", table=_top_table(study, best, runs, exp_id, tracking_uri))
 
     page = render(study=study, summary=summary_line, storage=shown(storage_url), tracking=shown(tracking_uri), version=__version__,
@@ -618,7 +626,8 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
     return path
 
 
-def cluster_and_time(study: Study, policy: MergePolicy, number: int, section, notes: list[str], data_dir) -> None:
+def cluster_and_time(study: Study, policy: MergePolicy, number: int, section, notes: list[str], data_dir,
+                     problem: Callable[[str], None]) -> None:
     """A time study's two pictures: the simulated cluster, and each worker's compute, idle and sending under the
     best policy and under all-reduce every step (the first seed's clock, re-simulated: nothing is trained)."""
     from ..engine import optim
@@ -637,7 +646,7 @@ def cluster_and_time(study: Study, policy: MergePolicy, number: int, section, no
     try:
         setup = prepare(study, data_dir=data_dir)
     except Exception as e:  # data missing here: the page still shows the rest
-        notes.append(f"Where the time went could not be simulated here ({e}).")
+        problem(f"Where the time went could not be simulated here ({e}).")
         return
     stacks = optim.state_stacks(study.run)
     lines = [(f"best: trial {number}", build_timeline(setup, policy, seed, stacks))]
