@@ -49,6 +49,52 @@ def connect_args(url: str, seconds: float) -> dict:
     return {key: max(1, int(seconds))}
 
 
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def check_database(url: str, option: str, allowed: str, seconds: float) -> None:
+    """Connect to the database at ``url`` once, giving up after ``seconds``; a ``ConfigError`` naming ``option``, in
+    one line, for an address SQLAlchemy cannot read, a dialect or driver it does not have, and a server that refuses,
+    does not answer or turns the user away. Nothing is written."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    from .errors import ConfigError
+
+    said = shown(url)
+    try:
+        sqlalchemy.engine.make_url(url)
+    except Exception as e:  # noqa: BLE001 (not an address SQLAlchemy can read)
+        raise ConfigError(option, f"{said} is not a database address ({first_line(e)}); "
+                                  f"{_as_file(url)}allowed: {allowed}") from None
+    try:
+        engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=connect_args(url, seconds))
+    except Exception as e:  # noqa: BLE001 (a missing driver, an unknown dialect)
+        hint = driver_missing(url, e)
+        if hint is not None and hint.startswith("SQLAlchemy has no"):
+            raise ConfigError(option, f"{said} is not a database address ({hint}); allowed: {allowed}") from None
+        raise ConfigError(option, f"cannot open {said}: {hint or first_line(e)}") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as e:  # noqa: BLE001 (refused, no such database, timed out, bad password)
+        raise ConfigError(option, f"cannot reach the database at {said} ({first_line(getattr(e, 'orig', None) or e)}); "
+                                  f"start it or pass another {option}") from None
+    finally:
+        engine.dispose()
+
+
+def _as_file(text: str) -> str:
+    """For a path given where an address belongs: the SQLite address of a file there."""
+    if "://" in text or not text.strip():
+        return ""
+    from pathlib import Path
+
+    p = Path(text).expanduser().resolve()
+    return f"for a SQLite file there: sqlite:///{p / 'optuna.db' if p.is_dir() else p}; "
+
+
 def driver_missing(url: str, e: BaseException) -> str | None:
     """For an error that says a database driver is not installed: what to install, in words; else None."""
     import sqlalchemy.exc
@@ -59,6 +105,11 @@ def driver_missing(url: str, e: BaseException) -> str | None:
         return f"SQLAlchemy has no dialect for {url.split('://', 1)[0]}:// ({str(e).splitlines()[0]})"
     if not isinstance(e, ModuleNotFoundError):
         return None
+    scheme = url.split("://", 1)[0]
+    if scheme.startswith("postgresql+") and scheme != "postgresql+psycopg":  # the address names its own driver
+        return (f"the driver {scheme.split('+', 1)[1]} that the address names is not installed (no module named "
+                f"{e.name!r}); pip install it, or write postgresql:// to use psycopg 3 "
+                '(pip install "evomerge[postgres]")')
     if url.startswith("postgresql"):
         return (f"the PostgreSQL driver is not installed (no module named {e.name!r}); "
                 'pip install "evomerge[postgres]" installs psycopg 3, which postgresql:// addresses then use')

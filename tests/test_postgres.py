@@ -92,9 +92,10 @@ def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp
 
 
 @pytest.mark.system
-def test_a_tracking_database_that_is_not_there_is_one_line_in_seconds(tmp_path, data_dir, postgres_url):
+def test_a_database_that_is_not_there_is_one_line_in_seconds(tmp_path, data_dir, postgres_url):
     """A PostgreSQL server that is up but lacks the database, and one that is not listening: `search` ends in
-    one line naming --tracking-uri before any trial or store, not after MLflow's minutes of connection retries."""
+    one line naming --tracking-uri (or --storage) before any trial or store, not after MLflow's minutes of connection
+    retries (or Optuna's table-making retried)."""
     from searchutil import cli
 
     f = write_study(tmp_path)
@@ -112,6 +113,15 @@ def test_a_tracking_database_that_is_not_there_is_one_line_in_seconds(tmp_path, 
             assert len(lines) == 1 and lines[0].startswith("error: --tracking-uri: cannot reach the database at ")
             assert why in lines[0]
             assert not (tmp_path / "runs").exists()  # nothing stored before the check
+            # the same address as the trials' store: one line naming --storage, in seconds (not retried as a race of
+            # two processes making the tables would be), and no runs folder left behind
+            t0 = time.time()
+            p = cli("search", "--study", f, "--storage", uri, "--n-trials", "1", "--no-verdict", "--quiet",
+                    cwd=tmp_path, data_dir=data_dir)
+            assert time.time() - t0 < 30 and p.returncode == 2, p.stderr
+            lines = p.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: --storage: cannot reach the database at ")
+            assert why in lines[0] and not (tmp_path / "runs").exists()
     finally:
         closed.close()
 

@@ -170,7 +170,8 @@ def test_a_storage_without_its_driver_says_what_to_install():
         open_storage("postgresql+psycopg2://me:secret@127.0.0.1:1/optuna")
     assert e.value.field == "--storage" and "secret" not in str(e.value)
     if importlib.util.find_spec("psycopg2") is None:
-        assert ("cannot open postgresql+psycopg2://me:***@127.0.0.1:1/optuna: the PostgreSQL driver is not installed "
-                "(no module named 'psycopg2'); pip install \"evomerge[postgres]\"") in str(e.value)
+        assert ("cannot open postgresql+psycopg2://me:***@127.0.0.1:1/optuna: the driver psycopg2 that the address "
+                "names is not installed (no module named 'psycopg2'); pip install it, or write postgresql:// to use "
+                "psycopg 3 (pip install \"evomerge[postgres]\")") in str(e.value)
     else:
         assert "Connection refused" in str(e.value) or "connection" in str(e.value).lower()

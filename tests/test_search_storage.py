@@ -1,6 +1,7 @@
 """search/storage.py and search/fingerprint.py: the stored study, its fingerprint, the lock, Optuna's logging."""
 
 import contextlib
+import importlib.util
 import json
 import sqlite3
 import subprocess
@@ -239,12 +240,36 @@ def test_a_lock_held_by_a_killed_process_is_released(tmp_path):
         assert time.monotonic() - t0 < 5
 
 
-@pytest.mark.parametrize("where", ["under-a-file", "no-such-driver"])
-def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, where):
+@pytest.mark.parametrize("where, said", [
+    ("under-a-file", "cannot open sqlite:///{tmp}/file/optuna.db: cannot make the folder {tmp}/file ("),
+    ("no-such-driver", "nosuchdriver://x is not a database address (SQLAlchemy has no dialect for nosuchdriver://"),
+    ("a-folder", "{tmp} is not a database address (Could not parse SQLAlchemy URL from given URL string); for a SQLite "
+                 "file there: sqlite:///{tmp}/optuna.db; allowed: sqlite:///PATH/optuna.db, postgresql://"),
+    ("http", "http://me:***@127.0.0.1:1/db is not a database address (SQLAlchemy has no dialect for http://"),
+    ("psycopg2", "cannot reach the database at postgresql+psycopg2://me:***@127.0.0.1:1/optuna ("
+                 if importlib.util.find_spec("psycopg2") else
+                 "cannot open postgresql+psycopg2://me:***@127.0.0.1:1/optuna: the driver psycopg2 that the address "
+                 "names is not installed (no module named 'psycopg2'); pip install it, or write postgresql:// to use "
+                 'psycopg 3 (pip install "evomerge[postgres]")'),
+], ids=["under-a-file", "no-such-driver", "a-folder", "http", "psycopg2"])
+def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, where, said):
     from evomerge.errors import ConfigError
 
     (tmp_path / "file").write_text("")
-    url = f"sqlite:///{tmp_path}/file/optuna.db" if where == "under-a-file" else "nosuchdriver://x"
+    url = {"under-a-file": f"sqlite:///{tmp_path}/file/optuna.db", "no-such-driver": "nosuchdriver://x",
+           "a-folder": str(tmp_path), "http": "http://me:secret@127.0.0.1:1/db",
+           "psycopg2": "postgresql+psycopg2://me:secret@127.0.0.1:1/optuna"}[where]
     with pytest.raises(ConfigError) as e:
         storage.open_storage(url)
-    assert e.value.field == "--storage" and "\n" not in str(e.value)
+    assert e.value.field == "--storage" and "\n" not in str(e.value) and "secret" not in str(e.value)
+    assert said.format(tmp=tmp_path) in str(e.value), str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made
+
+
+def test_a_search_whose_storage_cannot_be_opened_leaves_no_folder(tmp_path, data_dir):
+    """As a user types it: one line naming --storage, exit status 2, and no runs/<study>/ left behind."""
+    p = cli("search", "--study", write_study(tmp_path), "--storage", str(tmp_path / "elsewhere"), "--n-trials", "1",
+            "--no-verdict", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"error: --storage: {tmp_path / 'elsewhere'} is not a database address (")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "elsewhere").exists()

@@ -431,8 +431,9 @@ def _installed(module):
      "'pymysql'); pip install it"),
     ("postgresql+psycopg2://me:secret@127.0.0.1:1/runs",
      "cannot reach the database at postgresql+psycopg2://me:***@127.0.0.1:1/runs (" if _installed("psycopg2") else
-     "cannot open postgresql+psycopg2://me:***@127.0.0.1:1/runs: the PostgreSQL driver is not installed (no module "
-     "named 'psycopg2'); pip install \"evomerge[postgres]\""),
+     "cannot open postgresql+psycopg2://me:***@127.0.0.1:1/runs: the driver psycopg2 that the address names is not "
+     "installed (no module named 'psycopg2'); pip install it, or write postgresql:// to use psycopg 3 (pip install "
+     "\"evomerge[postgres]\")"),
 ])
 def test_a_tracking_store_mlflow_could_not_use_is_one_line_naming_the_flag(tmp_path, uri, said):
     """Every refusal names --tracking-uri and says why; none prints the password (even one holding an '@')."""

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..dburls import first_line
 
 
 def default_tracking_uri(runs_dir: Path) -> str:
@@ -63,13 +64,13 @@ def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> No
     a missing database driver, a SQLite file in a folder that cannot be made or written, a scheme neither MLflow nor
     an installed MLflow plugin knows, or a folder MLflow will not write (MLflow 3's file store). Nothing is written.
     ``reading`` (the dashboard, which only reads): a server's or a database's answer alone (MLflow would retry for minutes)."""
-    from ..dburls import shown
+    from ..dburls import check_database, shown
 
     said = shown(uri)  # never a password in a message
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     base = scheme.split("+", 1)[0]
     if base in DATABASES:
-        _check_database(uri, said, timeout)
+        check_database(uri, "--tracking-uri", ALLOWED_URIS, timeout)
     elif base in ("http", "https"):
         try:
             with _health(uri, timeout) as r:
@@ -125,10 +126,6 @@ def _plugin_schemes() -> set[str]:
     return {ep.name.lower() for ep in entry_points(group="mlflow.tracking_store")}
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 def _writable(folder: Path, said: str) -> None:
     """The folder exists and takes a file, or its nearest existing parent does (the store's first write makes the
     rest): tried with a temporary file there, removed at once; no folder is made."""
@@ -142,7 +139,7 @@ def _writable(folder: Path, said: str) -> None:
             pass
     except OSError as e:
         raise ConfigError("--tracking-uri", f"cannot write in {folder}, the folder of {said} "
-                                            f"({e.strerror or _first_line(e)}); pass another --tracking-uri") from None
+                                            f"({e.strerror or first_line(e)}); pass another --tracking-uri") from None
 
 
 def _check_sqlite(uri: str, said: str) -> None:
@@ -151,32 +148,6 @@ def _check_sqlite(uri: str, said: str) -> None:
     db = sqlite_file(uri)
     if db is not None:  # else in memory, or an address SQLAlchemy reads its own way
         _writable(Path(db).resolve().parent, said)
-
-
-def _check_database(uri: str, said: str, timeout: float) -> None:
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
-
-    from ..dburls import connect_args, driver_missing
-
-    try:
-        sqlalchemy.engine.make_url(uri)
-    except Exception as e:  # noqa: BLE001 (not an address SQLAlchemy can read)
-        raise ConfigError("--tracking-uri", f"{said} is not a database address ({_first_line(e)}); allowed: "
-                                            + ALLOWED_URIS) from None
-    try:
-        engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args(uri, timeout))
-    except Exception as e:  # noqa: BLE001 (a missing driver, an unknown dialect)
-        raise ConfigError("--tracking-uri", f"cannot open {said}: {driver_missing(uri, e) or _first_line(e)}") from None
-    try:
-        with engine.connect():
-            pass
-    except Exception as e:  # noqa: BLE001 (refused, no such database, timed out, bad password)
-        raise ConfigError("--tracking-uri", f"cannot reach the database at {said} "
-                                            f"({_first_line(getattr(e, 'orig', None) or e)}); "
-                                            "start it or pass another --tracking-uri") from None
-    finally:
-        engine.dispose()
 
 
 def _check_folder(uri: str, said: str) -> None:
@@ -194,7 +165,7 @@ def _check_folder(uri: str, said: str) -> None:
             warnings.simplefilter("ignore")
             MlflowClient(tracking_uri=str(Path(tmp) / "mlruns")).search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001
-        why = _first_line(e).split(". ")[0].rstrip(".")
+        why = first_line(e).split(". ")[0].rstrip(".")
         if "MLFLOW_ALLOW_FILE_STORE" in str(e):
             why += "; MLFLOW_ALLOW_FILE_STORE=true makes MLflow write it anyway"
         raise ConfigError("--tracking-uri", f"MLflow cannot store runs in the folder {said} ({why}); "

@@ -309,8 +309,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
                                   cfg.study.path.parent if cfg.study.path is not None else None)
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
+    storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_storage(cfg.storage)
     ostudy = load_or_create(cfg, storage)
     with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
         warm = warmstart.apply(cfg, ostudy)

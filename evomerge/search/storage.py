@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..dburls import connect_args, driver_missing, normalise_url, shown  # noqa: F401 (normalise_url: this module's name)
+from ..dburls import check_database, connect_args, driver_missing, normalise_url, shown  # noqa: F401 (normalise_url: this module's name)
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # config imports this module, not the other way round
@@ -36,6 +36,8 @@ HEARTBEAT_INTERVAL = 5  # seconds
 from .options import GRACE_PERIOD  # noqa: E402  (seconds; a search option)
 
 
+STORAGE_URLS = ("sqlite:///PATH/optuna.db, postgresql://USER@HOST/DB, mysql+pymysql://USER@HOST/DB (an Optuna "
+                "storage: a database SQLAlchemy opens)")
 DEFINITION = "definition"  # the study file's text and place, stored with its trials
 
 
@@ -74,10 +76,16 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
         sqlite = url.startswith("sqlite:")
         if sqlite:
             path = url.split("sqlite:///", 1)[-1]
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError("--storage", f"cannot open {shown(url)}: cannot make the folder {Path(path).parent} "
+                                               f"({e.strerror})") from None
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
-        elif args := connect_args(url, 10):  # a server that does not answer: an error in seconds, not a wait without end
-            kwargs["engine_kwargs"] = {"connect_args": args}
+        else:  # one connection first: an address, a driver or a server that is wrong is one line at once (not retried)
+            check_database(url, "--storage", STORAGE_URLS, 10)
+            if args := connect_args(url, 10):  # a server that stops answering: an error in seconds, not a wait without end
+                kwargs["engine_kwargs"] = {"connect_args": args}
         with quiet_optuna():
             storage = retry_setup(lambda: optuna.storages.RDBStorage(
                 url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=grace_period, **kwargs))
@@ -86,6 +94,8 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
 
             sqlite_wal(url, storage.engine)
         return storage
+    except ConfigError:
+        raise
     except Exception as e:  # bad URL, missing driver, unreachable server: one line
         hint = driver_missing(url, e)
         raise ConfigError("--storage", f"cannot open {shown(url)}: "
