@@ -628,13 +628,25 @@ def cmd_search(args) -> int:
     _quiet_libraries(mlflow=False)
     study = load(args.study)
     cfg = make_config(study, **from_args(args))  # every flag checked before seconds of importing MLflow and torch
-    _quiet_libraries()
-    apply_threads()  # trials in this process (--jobs 1); --jobs N workers take a share each
-    from .report.search_view import SearchView
+    began = False
 
-    view = SearchView(cfg, quiet=args.quiet)
-    with view, signals_raise() as stop:  # SIGTERM and SIGHUP stop it as Ctrl-C does: the running trial failed, the rest kept
-        result = run_search(cfg, progress=view.event, stop=stop)
+    def progress(event: str, **info) -> None:
+        nonlocal began
+        began = began or event == "start"
+        view.event(event, **info)
+
+    try:
+        _quiet_libraries()
+        apply_threads()  # trials in this process (--jobs 1); --jobs N workers take a share each
+        from .report.search_view import SearchView
+
+        view = SearchView(cfg, quiet=args.quiet)
+        with view, signals_raise() as stop:  # SIGTERM and SIGHUP stop it as Ctrl-C does: the running trial failed, the rest kept
+            result = run_search(cfg, progress=progress, stop=stop)
+    except KeyboardInterrupt:  # before the search started (imports, data, stores), or a second one while it ended
+        print("interrupted: finished trials are kept; run the same command again to resume" if began else
+              "interrupted before the first trial; run the same command again to start the search", file=sys.stderr)
+        return 130
     view.summary(result, data_dir=args.data_dir)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"study": study.name, "counts": result.counts, "best": result.best,

@@ -199,6 +199,33 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
 
 
 @pytest.mark.system
+def test_ctrl_c_before_the_first_trial_says_how_to_start_again(tmp_path, data_dir):
+    """Ctrl-C while the command still loads (torch imported; MLflow, the data and the stores to come): one line that
+    says no trial ran and how to start, exit status 130, no traceback."""
+    f = write_study(tmp_path)
+    proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "2", cwd=tmp_path, data_dir=data_dir,
+               wait=False)
+
+    def torch_loaded():
+        try:
+            with open(f"/proc/{proc.pid}/maps") as fh:
+                return "libtorch_cpu" in fh.read()
+        except OSError:
+            return False
+    try:
+        assert wait_for(torch_loaded, timeout=300, proc=proc, every=0.02), proc.communicate(timeout=5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err == "interrupted before the first trial; run the same command again to start the search\n", err
+    assert "trial" not in out
+
+
+@pytest.mark.system
 def test_ctrl_c_while_parallel_jobs_start_ends_quietly_and_leaves_no_worker(tmp_path, data_dir):
     """Ctrl-C the moment the --jobs workers exist, while they are still importing (the study, torch): the command
     ends with the interrupted line and 130, no worker prints a traceback, and none is left running."""
