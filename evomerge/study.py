@@ -568,6 +568,9 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
         # what evomerge calibrate writes: a cluster, not a study of the defaults on it
         raise ConfigError(str(path), "holds only an [environment] table: a cluster (as evomerge calibrate writes), not a "
                                      f"study; a study reads it with [environment] from = \"{path.name}\"")
+    env = raw.get("environment")
+    if isinstance(env, dict) and "speeds" in env and "speeds_file" in env:  # before the file is read: it is not used
+        raise ConfigError("study.environment.speeds_file", "gives the speeds, and so does speeds; allowed: one of them")
     s = from_dict(raw, path=path, default_name=path.stem, calibrating=calibrating)
     _check_used(raw, s.environment)
     return s
@@ -716,8 +719,6 @@ def _check_used(raw: dict, spec: EnvSpec | None) -> None:
     for key in given:
         if key in ignored:
             raise ConfigError(f"study.environment.{key}", f"{ignored[key]}: it would be ignored; remove it")
-    if "speeds" in given and "speeds_file" in given:
-        raise ConfigError("study.environment.speeds_file", "gives the speeds, and so does speeds; allowed: one of them")
 
 
 # the line evomerge calibrate writes into its file: what the timed steps trained (calibrate.measure)

@@ -483,6 +483,8 @@ def test_a_key_the_environment_would_ignore_is_refused_but_a_calibrated_files_is
         with pytest.raises(ConfigError) as e:
             study_mod.load(write(tmp_path, "bad", **changes))
         assert e.value.field == f"study.environment.{field}"
+    with pytest.raises(ConfigError, match="gives the speeds, and so does speeds"):  # said before the file is read
+        study_mod.load(write(tmp_path, "bad", speeds_file='"no-such-file.txt"'))
     (tmp_path / "cluster.toml").write_text('[environment]\nstep_time = 0.05\nspeeds = "lognormal"\nsigma = 0.3\n')
     f = write(tmp_path, "ok")
     text = f.read_text().replace("[environment]\n", '[environment]\nfrom = "cluster.toml"\n', 1)
