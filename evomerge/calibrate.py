@@ -874,14 +874,14 @@ def measure(args, progress: Progress) -> Measured | None:
     import torch.distributed as dist
 
     from .engine.setup import prepare
+    from .models import float32_bytes
     from . import study as study_mod
 
     rank, W = dist.get_rank(), dist.get_world_size()
     dev = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
     st = study_mod.load(args.study, calibrating=True)
     setup = prepare(st, data_dir=args.data_dir)
-    model = setup.model.module()
-    nbytes = 4 * (sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
+    nbytes = float32_bytes(setup.model)
     progress.at("the start of the timed steps")
     with _talking():
         dist.barrier()  # every rank has its data: all start training together

@@ -410,6 +410,17 @@ class Study:
     path: Path | None = None
     # what loading changed so that every point of the space can run on these workers (see fit_to_workers)
     notes: Annotated[tuple[str, ...], Seq] = ()
+    # the cluster file (environment.from) and the bytes of the model evomerge calibrate timed for it, where it says
+    calibrated_model: tuple[str, int] | None = None
+
+    def model_note(self, nbytes: int) -> str | None:
+        """A note when the cluster file timed another model than this study's (``nbytes``: its float32 parameters
+        and buffers): its step times are another model's."""
+        if self.calibrated_model is None or self.calibrated_model[1] == nbytes:
+            return None
+        path, timed = self.calibrated_model
+        return (f"study.environment.from: {path} timed steps of a model of {timed:,} bytes; this study's model has "
+                f"{nbytes:,} bytes: its step times are another model's (calibrate with this study)")
 
     @model_validator(mode="after")
     def _space_fits_the_policy(self) -> "Study":
@@ -611,15 +622,16 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     search = dataclasses.replace(search, space=space)
 
     obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
-    env = None
+    env, calibrated = None, None
     if "environment" in raw:
-        env, measured = _environment(_table(raw, "environment"), r, path.parent if path else None, calibrating)
+        env, measured, calibrated = _environment(_table(raw, "environment"), r, path.parent if path else None,
+                                                 calibrating)
         notes += measured
     baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
                   target_metric=obj.target_metric,
-                  baselines=baselines, path=path, notes=notes)
+                  baselines=baselines, path=path, notes=notes, calibrated_model=calibrated)
     for ref in study.baselines:  # found now, not after the search's trials have run
         pol = study.resolve_policy(ref, where="study.baselines.policies")
         if pol.scheme == "async" and env is None:
@@ -633,10 +645,11 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
 
 
 def _environment(table: dict, run: RunSpec, base: Path | None,
-                 calibrating: bool = False) -> tuple[EnvSpec, tuple[str, ...]]:
+                 calibrating: bool = False) -> tuple[EnvSpec, tuple[str, ...], tuple[str, int] | None]:
     """``[environment]``, or with ``from = "cluster.toml"`` (relative to the study file) the keys of that file
     (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating``: the keys beside
-    ``from`` alone. With the notes on the file: measured with another batch size or optimiser than the study's."""
+    ``from`` alone. With the notes on the file (measured with another batch size or optimiser than the study's), and
+    the file with the bytes of the model it timed, where it says (``Study.calibrated_model``)."""
     workers = run.workers
     from .errors import unknown_key
 
@@ -644,7 +657,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
         if k != "from" and k not in EnvSpec.__pydantic_fields__:
             raise ConfigError(f"study.environment.{k}", unknown_key(k, [*EnvSpec.__pydantic_fields__, "from"]))
     if "from" not in table:
-        return settings.build(EnvSpec, table, "study.environment").check(workers, base), ()
+        return settings.build(EnvSpec, table, "study.environment").check(workers, base), (), None
     ref, where = table["from"], "study.environment.from"
     if not isinstance(ref, str) or not ref:
         raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
@@ -652,7 +665,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     path = path if path.is_absolute() or base is None else base / path
     own = {k: v for k, v in table.items() if k != "from"}
     if calibrating:  # the file calibrate (re)writes: missing, stale or broken, it is not read
-        return settings.build(EnvSpec, own, "study.environment").check(workers, base), ()
+        return settings.build(EnvSpec, own, "study.environment").check(workers, base), (), None
     try:
         text = path.read_text(encoding="utf-8")
         raw = tomllib.loads(text)
@@ -685,7 +698,8 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
             hint = (f", measured on {ranks} rank{'s' * (ranks != 1)}; for {workers} workers write it with "
                     "evomerge calibrate --fit lognormal or pareto")
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
-    return spec, _measured_with(path, text, run)
+    m = MEASURED_WITH.search(text)
+    return spec, _measured_with(path, text, run), ((str(path), int(m[1])) if m else None)
 
 
 def ignored_keys(spec: EnvSpec) -> dict[str, str]:

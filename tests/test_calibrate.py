@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -368,6 +369,21 @@ def test_a_calibrated_file_runs_as_a_studys_environment(calibrated, data_dir, ca
                      "--quiet"]) == 0
     assert f"note: study.environment.from: {out} timed steps of batch 16 with sgd; this study trains batch 64 with " \
            "sgd: its step times are another training's (calibrate with this study)\n" in capsys.readouterr().err
+    # and for a study with a wider model: a note as the run starts and on the search's start screen
+    timed = int(re.search(r"^# model: (\d+) bytes", out.read_text(), re.MULTILINE)[1])
+    assert timed == 4 * (784 * 32 + 32 + 32 * 10 + 10)  # the study's MLP (hidden 32), parameters alone
+    (d / "wide.toml").write_text((d / "s.toml").read_text().replace("hidden = [32]", "hidden = [64]")
+                                 + '[search.space]\nmixing_weight = { kind = "float", low = 0.1, high = 0.5 }\n')
+    note = (f"note: study.environment.from: {out} timed steps of a model of {timed:,} bytes; this study's model has "
+            f"{4 * (784 * 64 + 64 + 64 * 10 + 10):,} bytes: its step times are another model's (calibrate with this "
+            "study)")
+    assert cli.main(["run", "--study", str(d / "wide.toml"), "--policy", "ring-gossip", "--data-dir", str(data_dir),
+                     "--quiet"]) == 0
+    assert note + "\n" in capsys.readouterr().err
+    assert cli.main(["search", "--study", str(d / "wide.toml"), "--n-trials", "1", "--no-verdict", "--quiet",
+                     "--runs-dir", str(d / "runs"), "--data-dir", str(data_dir)]) == 0
+    err = capsys.readouterr().err
+    assert " ".join(note.split()) in " ".join(err.split()), err  # (the start screen wraps to the terminal's width)
 
 
 @pytest.mark.system

@@ -117,6 +117,13 @@ class StackedModel:
         raise NotImplementedError
 
 
+def float32_bytes(model) -> int:
+    """The bytes of one worker's parameters and buffers in float32 (what ``evomerge calibrate`` records of the model
+    it timed)."""
+    m = model.module()
+    return 4 * (sum(p.numel() for p in m.parameters()) + sum(b.numel() for b in m.buffers()))
+
+
 def state_buffer_slots(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """Where the module's state buffers live: (full name, owning submodule, attribute name), in order."""
     return [(f"{prefix}.{name}" if prefix else name, m, name) for prefix, m in module.named_modules()

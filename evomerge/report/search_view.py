@@ -109,7 +109,7 @@ class SearchView:
             msg = (f"{cfg.study.name}: {done}; sampler {cfg.sampler}"
                    f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") +
                    f"  optuna: {shown(info['storage'])}\n  mlflow: {shown(info['tracking_uri'])}" +
-                   "".join(f"\n  note: {n}" for n in cfg.study.notes))  # ranges clamped to the study's workers
+                   "".join(f"\n  note: {n}" for n in [*cfg.study.notes, *info.get("notes", ())]))  # ranges clamped
             self.err.print(msg, highlight=False)
             if self.bar is not None:
                 self.bar.__enter__()

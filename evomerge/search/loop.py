@@ -309,6 +309,9 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
                                   cfg.study.path.parent if cfg.study.path is not None else None)
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
+    from ..models import float32_bytes
+
+    model_notes = [n for n in [cfg.study.model_note(float32_bytes(setup.model))] if n]  # a cluster timed for another
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)
@@ -326,7 +329,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         {"evomerge.version": __version__, "evomerge.study": cfg.study.name})
     result = SearchResult(cfg, parent_run_id=parent, warm_start=warm)
     if progress:
-        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm)
+        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm, notes=model_notes)
 
     def on_record(rec: dict) -> None:
         if "fatal" in rec:
