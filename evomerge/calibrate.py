@@ -948,6 +948,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_options(args, writes=rank == 0)
+        check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as e:  # the options, which every rank reads alike: rank 0 says why
         if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
@@ -980,7 +981,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.environ.get('MASTER_PORT')} ({line})", file=sys.stderr, flush=True)
         return 1
     try:
-        check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
         if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own)
             with _talking():
                 apply_threads(_ranks_on_this_machine())

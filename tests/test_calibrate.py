@@ -182,6 +182,25 @@ def test_a_slow_rank_out_of_range_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "c.toml").exists()
 
 
+def test_a_slow_rank_out_of_range_under_a_launcher_is_one_line_from_rank_0(tmp_path):
+    """Ranks started as torchrun starts them (RANK, WORLD_SIZE): the flag every rank reads alike is refused before
+    any rank joins the process group, in one line from rank 0, exit status 2 on every rank."""
+    (tmp_path / "s.toml").write_text(study_text())
+    procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
+                               str(tmp_path / "c.toml"), "--slow-rank", "5", "--slow-factor", "3"],
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port())),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [2, 2], errs
+    assert errs == ["error: --slow-rank: 5 is out of range; allowed: -1 (none) or a rank in [0, 1]\n", ""]
+    assert not (tmp_path / "c.toml").exists()
+
+
 def test_written_file_loads_as_a_studys_environment(tmp_path):
     lat, bw = links(3, lambda i, j: 1e-4, lambda i, j: 1e8 * (1 + i))
     m = calibrate.Measured(made_up([1.0, 0.5, 0.5], n=50), lat, bw, source="made up")
