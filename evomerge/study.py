@@ -542,8 +542,20 @@ def fit_to_workers(policy: MergePolicy, space: tuple[Param, ...], workers: int):
 
 # -- loading -------------------------------------------------------------------
 def known_studies() -> list[str]:
-    """The study names found by name: ./studies/*.toml and the shipped ones."""
-    return sorted({f.stem for b in (Path.cwd() / "studies", shipped_studies_dir()) if b.is_dir() for f in b.glob("*.toml")})
+    """The study names found by name: ./studies/*.toml and the shipped ones, less the cluster files there (what
+    ``evomerge calibrate`` writes, which a study reads with ``[environment] from``)."""
+    return sorted({f.stem for b in (Path.cwd() / "studies", shipped_studies_dir()) if b.is_dir()
+                   for f in b.glob("*.toml") if not _cluster_file(f)})
+
+
+def _cluster_file(path: Path) -> bool:
+    """Whether ``path`` holds only an ``[environment]`` table (a cluster, not a study); a file that cannot be read
+    is left to the study that names it."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return set(raw) == {"environment"} and isinstance(raw["environment"], dict) and "from" not in raw["environment"]
 
 
 def find(ref: str | Path) -> Path:
@@ -575,8 +587,7 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), f"invalid TOML: {e}") from None
-    if set(raw) == {"environment"} and isinstance(raw["environment"], dict) and "from" not in raw["environment"]:
-        # what evomerge calibrate writes: a cluster, not a study of the defaults on it
+    if _cluster_file(path):  # what evomerge calibrate writes: a cluster, not a study of the defaults on it
         raise ConfigError(str(path), "holds only an [environment] table: a cluster (as evomerge calibrate writes), not a "
                                      f"study; a study reads it with [environment] from = \"{path.name}\"")
     env = raw.get("environment")

@@ -171,3 +171,17 @@ def test_a_study_of_the_defaults_on_a_calibrated_cluster_loads(tmp_path):
     assert s.environment.step_time == 0.02 and s.environment.sigma == 0.2
     with pytest.raises(ConfigError, match="holds only an"):
         study.load(tmp_path / "cluster.toml")
+
+
+def test_a_cluster_file_in_studies_is_not_offered_as_a_study(tmp_path, monkeypatch):
+    """calibrate's file kept beside the studies in ./studies/ is not in the list of known studies an unknown name
+    gets; the study that reads it is."""
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "cluster.toml").write_text("[environment]\nstep_time = 0.02\n")
+    (tmp_path / "studies" / "mine.toml").write_text('[environment]\nfrom = "cluster.toml"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        study.load("nosuch")
+    known = str(e.value).split("known: ", 1)[1].split(" (or give", 1)[0].split(", ")
+    assert "mine" in known and "mnist-gossip" in known and "cluster" not in known
+    assert study.load("mine").environment.step_time == 0.02
