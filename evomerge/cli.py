@@ -895,9 +895,12 @@ def cmd_ui(args) -> int:
     from .report.tracking import check_reachable
 
     check_reachable(uri)  # one line for a store the server could not open (it would retry a database for minutes)
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    # the server's warnings and errors, not its start-up and access log (MLflow's and uvicorn's INFO lines)
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+               MLFLOW_LOGGING_LEVEL=os.environ.get("MLFLOW_LOGGING_LEVEL", "WARNING"),
+               PYTHONWARNINGS=os.environ.get("PYTHONWARNINGS", "ignore:starlette.middleware.wsgi is deprecated"))
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-           "--backend-store-uri", uri]
+           "--backend-store-uri", uri, "--registry-store-uri", uri, "--uvicorn-opts", "--log-level warning"]
     url = f"http://127.0.0.1:{port}"
     try:
         # the server and its uvicorn workers run in their own session: stopped together however this command ends
