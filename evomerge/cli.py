@@ -935,7 +935,13 @@ def _ui_on_server(uri: str, study_name: str) -> int:
     check_reachable(uri, reading=True)
     parts = urllib.parse.urlsplit(uri.rstrip("/"))
     server = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
-    address, logged = _review_address(server, study_name, client_uri=uri)
+    try:
+        address, logged = _review_address(server, study_name, client_uri=uri)
+    except Exception as e:  # noqa: BLE001 (answers /health, not the tracking API: a password it refuses, a proxy)
+        from .dburls import first_line
+
+        raise ConfigError("--tracking-uri", f"{shown(uri)} answers, but not as an MLflow tracking server "
+                                            f"({first_line(e)})") from None
     print(f"{address}  MLflow UI for {study_name} (tracked on the server {shown(uri)})",
           flush=True)
     if not logged:
