@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -168,3 +170,31 @@ def pytest_collection_modifyitems(config, items):
     # and ran on one worker alone for its last minute while the other had nothing left (pytest-xdist hands the tests
     # out in this order); the others keep their order (the timing-bound ones were not moved together)
     items.sort(key=lambda item: item.get_closest_marker("first") is None)
+
+
+@contextlib.contextmanager
+def refusing_server(message: str = "not for you"):
+    """A real HTTP server on 127.0.0.1 that answers /health and turns every other request away with MLflow's
+    PERMISSION_DENIED (a tracking server behind a password it refuses, a proxy); yields its address."""
+    import http.server
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.path.startswith("/health")
+            self.send_response(200 if ok else 403)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else json.dumps({"error_code": "PERMISSION_DENIED", "message": message}).encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -186,6 +186,16 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     notes = [ln for ln in p.stderr.splitlines() if ln.startswith("note: ")]
     assert len(notes) == 1 and notes[0].startswith("note: MLflow runs not read: --tracking-uri: cannot reach the "
                                                    "MLflow server at http://127.0.0.1:9 ("), p.stderr
+    # a server that answers but turns the tracking API away: why, not "no runs found"
+    from conftest import refusing_server
+
+    with refusing_server() as uri:
+        p = subprocess.run([sys.executable, "-m", "evomerge.cli", "dashboard", "--study", str(s.path), "--runs-dir",
+                            str(d / "runs"), "--out", str(tmp_path / "refused"), "--no-baselines", "--tracking-uri", uri],
+                           capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    said = f"MLflow runs not read: --tracking-uri: {uri} answers, but not as an MLflow tracking server (PERMISSION_DENIED"
+    assert said in (tmp_path / "refused" / "index.html").read_text() and f"note: {said}" in p.stderr, p.stderr
 
 
 @pytest.mark.system

@@ -480,28 +480,11 @@ def test_ui_for_a_server_that_does_not_answer_is_one_line(tmp_path, data_dir):
 
 def test_ui_for_a_server_that_refuses_the_tracking_api_is_one_line(tmp_path, data_dir):
     """A server that answers /health but turns the tracking API away (a password it refuses, a proxy): one line."""
-    import http.server
-    import threading
-
-    class Refusing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            ok = self.path.startswith("/health")
-            self.send_response(200 if ok else 403)
-            self.end_headers()
-            self.wfile.write(b"OK" if ok else b'{"error_code": "PERMISSION_DENIED", "message": "not for you"}')
-
-        def log_message(self, *args):
-            pass
-
+    from conftest import refusing_server
     from searchutil import cli
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        uri = f"http://127.0.0.1:{server.server_address[1]}"
+    with refusing_server() as uri:
         p = cli("ui", "--study", write_study(tmp_path), "--tracking-uri", uri, cwd=tmp_path, data_dir=data_dir)
-    finally:
-        server.shutdown()
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == (f"error: --tracking-uri: {uri} answers, but not as an MLflow tracking server "
                         "(PERMISSION_DENIED: not for you)\n")

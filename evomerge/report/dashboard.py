@@ -474,7 +474,12 @@ def mlflow_runs(tracking_uri: str, study_name: str) -> tuple[dict[int, str], str
                                     order_by=["attributes.start_time ASC"], max_results=5000):
             out[int(r.data.tags["optuna.trial_number"])] = r.info.run_id
         return out, exp.experiment_id
-    except Exception:  # no store yet, or a server that does not answer: the page says so
+    except Exception as e:  # noqa: BLE001 (no store yet: no runs; a server that turns the API away: the page says so)
+        if tracking_uri.startswith(("http://", "https://")):
+            from ..dburls import first_line
+
+            raise ConfigError("--tracking-uri", f"{shown(tracking_uri)} answers, but not as an MLflow tracking server "
+                                                f"({first_line(e)})") from None
         return {}, None
 
 
