@@ -333,7 +333,7 @@ ENV = {"step_time": "0.05", "speeds": "[1.0, 1.0, 1.0, 0.25]", "latency": "0.001
 
 def write(tmp_path, name="tiny-timed", **changes):
     f = tmp_path / f"{name}.toml"
-    env = ENV | changes
+    env = {k: v for k, v in (ENV | changes).items() if v is not None}  # None: the key left out
     f.write_text(TIMED_STUDY.format(env="\n".join(f"{k} = {v}" for k, v in env.items())))
     return f
 
@@ -523,7 +523,7 @@ def test_a_study_searched_with_a_key_now_refused_still_reads_and_resumes_once_th
 @pytest.mark.system
 @pytest.mark.parametrize("key, value, why", BAD)
 def test_bad_environment_values_exit_2_naming_the_field(tmp_path, key, value, why):
-    f = write(tmp_path, "bad", **{key: value})
+    f = write(tmp_path, "bad", **{key: value, **({"speeds": None} if key == "speeds_file" else {})})  # one of them
     p = cli("run", "--study", str(f), "--policy", "ring-gossip", cwd=tmp_path, data_dir=ROOT)
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
