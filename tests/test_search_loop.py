@@ -198,6 +198,18 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
     assert failures == ["interrupted", "interrupted"]
 
 
+def _ctrl_c_once(proc, ready, timeout: float) -> tuple[str, str]:
+    """Ctrl-C ``proc`` the moment ``ready()`` holds; its output. Killed, whatever failed, if it is still running."""
+    try:
+        assert wait_for(ready, timeout=timeout, proc=proc, every=0.02), proc.communicate(timeout=5)
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.system
 def test_ctrl_c_before_the_first_trial_says_how_to_start_again(tmp_path, data_dir):
     """Ctrl-C while the command still loads (torch imported; MLflow, the data and the stores to come): one line that
@@ -212,14 +224,7 @@ def test_ctrl_c_before_the_first_trial_says_how_to_start_again(tmp_path, data_di
                 return "libtorch_cpu" in fh.read()
         except OSError:
             return False
-    try:
-        assert wait_for(torch_loaded, timeout=300, proc=proc, every=0.02), proc.communicate(timeout=5)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, err = _ctrl_c_once(proc, torch_loaded, timeout=300)
     assert proc.returncode == 130, err
     assert err == "interrupted before the first trial; run the same command again to start the search\n", err
     assert "trial" not in out
@@ -234,25 +239,23 @@ def test_ctrl_c_while_parallel_jobs_start_ends_quietly_and_leaves_no_worker(tmp_
     f = write_study(tmp_path)
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "4", "--jobs", "2", "--quiet",
                cwd=tmp_path, data_dir=data_dir, wait=False)
-    try:
-        def workers():  # spawned workers (multiprocessing's resource tracker is a child too)
-            out = []
-            for pid in children(proc.pid):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        if b"spawn_main" in fh.read():
-                            out.append(pid)
-                except OSError:
-                    pass
-            return out
-        assert wait_for(lambda: len(workers()) == 2, timeout=600, proc=proc, every=0.02), proc.communicate(timeout=5)
-        started = workers()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    def workers():  # spawned workers (multiprocessing's resource tracker is a child too)
+        out = []
+        for pid in children(proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if b"spawn_main" in fh.read():
+                        out.append(pid)
+            except OSError:
+                pass
+        return out
+    started = []
+
+    def two_workers():
+        started[:] = workers()
+        return len(started) == 2
+    _, err = _ctrl_c_once(proc, two_workers, timeout=600)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "run the same command again to resume" in err
