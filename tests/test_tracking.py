@@ -499,3 +499,25 @@ def test_search_with_a_tracking_address_mlflow_does_not_know_ends_in_one_line(tm
     assert p.returncode == 2
     assert p.stderr.startswith("error: --tracking-uri: foo://bar: MLflow does not store runs at foo:// addresses (")
     assert p.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.system
+def test_a_search_with_nothing_left_to_run_links_the_best_model_it_already_logged(tmp_path, data_dir):
+    """The same search again once its trials are all done: its parent run gets the best trial's consensus model,
+    the one the first search logged (not trained and saved again: one model in the experiment)."""
+    from mlflow import MlflowClient
+
+    from evomerge.report.tracking import default_tracking_uri
+
+    s = study.load(write_study(tmp_path, name="again", seeds=(0,)))
+    first = evomerge.search(s, verdict=False, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)
+    second = evomerge.search(s, verdict=False, n_trials=2, sampler="random", runs_dir=tmp_path / "runs",
+                             data_dir=data_dir)
+    assert not second.records and second.counts == first.counts  # nothing ran the second time
+    client = MlflowClient(tracking_uri=default_tracking_uri(tmp_path / "runs" / "again"))
+    exp = client.get_experiment_by_name("again")
+    (model,) = client.search_logged_models([exp.experiment_id])
+    for parent in (first.parent_run_id, second.parent_run_id):
+        outputs = client.get_run(parent).outputs
+        assert [o.model_id for o in outputs.model_outputs] == [model.model_id]
+    assert client.get_run(second.parent_run_id).data.tags["evomerge.best_trial"] == model.tags["evomerge.trial"]

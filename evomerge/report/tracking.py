@@ -419,10 +419,26 @@ class Tracker:
         if model is None:
             return None
         try:
+            kept = self._logged_model_of(best_rid)  # an earlier search (nothing left to run) logged it: linked again
+            if kept is not None:
+                from mlflow.entities import LoggedModelOutput
+
+                self.client.log_outputs(pid, [LoggedModelOutput(kept, step=0)])
+                return kept
             return self.log_consensus_model(best, best_rid, model())
         except Exception as e:  # data missing here, a store that refuses models: the search's results stand
             self.client.set_tag(pid, "evomerge.model_error", f"{type(e).__name__}: {e}"[:5000])
             return None
+
+    def _logged_model_of(self, run_id: str | None) -> str | None:
+        """The id of the consensus model already logged, complete, from the trial run ``run_id``; else None."""
+        if run_id is None:
+            return None
+        from mlflow.entities import LoggedModelStatus
+
+        found = self.client.search_logged_models(  # (MLflow 3.17's filter on status matches nothing: checked here)
+            [self.experiment_id], filter_string=f"source_run_id = '{run_id}' AND model_type = 'consensus'")
+        return next((m.model_id for m in found if m.status == LoggedModelStatus.READY), None)
 
     def log_consensus_model(self, best: dict[str, Any], run_id: str | None, consensus: Any) -> str:
         """Log ``consensus`` (a :class:`evomerge.search.consensus.Consensus`: the best trial's ``nn.Module``, an input
