@@ -493,7 +493,10 @@ def cmd_run(args) -> int:
     idle = never_merged(policy, [res.metrics()]) if res.status == "ok" else None
     if idle:
         print(f"note: {policy.name or args.policy} {idle}", file=sys.stderr)
-    if exported and str(seed) in exported.get("metrics_per_seed", {}):
+    if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
+        print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
+              f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
+    elif exported and str(seed) in exported.get("metrics_per_seed", {}):
         key, what = ("val_accuracy", "validation accuracy") if f.val_accuracy is not None else ("val_loss", "validation loss")
         want = exported["metrics_per_seed"][str(seed)].get(key)
         if want is not None:

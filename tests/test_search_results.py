@@ -30,6 +30,12 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
         want = doc["metrics_per_seed"][str(seed)]
         for k in ("val_accuracy", "val_loss", "mean_worker_accuracy", "consensus_distance", "bytes"):
             assert final[k] == want[k], k
+    # the same file on another study (other workers): a note that the trial is another study's, no match or mismatch
+    other = write_study(tmp_path, name="other", workers=2, seeds=(3,))
+    p = cli("run", "--study", str(other), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "matches" not in p.stdout and "DIFFERS" not in p.stdout, p.stdout
+    assert (f"note: the policy is trial {doc['trial']} of study tiny; this run is of other, so its figures are not "
+            "compared with the trial's") in p.stderr
     p = cli("run", "--study", str(f), "--policy", "best.json", "--reevaluate", "2", "--json", "re.json", "--quiet",
             cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and "test accuracy" in p.stdout
