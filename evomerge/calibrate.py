@@ -138,6 +138,15 @@ def check_options(args, writes: bool = True) -> None:
         raise ConfigError("--output", f"{out} is a folder; allowed: a file to write")
     if not out.parent.is_dir():
         raise ConfigError("--output", f"{out.parent}: no such folder")
+    import tempfile
+
+    try:  # the folder takes a file (tried with a temporary one, removed at once)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as e:
+        raise ConfigError("--output", f"cannot write {out}: its folder takes no file ({e.strerror or e})") from None
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ConfigError("--output", f"cannot write {out}: permission denied")
 
 
 def check_rank(args, world: int) -> None:

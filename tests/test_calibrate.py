@@ -542,6 +542,20 @@ def test_rank_0_whose_port_is_taken_says_so_not_that_another_rank_is_gone(tmp_pa
     assert not (tmp_path / "c.toml").exists()
 
 
+def test_an_output_that_cannot_be_written_is_one_line_before_any_rank_starts(tmp_path, capsys):
+    """A folder that takes no file (/proc), and a file that is read-only: refused before the calibration's minutes."""
+    (tmp_path / "s.toml").write_text(study_text())
+    ro = tmp_path / "ro.toml"
+    ro.write_text("")
+    ro.chmod(0o444)
+    cases = [("/proc/c.toml", "error: --output: cannot write /proc/c.toml: its folder takes no file (")]
+    if not os.access(ro, os.W_OK):  # (root may write a read-only file)
+        cases.append((str(ro), f"error: --output: cannot write {ro}: permission denied"))
+    for out, line in cases:
+        assert cli.main(["calibrate", "--study", str(tmp_path / "s.toml"), "--procs", "2", "-o", out]) == 2
+        assert one_line_error(capsys).startswith(line)
+
+
 def test_only_the_rank_that_writes_needs_the_output_folder(tmp_path):
     """Rank 0 writes the file: a rank on another machine, whose working folder may lack the output's, is not
     stopped by it."""
