@@ -250,7 +250,7 @@ def add_policy(sub):
     s = _parser(ps, "schema", "print the policy JSON Schema", "evomerge policy schema > policy.schema.json", env=False)
     s.set_defaults(handler=cmd_policy_schema)
     v = _parser(ps, "validate", "check a policy file and describe it", "evomerge policy validate best.json", env=False)
-    v.add_argument("file", help="a policy JSON file or an exported file")
+    v.add_argument("file", help="a policy JSON file, an exported file, or a shipped policy's name")
     v.set_defaults(handler=cmd_policy_validate)
 
 
@@ -338,8 +338,18 @@ def cmd_policy_validate(args) -> int:
 
     from .policy import read_export
 
-    pol = MergePolicy.load(args.file)
-    read_export(args.file)  # an exported file's "run": the optimiser and step size it was found with
+    from .registry import shipped_studies_dir
+
+    path = Path(args.file)
+    shipped = shipped_studies_dir() / "policies" / f"{args.file}.json"
+    if not path.exists() and path.suffix != ".json" and shipped.is_file():  # a shipped policy's name, as run takes it
+        path = shipped
+    elif not path.exists():
+        raise ConfigError("file", f"{args.file}: no such file; allowed: a policy JSON file, an exported file, or a "
+                                  f"shipped policy's name ({_shipped_policies()})"
+                                  + did_you_mean(args.file, _shipped_policies().split(", ")))
+    pol = MergePolicy.load(path)
+    read_export(path)  # an exported file's "run": the optimiser and step size it was found with
     print(f"ok: {pol.describe()}")
     _merger_note(pol)
     return 0

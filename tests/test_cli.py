@@ -153,6 +153,16 @@ def test_validate_describes_a_good_policy(tmp_path):
     assert cli.main(["policy", "validate", str(f)]) == 0
 
 
+def test_validate_takes_a_shipped_policys_name_as_run_does(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    assert cli.main(["policy", "validate", "diloco"]) == 0
+    assert capsys.readouterr().out.startswith("ok: all workers average every ")
+    assert cli.main(["policy", "validate", "dilocoo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: file: dilocoo: no such file; allowed: a policy JSON file, an exported file, or a "
+                          "shipped policy's name (allreduce, ") and "did you mean diloco?" in err and err.count("\n") == 1
+
+
 def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     """A valid policy that a training loop cannot run gets a note (exit 0: evomerge run replays it), one that needs the
     loop's held-out examples says so; an all-reduce that carries a winner bias it never uses, as a search varying the
