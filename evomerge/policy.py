@@ -371,7 +371,12 @@ class MergePolicy:
     def from_dict(cls, data: Any, where: str = "policy") -> "MergePolicy":
         if not isinstance(data, dict):
             raise ConfigError(where, f"must be a JSON object, got {type(data).__name__}")
-        return settings.build(cls, data, where)
+        try:
+            return settings.build(cls, data, where)
+        except ConfigError as e:  # a study's [policy] table: its fields named as the study's (study.policy.X)
+            if where.startswith("study.") and (e.field == "policy" or e.field.startswith("policy.")):
+                raise ConfigError(where + e.field[len("policy"):], e.message) from None
+            raise
 
     @classmethod
     def from_json(cls, text: str, where: str = "policy") -> "MergePolicy":

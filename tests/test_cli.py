@@ -268,7 +268,7 @@ def test_a_misspelt_name_is_one_line_with_the_nearest_good_one(tmp_path, monkeyp
 
 @pytest.mark.parametrize("typo, line", [
     (("epochs = 2.0", "epoch = 2.0"), "error: study.run.epoch: unknown key; allowed: workers, batch_size, epochs, "),
-    (("mixing_weight = 0.5", "mixing_wieght = 0.5"), "error: policy.mixing_wieght: unknown key; allowed: name, "),
+    (("mixing_weight = 0.5", "mixing_wieght = 0.5"), "error: study.policy.mixing_wieght: unknown key; allowed: name, "),
     (('partition = "dirichlet"', 'partition = "dirichelt"'),
      "error: study.data.partition: unknown 'dirichelt'; allowed: iid, dirichlet, by_file; did you mean dirichlet?"),
     (('name = "mlp"', 'name = "mpl"'), "error: study.model.name: unknown 'mpl'; allowed: "),
