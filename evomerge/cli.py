@@ -932,9 +932,9 @@ def cmd_ui(args) -> int:
     except Terminated as t:
         print("MLflow UI stopped", file=sys.stderr)
         return 128 + t.signum
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # as every command stopped by Ctrl-C: 130 (SIGTERM and SIGHUP: 128 + the signal)
         print("MLflow UI stopped", file=sys.stderr)
-        return 0
+        return 130
 
 
 def _ui_on_server(uri: str, study_name: str) -> int:
