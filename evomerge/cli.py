@@ -554,12 +554,14 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
         vals = [v for v in vals if v is not None]
         if not vals:
             return "n/a"
-        return f"{statistics.fmean(vals):.4f} ± {statistics.stdev(vals) if len(vals) > 1 else 0.0:.4f}"
+        if len(vals) == 1:  # one seed has no spread
+            return f"{vals[0]:.4f}"
+        return f"{statistics.fmean(vals):.4f} ± {statistics.stdev(vals):.4f}"
 
     ok = [r for r in results if r.status == "ok"]
     t = Table(title=f"{study.name}: {policy.name or args.policy} re-evaluated on fresh seeds {seeds}", caption=policy.describe())
     t.add_column("metric")
-    t.add_column("mean ± sd", justify="right")
+    t.add_column("mean ± sd" if len(seeds) > 1 else "value (one seed)", justify="right")
     rows = []
     if setup.model.task.classification:  # no accuracy rows for a task without classes (regression)
         rows += [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),

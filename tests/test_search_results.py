@@ -41,6 +41,10 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
     assert p.returncode == 0 and "test accuracy" in p.stdout
     re = json.loads((tmp_path / "re.json").read_text())
     assert re["seeds"] == [1004, 1005] and all(0 < r["test_accuracy"] <= 1 for r in re["runs"])
+    assert "mean ± sd" in p.stdout and p.stdout.count("±") >= 5
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--reevaluate", "1", "--quiet", cwd=tmp_path,
+            data_dir=data_dir)  # one seed: its values, no spread of one
+    assert p.returncode == 0 and "value (one seed)" in p.stdout and "±" not in p.stdout, p.stdout
 
 
 @pytest.mark.system
