@@ -710,8 +710,12 @@ def cmd_transfer(args) -> int:
     for x in result.get("left_out", []):
         print(f"note: trial {x['trial']} left out: {x['why']}")
     rho = result["spearman"]
-    print(f"Spearman rho {rho:.3f} (p {result['spearman_p']:.3g}), Kendall tau {result['kendall']:.3f} "
-          f"(p {result['kendall_p']:.3g}) over {result['top']} policies: {verdict(rho, result['top'])}")
+
+    def fig(v, fmt: str) -> str:  # none where scipy has none (nan: two policies, or tied values)
+        return "n/a" if v is None or v != v else format(v, fmt)
+    print(f"Spearman rho {fig(rho, '.3f')} (p {fig(result['spearman_p'], '.3g')}), Kendall tau "
+          f"{fig(result['kendall'], '.3f')} (p {fig(result['kendall_p'], '.3g')}) over {result['top']} policies: "
+          f"{verdict(rho, result['top'])}")
     print(f"logged to MLflow run {run_id} ({shown(uri)}); `evomerge dashboard --study {args.study}` shows it")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result | {"mlflow_run_id": run_id}, indent=2))

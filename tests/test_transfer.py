@@ -69,6 +69,10 @@ def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, 
                            compute_baselines=False).read_text()
     assert 'id="transfer-big"' in page and 'id="plot-transfer-big"' in page and "Kendall tau" in page
     assert page.count("<tr><td>") >= 4  # one row per re-run policy
+    # two policies: no p-value (scipy's nan is not printed)
+    p2 = cli("transfer", "--study", str(f), "--target", str(big), "--top", "2", "--quiet", cwd=tmp_path,
+             data_dir=data_dir)
+    assert p2.returncode == 0 and "(p n/a)" in p2.stdout and "nan" not in p2.stdout, p2.stdout
 
 
 @pytest.mark.system
