@@ -236,7 +236,7 @@ def transfer_text(result: dict) -> str:
     from ..search.transfer import verdict
 
     def num(v):
-        return "n/a" if v is None else f"{v:.3f}"
+        return "n/a" if v is None or v != v else f"{v:.3f}"  # nan: two policies, or tied values
 
     seeds = ", ".join(map(str, result["seeds"]))
     return (f"The top {result['top']} policies of {result['source']} re-run on {result['target']} "
