@@ -610,9 +610,18 @@ def _load_stored(args, ref: str | None = None):
                                          + did_you_mean(str(ref), [*known_studies(), *stored])) from None
         return study
     stored, definition = got
-    if study is not None and study.path is not None and Path(study.path).read_text(encoding="utf-8") != definition["toml"]:
-        print(f"note: {study.path} differs from the definition of {name!r} stored with its trials "
+    # the file given, or (a name given) the file the search read: one line when it has changed since
+    on_disk = Path(study.path) if study is not None and study.path is not None else Path(definition["path"])
+    try:
+        changed = on_disk.read_text(encoding="utf-8") != definition["toml"]
+    except (OSError, UnicodeDecodeError):  # the searched file moved or went: the stored definition is all there is
+        changed = False
+    if changed and study is not None:
+        print(f"note: {on_disk} differs from the definition of {name!r} stored with its trials "
               f"({definition['path']}); using the stored one", file=sys.stderr)
+    elif changed:
+        print(f"note: {on_disk}, the file {name!r} was searched from, has changed since; using the definition stored "
+              "with its trials", file=sys.stderr)
     return stored
 
 

@@ -153,6 +153,9 @@ def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path
     f.write_text(f.read_text().replace("n_trials = 6", "n_trials = 9"))
     p = cli("status", "--study", str(f), cwd=work, data_dir=data_dir)
     assert p.returncode == 0 and p.stderr.count("\n") == 1 and "differs from the definition of 'own-study'" in p.stderr
+    p = cli("status", "--study", "own-study", cwd=work, data_dir=data_dir)  # by name: the file the search read
+    assert p.returncode == 0 and p.stderr == (f"note: {f.resolve()}, the file 'own-study' was searched from, has "
+                                              "changed since; using the definition stored with its trials\n"), p.stderr
     # an unknown name lists the stored studies too
     p = cli("status", "--study", "nope", cwd=work, data_dir=data_dir)
     assert p.returncode == 2 and "stored in runs: own-study" in p.stderr
