@@ -34,8 +34,8 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     """Run one merge run of ``policy`` on ``study`` and return its :class:`RunResult`; ``evomerge run`` in Python.
 
     ``study`` is a name, a path or a Study (a name a search stored under ``runs_dir``, or in ``storage``, from a
-    file elsewhere too); ``policy`` a MergePolicy, a policy or exported JSON file, or a
-    named policy (the study's ``policies/``, else the shipped ones). ``seed`` defaults to an exported
+    file elsewhere too); ``policy`` a MergePolicy, a dict of its fields (as ``Merger`` takes), a policy or exported
+    JSON file, or a named policy (the study's ``policies/``, else the shipped ones). ``seed`` defaults to an exported
     file's first seed, else the study's first seed. ``backend="distributed"`` runs it on ``procs``
     processes (default one per worker) over ``torch.distributed``; call it under
     ``if __name__ == "__main__":`` (the processes are spawned); ``emulate_time`` paces its ranks to the

@@ -93,6 +93,12 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
         evomerge.run(f, "nope", data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
         evomerge.run(f, evomerge.MergePolicy(topology="random_regular", degree=4), data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):  # a dict, as Merger takes
+        evomerge.run(f, {"topology": "random_regular", "degree": 4}, data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy.scheme: unknown 'gosip'; allowed: "):
+        evomerge.run(f, {"scheme": "gosip"}, data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^policy: must be a MergePolicy, a dict of its fields, a file or a named "):
+        evomerge.run(f, 3, data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^--procs: applies to --backend distributed only"):
         evomerge.run(f, "ring-gossip", procs=2, data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy.swap_p: 0.5 is not supported by the distributed backend"):

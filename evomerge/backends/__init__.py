@@ -214,13 +214,18 @@ def found_with(study, exported: dict | None):
     return with_run(study, differ), f"note: the exported policy was found with {said}; this run uses the found values"
 
 
-def run_inputs(study, policy: MergePolicy | str | Path, seed: int | None = None, *,
+def run_inputs(study, policy: MergePolicy | dict | str | Path, seed: int | None = None, *,
                backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
     """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:
-    the policy (an object, a file or a named policy), the seed (given, else an exported file's first
-    seed, else the study's first seed) and the exported file's metadata (None for a plain policy);
+    the policy (an object, its fields as a dict, a file or a named policy), the seed (given, else an exported file's
+    first seed, else the study's first seed) and the exported file's metadata (None for a plain policy);
     the backend must be able to run the policy on the study's workers."""
     exported = None
+    if isinstance(policy, dict):  # as Merger takes it
+        policy = MergePolicy.from_dict(policy)
+    elif not isinstance(policy, (MergePolicy, str, Path)):
+        raise ConfigError("policy", f"must be a MergePolicy, a dict of its fields, a file or a named policy, got "
+                                    f"{type(policy).__name__}")
     if not isinstance(policy, MergePolicy):
         exported = policy_mod.read_export(policy) if Path(policy).is_file() else None
         policy = study.resolve_policy(policy)
