@@ -402,14 +402,15 @@ def _runner(args, study):
 
 
 def _run_with_progress(run_fn, setup, policy, seed, device, quiet, label):
-    if quiet:
-        return run_fn(setup, policy, seed, device=device)
     from rich.console import Console
+
+    err = Console(stderr=True)
+    if quiet or not err.is_terminal:  # a bar is for a person at a terminal (redirected, it left an empty line)
+        return run_fn(setup, policy, seed, device=device)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                  TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=True,
-                  console=Console(stderr=True)) as bar:
+                  TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=True, console=err) as bar:
         task = bar.add_task(label, total=setup.total_steps, acc="")
 
         def on_round(m):
@@ -705,7 +706,7 @@ def cmd_transfer(args) -> int:
     apply_threads()
     kw = dict(top=args.top, seeds=args.seeds, storage=args.storage, runs_dir=args.runs_dir, data_dir=args.data_dir,
               device=args.device, backend=args.backend, procs=args.procs)
-    if args.quiet:
+    if args.quiet or not _console_err().is_terminal:  # a bar is for a person at a terminal
         result = transfer(source, target, **kw)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

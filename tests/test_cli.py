@@ -68,6 +68,15 @@ def test_shipped_policy_runs_on_the_shipped_study_from_any_directory(tmp_path, d
 
 
 @pytest.mark.system
+def test_a_run_whose_output_is_redirected_prints_no_progress_bar_nor_its_empty_line(tmp_path, data_dir):
+    """Without a terminal (a file, a pipe, CI's log) the bar is not drawn: stderr holds the run's notes alone."""
+    f = write_study(tmp_path)
+    p = evomerge("run", "--study", str(f), "--policy", "ring-gossip", data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 0 and "consensus val accuracy" in p.stdout, p.stderr
+    assert p.stderr == "", repr(p.stderr)
+
+
+@pytest.mark.system
 def test_policy_schema_is_json():
     p = evomerge("policy", "schema")
     assert p.returncode == 0 and json.loads(p.stdout)["title"] == "evomerge merge policy"
