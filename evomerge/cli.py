@@ -48,6 +48,10 @@ class _Parser(argparse.ArgumentParser):
         if c:  # a command, or a flag's choices
             allowed = [x.strip(" '") for x in c[2].split(",")]
             line = f"{'command' if m[1].startswith('{') else m[1]}: {unknown(c[1], allowed)}"
+        elif m and (t := re.match(r"invalid (int|float) value: (.*)$", m[2])):  # argparse's words for a type
+            line = f"{m[1]}: must be {'an integer' if t[1] == 'int' else 'a number'}, got {t[2]}; see {self.prog} --help"
+        elif m and m[2] == "expected one argument":
+            line = f"{m[1]}: needs a value ({m[1]} {self._metavar(m[1])}); see {self.prog} --help"
         elif m:
             line = f"{m[1]}: {m[2]}"
         elif message.startswith("the following arguments are required: "):
@@ -56,6 +60,13 @@ class _Parser(argparse.ArgumentParser):
         else:
             line = message
         self.exit(2, f"error: {line}\n")
+
+    def _metavar(self, flag: str) -> str:
+        """What ``flag`` takes, as its help names it (FILE, N, ...)."""
+        for a in self._actions:
+            if flag in a.option_strings:
+                return a.metavar or a.dest.upper()
+        return "VALUE"
 
 
 def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv: list[str]) -> str:

@@ -231,7 +231,10 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
 @pytest.mark.parametrize("args, line", [
     (["search", "--study", "mnist-gossip", "--n-trails", "3"],
      "error: --n-trails: evomerge search does not take it (--n-trails 3); did you mean --n-trials?"),
-    (["search", "--study", "mnist-gossip", "--n-trials", "three"], "error: --n-trials: invalid int value: 'three'"),
+    (["search", "--study", "mnist-gossip", "--n-trials", "three"],
+     "error: --n-trials: must be an integer, got 'three'; see evomerge search --help"),
+    (["run", "--study", "mnist-gossip", "--policy", "fedavg", "--json"],
+     "error: --json: needs a value (--json FILE); see evomerge run --help"),
     (["serch", "--study", "mnist-gossip"], "error: command: unknown 'serch'; allowed: search, transfer, status, export, "
                                            "dashboard, ui, run, baselines, calibrate, policy; did you mean search?"),
     (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
