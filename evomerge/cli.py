@@ -599,7 +599,7 @@ def _load_stored(args, ref: str | None = None):
     file on disk differs, one line says so."""
     from .search.results import is_path, stored_names, stored_study
     from .search.storage import default_storage
-    from .study import known_studies, load
+    from .study import known_studies, load, study_hint
 
     ref = args.study if ref is None else ref
     try:
@@ -619,7 +619,7 @@ def _load_stored(args, ref: str | None = None):
             raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'}; "
                                          f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} "
                                          "(or give a path to a .toml file)"
-                                         + did_you_mean(str(ref), [*known_studies(), *stored])) from None
+                                         + study_hint(str(ref), [*known_studies(), *stored])) from None
         return study
     stored, definition = got
     # the file given, or (a name given) the file the search read: one line when it has changed since

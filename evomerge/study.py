@@ -569,7 +569,14 @@ def find(ref: str | Path) -> Path:
             return base / f"{ref}.toml"
     known = known_studies()
     raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known) or 'none'} "
-                                 "(or give a path to a .toml file)" + did_you_mean(str(ref), known))
+                                 "(or give a path to a .toml file)" + study_hint(str(ref), known))
+
+
+def study_hint(ref: str, names) -> str:
+    """``; did you mean X?`` for an unknown study: ``REF.toml`` where the command runs (what was meant, most
+    likely), else the nearest of ``names``; else nothing."""
+    here = Path(f"{ref}.toml")
+    return f"; did you mean {here}?" if here.is_file() else did_you_mean(ref, names)
 
 
 def load(ref: str | Path, calibrating: bool = False) -> Study:

@@ -186,3 +186,15 @@ def test_a_cluster_file_in_studies_is_not_offered_as_a_study(tmp_path, monkeypat
     known = str(e.value).split("known: ", 1)[1].split(" (or give", 1)[0].split(", ")
     assert "mine" in known and "mnist-gossip" in known and "cluster" not in known
     assert study.load("mine").environment.step_time == 0.02
+
+
+def test_a_name_with_its_file_beside_the_command_is_pointed_at_the_file(tmp_path, monkeypatch):
+    """`--study my` where ./my.toml is: the one line names the file, as `did you mean` does a misspelt name."""
+    (tmp_path / "my.toml").write_text("[run]\nworkers = 2\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        study.load("my")
+    assert str(e.value).endswith("(or give a path to a .toml file); did you mean my.toml?")
+    with pytest.raises(ConfigError) as e:
+        study.load("mnist-gosip")
+    assert str(e.value).endswith("; did you mean mnist-gossip?")
