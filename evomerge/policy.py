@@ -25,6 +25,7 @@ from .settings import Choice
 from .engine.topology import TOPOLOGIES
 
 SCHEMA_VERSION = 10
+EXPORT_FORMAT = 2  # evomerge export's files; 2: the run settings the policy was found with (run.lr, run.weight_decay)
 # Fields added by each schema version; older files lack them and get their defaults (off).
 ADDED_IN = {2: ("similarity", "similarity_bias", "regroup_every", "data_exchange_k", "retire_threshold",
                 "reserve_rate", "swap_p", "stop_tol", "stop_patience"),
@@ -722,6 +723,12 @@ def read_export(path: str | Path) -> dict | None:
         return None
     if not (isinstance(data, dict) and "policy" in data and "trial" in data):
         return None
+    fmt = data.get("format", 1)
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or not 1 <= fmt <= EXPORT_FORMAT:
+        newer = isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > EXPORT_FORMAT
+        raise ConfigError("export.format", f"{json.dumps(fmt)} in {path} "
+                          + (f"is newer than this evomerge reads; allowed: 1 to {EXPORT_FORMAT} (a newer evomerge "
+                             "wrote it)" if newer else f"is not an export format; allowed: 1 to {EXPORT_FORMAT}"))
     if "run" in data:
         from .study import check_found_run
 

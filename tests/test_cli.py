@@ -172,6 +172,16 @@ def test_validate_takes_a_shipped_policys_name_as_run_does(tmp_path, capsys, mon
                           "shipped policy's name (allreduce, ") and "did you mean diloco?" in err and err.count("\n") == 1
 
 
+def test_an_export_of_a_newer_format_is_one_line(tmp_path, capsys):
+    """As a policy of a newer schema_version is: what this evomerge reads, and that a newer one wrote it."""
+    for fmt, said in ((7, "7 in {f} is newer than this evomerge reads; allowed: 1 to 2 (a newer evomerge wrote it)"),
+                      ("2", '"2" in {f} is not an export format; allowed: 1 to 2')):
+        f = tmp_path / "fmt.json"
+        f.write_text(json.dumps({"format": fmt, "trial": 1, "policy": {"scheme": "gossip"}}))
+        assert cli.main(["policy", "validate", str(f)]) == 2
+        assert capsys.readouterr().err == f"error: export.format: {said.format(f=f)}\n"
+
+
 def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     """A valid policy that a training loop cannot run gets a note (exit 0: evomerge run replays it), one that needs the
     loop's held-out examples says so; an all-reduce that carries a winner bias it never uses, as a search varying the

@@ -12,10 +12,8 @@ from pathlib import Path
 
 from ..version import __version__
 from ..errors import ConfigError
-from ..policy import MergePolicy
+from ..policy import EXPORT_FORMAT, MergePolicy  # noqa: F401 (EXPORT_FORMAT: this module's name for it too)
 from ..study import RUN_SEARCHABLE, Study
-
-EXPORT_FORMAT = 2  # 2: the run settings the policy was found with (run.lr, run.weight_decay)
 
 
 def export_document(summary: dict, study: Study) -> dict:
