@@ -786,6 +786,9 @@ def _model(m: dict) -> ModelSpec:
         if model_name == "module":
             raise ConfigError("study.model.factory", "is required with name 'module' (e.g. factory = "
                                                      "\"mymodels:small_resnet\")")
+        if isinstance(model_name, str) and model_name not in MODEL_NAMES:  # a named model, or your own by factory
+            raise ConfigError("study.model.name", unknown(model_name, [n for n in MODEL_NAMES if n != "module"],
+                                                          more=' (or your own nn.Module: factory = "mymodels:build")'))
         return ModelSpec(model_name, m or ({"hidden": [128]} if model_name == "mlp" else {}), "", execution)
     _no_unknown(m, ("factory", "options", "name", "execution"), "study.model")
     if m.get("name", "module") != "module":

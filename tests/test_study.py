@@ -198,3 +198,11 @@ def test_a_name_with_its_file_beside_the_command_is_pointed_at_the_file(tmp_path
     with pytest.raises(ConfigError) as e:
         study.load("mnist-gosip")
     assert str(e.value).endswith("; did you mean mnist-gossip?")
+
+
+def test_an_unknown_model_name_points_at_the_factory_not_at_module():
+    """'module' is the factory's own name, not a choice to type: the line offers the named models and the factory."""
+    with pytest.raises(ConfigError) as e:
+        study.from_dict({"model": {"name": "resnet"}})
+    assert str(e.value) == ('study.model.name: unknown \'resnet\'; allowed: mlp, cnn (or your own nn.Module: '
+                            'factory = "mymodels:build")')
