@@ -79,6 +79,11 @@ def test_two_objectives_trade_off_in_points_and_percent_of_bytes():
     assert lines["trades off with no-merging"].endswith("78.0 MB more bytes (the baseline sends none)")
     assert v["headline"] == ("trial 7 beats ring-gossip; trades off with fedavg and no-merging "
                              "(on fresh seeds 1000, 1001)")
+    # a tie on accuracy beside more bytes: each objective says its part ("loses to" beside a plus sign read oddly)
+    v = verdict.judge(s, _picks((7, [[0.951, 78e6], [0.949, 78e6]])), _bases(fedavg=[[0.946, 3e6], [0.948, 3e6]]),
+                      [1000, 1001], True, "rule")
+    line = v["lines"][1].strip()
+    assert line.startswith("loses to fedavg: +0.30 ± 0.20 points val acc (a tie), ") and line.endswith(" (worse)"), line
 
 
 @pytest.mark.unit

@@ -118,7 +118,11 @@ def compare(study: Study, pick: list[list[float]], base: list[list[float]], seed
         objs.append({"name": name, "pick": p, "baseline": b, "mean": mean, "se": se, "outcome": outcome,
                      "text": difference_text(name, p, b, mean, se, maximize)})
     outcome = combine([o["outcome"] for o in objs])
-    marked = [o["text"] + (" (a tie)" if o["outcome"] == "tie" and outcome != "tie" else "") for o in objs]
+    # where a tie on one objective stands beside the one that decided: each one's part ("loses to X: +0.5 points
+    # (a tie), 27x the bytes (worse)"; a "loses to" beside a plus sign read oddly)
+    mixed = outcome != "tie" and any(o["outcome"] == "tie" for o in objs)
+    mark = {"tie": " (a tie)", "better": " (better)", "worse": " (worse)"}
+    marked = [o["text"] + (mark.get(o["outcome"], "") if mixed else "") for o in objs]
     n = len(pick)
     missed = [f"by the {who} on {len(ss)} of {n} seeds" for who, ss in (("pick", pick_missed),
                                                                         ("baseline", base_missed)) if ss]
