@@ -469,7 +469,8 @@ def cmd_run(args) -> int:
     setup = _prepare(study, args)
     from .models import float32_bytes
 
-    if note := study.model_note(float32_bytes(setup.model)):  # a cluster file timed for another model
+    # a cluster file timed for another model
+    if study.calibrated_model is not None and (note := study.model_note(float32_bytes(setup.model))):
         print(f"note: {note}", file=sys.stderr)
     replay = (exported or {}).get("execution") or ""
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
@@ -1041,7 +1042,8 @@ def cmd_baselines(args) -> int:
     setup = _prepare(study, args)
     from .models import float32_bytes
 
-    if note := study.model_note(float32_bytes(setup.model)):  # a cluster file timed for another model
+    # a cluster file timed for another model
+    if study.calibrated_model is not None and (note := study.model_note(float32_bytes(setup.model))):
         print(f"note: {note}", file=sys.stderr)
     results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
     from rich.table import Table

@@ -311,7 +311,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
     from ..models import float32_bytes
 
-    model_notes = [n for n in [cfg.study.model_note(float32_bytes(setup.model))] if n]  # a cluster timed for another
+    model_notes = [n for n in [cfg.study.model_note(float32_bytes(setup.model))] if n] \
+        if cfg.study.calibrated_model is not None else []  # a cluster file timed for another model
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)
