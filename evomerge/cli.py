@@ -830,8 +830,13 @@ def cmd_export(args) -> int:
                                       f"{out / 'best.json'}), or a folder with --pareto")
     if args.pareto and out.exists() and not out.is_dir():
         raise ConfigError("--output", f"{str(out)!r} is a file; allowed: a folder for --pareto's files")
+    folder = out if args.pareto else out.parent
+    missing = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)  # the first to make
     try:
-        return _export(args, study, url, out)
+        code = _export(args, study, url, out)
+        if missing is not None and missing.is_dir():  # as mkdir -p: made, and said
+            print(f"note: made the folder {missing}", file=sys.stderr)
+        return code
     except OSError as e:  # a folder that cannot be made or a file that cannot be written: nothing was written
         raise ConfigError("--output", f"cannot write {e.filename or out}: {e.strerror or e}") from None
 

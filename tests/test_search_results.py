@@ -18,8 +18,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data_dir):
     f = write_study(tmp_path, seeds=(3, 4))
     assert cli("search", "--no-verdict", "--study", str(f), "--n-trials", "4", "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    p = cli("export", "--study", str(f), "-o", "out/new/best.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and p.stderr == "note: made the folder out\n", p.stderr  # as mkdir -p, and said
     p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert (tmp_path / "out" / "new" / "best.json").read_text() == (tmp_path / "best.json").read_text()
     doc = json.loads((tmp_path / "best.json").read_text())
     assert doc["study"] == "tiny" and doc["seeds"] == [3, 4] and doc["evomerge_version"] == evomerge.__version__
     for seed in (3, 4):
