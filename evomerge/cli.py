@@ -467,10 +467,7 @@ def cmd_run(args) -> int:
             print(f"note: {n}", file=sys.stderr)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
-    from .models import float32_bytes
-
-    # a cluster file timed for another model
-    if study.calibrated_model is not None and (note := study.model_note(float32_bytes(setup.model))):
+    if note := study.model_note(setup.model):  # a cluster file timed for another model
         print(f"note: {note}", file=sys.stderr)
     replay = (exported or {}).get("execution") or ""
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
@@ -1045,10 +1042,7 @@ def cmd_baselines(args) -> int:
             print(f"note: baseline {name} left out: {e}")
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
-    from .models import float32_bytes
-
-    # a cluster file timed for another model
-    if study.calibrated_model is not None and (note := study.model_note(float32_bytes(setup.model))):
+    if note := study.model_note(setup.model):  # a cluster file timed for another model
         print(f"note: {note}", file=sys.stderr)
     results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
     from rich.table import Table

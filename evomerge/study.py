@@ -413,12 +413,18 @@ class Study:
     # the cluster file (environment.from) and the bytes of the model evomerge calibrate timed for it, where it says
     calibrated_model: tuple[str, int] | None = None
 
-    def model_note(self, nbytes: int) -> str | None:
-        """A note when the cluster file timed another model than this study's (``nbytes``: its float32 parameters
-        and buffers): its step times are another model's."""
-        if self.calibrated_model is None or self.calibrated_model[1] == nbytes:
+    def model_note(self, model) -> str | None:
+        """A note when the cluster file timed another model than this study's ``model`` (its float32 parameters
+        and buffers counted, as ``evomerge calibrate`` counts them): its step times are another model's. None
+        when the cluster file says nothing of its model, or timed one of the same size."""
+        if self.calibrated_model is None:
             return None
+        from .models import float32_bytes
+
+        nbytes = float32_bytes(model)
         path, timed = self.calibrated_model
+        if timed == nbytes:
+            return None
         return (f"study.environment.from: {path} timed steps of a model of {timed:,} bytes; this study's model has "
                 f"{nbytes:,} bytes: its step times are another model's (calibrate with this study)")
 

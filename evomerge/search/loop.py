@@ -309,10 +309,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
                                   cfg.study.path.parent if cfg.study.path is not None else None)
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
-    from ..models import float32_bytes
-
-    model_notes = [n for n in [cfg.study.model_note(float32_bytes(setup.model))] if n] \
-        if cfg.study.calibrated_model is not None else []  # a cluster file timed for another model
+    model_notes = [n for n in [cfg.study.model_note(setup.model)] if n]  # a cluster file timed for another model
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)
