@@ -25,6 +25,7 @@ from evomerge.engine import schedule
 from evomerge import simulate, study as study_mod
 from evomerge.errors import ConfigError
 from evomerge.policy import MergePolicy
+from forkranks import run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 # The device of the loop's model and of the engine it is held against. CI has no GPU: cpu. On a machine with one,
@@ -178,28 +179,16 @@ def _port() -> int:
 
 def launch(folder: Path, data_dir, out: Path, *args, world: int = 4, timeout: float = 240,
            env_extra: dict | None = None) -> list[subprocess.CompletedProcess]:
-    """The loop on ``world`` processes, as torchrun starts them; each rank's exit status and output."""
+    """The loop on ``world`` processes, as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... set; forked
+    from one interpreter that imported torch once, tests/forkranks.py); each rank's exit status and output."""
     port = _port()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   **(env_extra or {}))
-        cmd = [sys.executable, str(LOOP), "--study", str(folder / "study.toml"), "--data-dir", str(data_dir),
-               "--out", str(out), "--device", DEVICE, *[str(a) for a in args]]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    done = []
-    deadline = time.time() + timeout
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("the ranks did not end in time (a hang)") from None
-        done.append(subprocess.CompletedProcess(p.args, p.returncode, o, e))
-    return done
+    out.mkdir(parents=True, exist_ok=True)
+    argv = ["--study", folder / "study.toml", "--data-dir", data_dir, "--out", out, "--device", DEVICE, *args]
+    return run_ranks(LOOP, [argv] * world, logs=out, timeout=timeout,
+                     env=dict(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                              PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                              **(env_extra or {})),
+                     rank_env=[dict(RANK=r, LOCAL_RANK=r) for r in range(world)])
 
 
 def policies(folder, names):
@@ -906,18 +895,18 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
 
 
 def three_ranks(tmp_path: Path, script: str, case: str):
-    """``script`` on three gloo ranks (a file store in ``tmp_path``): the processes, each one's (stdout, stderr),
-    and the seconds from the last rank's joining the process group (the file it writes then) until all ended: not
-    their imports, which a loaded machine can make longer than a Merger's timeout."""
+    """``script`` on three gloo ranks (a file store in ``tmp_path``; forked from one interpreter that imported torch
+    once, tests/forkranks.py): each one's result (exit status, stdout, stderr), and the seconds from the last
+    rank's joining the process group (the file it writes then) until all ended: not their imports, which a loaded
+    machine can make longer than a Merger's timeout."""
     (tmp_path / "ranks.py").write_text(script)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     store = tmp_path / "store"
-    procs = [subprocess.Popen([sys.executable, "ranks.py", str(store), str(r), case], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    ranks = run_ranks(tmp_path / "ranks.py", [[store, r, case] for r in range(3)], logs=tmp_path, cwd=tmp_path,
+                      timeout=120, env=dict(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                                                     os.environ.get("PYTHONPATH")]))))
     ended = time.time()
     joined = max(float(Path(f"{store}.joined{r}").read_text()) for r in range(3))
-    return procs, outs, ended - joined
+    return ranks, [(r.stdout, r.stderr) for r in ranks], ended - joined
 
 
 @pytest.mark.integration
