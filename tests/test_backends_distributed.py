@@ -312,13 +312,13 @@ def _wait_for_ranks(proc, n: int, timeout: float = 60) -> list[int]:
 
 
 @contextlib.contextmanager
-def long_distributed_run(tmp_path, data_dir):
+def long_distributed_run(tmp_path, data_dir, env=None):
     """A 4-rank ``evomerge run --backend distributed`` far from its end; yields (process, rank pids)
     once the ranks are past the rendezvous, and kills the launcher if a test left it running."""
     study = write_study(tmp_path, workers=4, steps=200000)
     proc = subprocess.Popen([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
                              "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         ranks = _wait_for_ranks(proc, 4)
         time.sleep(2)  # past the rendezvous: the ranks are training and merging
@@ -351,9 +351,12 @@ def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
     watches the launcher itself; the server then exits too. The run's private folder, which the launcher had no
     chance to remove, goes at the next distributed run."""
     import glob
-    import tempfile
 
-    with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
+    # a temporary folder of its own: another test's distributed run, beside this one, would remove the orphan first
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    with long_distributed_run(tmp_path, data_dir, env) as (proc, ranks):
         server = {int(Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[1]) for r in ranks}
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -361,11 +364,12 @@ def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
         while [p for p in [*ranks, *server] if p != proc.pid and _alive(p)] and time.monotonic() < deadline:
             time.sleep(0.1)
     assert [p for p in [*ranks, *server] if p != proc.pid and _alive(p)] == []
-    left = glob.glob(os.path.join(tempfile.gettempdir(), f"evomerge-dist-*/launcher-{proc.pid}"))
+    left = glob.glob(os.path.join(tmp, f"evomerge-dist-*/launcher-{proc.pid}"))
     assert len(left) == 1, left  # (were left for good: one a killed launcher)
     study = write_study(tmp_path / "next", workers=2, steps=10)
     r = subprocess.run([*EVOMERGE, "run", "--study", str(study), "--policy", "ring-gossip", "--backend", "distributed",
-                        "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                        "--data-dir", str(data_dir), "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=env)
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(os.path.dirname(left[0]))
 
