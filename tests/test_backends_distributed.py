@@ -345,17 +345,20 @@ def test_killed_worker_ends_the_run_naming_its_rank(tmp_path, data_dir):
 
 
 @pytest.mark.system
-def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir):
+def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path, data_dir, request):
     """SIGKILL to the launcher gives it no chance to stop its ranks: they go with it. A rank's parent is the fork
     server, which outlives the launcher while a rank runs (each holds its end of the server's pipe), so each rank
     watches the launcher itself; the server then exits too. The run's private folder, which the launcher had no
     chance to remove, goes at the next distributed run."""
     import glob
+    import shutil
+    import tempfile
 
     # a temporary folder of its own: another test's distributed run, beside this one, would remove the orphan first
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp))
+    # (short, in the system's: the fork server's socket lives there, and a Unix socket's path has at most 107 bytes)
+    tmp = tempfile.mkdtemp(prefix="evt-")
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    env = dict(os.environ, TMPDIR=tmp)
     with long_distributed_run(tmp_path, data_dir, env) as (proc, ranks):
         server = {int(Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[1]) for r in ranks}
         os.kill(proc.pid, signal.SIGKILL)
