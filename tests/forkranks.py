@@ -9,7 +9,7 @@ JSON list, in the form ``subprocess`` gives them (-N for signal N), once every r
 
 Why: a rank started as ``python script.py`` pays torch's and evomerge's imports, about 2.4 s of CPU on the test
 machine, before it does anything; four ranks of a test on two cores paid more for their imports than for their
-run. The tests of the Merger launch some 80 ranks. The ranks stay separate processes with their own gloo
+run. The tests of the Merger launch about a hundred ranks. The ranks stay separate processes with their own gloo
 connections, as torchrun's; the torchrun launch itself is tested where a user's command is
 (tests/test_runtime.py's deploy example, tests/test_any_model.py's language model).
 """
@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent  # the project: evomerge importable by the launcher and its ranks
 PRELOAD = ["torch", "torch.distributed", "evomerge", "evomerge.runtime", "evomerge.simulate", "evomerge.reference"]
 
 
@@ -32,16 +33,18 @@ def run_ranks(script, argv: list[list], *, logs, cwd=None, env: dict | None = No
               rank_env: list[dict] | None = None, timeout: float = 240,
               preload: list[str] = PRELOAD) -> list[subprocess.CompletedProcess]:
     """``script`` as ``len(argv)`` ranks in folder ``cwd``, rank r with arguments ``argv[r]`` and environment
-    ``os.environ``, ``env`` (read by every rank's imports too: TORCH_CPP_LOG_LEVEL, ...) and ``rank_env[r]``. Each
-    rank's exit status and output (kept in folder ``logs``), as ``subprocess.run`` gives them; an AssertionError
-    naming a hang after ``timeout`` seconds, every rank killed."""
+    ``os.environ`` with the project first on PYTHONPATH, ``env`` (read by every rank's imports too:
+    TORCH_CPP_LOG_LEVEL, ...) and ``rank_env[r]``. Each rank's exit status and output (kept in folder ``logs``), as
+    ``subprocess.run`` gives them; an AssertionError naming a hang after ``timeout`` seconds, every rank killed."""
     logs = Path(logs)
     n = len(argv)
     spec = {"script": str(script), "preload": preload,
             "ranks": [{"argv": [str(a) for a in argv[r]], "env": {k: str(v) for k, v in (rank_env or [{}] * n)[r].items()},
                        "stdout": str(logs / f".rank-{r}.out"), "stderr": str(logs / f".rank-{r}.err")} for r in range(n)]}
     (logs / ".ranks.json").write_text(json.dumps(spec))
-    p = subprocess.Popen([sys.executable, __file__, str(logs / ".ranks.json")], cwd=cwd, env=dict(os.environ, **(env or {})),
+    p = subprocess.Popen([sys.executable, __file__, str(logs / ".ranks.json")], cwd=cwd,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                                  **(env or {})),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)

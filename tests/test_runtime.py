@@ -185,9 +185,7 @@ def launch(folder: Path, data_dir, out: Path, *args, world: int = 4, timeout: fl
     out.mkdir(parents=True, exist_ok=True)
     argv = ["--study", folder / "study.toml", "--data-dir", data_dir, "--out", out, "--device", DEVICE, *args]
     return run_ranks(LOOP, [argv] * world, logs=out, timeout=timeout,
-                     env=dict(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                              PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                              **(env_extra or {})),
+                     env=dict(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env_extra or {})),
                      rank_env=[dict(RANK=r, LOCAL_RANK=r) for r in range(world)])
 
 
@@ -902,8 +900,7 @@ def three_ranks(tmp_path: Path, script: str, case: str):
     (tmp_path / "ranks.py").write_text(script)
     store = tmp_path / "store"
     ranks = run_ranks(tmp_path / "ranks.py", [[store, r, case] for r in range(3)], logs=tmp_path, cwd=tmp_path,
-                      timeout=120, env=dict(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
-                                                                                     os.environ.get("PYTHONPATH")]))))
+                      timeout=120)
     ended = time.time()
     joined = max(float(Path(f"{store}.joined{r}").read_text()) for r in range(3))
     return ranks, [(r.stdout, r.stderr) for r in ranks], ended - joined
