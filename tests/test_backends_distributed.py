@@ -488,6 +488,27 @@ def test_bad_backend_flags_get_one_line(tmp_path, data_dir, flags, message):
 
 
 @pytest.mark.system
+def test_a_temporary_folder_too_long_for_the_ranks_sockets_is_one_line_naming_tmpdir(tmp_path, data_dir):
+    """The ranks start through Unix sockets that multiprocessing makes under the temporary folder (32 bytes more),
+    whose paths hold at most 107 bytes: a longer TMPDIR (pytest's folders, some clusters' scratch) was a traceback
+    ending in `OSError: AF_UNIX path too long`. It is one line naming TMPDIR, before any store is made."""
+    study = write_study(tmp_path, workers=4)
+    long = tmp_path / ("t" * max(1, 76 - len(str(tmp_path)) - 1))
+    long.mkdir()
+    n = len(str(long))  # 76 but where pytest's own folder is longer already
+    env = dict(os.environ, TMPDIR=str(long))
+    for command in (["run", "--policy", "ring-gossip"], ["search", "--n-trials", "1"]):
+        r = subprocess.run([*EVOMERGE, command[0], "--study", str(study), *command[1:], "--backend", "distributed",
+                            "--data-dir", str(data_dir)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and r.stderr.strip() == (
+            f"error: TMPDIR: the temporary folder {long} is too long ({n} bytes) for the Unix sockets the ranks start "
+            "through (at most 107 bytes with the 32 multiprocessing adds); allowed: a folder of at most 75 bytes, "
+            "e.g. TMPDIR=/tmp"), r.stderr
+    assert not (tmp_path / "runs").exists()  # refused before any store was made
+
+
+@pytest.mark.system
 def test_ctrl_c_stops_every_rank(tmp_path, data_dir):
     with long_distributed_run(tmp_path, data_dir) as (proc, ranks):
         proc.send_signal(signal.SIGINT)

@@ -150,8 +150,13 @@ def check_policy(backend: str, policy, timed: bool = False) -> None:
 
 
 def check_model(backend: str, model) -> None:
-    """Refuse, naming the field, a model the backend cannot run (called once the model is built)."""
+    """Refuse, naming the field, a model the backend cannot run (called once the model is built, before a run or a
+    search starts); for the distributed backend, also a temporary folder its ranks cannot start through."""
     capabilities(backend).check_model(model)
+    if backend == "distributed":
+        from .launch import check_socket_folder
+
+        check_socket_folder()
 
 
 def check_space(backend: str, names, space=(), timed: bool = False) -> None:

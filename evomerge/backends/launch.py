@@ -107,6 +107,7 @@ def simulate(setup: Setup, policy: MergePolicy, seed: int = 0, *, callback=None,
     if torch.device(device).type == "cuda" and world > torch.cuda.device_count():
         raise ConfigError("--procs", f"{world} processes on {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per "
                                      f"process; allowed: at most {torch.cuda.device_count()}, or --device cpu (gloo)")
+    check_socket_folder()
     ctx = _context(_start)
     up, down = ctx.Queue(), ctx.Queue()
     threads = max(1, int(os.environ.get("EVOMERGE_THREADS") or os.cpu_count() or 1) // world)  # procs.apply_threads
@@ -188,6 +189,24 @@ def _remove_orphans() -> None:
             continue
         if len(pids) == 1 and pids[0].isdigit() and not pid_running(int(pids[0])):
             shutil.rmtree(d, ignore_errors=True)
+
+
+SOCKET_PATH_MAX = 107  # bytes in a Unix socket's path (sun_path holds 108 with the closing NUL)
+_MP_SOCKET = len("/pymp-XXXXXXXX/listener-XXXXXXXX")  # multiprocessing's folder and socket under the temporary one
+
+
+def check_socket_folder() -> None:
+    """One line naming ``TMPDIR`` where the temporary folder's path is too long for the ranks' start: the tensors
+    the launcher hands its ranks pass as file descriptors over a Unix socket that multiprocessing makes in a folder
+    of its own there (as does the fork server), and a socket's path holds at most 107 bytes; Python's own error is
+    a traceback ending in ``OSError: AF_UNIX path too long``."""
+    folder = tempfile.gettempdir()
+    n = len(os.fsencode(folder))
+    if n + _MP_SOCKET > SOCKET_PATH_MAX:
+        raise ConfigError("TMPDIR", f"the temporary folder {folder} is too long ({n} bytes) for the Unix sockets "
+                                    f"the ranks start through (at most {SOCKET_PATH_MAX} bytes with the "
+                                    f"{_MP_SOCKET} multiprocessing adds); allowed: a folder of at most "
+                                    f"{SOCKET_PATH_MAX - _MP_SOCKET} bytes, e.g. TMPDIR=/tmp")
 
 
 def _context(method: str | None = None):
