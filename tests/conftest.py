@@ -48,8 +48,7 @@ dataset = "mnist"
 val_size = 500
 train_size = 2000
 [model]
-name = "mlp"
-hidden = [16]
+{model}
 [run]
 workers = {workers}
 batch_size = 16
@@ -73,14 +72,20 @@ policies = ["no-merging", "ring-gossip"]
 
 
 def write_study(directory: Path, name: str = "tiny", *, workers: int = 4, steps: int = 30, seeds=(0,),
-                topologies=("ring", "complete"), objectives=("val_accuracy",)) -> Path:
-    """A tiny study file (a few hundred samples per worker) with its policies folder, for search tests."""
+                topologies=("ring", "complete"), objectives=("val_accuracy",), slow: bool = False) -> Path:
+    """A tiny study file (a few hundred samples per worker) with its policies folder, for search tests. ``slow``:
+    the same MLP as a user's model (``tests/slowmlp.py``, copied beside the file) whose forward sleeps
+    ``SLOWMLP_DELAY`` seconds where a process has that variable: trials long in wall time, cheap in CPU."""
     import json
     import shutil
 
     directory.mkdir(parents=True, exist_ok=True)
     f = directory / f"{name}.toml"
-    f.write_text(TINY_STUDY.format(name=name, workers=workers, steps=steps, seeds=json.dumps(list(seeds)),
+    model = 'name = "mlp"\nhidden = [16]'
+    if slow:
+        model = 'factory = "slowmlp:make"\nexecution = "stacked"'
+        shutil.copy(ROOT / "tests" / "slowmlp.py", directory)
+    f.write_text(TINY_STUDY.format(name=name, workers=workers, steps=steps, seeds=json.dumps(list(seeds)), model=model,
                                    topologies=json.dumps(list(topologies)), objectives=json.dumps(list(objectives))))
     (directory / "policies").mkdir(exist_ok=True)
     for p in ("no-merging", "ring-gossip"):

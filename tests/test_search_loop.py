@@ -14,6 +14,8 @@ from evomerge.errors import ConfigError
 from evomerge.search.config import SAMPLERS
 from searchutil import cli, cma_points as _cma_points, states, wait_for
 
+SLOW = {"SLOWMLP_DELAY": "0.01"}  # a study written with slow=True: its model sleeps 10 ms a forward (tests/slowmlp.py)
+
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sampler):
@@ -103,10 +105,10 @@ def interrupt_mid_trial(proc, db, after_complete):
 
 @pytest.mark.system
 def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=3000)  # trials of a few seconds: the signal lands inside one
+    f = write_study(tmp_path, steps=300, slow=True)  # with the delay, trials of 3 s: the signal lands inside one
     db = tmp_path / "runs" / "tiny" / "optuna.db"
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
-               data_dir=data_dir, wait=False)
+               data_dir=data_dir, wait=False, env_extra=SLOW)
     rc, out, err = interrupt_mid_trial(proc, db, after_complete=2)
     assert rc == 130 and "run the same command again to resume" in err
     st = states(db)
@@ -124,7 +126,9 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
-    f = write_study(tmp_path, steps=3000)  # trials of 1-2 s: the signal lands inside one, or between two (resumed the same)
+    # the interrupted search's trials last 3 s (the model's delay): the signal lands inside one, or between two
+    # (resumed the same); the others run the same arithmetic without the delay
+    f = write_study(tmp_path, steps=300, slow=True)
     # --no-prune: a pruned trial can end within the half second the signal waits for (it then never lands)
     # --no-verdict: the verdict judges picks and baselines on fresh seeds, a minute here, and says nothing of CMA-ES
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3", "--cmaes-categoricals", "fixed",
@@ -132,7 +136,7 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
-    proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False)
+    proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False, env_extra=SLOW)
     rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=4)  # inside the second generation
     assert rc == 130
     b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
@@ -168,10 +172,10 @@ def test_parallel_jobs_share_one_sqlite_study(tmp_path, data_dir, flags):
 def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(tmp_path, data_dir):
     from procutil import children, in_group, wait_gone
 
-    f = write_study(tmp_path, steps=9000)  # trials long enough that the signal lands inside both
+    f = write_study(tmp_path, steps=300, slow=True)  # with the delay, trials of 12 s: the signal lands inside both
     db = tmp_path / "runs" / "tiny" / "optuna.db"
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
-               "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False)
+               "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False, env_extra={"SLOWMLP_DELAY": "0.04"})
     try:
         def both_running():
             try:

@@ -1,0 +1,27 @@
+"""A user's model for the tests that signal or kill a search mid-trial: the tiny study's MLP, whose forward
+sleeps ``SLOWMLP_DELAY`` seconds (read from the environment when the factory is called; 0 by default).
+
+The tests need trials that last seconds in wall time so that a signal lands inside one; with the delay they do
+without spending the CPU that thousands of real steps would, and the same study without it runs the same
+arithmetic fast (an uninterrupted reference search, or the resumed one)."""
+
+import os
+import time
+
+import torch
+from torch import nn
+
+
+class SlowMLP(nn.Module):
+    def __init__(self, hidden: int, delay: float):
+        super().__init__()
+        self.fc1, self.fc2, self.delay = nn.Linear(28 * 28, hidden), nn.Linear(hidden, 10), delay
+
+    def forward(self, x):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def make(hidden: int = 16) -> nn.Module:
+    return SlowMLP(hidden, float(os.environ.get("SLOWMLP_DELAY", "0")))
