@@ -428,14 +428,13 @@ def test_time_to_a_loss_target_and_loss_at_time_on_a_simulated_cluster(folder):
 
 @pytest.mark.system
 def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder, tmp_path):
-    """The commands a user runs, on their own regression study: no accuracy anywhere, the loss instead."""
-    import os
-    import subprocess
-    import sys
+    """The commands a user runs, on their own regression study: no accuracy anywhere, the loss instead. The search
+    runs as the command does, in a process of its own; the others in this process (``cli.main``), a Python start-up
+    less each."""
+    from searchutil import cli
 
-    def evomerge(*args):
-        return subprocess.run([sys.executable, "-m", "evomerge.cli", *args], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    def evomerge(*args, process=False):
+        return cli(*args, cwd=tmp_path, data_dir=tmp_path, process=process)
 
     p = write_study(folder, "my-mse-cli", 'loader = "mydata:halves"', "regressor", loss="mse", metric="val_loss",
                     steps=40)
@@ -448,7 +447,8 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     head = next(line for line in r.stdout.splitlines() if "policy" in line and "status" in line)
     assert "val loss" in head and "acc" not in head and "worker" not in head, r.stdout
-    r = evomerge("search", "--study", str(p), "--n-trials", "2", "--reevaluate", "1", "--runs-dir", str(tmp_path / "runs"))
+    r = evomerge("search", "--study", str(p), "--n-trials", "2", "--reevaluate", "1", "--runs-dir", str(tmp_path / "runs"),
+                 process=True)
     assert r.returncode == 0, r.stderr
     assert "val loss (min)" in r.stdout and re.search(r"^verdict: ", r.stdout, re.M), r.stdout
     assert " val loss" in r.stdout.split("verdict:")[1] and "accuracy" not in r.stdout

@@ -444,8 +444,10 @@ def test_distributed_search_proposes_and_scores_like_inprocess(tmp_path, data_di
 def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_dir):
     import sqlite3
 
-    study = write_study(tmp_path, workers=4, steps=2000)
-    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir))
+    # its model sleeps 10 ms a forward (tests/slowmlp.py): trials of 3 s, long enough for the kill to land inside
+    # the first, for little CPU
+    study = write_study(tmp_path, workers=4, steps=300, slow=True)
+    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir), SLOWMLP_DELAY="0.01")
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen([*EVOMERGE, "search", "--study", str(study), "--backend", "distributed", "--n-trials", "2",
                              "--sampler", "random", "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path, env=env,

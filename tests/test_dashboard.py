@@ -175,10 +175,12 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     assert p.returncode == 0, p.stderr
     assert f"wrote {tmp_path / 'out' / 'index.html'}" in p.stdout and (tmp_path / "out" / "index.html").is_file()
     assert "note:" not in p.stderr  # the search's own MLflow store: nothing left out of the page
-    # an MLflow server that does not answer: the page is written at once and says why it shows no runs
-    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "dashboard", "--study", str(s.path), "--runs-dir",
-                        str(d / "runs"), "--out", str(tmp_path / "dead"), "--no-baselines", "--tracking-uri",
-                        "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    # an MLflow server that does not answer: the page is written at once and says why it shows no runs (this and the
+    # next in this process, cli.main: the command's code without a Python start-up each)
+    from searchutil import cli
+
+    p = cli("dashboard", "--study", s.path, "--runs-dir", d / "runs", "--out", tmp_path / "dead", "--no-baselines",
+            "--tracking-uri", "http://127.0.0.1:9", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "MLflow runs not read: --tracking-uri: cannot reach the MLflow server at http://127.0.0.1:9" in \
         (tmp_path / "dead" / "index.html").read_text()
@@ -190,9 +192,8 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     from conftest import refusing_server
 
     with refusing_server() as uri:
-        p = subprocess.run([sys.executable, "-m", "evomerge.cli", "dashboard", "--study", str(s.path), "--runs-dir",
-                            str(d / "runs"), "--out", str(tmp_path / "refused"), "--no-baselines", "--tracking-uri", uri],
-                           capture_output=True, text=True, timeout=120)
+        p = cli("dashboard", "--study", s.path, "--runs-dir", d / "runs", "--out", tmp_path / "refused", "--no-baselines",
+                "--tracking-uri", uri, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     said = f"MLflow runs not read: --tracking-uri: {uri} answers, but not as an MLflow tracking server (PERMISSION_DENIED"
     assert said in (tmp_path / "refused" / "index.html").read_text() and f"note: {said}" in p.stderr, p.stderr

@@ -36,8 +36,11 @@ def trials(url):
 
 @pytest.mark.system
 def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp_path, data_dir, postgres_url):
-    f = write_study(tmp_path, steps=2000)  # trials of a few seconds with three processes on two cores
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"EVOMERGE_DATA_DIR": str(data_dir)}
+    # trials of 3 s (the model sleeps 10 ms a forward, tests/slowmlp.py): the kill lands well inside one, and three
+    # processes share two cores for little CPU
+    f = write_study(tmp_path, steps=300, slow=True)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"EVOMERGE_DATA_DIR": str(data_dir),
+                                                                                "SLOWMLP_DELAY": "0.01"}
     procs = []
     for i in range(3):  # separate runs folders, as on separate machines: only the database is shared
         procs.append(subprocess.Popen(
