@@ -322,7 +322,13 @@ policies = ["no-merging", "allreduce", "ring-gossip"]
 """
 
 
-def cli(*args, cwd, data_dir):
+def cli(*args, cwd, data_dir, process=False):
+    """The command in this process (``cli.main``, as the other tests' commands that get no signal), or with
+    ``process`` in a process of its own with a bare environment (a home of its own, no MLflow variables)."""
+    if not process:
+        from searchutil import cli as in_process
+
+        return in_process(*args, cwd=cwd, data_dir=data_dir)
     env = {"EVOMERGE_DATA_DIR": str(data_dir), "PATH": "/usr/bin:/bin", "HOME": str(cwd), "EVOMERGE_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "evomerge.cli", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=900)
@@ -342,7 +348,7 @@ def write(tmp_path, name="tiny-timed", **changes):
 def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     f = write(tmp_path)
     p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--json", str(tmp_path / "r.json"),
-            cwd=tmp_path, data_dir=data_dir)
+            cwd=tmp_path, data_dir=data_dir, process=True)
     assert p.returncode == 0, p.stderr
     assert "simulated time" in p.stdout and "time to 0.5 val acc" in p.stdout and "accuracy at the 2 s budget" in p.stdout
     out = json.loads((tmp_path / "r.json").read_text())
