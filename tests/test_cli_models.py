@@ -227,12 +227,14 @@ def test_a_search_on_a_broken_factory_stops_before_storing_and_the_fixed_file_se
     assert p.stderr.count("\n") == 1 and p.stdout == ""
     assert not (runs / "broken-search").exists()
     user_study(bad_folder, name="broken-search")  # the factory fixed
-    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1",
-                 "--no-verdict", cwd=tmp_path)
+    from searchutil import cli  # the searches that follow in this process (cli.main): a Python start-up less each
+
+    p = cli("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1", "--no-verdict",
+            cwd=tmp_path, data_dir=tmp_path)
     assert p.returncode == 0, p.stderr
     # the end table's baselines run without a verdict too, and say so (they sat silent for minutes); kept after
     assert re.search(r"^baselines: 4 on the study's seeds \[0\] for the table, 4 runs \(kept with the study for the "
                      r"next time\)$", p.stderr, re.M), p.stderr
-    p = evomerge("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1",
-                 "--no-verdict", cwd=tmp_path)
+    p = cli("search", "--study", str(study), "--runs-dir", str(runs), "--quiet", "--n-trials", "1", "--no-verdict",
+            cwd=tmp_path, data_dir=tmp_path)
     assert p.returncode == 0 and "baselines:" not in p.stderr and "ring-gossip" in p.stdout, p.stderr
