@@ -150,9 +150,13 @@ def check_policy(backend: str, policy, timed: bool = False) -> None:
 
 
 def check_model(backend: str, model) -> None:
-    """Refuse, naming the field, a model the backend cannot run (called once the model is built, before a run or a
-    search starts); for the distributed backend, also a temporary folder its ranks cannot start through."""
+    """Refuse, naming the field, a model the backend cannot run (called once the model is built)."""
     capabilities(backend).check_model(model)
+
+
+def check_launch(backend: str) -> None:
+    """Before a command launches the distributed backend's ranks on this machine (not under torchrun): refuse, naming
+    ``TMPDIR``, a temporary folder they cannot start through (:func:`evomerge.backends.launch.check_socket_folder`)."""
     if backend == "distributed":
         from .launch import check_socket_folder
 

@@ -53,6 +53,7 @@ def checked_setup(cfg: SearchConfig, data=None):
 
     setup = prepare(cfg.study, data=data, data_dir=cfg.data_dir)
     backends.check_model(cfg.backend, setup.model)
+    backends.check_launch(cfg.backend)
     check_fragments(cfg.study, setup.model)
     return setup
 
