@@ -473,10 +473,9 @@ def cmd_run(args) -> int:
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
         # the strategy the trial ran with: the same numbers, not only the same to float tolerance
         setup.model.execution, setup.model.execution_reason = replay.split()[0], "as the exported trial ran"
-    from .backends import check_launch, check_model
+    from .backends import check_model
 
     check_model(args.backend, setup.model)
-    check_launch(args.backend)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)
     res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)

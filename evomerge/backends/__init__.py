@@ -155,8 +155,9 @@ def check_model(backend: str, model) -> None:
 
 
 def check_launch(backend: str) -> None:
-    """Before a command launches the distributed backend's ranks on this machine (not under torchrun): refuse, naming
-    ``TMPDIR``, a temporary folder they cannot start through (:func:`evomerge.backends.launch.check_socket_folder`)."""
+    """Before a search stores its study and launches the distributed backend's ranks on this machine (not under
+    torchrun): refuse, naming ``TMPDIR``, a temporary folder they cannot start through
+    (:func:`evomerge.backends.launch.check_socket_folder`, which every local launch calls itself)."""
     if backend == "distributed":
         from .launch import check_socket_folder
 
