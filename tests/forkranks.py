@@ -26,7 +26,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: evomerge importable by the launcher and its ranks
-PRELOAD = ["torch", "torch.distributed", "evomerge", "evomerge.runtime", "evomerge.simulate", "evomerge.reference"]
+# torch._dynamo: the first torch.optim optimiser a process builds imports it (with sympy), about 1.7 s of CPU on the test
+# machine, which each rank paid again after the fork
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "evomerge", "evomerge.runtime", "evomerge.simulate",
+           "evomerge.reference"]
 
 
 def run_ranks(script, argv: list[list], *, logs, cwd=None, env: dict | None = None,
