@@ -42,29 +42,37 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     simulated clock of a study with an ``[environment]``. The keywords are the options of
     ``evomerge run`` with the same names and defaults (tests/test_cli.py holds them together).
     """
-    from .engine.setup import prepare
-    from .backends import runner
-    from .backends import found_with, run_inputs
-    from .search.results import load_or_stored
-    from .study import Study, load
+    import inspect
 
-    # an unknown name: load's own line
-    st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
-    pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
-    st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
-    if note:
-        import warnings
+    from .errors import check_seed, keyword_names
 
-        warnings.warn(note.removeprefix("note: "), stacklevel=2)
-    run_fn = runner(backend, procs, st.run.workers)
-    extra = {}
-    if emulate_time:
-        from .backends import check_emulate_time
+    with keyword_names(inspect.signature(run).parameters):  # a bad keyword is named as the caller wrote it
+        from .engine.setup import prepare, resolve_device
+        from .backends import runner
+        from .backends import found_with, run_inputs
+        from .search.results import load_or_stored
+        from .study import Study, load
 
-        check_emulate_time(backend, st)
-        extra["emulate_time"] = True
-    setup = prepare(st, data_dir=data_dir)
-    return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test, **extra)
+        check_seed(seed)  # as `evomerge run` checks them: before anything is read
+        if device:
+            resolve_device(device)
+        # an unknown name: load's own line
+        st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
+        pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
+        st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
+        if note:
+            import warnings
+
+            warnings.warn(note.removeprefix("note: "), stacklevel=2)
+        run_fn = runner(backend, procs, st.run.workers)
+        extra = {}
+        if emulate_time:
+            from .backends import check_emulate_time
+
+            check_emulate_time(backend, st)
+            extra["emulate_time"] = True
+        setup = prepare(st, data_dir=data_dir)
+        return run_fn(setup, pol, seed, callback=callback, device=device, evaluate_test=evaluate_test, **extra)
 
 
 # ``evomerge.search`` names the function below, not the subpackage: the subpackage is imported
@@ -83,14 +91,21 @@ def search(study, *, data=None, **options):
     loaded data (tests). Calling it again resumes the study; ``n_trials`` is the total of finished
     trials the study should hold. Optuna's own logging is left as the caller set it.
     """
+    from .errors import check_seed, keyword_names
     from .search.config import make_config
     from .search.loop import run_search
-    from .search.options import check_keywords
+    from .search.options import DEFAULTS, check_keywords
     from .study import Study, load
 
     check_keywords("search", options)
-    st = study if isinstance(study, Study) else load(study)
-    return run_search(make_config(st, **options), data=data)
+    with keyword_names(DEFAULTS):  # a bad keyword is named as the caller wrote it (n_trials, not --n-trials)
+        check_seed(options.get("seed"))  # as `evomerge search` checks them: before anything is read
+        if options.get("device"):
+            from .engine.setup import resolve_device
+
+            resolve_device(options["device"])
+        st = study if isinstance(study, Study) else load(study)
+        return run_search(make_config(st, **options), data=data)
 
 
 def _search_signature():

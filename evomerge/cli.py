@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .dburls import shown
-from .errors import ConfigError, RunError, did_you_mean, unknown
+from .errors import ConfigError, RunError, check_seed, did_you_mean, unknown
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
@@ -297,8 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_unrecognized(parser, args, extra, argv)}", file=sys.stderr)
         return 2
     try:
-        if getattr(args, "seed", None) is not None and args.seed < 0:
-            raise ConfigError("--seed", f"{args.seed} is out of range; allowed: an integer >= 0")
+        check_seed(getattr(args, "seed", None))
         if getattr(args, "device", None):  # before any data is read or trial is asked
             from .engine.setup import resolve_device
 

@@ -6,6 +6,8 @@ other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+
 
 class ConfigError(ValueError):
     """Bad input from a user: a policy, a study, a path or a flag.
@@ -47,6 +49,27 @@ def unknown_key(key: str, allowed) -> str:
     ``unknown key; allowed: a, b`` and the nearest."""
     allowed = [str(a) for a in allowed]
     return f"unknown key; allowed: {', '.join(allowed)}" + did_you_mean(key, allowed)
+
+
+def check_seed(seed) -> None:
+    """A seed is an integer >= 0 (``--seed``; a run's, a search's): said before anything is read."""
+    if seed is not None and seed < 0:
+        raise ConfigError("--seed", f"{seed} is out of range; allowed: an integer >= 0")
+
+
+@contextlib.contextmanager
+def keyword_names(names):
+    """For the Python API: a :class:`ConfigError` raised inside that names one of the command's flags
+    (``--n-trials``) whose keyword is in ``names`` names the keyword the caller wrote (``n_trials``) instead. The
+    error keeps its type and traceback; the command line, which calls the same code, keeps its flags."""
+    try:
+        yield
+    except ConfigError as e:
+        key = e.field.removeprefix("--").replace("-", "_")
+        if e.field.startswith("--") and key in names:
+            e.field = key
+            e.args = (f"{key}: {e.message}",)
+        raise
 
 
 class DataNotFoundError(ConfigError):

@@ -82,6 +82,8 @@ def test_help_answers_with_the_example_through_the_real_command():
 
 @pytest.mark.system
 def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path):
+    """Each refusal names the keyword the caller wrote (``procs``), where the command's names its flag (``--procs``;
+    they named the flag in Python too)."""
     import pytest
 
     from conftest import write_study
@@ -89,7 +91,7 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
 
     f = write_study(tmp_path, workers=4)
     no_data = tmp_path / "no-data"  # nothing is read: every error comes first
-    with pytest.raises(ConfigError, match=r"^--policy: nope: no such file or named policy; named: .*fedavg"):
+    with pytest.raises(ConfigError, match=r"^policy: nope: no such file or named policy; named: .*fedavg"):
         evomerge.run(f, "nope", data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
         evomerge.run(f, evomerge.MergePolicy(topology="random_regular", degree=4), data_dir=no_data)
@@ -99,7 +101,35 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
         evomerge.run(f, {"scheme": "gosip"}, data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy: must be a MergePolicy, a dict of its fields, a file or a named "):
         evomerge.run(f, 3, data_dir=no_data)
-    with pytest.raises(ConfigError, match=r"^--procs: applies to --backend distributed only"):
+    with pytest.raises(ConfigError, match=r"^procs: applies to --backend distributed only"):
         evomerge.run(f, "ring-gossip", procs=2, data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^backend: unknown 'mpi'; allowed: inprocess, distributed$"):
+        evomerge.run(f, "ring-gossip", backend="mpi", data_dir=no_data)
+    # the seed and the device as `evomerge run` checks them, before anything is read (were after the data)
+    with pytest.raises(ConfigError, match=r"^seed: -1 is out of range; allowed: an integer >= 0$"):
+        evomerge.run(f, "ring-gossip", seed=-1, data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^device: 'tpu' is not a torch device; allowed: cpu, cuda, cuda:N$"):
+        evomerge.run(f, "ring-gossip", device="tpu", data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy.swap_p: 0.5 is not supported by the distributed backend"):
         evomerge.run(f, evomerge.MergePolicy(swap_p=0.5), backend="distributed", data_dir=no_data)
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"n_trials": 0}, "n_trials: 0 is out of range; allowed: [1, inf)"),
+    ({"reevaluate": -1}, "reevaluate: -1 is out of range; allowed: [0, inf) fresh seeds"),
+    ({"sampler": "tpee"}, "sampler: unknown 'tpee'; allowed: tpe, random, nsga2, cmaes; did you mean tpe?"),
+    ({"seed": -2}, "seed: -2 is out of range; allowed: an integer >= 0"),
+    ({"device": "tpu"}, "device: 'tpu' is not a torch device; allowed: cpu, cuda, cuda:N"),
+    ({"backend": "mpi"}, "backend: unknown 'mpi'; allowed: inprocess, distributed"),
+])
+def test_search_names_the_keyword_the_caller_wrote_before_reading_data(tmp_path, kwargs, said):
+    """evomerge.search() refuses as `evomerge search` does, in one line, before any data is read or store made;
+    the line names the keyword (``n_trials``), not the command's flag (``--n-trials``), as it did."""
+    from conftest import write_study
+    from evomerge.errors import ConfigError
+
+    f = write_study(tmp_path, workers=4)
+    with pytest.raises(ConfigError) as e:
+        evomerge.search(f, runs_dir=tmp_path / "runs", data_dir=tmp_path / "no-data", **kwargs)
+    assert str(e.value) == said and e.value.field == said.split(":")[0]
+    assert not (tmp_path / "runs").exists()

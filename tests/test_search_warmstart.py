@@ -50,7 +50,7 @@ def test_warm_start_evaluates_exactly_the_source_completed_trials_first(tmp_path
     again = evomerge.search(s, verdict=False, n_trials=6, warm_start_from="src", runs_dir=tmp_path / "runs", data_dir=data_dir)
     assert again.records == [] and again.warm_start["trials"] == 5 and len(tgt.get_trials()) == 6
     _source_named(tmp_path, data_dir, "other")
-    with pytest.raises(ConfigError, match="--warm-start-from: study tgt started from 'src'; it cannot start again"):
+    with pytest.raises(ConfigError, match="warm_start_from: study tgt started from 'src'; it cannot start again"):
         evomerge.search(s, verdict=False, n_trials=6, warm_start_from="other", runs_dir=tmp_path / "runs", data_dir=data_dir)
 
 
