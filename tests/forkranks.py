@@ -16,6 +16,7 @@ connections, as torchrun's; the torchrun launch itself is tested where a user's 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -81,6 +82,9 @@ def main() -> None:
     sys.path[0] = os.path.dirname(script)  # as `python script.py`: its folder first, not this launcher's
     for name in spec["preload"]:
         importlib.import_module(name)
+    # what the imports made is never garbage: kept out of every collection the ranks make (Python's advice for a
+    # fork without exec, gc.freeze), which each of them spent walking it again, at its exit too
+    gc.freeze()
     ranks = {}
     for r, rank in enumerate(spec["ranks"]):
         sys.stdout.flush()
