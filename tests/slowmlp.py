@@ -1,5 +1,7 @@
 """A user's model for the tests that signal or kill a search mid-trial: the tiny study's MLP, whose forward
-sleeps ``SLOWMLP_DELAY`` seconds (read from the environment when the factory is called; 0 by default).
+sleeps ``SLOWMLP_DELAY`` seconds (read from the environment when the factory is called; 0 by default), and, where
+``SLOWMLP_WHILE`` names a file, only while that file exists (a test removes it once its signal has landed: the
+trials after it run fast).
 
 The tests need trials that last seconds in wall time so that a signal lands inside one; with the delay they do
 without spending the CPU that thousands of real steps would, and the same study without it runs the same
@@ -24,4 +26,7 @@ class SlowMLP(nn.Module):
 
 
 def make(hidden: int = 16) -> nn.Module:
-    return SlowMLP(hidden, float(os.environ.get("SLOWMLP_DELAY", "0")))
+    delay = float(os.environ.get("SLOWMLP_DELAY", "0"))
+    if os.environ.get("SLOWMLP_WHILE") and not os.path.exists(os.environ["SLOWMLP_WHILE"]):
+        delay = 0.0
+    return SlowMLP(hidden, delay)

@@ -449,9 +449,11 @@ def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_
     import sqlite3
 
     # its model sleeps 10 ms a forward (tests/slowmlp.py): trials of 3 s, long enough for the kill to land inside
-    # the first, for little CPU
+    # the first, for little CPU; the trials after the kill, without the file, run at full speed
     study = write_study(tmp_path, workers=4, steps=300, slow=True)
-    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir), SLOWMLP_DELAY="0.01")
+    slow = tmp_path / "slow"
+    slow.write_text("")
+    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir), SLOWMLP_DELAY="0.01", SLOWMLP_WHILE=str(slow))
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen([*EVOMERGE, "search", "--study", str(study), "--backend", "distributed", "--n-trials", "2",
                              "--sampler", "random", "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path, env=env,
@@ -460,6 +462,7 @@ def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_
         ranks = _wait_for_ranks(proc, 4, timeout=120)
         time.sleep(1.5)
         os.kill(ranks[1], signal.SIGKILL)
+        slow.unlink()
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
