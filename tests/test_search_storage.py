@@ -273,3 +273,23 @@ def test_a_search_whose_storage_cannot_be_opened_leaves_no_folder(tmp_path, data
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith(f"error: --storage: {tmp_path / 'elsewhere'} is not a database address (")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.integration
+def test_a_wrong_database_address_is_said_before_the_data_is_read(tmp_path):
+    """(The search read its data first, then opened the store: with the data missing too, the data's line was the one
+    a user saw, and a user's slow loader ran before a typo in --storage was said.) The command and the Python API."""
+    import evomerge
+
+    f = write_study(tmp_path)
+    no_data = tmp_path / "no-data"  # nothing is read: the address's line comes first
+    p = cli("search", "--study", str(f), "--storage", "http://me:secret@127.0.0.1:1/db", cwd=tmp_path, data_dir=no_data)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: --storage: http://me:***@127.0.0.1:1/db is not a database address (SQLAlchemy has no dialect for "
+        "http:// (Can't load plugin: sqlalchemy.dialects:http)); allowed: sqlite:///PATH/optuna.db, "
+        "postgresql://USER@HOST/DB, mysql+pymysql://USER@HOST/DB (an Optuna storage: a database SQLAlchemy opens)"]
+    with pytest.raises(ConfigError) as e:  # a server that is not there: refused, port 1
+        evomerge.search(f, storage="postgresql://me@127.0.0.1:1/db", runs_dir=tmp_path / "runs", data_dir=no_data)
+    assert e.value.field == "storage" and str(e.value).startswith(
+        "storage: cannot reach the database at postgresql+psycopg://me@127.0.0.1:1/db ("), str(e.value)
+    assert not (tmp_path / "runs").exists()

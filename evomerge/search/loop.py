@@ -18,7 +18,7 @@ from ..dburls import shown
 from ..errors import ConfigError, RunError
 from .config import SearchConfig
 from .results import best_trials, count_states
-from .storage import load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
+from .storage import check_storage, load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
 from .trial import Interrupted, bare_record, beat_if_slow, mark_interrupted, run_batch, run_trial
 
 
@@ -304,6 +304,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
 
     uri = resolve_tracking_uri(cfg.tracking_uri, cfg.study_dir)
     check_reachable(uri)  # before the first trial
+    check_storage(cfg.storage)  # a wrong database address is said before the data is read (was after)
     if data is None:  # loaded once, for this process's trials, the best model, the verdict and the end screen
         from .. import data as data_mod
 

@@ -64,6 +64,14 @@ def quiet_optuna():
         yield
 
 
+def check_storage(url: str) -> None:
+    """What :func:`open_storage` would refuse about a database server's address (unreadable, no such dialect or
+    driver, a server that refuses or does not answer), said before a search reads its data: one connection, nothing
+    written. A SQLite file is left to :func:`open_storage`, which makes its folder."""
+    if not url.startswith("sqlite:"):
+        check_database(url, "--storage", STORAGE_URLS, 10)
+
+
 def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None = None):
     """An Optuna RDB storage with heartbeats. With ``study``, a trial that goes stale (its process
     died) is retried: its parameters are enqueued again, marked ``retry_of``."""
