@@ -28,6 +28,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'evomerge' has no attribute {name!r}")
 
 
+def _check_seed_and_device(seed, device) -> None:
+    """What every command and its Python call check before anything is read: a seed is an integer >= 0
+    (``--seed``), a device one this torch can run on (``--device``; torch is imported only when one is given)."""
+    if seed is not None and seed < 0:
+        raise ConfigError("--seed", f"{seed} is out of range; allowed: an integer >= 0")
+    if device:
+        from .engine.setup import resolve_device
+
+        resolve_device(device)
+
+
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
         procs: int | None = None, callback=None, evaluate_test: bool = False, emulate_time: bool = False,
         runs_dir=None, storage: str | None = None):
@@ -44,18 +55,16 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     """
     import inspect
 
-    from .errors import check_seed, keyword_names
+    from .errors import keyword_names
 
     with keyword_names(inspect.signature(run).parameters):  # a bad keyword is named as the caller wrote it
-        from .engine.setup import prepare, resolve_device
+        from .engine.setup import prepare
         from .backends import runner
         from .backends import found_with, run_inputs
         from .search.results import load_or_stored
         from .study import Study, load
 
-        check_seed(seed)  # as `evomerge run` checks them: before anything is read
-        if device:
-            resolve_device(device)
+        _check_seed_and_device(seed, device)  # as `evomerge run` checks them: before anything is read
         # an unknown name: load's own line
         st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
         pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
@@ -91,7 +100,7 @@ def search(study, *, data=None, **options):
     loaded data (tests). Calling it again resumes the study; ``n_trials`` is the total of finished
     trials the study should hold. Optuna's own logging is left as the caller set it.
     """
-    from .errors import check_seed, keyword_names
+    from .errors import keyword_names
     from .search.config import make_config
     from .search.loop import run_search
     from .search.options import DEFAULTS, check_keywords
@@ -99,11 +108,7 @@ def search(study, *, data=None, **options):
 
     check_keywords("search", options)
     with keyword_names(DEFAULTS):  # a bad keyword is named as the caller wrote it (n_trials, not --n-trials)
-        check_seed(options.get("seed"))  # as `evomerge search` checks them: before anything is read
-        if options.get("device"):
-            from .engine.setup import resolve_device
-
-            resolve_device(options["device"])
+        _check_seed_and_device(options.get("seed"), options.get("device"))  # as `evomerge search`: before any read
         st = study if isinstance(study, Study) else load(study)
         return run_search(make_config(st, **options), data=data)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from .dburls import shown
-from .errors import ConfigError, RunError, check_seed, did_you_mean, unknown
+from . import _check_seed_and_device
+from .errors import ConfigError, RunError, did_you_mean, unknown
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
@@ -297,11 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_unrecognized(parser, args, extra, argv)}", file=sys.stderr)
         return 2
     try:
-        check_seed(getattr(args, "seed", None))
-        if getattr(args, "device", None):  # before any data is read or trial is asked
-            from .engine.setup import resolve_device
-
-            resolve_device(args.device)
+        _check_seed_and_device(getattr(args, "seed", None), getattr(args, "device", None))  # before any data is read
         return args.handler(args) or 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -51,12 +51,6 @@ def unknown_key(key: str, allowed) -> str:
     return f"unknown key; allowed: {', '.join(allowed)}" + did_you_mean(key, allowed)
 
 
-def check_seed(seed) -> None:
-    """A seed is an integer >= 0 (``--seed``; a run's, a search's): said before anything is read."""
-    if seed is not None and seed < 0:
-        raise ConfigError("--seed", f"{seed} is out of range; allowed: an integer >= 0")
-
-
 @contextlib.contextmanager
 def keyword_names(names):
     """For the Python API: a :class:`ConfigError` raised inside that names one of the command's flags
