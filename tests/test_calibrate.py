@@ -487,7 +487,7 @@ def test_ranks_started_by_hand_name_a_rank_that_never_joins_in_one_line(tmp_path
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port()),
                PYTHONPATH=str(ROOT))
     procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
-                               str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--timeout", "10"],
+                               str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--timeout", "4"],
                               env=dict(env, RANK=str(r)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in range(2)]
     os.kill(procs[1].pid, signal.SIGSTOP)
@@ -498,7 +498,7 @@ def test_ranks_started_by_hand_name_a_rank_that_never_joins_in_one_line(tmp_path
             p.kill()
     assert procs[0].returncode == calibrate.PEER_GONE, err[-2000:]
     assert len(err.strip().splitlines()) == 1 and err.startswith(
-        "error: rank 0: the ranks did not all join the process group within --timeout 10 s ("), err[-2000:]
+        "error: rank 0: the ranks did not all join the process group within --timeout 4 s ("), err[-2000:]
     assert not (tmp_path / "c.toml").exists()
 
 

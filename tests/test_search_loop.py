@@ -84,13 +84,17 @@ def running_number(db):
     return rows[0][0] if len(rows) == 1 else None
 
 
-def interrupt_mid_trial(proc, db, after_complete):
-    """SIGINT once a trial has been running for a while (so the signal lands inside it, not between trials)."""
+def interrupt_mid_trial(proc, db, after_complete, slow_file=None):
+    """SIGINT once a trial has been running for a while (so the signal lands inside it, not between trials). With
+    ``slow_file`` (the process's SLOWMLP_WHILE), the model's delay starts once ``after_complete - 1`` trials are
+    complete: the trials before run fast, the ones the signal is for slow."""
     def settled_in_a_trial():
         try:
             st = states(db)
         except sqlite3.Error:
             return False
+        if slow_file is not None and st.get("COMPLETE", 0) >= after_complete - 1:
+            slow_file.touch()
         n = running_number(db)
         if st.get("COMPLETE", 0) < after_complete or n is None:
             return False
@@ -107,9 +111,10 @@ def interrupt_mid_trial(proc, db, after_complete):
 def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_path, data_dir):
     f = write_study(tmp_path, steps=300, slow=True)  # with the delay, trials of 3 s: the signal lands inside one
     db = tmp_path / "runs" / "tiny" / "optuna.db"
+    slow = tmp_path / "slow"
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", cwd=tmp_path,
-               data_dir=data_dir, wait=False, env_extra=SLOW)
-    rc, out, err = interrupt_mid_trial(proc, db, after_complete=2)
+               data_dir=data_dir, wait=False, env_extra=SLOW | {"SLOWMLP_WHILE": str(slow)})
+    rc, out, err = interrupt_mid_trial(proc, db, after_complete=2, slow_file=slow)
     assert rc == 130 and "run the same command again to resume" in err
     st = states(db)
     assert st.get("RUNNING", 0) == 0 and st["FAIL"] == 1 and st["COMPLETE"] >= 2
@@ -136,8 +141,10 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
-    proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False, env_extra=SLOW)
-    rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=4)  # inside the second generation
+    slow = tmp_path / "slow"
+    proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False,
+               env_extra=SLOW | {"SLOWMLP_WHILE": str(slow)})
+    rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=4, slow_file=slow)  # inside the second generation
     assert rc == 130
     b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert b.returncode == 0, b.stderr

@@ -117,45 +117,43 @@ def test_fingerprint_summary_and_changes(tmp_path):
         'data.loader changed ("m:lod" -> "m:load")']
 
 
-API_TWICE = """
-import logging, sys
+API_THRICE = """
+import sys
 import optuna
 import evomerge
-{setup}
-kw = dict(n_trials={n}, sampler="{sampler}", runs_dir=sys.argv[2], data_dir=sys.argv[3], {extra})
+kw = dict(n_trials=2, sampler="tpe", runs_dir=sys.argv[2], data_dir=sys.argv[3], batch=2)
 evomerge.search(sys.argv[1], **kw)
+kw["n_trials"] += 1
+evomerge.search(sys.argv[1], **kw)
+print("verbosity", optuna.logging.get_verbosity())
+print("-- the caller sets DEBUG --", file=sys.stderr, flush=True)
+optuna.logging.set_verbosity(optuna.logging.DEBUG)
 kw["n_trials"] += 1
 evomerge.search(sys.argv[1], **kw)
 print("verbosity", optuna.logging.get_verbosity())
 """
 
 
-def _api(tmp_path, data_dir, setup="", n=1, sampler="random", extra=""):
-    f = write_study(tmp_path)
-    script = tmp_path / "api.py"
-    script.write_text(API_TWICE.format(setup=setup, n=n, sampler=sampler, extra=extra))
-    return subprocess.run([sys.executable, str(script), str(f), str(tmp_path / "runs"), str(data_dir)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-
-
 @pytest.mark.system
-def test_the_python_api_does_not_print_optunas_existing_study_line(tmp_path, data_dir):
+def test_the_python_api_prints_no_existing_study_line_and_leaves_the_callers_optuna_logging_alone(tmp_path, data_dir):
+    """A user's script searches one study three times with ``evomerge.search``: at Optuna's default level, then at
+    DEBUG, which the user set. (One process for both: a process that imports torch, MLflow and torch.export costs
+    about 10 s of CPU on the test machine.)"""
     # TPE's batches are asked against an in-memory copy of the study (search/asking.py), whose creation is no study
     # of the user's either: only the stored study's creation is said
-    p = _api(tmp_path, data_dir, n=2, sampler="tpe", extra="batch=2")
+    f = write_study(tmp_path)
+    script = tmp_path / "api.py"
+    script.write_text(API_THRICE)
+    p = subprocess.run([sys.executable, str(script), str(f), str(tmp_path / "runs"), str(data_dir)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "Using an existing study" not in p.stderr + p.stdout
-    assert "in memory" not in p.stderr + p.stdout
-    assert p.stderr.count("A new study created") == 1  # Optuna's own INFO lines are left as they are
-    assert "A new study created in RDB with name: tiny" in p.stderr
-    assert f"verbosity {20}" in p.stdout  # INFO: the caller's (here Optuna's default) level is untouched
-
-
-@pytest.mark.system
-def test_the_api_leaves_a_callers_optuna_logging_alone(tmp_path, data_dir):
-    p = _api(tmp_path, data_dir, setup="optuna.logging.set_verbosity(optuna.logging.DEBUG)")
-    assert p.returncode == 0, p.stderr
-    assert "verbosity 10" in p.stdout and "A new study created" in p.stderr
+    info, debug = p.stderr.split("-- the caller sets DEBUG --\n")
+    assert "Using an existing study" not in info + p.stdout
+    assert "in memory" not in info + p.stdout
+    assert info.count("A new study created") == 1  # Optuna's own INFO lines are left as they are
+    assert "A new study created in RDB with name: tiny" in info
+    # the caller's level is untouched: Optuna's default (INFO), then the caller's DEBUG
+    assert p.stdout.splitlines()[-2:] == [f"verbosity {20}", f"verbosity {10}"], p.stdout
 
 
 def test_the_study_names_its_metrics_for_optuna_dashboard(tmp_path, data_dir):
