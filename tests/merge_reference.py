@@ -105,7 +105,7 @@ def reference_simulate(
             callback(rm)
         if policy.regroup_every and (r + 1) % policy.regroup_every == 0:
             merger.regroup()
-        if judge.converged(rm, T):
+        if judge.converged(rm.local_update_norm, rm.merge_update_norm, rm.step, T):
             converged = end
             break
     test_acc, test_loss = judge.test_metrics(st.params) if evaluate_test and status == "ok" else (None, None)

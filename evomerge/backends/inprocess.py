@@ -448,16 +448,19 @@ class InProcess(Backend):
 
 
 def run(setup: setup_mod.Setup, policy: MergePolicy, seed: int = 0, *, callback=None, device=None,
-        evaluate_test: bool = False, keep_params: bool = False, waves: bool = False) -> setup_mod.RunResult:
+        evaluate_test: bool = False, keep_params: bool = False, waves: bool = False,
+        curves: bool = True) -> setup_mod.RunResult:
     """One merge run in this process; ``callback`` gets each round's metrics (it may raise to stop the run).
 
     ``evaluate_test`` also scores the consensus model on the test set (never during a
     search); ``keep_params`` returns the workers' final ``[W, P]`` parameters; ``waves``: replay a timed run one
-    wave at a time even where its timeline is the lockstep world's (the tests hold the waves to the lockstep run).
+    wave at a time even where its timeline is the lockstep world's (the tests hold the waves to the lockstep run);
+    ``curves=False``: the validation split evaluated at the last round only, where only the final metrics are read
+    (:func:`evomerge.engine.run.execute`).
     """
     import time
 
     t0 = time.perf_counter()
     backend = InProcess(setup, policy, seed, setup_mod.resolve_device(device))
     return run_mod.execute(setup, policy, seed, backend, callback=callback, evaluate_test=evaluate_test,
-                           keep_params=keep_params, t0=t0, waves=waves)
+                           keep_params=keep_params, t0=t0, waves=waves, curves=curves)

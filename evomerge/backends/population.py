@@ -425,7 +425,7 @@ def _judge_round(x: _Run, r: int, end: int, steps: int, T: int, last: bool, eval
         sent = x.merger.bytes + x.backend.regroup_bytes
         rm, _, outcome = run_mod.close_round(x.judge, x.backend, x.round_start, r, end, steps, x.loss, sent,
                                              x.merger.count, {}, 0.0, T, x.m.callback, evaluated=evaluated,
-                                             norms=norms)
+                                             norms=norms, last=last)
     except Exception as e:  # its callback raised: this member's outcome; the others go on
         x.error, x.done = e, True
         return

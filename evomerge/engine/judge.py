@@ -35,9 +35,12 @@ class Judge:
     the round's :class:`RoundMetrics` and apply the convergence stop; at the end, the test set."""
 
     def __init__(self, setup: Setup, policy: MergePolicy, seed: int, dev: torch.device, train_x: torch.Tensor, t0: float,
-                 val: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """``val``: the normalised validation inputs and labels on ``dev``, if already there (a population shares them)."""
+                 val: tuple[torch.Tensor, torch.Tensor] | None = None, curves: bool = True):
+        """``val``: the normalised validation inputs and labels on ``dev``, if already there (a population shares them).
+        ``curves``: evaluate every round on the validation split; False: only the run's last round (the others'
+        validation metrics are NaN), for runs of which only the final values are read (the verdict's fresh seeds)."""
         data, run, model = setup.data, setup.study.run, setup.model
+        self.curves = curves
         self.model, self.data, self.policy, self.dev, self.t0 = model, data, policy, dev, t0
         self.val_x, self.val_y = val if val is not None else validation(setup, dev)
         self.n_eval = run.eval_samples or len(self.val_y)
@@ -53,15 +56,20 @@ class Judge:
 
     def round(self, r: int, end: int, steps: float, stack: models_mod.Stack, loss_sum: float, local: float, merged: float,
               sent: int, merges: int, label_skew: float, moved: int, timing: dict | None = None,
-              horizon: float = 0.0, visitors: float | None = None, evaluated: tuple | None = None) -> RoundMetrics:
+              horizon: float = 0.0, visitors: float | None = None, evaluated: tuple | None = None,
+              last: bool = True) -> RoundMetrics:
         """``evaluated``: the consensus model's and the workers' validation results, if already taken with other
-        runs' (:func:`evaluate_many`: a population's members in one forward)."""
+        runs' (:func:`evaluate_many`: a population's members in one forward). ``last``: the run ends with this round
+        (a judge without ``curves`` evaluates only then)."""
         te = time.perf_counter()
         train_loss = loss_sum / (stack.W * steps)
         # a sum is non-finite iff an entry is
         self.finite = finite = math.isfinite(train_loss) and math.isfinite(stack.total())
         center = stack.mean()
-        metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite, evaluated)
+        if finite and not last and not self.curves:
+            metrics = _unevaluated(self.model)
+        else:
+            metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite, evaluated)
         sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
         n = self.model.n_train
         update = float((center[:n] - self.prev_center[:n]).norm()) / steps if finite else float("nan")
@@ -115,11 +123,12 @@ class Judge:
                 self.best > 0 else 2.0 * horizon
         return out
 
-    def converged(self, rm: RoundMetrics, total: int) -> bool:
-        """The convergence stop: local and merge updates below ``stop_tol`` for ``stop_patience`` rounds."""
+    def converged(self, local: float, merged: float, step: int, total: int) -> bool:
+        """The convergence stop, after the round that ended at local step ``step``: its local and merge updates
+        (per step) below ``stop_tol`` for ``stop_patience`` rounds."""
         tol = self.policy.stop_tol
-        self.calm = self.calm + 1 if tol and rm.local_update_norm < tol and rm.merge_update_norm < tol else 0
-        return bool(tol) and self.calm >= self.policy.stop_patience and rm.step < total
+        self.calm = self.calm + 1 if tol and local < tol and merged < tol else 0
+        return bool(tol) and self.calm >= self.policy.stop_patience and step < total
 
     def test_metrics(self, stack: models_mod.Stack) -> tuple[float | None, float]:
         """The consensus model's accuracy (None where the task has no classes) and loss on the test set."""
@@ -246,6 +255,15 @@ def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_
             out.append((acc[k] if acc is not None else None, loss[k],
                         wacc[k * W:(k + 1) * W] if wacc is not None else None))
     return out
+
+
+def _unevaluated(model) -> dict[str, float | None]:
+    """A round's validation metrics where they were not taken (a judge without curves, before the last round): NaN
+    (None where the task has none, as :func:`_evaluate`)."""
+    classes, lm = model.task.classification, model.task.classification and model.task.per_position
+    nan = float("nan")
+    return dict(val_accuracy=nan if classes else None, val_loss=nan, mean_worker_accuracy=nan if classes else None,
+                worst_worker_accuracy=nan if classes else None, consensus_distance=nan, val_perplexity=nan if lm else None)
 
 
 def _evaluate(model, stack, center, val_x, val_y, n_eval, finite, evaluated=None) -> dict[str, float | None]:

@@ -125,40 +125,51 @@ def close_round(judge: Judge | None, backend: "Backend", round_start, r: int, en
                 sent: int, merges: int, timing: dict, horizon: float, total: int,
                 callback: Callable[[RoundMetrics], Any] | None,
                 evaluated: tuple | None = None,
-                norms: tuple[float, float] | None = None) -> tuple[RoundMetrics | None, Any, str | None]:
+                norms: tuple[float, float] | None = None,
+                last: bool = False) -> tuple[RoundMetrics | None, Any, str | None]:
     """The end of round ``r`` on one backend: update norms, the run-wide totals and the gathered rows, then
     where the backend judges the round's metrics, the callback (which may raise) and the decision. Returns
     ``(metrics, stack, outcome)``: metrics None where the backend does not judge; outcome None to go on,
-    else ``diverged``, ``stopped`` (the callback returned False) or ``converged`` (the convergence stop)."""
+    else ``diverged``, ``stopped`` (the callback returned False) or ``converged`` (the convergence stop).
+    ``last``: the run's last round (a judge without curves evaluates it, and a round the convergence stop ends
+    the run at)."""
     # ``norms``: the update norms, if already taken with other runs' (a population's members at once)
     local, merged = norms if norms is not None else update_norms(backend.state, round_start, steps)
     loss, local, merged = backend.totals(float(loss_sum), local, merged)
     stack = backend.gather()
     if judge is None:
         return None, stack, None
+    # the convergence stop reads only the update norms: decided first, so that a judge without curves knows the
+    # run's last round (where a run diverges or its callback stops it, the decision is not used)
+    converged = judge.converged(local, merged, end, total)
     rm = judge.round(r, end, steps, stack, loss, local, merged, sent, merges, backend.label_skew(), backend.moved(),
-                     timing, horizon, visitors=backend.visitors(), evaluated=evaluated)
+                     timing, horizon, visitors=backend.visitors(), evaluated=evaluated, last=last or converged)
     if not judge.finite:
         return rm, stack, "diverged"
     if callback is not None and callback(rm) is False:
         return rm, stack, "stopped"
     backend.end_round(r)
-    return rm, stack, "converged" if judge.converged(rm, total) else None
+    return rm, stack, "converged" if converged else None
 
 
 def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
             callback: Callable[[RoundMetrics], Any] | None = None, evaluate_test: bool = False,
             keep_params: bool = False, t0: float | None = None, emulate_time: bool = False,
-            waves: bool = False) -> RunResult | None:
+            waves: bool = False, curves: bool = True) -> RunResult | None:
     """Run one merge run on ``backend``; returns the result where the backend judges, else None.
 
     ``callback`` gets each round's metrics where the backend judges: it may raise (the
     exception propagates) or return False (the run ends with status ``stopped``).
+    ``curves=False``: the validation split is evaluated at the run's last round only (the rounds before carry NaN
+    there), for a run of which only the final metrics are read; they are those of the run with curves. Ignored
+    (every round evaluated) with a callback, which reads each round, and on a simulated cluster, whose time to
+    target is read off every round.
     """
     t0 = time.perf_counter() if t0 is None else t0
     run, T = setup.study.run, setup.total_steps
     st = backend.state
-    judge = Judge(setup, policy, seed, st.params.device, backend.train_x, t0) if backend.judges else None
+    curves = curves or callback is not None or setup.study.environment is not None
+    judge = Judge(setup, policy, seed, st.params.device, backend.train_x, t0, curves=curves) if backend.judges else None
     backend.start(judge)
     if setup.study.environment is not None:
         from .timed import Timed
@@ -179,7 +190,8 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
         loss_sum, end, steps = driver.train_round(r)
         rm, stack, outcome = close_round(judge, backend, round_start, r, end, steps, loss_sum, driver.sent,
                                          driver.merges, driver.timing(r),
-                                         driver.horizon if driver.timeline is not None else 0.0, T, callback)
+                                         driver.horizon if driver.timeline is not None else 0.0, T, callback,
+                                         last=r == driver.rounds - 1)
         if rm is not None:
             history.append(rm)
             if outcome in ("diverged", "stopped"):

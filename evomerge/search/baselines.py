@@ -17,10 +17,12 @@ def fresh_seeds(study: Study, n: int) -> list[int]:
 
 
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None,
-                  seeds=None, announce=None) -> list[dict]:
+                  seeds=None, announce=None, curves: bool = True) -> list[dict]:
     """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
     (``per_seed``); cached in the Optuna study's user attributes, per list of seeds. ``announce(runs)`` is told
-    before runs that are not cached start."""
+    before runs that are not cached start. ``curves=False``: the runs evaluate their last round only and the rows
+    carry no ``history`` (the same final metrics, for readers of those alone: the verdict's fresh seeds); cached
+    apart from the rows with curves."""
     import hashlib
     import json
 
@@ -31,7 +33,8 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies, the seeds
     what = json.dumps([fingerprint.of(study)["hash"], study.target, [(n, p.to_dict()) for n, p in policies]],
                       sort_keys=True)
-    key = f"baselines-v4:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds))
+    key = f"baselines-v4:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds)) + \
+        ("" if curves else ":finals")
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
     from ..backends.inprocess import run
@@ -42,11 +45,12 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     setup = prepare(study, data=data, data_dir=data_dir)
     rows = []
     for name, pol in policies:
-        results = [run(setup, pol, s, device=device) for s in seeds]
+        results = [run(setup, pol, s, device=device, curves=curves) for s in seeds]
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
                      "per_seed": [slim(f) for f in finals], "seeds": seeds,
-                     "history": curve_of([round_dict(h) for h in results[0].history]), "policy": pol.to_dict(),
+                     "history": curve_of([round_dict(h) for h in results[0].history]) if curves else [],
+                     "policy": pol.to_dict(),
                      RUN_STATUS: DIVERGED if any(r.status == DIVERGED for r in results) else "ok"})
     if storage_study is not None:
         storage_study.set_user_attr(key, rows)

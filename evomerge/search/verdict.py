@@ -305,7 +305,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
                 setups[rkey] = prepare(with_run(study, found), data=data, data_dir=data_dir)
             finals = []
             for s in seeds:
-                finals.append(slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device).metrics()))
+                finals.append(slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device,
+                                       curves=False).metrics()))  # only the final values are read
                 done += 1
                 if on_run:
                     on_run(done, total)
@@ -318,7 +319,10 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     for p in picks:
         p.update(per_seed=per_seed(study, finals_of[p["number"]]), describe=describe_policy(p["policy"], p.get("run")),
                  **_outcomes(study, finals_of[p["number"]], seeds), **_idle(p["policy"], finals_of[p["number"]]))
-    rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds)
+    # on fresh seeds only the final values are read; on the search's own, the rows (and their curves) are the end
+    # screen's and the dashboard's
+    rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
+                         curves=not reevaluate)
     bases = [{"name": r["name"], "per_seed": per_seed(study, r["per_seed"]), **_outcomes(study, r["per_seed"], seeds),
               **_idle(r["policy"], r["per_seed"])} for r in rows]
     verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
