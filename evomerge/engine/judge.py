@@ -66,8 +66,8 @@ class Judge:
         # a sum is non-finite iff an entry is
         self.finite = finite = math.isfinite(train_loss) and math.isfinite(stack.total())
         center = stack.mean()
-        if finite and not last and not self.curves:
-            metrics = _unevaluated(self.model)
+        if finite and not last and not self.curves:  # not evaluated: NaN
+            metrics = _untaken(self.model, float("nan"))
         else:
             metrics = _evaluate(self.model, stack, center, self.val_x, self.val_y, self.n_eval, finite, evaluated)
         sim_mean, sim_min = self.similarity.summary(stack) if finite else (float("nan"), float("nan"))
@@ -257,23 +257,21 @@ def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_
     return out
 
 
-def _unevaluated(model) -> dict[str, float | None]:
-    """A round's validation metrics where they were not taken (a judge without curves, before the last round): NaN
-    (None where the task has none, as :func:`_evaluate`)."""
+def _untaken(model, accuracy: float) -> dict[str, float | None]:
+    """A round's validation metrics where no forward gave them: every accuracy ``accuracy`` (None where the task has
+    no classes), the loss, perplexity and consensus distance NaN."""
     classes, lm = model.task.classification, model.task.classification and model.task.per_position
-    nan = float("nan")
-    return dict(val_accuracy=nan if classes else None, val_loss=nan, mean_worker_accuracy=nan if classes else None,
-                worst_worker_accuracy=nan if classes else None, consensus_distance=nan, val_perplexity=nan if lm else None)
+    nan, acc = float("nan"), (accuracy if classes else None)
+    return dict(val_accuracy=acc, val_loss=nan, mean_worker_accuracy=acc, worst_worker_accuracy=acc,
+                consensus_distance=nan, val_perplexity=nan if lm else None)
 
 
 def _evaluate(model, stack, center, val_x, val_y, n_eval, finite, evaluated=None) -> dict[str, float | None]:
     """The round's validation metrics. Accuracies are None (absent from every table) where the task has no
     classes; ``val_perplexity`` is given for labels per position (a language model)."""
     classes, lm = model.task.classification, model.task.classification and model.task.per_position
-    if not finite:
-        return dict(val_accuracy=0.0 if classes else None, val_loss=float("nan"),
-                    mean_worker_accuracy=0.0 if classes else None, worst_worker_accuracy=0.0 if classes else None,
-                    consensus_distance=float("nan"), val_perplexity=float("nan") if lm else None)
+    if not finite:  # a diverged round: accuracy 0
+        return _untaken(model, 0.0)
     if evaluated is not None:
         a, l, wacc = evaluated
         acc, loss = [a], [l]
