@@ -49,7 +49,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds every rank sleeps per step")
     ap.add_argument("--slow-rank", type=int, default=-1)
-    ap.add_argument("--slow-factor", type=float, default=1.0)
+    ap.add_argument("--slow-factor", type=float, default=1.0, help="the slow rank's step takes F x the others'")
     ap.add_argument("--die-rank", type=int, default=-1, help="this rank kills itself (SIGKILL) at --die-at")
     ap.add_argument("--die-at", type=int, default=0)
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
@@ -121,7 +121,7 @@ def main() -> int:
                                 "merger": merger.state_dict()}, out / f"ck-{i}-{rank}.pt")
                     merger.close()
                     break
-                loss = None
+                loss, t_step = None, time.perf_counter()
                 if not args.mixing:
                     bi = torch.as_tensor(idx[t])
                     x, y = normalise(setup.data.train_x[bi], setup.data.spec).to(dev), setup.data.train_y[bi].to(dev)
@@ -129,7 +129,11 @@ def main() -> int:
                     loss.backward()
                     opt.step()
                     opt.zero_grad()
-                sleep = args.step_sleep * (args.slow_factor if rank == args.slow_rank else 1.0)
+                # a device S slower; the slow rank one F x slower, as `evomerge calibrate` emulates it: F x (compute
+                # + S), so that its step is F x the others' whatever the compute takes on a busy machine
+                sleep = args.step_sleep
+                if rank == args.slow_rank:
+                    sleep += (args.slow_factor - 1) * (time.perf_counter() - t_step + args.step_sleep)
                 if sleep:
                     time.sleep(sleep)
                 merger.step(loss=loss)

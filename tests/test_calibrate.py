@@ -626,9 +626,10 @@ def mlp(hidden=16):
 @pytest.mark.system
 def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     """A Merger job of 3 ranks (ring gossip, push-pull), rank 2 a device 3x slower (the loop's sleep): its
-    traces give the slow rank about a third of the speed, measured links, and a file a study runs on. The step's
-    own compute adds to every rank's sleep, so the ratio is (sleep + c) / (3 sleep + c): with a 10 ms sleep a busy
-    machine's few ms of c gave 0.418 (CI, 2026-11-28), out of 1/3 +- 20%; with 30 ms, c is a small part."""
+    traces give the slow rank about a third of the speed, measured links, and a file a study runs on. The slow
+    rank sleeps to take 3 x (its compute + the sleep), as `evomerge calibrate` emulates a device: it slept 3 x the
+    sleep only, the ratio was (sleep + c) / (3 sleep + c), and a busy machine's few ms of c gave 0.418 (CI,
+    2026-11-28), out of 1/3 +- 20%."""
     (tmp_path / "user_mlp.py").write_text(USER_MLP)
     (tmp_path / "s.toml").write_text(TRACE_STUDY.format(workers=3, batch=16, environment="").replace(
         "steps = 20", "steps = 40"))
@@ -640,7 +641,7 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
                    MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
         procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
                                        str(data_dir), "--policy", str(tmp_path / "ring.json"), "--out",
-                                       str(tmp_path / "out"), "--step-sleep", "0.03", "--slow-rank", "2",
+                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", "2",
                                        "--slow-factor", "3"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
