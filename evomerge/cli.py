@@ -515,9 +515,20 @@ def cmd_run(args) -> int:
     elif exported and str(seed) in exported.get("metrics_per_seed", {}):
         key, what = ("val_accuracy", "validation accuracy") if f.val_accuracy is not None else ("val_loss", "validation loss")
         want = exported["metrics_per_seed"][str(seed)].get(key)
-        if want is not None:
-            same = "matches" if want == getattr(f, key) else "DIFFERS from"
-            print(f"{what} {same} trial {exported['trial']} of {exported['study']} (seed {seed}: {want:.4f})")
+        trial = f"trial {exported['trial']} of {exported['study']}"
+        from .backends import ran_on
+        from .engine.setup import resolve_device
+
+        # where the trial's sums ran (an export written before it was kept: in process, on whatever device)
+        theirs = exported.get("ran_on") or "in process"
+        here = ran_on(args.backend, args.procs, study.run.workers, str(resolve_device(args.device).type))
+        if want is None:
+            pass
+        elif here.startswith(theirs):  # the same sums in the same order: held to match bit for bit
+            print(f"{what} {'matches' if want == getattr(f, key) else 'DIFFERS from'} {trial} (seed {seed}: {want:.4f})")
+        else:
+            print(f"{what} {getattr(f, key):.4f}, {trial} {want:.4f} (seed {seed}): not held to match bit for bit, "
+                  f"the trial ran {theirs} and this run {here}, whose sums run in another order")
     if args.json_out:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         Path(args.json_out).write_text(json.dumps(out, indent=2))

@@ -8,6 +8,7 @@ import pytest
 import evomerge
 from conftest import write_study
 from evomerge import study
+from evomerge.engine.setup import resolve_device
 from evomerge.errors import ConfigError
 from evomerge.search import results
 from searchutil import cli
@@ -25,6 +26,8 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
     assert (tmp_path / "out" / "new" / "best.json").read_text() == (tmp_path / "best.json").read_text()
     doc = json.loads((tmp_path / "best.json").read_text())
     assert doc["study"] == "tiny" and doc["seeds"] == [3, 4] and doc["evomerge_version"] == evomerge.__version__
+    here = resolve_device(None).type
+    assert doc["ran_on"] == f"in process on {here}"  # where the trial's sums ran
     for seed in (3, 4):
         p = cli("run", "--study", str(f), "--policy", "best.json", "--seed", str(seed), "--json", f"r{seed}.json",
                 "--quiet", cwd=tmp_path, data_dir=data_dir)
@@ -33,6 +36,15 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
         want = doc["metrics_per_seed"][str(seed)]
         for k in ("val_accuracy", "val_loss", "mean_worker_accuracy", "consensus_distance", "bytes"):
             assert final[k] == want[k], k
+    # on the distributed backend the sums run in another order: both values shown, and not called a difference
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--backend", "distributed", "--procs", "2", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "matches" not in p.stdout and "DIFFERS" not in p.stdout, p.stdout
+    line = [ln for ln in p.stdout.splitlines() if f"trial {doc['trial']} of tiny" in ln]
+    assert len(line) == 1 and line[0].startswith("validation accuracy 0.") and line[0].endswith(
+        f"{doc['metrics_per_seed']['3']['val_accuracy']:.4f} (seed 3): not held to match bit for bit, the trial ran in "
+        f"process on {here} and this run on the distributed backend (2 processes) on {here}, whose sums run in "
+        "another order"), p.stdout
     # the same file on another study (other workers): a note that the trial is another study's, no match or mismatch
     other = write_study(tmp_path, name="other", workers=2, seeds=(3,))
     p = cli("run", "--study", str(other), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)

@@ -114,6 +114,7 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
     for c in children:
         assert c.data.tags["optuna.trial_state"] == "COMPLETE" and c.info.status == "FINISHED"
         assert c.data.tags["evomerge.execution"] == "stacked (the named model)"  # how the workers' steps ran
+        assert c.data.tags["evomerge.ran_on"].startswith("in process on ")  # and where their sums ran
         assert c.data.params["topology"] in ("ring", "complete") and c.data.params["seeds"] == "0,1"
         hist = client.get_metric_history(c.info.run_id, "val_accuracy")
         # 3 rounds per seed, seed k logged at k * total_steps + step (total_steps = 30)

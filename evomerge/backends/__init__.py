@@ -205,6 +205,14 @@ def runner(backend: str = "inprocess", procs: int | None = None, workers: int | 
     return partial(fn, procs=procs) if backend == "distributed" else fn
 
 
+def ran_on(backend: str, procs: int | None, workers: int, device_type: str) -> str:
+    """Where a run's arithmetic ran, in words (``in process on cpu``, ``on the distributed backend (2 processes) on
+    cpu``): kept with a search's trials, so that a replay is held to match bit for bit only where it runs the same
+    sums in the same order."""
+    where = "in process" if backend == "inprocess" else f"on the {backend} backend ({procs or workers} processes)"
+    return f"{where} on {device_type}"
+
+
 def found_with(study, exported: dict | None):
     """The study a replay of an exported policy runs: with the step size the search chose for it (the keys in
     the export's ``run_searched``: ``run.lr``, ``run.weight_decay``) where the study's differs, and a line saying

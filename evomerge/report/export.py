@@ -35,6 +35,8 @@ def export_document(summary: dict, study: Study) -> dict:
         "run_searched": sorted(summary.get("run") or {}),
         # how the workers' steps ran (models.generic): `evomerge run --policy` runs the same strategy
         "execution": summary.get("execution"),
+        # where its sums ran: a replay there matches it bit for bit (`evomerge run --policy` says whether it does)
+        "ran_on": summary.get("ran_on"),
     }
 
 

@@ -351,6 +351,8 @@ class Tracker:
             tags["evomerge.pruned_at_step"] = str(record["pruned_at"])
         if record.get("execution"):
             tags["evomerge.execution"] = record["execution"][:5000]
+        if record.get("ran_on"):
+            tags["evomerge.ran_on"] = record["ran_on"]
         if record.get("reused_from") is not None:  # proposed again: the earlier trial's results, not a new run
             tags["evomerge.reused_from"] = str(record["reused_from"])
         name = f"trial-{record['number']}" + ("" if label == "complete" else f" ({label})")

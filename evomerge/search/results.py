@@ -291,7 +291,7 @@ def trial_summary(t, study: Study) -> dict:
             "params": dict(t.params), "policy": t.user_attrs.get("policy", {}), "metrics": t.user_attrs.get("metrics", {}),
             "spread": t.user_attrs.get("spread", {}), "run_status": t.user_attrs.get(RUN_STATUS, "ok"),
             "run": t.user_attrs.get("run", {}), "policy_key": t.user_attrs.get("policy_key"),
-            "execution": t.user_attrs.get("execution"),
+            "execution": t.user_attrs.get("execution"), "ran_on": t.user_attrs.get("ran_on"),
             "cma": {k: v for k, v in t.user_attrs.items() if k.startswith("cma_")}}
 
 

@@ -229,6 +229,8 @@ class TrialRun:
 
     def start(self) -> bool:
         """The trial's policy and attributes; False (and the trial failed) if they cannot be made."""
+        from ..backends import ran_on
+        from ..engine.setup import resolve_device
         from . import space as space_mod
 
         try:
@@ -248,6 +250,10 @@ class TrialRun:
             # how the workers' steps ran (models.generic: stacked or loop, and why), kept with the trial
             self.record["execution"] = f"{self.setup.model.execution} ({getattr(self.setup.model, 'execution_reason', 'the named model')})"
             trial.set_user_attr("execution", self.record["execution"])
+            # and where its sums ran (a replay elsewhere is not held to match it bit for bit)
+            self.record["ran_on"] = ran_on(cfg.backend, cfg.procs, cfg.study.run.workers,
+                                           resolve_device(cfg.device).type)
+            trial.set_user_attr("ran_on", self.record["ran_on"])
             if cfg.prunes_by_optuna:
                 trial.set_user_attr("pruner", cfg.pruner)
             if cfg.batch > 1:
