@@ -397,6 +397,14 @@ def _prepare(study, args):
     return prepare(study, data_dir=args.data_dir)
 
 
+def _setup_notes(study, setup) -> None:
+    """What the run commands say once the model and the step budget are known: a cluster file timed for another
+    model, a time budget many times the step budget's work."""
+    for note in (study.model_note(setup.model), study.budget_note(setup.total_steps)):
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+
+
 def _runner(args, study):
     from functools import partial
 
@@ -463,8 +471,7 @@ def cmd_run(args) -> int:
             print(f"note: {n}", file=sys.stderr)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
-    if note := study.model_note(setup.model):  # a cluster file timed for another model
-        print(f"note: {note}", file=sys.stderr)
+    _setup_notes(study, setup)
     replay = (exported or {}).get("execution") or ""
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
         # the strategy the trial ran with: the same numbers, not only the same to float tolerance
@@ -1049,8 +1056,7 @@ def cmd_baselines(args) -> int:
             print(f"note: baseline {name} left out: {e}")
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
-    if note := study.model_note(setup.model):  # a cluster file timed for another model
-        print(f"note: {note}", file=sys.stderr)
+    _setup_notes(study, setup)
     results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
     from rich.table import Table
 

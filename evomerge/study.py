@@ -428,6 +428,21 @@ class Study:
         return (f"study.environment.from: {path} timed steps of a model of {timed:,} bytes; this study's model has "
                 f"{nbytes:,} bytes: its step times are another model's (calibrate with this study)")
 
+    def budget_note(self, total_steps: int) -> str | None:
+        """A note when ``[environment] time_budget`` gives a worker at ``step_time`` more than 10x the study's step
+        budget (``total_steps``): every run simulates those steps, each a real step of the model (a budget written
+        for a slower device, or 600 s beside a calibrated step of half a millisecond: a million steps a run)."""
+        env = self.environment
+        if env is None or not env.time_budget:
+            return None
+        steps = env.time_budget / env.step_time
+        if steps <= 10 * total_steps:
+            return None
+        return (f"study.environment.time_budget: {env.time_budget:g} s is about {steps:,.0f} local steps of a worker "
+                f"at step_time {env.step_time:.3g} s, {steps / total_steps:,.0f}x the study's step budget "
+                f"({total_steps:,} steps), and every run takes them; {total_steps * env.step_time:.3g} s is the step "
+                "budget's time")
+
     @model_validator(mode="after")
     def _space_fits_the_policy(self) -> "Study":
         names = {p.name for p in self.search.space}

@@ -351,11 +351,28 @@ def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
             cwd=tmp_path, data_dir=data_dir, process=True)
     assert p.returncode == 0, p.stderr
     assert "simulated time" in p.stdout and "time to 0.5 val acc" in p.stdout and "accuracy at the 2 s budget" in p.stdout
+    assert "time_budget" not in p.stderr  # 40 steps of a worker at step_time: about the step budget's 30
     out = json.loads((tmp_path / "r.json").read_text())
     assert out["final"]["sim_time"] == pytest.approx(2.0) and "time_to_target" in out["final"]
     p = cli("baselines", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "sim time" in p.stdout and "time to 0.5" in p.stdout and "allreduce" in p.stdout
+
+
+@pytest.mark.system
+def test_a_time_budget_many_times_the_step_budgets_work_is_said_by_run_and_search(tmp_path, data_dir):
+    """(A user calibrated a step of 0.6 ms and wrote the docs' time_budget = 600 beside it: a million steps a run,
+    196 s for one `run`, and a search's first trial never ended, with nothing said.)"""
+    f = write(tmp_path, time_budget="16.0")
+    note = ("note: study.environment.time_budget: 16 s is about 320 local steps of a worker at step_time 0.05 s, 11x "
+            "the study's step budget (30 steps), and every run takes them; 1.5 s is the step budget's time")
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and note + "\n" in p.stderr, p.stderr
+    assert "simulated time" in p.stdout and "16 s" in p.stdout  # the run still takes the budget it was given
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--no-verdict", "--sampler", "random", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert " ".join(note.split()) in " ".join(p.stderr.split()), p.stderr  # the start screen wraps to its width
 
 
 @pytest.mark.system

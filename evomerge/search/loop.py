@@ -311,7 +311,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         data = data_mod.load_spec(cfg.study.data, cfg.data_dir,
                                   cfg.study.path.parent if cfg.study.path is not None else None)
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
-    model_notes = [n for n in [cfg.study.model_note(setup.model)] if n]  # a cluster file timed for another model
+    # a cluster file timed for another model; a time budget many times the step budget's work
+    model_notes = [n for n in [cfg.study.model_note(setup.model), cfg.study.budget_note(setup.total_steps)] if n]
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)
