@@ -931,8 +931,23 @@ def cmd_dashboard(args) -> int:
     return 0
 
 
+# what `mlflow server` says of its own --host and --allowed-hosts as it starts: options `evomerge ui` does not have
+# (it serves on 127.0.0.1 only), so not relayed
+_SERVER_START_LINES = ("[MLflow] Security middleware enabled with default settings",)
+
+
+def _relay_server_log(stream) -> None:
+    """The MLflow server's output to stderr as it comes, less :data:`_SERVER_START_LINES`."""
+    for line in stream:
+        if not line.startswith(_SERVER_START_LINES):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
 def cmd_ui(args) -> int:
     import socket
+    import subprocess
+    import threading
 
     from .procs import ProcessGroup, Terminated
     from .report.tracking import resolve_tracking_uri
@@ -962,7 +977,10 @@ def cmd_ui(args) -> int:
     try:
         # the server and its uvicorn workers run in their own session: stopped together however this command ends
         with ProcessGroup(grace=15) as group:
-            proc = group.popen(cmd, env=env, stdout=sys.stderr)  # the server's log on stderr: stdout is the address
+            # the server's log on stderr (stdout is the address), less its line on `mlflow server`'s own options
+            proc = group.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               errors="replace")
+            threading.Thread(target=_relay_server_log, args=(proc.stdout,), daemon=True).start()
             if not _wait_until_answering(url, proc, timeout=180):
                 print(f"error: mlflow server did not answer on {url} (exit status {proc.poll()})", file=sys.stderr)
                 return 1
