@@ -87,11 +87,23 @@ def test_transfer_refuses_what_cannot_be_ranked(tmp_path, data_dir, small):
 
 
 def test_rank_helpers():
+    from scipy.stats import spearmanr
+
     assert transfer.average_ranks([0.9, 0.7, 0.9, 0.1], maximize=True) == [1.5, 3.0, 1.5, 4.0]
     assert transfer.average_ranks([5.0, 1.0, 3.0], maximize=False) == [3.0, 1.0, 2.0]
     c = transfer.correlations([1, 2, 3, 4], [10, 20, 40, 30])
     assert c["spearman"] == pytest.approx(0.8) and c["kendall"] == pytest.approx(4 / 6)
     assert math.isnan(transfer.correlations([1, 2, 3], [5, 5, 5])["spearman"])  # no ranking on the target
+    # p-values over every pairing of few policies: 3 in the same order are so by chance 1 time in 3 (either order);
+    # scipy's t approximation said 0. Of 4, 8 pairings in 24 have |rho| >= 0.8 (1 and 0.8 three ways, each sign)
+    assert c["spearman_p"] == pytest.approx(8 / 24)
+    assert transfer.correlations([1, 2, 3], [7, 8, 9])["spearman_p"] == pytest.approx(1 / 3)
+    assert transfer.correlations([0.9, 0.8, 0.8], [0.5, 0.6, 0.7])["spearman_p"] == pytest.approx(2 / 3)  # ties
+    import random
+
+    rng = random.Random(0)
+    x, y = [rng.random() for _ in range(12)], [rng.random() for _ in range(12)]
+    assert transfer.correlations(x, y)["spearman_p"] == pytest.approx(spearmanr(x, y).pvalue)  # many: scipy's
 
 
 def test_the_shipped_64_worker_study_is_mnist_gossip_with_64_workers_and_4x_the_budget():

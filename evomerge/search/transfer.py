@@ -46,8 +46,29 @@ def correlations(a: list[float], b: list[float]) -> dict[str, float]:
     with warnings.catch_warnings():  # a constant input: scipy warns and answers NaN, which is the answer
         warnings.simplefilter("ignore")
         rho, p_rho = spearmanr(a, b)
-        tau, p_tau = kendalltau(a, b)
+        tau, p_tau = kendalltau(a, b)  # exact for few policies without ties (scipy's method "auto")
+    if len(a) <= EXACT_UP_TO and rho == rho:
+        p_rho = spearman_exact_p(a, b)
     return {"spearman": float(rho), "spearman_p": float(p_rho), "kendall": float(tau), "kendall_p": float(p_tau)}
+
+
+EXACT_UP_TO = 8  # policies: 8! = 40,320 pairings
+
+
+def spearman_exact_p(a: list[float], b: list[float]) -> float:
+    """The two-sided p-value of Spearman's rho over every pairing of the two rankings (each equally likely if they
+    are unrelated). scipy's t approximation gave p 0 for three policies in the same order, which any pairing of 3 is
+    with a chance of 1 in 6 (1 in 3, either order)."""
+    import itertools
+
+    import numpy as np
+    from scipy.stats import rankdata
+
+    ra, rb = rankdata(a) - (len(a) + 1) / 2, rankdata(b)
+    perms = rb[np.array(list(itertools.permutations(range(len(b)))))]
+    perms = perms - perms.mean(axis=1, keepdims=True)
+    rhos = perms @ ra / (np.linalg.norm(perms, axis=1) * np.linalg.norm(ra))
+    return float(np.mean(np.abs(rhos) >= abs(rhos[0]) - 1e-9))  # the first pairing is the observed one
 
 
 def top_trials(ostudy, study: "Study", k: int) -> list:
