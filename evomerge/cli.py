@@ -567,6 +567,7 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     import statistics
 
     from .search.baselines import fresh_seeds
+    from .search.results import spread
 
     seeds = fresh_seeds(study, args.reevaluate)
     results = []
@@ -580,7 +581,7 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
             return "n/a"
         if len(vals) == 1:  # one seed has no spread
             return f"{vals[0]:.4f}"
-        return f"{statistics.fmean(vals):.4f} ± {statistics.stdev(vals):.4f}"
+        return f"{statistics.fmean(vals):.4f} ± {spread(vals):.4f}"
 
     ok = [r for r in results if r.status == "ok"]
     t = Table(title=f"{study.name}: {policy.name or args.policy} re-evaluated on fresh seeds {seeds}", caption=policy.describe())

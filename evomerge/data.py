@@ -398,6 +398,14 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
     spec = DatasetSpec(name=ref, files={}, mean=0.0, std=1.0, n_classes=n_classes)
     val_idx, train_idx = carve(len(ty), val_size, train_size, split_seed)
     tx, ty, sx, sy = input_type(tx), label_type(ty), input_type(sx), label_type(sy)
+    for name, t in (("train_x", tx), ("train_y", ty), ("test_x", sx), ("test_y", sy)):
+        # (a NaN in the validation rows made every run's loss NaN with status ok, one in the training rows every
+        # policy's run diverged, and the search blamed the policies)
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            bad = (~torch.isfinite(t)).reshape(len(t), -1).any(dim=1).nonzero()
+            raise ConfigError(LOADER, f"{ref}: {name} holds {float(t[~torch.isfinite(t)][0])} in {len(bad)} of its "
+                                      f"{len(t)} rows (the first: row {int(bad[0])}, as float32); allowed: finite "
+                                      "numbers")
     vi, ti = torch.as_tensor(val_idx), torch.as_tensor(train_idx)
     return Data(spec, tx[ti].contiguous(), ty[ti].contiguous(), tx[vi].contiguous(), ty[vi].contiguous(),
                 sx.contiguous(), sy.contiguous(), train_idx)

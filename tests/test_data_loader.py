@@ -28,6 +28,17 @@ def unseen_test_class():
 
 def arrays():
     return X.numpy(), Y.numpy(), TX.numpy(), TY.numpy()
+
+def nan_inputs():
+    x = X.clone()
+    x[5, 1, 2] = x[9, 0, 0] = float("nan")
+    return x, Y, TX, TY
+
+def inf_targets():  # regression targets, one of the test set's too large for float32
+    y = X.sum(dim=(1, 2))
+    ty = TX.sum(dim=(1, 2)).double()
+    ty[3] = 1e300
+    return X, y, TX, ty
 '''
 
 
@@ -55,3 +66,24 @@ def test_tensors_arrays_and_datasets_give_the_same_data(folder, fn):
 def test_a_test_class_the_training_labels_never_use_is_refused(folder):
     with pytest.raises(ConfigError, match=r"study.data.loader: user_loaders:unseen_test_class: test_y holds class 3"):
         data.load_user("user_loaders:unseen_test_class", folder, val_size=20)
+
+
+def test_inputs_or_targets_that_are_not_finite_are_refused_in_one_line(folder, capsys):
+    """(A NaN in the validation rows gave every run a NaN loss with status ok, and the verdict failed; one in the
+    training rows made every policy's run diverge: the search blamed the policies.)"""
+    with pytest.raises(ConfigError, match=r"^study.data.loader: user_loaders:nan_inputs: train_x holds nan in 2 of its "
+                                          r"120 rows \(the first: row 5, as float32\); allowed: finite numbers$"):
+        data.load_user("user_loaders:nan_inputs", folder, val_size=20)
+    with pytest.raises(ConfigError, match=r"^study.data.loader: user_loaders:inf_targets: test_y holds inf in 1 of its "
+                                          r"30 rows \(the first: row 3, as float32\)"):
+        data.load_user("user_loaders:inf_targets", folder, val_size=20)
+    # as a user meets it: the command's one line, exit 2
+    from evomerge import cli
+
+    (folder / "nan.toml").write_text('[study]\nname = "nan"\n[data]\nloader = "user_loaders:nan_inputs"\nval_size = 20\n'
+                                     '[model]\nname = "mlp"\nhidden = [8]\n[run]\nworkers = 2\nsteps = 4\n'
+                                     'batch_size = 8\n')
+    assert cli.main(["run", "--study", str(folder / "nan.toml"), "--policy", "ring-gossip", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: study.data.loader: user_loaders:nan_inputs: train_x holds nan") and \
+        len(err.strip().splitlines()) == 1, err

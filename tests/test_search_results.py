@@ -228,6 +228,17 @@ def test_a_diverged_loss_objective_is_the_worst_value_and_the_trial_stays_comple
     assert o.trials[0].state == optuna.trial.TrialState.COMPLETE
 
 
+def test_a_run_that_diverged_on_one_seed_of_several_leaves_a_spread_of_nan_not_an_error():
+    """``statistics.stdev`` raises AttributeError on a NaN or an inf: a baseline whose loss was NaN on one fresh seed
+    took the verdict down ('the verdict failed: AttributeError: ...'), and ``run --reevaluate`` with it."""
+    import math
+
+    out = results.summarise([{"val_loss": float("nan"), "bytes": 10}, {"val_loss": 0.5, "bytes": 30}])
+    assert math.isnan(out["val_loss"]) and math.isnan(out["val_loss_std"])
+    assert out["bytes"] == 20 and out["bytes_std"] == pytest.approx(math.sqrt(200))
+    assert math.isnan(results.spread([math.inf, 1.0])) and results.spread([1.0, 3.0]) == pytest.approx(math.sqrt(2))
+
+
 def test_counts_line_says_when_a_stored_study_has_no_trial_yet():
     from evomerge.search.results import format_counts
 

@@ -306,6 +306,12 @@ def objective_values(study: Study, finals: list[dict]) -> list[float]:
     return out
 
 
+def spread(vals: list[float]) -> float:
+    """The sample standard deviation of 2 or more values; NaN where one is not finite (a diverged run's loss), where
+    ``statistics.stdev`` raised AttributeError and took the verdict down with it."""
+    return statistics.stdev(vals) if all(math.isfinite(v) for v in vals) else float("nan")
+
+
 def summarise(finals: list[dict]) -> dict[str, float]:
     """Means over seeds of the final metrics, and their spread (``*_std``) over several seeds."""
     out: dict[str, float] = {}
@@ -314,7 +320,7 @@ def summarise(finals: list[dict]) -> dict[str, float]:
         if vals:
             out[k] = statistics.fmean(vals)
             if len(vals) > 1:
-                out[f"{k}_std"] = statistics.stdev(vals)
+                out[f"{k}_std"] = spread(vals)
     return out
 
 
