@@ -129,6 +129,43 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
 
 
 @pytest.mark.system
+def test_the_dashboards_ui_command_opens_the_store_the_study_is_tracked_in(tmp_path, data_dir):
+    """A study tracked with --tracking-uri in a store of the user's choosing: the page's `evomerge ui` command names
+    it, and run as printed it serves the study's runs (it said `evomerge ui --study ...` alone, which opened the
+    default store, empty)."""
+    import html
+    import re
+
+    from searchutil import cli
+
+    f = write_study(tmp_path)
+    store = f"sqlite:///{tmp_path / 'elsewhere' / 'ml.db'}"
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--no-verdict", "--quiet",
+            "--tracking-uri", store, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    p = cli("dashboard", "--study", str(f), "--tracking-uri", store, "--no-baselines", "--out", "dash", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    page = html.unescape((tmp_path / "dash" / "index.html").read_text())
+    command = re.search(r"open it with <code>(evomerge ui [^<]*)</code>", page)[1]
+    assert command == f"evomerge ui --study {f} --tracking-uri {store}", command
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "evomerge.cli", *command.split()[1:], "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        assert "MLflow UI for tiny" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "note: no search" not in err, err  # the store holds the study's runs
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.system
 def test_evomerge_ui_serves_the_study_store_and_stops_on_ctrl_c(tmp_path, data_dir):
     f = write_study(tmp_path)
     evomerge.search(study.load(f), n_trials=1, sampler="random", runs_dir=tmp_path / "runs", data_dir=data_dir)

@@ -704,9 +704,11 @@ def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tra
     command = None
     if not http and runs:
         command = f"evomerge ui --study {study.path or study.name}"
-        if tracking_uri.startswith("sqlite:///") and tracking_uri.endswith("/mlflow.db"):  # RUNS_DIR/STUDY/mlflow.db
-            runs_dir = Path(tracking_uri[len("sqlite:///"):]).parent.parent
+        if tracking_uri.startswith("sqlite:///") and tracking_uri.endswith(f"/{study.name}/mlflow.db"):
+            runs_dir = Path(tracking_uri[len("sqlite:///"):]).parent.parent  # the default: RUNS_DIR/STUDY/mlflow.db
             if runs_dir.resolve() != Path("runs").resolve():
                 command += f" --runs-dir {runs_dir}"
+        else:  # a store of the user's choosing (it opened the default one, empty; a password stays hidden)
+            command += f" --tracking-uri {shown(tracking_uri)}"
     return {"head": [OBJECTIVES_LABEL.get(o, o) for o in study.objectives], "rows": rows, "ui_command": command,
             "runs_path": f"/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"}
