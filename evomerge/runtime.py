@@ -128,10 +128,12 @@ def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
         if not path.exists() and isinstance(policy, str) and (shipped / f"{policy}.json").is_file():
             path = shipped / f"{policy}.json"  # a shipped policy by name, as evomerge run --policy takes it
         try:
+            if not str(policy).strip():  # Path("") is the current folder: it said "cannot read '.': Is a directory"
+                raise OSError(0, "an empty name")
             data = json.loads(path.read_text())
         except OSError as e:
             named = sorted(f.stem for f in shipped.glob("*.json"))
-            raise ConfigError("policy", f"cannot read {str(path)!r}: {e.strerror or e}; allowed: a policy or an "
+            raise ConfigError("policy", f"cannot read {str(policy)!r}: {e.strerror or e}; allowed: a policy or an "
                                         f"exported JSON file, a shipped policy's name ({', '.join(named)}), a dict "
                                         "or a MergePolicy" + did_you_mean(str(policy), named)) from None
         except ValueError as e:

@@ -270,6 +270,10 @@ def test_the_result_arrives_when_rank_zero_has_already_exited(setup):
 def test_bad_process_count_is_refused(setup):
     with pytest.raises(ConfigError, match=r"--procs: 3 processes cannot split 4 workers evenly; allowed: a divisor of 4"):
         dist.simulate(setup, MergePolicy(), 0, procs=3)
+    from evomerge import backends
+
+    with pytest.raises(ConfigError, match=r"^--procs: 0 is out of range; allowed: a divisor of 4 \(the workers\)$"):
+        backends.check("distributed", 0, 4)  # (it said "0 processes cannot split 4 workers evenly")
 
 
 def _spawned_children(ppid: int) -> list[int]:

@@ -741,6 +741,8 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
     with pytest.raises(ConfigError, match=r"^policy: cannot read 'streaming-dilco'.*shipped policy's name \(.*"
                                           r"streaming-diloco\).*; did you mean streaming-diloco\?$"):
         read_policy("streaming-dilco")
+    with pytest.raises(ConfigError, match=r"^policy: cannot read '': an empty name; allowed: a policy or an exported"):
+        read_policy("")  # (it said "cannot read '.': Is a directory")
 
 
 @pytest.mark.unit

@@ -42,7 +42,9 @@ def check(backend: str, procs: int | None, workers: int) -> None:
     if procs is not None:
         if backend != "distributed":
             raise ConfigError("--procs", "applies to --backend distributed only")
-        if procs < 1 or workers % procs:
+        if procs < 1:
+            raise ConfigError("--procs", f"{procs} is out of range; allowed: a divisor of {workers} (the workers)")
+        if workers % procs:
             raise ConfigError("--procs", f"{procs} processes cannot split {workers} workers evenly; "
                                          f"allowed: a divisor of {workers}")
 
