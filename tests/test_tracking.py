@@ -149,6 +149,12 @@ def test_the_dashboards_ui_command_opens_the_store_the_study_is_tracked_in(tmp_p
     page = html.unescape((tmp_path / "dash" / "index.html").read_text())
     command = re.search(r"open it with <code>(evomerge ui [^<]*)</code>", page)[1]
     assert command == f"evomerge ui --study {f} --tracking-uri {store}", command
+    # a search without its verdict: the page says so where the verdict goes, and how to have one, which holds
+    assert "No verdict yet: the search of these trials ended before it (--no-verdict, or stopped)" in page
+    again = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--reevaluate", "0",
+                "--tracking-uri", store, cwd=tmp_path, data_dir=data_dir)
+    said = again.stdout + again.stderr
+    assert again.returncode == 0 and "1 trials already finished, 1 asked: none to run" in said and "verdict: " in said, said
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.Popen([sys.executable, "-m", "evomerge.cli", *command.split()[1:], "--port", str(port)],

@@ -567,6 +567,10 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
             stale = stale_note(stored_verdict, len(complete))
             section("verdict", "Verdict", stored_verdict["headline"],
                     verdict_html(stored_verdict, [stale] if stale else []))
+        else:  # (the page left the section out, and a reader looked for it)
+            section("verdict", "Verdict", "No verdict yet: the search of these trials ended before it (--no-verdict, "
+                                          "or stopped). The same evomerge search command without --no-verdict judges "
+                                          "the trials the study has, and runs no new trial once they are done.")
         section("history", "Optimisation history",
                 "Every trial's value in the order it was asked; the line is the best so far for each sampler."
                 + (" Diverged trials are marked and left out of the best so far." if n_diverged else ""),
