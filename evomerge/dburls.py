@@ -73,7 +73,8 @@ def check_database(url: str, option: str, allowed: str, seconds: float) -> None:
     except Exception as e:  # noqa: BLE001 (a missing driver, an unknown dialect)
         hint = driver_missing(url, e)
         if hint is not None and hint.startswith("SQLAlchemy has no"):
-            raise ConfigError(option, f"{said} is not a database address ({hint}); allowed: {allowed}") from None
+            mean = "; did you mean postgresql://?" if url.startswith("postgres://") else ""  # Heroku's and libpq's
+            raise ConfigError(option, f"{said} is not a database address ({hint}); allowed: {allowed}{mean}") from None
         raise ConfigError(option, f"cannot open {said}: {hint or first_line(e)}") from None
     try:
         with engine.connect():

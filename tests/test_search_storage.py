@@ -244,23 +244,26 @@ def test_a_lock_held_by_a_killed_process_is_released(tmp_path):
     ("a-folder", "{tmp} is not a database address (Could not parse SQLAlchemy URL from given URL string); for a SQLite "
                  "file there: sqlite:///{tmp}/optuna.db; allowed: sqlite:///PATH/optuna.db, postgresql://"),
     ("http", "http://me:***@127.0.0.1:1/db is not a database address (SQLAlchemy has no dialect for http://"),
+    ("postgres", "postgres://me:***@127.0.0.1:1/db is not a database address (SQLAlchemy has no dialect for postgres://"),
     ("psycopg2", "cannot reach the database at postgresql+psycopg2://me:***@127.0.0.1:1/optuna ("
                  if importlib.util.find_spec("psycopg2") else
                  "cannot open postgresql+psycopg2://me:***@127.0.0.1:1/optuna: the driver psycopg2 that the address "
                  "names is not installed (no module named 'psycopg2'); pip install it, or write postgresql:// to use "
                  'psycopg 3 (pip install "evomerge[postgres]")'),
-], ids=["under-a-file", "no-such-driver", "a-folder", "http", "psycopg2"])
+], ids=["under-a-file", "no-such-driver", "a-folder", "http", "postgres", "psycopg2"])
 def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, where, said):
     from evomerge.errors import ConfigError
 
     (tmp_path / "file").write_text("")
     url = {"under-a-file": f"sqlite:///{tmp_path}/file/optuna.db", "no-such-driver": "nosuchdriver://x",
            "a-folder": str(tmp_path), "http": "http://me:secret@127.0.0.1:1/db",
+           "postgres": "postgres://me:secret@127.0.0.1:1/db",
            "psycopg2": "postgresql+psycopg2://me:secret@127.0.0.1:1/optuna"}[where]
     with pytest.raises(ConfigError) as e:
         storage.open_storage(url)
     assert e.value.field == "--storage" and "\n" not in str(e.value) and "secret" not in str(e.value)
     assert said.format(tmp=tmp_path) in str(e.value), str(e.value)
+    assert str(e.value).endswith("; did you mean postgresql://?") == (where == "postgres")  # libpq's short scheme
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made
 
 
