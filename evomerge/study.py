@@ -500,12 +500,20 @@ class Study:
     def resolve_policy(self, ref: str | Path, where: str = "--policy") -> MergePolicy:
         """A policy from a file path, or by name from the study's policies folder, else the shipped ones
         (so a study copied elsewhere still finds ``no-merging``, ``fedavg``, ...)."""
+        def load(path: Path) -> MergePolicy:
+            try:
+                return MergePolicy.load(path)
+            except ConfigError as e:  # a bad file in [baselines]: named with the field that lists it
+                if where == "--policy":
+                    raise
+                raise ConfigError(where, f"{ref}: {e}") from None
+
         p = Path(ref)
         if p.is_file():
-            return MergePolicy.load(p)
+            return load(p)
         for d in self.policy_dirs():
             if (d / f"{ref}.json").is_file():
-                return MergePolicy.load(d / f"{ref}.json")
+                return load(d / f"{ref}.json")
         named = self.named_policies()
         raise ConfigError(where, f"{ref}: no such file or named policy; named: {', '.join(named) or 'none'}"
                                  + did_you_mean(str(ref), named))

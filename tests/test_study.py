@@ -101,6 +101,19 @@ def test_error_lines_name_the_field_and_what_is_allowed():
         assert str(e.value) == line
 
 
+def test_a_bad_policy_file_in_the_baselines_is_named_with_the_field_that_lists_it(tmp_path):
+    """(It said `policy.topology: unknown 'star'; ...` alone: which of the study's files, and where it is listed?)"""
+    f = _copy_of_mnist_gossip(tmp_path)
+    (tmp_path / "pol").mkdir()
+    (tmp_path / "pol" / "bad.json").write_text('{"topology": "star"}')
+    bad = tmp_path / "pol" / "bad.json"
+    f.write_text(f.read_text().replace('policies = ["no-merging"', f'policies = ["{bad}", "no-merging"'))
+    with pytest.raises(ConfigError) as e:
+        study.load(str(f))
+    assert e.value.field == "study.baselines.policies"
+    assert str(e.value).startswith(f"study.baselines.policies: {bad}: policy.topology: unknown 'star'; allowed: ")
+
+
 def _copy_of_mnist_gossip(folder, workers=None):
     """The shipped study copied into another folder under another name, as a new user does."""
     text = (study.shipped_studies_dir() / "mnist-gossip.toml").read_text().replace('name = "mnist-gossip"', 'name = "mine"')

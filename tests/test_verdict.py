@@ -52,6 +52,12 @@ def test_a_win_a_loss_and_a_tie_on_stored_values_lead_with_fedavg_and_ring_gossi
     assert v["beaten_by"] == ["allreduce"]
     assert v["headline"].startswith("A baseline beats the search: allreduce beats trial 7 on fresh seeds 1000, 1001, 1002")
     assert "-1.07 ± 0.03 points val acc" in v["headline"]
+    # two baselines beat it: the bracket says whose figures it holds (it showed one's as if they were both's)
+    v = verdict.judge(s, _picks((7, pick)), _bases(allreduce=[[0.930], [0.936], [0.929]],
+                                                   fedavg=[[0.940], [0.946], [0.939]]),
+                      [1000, 1001, 1002], True, "the best val_accuracy")
+    assert v["headline"] == ("A baseline beats the search: fedavg and allreduce beat trial 7 on fresh seeds 1000, "
+                             "1001, 1002 (against fedavg: -2.07 ± 0.03 points val acc)"), v["headline"]
     assert any("lr 0.05" in n and "not tuned" in n for n in v["notes"])
 
 
