@@ -297,9 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         print(f"error: {_unrecognized(parser, args, extra, argv)}", file=sys.stderr)
         return 2
+    from .procs import signals_raise
+
     try:
         _check_seed_and_device(getattr(args, "seed", None), getattr(args, "device", None))  # before any data is read
-        return args.handler(args) or 0
+        with signals_raise():  # SIGTERM and SIGHUP stop every command as Ctrl-C does (run and baselines died silently)
+            return args.handler(args) or 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

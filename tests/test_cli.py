@@ -429,3 +429,25 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
                        text=True, timeout=120, cwd=ROOT)
     os.close(w)
     assert p.stderr == "" and p.returncode == 141, p.stderr[-2000:]
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_run_stopped_by_sigterm_or_sighup_says_interrupted_and_exits_130_as_ctrl_c_does(tmp_path, data_dir, sig):
+    """(In process, `run` and `baselines` died of the signal's default: status 143 or 129 and nothing said, where
+    `search` and the distributed backend said `interrupted`, 130.)"""
+    import signal
+    import time
+
+    f = write_study(tmp_path, slow=True)  # each forward sleeps: a run of many seconds for little CPU
+    env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir), SLOWMLP_DELAY="0.3")
+    p = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "run", "--study", str(f), "--policy", "ring-gossip",
+                          "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # its handlers are in place as soon as the command's arguments are read
+        assert p.poll() is None, p.communicate()
+        p.send_signal(getattr(signal, sig))
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and err.strip().splitlines() == ["interrupted"], (p.returncode, err)
