@@ -139,6 +139,26 @@ def pid_running(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _deferred(signals: Iterable[int]):
+    """Within the block, the given signals wait, and are delivered again as it ends: a child being started is a
+    child known once they act. (A Ctrl-C inside ``Process.start()`` left a forked rank that no one stopped: it read
+    its start after the launcher had gone and printed multiprocessing's traceback.) Outside the main thread it
+    changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+        for s in dict.fromkeys(got):
+            signal.raise_signal(s)
+
+
 class _Handle:
     def __init__(self, proc: Any):
         self.proc = proc
@@ -185,8 +205,9 @@ class ProcessGroup:
 
         ctx = ctx or mp.get_context("spawn")
         proc = ctx.Process(target=_group_entry, args=(target, args, os.getpid()), name=name, daemon=True)
-        proc.start()
-        self._handles.append(_Handle(proc))
+        with _deferred((signal.SIGINT, *self._signals)):
+            proc.start()
+            self._handles.append(_Handle(proc))
         return proc
 
     # -- watching -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ import queue as queue_mod
 import signal
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 from multiprocessing.reduction import ForkingPickler
@@ -218,6 +219,17 @@ def _context(method: str | None = None):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])  # read when the server starts: the first launch in this process
+    if threading.current_thread() is threading.main_thread():
+        # the server shields itself from a Ctrl-C only once it has imported this module (torch: seconds); one that
+        # reached it before printed the import's traceback. It starts with SIGINT ignored, which it inherits, and the
+        # ranks ignore it too (_rank_main): the launcher decides
+        from multiprocessing import forkserver
+
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     return ctx
 
 
