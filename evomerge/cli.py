@@ -1082,7 +1082,9 @@ def cmd_baselines(args) -> int:
     results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
     from rich.table import Table
 
-    t = Table(title=f"{study.name}: baselines (seed {seed}, {setup.total_steps} local steps, {study.run.workers} workers)")
+    budget = (f"{study.environment.time_budget:g} simulated s" if study.environment and study.environment.time_budget
+              else f"{setup.total_steps} local steps")  # a time budget ends a timed study's runs, not the steps
+    t = Table(title=f"{study.name}: baselines (seed {seed}, {budget}, {study.run.workers} workers)")
     timed = study.environment is not None
     acc = setup.model.task.classification  # a regression's table has no accuracy columns (own-model.md)
     cols = ["policy", "status", *(["val acc", "mean worker", "worst worker"] if acc else []), "val loss"]

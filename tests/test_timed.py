@@ -357,6 +357,7 @@ def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     p = cli("baselines", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "sim time" in p.stdout and "time to 0.5" in p.stdout and "allreduce" in p.stdout
+    assert "baselines (seed 0, 2 simulated s, 4 workers)" in p.stdout, p.stdout  # the budget that ends the runs
 
 
 @pytest.mark.system
