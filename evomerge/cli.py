@@ -403,9 +403,8 @@ def _prepare(study, args):
 def _setup_notes(study, setup) -> None:
     """What the run commands say once the model and the step budget are known: a cluster file timed for another
     model, a time budget many times the step budget's work."""
-    for note in (study.model_note(setup.model), study.budget_note(setup.total_steps)):
-        if note:
-            print(f"note: {note}", file=sys.stderr)
+    for note in study.setup_notes(setup.model, setup.total_steps):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _runner(args, study):

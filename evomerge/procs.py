@@ -159,6 +159,21 @@ def _deferred(signals: Iterable[int]):
             signal.raise_signal(s)
 
 
+@contextlib.contextmanager
+def ignored(signals: Iterable[int]):
+    """Within the block, the given signals are ignored (and so are they in a process started in it, which inherits
+    that); the previous handlers come back after it. Outside the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+
+
 class _Handle:
     def __init__(self, proc: Any):
         self.proc = proc
@@ -268,15 +283,8 @@ class ProcessGroup:
 
     def _shield(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` with the stop signals and SIGINT ignored, so a second signal cannot cut the cleanup short."""
-        if threading.current_thread() is not threading.main_thread():
+        with ignored({*self._signals, signal.SIGINT}):
             fn()
-            return
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in {*self._signals, signal.SIGINT}}
-        try:
-            fn()
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
 
 
 # -- threads ------------------------------------------------------------------------------------

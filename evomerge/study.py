@@ -428,6 +428,11 @@ class Study:
         return (f"study.environment.from: {path} timed steps of a model of {timed:,} bytes; this study's model has "
                 f"{nbytes:,} bytes: its step times are another model's (calibrate with this study)")
 
+    def setup_notes(self, model, total_steps: int) -> list[str]:
+        """What a run or search says once its model and step budget are known: :meth:`model_note` and
+        :meth:`budget_note`, those that apply."""
+        return [n for n in (self.model_note(model), self.budget_note(total_steps)) if n]
+
     def budget_note(self, total_steps: int) -> str | None:
         """A note when ``[environment] time_budget`` gives a worker at ``step_time`` more than 10x the study's step
         budget (``total_steps``): every run simulates those steps, each a real step of the model (a budget written

@@ -20,7 +20,6 @@ import queue as queue_mod
 import signal
 import sys
 import tempfile
-import threading
 import time
 from datetime import timedelta
 from multiprocessing.reduction import ForkingPickler
@@ -32,7 +31,7 @@ import torch.multiprocessing  # noqa: F401 - its tensor reductions, in ForkingPi
 from ..engine.setup import RunResult, Setup, resolve_device
 from ..errors import ConfigError
 from ..policy import MergePolicy
-from ..procs import ProcessGroup, pid_running
+from ..procs import ProcessGroup, ignored, pid_running
 from . import check_model, check_policy
 from .distributed import DistributedRunError, groups, run_rank
 
@@ -219,17 +218,13 @@ def _context(method: str | None = None):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])  # read when the server starts: the first launch in this process
-    if threading.current_thread() is threading.main_thread():
-        # the server shields itself from a Ctrl-C only once it has imported this module (torch: seconds); one that
-        # reached it before printed the import's traceback. It starts with SIGINT ignored, which it inherits, and the
-        # ranks ignore it too (_rank_main): the launcher decides
-        from multiprocessing import forkserver
+    # the server shields itself from a Ctrl-C only once it has imported this module (torch: seconds); one that
+    # reached it before printed the import's traceback. It starts with SIGINT ignored, which it inherits, and the
+    # ranks ignore it too (_rank_main): the launcher decides
+    from multiprocessing import forkserver
 
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            forkserver.ensure_running()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+    with ignored([signal.SIGINT]):
+        forkserver.ensure_running()
     return ctx
 
 

@@ -312,7 +312,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
                                   cfg.study.path.parent if cfg.study.path is not None else None)
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
     # a cluster file timed for another model; a time budget many times the step budget's work
-    model_notes = [n for n in [cfg.study.model_note(setup.model), cfg.study.budget_note(setup.total_steps)] if n]
+    model_notes = cfg.study.setup_notes(setup.model, setup.total_steps)
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)

@@ -179,9 +179,16 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
         headline = f"trial {first}: no baselines to compare with (the study's [baselines] policies is empty)"
     elif beaten_by:
         # the figures of one comparison: whose, where more than one pick or baseline could be meant
-        whose = " ".join([f"trial {first}"] * (len(picks) > 1) + [f"against {beaten_by[0]}"] * (len(beaten_by) > 1))
+        whose = []
+        if len(picks) > 1:
+            whose.append(f"trial {first}")
+        if len(beaten_by) > 1:
+            whose.append(f"against {beaten_by[0]}")
+        figures = by[first, beaten_by[0]]["text"]
+        if whose:
+            figures = f"{' '.join(whose)}: {figures}"
         headline = (f"A baseline beats the search: {_join(beaten_by)} {'beat' if len(beaten_by) > 1 else 'beats'} "
-                    f"{every} on {where} (" + (f"{whose}: " if whose else "") + f"{by[first, beaten_by[0]]['text']})")
+                    f"{every} on {where} ({figures})")
     elif all(by[first, n]["outcome"] == "better" for n in names):
         headline = f"trial {first} beats every baseline ({_join(names)}) on {where}"
     else:
