@@ -406,9 +406,11 @@ class MergePolicy:
         a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
             f"a {self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
         comp = ""
-        if self.payload in COMPRESSED:
-            bits = "scaled sign" if self.quantize_bits == 1 else f"{self.quantize_bits or 32} bits"
-            comp = f", delta payload (top-k {self.topk_fraction:.3g}, {bits})"
+        if self.payload in COMPRESSED:  # what squeezes it, where something does
+            squeeze = [f"top-k {self.topk_fraction:.3g}"] * (self.topk_fraction < 1.0)
+            if self.quantize_bits:
+                squeeze.append("scaled sign" if self.quantize_bits == 1 else f"{self.quantize_bits} bits")
+            comp = ", delta payload" + (f" ({', '.join(squeeze)})" if squeeze else "")
         extra = self._describe_extras()
         if self.payload == "gradient":
             squeezed = self.topk_fraction < 1.0 or self.quantize_bits
@@ -422,7 +424,7 @@ class MergePolicy:
         if self.scheme == "allreduce":
             if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()):  # Streaming DiLoCo
                 strided = " strided" if self.fragment_pattern == "strided" else ""
-                extra = (f", streamed in {self.fragments}{strided} fragment{'s' * (self.fragments != 1)} (delay {self.fragment_delay} steps, "
+                extra = (f", streamed in {self.fragments}{strided} fragment{'s' * (self.fragments != 1)} (delay {self.fragment_delay} step{'s' * (self.fragment_delay != 1)}, "
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
                 comp = comp.replace("delta payload", "compressed outer gradients")

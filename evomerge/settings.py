@@ -124,7 +124,7 @@ def translate(error: ValidationError, prefix: str, cls) -> ConfigError:
     if kind == "missing_argument" or kind == "missing":
         return ConfigError(field, "is required")
     if kind in _TYPES:
-        return ConfigError(field, f"{_TYPES[kind]}, got {show(value)}")
+        return ConfigError(field, f"{_TYPES[kind]}, got {show(value)}{_allowed(cls, loc)}")
     if kind == "finite_number":
         return ConfigError(field, f"must be finite, got {value}")
     if kind in _RANGE:
@@ -133,6 +133,21 @@ def translate(error: ValidationError, prefix: str, cls) -> ConfigError:
     if kind == "too_short":
         return ConfigError(field, "must not be empty")
     return ConfigError(field, e["msg"])
+
+
+def _allowed(cls, loc: list[str]) -> str:
+    """``; allowed: ...`` for the field at ``loc`` below ``cls`` where it has a list of names or a range, else ''."""
+    if not loc:
+        return ""
+    info = getattr(_owner(cls, loc[:-1]), "__pydantic_fields__", {}).get(loc[-1])
+    if info is None:
+        return ""
+    choice = choice_of(info)
+    if choice is not None:
+        return f"; allowed: {', '.join(choice.names)}"
+    if any(b is not None for b in bounds(info)[:2]):
+        return f"; allowed: {range_text(info)}"
+    return ""
 
 
 def _owner(cls, path: list[str]):

@@ -26,7 +26,10 @@ def test_policy_is_frozen():
 
 @pytest.mark.parametrize("data, field, words", [
     ({"topology": "star"}, "policy.topology", "allowed: ring, complete, random_regular, communities"),
-    ({"mean_interval": "x"}, "policy.mean_interval", "must be a number"),
+    ({"mean_interval": "x"}, "policy.mean_interval", 'must be a number, got str "x"; allowed: [1.0, 1000000.0]'),
+    ({"topology": 3}, "policy.topology", "must be a string, got int 3; allowed: ring, complete, random_regular, "
+                                         "communities"),
+    ({"local_steps_by_speed": "yes"}, "policy.local_steps_by_speed", 'must be true or false, got str "yes"'),
     ({"mean_interval": 0.5}, "policy.mean_interval", "out of range"),
     ({"mixing_weight": 0.0}, "policy.mixing_weight", "(0.0, 1.0]"),
     ({"degree": True}, "policy.degree", "must be an integer"),

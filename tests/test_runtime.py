@@ -748,7 +748,7 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize("run, line", [
     ({"optimizer": "lion", "lr": 0.1}, "run.optimizer: unknown 'lion'; allowed: sgd, adam, adamw"),
-    ({"optimizer": "sgd", "lr": "fast"}, 'run.lr: must be a number, got str "fast"'),
+    ({"optimizer": "sgd", "lr": "fast"}, 'run.lr: must be a number, got str "fast"; allowed: [0, inf)'),
     ({"optimizer": "sgd", "lr": -1}, "run.lr: -1 is out of range; allowed: [0, inf)"),
     ({"optimizer": "adamw", "lr": 0.01, "betas": [0.9, 1.5]}, "run.betas: [0.9, 1.5] is out of range; allowed: two "
                                                              "numbers in [0, 1)"),
