@@ -431,6 +431,25 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     assert p.stderr == "" and p.returncode == 141, p.stderr[-2000:]
 
 
+def test_a_reader_that_leaves_before_a_table_ends_the_command_as_before_any_other_line():
+    """(`evomerge status | head -1` exited 1: the reader had gone by the table, and rich's own handling of a broken
+    pipe exits 1; `main` ends every other broken stdout with 141.) The tables' console hands the pipe to `main`."""
+    from evomerge.report.search_view import console
+
+    r, w = os.pipe()
+    os.close(r)
+    gone = os.fdopen(w, "w")
+    out = console()
+    out.file = gone
+    with pytest.raises(BrokenPipeError):
+        out.print("a table's first line")
+    assert out.quiet  # nothing more is written to the pipe that is gone
+    null = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere, as `main` sends it
+    os.dup2(null, w)
+    os.close(null)
+    gone.close()
+
+
 @pytest.mark.system
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
 def test_run_stopped_by_sigterm_or_sighup_says_interrupted_and_exits_130_as_ctrl_c_does(tmp_path, data_dir, sig):

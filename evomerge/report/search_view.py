@@ -17,8 +17,15 @@ if TYPE_CHECKING:
 
 
 def console(stderr: bool = False):
-    """Rich console; off a terminal, wide enough that tables are not squeezed into 80 columns."""
-    from rich.console import Console
+    """Rich console; off a terminal, wide enough that tables are not squeezed into 80 columns. A reader that
+    leaves (``evomerge status | head``) ends the command as every other command's output does (status 141, quiet):
+    rich's own way exited 1."""
+    from rich.console import Console as Rich
+
+    class Console(Rich):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
 
     if stderr:  # off a terminal as wide as stdout's: lines are not broken mid-phrase at 80 columns
         return Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
