@@ -345,7 +345,7 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
     the named datasets."""
     import torch
 
-    from .userref import one_line, resolve
+    from .userref import raised, resolve
 
     fn = resolve(ref, LOADER, base_dir, "mydata:load")
     try:
@@ -353,7 +353,7 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's code: one line naming the field
-        raise ConfigError(LOADER, f"{ref} raised {one_line(e)}") from None
+        raise ConfigError(LOADER, f"{ref} raised {raised(e, base_dir)}") from None
     want = "(train_x, train_y, test_x, test_y) tensors or (train_dataset, test_dataset)"
     if isinstance(out, (tuple, list)) and len(out) == 2 and all(_is_dataset(o) for o in out):
         out = (*_materialise(out[0], "training", ref), *_materialise(out[1], "test", ref))
@@ -454,7 +454,8 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
     if kind == "dirichlet" and (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)):
         raise ConfigError("study.data.partition", f"'dirichlet' splits by class and needs one class label per "
                                                   f"example; the labels are {labels.dtype} of shape "
-                                                  f"{list(labels.shape[1:]) or 'one'} per example; allowed: iid")
+                                                  f"{list(labels.shape[1:]) or 'one'} per example; allowed: iid"
+                                                  + (", by_file" if groups is not None else ""))
     if workers < 1 or workers > n:
         raise ConfigError("study.run.workers", f"{workers} is out of range; allowed: [1, {n}] for {n} samples")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0xDA7A])))
@@ -493,7 +494,8 @@ def _by_file(groups: np.ndarray | None, workers: int, min_size: int) -> list[np.
     files, counts = np.unique(groups, return_counts=True)
     if len(files) < workers:
         raise ConfigError("study.data.partition", f"'by_file' gives whole files to workers, but the training split holds "
-                                                  f"{len(files)} files for {workers} workers; allowed: iid, or more files")
+                                                  f"{len(files)} file{'s' * (len(files) != 1)} for {workers} workers; "
+                                                  "allowed: iid, or more files")
     held = np.zeros(workers, dtype=np.int64)
     owner = {}
     for f in files[np.argsort(-counts, kind="stable")]:

@@ -90,19 +90,24 @@ class Task:
             raise ConfigError(FIELD, f"{self.loss!r} takes float targets; the data's labels are {y.dtype}; allowed: "
                                      "float targets, or loss 'cross_entropy' for integer classes")
 
-    def note_ignored(self, y: torch.Tensor) -> None:
-        """Labels ``-100`` elsewhere than in training (the validation split): counted out there too."""
+    def note_held_out(self, y: torch.Tensor) -> None:
+        """Labels elsewhere than in training (the validation split): ``-100`` is counted out there too, and their
+        largest class needs a logit as the training labels' does (one only there was a traceback in the first
+        evaluation)."""
         if self.classification and not y.dtype.is_floating_point and len(y):
             self.ignores = self.ignores or bool((y == IGNORE).any())
+            self.top = max(self.top, int(y.max()))
 
     def check_output(self, out: torch.Tensor, y: torch.Tensor, what: str) -> None:
         """One example batch's output ``out`` ``[B, ...]`` against its labels ``y`` ``[B, ...]``."""
         if self.classification:
-            want = (*y.shape, "C")
+            want = "[" + ", ".join([*map(str, y.shape), "C"]) + "]"
             if out.dim() != y.dim() + 1 or tuple(out.shape[:-1]) != tuple(y.shape):
+                hint = ("; labels [N, 1] are one class each: give them as [N] (y.squeeze(1))"
+                        if y.dim() == 2 and y.shape[1] == 1 and out.dim() == 2 else "")
                 raise ConfigError("study.model.factory", f"{what} returns outputs of shape {list(out.shape)} for "
                                                          f"labels of shape {list(y.shape)}; cross-entropy expects "
-                                                         f"{list(want)} (one logit per class)")
+                                                         f"{want} (one logit per class){hint}")
             top = max(self.top, int(y.max()) if len(y) else 0)
             if top >= out.shape[-1]:
                 raise ConfigError("study.model.factory", f"{what} returns {out.shape[-1]} logits but the data hold "

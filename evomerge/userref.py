@@ -36,6 +36,17 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def raised(e: BaseException, base_dir: str | Path | None) -> str:
+    """:func:`one_line` for an error the user's function raised; for a module it imports in its body that sits beside
+    the study, why it was not found (the study's folder is on ``sys.path`` only while the study's module loads)."""
+    text = one_line(e)
+    top = (getattr(e, "name", None) or "").split(".")[0]
+    if isinstance(e, ModuleNotFoundError) and top and base_dir is not None and _local_file(Path(base_dir), top):
+        text += (f" ({top} is beside the study, but its folder is importable only while the study's module loads: "
+                 f"import {top} at the top of that module)")
+    return text
+
+
 def _local_file(base_dir: Path, top: str) -> Path | None:
     for p in (base_dir / f"{top}.py", base_dir / top / "__init__.py"):
         if p.is_file():

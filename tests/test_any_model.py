@@ -396,6 +396,11 @@ def test_by_file_gives_each_worker_whole_files_of_the_text(folder):
     bad.write_text(bad.read_text().replace('partition = "iid"', 'partition = "by_file"'))
     with pytest.raises(ConfigError, match=r"study.data.partition: 'by_file' needs a corpus of files \(dataset 'text'\)"):
         simulate.prepare(load(bad))
+    # text cannot be split by class: what it can be split by is named (it said "allowed: iid")
+    p.write_text(p.read_text().replace('partition = "by_file"', 'partition = "dirichlet"'))
+    with pytest.raises(ConfigError, match=r"^study.data.partition: 'dirichlet' splits by class .*; allowed: iid, "
+                                          r"by_file$"):
+        simulate.prepare(load(p))
 
 
 def test_time_to_a_loss_target_and_loss_at_time_on_a_simulated_cluster(folder):

@@ -145,6 +145,29 @@ def float_labels():
 def a_dict():
     return {"x": 1}
 
+class WithState(nn.Module):  # a recurrent habit: the outputs and the state
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(x), x.mean()
+
+def with_state():
+    return WithState()
+
+def column_labels():  # labels [N, 1], as a CSV's column comes
+    x = torch.rand(2000, 64)
+    y = torch.randint(0, 10, (2000, 1))
+    return x, y, x[:10], y[:10]
+
+def byte_tokens():  # token ids read as bytes (uint8)
+    x = torch.randint(0, 256, (2000, 8), dtype=torch.uint8)
+    return x, torch.randint(0, 10, (2000,)), x[:10], torch.randint(0, 10, (10,))
+
+def embedding():
+    return nn.Sequential(nn.Embedding(256, 8), nn.Flatten(), nn.Linear(64, 10))
+
 def broken():
     raise RuntimeError("the disk is gone\\nsecond line")
 
@@ -166,6 +189,16 @@ CASES = {
     "inputs the model rejects": (dict(factory="bad:wants_ten_features", options="{}"),
                                  "error: study.model.factory: bad:wants_ten_features rejects the data's inputs of shape "
                                  "[4, 64]: RuntimeError: "),
+    "forward returns a tuple": (dict(factory="bad:with_state", options="{}"),
+                                "error: study.model.factory: bad:with_state's forward returns a tuple; expected one "
+                                "tensor, the outputs the loss takes (return the logits alone)\n"),
+    "labels [N, 1]": (dict(loader="bad:column_labels"),
+                      "error: study.model.factory: digits_models:classifier returns outputs of shape [4, 10] for labels "
+                      "of shape [4, 1]; cross-entropy expects [4, 1, C] (one logit per class); labels [N, 1] are one "
+                      "class each: give them as [N] (y.squeeze(1))\n"),
+    "byte token ids": (dict(loader="bad:byte_tokens", factory="bad:embedding", options="{}"),
+                       "error: study.model.factory: bad:embedding rejects the data's inputs of shape [4, 8]: "
+                       "RuntimeError: Expected tensor for argument #1 'indices'"),
     "loader not importable": (dict(loader="nosuchmodule:load"),
                               "error: study.data.loader: cannot import 'nosuchmodule' (looked in"),
     "loader missing function": (dict(loader="digits_models:nope"), "error: study.data.loader: module 'digits_models' ("),
@@ -213,6 +246,8 @@ def test_user_code_errors_are_one_line_exit_2_before_any_trial(bad_folder, case,
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert p.stderr.startswith(line), p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+    if case == "byte token ids":  # torch's own words, then why
+        assert p.stderr.endswith(" (inputs of uint8 are read as float32: give token ids as int16, int32 or int64)\n")
 
 
 @pytest.mark.system

@@ -34,6 +34,21 @@ def nan_inputs():
     x[5, 1, 2] = x[9, 0, 0] = float("nan")
     return x, Y, TX, TY
 
+def class_only_in_validation():  # class 9 in one row, which the validation split takes (val_size 20, seed 0)
+    from evomerge.data import carve
+
+    y = Y.clone()
+    y[carve(120, 20, 0, 0)[0][3]] = 9
+    return X, y, TX, TY
+
+def lazy():  # a neighbour imported in the function's body, not at the top of the module
+    import loader_helpers
+
+    return loader_helpers.X, Y, TX, TY
+
+def net():  # 4 logits: classes 0..3
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(15, 4))
+
 def inf_targets():  # regression targets, one of the test set's too large for float32
     y = X.sum(dim=(1, 2))
     ty = TX.sum(dim=(1, 2)).double()
@@ -87,3 +102,28 @@ def test_inputs_or_targets_that_are_not_finite_are_refused_in_one_line(folder, c
     err = capsys.readouterr().err
     assert err.startswith("error: study.data.loader: user_loaders:nan_inputs: train_x holds nan") and \
         len(err.strip().splitlines()) == 1, err
+
+
+def test_a_class_only_the_validation_split_holds_is_one_line_naming_the_factory(folder, capsys):
+    """(The training labels were checked against the model's logits, the validation split's were not: a class only
+    there ended `evomerge run` with cross-entropy's `IndexError: Target 9 is out of bounds` and 38 lines.)"""
+    from evomerge import cli
+
+    (folder / "val9.toml").write_text('[study]\nname = "val9"\n[data]\nloader = "user_loaders:class_only_in_validation"\n'
+                                      'val_size = 20\n[model]\nfactory = "user_loaders:net"\n[run]\nworkers = 2\n'
+                                      'steps = 4\nbatch_size = 8\n')
+    assert cli.main(["run", "--study", str(folder / "val9.toml"), "--policy", "ring-gossip", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: study.model.factory: ") and "returns 4 logits but the data hold class 9; expected " \
+        "at least 10" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_neighbour_imported_inside_the_loader_is_said_to_be_importable_only_at_the_top(folder):
+    """(`No module named 'loader_helpers'`, with the file beside the study: the folder is on sys.path only while the
+    study's module loads.)"""
+    (folder / "loader_helpers.py").write_text("import torch\nX = torch.rand(120, 3, 5)\n")
+    with pytest.raises(ConfigError, match=r"^study.data.loader: user_loaders:lazy raised ModuleNotFoundError: No "
+                                          r"module named 'loader_helpers' \(loader_helpers is beside the study, but its "
+                                          r"folder is importable only while the study's module loads: import "
+                                          r"loader_helpers at the top of that module\)$"):
+        data.load_user("user_loaders:lazy", folder, val_size=20)

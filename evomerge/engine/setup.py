@@ -125,7 +125,7 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
         data = data_mod.load_spec(study.data, data_dir, base_dir)
     task = task_mod.of(study)
     task.check_labels(data.train_y)
-    task.note_ignored(data.val_y)
+    task.note_held_out(data.val_y)
     model = models_mod.build_spec(study.model, data.input_shape, data.n_classes, base_dir, task)
     if hasattr(model, "check"):  # a user's model: refused in one line before any trial if it cannot run
         model.check(normalise(data.train_x[:4], data.spec), data.train_y[:4], study.run.workers, study.run.batch_size)

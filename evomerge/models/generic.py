@@ -58,7 +58,7 @@ from torch.func import functional_call, vmap
 
 from ..errors import ConfigError, unknown
 from . import StackedModel, relu_mlp_grads, relu_mlp_sgd_, state_buffer_slots, state_buffers
-from ..userref import one_line, resolve
+from ..userref import one_line, raised, resolve
 
 FIELD = "study.model.factory"
 EXECUTION = "study.model.execution"
@@ -241,7 +241,7 @@ class GenericModel(StackedModel):
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's code: one line naming the field
-            raise ConfigError(FIELD, f"{self._what()} raised {one_line(e)}") from None
+            raise ConfigError(FIELD, f"{self._what()} raised {raised(e, self.base_dir)}") from None
         if not isinstance(m, nn.Module):
             raise ConfigError(FIELD, f"{self._what()} returned {type(m).__name__}; expected a torch.nn.Module")
         return m
@@ -548,7 +548,14 @@ class GenericModel(StackedModel):
         try:
             out = self._call(st.params, x, False, None, execution="loop")
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(FIELD, f"{self._what()} rejects the data's inputs of shape {shape}: {one_line(e)}") from None
+            kind = _returns(self.template, x)
+            if kind is not None:  # (it read "rejects the data's inputs ...: expected Tensor as element 0 ...")
+                raise ConfigError(FIELD, f"{self._what()}'s forward returns a {kind}; expected one tensor, the outputs "
+                                         "the loss takes (return the logits alone)") from None
+            why = one_line(e)
+            if x.is_floating_point() and "'indices'" in why:  # an nn.Embedding given uint8 ids, read as float32
+                why += " (inputs of uint8 are read as float32: give token ids as int16, int32 or int64)"
+            raise ConfigError(FIELD, f"{self._what()} rejects the data's inputs of shape {shape}: {why}") from None
         self.task.check_output(out[0], y, self._what())
         asked = self.execution_asked
         stacked = None if asked == "loop" else trial("stacked")
@@ -622,6 +629,22 @@ def _attention_under_vmap(device: torch.device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.MATH])
+
+
+def _returns(module: nn.Module, x: torch.Tensor) -> str | None:
+    """The type of what ``module``'s forward returns on ``x`` (in eval mode, without gradients; each module's mode
+    is put back) when it is not a tensor (a tuple of outputs and state, a dict); None otherwise, or if it raises."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(x)
+    except Exception:  # noqa: BLE001 - the caller reports the error itself
+        return None
+    finally:
+        for m, training in modes:
+            m.training = training
+    return None if isinstance(out, torch.Tensor) else type(out).__name__
 
 
 def _rebuild(ref, options, base_dir, input_shape, n_classes, asked, execution, task, random) -> GenericModel:
