@@ -212,7 +212,8 @@ def _holdout_scored(policy: MergePolicy) -> bool:
     return _winner_biased(policy) and policy.score == "holdout"
 
 
-def _check_holdout(holdout, policy: MergePolicy) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str | None]:
+def _check_holdout(holdout, policy: MergePolicy, loss_fn=None) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,
+                                                                          str | None]:
     """This rank's held-out examples ``(x, y)`` when the policy scores on them, else None (a holdout given for a policy
     that does not is unused), and what is wrong with them, if anything (one line for ``holdout``): every rank learns
     of it at the gather (:meth:`Merger._gather_holdouts`) before this one raises it, so none waits on it."""
@@ -230,6 +231,10 @@ def _check_holdout(holdout, policy: MergePolicy) -> tuple[tuple[torch.Tensor, to
     if holdout[0].dim() > _MAX_DIMS or holdout[1].dim() > _MAX_DIMS:
         return None, (f"inputs of {holdout[0].dim()} and labels of {holdout[1].dim()} dimensions; allowed: at most "
                       f"{_MAX_DIMS}")
+    if loss_fn is None and holdout[1].is_floating_point():  # cross-entropy on float targets: every pair tied at -0
+        return None, (f"its labels are {str(holdout[1].dtype).replace('torch.', '')}, and loss_fn None scores them "
+                      "with cross-entropy, which takes integer classes; allowed: integer class labels, or "
+                      "loss_fn=a function (output, y) -> loss (torch.nn.functional.mse_loss for regression)")
     return (holdout[0], holdout[1]), None
 
 
@@ -449,7 +454,7 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
-        held, held_why = (None, None) if self._follower else _check_holdout(holdout, p)
+        held, held_why = (None, None) if self._follower else _check_holdout(holdout, p, loss_fn)
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")
         local_steps = _async_local_steps(p, self.W, speeds, worker_group)
@@ -567,6 +572,7 @@ class Merger:
         # messages goes to all of them (its fan-out), and they apply its deltas in the order it sent them
         self.delta = registry.PAYLOADS.get_object(p.payload).public
         self._counter_blocks = [k for k, rule in enumerate(self.rules) if rule == kernel.SUM]
+        self._unsent = kernel.unsent(self.rules, self.layout.offsets)  # left out of a delta payload
         self._n_counters = sum(self.layout.offsets[k][1] for k in self._counter_blocks) if self.delta else 0
         if self.delta:
             self._spec = ops.wire_spec(self.P, p.topk_fraction, p.quantize_bits)
@@ -884,13 +890,16 @@ class Merger:
     def _delta_average(self, ev: int, sent: list) -> tuple[torch.Tensor, None, torch.Tensor]:
         """All-reduce with delta payloads (uniform weighting): this rank's change since its public copy, compressed
         (the engine's noise: side = the rank), moves its copy; every rank's encoded change is all-gathered and
-        added to the sum of the copies. Returns their average, and the sum (what counters become)."""
+        added to the sum of the copies. Returns their average, and what counters become: the sum of every rank's
+        counters as they are, which go with the change uncompressed (as the engine sums its rows', and a gossip
+        payload carries them; they went through the compression, and scaled sign left BatchNorm's at 0)."""
         p, mine, total = self.p, self.public[self.rank], self.public[-1]
         gen = plan_mod.quant_generator(self.seed, ev, self.rank) if p.quantize_bits else None
-        enc = ops.encode(ops.delta(self._flat(), mine), p.topk_fraction, p.quantize_bits, gen)
+        enc = ops.encode(kernel.delta_to_send(self._flat(), mine, self._unsent), p.topk_fraction, p.quantize_bits, gen)
         own = ops.decode(enc, self.P, p.topk_fraction, p.quantize_bits)
         mine += own
-        packed = self._pack(enc).to(self.wire_dev)
+        counters = [self.blocks[k].reshape(-1).to(torch.float32) for k in self._counter_blocks]
+        packed = torch.cat([self._pack(enc).to(self.dev), *counters]).to(self.wire_dev)
         every = [torch.empty_like(packed) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, packed, group=self.group, async_op=True), f"merge event {ev}")
         if self.outer is not None:  # compressed outer gradients: the anchor plus the mean of what every rank sent
@@ -899,9 +908,15 @@ class Merger:
             total += own if q == self.rank else ops.decode(self._unpack(every[q]), self.P, p.topk_fraction,
                                                             p.quantize_bits)
         sent[0] += packed.numel() * packed.element_size()
+        counts = torch.zeros_like(mine)  # only the counters' places are read
+        if counters:
+            summed, at = torch.stack([e[self._nw:] for e in every]).to(self.dev).sum(0), 0
+            for k in self._counter_blocks:
+                o, n = self.layout.offsets[k]
+                counts[o:o + n], at = summed[at:at + n], at + n
         if self.outer is not None:
-            return self.outer.anchor + total / self.W, None, total
-        return total / self.W, None, total.clone()
+            return self.outer.anchor + total / self.W, None, counts
+        return total / self.W, None, counts
 
     def _set_opt_flat(self, flat: torch.Tensor) -> None:
         """Take another's optimiser state as it is (inside a worker, from its leader)."""
@@ -941,7 +956,7 @@ class Merger:
         if self.delta:
             p, mine = self.p, self.public[self.rank]
             gen = plan_mod.quant_generator(self.seed, ev, 0 if kind == REQUEST else 1) if p.quantize_bits else None
-            enc = ops.encode(ops.delta(self._flat(), mine), p.topk_fraction, p.quantize_bits, gen)
+            enc = ops.encode(kernel.delta_to_send(self._flat(), mine, self._unsent), p.topk_fraction, p.quantize_bits, gen)
             mine += ops.decode(enc, self.P, p.topk_fraction, p.quantize_bits)
             parts = [self._pack(enc).to(self.dev), meta.view(torch.float32)]
             parts += [self.blocks[k].reshape(-1).to(torch.float32) for k in self._counter_blocks]

@@ -74,6 +74,7 @@ class Distributed(Backend):
         self.pos = {w: i for i, w in enumerate(own)}
         self.delta = self.payload.public  # payloads travel encoded, and neighbours keep public copies
         self.public = initial_row(model, seed).to(device).repeat(W, 1) if self.delta else None
+        self.unsent = kernel.unsent(self.rules, model.offsets)  # left out of a delta payload
         self.neighbours = None
         if self.sched.topology is not None:
             self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(W)]
@@ -89,7 +90,8 @@ class Distributed(Backend):
             return [row]
         p = self.p
         gen = plan_mod.quant_generator(self.seed, ev, side) if p.quantize_bits else None
-        parts = ops.encode(ops.delta(row, self.public[w]), p.topk_fraction, p.quantize_bits, gen)
+        parts = ops.encode(kernel.delta_to_send(row, self.public[w], self.unsent), p.topk_fraction, p.quantize_bits,
+                           gen)
         self._receive_delta(w, parts)
         return parts
 

@@ -44,6 +44,22 @@ def block_rules(model, buffers: str) -> list[str]:
     return out
 
 
+def unsent(rules: list[str], offsets) -> list[tuple[int, int]]:
+    """``(offset, size)`` of each block whose change a delta payload leaves out: counters (summed from the models
+    as they are, sent uncompressed beside it) and buffers kept local (never merged)."""
+    return [(o, n) for rule, (o, n) in zip(rules, offsets) if rule != LERP]
+
+
+def delta_to_send(current: torch.Tensor, base: torch.Tensor, skip: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """A delta payload before compression: ``current - base`` (:func:`ops.delta`) with the :func:`unsent` blocks
+    zero. (With them in, a BatchNorm counter's change, summed at every merge to 1e12 and more, took a top-k's
+    places and set a scaled sign's scale: every coordinate moved by it, and the run diverged.)"""
+    d = ops.delta(current, base)
+    for o, n in skip:
+        d[..., o:o + n] = 0
+    return d
+
+
 # -- rows of one block ----------------------------------------------------------------------------------
 def lerp_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.Tensor], weight,
                change: torch.Tensor | None = None, before: Sequence[torch.Tensor] | None = None) -> None:
@@ -79,8 +95,8 @@ def sum_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.T
     for r, j in enumerate(rows):
         old = blk[j].clone() if change is not None else None
         blk[j].add_(incoming[r])
-        if limit is not None:
-            blk[j].clamp_(max=limit)
+        if limit is not None:  # (an integer block, a module's own int64 counter in a user's loop, takes an int)
+            blk[j].clamp_(max=limit if blk.is_floating_point() else int(limit))
         if change is not None:
             change[j].add_(blk[j]).sub_(old)
 
