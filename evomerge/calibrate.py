@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RunError
+from .userdirs import check_writable
 
 SPELL = 2.0  # a step slower than this many times its rank's median is part of a slow spell
 MIN_SPELLS = 3  # fewer spells than this are no clear tail: no straggle_* fields
@@ -131,22 +132,8 @@ def check_options(args, writes: bool = True) -> None:
                                          "rank to slow down, e.g. --slow-rank 0")
     if not args.timeout > 0:
         raise ConfigError("--timeout", f"{args.timeout} is out of range; allowed: seconds > 0")
-    out = Path(args.output)
-    if not writes:
-        return
-    if out.is_dir():
-        raise ConfigError("--output", f"{out} is a folder; allowed: a file to write")
-    if not out.parent.is_dir():
-        raise ConfigError("--output", f"{out.parent}: no such folder")
-    import tempfile
-
-    try:  # the folder takes a file (tried with a temporary one, removed at once)
-        with tempfile.TemporaryFile(dir=out.parent):
-            pass
-    except OSError as e:
-        raise ConfigError("--output", f"cannot write {out}: its folder takes no file ({e.strerror or e})") from None
-    if out.exists() and not os.access(out, os.W_OK):
-        raise ConfigError("--output", f"cannot write {out}: permission denied")
+    if writes:
+        check_writable(args.output, "--output")
 
 
 def check_rank(args, world: int) -> None:

@@ -301,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _check_seed_and_device(getattr(args, "seed", None), getattr(args, "device", None))  # before any data is read
+        if getattr(args, "json_out", None):  # before the work whose results it would hold
+            from .userdirs import check_writable
+
+            check_writable(args.json_out, "--json")
         with signals_raise():  # SIGTERM and SIGHUP stop every command as Ctrl-C does (run and baselines died silently)
             return args.handler(args) or 0
     except ConfigError as e:
@@ -320,6 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(null, sys.stdout.fileno())
         os.close(null)
         return 128 + 13  # SIGPIPE's exit status
+
+
+def _write_json(path: str, text: str) -> None:
+    """``--json FILE``'s results (the file was checked before the work: :func:`userdirs.check_writable`)."""
+    try:
+        Path(path).write_text(text)
+    except OSError as e:  # taken away since: one line
+        raise RunError(f"--json: cannot write {e.filename or path}: {e.strerror or e}") from None
 
 
 def _stdout_gone() -> bool:
@@ -540,7 +552,7 @@ def cmd_run(args) -> int:
                   f"the trial ran {theirs} and this run {here}, whose sums run in another order")
     if args.json_out:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
-        Path(args.json_out).write_text(json.dumps(out, indent=2))
+        _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
 
 
@@ -602,7 +614,7 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
         t.add_row(name, v)
     _console().print(t)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"study": study.name, "seeds": seeds, "policy": policy.to_dict(),
+        _write_json(args.json_out, json.dumps({"study": study.name, "seeds": seeds, "policy": policy.to_dict(),
                                                    "runs": [r.to_dict() | {"test_accuracy": r.test_accuracy, "test_loss": r.test_loss}
                                                             for r in results]}, indent=2))
     return 0 if len(ok) == len(results) else 1
@@ -704,7 +716,7 @@ def cmd_search(args) -> int:
         return 130
     view.summary(result, data_dir=args.data_dir)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
+        _write_json(args.json_out, json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
                                                    "interrupted": result.interrupted, "errors": result.errors}, indent=2))
     if result.interrupted:
         print("interrupted: finished trials are kept; run the same command again to resume", file=sys.stderr)
@@ -754,7 +766,7 @@ def cmd_transfer(args) -> int:
           f"{verdict(rho, result['top'])}")
     print(f"logged to MLflow run {run_id} ({shown(uri)}); `evomerge dashboard --study {args.study}` shows it")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
+        _write_json(args.json_out, json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
     return 0
 
 
@@ -1107,7 +1119,7 @@ def cmd_baselines(args) -> int:
         t.add_row(*row, f"{r.wall_time:.2f} s")
     _console().print(t)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"study": study.name, "seed": seed,
+        _write_json(args.json_out, json.dumps({"study": study.name, "seed": seed,
                                                    "baselines": {n: r.to_dict() for n, r in results}}, indent=2))
     return 0 if all(r.status == "ok" for _, r in results) else 1
 

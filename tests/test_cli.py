@@ -39,6 +39,21 @@ def test_run_prints_the_table_and_writes_json(tmp_path, data_dir, tiny_study_fil
     assert r["backend"] == "inprocess" and r["execution"] == "stacked (the named model)", (r["backend"], r["execution"])
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["run", "--policy", "ring-gossip"], ["baselines"],
+                                     ["search", "--n-trials", "1", "--runs-dir", "RUNS"]])
+def test_a_json_file_that_cannot_be_written_is_one_line_before_any_work(tmp_path, data_dir, tiny_study_file, command):
+    """(`--json /nonexist/x.json` ran the whole command, printed its table, then ended with FileNotFoundError's
+    traceback and exit 1: the results were lost.)"""
+    for bad, line in ((tmp_path / "nonexist" / "x.json", f"error: --json: {tmp_path / 'nonexist'}: no such folder"),
+                      (tmp_path, f"error: --json: {tmp_path} is a folder; allowed: a file to write")):
+        args = [str(tmp_path / "runs") if a == "RUNS" else a for a in command[1:]]
+        p = evomerge(command[0], "--study", str(tiny_study_file), *args, "--json", str(bad), data_dir=data_dir,
+                     cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.strip().splitlines() == [line] and p.stdout == "", (p.stdout, p.stderr)
+    assert not (tmp_path / "runs").exists()  # nothing ran, nothing stored
+
+
 @pytest.mark.system
 def test_same_command_same_numbers(tmp_path, data_dir, tiny_study_file):
     outs = []
