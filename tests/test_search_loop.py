@@ -136,7 +136,9 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     f = write_study(tmp_path, steps=300, slow=True)
     # --no-prune: a pruned trial can end within the half second the signal waits for (it then never lands)
     # --no-verdict: the verdict judges picks and baselines on fresh seeds, a minute here, and says nothing of CMA-ES
-    args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3", "--cmaes-categoricals", "fixed",
+    # the categoricals drawn too (independent, the default): each candidate's from its own place, so they resume as the
+    # numbers do (from the sampler's one stream, the resumed run drew other topologies)
+    args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3",
             "--n-trials", "7", "--seed", "4", "--no-prune", "--no-verdict"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr

@@ -188,7 +188,7 @@ def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, drive
         into.append(trial)
         popped = True
     if driver is None:
-        wanted: list[tuple[dict, dict]] = [({}, {}) for _ in range(k - len(into))]
+        wanted: list[tuple[dict, dict, Any]] = [({}, {}, None) for _ in range(k - len(into))]
     else:
         from . import space as space_mod
         from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART
@@ -196,22 +196,27 @@ def ask_batch(ostudy, storage, dists: dict, k: int, into: list, *, trials, drive
         if popped:
             trials = ostudy.get_trials(deepcopy=False)
         wanted = [({k_: v for k_, v in space_mod.decode(space, c.x).items() if k_ in dists},
-                   {ATTR_RESTART: c.restart, ATTR_GEN: c.generation, ATTR_INDEX: c.index})
+                   {ATTR_RESTART: c.restart, ATTR_GEN: c.generation, ATTR_INDEX: c.index}, driver.categoricals(c))
                   for c in driver.next_many(trials, k - len(into))]
-    for fixed, attrs in wanted:
-        into.append(_create(ostudy, storage, study_id, params=draw(ostudy, dists, fixed), distributions=dists,
+    for fixed, attrs, rng in wanted:
+        into.append(_create(ostudy, storage, study_id, params=draw(ostudy, dists, fixed, rng), distributions=dists,
                             user_attrs=attrs))
 
 
-def draw(ostudy, dists: dict, fixed: dict[str, Any]) -> dict[str, Any]:
+def draw(ostudy, dists: dict, fixed: dict[str, Any], rng=None) -> dict[str, Any]:
     """The parameters ``Study.ask(fixed_distributions=dists)`` gives a trial enqueued with ``fixed``: in the
-    distributions' order, a fixed value as it is, a single-valued distribution's value, else the sampler's draw."""
+    distributions' order, a fixed value as it is, a single-valued distribution's value, else the sampler's draw
+    (a categorical: uniform from ``rng`` where given, CMA-ES's candidate's own)."""
+    from optuna.distributions import CategoricalDistribution
+
     params = {}
     for name, d in dists.items():
         if name in fixed:
             params[name] = fixed[name]
         elif d.single():
             params[name] = d.choices[0] if hasattr(d, "choices") else d.low
+        elif rng is not None and isinstance(d, CategoricalDistribution):
+            params[name] = d.choices[int(rng.integers(len(d.choices)))]
         else:
             params[name] = ostudy.sampler.sample_independent(ostudy, None, name, d)
     return params

@@ -56,6 +56,13 @@ class CmaDriver:
             opts["CMA_stds"] = list(self.stds)
         return cma.CMAEvolutionStrategy(list(self.x0), self.sigma0, opts)
 
+    def categoricals(self, c: Candidate) -> np.random.Generator:
+        """Where candidate ``c``'s categorical fields are drawn from (``--cmaes-categoricals independent``): its seed
+        and place (restart, generation, index), so a resumed search, another process, or the candidate asked again
+        after a failure draws what it drew. (From the sampler's one stream, they came out otherwise after a resume.)"""
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 0xCA7, c.restart, c.generation,
+                                                                           c.index])))
+
     def next(self, trials) -> Candidate | None:
         """The next candidate to evaluate, or None while the current generation's last
         candidates are still running elsewhere (the caller waits and asks again)."""
