@@ -62,6 +62,9 @@ FITS = ("lognormal", "pareto")
 LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themselves is fitted on those alone
 POOL_LIKE = 2.0  # else on the flows at its ends, among the links whose own fits are within this factor of its own
 PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
+# under a launcher of its own, a rank ends the whole calibration this long after --timeout: a wait for another rank,
+# timed by --timeout too, ends first and names what it waited for
+GRACE = 2.0
 FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
 FIT_FROM = 4  # --fit from fewer ranks than this: a warning (a spread fitted to 2 or 3 medians)
 PROGRESS = "EVOMERGE_CALIBRATE_PROGRESS"  # the launcher's folder where each rank says which collective it is at
@@ -822,9 +825,11 @@ class Progress:
         folder = os.environ.get(PROGRESS)
         self.file = Path(folder) / f"at-{rank}" if folder else None
         self.n = 0
+        self.what = "its start"
 
     def at(self, what: str) -> None:
         self.n += 1
+        self.what = what
         if self.file is not None:
             tmp = self.file.with_suffix(".new")
             tmp.write_text(f"{self.n} {what}")
@@ -961,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
         if "MASTER_ADDR" not in os.environ:  # one process alone
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
         progress = Progress(rank)
+        if progress.file is None:  # under torchrun, netlab or a script: no launcher of evomerge's keeps the time
+            _stop_at(args.timeout + GRACE, rank, args.timeout, progress)
         progress.at("joining the process group")
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     except ConfigError as e:  # this rank's own setting (its threads, its device)
@@ -1007,6 +1014,21 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(PEER_GONE)
     dist.destroy_process_group()
     return 0
+
+
+def _stop_at(seconds: float, rank: int, timeout: float, progress: Progress) -> None:
+    """End this rank ``seconds`` from now, in one line saying where it was, if the calibration has not ended: what
+    ``--timeout`` is under a launcher that does not keep the time (torchrun's ranks went on past it)."""
+    import threading
+
+    def stop() -> None:
+        print(f"error: rank {rank}: the calibration did not finish within --timeout {timeout:g} s (at "
+              f"{progress.what}); stopped", file=sys.stderr, flush=True)
+        os._exit(1)  # the process group may be mid-collective: leave without tearing it down
+
+    t = threading.Timer(seconds, stop)
+    t.daemon = True
+    t.start()
 
 
 def _machine() -> str:

@@ -503,6 +503,36 @@ def test_ranks_started_by_hand_name_a_rank_that_never_joins_in_one_line(tmp_path
 
 
 @pytest.mark.system
+def test_under_a_launcher_of_its_own_the_whole_calibration_ends_at_the_timeout(tmp_path, data_dir):
+    """(Under torchrun or netlab `--timeout` bounded each wait for another rank, not the whole: 30 steps of 0.5 s
+    went on to 22 s with --timeout 10.) Each rank ends at its own deadline, in one line saying where it was."""
+    import time
+
+    (tmp_path / "s.toml").write_text(study_text(workers=2))
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port()),
+               PYTHONPATH=str(ROOT))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
+                               str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--timeout", "6",
+                               "--step-sleep", "0.5", "--steps", "30"],
+                              env=dict(env, RANK=str(r)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    took = time.monotonic() - t0
+    assert took < 6 + calibrate.GRACE + 20, took  # 30 steps of 0.5 s: over 15 s; the start: a few s on a busy machine
+    for r, (p, (_, err)) in enumerate(zip(procs, outs)):
+        lines = err.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1, err[-2000:]
+        assert lines[0].startswith(f"error: rank {r}: the calibration did not finish within --timeout 6 s (at ") and \
+            lines[0].endswith("); stopped"), err
+    assert not (tmp_path / "c.toml").exists()
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("bad, line", [
     (["--bogus"], "python -m evomerge.calibrate: error: unrecognized arguments: --bogus"),
     (["--steps", "1"], "error: --steps: 1 is out of range; allowed: [3, inf)"),
