@@ -357,6 +357,13 @@ def test_calibrate_reads_its_study_without_the_file_it_writes(tmp_path):
         assert env.time_budget == 2.0 and env.speeds == "equal"
         with pytest.raises(ConfigError, match=r"^study\.environment\.(from|speeds): "):
             study_mod.load(f)
+    # a study that needs its cluster (searching asynchronous DiLoCo, timed objectives) before it has one: calibrate
+    # reads it for its model, data and batch (it was refused: `'async' ... runs on a simulated cluster only`)
+    f.write_text(study_text(workers=4) + '[policy]\nscheme = "async"\nouter_optimizer = "nesterov"\nmixing_weight = 1.0\n'
+                                        '[objectives]\nmetrics = ["time_to_target"]\ntarget = 0.8\n')
+    assert study_mod.load(f, calibrating=True).run.workers == 4
+    with pytest.raises(ConfigError, match=r"^study\.policy\.scheme: 'async' \(asynchronous DiLoCo\) runs on a "):
+        study_mod.load(f)  # any other command: not without its cluster
 
 
 @pytest.mark.xdist_group("calibrate-calibrated")  # one worker computes the module fixture they share
