@@ -581,7 +581,7 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     import statistics
 
     from .search.baselines import fresh_seeds
-    from .search.results import spread
+    from .search.results import missed, objective_label, spread
 
     seeds = fresh_seeds(study, args.reevaluate)
     results = []
@@ -602,6 +602,12 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     t.add_column("metric")
     t.add_column("mean ± sd" if len(seeds) > 1 else "value (one seed)", justify="right")
     rows = []
+    finals = [r.metrics() for r in results]
+    for o in study.objectives:  # the study's own objectives first, where the rows below do not show them
+        if o not in ("val_accuracy", "val_loss", "bytes"):  # (a timed study's time to target was in --json only)
+            vals = [float(f[o]) for f in finals if f.get(o) is not None]
+            mean = statistics.fmean(vals) if vals else float("nan")
+            rows.append((f"{objective_label(o)}, the study's objective", ms(vals) + missed(study, o, mean)))
     if setup.model.task.classification:  # no accuracy rows for a task without classes (regression)
         rows += [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
                  ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),

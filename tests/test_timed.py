@@ -358,6 +358,13 @@ def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     assert p.returncode == 0, p.stderr
     assert "sim time" in p.stdout and "time to 0.5" in p.stdout and "allreduce" in p.stdout
     assert "baselines (seed 0, 2 simulated s, 4 workers)" in p.stdout, p.stdout  # the budget that ends the runs
+    # re-evaluated on fresh seeds: the study's objective too, its mean over the seeds (it was in --json only)
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--reevaluate", "2", "--json", str(tmp_path / "re.json"),
+            "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    times = [r["final"]["time_to_target"] for r in json.loads((tmp_path / "re.json").read_text())["runs"]]
+    row = next(ln for ln in p.stdout.splitlines() if "the study's objective" in ln)
+    assert "time to target s (min)" in row and f"{sum(times) / 2:.4f} ± " in row, (row, times)
 
 
 @pytest.mark.system
