@@ -316,12 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader left (`evomerge policy schema | head`): end quietly, as a shell tool does
-        if not _stdout_gone():
+    except BrokenPipeError:  # the reader left (`evomerge policy schema | head`, or of stderr `2>&1 | head`): end
+        # quietly, as a shell tool does
+        gone = [f for f in (sys.stdout, sys.stderr) if _gone(f)]
+        if not gone:
             raise
-        # what is still buffered for stdout would raise again at the interpreter's exit: send it nowhere
+        # what is still buffered for them would raise again at the interpreter's exit: send it nowhere
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
+        for f in gone:
+            os.dup2(null, f.fileno())
         os.close(null)
         return 128 + 13  # SIGPIPE's exit status
 
@@ -334,12 +337,13 @@ def _write_json(path: str, text: str) -> None:
         raise RunError(f"--json: cannot write {e.filename or path}: {e.strerror or e}") from None
 
 
-def _stdout_gone() -> bool:
-    """Whether the broken pipe is stdout's: its reader has closed it (another pipe's is an error of its own)."""
+def _gone(stream) -> bool:
+    """Whether ``stream`` (stdout, stderr) is a pipe whose reader has closed it (another pipe's is an error of its
+    own)."""
     import select
 
     try:
-        fd = sys.stdout.fileno()
+        fd = stream.fileno()
         poll = select.poll()
         poll.register(fd, select.POLLOUT)
         return any(ev & select.POLLERR for _, ev in poll.poll(0))
@@ -1108,7 +1112,7 @@ def cmd_baselines(args) -> int:
     lm = any(r.final.val_perplexity is not None for _, r in results)
     cols += (["val ppl"] if lm else []) + ["consensus dist", "bytes", "merges"]
     if timed:
-        cols += ["sim time", "idle"] + ([f"time to {study.target:g}"] if study.target is not None else [])
+        cols += ["sim time", "idle (last round)"] + ([f"time to {study.target:g}"] if study.target is not None else [])
     for col in cols + ["wall"]:
         t.add_column(col, justify="left" if col in ("policy", "status") else "right")
     for name, r in results:

@@ -441,6 +441,9 @@ class Study:
         if env is None or not env.time_budget:
             return None
         steps = env.time_budget / env.step_time
+        if steps < 1:  # (a run said its slowest worker did 0 steps "and the others waited for it")
+            return (f"study.environment.time_budget: {env.time_budget:g} s is shorter than one local step of a worker "
+                    f"at step_time {env.step_time:.3g} s: a worker of speed 1 trains no step in it")
         if steps <= 10 * total_steps:
             return None
         return (f"study.environment.time_budget: {env.time_budget:g} s is about {steps:,.0f} local steps of a worker "

@@ -446,6 +446,20 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     assert p.stderr == "" and p.returncode == 141, p.stderr[-2000:]
 
 
+@pytest.mark.integration
+def test_a_reader_of_stderr_that_leaves_ends_the_command_quietly(tmp_path, data_dir, tiny_study_file):
+    """`evomerge search ... 2>&1 | head`: the start screen (stderr) meets the closed pipe; it ended with status 1 and
+    no word (rich's own handling), where stdout's closed pipe ends with 141."""
+    args = ("search", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict", "--runs-dir", str(tmp_path))
+    assert evomerge(*args, data_dir=data_dir, cwd=tmp_path).returncode == 0
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", *args], stdout=subprocess.PIPE, stderr=w, text=True,
+                       timeout=300, cwd=tmp_path, env=dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir)))
+    os.close(w)
+    assert p.returncode == 141 and p.stdout == "", (p.returncode, p.stdout)
+
+
 def test_a_reader_that_leaves_before_a_table_ends_the_command_as_before_any_other_line():
     """(`evomerge status | head -1` exited 1: the reader had gone by the table, and rich's own handling of a broken
     pipe exits 1; `main` ends every other broken stdout with 141.) The tables' console hands the pipe to `main`."""

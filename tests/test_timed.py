@@ -381,6 +381,16 @@ def test_a_time_budget_many_times_the_step_budgets_work_is_said_by_run_and_searc
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert " ".join(note.split()) in " ".join(p.stderr.split()), p.stderr  # the start screen wraps to its width
+    # a budget shorter than one step: said so, and no one is said to have waited (it read "the slowest worker did 0
+    # local steps, and the others waited for it at the barrier")
+    f = write(tmp_path, name="short", time_budget="0.01")
+    p = cli("run", "--study", str(f), "--policy", "allreduce", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    notes = [ln for ln in p.stderr.splitlines() if ln.startswith("note: ")]
+    assert p.returncode == 0 and notes == [
+        "note: study.environment.time_budget: 0.01 s is shorter than one local step of a worker at step_time 0.05 s: a "
+        "worker of speed 1 trains no step in it",
+        "note: allreduce never merged: the time ran out before any worker's first local step (all workers average "
+        "every step, a=1, uniform weighting)"], p.stderr
 
 
 @pytest.mark.system

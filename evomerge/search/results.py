@@ -266,6 +266,8 @@ def never_merged(policy, finals: list[dict]) -> str | None:
         return None
     if any(f.get("sim_time") is not None for f in finals):  # a simulated cluster: its time ran out first
         slowest = min(int(f.get("steps_min") or f.get("local_steps") or 0) for f in finals)
+        if not any(int(f.get("steps_max") or f.get("local_steps") or 0) for f in finals):
+            return (f"never merged: the time ran out before any worker's first local step ({policy.describe()})")
         barrier = policy.scheme == "allreduce" and not getattr(policy, "fragment_delay", 0)
         return (f"never merged: the time ran out before its first merge ({policy.describe()}); the slowest worker "
                 f"did {slowest} local steps" + (", and the others waited for it at the barrier" if barrier else ""))
