@@ -755,8 +755,12 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
         if key in ("speeds", "latency_matrix", "bandwidth_matrix") and isinstance(keys[key], list) and \
                 len(keys[key]) != workers:  # measured on another number of ranks (not a malformed entry)
             ranks = len(keys[key])
-            hint = (f", measured on {ranks} rank{'s' * (ranks != 1)}; for {workers} workers write it with "
-                    "evomerge calibrate --fit lognormal or pareto")
+            said = re.search(r"^# evomerge calibrate [^\n]*?: (\d+) ranks?,", text, re.MULTILINE)
+            if said is None or int(said[1]) == ranks:
+                hint = f", measured on {ranks} rank{'s' * (ranks != 1)}"
+            else:  # edited since: the header's count is what was measured (it said the list's length)
+                hint = f", whose {key} holds {ranks}, though it says it measured {said[1]} ranks"
+            hint += f"; for {workers} workers write it with evomerge calibrate --fit lognormal or pareto"
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
     m = MEASURED_WITH.search(text)
     return spec, _measured_with(path, text, run), ((str(path), int(m[1])) if m else None)

@@ -242,6 +242,8 @@ def test_a_fitted_file_drives_any_number_of_workers(tmp_path):
     ("empty", "", "study.environment.from", "no environment keys"),
     ("bad value", "[environment]\njitter = -1.0", "study.environment.jitter", "(from "),
     ("other workers", "[environment]\nspeeds = [1.0, 0.5]", "study.environment.speeds", "measured on 2 ranks"),
+    ("edited", "# evomerge calibrate --study cal: 4 ranks, 30 timed steps\n[environment]\nspeeds = [1.0, 0.5]",
+     "study.environment.speeds", "whose speeds holds 2, though it says it measured 4 ranks"),  # (said "on 2 ranks")
 ])
 def test_bad_from_files_are_one_line_naming_the_field(tmp_path, capsys, case, content, field, words):
     if content is not None:
