@@ -30,9 +30,19 @@ def nearest(word: str, options) -> str | None:
     return near[0] if near else None
 
 
+# what other tools call a field evomerge names otherwise: spelt nothing alike, so nearest() cannot find them
+SYNONYMS = {"learning_rate": "lr", "num_workers": "workers", "n_workers": "workers", "batch": "batch_size",
+            "bs": "batch_size", "epoch": "epochs", "num_epochs": "epochs", "optim": "optimizer",
+            "optimiser": "optimizer", "wd": "weight_decay", "trials": "n_trials"}
+
+
 def did_you_mean(word, options) -> str:
-    """``; did you mean a?`` with the option most like ``word``, or nothing when none is close."""
-    near = nearest(word, options) if isinstance(word, str) else None
+    """``; did you mean a?`` with the option most like ``word`` (or its :data:`SYNONYMS` entry), or nothing when
+    none is close."""
+    options = [str(o) for o in options]
+    near = None
+    if isinstance(word, str):
+        near = SYNONYMS.get(word.lower()) if SYNONYMS.get(word.lower()) in options else nearest(word, options)
     return f"; did you mean {near}?" if near else ""
 
 

@@ -385,7 +385,20 @@ class MergePolicy:
 
     @classmethod
     def load(cls, path: str | Path) -> "MergePolicy":
-        """Read a policy file, or an exported file that holds one under ``policy``."""
+        """Read a policy file, or an exported file that holds one under ``policy``; a name that is no file but a
+        shipped policy's (``"diloco"``) reads that one, as ``evomerge run --policy`` does."""
+        from .registry import shipped_studies_dir
+
+        folder = shipped_studies_dir() / "policies"
+        if isinstance(path, str) and path.strip() and "/" not in path and not Path(path).exists():
+            if (folder / f"{path}.json").is_file():
+                path = folder / f"{path}.json"
+            elif not path.endswith(".json"):  # a name, not a file
+                from .errors import did_you_mean
+
+                named = sorted(f.stem for f in folder.glob("*.json"))
+                raise ConfigError(path, f"no such file or shipped policy; named: {', '.join(named)}"
+                                        + did_you_mean(path, named))
         data = read_json_file(path)
         if isinstance(data, dict) and "policy" in data and "schema_version" not in data:
             data = data["policy"]

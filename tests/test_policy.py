@@ -59,6 +59,19 @@ def test_bad_files(tmp_path, text, words):
         MergePolicy.load(f)
 
 
+def test_load_takes_a_shipped_policys_name_as_the_command_does(tmp_path, monkeypatch):
+    """(`MergePolicy.load("diloco")` said "no such file", where `evomerge run --policy diloco` runs it.)"""
+    from evomerge.registry import shipped_studies_dir
+
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    assert MergePolicy.load("diloco") == MergePolicy.load(shipped_studies_dir() / "policies" / "diloco.json")
+    with pytest.raises(ConfigError, match=r"^dilocoo: no such file or shipped policy; named: .*diloco.*; did you mean "
+                                          r"diloco\?$"):
+        MergePolicy.load("dilocoo")
+    (tmp_path / "diloco").write_text('{"scheme": "allreduce", "mean_interval": 3}')  # a file of that name wins
+    assert MergePolicy.load("diloco").mean_interval == 3.0
+
+
 def test_load_accepts_an_exported_file_with_metadata(tmp_path):
     f = tmp_path / "best.json"
     f.write_text(json.dumps({"policy": {"mean_interval": 7}, "study": "x", "trial": 3}))

@@ -784,7 +784,7 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
     ({"optimizer": "adamw", "lr": 0.01, "betas": [0.9, 1.5]}, "run.betas: [0.9, 1.5] is out of range; allowed: two "
                                                              "numbers in [0, 1)"),
     ({"optimizer": "sgd", "learning_rate": 0.1}, "run.learning_rate: unknown key; allowed: optimizer, lr, "
-                                                 "weight_decay, momentum, betas, eps"),
+                                                 "weight_decay, momentum, betas, eps; did you mean lr?"),
     ("fast", "run: must be a table, got str"),
 ])
 def test_an_exports_run_edited_by_hand_is_refused_in_one_line_by_validate_run_and_the_merger(tmp_path, run, line):

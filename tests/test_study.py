@@ -102,6 +102,16 @@ def test_error_lines_name_the_field_and_what_is_allowed():
         assert str(e.value) == line
 
 
+def test_a_key_other_tools_spell_otherwise_is_met_with_the_name_evomerge_uses():
+    """(`run.learning_rate` got the list of keys, and no hint: nothing in it is spelt alike.)"""
+    for over, line in [({"run": {"learning_rate": 0.1}}, "; did you mean lr?"),
+                       ({"run": {"num_workers": 8}}, "; did you mean workers?")]:
+        with pytest.raises(ConfigError) as e:
+            study.from_dict(_raw(**over))
+        assert str(e.value).startswith(f"study.run.{next(iter(over['run']))}: unknown key; allowed: ") and \
+            str(e.value).endswith(line), str(e.value)
+
+
 def test_a_bad_policy_file_in_the_baselines_is_named_with_the_field_that_lists_it(tmp_path):
     """(It said `policy.topology: unknown 'star'; ...` alone: which of the study's files, and where it is listed?)"""
     f = _copy_of_mnist_gossip(tmp_path)
