@@ -62,8 +62,8 @@ FITS = ("lognormal", "pareto")
 LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themselves is fitted on those alone
 POOL_LIKE = 2.0  # else on the flows at its ends, among the links whose own fits are within this factor of its own
 PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
-# under a launcher of its own, a rank ends the whole calibration this long after --timeout: a wait for another rank,
-# timed by --timeout too, ends first and names what it waited for
+# under a launcher of its own, a rank ends the whole calibration this long after --timeout from its start: ranks that
+# do not all join the process group within --timeout are named as such first
 GRACE = 2.0
 FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
 FIT_FROM = 4  # --fit from fewer ranks than this: a warning (a spread fitted to 2 or 3 medians)
@@ -421,7 +421,16 @@ def write(m: Measured, out: str | os.PathLike, fit_kind: str | None = None) -> t
     """Fit ``m`` and write the file; returns the environment's keys and the warnings (notes the file also has) for
     the terminal."""
     env, notes = fit(m, fit_kind)
-    Path(out).write_text(to_toml(env, notes), encoding="utf-8")
+    out = Path(out)
+    if out.exists() and not out.is_file():  # what stands for a file (/dev/stdout): written as it is
+        out.write_text(to_toml(env, notes), encoding="utf-8")
+    else:  # whole or not at all: a rank stopped mid-write leaves the old file, or none
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.new")
+        try:
+            tmp.write_text(to_toml(env, notes), encoding="utf-8")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return env, [n for n in notes if n.startswith(WARNING)]
 
 
@@ -966,8 +975,9 @@ def main(argv: list[str] | None = None) -> int:
         if "MASTER_ADDR" not in os.environ:  # one process alone
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
         progress = Progress(rank)
+        deadline = None
         if progress.file is None:  # under torchrun, netlab or a script: no launcher of evomerge's keeps the time
-            _stop_at(args.timeout + GRACE, rank, args.timeout, progress)
+            deadline = _stop_at(args.timeout + GRACE, rank, args.timeout, progress)
         progress.at("joining the process group")
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     except ConfigError as e:  # this rank's own setting (its threads, its device)
@@ -988,6 +998,8 @@ def main(argv: list[str] | None = None) -> int:
             with _talking():
                 apply_threads(_ranks_on_this_machine())
         m = measure(args, progress)
+        if deadline is not None:  # measured in time: the file, the last barrier (timed by --timeout) and the end
+            deadline.cancel()
         if m is not None:
             env, warned = write(m, args.output, args.fit)
             print(summary(env, len(m.step_times), args.output), flush=True)
@@ -1016,19 +1028,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _stop_at(seconds: float, rank: int, timeout: float, progress: Progress) -> None:
-    """End this rank ``seconds`` from now, in one line saying where it was, if the calibration has not ended: what
-    ``--timeout`` is under a launcher that does not keep the time (torchrun's ranks went on past it)."""
+def _stop_at(seconds: float, rank: int, timeout: float, progress: Progress):
+    """End this rank ``seconds`` from now, in one line saying where it was, unless the returned timer is cancelled
+    first (once the measurements are in): what ``--timeout`` is under a launcher that does not keep the time
+    (torchrun's ranks went on past it)."""
     import threading
 
     def stop() -> None:
         print(f"error: rank {rank}: the calibration did not finish within --timeout {timeout:g} s (at "
-              f"{progress.what}); stopped", file=sys.stderr, flush=True)
+              f"{progress.what}); stopped (a longer --timeout lets a slow one finish)", file=sys.stderr, flush=True)
         os._exit(1)  # the process group may be mid-collective: leave without tearing it down
 
     t = threading.Timer(seconds, stop)
     t.daemon = True
     t.start()
+    return t
 
 
 def _machine() -> str:

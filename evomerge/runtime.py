@@ -34,9 +34,10 @@ iterations), not optimiser steps, since a GradScaler may skip one on one rank.
 event) and async collectives, on the caller's thread: nothing blocks the training thread except where the
 policy says wait. Receives for the next :data:`WINDOW` incoming events are posted ahead (memory: that many
 payloads per sender); a payload sent later is taken when the window reaches it. A payload is one flat float32
-tensor: the parameters, then the buffers (delta payloads: the encoded change since the sender's public copy, then
-its counters), then the scalars (examples seen and their scale, running score, winner, the sender's message number,
-as float64 bits), then the squared-gradient accumulators under ``adaptive`` weighting, then the optimiser's state
+tensor: the parameters, then the buffers (delta payloads: the encoded change since the sender's public copy), then
+the scalars (examples seen and their scale, running score, winner, the sender's message number, as float64 bits),
+then (delta payloads) the sender's counters as they are, then the squared-gradient accumulators under
+``adaptive`` weighting, then the optimiser's state
 under ``optimizer_state = "average"``. With delta payloads every rank that receives from a sender keeps its
 public copy, so the sender's messages go to all of them, and each applies them in the order they were sent.
 

@@ -637,12 +637,22 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
     env = raw.get("environment")
     if isinstance(env, dict) and "speeds" in env and "speeds_file" in env:  # before the file is read: it is not used
         raise ConfigError("study.environment.speeds_file", "gives the speeds, and so does speeds; allowed: one of them")
-    read = raw
-    if calibrating and "environment" not in raw:  # not yet: the file calibrate writes is what it will read; what
-        # needs a cluster (scheme async, time objectives) is read as on one, for the model, data and batch calibrate
-        # times (it refused a study searching async before it had its cluster)
-        read = raw | {"environment": {"time_budget": 1.0}}  # (a budget: time_to_target's check; calibrate runs none)
-    s = from_dict(read, path=path, default_name=path.stem, calibrating=calibrating)
+    try:
+        s = from_dict(raw, path=path, default_name=path.stem, calibrating=calibrating)
+    except ConfigError:
+        if not calibrating or "environment" in raw:
+            raise
+        # no cluster yet (the file calibrate writes is what it will read): a study that needs one (scheme async, time
+        # objectives) is read as on one, for the model, data and batch calibrate times (it was refused); one that
+        # fails for another reason says that reason
+        try:
+            s = from_dict(raw | {"environment": {"time_budget": 1.0}}, path=path, default_name=path.stem,
+                          calibrating=True)  # (a budget: time_to_target's check; calibrate runs none)
+        except ConfigError:
+            pass
+        else:
+            return s
+        raise
     _check_used(raw, s.environment)
     return s
 

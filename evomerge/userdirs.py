@@ -25,6 +25,10 @@ def check_writable(path, flag: str) -> Path:
     out = Path(path)
     if out.is_dir():
         raise ConfigError(flag, f"{out} is a folder; allowed: a file to write")
+    if out.exists():  # a file, or what stands for one (/dev/stdout, a shell's >(jq .)): it is written as it is
+        if not os.access(out, os.W_OK):
+            raise ConfigError(flag, f"cannot write {out}: permission denied")
+        return out
     if not out.parent.is_dir():
         raise ConfigError(flag, f"{out.parent}: no such folder")
     try:  # the folder takes a file (tried with a temporary one, removed at once)
@@ -32,6 +36,4 @@ def check_writable(path, flag: str) -> Path:
             pass
     except OSError as e:
         raise ConfigError(flag, f"cannot write {out}: its folder takes no file ({e.strerror or e})") from None
-    if out.exists() and not os.access(out, os.W_OK):
-        raise ConfigError(flag, f"cannot write {out}: permission denied")
     return out

@@ -55,6 +55,21 @@ def test_a_json_file_that_cannot_be_written_is_one_line_before_any_work(tmp_path
 
 
 @pytest.mark.system
+def test_json_to_a_file_that_stands_for_a_stream_is_written(tmp_path, data_dir, tiny_study_file):
+    """`--json /dev/stdout`, or a shell's `--json >(jq .)`: a file that exists in a folder that takes none (the check
+    that it can be written refused them, trying a temporary file in /dev/fd)."""
+    r, w = os.pipe()
+    p = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "run", "--study", str(tiny_study_file), "--policy",
+                          "ring-gossip", "--quiet", "--json", f"/dev/fd/{w}"], pass_fds=(w,), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                         env=dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir)))
+    os.close(w)
+    with os.fdopen(r) as got:
+        doc = json.loads(got.read())
+    assert p.wait(300) == 0 and doc["status"] == "ok", p.stderr.read()
+
+
+@pytest.mark.system
 def test_same_command_same_numbers(tmp_path, data_dir, tiny_study_file):
     outs = []
     for i in range(2):

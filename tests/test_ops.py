@@ -39,6 +39,23 @@ def test_kernel_lerp_and_sum_are_exact_and_record_the_change():
     assert torch.equal(gathered[0], torch.tensor([1.0, 2.5]))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_a_users_integer_counter_sums_and_stops_where_its_type_does(dtype):
+    """A module's own counter in a user's loop (BatchNorm's int64 num_batches_tracked, or a narrower one): summed
+    without a float clamp (int64 raised), and capped at its type's largest value, not wrapped (int32 at 3e9 read
+    -2147483648, uint8 at 300 read 44)."""
+    top = min(torch.iinfo(dtype).max, int(kernel.COUNTER_LIMIT))
+    blk = torch.tensor([[top - 3], [5]], dtype=dtype)
+    kernel.sum_rows_(blk, [1], [torch.tensor([9], dtype=dtype)], None, limit=kernel.COUNTER_LIMIT)
+    assert blk[1].item() == 14 and blk.dtype == dtype
+    kernel.sum_rows_(blk, [0], [blk[0].clone()], None, limit=kernel.COUNTER_LIMIT)
+    assert blk[0].item() == top
+    kernel.counters_from_sum_(blk, torch.tensor([float(top) * 4]))
+    assert blk.flatten().tolist() == [top, top]
+    kernel.counters_from_sum_(blk, torch.tensor([20.0]))
+    assert blk.flatten().tolist() == [20, 20]
+
+
 def test_exchange_push_pull_uses_the_peers_state_before_it_moved():
     blk = torch.tensor([[0.0], [8.0], [2.0], [6.0]])
     kernel.exchange_([blk], None, [kernel.LERP], [(0, 1)], [0, 2], [1, 3], None, None, torch.tensor([[0.5], [0.25]]),

@@ -74,7 +74,10 @@ class Distributed(Backend):
         self.pos = {w: i for i, w in enumerate(own)}
         self.delta = self.payload.public  # payloads travel encoded, and neighbours keep public copies
         self.public = initial_row(model, seed).to(device).repeat(W, 1) if self.delta else None
-        self.unsent = kernel.unsent(self.rules, model.offsets)  # left out of a delta payload
+        # a merge here sums counters from what arrived (a delta payload's public copy, whose counters do not move):
+        # check_model refuses a model with buffers on this backend, so there are none
+        assert kernel.SUM not in self.rules, "the distributed backend runs no model with counters"
+        self.unsent = kernel.unsent(self.rules, model.offsets)  # left out of a delta payload (none: see above)
         self.neighbours = None
         if self.sched.topology is not None:
             self.neighbours = [self.sched.topology.neighbours(i).tolist() for i in range(W)]

@@ -94,9 +94,12 @@ def sum_rows_(blk: torch.Tensor, rows: Sequence[int], incoming: Sequence[torch.T
     """In place, ``blk[rows[r]] += incoming[r]`` (capped at ``limit``): counters and supports are summed."""
     for r, j in enumerate(rows):
         old = blk[j].clone() if change is not None else None
-        blk[j].add_(incoming[r])
-        if limit is not None:  # (an integer block, a module's own int64 counter in a user's loop, takes an int)
-            blk[j].clamp_(max=limit if blk.is_floating_point() else int(limit))
+        if limit is not None and not blk.is_floating_point():  # summed wide, then capped where its type holds it
+            blk[j].copy_((blk[j].double() + incoming[r].double()).clamp_(max=counter_limit(blk, limit)))
+        else:
+            blk[j].add_(incoming[r])
+            if limit is not None:
+                blk[j].clamp_(max=limit)
         if change is not None:
             change[j].add_(blk[j]).sub_(old)
 
@@ -283,9 +286,20 @@ def fragment_blocks(sizes: Sequence[int], trained: int, k: int, pattern: str = "
     return groups
 
 
+def counter_limit(blk: torch.Tensor, limit: float = COUNTER_LIMIT) -> float | int:
+    """Where a summed counter block stops: ``limit``, or for an integer block (a module's own counter in a user's
+    loop: int64, or a narrower one) an int its type holds (an int64's clamp at a float raised; an int32's sum past
+    its largest value wrapped)."""
+    if blk.is_floating_point():
+        return limit
+    return min(int(limit), torch.iinfo(blk.dtype).max)
+
+
 def counters_from_sum_(blk: torch.Tensor, total: torch.Tensor) -> None:
-    """After an all-reduce every row's counters are their sum over all workers, capped at :data:`COUNTER_LIMIT`."""
-    blk.copy_(total.clamp(max=COUNTER_LIMIT).to(blk.dtype).expand_as(blk))
+    """After an all-reduce every row's counters are their sum over all workers, capped at :data:`COUNTER_LIMIT`
+    (and where the block's type ends: :func:`counter_limit`)."""
+    total = total if blk.is_floating_point() else total.double()  # (float32 rounds an int32's largest value up)
+    blk.copy_(total.clamp(max=counter_limit(blk)).to(blk.dtype).expand_as(blk))
 
 
 def reduced_average(models: torch.Tensor, supports: torch.Tensor | None, reduce_: Callable[[torch.Tensor], None],
