@@ -84,6 +84,7 @@ REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload,
 STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done, LEFT
 LEFT = 2.0  # the stop message of a rank whose process is ending without finish() or close() (_leave_at_exit)
 EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
+MAX_TIMEOUT = 1e6  # seconds (11 days): a thread's join takes no more than the platform's time_t from now
 META = 10  # float32 slots of a payload's scalars (five float64): examples, their scale epoch, running score, winner,
 # and the sender's message number (delta payloads: its neighbours apply its deltas in the order it sent them)
 
@@ -434,8 +435,9 @@ class Merger:
         for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
                 raise ConfigError(name, f"{value!r}; allowed: an integer >= {low}")
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise ConfigError("timeout", f"{timeout!r}; allowed: seconds > 0")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= MAX_TIMEOUT:
+            # (inf was taken, and every join at the end raised OverflowError after the whole run)
+            raise ConfigError("timeout", f"{timeout!r}; allowed: seconds in (0, {MAX_TIMEOUT:g}]")
         if overlap not in OVERLAPS:
             raise ConfigError("overlap", f"{overlap!r}; allowed: {', '.join(OVERLAPS)}")
         if not dist.is_available() or not dist.is_initialized():
@@ -448,6 +450,14 @@ class Merger:
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
             group, self._follower, self._leader, n_workers = _leaders(worker_group, group)
+        elif group is not None:  # (a string read "AttributeError: 'str' object has no attribute 'size'")
+            try:
+                inside = dist.get_rank(group) >= 0
+            except (RuntimeError, ValueError, AttributeError, TypeError):
+                inside = False
+            if not inside:
+                raise ConfigError("group", f"{group!r} is not a process group holding this rank; allowed: None (the "
+                                           "world), or a group from dist.new_group that holds it")
         self.group = group
         if self._follower:
             self.W, self.rank = n_workers, -1
@@ -469,6 +479,10 @@ class Merger:
                 raise ConfigError("model", f"{name!r} is not contiguous; allowed: contiguous parameters and buffers")
             if not t.is_floating_point() and (t.is_complex() or t.dtype == torch.bool):
                 raise ConfigError("model", f"buffer {name!r} is {t.dtype}; allowed: floating point or integer counters")
+            if t.is_floating_point() and t.dtype != torch.float32:  # (it crashed at the first merge, in torch's lerp)
+                raise ConfigError("model", f"{name!r} is {str(t.dtype).replace('torch.', '')}; allowed: float32 "
+                                           "parameters and buffers, as the search ran them (for bfloat16 or float16 "
+                                           "arithmetic keep them float32 and train under torch.autocast)")
         self.weighting = registry.WEIGHTINGS.get_object(p.weighting)()
         if self.weighting.accumulators and optimizer is None:
             raise ConfigError("optimizer", f"None, but weighting {p.weighting!r} gathers squared gradients at each "
@@ -513,7 +527,11 @@ class Merger:
         self._trace = None  # before the first collective: a rank that dies during the start leaves a trace
         if trace is not None:
             d = Path(trace)
-            d.mkdir(parents=True, exist_ok=True)
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # (a file of that name was FileExistsError's traceback)
+                raise ConfigError("trace", f"cannot make the folder {str(d)!r}: {e.strerror or e}; allowed: a folder "
+                                           "for the ranks' trace files (rank-N.jsonl)") from None
             self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._pending: list[_Pending] = []  # the work handles' waiting threads (joined at the end)

@@ -853,6 +853,7 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(total_steps=0), r"^total_steps: 0"),
             (dict(overlap="async"), r"^overlap: 'async'; allowed: nonblocking, blocking, lockstep"),
             (dict(timeout=0), r"^timeout: 0"),
+            (dict(timeout=float("inf")), r"^timeout: inf; allowed: seconds in \(0, 1e\+06\]$"),  # (OverflowError at the end)
             (dict(policy={"weighting": "adaptive"}), r"^optimizer: None, but weighting 'adaptive'"),
             (dict(policy={"winner_bias": 0.3}), r"^holdout: None, but policy.score 'holdout' with winner_bias 0.3 "
                                                  r"scores both models of a gossip pair on the two ranks' held-out "
@@ -868,6 +869,9 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
              r"^holdout: its labels are float32, and loss_fn None scores them with cross-entropy, which takes integer "
              r"classes; allowed: integer class labels, or loss_fn=a function \(output, y\) -> loss "),
             (dict(worker_group="ranks 0-1"), r"^worker_group: 'ranks 0-1' is not a process group holding this rank"),
+            (dict(group="world"), r"^group: 'world' is not a process group holding this rank; allowed: None "),
+            (dict(trace=__file__), r"^trace: cannot make the folder '.*test_runtime.py': File exists; allowed: a "
+                                   r"folder for the ranks' trace files"),
             (dict(worker_group=dist.group.WORLD, group=dist.group.WORLD), r"^group: set with worker_group; "),
             # asynchronous DiLoCo: speeds for dynamic local updates, one process per worker, no buffers yet
             (dict(policy=BY_SPEED, speeds=[1, 2]), r"^speeds: \[1, 2\]; allowed: 1 positive numbers, one per rank$"),
@@ -878,6 +882,10 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(speeds=[1.0]), r"^speeds: given, but scheme 'gossip' does not use them; allowed: None"),
             (dict(policy=ASYNC, worker_group=dist.group.WORLD), r"^worker_group: set with scheme 'async'"),
             (dict(policy=ASYNC, model=torch.nn.BatchNorm1d(2)), r"^model: has buffers \('running_mean'\); scheme "),
+            # (a model cast to bfloat16 or float64 ran until its first merge, then torch's lerp raised on every rank)
+            (dict(model=torch.nn.Linear(2, 2).to(torch.bfloat16)), r"^model: 'weight' is bfloat16; allowed: float32 "
+                                                                   r"parameters and buffers, as the search ran them"),
+            (dict(model=torch.nn.Linear(2, 2).double()), r"^model: 'weight' is float64; allowed: float32 "),
             (dict(policy=ASYNC | {"scheme": "allreduce", "payload": "delta", "quantize_bits": 4},
                   model=torch.nn.BatchNorm1d(2)), r"^policy.payload: 'delta' with an outer step on a model with buffers"),
         ]
