@@ -990,6 +990,13 @@ def cmd_ui(args) -> int:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
+    else:  # (a port taken by another server: its address was printed as this study's, and answered with its runs)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise ConfigError("--port", f"{port} is in use ({e.strerror or e}); allowed: a free port, or 0 for a "
+                                            "free one") from None
     from .report.tracking import check_reachable
 
     check_reachable(uri)  # one line for a store the server could not open (it would retry a database for minutes)

@@ -155,6 +155,8 @@ def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
     console, errors, drawn, text, _ = open_page(page, tmp_path / "empty.png")
     assert console == [] and errors == []
     assert "No completed trials yet" in text and "1 fail" in text
+    # the command that fills this store (it named the study alone: ./runs, another store)
+    assert f"Run evomerge search --study {s.path} --runs-dir {tmp_path / 'runs'}, then build" in " ".join(text.split())
 
 
 def test_pareto_front_keeps_only_non_dominated_points():

@@ -27,7 +27,11 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
     doc = json.loads((tmp_path / "best.json").read_text())
     assert doc["study"] == "tiny" and doc["seeds"] == [3, 4] and doc["evomerge_version"] == evomerge.__version__
     here = resolve_device(None).type
-    assert doc["ran_on"] == f"in process on {here}"  # where the trial's sums ran
+    import torch
+
+    threads = torch.get_num_threads()  # the commands run in this process (searchutil.cli)
+    assert doc["ran_on"] == (f"in process on cpu with {threads} torch thread{'s' * (threads != 1)}" if here == "cpu"
+                             else f"in process on {here}")  # where the trial's sums ran
     for seed in (3, 4):
         p = cli("run", "--study", str(f), "--policy", "best.json", "--seed", str(seed), "--json", f"r{seed}.json",
                 "--quiet", cwd=tmp_path, data_dir=data_dir)
@@ -42,9 +46,15 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
     assert p.returncode == 0 and "matches" not in p.stdout and "DIFFERS" not in p.stdout, p.stdout
     line = [ln for ln in p.stdout.splitlines() if f"trial {doc['trial']} of tiny" in ln]
     assert len(line) == 1 and line[0].startswith("validation accuracy 0.") and line[0].endswith(
-        f"{doc['metrics_per_seed']['3']['val_accuracy']:.4f} (seed 3): not held to match bit for bit, the trial ran in "
-        f"process on {here} and this run on the distributed backend (2 processes) on {here}, whose sums run in "
+        f"{doc['metrics_per_seed']['3']['val_accuracy']:.4f} (seed 3): not held to match bit for bit, the trial ran "
+        f"{doc['ran_on']} and this run on the distributed backend (2 processes) on {here}, whose sums run in "
         "another order"), p.stdout
+    if here == "cpu":  # in process with another number of torch threads: the sums split otherwise (it said DIFFERS)
+        p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir,
+                env_extra={"EVOMERGE_THREADS": str(threads + 1)}, process=True)
+        assert p.returncode == 0 and "matches" not in p.stdout and "DIFFERS" not in p.stdout, p.stdout
+        assert (f"(seed 3): not held to match bit for bit, the trial ran {doc['ran_on']} and this run in process on "
+                f"cpu with {threads + 1} torch threads, whose sums run in another order") in p.stdout, p.stdout
     # the same file on another study (other workers): a note that the trial is another study's, no match or mismatch
     other = write_study(tmp_path, name="other", workers=2, seeds=(3,))
     p = cli("run", "--study", str(other), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)

@@ -82,13 +82,14 @@ def test_a_trial_run_holds_every_round_param_and_final_value(tmp_path, rounds):
     tracker.start_parent("search", {}, {})
     keys = ROUND_METRICS[:14]
     history = [{"step": 10 * (r + 1), **{k: 0.5 + r / 1000 + i / 100 for i, k in enumerate(keys)}} for r in range(rounds)]
-    rid = tracker.log_trial(_record(0, "COMPLETE", histories=[history], final={"val_accuracy": 0.8125, "bytes": 1e6},
+    # (a count of bytes was rounded to 7 digits: 924885760 read 924885800, beside the last round's exact value)
+    rid = tracker.log_trial(_record(0, "COMPLETE", histories=[history], final={"val_accuracy": 0.8125, "bytes": 924885760},
                                     run_status="ok", policy={"topology": "ring", "mixing_weight": 0.25},
                                     run={"lr": 0.1}))
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(rid)
     assert run.data.params == {"topology": "ring", "mixing_weight": "0.25", "run.lr": "0.1", "seeds": "0"}
-    assert run.data.metrics["final_val_accuracy"] == 0.8125 and run.data.metrics["final_bytes"] == 1e6
+    assert run.data.metrics["final_val_accuracy"] == 0.8125 and run.data.metrics["final_bytes"] == 924885760
     for i, k in enumerate(keys):
         h = sorted((m.step, m.value) for m in client.get_metric_history(rid, k))
         assert h == [(10 * (r + 1), pytest.approx(0.5 + r / 1000 + i / 100)) for r in range(rounds)]
@@ -521,6 +522,25 @@ def test_ui_for_a_server_that_does_not_answer_is_one_line(tmp_path, data_dir):
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.startswith(f"error: --tracking-uri: cannot reach the MLflow server at http://me:***@127.0.0.1:{port} (")
     assert p.stderr.count("\n") == 1
+
+
+def test_ui_on_a_port_in_use_is_one_line_before_any_server_starts(tmp_path, data_dir):
+    """(Another server on --port answered the new one's health check: its address was printed as this study's, with
+    a note that the study had no search logged, and it served the other store's runs.)"""
+    import socket
+
+    from searchutil import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = cli("ui", "--study", write_study(tmp_path), "--runs-dir", str(tmp_path / "runs"), "--port", str(port),
+                cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stdout == "", p.stdout
+    assert p.stderr.startswith(f"error: --port: {port} is in use (") and p.stderr.endswith(
+        "); allowed: a free port, or 0 for a free one\n") and p.stderr.count("\n") == 1, p.stderr
+    assert not (tmp_path / "runs").exists()  # no store made for a server that never started
 
 
 def test_ui_for_a_server_that_refuses_the_tracking_api_is_one_line(tmp_path, data_dir):

@@ -208,10 +208,16 @@ def runner(backend: str = "inprocess", procs: int | None = None, workers: int | 
 
 
 def ran_on(backend: str, procs: int | None, workers: int, device_type: str) -> str:
-    """Where a run's arithmetic ran, in words (``in process on cpu``, ``on the distributed backend (2 processes) on
-    cpu``): kept with a search's trials, so that a replay is held to match bit for bit only where it runs the same
-    sums in the same order."""
+    """Where a run's arithmetic ran, in words (``in process on cpu with 2 torch threads``, ``on the distributed
+    backend (2 processes) on cpu``): kept with a search's trials, so that a replay is held to match bit for bit only
+    where it runs the same sums in the same order. In process on the CPU the thread count splits the sums too (a
+    replay with the machine's other core busy said DIFFERS)."""
     where = "in process" if backend == "inprocess" else f"on the {backend} backend ({procs or workers} processes)"
+    if backend == "inprocess" and device_type == "cpu":
+        import torch
+
+        n = torch.get_num_threads()
+        return f"{where} on cpu with {n} torch thread{'s' * (n != 1)}"
     return f"{where} on {device_type}"
 
 

@@ -627,7 +627,16 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
             problem(f"MLflow runs not read: {e}.")
         section("top", "Top trials", "", table=_top_table(study, best, runs, exp_id, tracking_uri))
 
+    # the command that fills this study's store (it named the study alone, which searches ./runs: another store)
+    search_command = f"evomerge search --study {study.path or study.name}"
+    if storage_url.startswith("sqlite:///") and storage_url.endswith(f"/{study.name}/optuna.db"):
+        runs_dir = Path(storage_url[len("sqlite:///"):]).parent.parent  # the default: RUNS_DIR/STUDY/optuna.db
+        if runs_dir.resolve() != Path("runs").resolve():
+            search_command += f" --runs-dir {runs_dir}"
+    else:
+        search_command += f" --storage {shown(storage_url)}"
     page = render(study=study, summary=summary_line, storage=shown(storage_url), tracking=shown(tracking_uri), version=__version__,
+                  search_command=search_command,
                   when=time.strftime("%Y-%m-%d %H:%M"), notes=notes, sections=sections,
                   review_url=review_url(tracking_uri, exp_id) if http and exp_id else None)
     path = out_dir / "index.html"

@@ -515,8 +515,10 @@ class Tracker:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        # 7 significant digits: what float32 results hold; the runs list shows 0.738, not 0.73799997...
-        return [Metric(k, float(f"{float(v):.7g}"), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
+        # 7 significant digits: what float32 results hold; the runs list shows 0.738, not 0.73799997... A count (bytes,
+        # merges: a whole number) as it is: rounded, 924885760 bytes read 924885800
+        return [Metric(k, float(v) if float(v).is_integer() else float(f"{float(v):.7g}"), ts, 0)
+                for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
 
     def log_transfer(self, result: dict[str, Any]) -> str:
         """One run ``transfer-to-TARGET`` in this (the source study's) experiment: the rank correlations as
