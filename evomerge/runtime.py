@@ -83,8 +83,11 @@ WINDOW = 4  # incoming payloads whose receives are posted ahead
 REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload, the peer's answer (push-pull)
 STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done, LEFT
 LEFT = 2.0  # the stop message of a rank whose process is ending without finish() or close() (_leave_at_exit)
+EARLY = 10.0  # EARLY + t: the stop message of a rank that calls finish() after t < total_steps steps (_end_early)
 EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
 MAX_TIMEOUT = 1e6  # seconds (11 days): a thread's join takes no more than the platform's time_t from now
+EVERY_STEP = ("under this policy every rank calls step() as many times (total_steps), since each merge waits for "
+              "every rank (give every rank as many batches)")
 META = 10  # float32 slots of a payload's scalars (five float64): examples, their scale epoch, running score, winner,
 # and the sender's message number (delta payloads: its neighbours apply its deltas in the order it sent them)
 
@@ -704,6 +707,8 @@ class Merger:
         if self._follower:
             self._sync_worker(force=True)
             return self.model
+        if self.t < self.T and self._waits_for_every_rank():
+            self._end_early()
         self._drain(final=True)
         self._settle_streams()
         flat = self._flat().to(self.wire_dev)
@@ -715,6 +720,44 @@ class Merger:
         if self.worker_group is not None:
             self._sync_worker(force=True)
         return self.model
+
+    def _waits_for_every_rank(self) -> bool:
+        """Whether a merge of this policy waits for every rank (an all-reduce, SlowMo's exact averages, lockstep
+        gossip): then every rank calls step() as often as the others."""
+        return self.sched.scheme == "allreduce" or self.overlap == "lockstep" or bool(self.p.outer_every)
+
+    def _end_early(self) -> None:
+        """finish() before total_steps, under a policy whose merges wait for every rank: the ranks tell each other
+        at which step they end (their stop messages, :data:`EARLY` + step). All at this one: the run ends here on
+        every rank (an early stop every rank takes), with new standing receives for the end. Otherwise one line
+        naming the ranks and their steps, where a rank whose loader ran out first left the others at their next
+        all-reduce, and every rank said "rank ? did not answer", or gloo aborted the process."""
+        self._stop_out = self._send_stops(EARLY + self.t)
+        deadline = time.perf_counter() + self.timeout
+        missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline)}
+        told = {r: float(buf[0]) for r, (work, buf) in self._stop_in.items() if r not in missing}
+        if not missing and all(v == EARLY + self.t for v in told.values()):
+            for work in self._stop_out:
+                _done_by(work, deadline)
+            self._stop_out = []
+            for r in list(self._stop_in):  # the messages are spent: the end's own, as at the start
+                buf = torch.zeros(1)
+                try:
+                    work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
+                except RuntimeError as e:
+                    work = self._pend(None, e, peer=r)
+                self._stop_in[r] = (work, buf)
+            return
+        for work in self._stop_out:
+            _done_by(work, deadline)
+        others = [f"rank {r} after {int(v - EARLY)}" for r, v in sorted(told.items()) if v >= EARLY and v != EARLY + self.t]
+        went_on = sorted(r for r, v in told.items() if v < EARLY)
+        if went_on:
+            others.append(f"rank{'s' * (len(went_on) > 1)} {', '.join(map(str, went_on))} did not stop there")
+        if missing:
+            others.append(f"rank{'s' * (len(missing) > 1)} {', '.join(map(str, sorted(missing)))} did not answer")
+        raise MergerError(f"this rank called finish() after {self.t} of {self.T} steps, {'; '.join(others)}: "
+                          f"{EVERY_STEP}; stopped")
 
     def state_dict(self) -> dict:
         """The merge state at this step (after every merge due by now is done): with the model's and the optimiser's
@@ -1231,7 +1274,10 @@ class Merger:
         """Raise (after the roll call) if another rank sent its stop message or its connection closed."""
         for r, (work, buf) in self._stop_in.items():
             try:
-                stopped = work.done() and float(buf[0]) != 0.0  # it stopped, or its process is ending (LEFT)
+                # it stopped, or its process is ending (LEFT), or it ended early at a step this rank has gone past
+                # (EARLY + that step: up to it, it took part in every merge this rank waits for)
+                said = float(buf[0]) if work.done() else 0.0
+                stopped = said != 0.0 and not (said >= EARLY and self.t <= said - EARLY)
             except RuntimeError:
                 stopped = True
             if stopped:
@@ -1254,6 +1300,12 @@ class Merger:
             _done_by(work, deadline)
         who = ", ".join(str(r) for r in sorted(missing | left)) or "?"
         place = where if isinstance(where, str) else f"merge event {where}"
+        early = {r: int(float(buf[0]) - EARLY) for r, (work, buf) in self._stop_in.items()
+                 if r not in missing and float(buf[0]) >= EARLY}
+        if early and not missing:  # a rank's loader ran out first: it called finish() (_end_early)
+            said = ", ".join(f"rank {r} called finish() after {n}" for r, n in sorted(early.items()))
+            return MergerError(f"{said} of {self.T} steps, and this rank is at local step {self.t}"
+                               f"{f' ({place})' if place else ''}: {EVERY_STEP}; stopped")
         place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
         if left and not missing:
             return MergerError(f"rank {who} left the run without finish() or close() ({place}); stopped")

@@ -53,6 +53,9 @@ def main() -> int:
     ap.add_argument("--die-rank", type=int, default=-1, help="this rank kills itself (SIGKILL) at --die-at")
     ap.add_argument("--die-at", type=int, default=0)
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
+    ap.add_argument("--short-rank", type=int, default=-1, help="this rank's loader runs out at --short-at: it calls "
+                                                              "finish() then (-2: every rank's does)")
+    ap.add_argument("--short-at", type=int, default=0)
     ap.add_argument("--resume", default=None, help="a checkpoint directory written by --stop-at")
     ap.add_argument("--mixing", action="store_true")
     ap.add_argument("--ramp", action="store_true", help="with --mixing: parameter i of rank r starts at "
@@ -113,13 +116,17 @@ def main() -> int:
             idx = batch_indices(setup.shards[worker], B, 0, T, args.seed, worker)
             values = []
             t0 = time.perf_counter()
+            stopped = False  # at --stop-at, with a checkpoint: the Merger closed, not finished
             for t in range(start, T):
+                if args.short_at and t == args.short_at and args.short_rank in (-2, rank):
+                    break  # its loader ran out: on to finish()
                 if t == args.die_at and rank == args.die_rank:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if args.stop_at and t == args.stop_at:
                     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                                 "merger": merger.state_dict()}, out / f"ck-{i}-{rank}.pt")
                     merger.close()
+                    stopped = True
                     break
                 loss, t_step = None, time.perf_counter()
                 if not args.mixing:
@@ -139,7 +146,7 @@ def main() -> int:
                 merger.step(loss=loss)
                 if args.mixing:
                     values.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
-            else:
+            if not stopped:
                 seconds = time.perf_counter() - t0
                 merger.finish()
                 flat = torch.cat([t.detach().float().reshape(-1) for t in

@@ -159,6 +159,20 @@ def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
     assert f"Run evomerge search --study {s.path} --runs-dir {tmp_path / 'runs'}, then build" in " ".join(text.split())
 
 
+def test_the_top_trials_say_a_time_past_the_budget_is_a_miss(tmp_path):
+    """(A trial that missed the target showed its penalty time as "20.4000 | ok", where status and export say
+    "(missed)".)"""
+    from evomerge.policy import MergePolicy
+
+    f = write_study(tmp_path, name="timed", workers=6, objectives=("time_to_target",))
+    f.write_text(f.read_text().replace("[policy]", ENVIRONMENT + "[policy]")
+                 .replace('metrics = ["time_to_target"]', 'metrics = ["time_to_target"]\ntarget = 0.5'))
+    s = study.load(f)
+    rows = [{"number": n, "values": [v], "policy": MergePolicy().to_dict()} for n, v in ((0, 2.5), (1, 4.2))]
+    cells = [r["cells"] for r in dashboard._top_table(s, rows, {}, None, "sqlite:///x.db")["rows"]]
+    assert cells == [["2.5000"], ["4.2000 (missed)"]]  # the budget: 3 s
+
+
 def test_pareto_front_keeps_only_non_dominated_points():
     pts = [(0.9, 100.0, "a"), (0.8, 50.0, "b"), (0.85, 120.0, "c"), (0.9, 80.0, "d"), (0.7, 10.0, "e")]
     assert [k for _, _, k in dashboard.pareto_2d(pts)] == ["e", "b", "d"]

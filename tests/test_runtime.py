@@ -640,6 +640,29 @@ def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, t
 
 
 @pytest.mark.system
+@pytest.mark.parametrize("name", ["fedavg", "streaming-diloco"])
+def test_a_rank_whose_data_ran_out_first_is_named_with_its_step_and_an_early_stop_everywhere_ends(
+        folder, data_dir, tmp_path, name):
+    """Uneven data under merges that wait for every rank: rank 1 calls finish() after 20 of 40 steps. Every rank
+    ends in one line naming it and its step (all said "rank ? did not answer"; Streaming DiLoCo's final average met
+    a fragment's all-reduce and gloo aborted rank 0). Every rank stopping at the same step ends as a run of 20."""
+    ranks = launch(folder, data_dir, tmp_path / "uneven", *policies(folder, [name]), "--short-rank", 1, "--short-at",
+                   20, "--timeout", 20, world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    lines = [[ln for ln in r.stderr.splitlines() if ln.strip()] for r in ranks]
+    assert [r.returncode for r in ranks] == [1, 1], [r.stderr[-2000:] for r in ranks]
+    assert len(lines[0]) == 1 and lines[0][0].startswith("error: rank 1 called finish() after 20 of 40 steps, and this "
+                                                         "rank is at local step "), lines[0]
+    assert lines[1] == ["error: this rank called finish() after 20 of 40 steps, rank 0 did not stop there: under this policy "
+                        "every rank calls step() as many times (total_steps), since each merge waits for every rank "
+                        "(give every rank as many batches); stopped"], lines[1]
+    ranks = launch(folder, data_dir, tmp_path / "early", *policies(folder, [name]), "--short-rank", -2, "--short-at", 20,
+                   world=2, timeout=120)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    got = [result(tmp_path / "early", 0, r)["consensus"] for r in range(2)]
+    assert torch.equal(got[0], got[1])
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("name,overlap", [("ring-push-pull", "nonblocking"), ("fedavg", "lockstep"),
                                            ("async-diloco", "nonblocking")])
 def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, data_dir, tmp_path, name, overlap):

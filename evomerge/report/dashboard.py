@@ -700,6 +700,7 @@ def verdict_html(verdict: dict[str, Any], extra_notes: list[str] = ()) -> str:
 def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> dict[str, Any]:
     """The top trials for the template: values, status (``diverged`` or ``ok``), policy, MLflow run (a link
     for an HTTP store; for the default local store, how to open it)."""
+    from ..search.results import missed
     from .tracking import VIEW_KEY, run_url
 
     http = tracking_uri.startswith(("http://", "https://"))
@@ -708,7 +709,9 @@ def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tra
         rid = runs.get(b["number"])
         rows.append({
             "number": b["number"],
-            "cells": [size(v) if o == "bytes" else f"{v:.4f}" for o, v in zip(study.objectives, b["values"])],
+            # a time to target past the budget is a miss's penalty, as status and export say (it read as a time)
+            "cells": [size(v) if o == "bytes" else f"{v:.4f}{missed(study, o, v)}"
+                      for o, v in zip(study.objectives, b["values"])],
             "status": "diverged" if diverged(b) else "ok",
             "policy": MergePolicy.from_dict(b["policy"]).describe(),
             "run_id": rid,
