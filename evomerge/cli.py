@@ -1003,9 +1003,12 @@ def cmd_ui(args) -> int:
     # the server's warnings and errors, not its start-up and access log (MLflow's and uvicorn's INFO lines)
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
                MLFLOW_LOGGING_LEVEL=os.environ.get("MLFLOW_LOGGING_LEVEL", "WARNING"),
-               PYTHONWARNINGS=os.environ.get("PYTHONWARNINGS", "ignore:starlette.middleware.wsgi is deprecated"))
+               PYTHONWARNINGS=os.environ.get("PYTHONWARNINGS", "ignore:starlette.middleware.wsgi is deprecated"),
+               # the store in the server's environment, not on its command line, which every user's `ps` shows (with
+               # a database's password)
+               MLFLOW_BACKEND_STORE_URI=uri, MLFLOW_REGISTRY_STORE_URI=uri)
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-           "--backend-store-uri", uri, "--registry-store-uri", uri, "--uvicorn-opts", "--log-level warning"]
+           "--uvicorn-opts", "--log-level warning"]
     url = f"http://127.0.0.1:{port}"
     try:
         # the server and its uvicorn workers run in their own session: stopped together however this command ends
@@ -1122,7 +1125,10 @@ def cmd_baselines(args) -> int:
     if timed:
         cols += ["sim time", "idle (last round)"] + ([f"time to {study.target:g}"] if study.target is not None else [])
     for col in cols + ["wall"]:
-        t.add_column(col, justify="left" if col in ("policy", "status") else "right")
+        # the names whole: squeezed, three rows read "allreduce-…" on a 165-column screen
+        width = max(len(col), *(len(n) for n, _ in results)) if col == "policy" and results else None
+        t.add_column(col, justify="left" if col in ("policy", "status") else "right", min_width=width,
+                     no_wrap=col == "policy")
     for name, r in results:
         f = r.final
         row = [name, r.status,

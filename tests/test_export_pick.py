@@ -148,7 +148,7 @@ def test_one_objective_export_honours_limit_and_says_what_pareto_wrote(tmp_path,
     p = cli(*base, "-o", "lim.json", "--limit", "val_accuracy=0.85", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     doc = json.loads((tmp_path / "lim.json").read_text())
-    assert doc["trial"] == 0 and doc["picked_by"] == "the best val_accuracy, with val_accuracy limited to 0.85"
+    assert doc["trial"] == 0 and doc["picked_by"] == "the best val_accuracy, with val_accuracy at least 0.85"
     for args, line in [(["--limit", "val_accuracy=0.95"], "error: --limit: val_accuracy=0.95: no complete trial meets it"),
                        (["--limit", "foo=1"], "error: --limit: 'foo' is not an objective of tiny; allowed: val_accuracy")]:
         p = cli(*base, "-o", "x.json", *args, cwd=tmp_path, data_dir=data_dir)

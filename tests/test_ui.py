@@ -46,6 +46,9 @@ def test_ui_stops_the_whole_server_session(tmp_path, sig):
             assert r.status == 200
         (server,) = children(ui.pid)
         assert os.getsid(server) == server  # the server leads a session of its own
+        # the store is not on its command line, which every user's `ps` shows (a database's password with it)
+        cmdline = open(f"/proc/{server}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        assert "mlflow server" in cmdline and "sqlite" not in cmdline and "store-uri" not in cmdline, cmdline
         members = in_session(server)
         assert len(members) >= 2  # mlflow server and its uvicorn process(es)
         ui.send_signal(sig)

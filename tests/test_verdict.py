@@ -68,6 +68,8 @@ def test_a_pick_that_beats_every_baseline_says_so():
                       [1000, 1001], True, "the best val_accuracy")
     assert v["headline"] == "trial 3 beats every baseline (fedavg and ring-gossip) on fresh seeds 1000, 1001"
     assert v["beaten_by"] == []
+    one = verdict.judge(s, _picks((3, [[0.95]])), _bases(fedavg=[[0.90]]), [1000], True, "the best val_accuracy")
+    assert one["headline"].endswith(" on fresh seed 1000")  # (it said "on fresh seeds 1000")
 
 
 @pytest.mark.unit

@@ -245,7 +245,9 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
         if not front:
             raise ConfigError("--limit", f"{name}={bound:g}: no {'complete' if len(names) == 1 else 'Pareto-optimal'} "
                                          f"trial meets it")
-    limited = f", with {', '.join(f'{k} limited to {v:g}' for k, v in limits.items())}" if limits else ""
+    bound_words = {"minimize": "at most", "maximize": "at least"}  # (a lower bound read "val_accuracy limited to 0.9")
+    limited = (f", with {', '.join(f'{k} {bound_words[dirs[names.index(k)]]} {v:g}' for k, v in limits.items())}"
+               if limits else "")
     if len(names) == 1:
         pick = rank_trials(front, dirs)[0]
         return trial_summary(pick, study), f"the best {names[0]}{limited}"

@@ -173,7 +173,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     by = {(c["pick"], c["baseline"]): c for c in comparisons}
     first = picks[0]["number"]
     beaten_by = [n for n in names if all(by[p["number"], n]["outcome"] == "worse" for p in picks)]
-    where = f"fresh seeds {', '.join(map(str, seeds))}" if fresh else f"the search's own seeds {', '.join(map(str, seeds))}"
+    seed_s = f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
+    where = f"fresh {seed_s}" if fresh else f"the search's own {seed_s}"
     every = "every pick" if len(picks) > 1 else f"trial {first}"
     if not names:
         headline = f"trial {first}: no baselines to compare with (the study's [baselines] policies is empty)"
