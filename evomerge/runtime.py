@@ -59,6 +59,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -526,6 +527,7 @@ class Merger:
         self.score_weight = torch.zeros(1, dtype=torch.float64, device=self.dev)
         self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
         self.t = 0  # local steps done (calls of step())
+        self._ended, self._said_ended = None, False  # "finish" or "close" once called
         self.merges = 0
         self._trace = None  # before the first collective: a rank that dies during the start leaves a trace
         if trace is not None:
@@ -636,6 +638,19 @@ class Merger:
         """After this rank's local step: apply the merges the policy has for it. ``loss`` is recorded in the
         trace; ``examples`` is what ``examples`` weighting counts (default 1: steps, which gives the same
         weights when every rank's batches are equally large)."""
+        if self._ended is not None:  # (it warned that total_steps was too small, after the loop's finish())
+            if not self._said_ended:
+                self._said_ended = True
+                warnings.warn(f"step: called after {self._ended}(); the run's merges are over and this step merges "
+                              "nothing", stacklevel=3)
+            return
+        if isinstance(examples, torch.Tensor):  # one number; its value is not read here (on a GPU: a sync a step)
+            ok = examples.numel() == 1
+        else:
+            ok = isinstance(examples, (int, float, np.number)) and not isinstance(examples, bool) and \
+                math.isfinite(float(examples)) and float(examples) >= 0
+        if not ok:  # (a negative or NaN count went into the examples weighting's sums)
+            raise ConfigError("examples", f"{examples!r}; allowed: a number >= 0 (the examples this step trained on)")
         if self._follower:
             self.t += 1
         else:
@@ -704,6 +719,7 @@ class Merger:
     def finish(self) -> torch.nn.Module:
         """Complete every merge of the run (answering the peers that are still at it), then average every rank's
         model into the consensus model, in place on ``model``, which it returns; the same on every rank."""
+        self._ended = "finish"
         if self._follower:
             self._sync_worker(force=True)
             return self.model
@@ -1839,6 +1855,7 @@ class Merger:
         """Leave the run without the final average (after :meth:`state_dict`, to stop and resume later): tell every
         other rank this one is done and wait until they say so too. :meth:`finish` calls it; call it on every rank
         before the process ends, so that no receive is left waiting."""
+        self._ended = "close"
         if self._follower:
             return
         self._drain(final=False)

@@ -947,6 +947,18 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             m.step()
         m.step()  # said once
         assert m.finish() is model
+        # after finish(): said so, once (it said total_steps was too small); a step's count is a number >= 0
+        with pytest.warns(UserWarning, match=r"^step: called after finish\(\); the run's merges are over and this "
+                                             r"step merges nothing$"):
+            m.step()
+        m.step()
+        m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4)
+        for bad in (-3, float("nan"), "32"):
+            with pytest.raises(ConfigError, match=r"^examples: .*; allowed: a number >= 0 \(the examples this step "
+                                                  r"trained on\)$"):
+                m.step(examples=bad)
+        m.step(examples=torch.tensor(32))  # a count as a tensor, too
+        m.close()
         m = evomerge.Merger({"scheme": "allreduce", "mean_interval": 2}, model, seed=0, total_steps=4,
                             worker_group=dist.group.WORLD)  # a worker of one rank, its own leader
         for _ in range(4):
