@@ -451,6 +451,7 @@ class Merger:
         if said:
             warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
+        self._ended, self._said_ended = None, False  # "finish" or "close" once called
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
             group, self._follower, self._leader, n_workers = _leaders(worker_group, group)
@@ -527,7 +528,6 @@ class Merger:
         self.score_weight = torch.zeros(1, dtype=torch.float64, device=self.dev)
         self.epoch = 0  # how many times this rank scaled its supports down (kernel.rescale_supports)
         self.t = 0  # local steps done (calls of step())
-        self._ended, self._said_ended = None, False  # "finish" or "close" once called
         self.merges = 0
         self._trace = None  # before the first collective: a rank that dies during the start leaves a trace
         if trace is not None:

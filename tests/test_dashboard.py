@@ -159,6 +159,23 @@ def test_a_study_with_no_completed_trials_says_so(tmp_path, data_dir):
     assert f"Run evomerge search --study {s.path} --runs-dir {tmp_path / 'runs'}, then build" in " ".join(text.split())
 
 
+def test_the_importances_name_every_field_of_a_large_space(tmp_path):
+    """(On mnist-skewed's 30 searched fields every other bar had no name, the most important one's among them.)"""
+    import optuna
+
+    s = study.load("mnist-skewed")
+    names = [p.name for p in s.search.space]
+    ostudy = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    dists = {n: optuna.distributions.FloatDistribution(0.0, 1.0) for n in names}
+    for i in range(12):
+        t = ostudy.ask(dists)
+        ostudy.tell(t, sum(t.params.values()) + 0.1 * i)
+    fig = dashboard.importance_figure(ostudy, s)
+    shown = list(fig.data[0].y)
+    assert len(names) >= 25 and sorted(shown) == sorted(names)
+    assert fig.layout.yaxis.dtick == 1 and fig.layout.height >= 22 * len(names)  # a tick per bar, room for each
+
+
 def test_the_top_trials_say_a_time_past_the_budget_is_a_miss(tmp_path):
     """(A trial that missed the target showed its penalty time as "20.4000 | ok", where status and export say
     "(missed)".)"""

@@ -109,9 +109,14 @@ def importance_figure(ostudy, study: Study):
     sign = -1.0 if study.directions[0] == "maximize" else 1.0
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes the importances")
-        return optuna.visualization.plot_param_importances(
+        fig = optuna.visualization.plot_param_importances(
             ostudy, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), target=lambda t: sign * t.values[0],
             target_name=f"importance for {'high' if sign < 0 else 'low'} {name}")
+    # every field's name beside its bar: plotly thinned the labels of a tall list to every other one (30 fields)
+    bars = max((len(d.y) for d in fig.data if getattr(d, "y", None) is not None), default=0)
+    fig.update_yaxes(dtick=1, automargin=True)
+    fig.update_layout(height=max(fig.layout.height or 450, 160 + 22 * bars))
+    return fig
 
 
 def parallel_figure(ostudy, study: Study):
