@@ -273,3 +273,28 @@ def test_ctrl_c_while_parallel_jobs_start_ends_quietly_and_leaves_no_worker(tmp_
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "run the same command again to resume" in err
     assert wait_gone(started, timeout=30) == []
+
+
+@pytest.mark.integration
+def test_a_resumed_searchs_bar_starts_from_the_studys_best(tmp_path, data_dir):
+    """(A resumed search's bar said "best 10.0000", its new trials' best, where the study's was 6.4615.)"""
+    from evomerge.report.search_view import SearchView
+    from evomerge.search.config import make_config
+    from evomerge.search.loop import run_search
+
+    s = study.load(write_study(tmp_path))
+    first = run_search(make_config(s, n_trials=2, sampler="random", runs_dir=tmp_path / "runs", verdict=False,
+                                   data_dir=data_dir))
+    best = first.best[0]["values"][0]
+    cfg = make_config(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", verdict=False, seed=1,
+                      data_dir=data_dir)
+    view = SearchView(cfg, quiet=True)
+    seen = []
+
+    def progress(kind, **info):
+        view.event(kind, **info)
+        seen.append((kind, view.best))
+
+    run_search(cfg, progress=progress)
+    assert seen[0] == ("start", best)  # the study's best before this search's first trial
+    assert all(b is not None and b >= best for _, b in seen)  # never below the study's best (accuracy: maximised)

@@ -99,6 +99,7 @@ class SearchView:
         if kind == "start":
             b = info["before"]
             self.done = b.get("COMPLETE", 0) + b.get("PRUNED", 0)
+            self.best = info.get("best")  # the study's, where it resumes (the bar showed its new trials' best only)
             self.pruned, self.failed = b.get("PRUNED", 0), b.get("FAIL", 0)
             extra = ""
             if cfg.sampler == "cmaes":

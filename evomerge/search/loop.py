@@ -330,7 +330,9 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         {"evomerge.version": __version__, "evomerge.study": cfg.study.name})
     result = SearchResult(cfg, parent_run_id=parent, warm_start=warm)
     if progress:
-        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm, notes=model_notes)
+        prior = best_trials(ostudy, cfg.study, 1)  # the study's best so far: a resumed bar starts from it
+        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm, notes=model_notes,
+                 best=prior[0]["values"][0] if prior else None)
 
     def on_record(rec: dict) -> None:
         if "fatal" in rec:
