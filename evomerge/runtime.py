@@ -349,20 +349,24 @@ def _unfinished_warning(self: "Merger", ending: BaseException | None) -> None:
                       "merger.close() to leave without the final average)", RuntimeWarning, stacklevel=2)
 
 
+def _holds_this_rank(group) -> bool:
+    """Whether ``group`` is a process group that holds this rank (a string, or a group of others', is not)."""
+    try:
+        return dist.get_rank(group) >= 0
+    except (RuntimeError, ValueError, AttributeError, TypeError):
+        return False
+
+
 def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     """For ``Merger(worker_group=...)``: the group of the workers' leaders (every rank builds it, collectively),
     whether this rank follows its leader, its leader's global rank, and the number of workers."""
     if group is not None:
         raise ConfigError("group", "set with worker_group; allowed: None (merges run between one leader rank per "
                                    "worker, over a group of the leaders built from the world)")
-    try:
-        leader = dist.get_global_rank(worker_group, 0)
-        inside = dist.get_rank(worker_group) >= 0
-    except (RuntimeError, ValueError, AttributeError, TypeError):
-        inside = False
-    if not inside:
+    if not _holds_this_rank(worker_group):
         raise ConfigError("worker_group", f"{worker_group!r} is not a process group holding this rank; allowed: "
                                           "the group of this rank's worker (dist.new_subgroups or dist.new_group)")
+    leader = dist.get_global_rank(worker_group, 0)
     every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
     dist.all_gather(every, torch.tensor([leader], dtype=torch.int64))
     leaders = sorted({int(t[0]) for t in every})
@@ -455,13 +459,8 @@ class Merger:
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
             group, self._follower, self._leader, n_workers = _leaders(worker_group, group)
-        elif group is not None:  # (a string read "AttributeError: 'str' object has no attribute 'size'")
-            try:
-                inside = dist.get_rank(group) >= 0
-            except (RuntimeError, ValueError, AttributeError, TypeError):
-                inside = False
-            if not inside:
-                raise ConfigError("group", f"{group!r} is not a process group holding this rank; allowed: None (the "
+        elif group is not None and not _holds_this_rank(group):  # (a string read "AttributeError: 'str' object ...")
+            raise ConfigError("group", f"{group!r} is not a process group holding this rank; allowed: None (the "
                                            "world), or a group from dist.new_group that holds it")
         self.group = group
         if self._follower:

@@ -195,6 +195,22 @@ def policies(folder, names):
     return [a for n in names for a in ("--policy", folder / f"{n}.json")]
 
 
+def lockstep_run_of(tmp_path: Path, data_dir, study_text: str, names: list[str], pols: dict):
+    """A study of the user's MLP file (``study_text``) with the policies ``names`` (from ``pols``) in a folder of
+    its own, the loop run on them lockstep on 4 ranks (every rank checked to end well): its output folder, and the
+    engine's setup of the same study."""
+    d = tmp_path / "study"
+    d.mkdir()
+    (d / "user_mlp.py").write_text(USER_MLP)
+    (d / "study.toml").write_text(study_text)
+    for name in names:
+        (d / f"{name}.json").write_text(json.dumps(pols[name]))
+    out = tmp_path / "out"
+    ranks = launch(d, data_dir, out, *policies(d, names), "--overlap", "lockstep")
+    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
+    return out, simulate.prepare(study_mod.load(d / "study.toml"), data_dir=data_dir)
+
+
 def result(out: Path, i: int, rank: int = 0) -> dict:
     return torch.load(out / f"result-{i}-{rank}.pt", weights_only=False)
 
@@ -358,20 +374,11 @@ def test_merger_averages_the_optimizers_state_as_the_engine(folder, data_dir, tm
     with the parameters' weights (per coordinate under adaptive weighting; Adam's step counts by the move) in gossip
     and all-reduce, lockstep: the consensus is the engine's; and it differs from keeping the state (the test can
     fail)."""
-    d = tmp_path / "study"
-    d.mkdir()
-    (d / "user_mlp.py").write_text(USER_MLP)
     run = "optimizer = \"sgd\"\nmomentum = 0.9" if optimizer == "sgd" else "optimizer = \"adamw\"\nweight_decay = 0.01"
-    (d / "study.toml").write_text(STUDY.replace("lr = 0.1", "lr = 0.05\n" + run if optimizer == "sgd" else
-                                                "lr = 0.003\n" + run))
     names = list(STATE_POLICIES) + ["ring-state-keep"]
     pols = dict(STATE_POLICIES, **{"ring-state-keep": dict(STATE_POLICIES["ring-state"], optimizer_state="keep")})
-    for name in names:
-        (d / f"{name}.json").write_text(json.dumps(pols[name]))
-    out = tmp_path / "out"
-    ranks = launch(d, data_dir, out, *policies(d, names), "--overlap", "lockstep")
-    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
-    st = simulate.prepare(study_mod.load(d / "study.toml"), data_dir=data_dir)
+    out, st = lockstep_run_of(tmp_path, data_dir, STUDY.replace("lr = 0.1", "lr = 0.05\n" + run if optimizer == "sgd"
+                                                                else "lr = 0.003\n" + run), names, pols)
     for i, name in enumerate(names):
         got = result(out, i)["consensus"]
         res = simulate.simulate(st, MergePolicy.from_dict(pols[name]), 0, device=DEVICE, keep_params=True)
@@ -392,17 +399,9 @@ def test_a_model_with_batchnorm_merges_its_buffers_and_sums_its_counters_as_the_
     num_batches_tracked is summed, as the engine sums its rows' (gossip crashed: `result type Float can't be cast to
     the desired output type long int`; a scaled-sign all-reduce of deltas sent the counter compressed and left it
     at 0)."""
-    d = tmp_path / "study"
-    d.mkdir()
-    (d / "user_mlp.py").write_text(USER_MLP)
-    (d / "study.toml").write_text(STUDY.replace('factory = "user_mlp:mlp"', 'factory = "user_mlp:bn_mlp"'))
     names = ["ring-push-pull", "fedavg", "complete-push-delta-examples", "allreduce-sign", "fedavg-topk-delta"]
-    for name in names:
-        (d / f"{name}.json").write_text(json.dumps(POLICIES[name]))
-    out = tmp_path / "out"
-    ranks = launch(d, data_dir, out, *policies(d, names), "--overlap", "lockstep")
-    assert all(r.returncode == 0 for r in ranks), [r.stderr[-2000:] for r in ranks]
-    st = simulate.prepare(study_mod.load(d / "study.toml"), data_dir=data_dir)
+    out, st = lockstep_run_of(tmp_path, data_dir, STUDY.replace('factory = "user_mlp:mlp"', 'factory = "user_mlp:bn_mlp"'),
+                              names, POLICIES)
     at = dict(zip([name for name, _ in st.model.layout], st.model.offsets))["2.num_batches_tracked"][0]
     for i, name in enumerate(names):
         res = simulate.simulate(st, MergePolicy.from_dict(POLICIES[name]), 0, device=DEVICE, keep_params=True)

@@ -51,6 +51,8 @@ class Workers:
         # and a read back); a weighted average takes them to the parameters' device (ops.weighted_average)
         self.examples = torch.zeros(workers, dtype=torch.float64)
         self.base = self.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
+        # the blocks a delta payload leaves out (counters, buffers kept local): once per run, not per send
+        self.unsent = kernel.unsent(kernel.block_rules(model, policy.buffers), model.offsets)
         self.merge_change = self.params.like()  # what merges and swaps changed in this round
         self.model_at = np.arange(self.W)  # swaps move models between workers
         # payload "gradient": a local step leaves its gradient for the all-reduce, which updates (error feedback kept)
@@ -96,6 +98,7 @@ class Workers:
             st.accum = None
         st.examples = torch.zeros(run.workers, dtype=torch.float64)  # on the host, as in __init__
         st.base = st.params.clone() if registry.PAYLOADS.get_object(policy.payload).public and public else None
+        st.unsent = kernel.unsent(kernel.block_rules(self.params.model, policy.buffers), self.params.model.offsets)
         st.model_at = np.arange(st.W)
         st.outer = kernel.outer_for(policy, self.params.model, lambda: st.params.row(0),  # members start equal
                                     st.params.rows)

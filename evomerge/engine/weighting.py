@@ -134,12 +134,10 @@ class Delta(Payload):
     def outgoing(self, st, policy, seed, workers, events, side):
         out = []
         sides = side if isinstance(side, (list, tuple)) else [side] * len(workers)
-        model = st.params.model
-        skip = kernel.unsent(kernel.block_rules(model, policy.buffers), model.offsets)
         for w, ev, sd in zip(workers.tolist(), events.tolist(), sides):
             base = st.base.row(w)
             gen = plan_mod.quant_generator(seed, ev, sd) if policy.quantize_bits else None
-            sent = ops.compress(kernel.delta_to_send(st.params.row(w), base, skip), policy.topk_fraction,
+            sent = ops.compress(kernel.delta_to_send(st.params.row(w), base, st.unsent), policy.topk_fraction,
                                 policy.quantize_bits, gen)
             public = ops.apply_delta(base, sent)
             st.base.set_row(w, public)

@@ -633,13 +633,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         section("top", "Top trials", "", table=_top_table(study, best, runs, exp_id, tracking_uri))
 
     # the command that fills this study's store (it named the study alone, which searches ./runs: another store)
-    search_command = f"evomerge search --study {study.path or study.name}"
-    if storage_url.startswith("sqlite:///") and storage_url.endswith(f"/{study.name}/optuna.db"):
-        runs_dir = Path(storage_url[len("sqlite:///"):]).parent.parent  # the default: RUNS_DIR/STUDY/optuna.db
-        if runs_dir.resolve() != Path("runs").resolve():
-            search_command += f" --runs-dir {runs_dir}"
-    else:
-        search_command += f" --storage {shown(storage_url)}"
+    search_command = _command_for("search", study, storage_url, "optuna.db", "--storage")
     page = render(study=study, summary=summary_line, storage=shown(storage_url), tracking=shown(tracking_uri), version=__version__,
                   search_command=search_command,
                   when=time.strftime("%Y-%m-%d %H:%M"), notes=notes, sections=sections,
@@ -702,6 +696,20 @@ def verdict_html(verdict: dict[str, Any], extra_notes: list[str] = ()) -> str:
     return f'<ul class="verdict">{"".join(items)}</ul><ul class="notes">{notes}</ul>'
 
 
+def _command_for(name: str, study: Study, url: str, default_file: str, flag: str) -> str:
+    """``evomerge NAME --study ...`` on the store at ``url``: ``--runs-dir`` where it is the default file of another
+    runs folder (RUNS_DIR/STUDY/``default_file``), else ``flag`` and the address (a password hidden). Without it
+    the command opened the default store, another one (empty)."""
+    command = f"evomerge {name} --study {study.path or study.name}"
+    if url.startswith("sqlite:///") and url.endswith(f"/{study.name}/{default_file}"):
+        runs_dir = Path(url[len("sqlite:///"):]).parent.parent
+        if runs_dir.resolve() != Path("runs").resolve():
+            command += f" --runs-dir {runs_dir}"
+    else:
+        command += f" {flag} {shown(url)}"
+    return command
+
+
 def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> dict[str, Any]:
     """The top trials for the template: values, status (``diverged`` or ``ok``), policy, MLflow run (a link
     for an HTTP store; for the default local store, how to open it)."""
@@ -722,14 +730,6 @@ def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tra
             "run_id": rid,
             "run_url": run_url(tracking_uri, exp_id, rid) if rid and http and exp_id else None,
         })
-    command = None
-    if not http and runs:
-        command = f"evomerge ui --study {study.path or study.name}"
-        if tracking_uri.startswith("sqlite:///") and tracking_uri.endswith(f"/{study.name}/mlflow.db"):
-            runs_dir = Path(tracking_uri[len("sqlite:///"):]).parent.parent  # the default: RUNS_DIR/STUDY/mlflow.db
-            if runs_dir.resolve() != Path("runs").resolve():
-                command += f" --runs-dir {runs_dir}"
-        else:  # a store of the user's choosing (it opened the default one, empty; a password stays hidden)
-            command += f" --tracking-uri {shown(tracking_uri)}"
+    command = _command_for("ui", study, tracking_uri, "mlflow.db", "--tracking-uri") if not http and runs else None
     return {"head": [OBJECTIVES_LABEL.get(o, o) for o in study.objectives], "rows": rows, "ui_command": command,
             "runs_path": f"/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"}
