@@ -156,6 +156,15 @@ def test_the_dashboards_ui_command_opens_the_store_the_study_is_tracked_in(tmp_p
                 "--tracking-uri", store, cwd=tmp_path, data_dir=data_dir)
     said = again.stdout + again.stderr
     assert again.returncode == 0 and "1 trials already finished, 1 asked: none to run" in said and "verdict: " in said, said
+    # nothing ran: the verdict went to the search run that ran the trial, and no empty search run was added
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    searches = [r for r in runs if r.info.run_name.startswith("search-")]
+    assert len(searches) == 1 and searches[0].data.tags.get("evomerge.verdict"), [r.info.run_name for r in runs]
+    assert searches[0].info.status == "FINISHED" and searches[0].data.tags["evomerge.best_trial"] == "0"
+    assert [r.data.tags["mlflow.parentRunId"] for r in runs if r.info.run_name == "trial-0"] == [searches[0].info.run_id]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.Popen([sys.executable, "-m", "evomerge.cli", *command.split()[1:], "--port", str(port)],

@@ -290,7 +290,7 @@ class Tracker:
         if study is not None:
             tags[VIEW_TAG] = json.dumps(review_view(study))
             tags["mlflow.note.content"] = (study.description or f"evomerge study {study.name}") + (
-                "\n\nOne parent run per `evomerge search`, one nested run per trial. Objectives: "
+                "\n\nOne parent run per `evomerge search` that runs trials, one nested run per trial. Objectives: "
                 + ", ".join(f"`{objective_metric(o)}` ({d})" for o, d in zip(study.objectives, study.directions)) + ".")
         if exp is None:
             location = artifact_dir.resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
@@ -301,6 +301,7 @@ class Tracker:
                 if exp.tags.get(k) != v:
                     self.client.set_experiment_tag(self.experiment_id, k, v)
         self.parent_id: str | None = None
+        self._reopened: str | None = None  # the status of a parent run taken up again (reopen_parent)
         self._datasets = study_datasets(study) if study is not None else []
 
     def _source_tags(self) -> dict[str, str]:
@@ -316,12 +317,31 @@ class Tracker:
             self.client.log_inputs(self.parent_id, datasets=self._datasets)
         return self.parent_id
 
+    def reopen_parent(self) -> str | None:
+        """The study's latest search run, taken up again as the parent (a search with no trial left to run adds
+        no run of its own, only its verdict); None when there is none, or it is still running (another process's
+        search)."""
+        found = self.client.search_runs(
+            [self.experiment_id], filter_string="attributes.run_name LIKE 'search-%'", max_results=1,
+            order_by=["attributes.start_time DESC"])
+        if not found or found[0].data.tags.get("mlflow.parentRunId") or found[0].info.status == "RUNNING":
+            return None
+        self.parent_id, self._reopened = found[0].info.run_id, found[0].info.status
+        return self.parent_id
+
+    def logged_best(self) -> str | None:
+        """The trial number the parent run says is the best (its tag), or None."""
+        if self.parent_id is None:
+            return None
+        return self.client.get_run(self.parent_id).data.tags.get("evomerge.best_trial")
+
     def end_parent(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
         if self.parent_id is None:
             return
         if metrics:
             self._metrics(self.parent_id, {k: v for k, v in metrics.items() if v is not None})
-        self.client.set_terminated(self.parent_id, status=status)
+        # a parent taken up again keeps the status its own search ended with
+        self.client.set_terminated(self.parent_id, status=self._reopened or status)
 
     def describe_parent(self, markdown: str, headline: str) -> None:
         """The search's verdict as the parent run's description (what the MLflow UI shows on the run's page) and

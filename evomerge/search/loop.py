@@ -320,7 +320,11 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         warm = warmstart.apply(cfg, ostudy)
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
-    parent = tracker.start_parent(
+    finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)
+    # nothing left to run: the study's last search run is taken up again (its best and verdict), not a new empty one
+    parent = tracker.reopen_parent() if finished >= cfg.n_trials else None
+    reopened = parent is not None
+    parent = parent or tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
         {"sampler": cfg.sampler, "pruner": cfg.pruner if cfg.prune else "none", "n_trials": cfg.n_trials,
          "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": shown(cfg.storage),
@@ -375,10 +379,12 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         best_value = result.best[0]["values"][0] if result.best else None
         tracker.end_parent(status, {"best_" + cfg.study.objectives[0]: best_value,
                                     "trials_complete": result.counts.get("COMPLETE", 0)})
-        if result.best and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
+        best = result.best[0] if result.best else None
+        if reopened and best is not None and tracker.logged_best() == str(best["number"]):
+            best = None  # the run taken up again holds this best already
+        if best is not None and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
             from .consensus import consensus
 
-            best = result.best[0]
             tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
         if stop is not None and stop.signum is not None:  # a signal lost while the best was logged: no verdict
