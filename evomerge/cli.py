@@ -80,7 +80,13 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
     if extra[0] == "--":
         return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
-    hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
+    # a flag of other commands (baselines --runs-dir) is theirs, not a misspelling of one of this command's
+    others = [p.prog.split(" ", 1)[1] for k, p in commands(parser)
+              if p is not sub and any(flag in a.option_strings for a in p._actions)]
+    if flag.startswith("--") and others:
+        hint = f"{flag} is for evomerge {', '.join(others)}; see {sub.prog} --help"
+    else:
+        hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
     return f"{flag}: {sub.prog} does not take it ({' '.join(shown(x) for x in extra)}); {hint}"
 
 

@@ -280,6 +280,10 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
     (["--bogus", "search", "--study", "mnist-gossip"], "error: --bogus: evomerge does not take it (--bogus); see "
                                                         "evomerge --help"),
+    # another command's flag is not taken for a misspelling of this one's (said "did you mean --data-dir?")
+    (["baselines", "--study", "mnist-gossip", "--runs-dir", "r"],
+     "error: --runs-dir: evomerge baselines does not take it (--runs-dir r); --runs-dir is for evomerge search, "
+     "transfer, status, export, dashboard, ui, run; see evomerge baselines --help"),
     (["search", "--study", "mnist-gossip", "--", "--n-trials", "3"],
      "error: --: evomerge search takes no arguments after it (-- --n-trials 3); see evomerge search --help"),
     ([], "error: command: required; see evomerge --help"),
