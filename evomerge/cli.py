@@ -183,9 +183,10 @@ def add_export(sub):
     p.add_argument("--trial", type=int, default=None, metavar="N",
                    help="write trial N's policy (a complete trial, by its number in the dashboard or MLflow) instead "
                         "of the best (default: the best)")
-    p.add_argument("--tolerance", type=float, default=0.005,
-                   help="several objectives: the Pareto-optimal trials within this of the best first objective (in "
-                        "its unit) are candidates, and the best by the second is written (default: 0.005)")
+    p.add_argument("--tolerance", default=None, metavar="X or P%",
+                   help="several objectives: the Pareto-optimal trials within X of the best first objective (in its "
+                        "unit), or within P%% of it, are candidates, and the best by the second is written (default: "
+                        "0.005 for an accuracy, else 0.5%%)")
     p.add_argument("--limit", action="append", default=None, metavar="OBJECTIVE=VALUE",
                    help="only trials whose OBJECTIVE is at most VALUE (minimised) or at least VALUE (maximised), "
                         "e.g. --limit bytes=1e8; repeatable (default: none)")
@@ -900,8 +901,10 @@ def _export(args, study, url, out: Path) -> int:
         print(f"wrote {len(paths)} Pareto-optimal {'policy' if len(paths) == 1 else 'policies'} to {out}/"
               + (" (one objective: the best trial)" if len(study.objectives) == 1 else ""))
     else:
-        if args.tolerance < 0:
-            raise ConfigError("--tolerance", f"{args.tolerance} is out of range; allowed: [0, inf)")
+        if args.tolerance is not None:
+            from .search.results import read_tolerance
+
+            read_tolerance(args.tolerance)  # before the study is read
         limits = {}
         for item in args.limit or ():
             name, eq, value = item.partition("=")

@@ -309,3 +309,35 @@ def test_a_store_in_a_folder_whose_name_holds_a_hash_or_a_question_mark_is_read(
             assert _may_hold(f"sqlite:///{db}", "tiny") and not _may_hold(f"sqlite:///{db}", "other")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs#1", "runs?x=1"]  # no other file opened or made
 
+
+
+@pytest.mark.unit
+def test_exports_tolerance_is_half_a_point_of_accuracy_and_half_a_percent_of_anything_else():
+    """The export's pick among the Pareto set: a first objective in seconds was held to within 0.005 s of its
+    best (the default, half a point of accuracy, in every unit), so the trade-off was never taken. The default is
+    now 0.5% of the best where the first objective is not an accuracy; `2%` sets a relative tolerance; anything
+    else is one line naming --tolerance."""
+    from evomerge import study as study_mod
+    from evomerge.errors import ConfigError
+
+    def ostudy(directions, points):
+        o = optuna.create_study(directions=directions)
+        for v in points:
+            o.add_trial(optuna.trial.create_trial(values=list(v)))
+        return o
+
+    timed = study_mod.from_dict({"study": {"name": "t"}, "objectives": {"metrics": ["time_to_target", "bytes"],
+                                                                         "target": 0.9},
+                                 "environment": {"step_time": 0.1, "time_budget": 300}})
+    o = ostudy(["minimize", "minimize"], [(120.0, 5e9), (120.4, 1e8), (150.0, 1e6)])
+    pick, said = results.pick_one(o, timed)
+    assert pick["number"] == 1 and said == ("the best bytes among the Pareto-optimal trials within 0.5% (0.6) of the "
+                                            "best time_to_target"), said
+    assert results.pick_one(o, timed, "0.005")[0]["number"] == 0  # in seconds, as given
+    assert results.pick_one(o, timed, "30%")[0]["number"] == 2
+    acc = study_mod.from_dict({"study": {"name": "a"}, "objectives": {"metrics": ["val_accuracy", "bytes"]}})
+    o = ostudy(["maximize", "minimize"], [(0.950, 5e9), (0.946, 1e8), (0.94, 1e6)])
+    assert results.pick_one(o, acc)[0]["number"] == 1  # within half a point
+    for bad in ("-1", "x%", "nan", "inf"):
+        with pytest.raises(ConfigError, match=r"^--tolerance: .*allowed: a number >= 0 .*percentage"):
+            results.read_tolerance(bad)

@@ -56,7 +56,7 @@ def load_study_trials(study: Study, storage_url: str):
     return load_study(study, storage_url)
 
 
-def export_best(study: Study, storage_url: str, out: Path, tolerance: float = 0.005,
+def export_best(study: Study, storage_url: str, out: Path, tolerance: float | str | None = None,
                 limits: dict[str, float] | None = None) -> dict:
     """The one policy :func:`evomerge.search.results.pick_one` picks (its rule in words under ``picked_by``)."""
     from ..search.results import pick_one

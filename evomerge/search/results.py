@@ -220,13 +220,34 @@ def best_trials(ostudy, study: Study, n: int = 5) -> list[dict]:
     return [trial_summary(t, study) for t in ranked]
 
 
-def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, float] | None = None):
+#: objectives that are fractions (accuracies): an absolute --tolerance of half a point; others: a relative one
+FRACTIONS = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
+
+
+def read_tolerance(text: str) -> tuple[float, bool]:
+    """``--tolerance``: ``0.005`` (in the first objective's unit) or ``2%`` (of its best value): (value, relative).
+    A ConfigError naming ``--tolerance`` for anything else."""
+    from ..errors import ConfigError
+
+    t = str(text).strip()
+    relative = t.endswith("%")
+    try:
+        v = float(t[:-1] if relative else t)
+    except ValueError:
+        v = float("nan")
+    if not (v >= 0 and math.isfinite(v)):
+        raise ConfigError("--tolerance", f"{text!r}; allowed: a number >= 0 in the first objective's unit (0.005), "
+                                         "or a percentage of its best value (2%)")
+    return (v / 100, True) if relative else (v, False)
+
+
+def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits: dict[str, float] | None = None):
     """One policy of a study (what ``evomerge export`` writes), and the rule that picked it, in words.
 
     One objective: the best trial that meets every limit in ``limits`` (objective -> value: at most it for a
     minimised objective, at least for a maximised one). Several: among the Pareto set, the trials that meet every
-    limit; of those, the ones within ``tolerance`` of the best first objective (in its own unit: 0.005 is half a
-    point of accuracy); of those, the best by the second objective (then the third). A limit or tolerance that no
+    limit; of those, the ones within ``tolerance`` of the best first objective (a number: in its own unit, 0.005
+    is half a point of accuracy; ``"2%"``: of its best value; None: 0.005 for an accuracy, else 0.5%); of those, the best by the second objective (then the third). A limit or tolerance that no
     trial meets raises a ConfigError naming ``--limit`` (None: no trial at all)."""
     from ..errors import ConfigError
 
@@ -253,9 +274,14 @@ def pick_one(ostudy, study: Study, tolerance: float = 0.005, limits: dict[str, f
         return trial_summary(pick, study), f"the best {names[0]}{limited}"
     sign = [1 if d == "minimize" else -1 for d in dirs]
     best0 = min(sign[0] * t.values[0] for t in front)
-    close = [t for t in front if sign[0] * t.values[0] <= best0 + tolerance]
+    if tolerance is None:  # half a point of an accuracy; 0.5% of a time, a loss, a perplexity or a byte count
+        tolerance = "0.005" if names[0] in FRACTIONS else "0.5%"
+    value, relative = read_tolerance(tolerance)
+    width = value * abs(best0) if relative else value
+    close = [t for t in front if sign[0] * t.values[0] <= best0 + width]
     pick = min(close, key=lambda t: tuple(sign[k] * t.values[k] for k in range(1, len(names))) + (t.number,))
-    said = f"the best {names[1]} among the Pareto-optimal trials within {tolerance:g} of the best {names[0]}{limited}"
+    within = f"{value * 100:g}% ({width:.4g})" if relative else f"{value:g}"
+    said = f"the best {names[1]} among the Pareto-optimal trials within {within} of the best {names[0]}{limited}"
     return trial_summary(pick, study), said
 
 
