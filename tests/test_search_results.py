@@ -341,3 +341,24 @@ def test_exports_tolerance_is_half_a_point_of_accuracy_and_half_a_percent_of_any
     for bad in ("-1", "x%", "nan", "inf"):
         with pytest.raises(ConfigError, match=r"^--tolerance: .*allowed: a number >= 0 .*percentage"):
             results.read_tolerance(bad)
+
+
+@pytest.mark.system
+def test_status_says_under_the_verdict_that_it_was_judged_on_fewer_trials(tmp_path, data_dir):
+    """A verdict stored by a search of 1 trial, then a search that added one without its verdict: status shows the
+    stored verdict with the note that it is older than the trials, right under its headline (it came after every
+    line and note, where it read as an afterthought to a verdict of today)."""
+    f = write_study(tmp_path)
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--reevaluate", "0", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "verdict: " in p.stdout, p.stderr
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert "verdict: " in p.stdout and "judged when" not in p.stdout, p.stdout
+    p = cli("search", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--no-verdict", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    lines = p.stdout.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("verdict: "))
+    assert lines[at + 1] == ("note: judged when the study held 1 complete trial; it holds 2 now (a search that ends "
+                             "judges again)"), lines[at:]

@@ -355,7 +355,7 @@ def stale_note(verdict: dict[str, Any], complete: int | None) -> str | None:
     then = verdict.get("complete")
     if complete is None or then is None or then == complete:
         return None
-    return (f"judged when the study held {then} complete trials; it holds {complete} now (a search that ends "
+    return (f"judged when the study held {then} complete trial{'s' * (then != 1)}; it holds {complete} now (a search that ends "
             "judges again)")
 
 
@@ -365,8 +365,10 @@ def render(verdict: dict[str, Any], console, complete: int | None = None) -> Non
     from rich.markup import escape
 
     console.print(f"[bold]verdict:[/bold] {escape(verdict['headline'])}")
+    stale = stale_note(verdict, complete)
+    if stale:  # under the headline it qualifies, not after the lines (which read as today's)
+        console.print(f"[yellow]note: {escape(stale)}[/yellow]", highlight=False)
     for line in verdict["lines"]:
         console.print(escape(line), highlight=False)
-    stale = stale_note(verdict, complete)
-    for n in verdict["notes"] + ([stale] if stale else []):
+    for n in verdict["notes"]:
         console.print(f"[dim]note: {escape(n)}[/dim]", highlight=False)
