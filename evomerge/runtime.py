@@ -85,6 +85,8 @@ REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload,
 STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done, LEFT
 LEFT = 2.0  # the stop message of a rank whose process is ending without finish() or close() (_leave_at_exit)
 EARLY = 10.0  # EARLY + t: the stop message of a rank that calls finish() after t < total_steps steps (_end_early)
+WORKER_STOPPED = -1.0  # the flag a worker's leader broadcasts to its other ranks when it stops; its line follows
+LINE_BYTES = 1024  # the longest stop line a leader sends its worker's other ranks (UTF-8)
 EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
 MAX_TIMEOUT = 1e6  # seconds (11 days): a thread's join takes no more than the platform's time_t from now
 EVERY_STEP = ("under this policy every rank calls step() as many times (total_steps), since each merge waits for "
@@ -653,7 +655,7 @@ class Merger:
         if self._follower:
             self.t += 1
         else:
-            self._step(loss, examples)
+            self._leading(self._step, loss, examples)
         if self.worker_group is not None:
             self._sync_worker()
 
@@ -722,6 +724,9 @@ class Merger:
         if self._follower:
             self._sync_worker(force=True)
             return self.model
+        return self._leading(self._finish)
+
+    def _finish(self) -> torch.nn.Module:
         if self.t < self.T and self._waits_for_every_rank():
             self._end_early()
         self._drain(final=True)
@@ -765,12 +770,13 @@ class Merger:
             return
         for work in self._stop_out:
             _done_by(work, deadline)
-        others = [f"rank {r} after {int(v - EARLY)}" for r, v in sorted(told.items()) if v >= EARLY and v != EARLY + self.t]
+        others = [f"rank {self._ranks([r])} after {int(v - EARLY)}" for r, v in sorted(told.items())
+                  if v >= EARLY and v != EARLY + self.t]
         went_on = sorted(r for r, v in told.items() if v < EARLY)
         if went_on:
-            others.append(f"rank{'s' * (len(went_on) > 1)} {', '.join(map(str, went_on))} did not stop there")
+            others.append(f"rank{'s' * (len(went_on) > 1)} {self._ranks(went_on)} did not stop there")
         if missing:
-            others.append(f"rank{'s' * (len(missing) > 1)} {', '.join(map(str, sorted(missing)))} did not answer")
+            others.append(f"rank{'s' * (len(missing) > 1)} {self._ranks(missing)} did not answer")
         raise MergerError(f"this rank called finish() after {self.t} of {self.T} steps, {'; '.join(others)}: "
                           f"{EVERY_STEP}; stopped")
 
@@ -852,16 +858,46 @@ class Merger:
             self._sync_worker(force=True)
 
     # -- a worker of several ranks -------------------------------------------------------------------------
+    def _leading(self, call, *args):
+        """``call`` on a worker's leader: if the run stops there, the worker's other ranks, which wait for the
+        leader's flag, are told why (:meth:`_tell_worker`) before the leader raises."""
+        if self.worker_group is None:
+            return call(*args)
+        try:
+            return call(*args)
+        except (MergerError, ConfigError) as e:
+            self._tell_worker(str(e))
+            raise
+
+    def _tell_worker(self, line: str) -> None:
+        """The leader's stop to its worker's other ranks: the flag :data:`WORKER_STOPPED`, then its line."""
+        g, src = self.worker_group, self._leader
+        text = torch.zeros(LINE_BYTES, dtype=torch.uint8)
+        said = line.encode()[:LINE_BYTES]
+        text[:len(said)] = torch.frombuffer(bytearray(said), dtype=torch.uint8)
+        try:
+            flag = torch.tensor([WORKER_STOPPED], device=self.wire_dev)
+            self._in_worker(lambda: dist.broadcast(flag, src=src, group=g, async_op=True))
+            text = text.to(self.wire_dev)
+            self._in_worker(lambda: dist.broadcast(text, src=src, group=g, async_op=True))
+        except MergerError:  # they are gone too: the leader's own line stands
+            pass
+
     def _sync_worker(self, force: bool = False) -> None:
         """Inside this rank's worker: the leader says whether a merge changed its model since the last time (a
-        one-float flag; not with ``force``), and if so broadcasts it; the others take it (and reset their
-        optimiser's state where the policy resets the leader's on a merge). Within ``timeout``."""
+        one-float flag: 1 with ``force``; :data:`WORKER_STOPPED` when the leader stopped, its line after it), and if
+        so broadcasts it; the others take it (and reset their optimiser's state where the policy resets the
+        leader's on a merge). Within ``timeout``."""
         g, src = self.worker_group, self._leader
-        if not force:
-            flag = torch.tensor([float(self._version != self._synced)], device=self.wire_dev)
-            self._in_worker(lambda: dist.broadcast(flag, src=src, group=g, async_op=True))
-            if not flag.item():
-                return
+        flag = torch.tensor([float(force or self._version != self._synced)], device=self.wire_dev)
+        self._in_worker(lambda: dist.broadcast(flag, src=src, group=g, async_op=True))
+        if flag.item() == WORKER_STOPPED:
+            text = torch.zeros(LINE_BYTES, dtype=torch.uint8, device=self.wire_dev)
+            self._in_worker(lambda: dist.broadcast(text, src=src, group=g, async_op=True))
+            line = bytes(text.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+            raise MergerError(f"rank {src}, this worker's leader, stopped: {line}")
+        if not flag.item():
+            return
         self._synced = self._version
         flat = self._flat().to(self.wire_dev)
         self._in_worker(lambda: dist.broadcast(flat, src=src, group=g, async_op=True))
@@ -1189,6 +1225,12 @@ class Merger:
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.group, r) if self.group is not None else r
 
+    def _ranks(self, rs) -> str:
+        """Ranks ``rs`` of the merges' group as a line names them: their global ranks (torchrun's), and with
+        ``worker_group`` the worker each leads (``2 (worker 1)``)."""
+        return ", ".join(f"{self._global(r)}{f' (worker {r})' if self.worker_group is not None else ''}"
+                         for r in sorted(rs)) or "?"
+
     def _send(self, ev: int, kind: int, winner: int | None = None) -> None:
         """This rank's message of ``(ev, kind)`` to where it goes (:meth:`_dests`)."""
         buf = self._payload(ev, kind, winner)
@@ -1313,12 +1355,12 @@ class Merger:
         # named by the others' roll calls
         for work in self._stop_out:
             _done_by(work, deadline)
-        who = ", ".join(str(r) for r in sorted(missing | left)) or "?"
+        who = self._ranks(missing | left)
         place = where if isinstance(where, str) else f"merge event {where}"
         early = {r: int(float(buf[0]) - EARLY) for r, (work, buf) in self._stop_in.items()
                  if r not in missing and float(buf[0]) >= EARLY}
         if early and not missing:  # a rank's loader ran out first: it called finish() (_end_early)
-            said = ", ".join(f"rank {r} called finish() after {n}" for r, n in sorted(early.items()))
+            said = ", ".join(f"rank {self._ranks([r])} called finish() after {n}" for r, n in sorted(early.items()))
             return MergerError(f"{said} of {self.T} steps, and this rank is at local step {self.t}"
                                f"{f' ({place})' if place else ''}: {EVERY_STEP}; stopped")
         place = f"{place}, local step {self.t}" if place else f"local step {self.t}"

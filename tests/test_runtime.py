@@ -687,6 +687,25 @@ def test_a_killed_rank_ends_every_other_rank_with_one_line_naming_it(folder, dat
 
 
 @pytest.mark.system
+def test_a_killed_leader_of_a_worker_of_two_ranks_is_named_by_its_rank_and_worker_everywhere(folder, data_dir, tmp_path):
+    """4 ranks as 2 workers of 2 (Merger(worker_group=...)); rank 2, worker 1's leader, is killed. Rank 0 named
+    "rank 1" (worker 1's rank among the leaders; rank 1 was alive), and rank 1, waiting for its leader, said that
+    a rank of its own worker was gone. Now the one line names rank 2 and its worker, and rank 0's line reaches
+    rank 1 from its leader."""
+    t0 = time.time()
+    ranks = launch(folder, data_dir, tmp_path, *policies(folder, ["fedavg"]), "--overlap", "lockstep", "--step-sleep",
+                   0.01, "--die-rank", 2, "--die-at", 10, "--timeout", 5, "--worker-size", 2, timeout=120,
+                   env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    assert time.time() - t0 < 60
+    assert ranks[2].returncode == -9
+    lines = {r: [ln for ln in ranks[r].stderr.splitlines() if ln.strip()] for r in (0, 1)}
+    assert [ranks[r].returncode for r in (0, 1)] == [1, 1], lines
+    said = re.fullmatch(r"error: (rank 2 \(worker 1\) did not answer \(local step \d+\); stopped)", lines[0][0])
+    assert len(lines[0]) == 1 and said, lines[0]
+    assert lines[1] == [f"error: rank 0, this worker's leader, stopped: {said[1]}"], lines[1]
+
+
+@pytest.mark.system
 def test_merger_resumes_from_its_state_dict_as_if_never_stopped(folder, data_dir, setup, tmp_path):
     names = ["ring-winner", "complete-push-examples", "streaming-diloco", "complete-push-delta-examples",
              "async-diloco"]  # at 17 a fragment is in flight; the delta payload's public copies and message numbers
