@@ -1120,7 +1120,24 @@ def cmd_baselines(args) -> int:
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
-    results = [(name, _run_with_progress(run_fn, setup, pol, seed, args.device, args.quiet, name)) for name, pol in policies]
+    lrs, setups = {}, {None: setup}
+    if study.baseline_lr:  # [baselines] lr: each baseline at its best step size, found on the study's seeds
+        from .search.baselines import tuned_lrs
+
+        def announce(runs: int, tuning: bool = True) -> None:
+            print(f"tuning: each baseline's step size of lr {list(study.baseline_lr)} on the study's seeds "
+                  f"{list(study.run.seeds)}, {runs} runs in process", file=sys.stderr)
+
+        lrs = tuned_lrs(study, data=setup.data, data_dir=args.data_dir, device=args.device, announce=announce,
+                        setups=setups)
+
+    def setup_at(name):
+        from .search.baselines import lr_setup
+
+        return lr_setup(study, lrs.get(name), setups, data=setup.data)
+
+    results = [(name, _run_with_progress(run_fn, setup_at(name), pol, seed, args.device, args.quiet, name))
+               for name, pol in policies]
     from rich.table import Table
 
     budget = (f"{study.environment.time_budget:g} simulated s" if study.environment and study.environment.time_budget
@@ -1128,7 +1145,8 @@ def cmd_baselines(args) -> int:
     t = Table(title=f"{study.name}: baselines (seed {seed}, {budget}, {study.run.workers} workers)")
     timed = study.environment is not None
     acc = setup.model.task.classification  # a regression's table has no accuracy columns (own-model.md)
-    cols = ["policy", "status", *(["val acc", "mean worker", "worst worker"] if acc else []), "val loss"]
+    cols = ["policy", *(["lr (its best)"] if lrs else []), "status",
+            *(["val acc", "mean worker", "worst worker"] if acc else []), "val loss"]
     lm = any(r.final.val_perplexity is not None for _, r in results)
     cols += (["val ppl"] if lm else []) + ["consensus dist", "bytes", "merges"]
     if timed:
@@ -1140,7 +1158,7 @@ def cmd_baselines(args) -> int:
                      no_wrap=col == "policy")
     for name, r in results:
         f = r.final
-        row = [name, r.status,
+        row = [name, *([f"{lrs[name]:g}"] if lrs else []), r.status,
                *([_num(f.val_accuracy), _num(f.mean_worker_accuracy), _num(f.worst_worker_accuracy)] if acc else []),
                _num(f.val_loss), *([_num(f.val_perplexity, ".3f")] if lm else []),
                f"{f.consensus_distance:.3g}", _mb(f.bytes), f"{f.merges}"]
@@ -1153,7 +1171,8 @@ def cmd_baselines(args) -> int:
     _console().print(t)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "seed": seed,
-                                                   "baselines": {n: r.to_dict() for n, r in results}}, indent=2))
+                                               "baselines": {n: r.to_dict() | ({"lr": lrs[n]} if lrs else {})
+                                                             for n, r in results}}, indent=2))
     return 0 if all(r.status == "ok" for _, r in results) else 1
 
 

@@ -391,6 +391,15 @@ class _Objectives:
 @settings.model("study.baselines")
 class _Baselines:
     policies: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
+    # the step sizes each baseline is tried at on the study's seeds; it is compared at its best (empty: run.lr)
+    lr: Annotated[tuple[float, ...], Seq] = ()
+
+    @model_validator(mode="after")
+    def _step_sizes(self) -> "_Baselines":
+        if any(not v > 0 for v in self.lr) or len(set(self.lr)) != len(self.lr):
+            raise ConfigError("study.baselines.lr", f"{list(self.lr)}; allowed: distinct step sizes > 0, e.g. "
+                                                    "[0.025, 0.05, 0.1, 0.2] (each baseline runs at its best)")
+        return self
 
 
 @settings.model("study")
@@ -407,6 +416,7 @@ class Study:
     target: float | None = None  # [objectives] target: the value of target_metric time_to_target waits for
     target_metric: str = "val_accuracy"  # [objectives] target_metric (minimised metrics: reached at or below)
     baselines: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
+    baseline_lr: Annotated[tuple[float, ...], Seq] = ()  # [baselines] lr: the step sizes each baseline is tuned over
     path: Path | None = None
     # what loading changed so that every point of the space can run on these workers (see fit_to_workers)
     notes: Annotated[tuple[str, ...], Seq] = ()
@@ -697,11 +707,12 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
         env, measured, calibrated = _environment(_table(raw, "environment"), r, path.parent if path else None,
                                                  calibrating)
         notes += measured
-    baselines = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines").policies
+    bases = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines")
+    baselines = bases.policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
                   target_metric=obj.target_metric,
-                  baselines=baselines, path=path, notes=notes, calibrated_model=calibrated)
+                  baselines=baselines, baseline_lr=bases.lr, path=path, notes=notes, calibrated_model=calibrated)
     for ref in study.baselines:  # found now, not after the search's trials have run
         pol = study.resolve_policy(ref, where="study.baselines.policies")
         if pol.scheme == "async" and env is None:

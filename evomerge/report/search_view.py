@@ -59,7 +59,8 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
         spread = r.get(f"{study.objectives[0]}_std")
         name = r["name"] + (f" ({DIVERGED})" if r.get(RUN_STATUS) == DIVERGED else "")
         t.add_row(f"[dim]{name}[/dim]", *[_fmt(study, o, v) for o, v in zip(study.objectives, r["values"])],
-                  f"{spread:.4f}" if spread is not None else "-", "[dim]baseline[/dim]")
+                  f"{spread:.4f}" if spread is not None else "-",
+                  f"[dim]baseline{f' (lr {lr:g}, its best)' if (lr := r.get('lr')) is not None else ''}[/dim]")
     return t
 
 
@@ -125,7 +126,9 @@ class SearchView:
         elif kind == "verdict":
             n = info["reevaluate"]
             study = cfg.study
-            self.err.print(f"judging: the picks and {len(study.baselines)} baselines on "
+            tune = (f"each baseline's step size of lr {list(study.baseline_lr)} on the study's seeds, then "
+                    if study.baseline_lr else "")
+            self.err.print(f"judging: {tune}the picks and {len(study.baselines)} baselines on "
                            + (f"{n} fresh seed{'s' if n > 1 else ''} (runs already made are reused)" if n else
                               "the search's own seeds"), highlight=False)
         elif kind == "trial":
@@ -163,9 +166,10 @@ class SearchView:
             return
         baselines = []
         if not result.interrupted:
-            def announce(runs: int) -> None:
-                self.err.print(f"baselines: {len(study.baselines)} on the study's seeds {list(study.run.seeds)} for "
-                               f"the table, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
+            def announce(runs: int, tuning: bool = False) -> None:
+                what = (f"each one's step size of lr {list(study.baseline_lr)}" if tuning else "for the table")
+                self.err.print(f"baselines: {len(study.baselines)} on the study's seeds {list(study.run.seeds)} "
+                               f"{what}, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
                                highlight=False)
 
             baselines = baseline_rows(study, data=result.data, data_dir=data_dir, device=self.cfg.device,

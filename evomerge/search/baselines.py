@@ -16,6 +16,63 @@ def fresh_seeds(study: Study, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
+def _key(study: Study, policies, kind: str, seeds, extra=None) -> str:
+    """The user attribute under which runs of ``policies`` on ``seeds`` are kept: what they depend on (the study's
+    fingerprint, its target, the policies, ``extra``), hashed."""
+    import hashlib
+    import json
+
+    from . import fingerprint
+
+    what = json.dumps([fingerprint.of(study)["hash"], study.target, [(n, p.to_dict()) for n, p in policies],
+                       *([extra] if extra is not None else [])], sort_keys=True)
+    return f"{kind}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds))
+
+
+def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study=None, announce=None,
+              setups: dict | None = None) -> dict[str, float]:
+    """Each baseline's step size: of the study's ``[baselines] lr``, the one whose runs on the study's own seeds
+    have the best first objective (mean over seeds; the first listed of equals). ``{}`` when the study lists none
+    (every baseline runs at ``run.lr``). Kept in the Optuna study's user attributes. ``setups``: the engine's
+    setups by step size, filled and reused."""
+    if not study.baseline_lr:
+        return {}
+    seeds = list(study.run.seeds)
+    policies = [(name, study.resolve_policy(name)) for name in study.baselines]
+    key = _key(study, policies, "baseline-lr-v1", seeds, list(study.baseline_lr))
+    if storage_study is not None and key in storage_study.user_attrs:
+        return storage_study.user_attrs[key]
+    from ..backends.inprocess import run
+
+    if announce is not None:
+        announce(len(policies) * len(study.baseline_lr) * len(seeds), tuning=True)
+    sign = 1.0 if study.directions[0] == "minimize" else -1.0
+    out = {}
+    for name, pol in policies:
+        scored = []
+        for lr in study.baseline_lr:
+            setup = lr_setup(study, lr, setups, data, data_dir)
+            finals = [run(setup, pol, s, device=device, curves=False).metrics() for s in seeds]
+            v = objective_values(study, finals)[0]
+            scored.append((sign * v if v == v else float("inf"), lr))  # NaN (a diverged accuracy): the worst
+        out[name] = min(scored, key=lambda x: x[0])[1]  # min keeps the first of equals
+    if storage_study is not None:
+        storage_study.set_user_attr(key, out)
+    return out
+
+
+def lr_setup(study: Study, lr: float | None, setups: dict | None, data=None, data_dir=None):
+    """The engine's setup of ``study`` at step size ``lr`` (None: the study's), made once per ``setups``."""
+    from ..engine.setup import prepare
+    from ..study import with_run
+
+    setups = {} if setups is None else setups
+    lr = None if lr == study.run.lr else lr
+    if lr not in setups:
+        setups[lr] = prepare(with_run(study, {"lr": lr}) if lr is not None else study, data=data, data_dir=data_dir)
+    return setups[lr]
+
+
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None,
                   seeds=None, announce=None, curves: bool = True) -> list[dict]:
     """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
@@ -23,34 +80,29 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     before runs that are not cached start. ``curves=False``: the runs evaluate their last round only and the rows
     carry no ``history`` (the same final metrics, for readers of those alone: the verdict's fresh seeds); cached
     apart from the rows with curves."""
-    import hashlib
-    import json
-
-    from . import fingerprint
-
     seeds = list(study.run.seeds if seeds is None else seeds)
     policies = [(name, study.resolve_policy(name)) for name in study.baselines]
-    # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies, the seeds
-    what = json.dumps([fingerprint.of(study)["hash"], study.target, [(n, p.to_dict()) for n, p in policies]],
-                      sort_keys=True)
-    key = f"baselines-v4:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds)) + \
-        ("" if curves else ":finals")
+    setups: dict = {}
+    lrs = tuned_lrs(study, data=data, data_dir=data_dir, device=device, storage_study=storage_study,
+                    announce=announce, setups=setups)
+    # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies and step
+    # sizes, the seeds
+    key = _key(study, policies, "baselines-v4", seeds, lrs or None) + ("" if curves else ":finals")
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
     from ..backends.inprocess import run
-    from ..engine.setup import prepare
 
     if announce is not None:
         announce(len(policies) * len(seeds))
-    setup = prepare(study, data=data, data_dir=data_dir)
     rows = []
     for name, pol in policies:
+        setup = lr_setup(study, lrs.get(name), setups, data, data_dir)
         results = [run(setup, pol, s, device=device, curves=curves) for s in seeds]
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
                      "per_seed": [slim(f) for f in finals], "seeds": seeds,
                      "history": curve_of([round_dict(h) for h in results[0].history]) if curves else [],
-                     "policy": pol.to_dict(),
+                     "policy": pol.to_dict(), "lr": lrs.get(name),
                      RUN_STATUS: DIVERGED if any(r.status == DIVERGED for r in results) else "ok"})
     if storage_study is not None:
         storage_study.set_user_attr(key, rows)

@@ -223,8 +223,15 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     if first_round:
         notes.append(first_round)
     searched = sorted({k for p in picks for k in (p.get("run") or {})})
-    notes.append(f"the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each"
-                 + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
+    tuned = [(n, base[n]["lr"]) for n in names if base[n].get("lr") is not None]
+    if tuned:
+        notes.append(f"each baseline ran at its best step size of lr {list(study.baseline_lr)} on the study's seeds "
+                     f"({', '.join(f'{n} {v:g}' for n, v in tuned)})"
+                     + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched
+                        else f"; the picks at the study's lr {study.run.lr:g}"))
+    else:
+        notes.append(f"the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each"
+                     + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
     return {"headline": headline, "lines": lines, "notes": notes, "seeds": list(seeds), "fresh": fresh,
             "picks": [{k: p[k] for k in ("number", "describe", "per_seed", "diverged") if k in p} for p in picks],
             "baselines": [{k: base[n][k] for k in ("name", "per_seed", "diverged") if k in base[n]} for n in names],
@@ -332,7 +339,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     # screen's and the dashboard's
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
                          curves=not reevaluate)
-    bases = [{"name": r["name"], "per_seed": per_seed(study, r["per_seed"]), **_outcomes(study, r["per_seed"], seeds),
+    bases = [{"name": r["name"], "lr": r.get("lr"), "per_seed": per_seed(study, r["per_seed"]),
+              **_outcomes(study, r["per_seed"], seeds),
               **_idle(r["policy"], r["per_seed"])} for r in rows]
     verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
     verdict["complete"] = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.name == "COMPLETE")

@@ -1,0 +1,55 @@
+"""`[baselines] lr`: each baseline compared at its own best step size, not the study's (a comparison of policies
+gives each its own tuned step size). Real runs of a user's study file, a real SQLite Optuna study, the commands as
+a user runs them."""
+
+import json
+import re
+
+import pytest
+
+from conftest import write_study
+from evomerge import simulate, study as study_mod
+from evomerge.study import with_run
+from searchutil import cli
+
+GRID = [0.02, 0.05, 0.08, 0.1]
+
+
+@pytest.mark.system
+def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_the_baselines_command(tmp_path,
+                                                                                                       data_dir):
+    f = write_study(tmp_path, seeds=(0, 1))
+    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]',
+                                       f'policies = ["no-merging", "ring-gossip"]\nlr = {json.dumps(GRID)}'))
+    st = study_mod.load(f)
+    assert st.baseline_lr == tuple(GRID)
+    # the best of the grid by mean validation accuracy over the study's seeds, run here one by one
+    want = {}
+    for name in st.baselines:
+        pol = st.resolve_policy(name)
+        acc = {lr: sum(simulate.simulate(simulate.prepare(with_run(st, {"lr": lr}), data_dir=data_dir), pol, s)
+                       .metrics()["val_accuracy"] for s in st.run.seeds) for lr in GRID}
+        want[name] = max(GRID, key=lambda lr: acc[lr])
+    assert len(set(want.values()) - {st.run.lr}) == 2, want  # each its own, neither the study's lr
+
+    p = cli("baselines", "--study", str(f), "--quiet", "--json", "b.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert f"tuning: each baseline's step size of lr {GRID} on the study's seeds [0, 1], 16 runs" in p.stderr
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert {n: b["lr"] for n, b in doc["baselines"].items()} == want
+    for n in want:  # the row ran at that step size: the engine's run at it, seed 0
+        ran = simulate.simulate(simulate.prepare(with_run(st, {"lr": want[n]}), data_dir=data_dir),
+                                st.resolve_policy(n), 0).metrics()
+        assert doc["baselines"][n]["final"]["val_accuracy"] == pytest.approx(ran["val_accuracy"], abs=1e-9)
+
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--reevaluate", "1", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    said = " ".join(p.stdout.split())  # the table and the notes, unwrapped
+    m = re.search(r"note: each baseline ran at its best step size of lr (\[[^]]*\]) on the study's seeds \(([^)]*)\); "
+                  r"the picks at the study's lr 0.05", said)
+    assert m and m[1] == str(GRID), said
+    assert dict(x.rsplit(" ", 1) for x in m[2].split(", ")) == {n: f"{v:g}" for n, v in want.items()}, m[2]
+    assert "not tuned for each" not in said
+    for n in st.baselines:
+        assert f"{n} " in said and f"baseline (lr {want[n]:g}, its best)" in said
