@@ -23,9 +23,34 @@ def normalise_url(url: str) -> str:
     return url
 
 
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """(scheme://, user:password, @host...) of a server's address whose user and password are written unencoded
+    (an ``@``, ``/``, ``?`` or ``#`` in the password), split at its last ``@``; else None."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)(.*)$", url, re.DOTALL)
+    if not m or m[1].startswith("sqlite") or "@" not in m[2] or any(c in m[2].split("@", 1)[0] for c in "/?#"):
+        return None  # no user (an '@' further on is in the path or the query)
+    user, host = m[2].rsplit("@", 1)
+    return (m[1], user, "@" + host) if any(c in user for c in "@/?#") else None
+
+
+def unencoded_password(url: str, option: str) -> None:
+    """A ConfigError naming ``option`` for an address whose password holds a character an address must encode
+    (PostgreSQL then looked up a host made of the password's end, and printed it)."""
+    if _userinfo(url) is not None:
+        from .errors import ConfigError
+
+        raise ConfigError(option, f"{shown(url)}: the password holds a character an address must encode ('@', '/', "
+                                  "'?' or '#'); allowed: the password percent-encoded (@ as %40, / as %2F, ? as %3F, "
+                                  "# as %23; urllib.parse.quote(password, safe=''))")
+
+
 def shown(url: str) -> str:
     """``url`` with the password of its user masked (``user:***@host``), for messages and pages. The host is what
-    follows the last ``@`` before the path, so a password holding an ``@`` is masked whole."""
+    follows the last ``@`` before the path, so a password holding an ``@`` is masked whole (and one holding a
+    ``/`` too)."""
+    bare = _userinfo(url)
+    if bare is not None:
+        return f"{bare[0]}{bare[1].split(':', 1)[0] + ':***' if ':' in bare[1] else '***'}{bare[2]}"
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", url, re.DOTALL)
     if not m or "@" not in m[2]:
         return url
@@ -63,6 +88,7 @@ def check_database(url: str, option: str, allowed: str, seconds: float) -> None:
     from .errors import ConfigError
 
     said = shown(url)
+    unencoded_password(url, option)
     try:
         sqlalchemy.engine.make_url(url)
     except Exception as e:  # noqa: BLE001 (not an address SQLAlchemy can read)

@@ -3,6 +3,7 @@
 import contextlib
 import importlib.util
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -293,4 +294,25 @@ def test_a_wrong_database_address_is_said_before_the_data_is_read(tmp_path):
         evomerge.search(f, storage="postgresql://me@127.0.0.1:1/db", runs_dir=tmp_path / "runs", data_dir=no_data)
     assert e.value.field == "storage" and str(e.value).startswith(
         "storage: cannot reach the database at postgresql+psycopg://me@127.0.0.1:1/db ("), str(e.value)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.integration
+def test_a_password_with_a_character_an_address_must_encode_is_one_line_that_shows_none_of_it(tmp_path):
+    """`postgresql://evo:Secret@2024@host/db`: PostgreSQL's driver looked up the host "2024@127.0.0.1" and printed it
+    (half the password) under a masked address that looked right; with a '/' in the password most of it was shown.
+    Now one line, before anything is read, that says how to write it, and none of the password."""
+    f = write_study(tmp_path)
+    for url in ("postgresql://evo:Secret@2024@127.0.0.1:1/optuna", "postgresql://evo:p@ss:w/rd@127.0.0.1:1/optuna"):
+        for option in ("--storage", "--tracking-uri"):
+            p = cli("search", "--study", str(f), option, url, cwd=tmp_path, data_dir=tmp_path / "no-data")
+            lines = p.stderr.strip().splitlines()
+            assert p.returncode == 2 and len(lines) == 1, p.stderr  # (postgresql+psycopg: the driver installed)
+            assert re.fullmatch(
+                re.escape(f"error: {option}: ") + r"postgresql(\+psycopg)?" + re.escape(
+                    "://evo:***@127.0.0.1:1/optuna: the password holds a character an address must encode ('@', '/', "
+                    "'?' or '#'); allowed: the password percent-encoded (@ as %40, / as %2F, ? as %3F, # as %23; "
+                    "urllib.parse.quote(password, safe=''))"), lines[0]), lines[0]
+            for part in ("Secret", "2024", "ss:w", "rd@"):
+                assert part not in p.stderr
     assert not (tmp_path / "runs").exists()
