@@ -153,3 +153,30 @@ def test_a_password_in_the_addresses_is_never_shown(tmp_path, data_dir, postgres
     assert "postgres:***@" in p.stdout
     p = cli("status", "--study", f, "--storage", storage, "--tracking-uri", tracking, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and "hunter2" not in p.stderr and "--tracking-uri postgresql+psycopg://postgres:***@" in p.stderr
+
+
+RACE = """
+import sys, time
+from evomerge.report.tracking import Tracker
+from evomerge.search.storage import retry_setup
+uri, start = sys.argv[1], float(sys.argv[2])
+for i in range(20):
+    while time.time() < start + 0.4 * i:
+        time.sleep(0.0005)
+    print(retry_setup(lambda: Tracker(uri, f"race-{i}")).experiment_id, flush=True)  # as the search makes it
+"""
+
+
+@pytest.mark.system
+def test_two_machines_that_start_a_study_at_the_same_moment_share_one_experiment(tmp_path, postgres_url):
+    """Two searches of a new study on one tracking database, started together: both looked for the experiment, found
+    none, and made it; the second ended in a 105-line traceback (MlflowException: ... already exists). Twenty races,
+    each at a moment both processes wait for: both use the one experiment."""
+    uri = postgres_url + "/mlflow"
+    start = time.time() + 15  # after both have imported MLflow
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, uri, str(start)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    ids = [o.split() for o, _ in outs]
+    assert ids[0] == ids[1] and len(set(ids[0])) == 20, ids

@@ -293,9 +293,16 @@ class Tracker:
                 "\n\nOne parent run per `evomerge search` that runs trials, one nested run per trial. Objectives: "
                 + ", ".join(f"`{objective_metric(o)}` ({d})" for o, d in zip(study.objectives, study.directions)) + ".")
         if exp is None:
+            from mlflow.exceptions import MlflowException
+
             location = artifact_dir.resolve().as_uri() if artifact_dir and not uri.startswith("http") else None
-            self.experiment_id = self.client.create_experiment(study_name, artifact_location=location, tags=tags)
-        else:
+            try:
+                self.experiment_id = self.client.create_experiment(study_name, artifact_location=location, tags=tags)
+            except MlflowException:  # another machine's search made it at the same moment: that one is used
+                exp = self.client.get_experiment_by_name(study_name)
+                if exp is None:
+                    raise
+        if exp is not None:
             self.experiment_id = exp.experiment_id
             for k, v in tags.items():  # an experiment made by an older evomerge, or a changed space
                 if exp.tags.get(k) != v:
