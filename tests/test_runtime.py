@@ -790,6 +790,33 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
     assert re.search(r"^error: policy\.swap_p: 0\.5 cannot run in a training loop .*; allowed: 0\.0$", r.stderr, re.M)
 
 
+@pytest.mark.system
+def test_the_deploy_example_says_what_is_wrong_in_one_line_and_never_waits_without_end(data_dir, tmp_path):
+    """examples/deploy/train.py as a user may misuse it: started without torchrun (was torch's traceback); a shard
+    smaller than one batch with --steps (the loop waited for a batch that never came, at 100% CPU, without end); a
+    rank that never starts (rank 0 waited torch's 30 minutes in init_process_group, whatever --timeout said)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    script = [sys.executable, str(ROOT / "examples" / "deploy" / "train.py"), "--data-dir", str(data_dir),
+              "--policy", "ring-gossip"]
+    r = subprocess.run(script, capture_output=True, text=True, timeout=120, env={k: v for k, v in env.items()
+                                                                                  if k != "RANK"})
+    assert r.returncode == 2 and r.stderr.startswith("error: RANK: not set: start this script with torchrun"), r.stderr
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+           *script[1:]]
+    r = subprocess.run(run + ["--train-size", "100", "--steps", "10"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode != 0 and ("error: --batch-size: 64 is more than a rank's shard (50 examples to train on); "
+                                  "allowed: at most 50, or more --train-size") in r.stderr, r.stderr[-2000:]
+    t0 = time.time()
+    alone = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(_port()))
+    r = subprocess.run(script + ["--timeout", "3"], capture_output=True, text=True, timeout=120, env=alone)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert r.returncode == 1 and lines and lines[-1].startswith("error: the ranks did not all start within --timeout "
+                                                                "3 s ("), r.stderr[-2000:]
+    assert time.time() - t0 < 60
+
+
 # -- bad input, at construction --------------------------------------------------------------------------------
 def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
     from evomerge.runtime import read_policy

@@ -13,6 +13,7 @@ the end, which leaves the consensus model (every rank's model averaged) on every
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -60,6 +61,21 @@ def main() -> int:
     ap.add_argument("--slow-rank", type=int, default=-1)
     ap.add_argument("--slow-factor", type=float, default=1.0)
     args = ap.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", 0))
+    bad = [("RANK", "not set: start this script with torchrun (torchrun --nproc-per-node N train.py ...), or a "
+                    "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT") if "RANK" not in os.environ
+            else None,
+           ("--batch-size", f"{args.batch_size}; allowed: >= 1") if args.batch_size < 1 else None,
+           ("--steps", f"{args.steps}; allowed: >= 0 (0: --epochs)") if args.steps < 0 else None,
+           ("--epochs", f"{args.epochs}; allowed: > 0") if not args.epochs > 0 else None,
+           ("--timeout", f"{args.timeout}; allowed: > 0 seconds") if not args.timeout > 0 else None,
+           ("--slow-rank", f"{args.slow_rank}; allowed: -1 (none) or a rank, 0..{world - 1}")
+           if not -1 <= args.slow_rank < max(world, 1) else None]
+    bad = [b for b in bad if b]
+    if bad:  # one line, from one rank
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {bad[0][0]}: {bad[0][1]}", file=sys.stderr, flush=True)
+        return 2
 
     try:  # the policy, and the optimiser and step size it was found with: the best merge policy depends on them
         policy, found = read_policy_and_run(args.policy)
@@ -72,7 +88,13 @@ def main() -> int:
     dev, backend = evomerge.rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    dist.init_process_group(backend)
+    # --timeout bounds the start too: a rank that never comes ends the others' wait (torch's default is 30 minutes)
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    except (RuntimeError, ValueError) as e:  # DistStoreError, a rank that never joined
+        print(f"error: the ranks did not all start within --timeout {args.timeout:g} s "
+              f"({str(e).splitlines()[0][:200]}); stopped", file=sys.stderr, flush=True)
+        return 1
     rank, world = dist.get_rank(), dist.get_world_size()
 
     data = load(args.dataset, args.data_dir, val_size=2000, train_size=args.train_size)
@@ -87,7 +109,12 @@ def main() -> int:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=args.batch_size,
                                          shuffle=True, drop_last=True,
                                          generator=torch.Generator().manual_seed(args.seed * 1000 + rank))
-    steps = args.steps or int(args.epochs * len(loader))
+    if len(loader) == 0:  # (with --steps the loop waited for a batch that never came)
+        if rank == 0:
+            print(f"error: --batch-size: {args.batch_size} is more than a rank's shard ({len(y_train)} examples to "
+                  f"train on); allowed: at most {len(y_train)}, or more --train-size", file=sys.stderr, flush=True)
+        return 2
+    steps = args.steps or max(1, int(args.epochs * len(loader)))
 
     torch.manual_seed(args.seed)
     model = cnn().to(dev)
@@ -129,8 +156,8 @@ def main() -> int:
         merger.finish()  # the consensus model, on every rank (it waits for the slowest rank's last merges)
         seconds = time.perf_counter() - t0  # the run's time: this rank's loop alone would leave out a slower rank
     except evomerge.ConfigError as e:  # a bad policy or argument: one line, before any merge
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        if rank == 0:  # the Merger's speeds come from this script's --speeds
+            print(f"error: {'--speeds: ' + e.message if e.field == 'speeds' else e}", file=sys.stderr, flush=True)
         return 2
     except evomerge.MergerError as e:  # a peer died or hangs: one line, and leave the broken group as it is
         print(f"error: {e}", file=sys.stderr, flush=True)
