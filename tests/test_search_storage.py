@@ -316,3 +316,25 @@ def test_a_password_with_a_character_an_address_must_encode_is_one_line_that_sho
             for part in ("Secret", "2024", "ss:w", "rd@"):
                 assert part not in p.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_two_processes_that_start_on_the_study_as_it_stands_draw_different_trials(tmp_path, sampler):
+    """Two machines sharing a study, started at the same moment, are both worker 0 and see the same trials: their
+    samplers had the same seed, and every trial of one repeated a trial of the other (half the budget trained twice).
+    The second start on the study as it stood seeds apart; a lone search keeps its seed (the same trials as ever)."""
+    from evomerge.search.config import make_config
+    from evomerge.search.storage import load_or_create, open_storage
+    from evomerge.search import space as space_mod
+
+    cfg = make_config(study.load(write_study(tmp_path)), runs_dir=tmp_path / "runs", sampler=sampler, seed=3)
+    dists = space_mod.distributions(cfg.study.search.space)
+    a = load_or_create(cfg, open_storage(cfg.storage), 0, asking=True)
+    b = load_or_create(cfg, open_storage(cfg.storage), 0, asking=True)
+    drawn = [s.ask(dists).params for s in (a, b, a, b)]
+    assert drawn[0] != drawn[1] and drawn[2] != drawn[3], drawn
+    # a lone search's first trial, drawn anew in a study of its own: the seed of a first start is unchanged
+    alone = make_config(study.load(write_study(tmp_path / "alone")), runs_dir=tmp_path / "alone-runs",
+                        sampler=sampler, seed=3)
+    assert load_or_create(alone, open_storage(alone.storage), 0, asking=True).ask(dists).params == drawn[0]

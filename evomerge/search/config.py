@@ -208,12 +208,15 @@ class SearchConfig:
     def default_store(self) -> bool:
         return self.storage == default_storage(self.study_dir)
 
-    def make_sampler(self, worker: int = 0, resumed_at: int = 0):
+    def make_sampler(self, worker: int = 0, resumed_at: int = 0, start: int = 0):
         """The sampler of one search process. Its seed mixes the search seed, the worker and how many
-        trials the study held when it started, so a resumed search does not replay earlier samples."""
+        trials the study held when it started, so a resumed search does not replay earlier samples; and
+        ``start``, how many processes had started as this worker on the study as it stood (another machine
+        sharing the study, started at the same moment: it drew the same trials)."""
         import numpy as np
 
-        seed = int(np.random.SeedSequence([self.seed, worker, resumed_at]).generate_state(1)[0])
+        seed = int(np.random.SeedSequence([self.seed, worker, resumed_at, *([start] if start else [])])
+                   .generate_state(1)[0])
         return SAMPLERS[self.sampler].make(self, seed)
 
     @property

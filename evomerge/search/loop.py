@@ -86,7 +86,8 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, st
                       "population draws for all its rows together: its trials will differ from their runs alone and "
                       "from evomerge run's replay; execution 'auto' or 'loop' keeps each worker's masks its own",
                       stacklevel=2)
-    ostudy = load_or_create(cfg, storage, worker, setup.total_steps)  # the pruner judges by the run's local steps
+    # the pruner judges by the run's local steps
+    ostudy = load_or_create(cfg, storage, worker, setup.total_steps, asking=True)
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
     dists = space_mod.distributions(space)

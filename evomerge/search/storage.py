@@ -175,10 +175,16 @@ def file_lock(path: Path):
 
 
 # -- the study ----------------------------------------------------------------------------------
-def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: int | None = None):
+STARTS = "starts"  # the study's user attribute: processes started per (trials then, worker), for their samplers' seeds
+
+
+def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: int | None = None,
+                   asking: bool = False):
     """The Optuna study of ``cfg``: loaded when it exists (silently: no "Using an existing study"
     line), else created. Its directions must match the study file's objectives and its
-    fingerprint what the study file says now (:mod:`evomerge.search.fingerprint`)."""
+    fingerprint what the study file says now (:mod:`evomerge.search.fingerprint`). ``asking``: a
+    process that will ask trials counts itself among the study's starts (under the search lock), and a
+    second start as the same worker on the study as it stood (another machine) seeds its sampler apart."""
     import optuna
 
     from . import fingerprint
@@ -204,6 +210,15 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
                                                       f"for {was}; the study now asks {list(cfg.study.objectives)}; to "
                                                       f"start afresh, {where} (the old results stay readable there)")
     fingerprint.check(study, cfg, resumed_at)
+    if asking:
+        with search_lock(cfg, {}):
+            starts = dict(study.user_attrs.get(STARTS) or {})
+            key = f"{resumed_at}:{worker}"
+            before = int(starts.get(key, 0))
+            starts[key] = before + 1
+            study.set_user_attr(STARTS, starts)
+        if before:  # the first start of each keeps the seed a lone search has always had
+            study.sampler = cfg.make_sampler(worker, resumed_at, before)
     if worker == 0:
         definition = stored_definition_of(cfg.study)
         if definition and study.user_attrs.get(DEFINITION) != definition:  # the study is stored with its trials
