@@ -538,7 +538,7 @@ def cmd_run(args) -> int:
     _console().print(t)
     from .search.results import never_merged
 
-    idle = never_merged(policy, [res.metrics()]) if res.status == "ok" else None
+    idle = never_merged(policy, [res.metrics()], study.run.workers) if res.status == "ok" else None
     if idle:
         print(f"note: {policy.name or args.policy} {idle}", file=sys.stderr)
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
@@ -894,7 +894,7 @@ def _export(args, study, url, out: Path) -> int:
         doc = export_trial(study, url, out, args.trial)
         values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
-        _never_merged_note(doc)
+        _never_merged_note(doc, study.run.workers)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     elif args.pareto:
         paths = export_pareto(study, url, out)
@@ -919,18 +919,19 @@ def _export(args, study, url, out: Path) -> int:
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
         from .policy import MergePolicy
 
-        _never_merged_note(doc)
+        _never_merged_note(doc, study.run.workers)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0
 
 
-def _never_merged_note(doc: dict) -> None:
+def _never_merged_note(doc: dict, workers: int | None = None) -> None:
     """One line (stderr, as evomerge run says it) where the exported trial merged on none of its seeds: what it
     was judged as is no merging."""
     from .policy import MergePolicy
     from .search.results import never_merged
 
-    said = never_merged(MergePolicy.from_dict(doc["policy"]), list((doc.get("metrics_per_seed") or {}).values()))
+    said = never_merged(MergePolicy.from_dict(doc["policy"]), list((doc.get("metrics_per_seed") or {}).values()),
+                        workers)
     if said:
         print(f"note: trial {doc['trial']} {said}", file=sys.stderr)
 

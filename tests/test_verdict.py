@@ -231,6 +231,19 @@ def test_a_baseline_whose_interval_outlasts_the_run_is_said_to_have_never_merged
         notes[0].endswith("so it ran as no-merging"), r.stderr
 
 
+@pytest.mark.integration
+def test_a_run_of_one_worker_says_it_has_no_one_to_merge_with(tmp_path, data_dir):
+    """A study copied with `workers = 1`: `evomerge run --policy allreduce` said its 30 local steps ended before its
+    first merge, with a merge due every step. The reason is the one worker."""
+    from conftest import write_study
+
+    f = write_study(tmp_path, workers=1, topologies=("complete",))
+    r = cli("run", "--study", f, "--policy", "allreduce", cwd=tmp_path, data_dir=data_dir)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")] == [
+        "note: allreduce never merged: one worker has no one to merge with (run.workers = 1), so it ran as no-merging"]
+
+
 @pytest.mark.unit
 def test_bytes_read_in_the_unit_that_shows_them():
     """A small model's payloads are kilobytes: in megabytes the verdict read '0.0 MB more bytes'."""

@@ -285,13 +285,15 @@ def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits:
     return trial_summary(pick, study), said
 
 
-def never_merged(policy, finals: list[dict]) -> str | None:
+def never_merged(policy, finals: list[dict], workers: int | None = None) -> str | None:
     """Words for a policy that merges but merged on none of its runs (``finals``: each seed's final metrics): the
     run's local steps ended before its first merge, so it ran as no merging does and sent nothing; on a simulated
     cluster, its time ran out first (workers at a barrier waited: not as no merging). None otherwise (no-merging
     itself, or any merge on any seed)."""
     if policy.scheme == "none" or not finals or any(int(f.get("merges", 1)) for f in finals):
         return None
+    if workers == 1:  # (it said the steps ended before the first merge, with a merge due every step)
+        return "never merged: one worker has no one to merge with (run.workers = 1), so it ran as no-merging"
     if any(f.get("sim_time") is not None for f in finals):  # a simulated cluster: its time ran out first
         slowest = min(int(f.get("steps_min") or f.get("local_steps") or 0) for f in finals)
         if not any(int(f.get("steps_max") or f.get("local_steps") or 0) for f in finals):
