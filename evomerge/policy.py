@@ -400,6 +400,7 @@ class MergePolicy:
                 raise ConfigError(path, f"no such file or shipped policy; named: {', '.join(named)}"
                                         + did_you_mean(path, named))
         data = read_json_file(path)
+        check_not_a_broken_export(data, str(path))
         if isinstance(data, dict) and "policy" in data and "schema_version" not in data:
             data = data["policy"]
         return cls.from_dict(data, str(path))
@@ -727,6 +728,18 @@ def read_json_file(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(path), f"cannot read: {e}") from None
     return parse_json(text, str(path))
+
+
+def check_not_a_broken_export(data: Any, where: str) -> None:
+    """A ConfigError naming ``where`` for an exported file (it has ``trial`` and ``study``) that lost its ``policy``
+    key (a typo: it was read as a policy, and its first export key named as unknown)."""
+    if isinstance(data, dict) and "trial" in data and "study" in data and "policy" not in data:
+        from .errors import nearest
+
+        typo = next((k for k in data if isinstance(k, str) and nearest(k, ["policy"])), None)
+        raise ConfigError(where, "an exported file (it has 'trial' and 'study') with no 'policy' key; allowed: the "
+                                 "policy under 'policy', as evomerge export writes it"
+                                 + (f"; did you mean 'policy' for {typo!r}?" if typo else ""))
 
 
 def read_export(path: str | Path) -> dict | None:

@@ -147,6 +147,9 @@ def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
         except ValueError as e:
             raise ConfigError("policy", f"{str(path)!r} is not JSON ({e})") from None
         policy = data
+    from .policy import check_not_a_broken_export
+
+    check_not_a_broken_export(policy, "policy")
     if isinstance(policy, dict) and "trial" in policy and "policy" in policy:  # an exported file
         from .study import check_found_run
 

@@ -842,6 +842,16 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
         read_policy("streaming-dilco")
     with pytest.raises(ConfigError, match=r"^policy: cannot read '': an empty name; allowed: a policy or an exported"):
         read_policy("")  # (it said "cannot read '.': Is a directory")
+    # an exported file whose 'policy' key has a typo: it was read as a policy, and 'format' named as its unknown key
+    (tmp_path / "typo.json").write_text(json.dumps({"format": 2, "trial": 3, "study": "s", "polciy": p.to_dict()}))
+    said = ("an exported file (it has 'trial' and 'study') with no 'policy' key; allowed: the policy under 'policy', "
+            "as evomerge export writes it; did you mean 'policy' for 'polciy'?")
+    with pytest.raises(ConfigError) as e:
+        read_policy(tmp_path / "typo.json")
+    assert str(e.value) == f"policy: {said}"
+    with pytest.raises(ConfigError) as e:  # evomerge run --policy, evomerge policy validate
+        MergePolicy.load(tmp_path / "typo.json")
+    assert str(e.value) == f"{tmp_path / 'typo.json'}: {said}"
 
 
 @pytest.mark.unit
