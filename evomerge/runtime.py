@@ -192,9 +192,7 @@ def step_size_warning(run: dict, optimizer) -> str | None:
 
 def check_policy(policy: MergePolicy, workers: int | None = None) -> None:
     """Refuse, in one line naming the field, a policy a user's loop cannot run (on ``workers`` ranks, where given:
-    the topology's rules for that many)."""
-    if workers is not None:
-        check_workers(policy, workers)
+    the topology's rules for that many: after what no loop runs, so a line never points to a value refused next)."""
     if registry.PAYLOADS.get_object(policy.payload).public and policy.scheme == "allreduce" and \
             policy.weighting != "uniform":
         raise ConfigError("policy.weighting", f"{policy.weighting!r} with a delta payload on the all-reduce scheme "
@@ -215,6 +213,8 @@ def check_policy(policy: MergePolicy, workers: int | None = None) -> None:
         if value not in allowed:
             raise ConfigError(f"policy.{name}", f"{value!r} cannot run in a training loop ({why}); "
                                                 f"allowed: {', '.join(repr(a) for a in allowed)}")
+    if workers is not None:
+        check_workers(policy, workers)
 
 
 def _holdout_scored(policy: MergePolicy) -> bool:

@@ -895,6 +895,9 @@ def test_merger_refuses_what_a_loop_cannot_run_in_one_line(field, value, why):
         check_policy(MergePolicy(**{field: value}, **extra), 4)
     assert "\n" not in str(e.value)
     check_policy(MergePolicy(optimizer_state="reset"), 4)  # what it runs passes
+    # the shipped allreduce-backup (2 backups) on 2 ranks: refused as no loop runs it, not sent to "allowed: 0..1"
+    with pytest.raises(ConfigError, match=r"^policy\.backup_workers: 2 cannot run in a training loop .*; allowed: 0$"):
+        check_policy(MergePolicy.load("allreduce-backup"), 2)
     check_policy(MergePolicy(optimizer_state="average", payload="delta", topk_fraction=0.1), 4)
     check_policy(MergePolicy(winner_bias=0.5, score="running"), 4)
     check_policy(MergePolicy(scheme="allreduce", payload="delta"), 4)
