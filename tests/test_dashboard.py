@@ -230,6 +230,16 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     assert p.returncode == 0, p.stderr
     said = f"MLflow runs not read: --tracking-uri: {uri} answers, but not as an MLflow tracking server (PERMISSION_DENIED"
     assert said in (tmp_path / "refused" / "index.html").read_text() and f"note: {said}" in p.stderr, p.stderr
+    # a study read from its database elsewhere, its runs tracked elsewhere: the page says where it looked, and the
+    # command makes no empty MLflow store there (the dashboard only reads; it left a blank runs/<study>/mlflow.db)
+    other = tmp_path / "other"
+    other.mkdir()
+    p = cli("dashboard", "--study", s.path, "--storage", f"sqlite:///{d / 'runs' / s.name / 'optuna.db'}", "--out",
+            other / "dash", "--no-baselines", cwd=other, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert f"note: No MLflow store at sqlite:///{other / 'runs' / s.name / 'mlflow.db'} (a search that tracked its " \
+           "runs elsewhere: pass --tracking-uri, or set MLFLOW_TRACKING_URI)" in p.stderr, p.stderr
+    assert not (other / "runs").exists()
 
 
 @pytest.mark.system

@@ -622,11 +622,19 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                     _div(transfer_figure(tr), f"plot-transfer-{tr['target']}"), transfer=transfer_table(tr))
         from .tracking import check_reachable
 
+        from ..sqlitefiles import sqlite_file
+
         try:
-            check_reachable(tracking_uri, reading=True)  # a database that does not answer: seconds, not MLflow's retries
-            runs, exp_id = mlflow_runs(tracking_uri, study.name)
-            if not runs:
-                problem(f"No MLflow runs found at {shown(tracking_uri)}.")
+            missing = sqlite_file(tracking_uri)
+            if missing and not Path(missing).exists():  # not made here (MLflow makes an empty store when asked)
+                runs, exp_id = {}, None
+                problem(f"No MLflow store at {shown(tracking_uri)} (a search that tracked its runs elsewhere: pass "
+                        "--tracking-uri, or set MLFLOW_TRACKING_URI).")
+            else:
+                check_reachable(tracking_uri, reading=True)  # a database that does not answer: seconds, not minutes
+                runs, exp_id = mlflow_runs(tracking_uri, study.name)
+                if not runs:
+                    problem(f"No MLflow runs found at {shown(tracking_uri)}.")
         except ConfigError as e:
             runs, exp_id = {}, None
             problem(f"MLflow runs not read: {e}.")
