@@ -334,6 +334,31 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(null, f.fileno())
         os.close(null)
         return 128 + 13  # SIGPIPE's exit status
+    except Exception as e:  # a database that stopped answering mid-command: one line, not its drivers' tracebacks
+        said = _database_gone(e)
+        if said is None:
+            raise
+        print(f"error: a database stopped answering ({said}); what finished before it is stored: run the same "
+              "command again once it answers", file=sys.stderr)
+        return 1
+
+
+def _database_gone(e: BaseException) -> str | None:
+    """The driver's own first line where ``e`` (or what it was raised from) is a lost connection to a database:
+    SQLAlchemy's OperationalError or InterfaceError, or psycopg's (Optuna wraps them in a StorageInternalError that
+    blames "invalid data in the commit"); else None."""
+    found, seen = None, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        mod, name = type(e).__module__ or "", type(e).__name__
+        if mod.startswith(("sqlalchemy", "psycopg")) and name in ("OperationalError", "InterfaceError"):
+            found = getattr(e, "orig", None) or e  # the innermost: the driver's words
+        e = e.__cause__ or e.__context__
+    if found is None:
+        return None
+    from .dburls import first_line
+
+    return first_line(found)
 
 
 def _write_json(path: str, text: str) -> None:

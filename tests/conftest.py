@@ -105,6 +105,14 @@ def _free_port() -> int:
 def postgres_url():
     """A real PostgreSQL server on 127.0.0.1 and a free port, in a temporary cluster (Debian's
     binaries; as the `postgres` user when the tests run as root); stopped at the end of the session."""
+    with postgres_cluster() as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_cluster():
+    """A PostgreSQL server of its own (databases optuna and mlflow): its address, and a function that stops it
+    (``stop("fast")``: as an administrator stops a server under a running search)."""
     import glob
     import shutil
     import subprocess
@@ -129,7 +137,11 @@ def postgres_url():
         for db in ("optuna", "mlflow"):
             subprocess.run(as_user + [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", db],
                            check=True, capture_output=True)
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+        def stop(mode: str = "immediate"):
+            subprocess.run(as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "stop"],
+                           capture_output=True)
+
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}", stop
     finally:
         subprocess.run(as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
                        capture_output=True)

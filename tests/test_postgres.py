@@ -180,3 +180,38 @@ def test_two_machines_that_start_a_study_at_the_same_moment_share_one_experiment
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     ids = [o.split() for o, _ in outs]
     assert ids[0] == ids[1] and len(set(ids[0])) == 20, ids
+
+
+@pytest.mark.system
+def test_a_database_stopped_under_a_search_ends_it_in_one_line(tmp_path, data_dir):
+    """An administrator stops the study's PostgreSQL server while a search runs: the search ended in 282 lines of
+    traceback whose last blamed "invalid data in the commit". Now one line with the driver's words, exit status 1,
+    and the trial that finished before is stored."""
+    from conftest import postgres_cluster
+
+    f = write_study(tmp_path, steps=300, slow=True)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"EVOMERGE_DATA_DIR": str(data_dir),
+                                                                                "SLOWMLP_DELAY": "0.01"}
+    with postgres_cluster() as (url, stop):
+        p = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "search", "--study", str(f), "--storage",
+                              url + "/optuna", "--n-trials", "6", "--no-prune", "--sampler", "random", "--no-verdict",
+                              "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            deadline = time.time() + 240
+            while time.time() < deadline and p.poll() is None and not any(
+                    t["state"] == "COMPLETE" for t in trials(url)):
+                time.sleep(0.3)
+            done = [t["number"] for t in trials(url) if t["state"] == "COMPLETE"]
+            assert done, p.communicate(timeout=30)[1][-2000:]
+            stop("fast")
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 1 and "Traceback" not in err and lines[-1].startswith("error:"), err[-3000:]
+    assert [ln for ln in lines if "error" in ln.lower()] == lines[-1:], lines  # the search's header, then one line
+    assert lines[-1].startswith("error: a database stopped answering (") and lines[-1].endswith(
+        "); what finished before it is stored: run the same command again once it answers"), lines
