@@ -707,6 +707,27 @@ def _load_stored(args, ref: str | None = None):
     return stored
 
 
+def _load_target(args):
+    """``transfer --target``: a file, a shipped name, or a study stored under --runs-dir by name (its file moved); its
+    errors name --target."""
+    from .search.results import is_path, stored_names, stored_study
+    from .search.storage import default_storage
+    from .study import known_studies, load, study_hint
+
+    try:
+        return load(args.target)
+    except ConfigError as e:
+        if is_path(args.target):
+            raise ConfigError("--target", e.message if e.field == str(args.target) else str(e)) from None
+        got = stored_study(str(args.target), default_storage(Path(args.runs_dir) / str(args.target)))
+        if got is not None:
+            return got[0]
+        stored = stored_names(args.runs_dir)
+        raise ConfigError("--target", f"unknown study {str(args.target)!r}; known: {', '.join(known_studies())}; "
+                                      f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} (or give a path to a "
+                                      ".toml file)" + study_hint(str(args.target), [*known_studies(), *stored])) from None
+
+
 def _storage_url(study, args) -> str:
     from .search.storage import default_storage
 
@@ -776,7 +797,7 @@ def cmd_transfer(args) -> int:
     from .search.transfer import transfer, verdict
 
     _quiet_libraries()
-    source, target = _load_stored(args), load(args.target)
+    source, target = _load_stored(args), _load_target(args)
     if source.name == target.name:
         raise ConfigError("--target", f"is the study itself ({source.name}); name another study")
     study_dir = Path(args.runs_dir) / source.name
@@ -787,15 +808,20 @@ def cmd_transfer(args) -> int:
     apply_threads()
     kw = dict(top=args.top, seeds=args.seeds, storage=args.storage, runs_dir=args.runs_dir, data_dir=args.data_dir,
               device=args.device, backend=args.backend, procs=args.procs)
-    if args.quiet or not _console_err().is_terminal:  # a bar is for a person at a terminal
-        result = transfer(source, target, **kw)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    try:
+        if args.quiet or not _console_err().is_terminal:  # a bar is for a person at a terminal
+            result = transfer(source, target, **kw)
+        else:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn(f"{target.name} runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=True, console=_console_err()) as bar:
-            task = bar.add_task("runs", total=None)
-            result = transfer(source, target, on_run=lambda d, n: bar.update(task, completed=d, total=n), **kw)
+            with Progress(TextColumn(f"{target.name} runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          transient=True, console=_console_err()) as bar:
+                task = bar.add_task("runs", total=None)
+                result = transfer(source, target, on_run=lambda d, n: bar.update(task, completed=d, total=n), **kw)
+    except KeyboardInterrupt:
+        print("note: the policies whose runs finished are kept with the study; run the same command again to go on",
+              file=sys.stderr)
+        raise
     run_id = Tracker(uri, source.name, study_dir / "mlartifacts", study=source).log_transfer(result)
     _print_transfer(result)
     for x in result.get("left_out", []):
@@ -806,7 +832,7 @@ def cmd_transfer(args) -> int:
         return "n/a" if v is None or v != v else format(v, fmt)
     print(f"Spearman rho {fig(rho, '.3f')} (p {fig(result['spearman_p'], '.3g')}), Kendall tau "
           f"{fig(result['kendall'], '.3f')} (p {fig(result['kendall_p'], '.3g')}) over {result['top']} policies: "
-          f"{verdict(rho, result['top'])}")
+          f"{verdict(rho, result['top'], result['spearman_p'])}")
     print(f"logged to MLflow run {run_id} ({shown(uri)}); `evomerge dashboard --study {args.study}` shows it")
     if args.json_out:
         _write_json(args.json_out, json.dumps(result | {"mlflow_run_id": run_id}, indent=2))

@@ -123,4 +123,54 @@ def test_a_ranking_is_judged_only_over_enough_policies():
     assert verdict(1.0, 2).startswith("2 policies are too few to judge")
     assert verdict(1.0, MIN_RANKED - 1).startswith(f"{MIN_RANKED - 1} policies are too few")
     assert verdict(0.9, MIN_RANKED).endswith("searching it is a sound proxy")
-    assert verdict(0.1, 10).startswith("the small study does not rank policies")
+    assert verdict(0.1, 10).startswith("the source study does not rank policies")
+    # 5 policies at rho 0.7 have p 0.23: chance gives that often ("a sound proxy", it said)
+    assert verdict(0.7, 5, 0.233) == ("the rankings look alike, but over 5 policies chance alone would give this "
+                                      "often (p 0.23): --top more to tell")
+    assert verdict(0.9, 5, 0.0167).endswith("searching it is a sound proxy")
+
+
+def test_a_target_that_does_not_measure_the_source_objective_is_named():
+    """(A language model's perplexity or a time to target ranked on an MNIST study: every run ran, then KeyError.)"""
+    from evomerge.search.transfer import unmeasured
+    from evomerge.task import Task
+
+    plain = study.from_dict({"study": {"name": "t"}})
+    timed = study.from_dict({"study": {"name": "c"}, "environment": {"step_time": 0.1, "time_budget": 30.0},
+                             "objectives": {"metrics": ["accuracy_at_time"]}})
+    lm = Task()
+    lm.per_position = True
+    assert unmeasured("time_to_target", plain, Task()) == "it has no [environment], no simulated clock"
+    assert unmeasured("time_to_target", timed, Task()) == "it has no [objectives] target"
+    assert unmeasured("accuracy_at_time", timed, Task()) is None
+    assert unmeasured("val_perplexity", plain, Task()) == "it is not a language model (labels per position)"
+    assert unmeasured("val_perplexity", plain, lm) is None
+    assert unmeasured("val_accuracy", plain, Task("mse")) == "its loss 'mse' has no classes to be accurate on"
+    assert unmeasured("val_loss", plain, Task("mse")) is None
+
+
+@pytest.mark.system
+def test_an_interrupted_transfer_goes_on_from_the_policies_it_ran(tmp_path, data_dir, small):
+    """Ctrl-C in a transfer threw away every run (the results were stored only at its end): now each policy's runs
+    are kept with the source study as they finish, and the same command goes on from there, to the same result."""
+    f, _ = small
+    big = write_study(tmp_path, name="big", workers=8, steps=40)
+    s, b = study.load(f), study.load(big)
+    seen = []
+
+    def stop_after_two(done, total):
+        seen.append(done)
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        transfer.transfer(s, b, top=4, seeds=2, runs_dir=tmp_path / "runs", data_dir=data_dir, on_run=stop_after_two)
+    again = []
+    result = transfer.transfer(s, b, top=4, seeds=2, runs_dir=tmp_path / "runs", data_dir=data_dir,
+                               on_run=lambda d, n: again.append(d))
+    assert seen == [1, 2] and again == [2, 3, 4, 5, 6, 7, 8]  # the first policy's 2 runs were not run again
+    row = min(result["rows"], key=lambda r: r["source_rank"])
+    ran = evomerge.run(b, evomerge.MergePolicy.from_dict(row["policy"]), result["seeds"][1], data_dir=data_dir)
+    assert ran.final.val_accuracy == pytest.approx(row["target_values"][1], abs=1e-6)
+    p = cli("transfer", "--study", str(f), "--target", "no-such-study", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.startswith("error: --target: unknown study 'no-such-study'; "), p.stderr

@@ -247,7 +247,7 @@ def transfer_text(result: dict) -> str:
     return (f"The top {result['top']} policies of {result['source']} re-run on {result['target']} "
             f"({result['target_workers']} workers, {result['target_total_steps']} local steps) on fresh seeds {seeds}, "
             f"on {result['when']}: Spearman rho {num(result.get('spearman'))}, Kendall tau {num(result.get('kendall'))}. "
-            f"{verdict(result.get('spearman'), result.get('top')).capitalize()}.")
+            f"{verdict(result.get('spearman'), result.get('top'), result.get('spearman_p')).capitalize()}.")
 
 
 def curves_figure(best: dict, baselines: list[dict]):

@@ -28,6 +28,21 @@ if TYPE_CHECKING:
     from ..study import Study
 
 ATTR_PREFIX = "transfer:"
+RUNS_PREFIX = "transfer-runs:"  # a transfer's runs so far, by trial (it resumes from them)
+TIMED = ("time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time", "sim_time")
+
+
+def unmeasured(metric: str, target: "Study", task) -> str | None:
+    """Why the runs of ``target`` (its loss's ``task``) do not measure ``metric``, or None when they do."""
+    if metric in TIMED and target.environment is None:
+        return "it has no [environment], no simulated clock"
+    if metric == "time_to_target" and target.target is None:
+        return "it has no [objectives] target"
+    if metric in ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time") and not task.classification:
+        return f"its loss {task.loss!r} has no classes to be accurate on"
+    if metric in ("val_perplexity", "perplexity_at_time") and not (task.classification and task.per_position):
+        return "it is not a language model (labels per position)"
+    return None
 
 
 def average_ranks(values: list[float], maximize: bool) -> list[float]:
@@ -124,21 +139,39 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
                                       f"{' (' + left_out[0]['why'] + ')' if left_out else ''}; transfer ranks at least 2")
     run_fn = runner(backend, procs, target.run.workers)
     base = prepare(target, data=data, data_dir=data_dir)
+    why = unmeasured(metric, target, base.model.task)
+    if why:  # (every run ran, then a KeyError on the metric the target's runs do not have)
+        raise ConfigError("--target", f"{target.name} does not measure {source.name}'s objective {metric} ({why}); "
+                                      f"allowed: a target whose runs measure it")
     from ..study import with_run
+    from . import fingerprint
     from .baselines import fresh_seeds
+    from .results import slim
 
     fresh = fresh_seeds(target, seeds)
+    # each policy's runs, kept with the source study as they finish: an interrupted transfer goes on from there
+    key = (f"{RUNS_PREFIX}{target.name}:{fingerprint.of(target)['hash'][:16]}:{backend}:"
+           + ",".join(map(str, fresh)))
+    cached = dict(ostudy.user_attrs.get(key) or {})
     maximize = source.directions[0] == "maximize"
-    rows, total, done, t0 = [], len(policies) * len(fresh), 0, time.time()
+    rows, total, t0 = [], len(policies) * len(fresh), time.time()
+    done = sum(len(fresh) for t in trials if str(t.number) in cached)
+    if on_run and done:
+        on_run(done, total)
     for t, pol in zip(trials, policies):
-        finals = []
         found = t.user_attrs.get("run") or {}  # a searched step size travels with its policy
-        setup = dataclasses.replace(base, study=with_run(target, found)) if found else base
-        for s in fresh:
-            finals.append(run_fn(setup, pol, s, device=device).metrics())
-            done += 1
-            if on_run:
-                on_run(done, total)
+        finals = cached.get(str(t.number))
+        if finals is None:
+            finals = []
+            setup = dataclasses.replace(base, study=with_run(target, found)) if found else base
+            for s in fresh:
+                finals.append(slim(run_fn(setup, pol, s, device=device).metrics()))
+                done += 1
+                if len(finals) == len(fresh):  # kept before the progress is told (an interrupt may come there)
+                    cached[str(t.number)] = finals
+                    ostudy.set_user_attr(key, cached)
+                if on_run:
+                    on_run(done, total)
         values = [float(f[metric]) for f in finals]
         rows.append({"trial": t.number, "source_value": float(t.values[0]), "target_value": statistics.fmean(values),
                      "target_values": values, "diverged": sum(f["status"] == "diverged" for f in finals),
@@ -177,15 +210,22 @@ def stored(ostudy) -> list[dict[str, Any]]:
 MIN_RANKED = 5
 
 
-def verdict(rho: float | None, n: int | None = None) -> str:
-    """What a rank correlation over ``n`` policies says about sizing the search study."""
+#: the p-value of Spearman's rho under which an agreement is called one (above it, chance could give it)
+AGREEMENT_P = 0.05
+
+
+def verdict(rho: float | None, n: int | None = None, p: float | None = None) -> str:
+    """What a rank correlation over ``n`` policies (two-sided p-value ``p``) says about sizing the search study."""
     if n is not None and n < MIN_RANKED:
         return (f"{n} policies are too few to judge: any order of them is likely by chance "
                 f"(--top {MIN_RANKED} or more)")
     if rho is None or not math.isfinite(rho):
         return "no ranking on the target (every policy scored the same)"
+    if rho >= 0.7 and p is not None and p == p and p > AGREEMENT_P:  # (5 policies at rho 0.7: p 0.23, "sound")
+        return (f"the rankings look alike, but over {n} policies chance alone would give this often (p {p:.2g}): "
+                "--top more to tell")
     if rho >= 0.7:
-        return "the small study ranks policies much as the target does: searching it is a sound proxy"
+        return "the source study ranks policies much as the target does: searching it is a sound proxy"
     if rho >= 0.3:
-        return "the rankings agree only roughly: re-check the small study's best few on the target before choosing"
-    return "the small study does not rank policies as the target does: search a study closer to the target run"
+        return "the rankings agree only roughly: re-check the source study's best few on the target before choosing"
+    return "the source study does not rank policies as the target does: search a study closer to the target run"
