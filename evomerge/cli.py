@@ -570,8 +570,16 @@ def cmd_run(args) -> int:
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
     elif exported and str(seed) in exported.get("metrics_per_seed", {}):
-        key, what = ("val_accuracy", "validation accuracy") if f.val_accuracy is not None else ("val_loss", "validation loss")
-        want = exported["metrics_per_seed"][str(seed)].get(key)
+        # the study's first objective where the run and the trial both have it (a language model's perplexity, a
+        # time to target), else the consensus model's validation accuracy, or its loss
+        stored_seed = exported["metrics_per_seed"][str(seed)]
+        first = study.objectives[0]
+        if getattr(f, first, None) is not None and stored_seed.get(first) is not None:
+            key = first
+        else:
+            key = "val_accuracy" if f.val_accuracy is not None else "val_loss"
+        what, fmt = REPLAY_WORDS.get(key, key), ".6g" if key in ("bytes", "time_to_target", "sim_time") else ".4f"
+        want = stored_seed.get(key)
         trial = f"trial {exported['trial']} of {exported['study']}"
         from .backends import ran_on
         from .engine.setup import resolve_device
@@ -582,14 +590,23 @@ def cmd_run(args) -> int:
         if want is None:
             pass
         elif here.startswith(theirs):  # the same sums in the same order: held to match bit for bit
-            print(f"{what} {'matches' if want == getattr(f, key) else 'DIFFERS from'} {trial} (seed {seed}: {want:.4f})")
+            print(f"{what} {'matches' if want == getattr(f, key) else 'DIFFERS from'} {trial} (seed {seed}: "
+                  f"{format(want, fmt)})")
         else:
-            print(f"{what} {getattr(f, key):.4f}, {trial} {want:.4f} (seed {seed}): not held to match bit for bit, "
+            print(f"{what} {format(getattr(f, key), fmt)}, {trial} {format(want, fmt)} (seed {seed}): not held to match bit for bit, "
                   f"the trial ran {theirs} and this run {here}, whose sums run in another order")
     if args.json_out:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
+
+
+#: what a replay's line calls the metric it holds against the trial's
+REPLAY_WORDS = {"val_accuracy": "validation accuracy", "val_loss": "validation loss",
+                "val_perplexity": "validation perplexity", "mean_worker_accuracy": "mean worker accuracy",
+                "time_to_target": "time to target", "accuracy_at_time": "accuracy at the time budget",
+                "loss_at_time": "loss at the time budget", "perplexity_at_time": "perplexity at the time budget",
+                "sim_time": "simulated time", "bytes": "bytes sent"}
 
 
 def _time_rows(study, f) -> list[tuple[str, str]]:

@@ -327,6 +327,28 @@ def test_the_text_corpus_is_split_by_file_and_pinned_by_its_hash(folder):
 
 
 @pytest.mark.system
+def test_a_language_models_export_replays_on_its_perplexity(folder, tmp_path):
+    """`evomerge run --policy best.json` of a language model's study held the replay to its per-byte accuracy; the
+    study is judged on perplexity, and the line now holds that."""
+    from searchutil import cli
+
+    p = write_study(folder, "my-text-replay", 'dataset = "text"\npath = "corpus"\ncontext = 32', "TinyLM",
+                    metric="val_perplexity", steps=20)
+    p.write_text(p.read_text() + '\n[search.space]\nmean_interval = { kind = "log-float", low = 2.0, high = 10.0 }\n')
+    r = cli("search", "--study", str(p), "--n-trials", "1", "--sampler", "random", "--no-verdict", "--quiet",
+            "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cli("export", "--study", str(p), "--runs-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "best.json"),
+            cwd=tmp_path, data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "--study", str(p), "--policy", str(tmp_path / "best.json"), "--quiet", cwd=tmp_path,
+            data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^validation perplexity matches trial 0 of my-text-replay \(seed 0: \d+\.\d{4}\)$", r.stdout,
+                     re.M), r.stdout
+
+
+@pytest.mark.system
 def test_the_merger_trains_a_users_language_model_under_torchrun(folder, tmp_path):
     """Part 5: the runtime honours the same contract. A user's LM loop (dropout, a causal-mask buffer that is the
     module's own, per-token cross-entropy) with a winner-biased gossip policy that reads the loss the loop passes."""
