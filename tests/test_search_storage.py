@@ -338,3 +338,46 @@ def test_two_processes_that_start_on_the_study_as_it_stands_draw_different_trial
     alone = make_config(study.load(write_study(tmp_path / "alone")), runs_dir=tmp_path / "alone-runs",
                         sampler=sampler, seed=3)
     assert load_or_create(alone, open_storage(alone.storage), 0, asking=True).ask(dists).params == drawn[0]
+
+
+@pytest.mark.system
+def test_a_search_sharing_its_study_counts_every_process_trials_on_its_bar(tmp_path, data_dir, monkeypatch):
+    """Two searches of one study (its SQLite file shared, as on two machines with a database): each bar counted its
+    own trials only and ended at 4/8 with another's best. The progress now carries the study's count and best,
+    read every few seconds, and the bar shows them."""
+    import os
+
+    from evomerge.report.search_view import SearchView
+    from evomerge.search.config import make_config
+    from evomerge.search.loop import run_search
+
+    f = write_study(tmp_path, steps=200, slow=True)  # trials of 2 s or so, for little CPU
+    monkeypatch.setenv("SLOWMLP_DELAY", "0.01")
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    other = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "search", "--study", str(f), "--storage", url,
+                              "--runs-dir", "runs-b", "--n-trials", "8", "--sampler", "random", "--seed", "1",
+                              "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path,
+                             env=os.environ | {"EVOMERGE_DATA_DIR": str(data_dir)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        cfg = make_config(study.load(f), storage=url, runs_dir=tmp_path / "runs-a", n_trials=8, sampler="random",
+                          prune=False, verdict=False, data_dir=data_dir)
+        view, said, own = SearchView(cfg, quiet=True), [], [0]
+
+        def progress(kind, **info):
+            view.event(kind, **info)
+            if kind == "trial":
+                own[0] += info["record"]["state"] in ("COMPLETE", "PRUNED")
+                said.append((own[0], info.get("study"), view.done, view.best))
+
+        res = run_search(cfg, progress=progress)
+        _, err = other.communicate(timeout=300)
+    finally:
+        if other.poll() is None:
+            other.kill()
+    assert other.returncode == 0, err[-2000:]
+    assert res.counts.get("COMPLETE", 0) == 8 and 0 < own[0] < 8, (own, res.counts)  # both processes ran trials
+    reads = [(mine, st, done, best) for mine, st, done, best in said if st is not None]
+    assert any(st["done"] > mine for mine, st, _, _ in reads), said  # it saw the other's trials
+    for mine, st, done, best in reads:  # and the bar shows the study's count and best
+        assert done >= st["done"] and best == st["best"], said

@@ -143,6 +143,11 @@ class SearchView:
                 v = r["values"][0]
                 better = self.best is None or (v > self.best if cfg.study.directions[0] == "maximize" else v < self.best)
                 self.best = v if better else self.best
+            now = info.get("study")  # the whole study's, where other processes share it
+            if now is not None:
+                self.done = max(self.done, now["done"])
+                if now["best"] is not None:
+                    self.best = now["best"]
             if self.bar is not None:
                 best = f"best {self.best:.4f}" if self.best is not None else "best -"
                 self.bar.update(self.task, completed=min(self.done, cfg.n_trials),

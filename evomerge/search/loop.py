@@ -272,6 +272,9 @@ def _run_processes(cfg: SearchConfig, on_record, stop=None) -> None:
 
 
 # -- the whole search ------------------------------------------------------------------------------
+STUDY_EVERY = 2.0  # seconds between two reads of the whole study for the progress bar (search_view)
+
+
 @dataclass
 class SearchResult:
     config: SearchConfig
@@ -349,7 +352,22 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         if rec.get("failure") == "error":
             result.errors.append(f"trial {rec['number']}: {rec['error'].splitlines()[0]}")
         if progress:
-            progress("trial", record=rec)
+            progress("trial", record=rec, study=study_now())
+
+    seen = {"at": time.monotonic()}
+
+    def study_now() -> dict | None:
+        """The study's finished trials and best, read at most every few seconds: other processes or machines
+        sharing it finish trials this one never hears of (its bar stopped at its own share)."""
+        import optuna
+
+        if time.monotonic() - seen["at"] < STUDY_EVERY:
+            return None
+        seen["at"] = time.monotonic()
+        done = ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                         optuna.trial.TrialState.PRUNED))
+        best = best_trials(ostudy, cfg.study, 1)
+        return {"done": len(done), "best": best[0]["values"][0] if best else None}
 
     from .consensus import Keeper
 
