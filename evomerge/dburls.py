@@ -23,34 +23,71 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def _userinfo(url: str) -> tuple[str, str, str] | None:
-    """(scheme://, user:password, @host...) of a server's address whose user and password are written unencoded
-    (an ``@``, ``/``, ``?`` or ``#`` in the password), split at its last ``@``; else None."""
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)(.*)$", url, re.DOTALL)
-    if not m or m[1].startswith("sqlite") or "@" not in m[2] or any(c in m[2].split("@", 1)[0] for c in "/?#"):
-        return None  # no user (an '@' further on is in the path or the query)
-    user, host = m[2].rsplit("@", 1)
-    return (m[1], user, "@" + host) if any(c in user for c in "@/?#") else None
+def _parsed(url: str):
+    """SQLAlchemy's reading of a database address (its user, password and host, as the storage will connect with
+    them), or None for an HTTP address, a SQLite file or what it cannot read."""
+    if _parsed_kind(url):
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url)
+    except Exception:  # noqa: BLE001 (not an address it reads: check_database says so)
+        return None
+
+
+def _password_in_host(url: str):
+    """For an address whose password holds an unencoded ``@`` (SQLAlchemy takes the password's end for the host):
+    the address with everything before the host's last ``@`` masked; else None."""
+    u = _parsed(url)
+    prefix = url.split("://", 1)[0] + "://"
+    if u is None:  # unreadable (the password's end taken for a port): two '@' before any '/' and query
+        rest = url[len(prefix):] if "://" in url else ""
+        head = rest.split("@", 1)[0]
+        if _parsed_kind(url) or rest.count("@") < 2 or any(c in head for c in "/?#"):
+            return None
+        user = head.split(":", 1)[0]
+    elif u.password is None or "@" not in f"{u.host or ''}{u.database or ''}":
+        return None
+    else:
+        user = u.username
+    # the host: after the last '@' that a host (and a port) follows, then the path or the end
+    ats = [m.start() for m in re.finditer(r"@(?=(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:\d+)?(/|\?|$))", url)]
+    if not ats:
+        return f"{prefix}{user}:***"
+    return f"{prefix}{user}:***{url[ats[-1]:]}"
+
+
+def _parsed_kind(url: str) -> bool:
+    """An HTTP address, a SQLite or file one, or no address: not a database server's."""
+    return not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", url) or url.split("://", 1)[0].lower().split("+")[0] in (
+        "http", "https", "sqlite", "file")
 
 
 def unencoded_password(url: str, option: str) -> None:
-    """A ConfigError naming ``option`` for an address whose password holds a character an address must encode
-    (PostgreSQL then looked up a host made of the password's end, and printed it)."""
-    if _userinfo(url) is not None:
+    """A ConfigError naming ``option`` for an address whose password holds an ``@`` an address must encode (the
+    driver then looked up a host made of the password's end, and printed it)."""
+    if _password_in_host(url) is not None:
         from .errors import ConfigError
 
-        raise ConfigError(option, f"{shown(url)}: the password holds a character an address must encode ('@', '/', "
-                                  "'?' or '#'); allowed: the password percent-encoded (@ as %40, / as %2F, ? as %3F, "
-                                  "# as %23; urllib.parse.quote(password, safe=''))")
+        raise ConfigError(option, f"{shown(url)}: the password holds an '@', which an address must encode; allowed: "
+                                  "the password percent-encoded (@ as %40, / as %2F, ? as %3F, # as %23; "
+                                  "urllib.parse.quote(password, safe=''))")
 
 
 def shown(url: str) -> str:
-    """``url`` with the password of its user masked (``user:***@host``), for messages and pages. The host is what
-    follows the last ``@`` before the path, so a password holding an ``@`` is masked whole (and one holding a
-    ``/`` too)."""
-    bare = _userinfo(url)
+    """``url`` with the password of its user masked (``user:***@host``), for messages and pages. A database's address
+    is read as SQLAlchemy reads it (a password holding ``/``, ``?`` or ``#`` is masked whole; one holding an
+    unencoded ``@`` too, up to the host); others by their authority (what comes before the path)."""
+    bare = _password_in_host(url)
     if bare is not None:
-        return f"{bare[0]}{bare[1].split(':', 1)[0] + ':***' if ':' in bare[1] else '***'}{bare[2]}"
+        return bare
+    u = _parsed(url)
+    if u is not None and u.password is not None:
+        prefix = url.split("://", 1)[0] + "://"
+        end = url.find("@" + (u.host or ""), len(prefix)) if u.host else url.rfind("@")
+        if end >= 0:  # the user as written, the rest as written: only the password goes
+            return f"{prefix}{url[len(prefix):].split(':', 1)[0]}:***{url[end:]}"
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", url, re.DOTALL)
     if not m or "@" not in m[2]:
         return url

@@ -480,7 +480,7 @@ def _installed(module):
     ("postgresql+psycopg://me:s3cr3t@127.0.0.1:notaport/runs", "postgresql+psycopg://me:***@127.0.0.1:notaport/runs is "
                                                                  "not a database address"),
     ("postgresql+psycopg://me:s3cr@t@127.0.0.1:5432/runs", "postgresql+psycopg://me:***@127.0.0.1:5432/runs: the password "
-                                                           "holds a character an address must encode"),
+                                                           "holds an '@', which an address must encode"),
     ("http://me:secret@127.0.0.1:1", "cannot reach the MLflow server at http://me:***@127.0.0.1:1 ("),
     ("mysql+pymysql://me:secret@127.0.0.1:1/runs",
      "cannot reach the database at mysql+pymysql://me:***@127.0.0.1:1/runs (" if _installed("pymysql") else
