@@ -356,6 +356,15 @@ def test_two_processes_that_start_on_the_study_as_it_stands_draw_different_trial
     alone = make_config(study.load(write_study(tmp_path / "alone")), runs_dir=tmp_path / "alone-runs",
                         sampler=sampler, seed=3)
     assert load_or_create(alone, open_storage(alone.storage), 0, asking=True).ask(dists).params == drawn[0]
+    # a start with nothing left to run counts none: the search after it keeps the seed it would have had
+    from evomerge.search.storage import STARTS
+
+    import optuna
+
+    done = make_config(study.load(write_study(tmp_path / "done")), runs_dir=tmp_path / "done-runs",
+                       sampler=sampler, seed=3, n_trials=1)
+    load_or_create(done, open_storage(done.storage), 0).add_trial(optuna.trial.create_trial(values=[0.5]))
+    assert STARTS not in load_or_create(done, open_storage(done.storage), 0, asking=True).user_attrs
 
 
 @pytest.mark.system

@@ -184,15 +184,18 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
     line), else created. Its directions must match the study file's objectives and its
     fingerprint what the study file says now (:mod:`evomerge.search.fingerprint`). ``asking``: a
     process that will ask trials counts itself among the study's starts (under the search lock), and a
-    second start as the same worker on the study as it stood (another machine) seeds its sampler apart."""
+    second start as the same worker on the study as it stood (another machine) seeds its sampler apart. (Under
+    MySQL the search lock is a file's, on this machine only: two machines there can still draw alike.)"""
     import optuna
 
     from . import fingerprint
 
     directions = cfg.study.directions
-    resumed_at, exists = 0, True
+    resumed_at, exists, finished = 0, True, 0
     try:
-        resumed_at = len(storage.get_all_trials(storage.get_study_id_from_name(cfg.study.name), deepcopy=False))
+        trials = storage.get_all_trials(storage.get_study_id_from_name(cfg.study.name), deepcopy=False)
+        resumed_at = len(trials)
+        finished = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in trials)
     except KeyError:
         exists = False
     sampler, pruner = cfg.make_sampler(worker, resumed_at), cfg.make_pruner(total_steps)
@@ -210,7 +213,7 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
                                                       f"for {was}; the study now asks {list(cfg.study.objectives)}; to "
                                                       f"start afresh, {where} (the old results stay readable there)")
     fingerprint.check(study, cfg, resumed_at)
-    if asking:
+    if asking and finished < cfg.n_trials:  # (a search with nothing to run counts no start: the next keeps its seed)
         with search_lock(cfg, {}):
             starts = dict(study.user_attrs.get(STARTS) or {})
             key = f"{resumed_at}:{worker}"
