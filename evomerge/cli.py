@@ -75,7 +75,8 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
     nearest it does."""
     flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-") and x != "--"), extra[0])
     path = tuple(x for x in (args.command, getattr(args, "policy_command", None)) if x)
-    before = flag in argv and args.command in argv and argv.index(flag) < argv.index(args.command)
+    raw = next((x for x in extra if x.startswith("-") and x != "--"), extra[0])  # as typed (--runs-dir=r)
+    before = raw in argv and args.command in argv and argv.index(raw) < argv.index(args.command)
     sub = parser if before else dict(commands(parser)).get(path, parser)
     if extra[0] == "--":
         return f"--: {sub.prog} takes no arguments after it ({' '.join(extra)}); see {sub.prog} --help"
@@ -83,7 +84,9 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
     # a flag of other commands (baselines --runs-dir) is theirs, not a misspelling of one of this command's
     others = [p.prog.split(" ", 1)[1] for k, p in commands(parser)
               if p is not sub and any(flag in a.option_strings for a in p._actions)]
-    if flag.startswith("--") and others:
+    if before and flag.startswith("--") and args.command in others:  # `evomerge --runs-dir r search`
+        hint = f"a flag of evomerge {args.command} goes after it (evomerge {args.command} {flag} ...)"
+    elif flag.startswith("--") and others:
         hint = f"{flag} is for evomerge {', '.join(others)}; see {sub.prog} --help"
     else:
         hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
@@ -338,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         said = _database_gone(e)
         if said is None:
             raise
-        print(f"error: a database stopped answering ({said}); what finished before it is stored: run the same "
-              "command again once it answers", file=sys.stderr)
+        print(f"error: the database connection failed ({said}); what finished before it is stored: run the same "
+              "command again once the database answers", file=sys.stderr)
         return 1
 
 
@@ -348,12 +351,14 @@ def _database_gone(e: BaseException) -> str | None:
     SQLAlchemy's OperationalError or InterfaceError, or psycopg's (Optuna wraps them in a StorageInternalError that
     blames "invalid data in the commit"); else None."""
     found, seen = None, set()
-    while e is not None and id(e) not in seen:
+    while e is not None and id(e) not in seen:  # what it was raised from (Optuna: `raise ... from e`), not near
         seen.add(id(e))
         mod, name = type(e).__module__ or "", type(e).__name__
         if mod.startswith(("sqlalchemy", "psycopg")) and name in ("OperationalError", "InterfaceError"):
-            found = getattr(e, "orig", None) or e  # the innermost: the driver's words
-        e = e.__cause__ or e.__context__
+            orig = getattr(e, "orig", None) or e  # the driver's words; SQLite's own (a locked file) are not a server's
+            if not (type(orig).__module__ or "").startswith("sqlite3"):
+                found = orig
+        e = e.__cause__
     if found is None:
         return None
     from .dburls import first_line
@@ -574,7 +579,8 @@ def cmd_run(args) -> int:
         # time to target), else the consensus model's validation accuracy, or its loss
         stored_seed = exported["metrics_per_seed"][str(seed)]
         first = study.objectives[0]
-        if getattr(f, first, None) is not None and stored_seed.get(first) is not None:
+        if first not in ("bytes", "sim_time") and getattr(f, first, None) is not None and \
+                stored_seed.get(first) is not None:  # (bytes and time are the policy's, not the model's)
             key = first
         else:
             key = "val_accuracy" if f.val_accuracy is not None else "val_loss"
@@ -590,7 +596,9 @@ def cmd_run(args) -> int:
         if want is None:
             pass
         elif here.startswith(theirs):  # the same sums in the same order: held to match bit for bit
-            print(f"{what} {'matches' if want == getattr(f, key) else 'DIFFERS from'} {trial} (seed {seed}: "
+            got = getattr(f, key)
+            same = want == got or (want != want and got != got)  # a diverged run's NaN is the same NaN again
+            print(f"{what} {'matches' if same else 'DIFFERS from'} {trial} (seed {seed}: "
                   f"{format(want, fmt)})")
         else:
             print(f"{what} {format(getattr(f, key), fmt)}, {trial} {format(want, fmt)} (seed {seed}): not held to match bit for bit, "

@@ -217,6 +217,13 @@ def check_policy(policy: MergePolicy, workers: int | None = None) -> None:
         check_workers(policy, workers)
 
 
+def _in_worker_error(line: str) -> "MergerError":
+    """A failure of a collective inside a worker of several ranks (marked: the leader does not tell its worker)."""
+    e = MergerError(line)
+    e.in_worker = True
+    return e
+
+
 def _holdout_scored(policy: MergePolicy) -> bool:
     """Whether the policy's winner test scores both models of a pair on the pair's held-out examples
     (``score = "holdout"``): the Merger then needs the loop's ``holdout``."""
@@ -869,14 +876,15 @@ class Merger:
         try:
             return call(*args)
         except (MergerError, ConfigError) as e:
-            self._tell_worker(str(e))
+            if not getattr(e, "in_worker", False):  # a broadcast inside the worker failed: its ranks know already,
+                self._tell_worker(str(e))         # and one more would meet another (the model's) on theirs
             raise
 
     def _tell_worker(self, line: str) -> None:
         """The leader's stop to its worker's other ranks: the flag :data:`WORKER_STOPPED`, then its line."""
         g, src = self.worker_group, self._leader
         text = torch.zeros(LINE_BYTES, dtype=torch.uint8)
-        said = line.encode()[:LINE_BYTES]
+        said = line.encode()[:LINE_BYTES] or b"?"
         text[:len(said)] = torch.frombuffer(bytearray(said), dtype=torch.uint8)
         try:
             flag = torch.tensor([WORKER_STOPPED], device=self.wire_dev)
@@ -926,14 +934,14 @@ class Merger:
             while not work.is_completed():
                 if time.perf_counter() - t0 > self.timeout:
                     ranks = dist.get_process_group_ranks(self.worker_group)
-                    raise MergerError(f"the ranks of worker {ranks} did not all answer for {self.timeout:g} s "
-                                      f"(step {self.t}); stopped")
+                    raise _in_worker_error(f"the ranks of worker {ranks} did not all answer for {self.timeout:g} s "
+                                           f"(step {self.t}); stopped")
                 time.sleep(0.0005)
             work.wait()
         except RuntimeError as e:
             ranks = dist.get_process_group_ranks(self.worker_group)
-            raise MergerError(f"a rank of worker {ranks} is gone (step {self.t}: {str(e).splitlines()[0]}); "
-                              "stopped") from None
+            raise _in_worker_error(f"a rank of worker {ranks} is gone (step {self.t}: {str(e).splitlines()[0]}); "
+                                   "stopped") from None
 
     # -- state ---------------------------------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:

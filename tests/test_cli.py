@@ -280,6 +280,8 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
     (["--bogus", "search", "--study", "mnist-gossip"], "error: --bogus: evomerge does not take it (--bogus); see "
                                                         "evomerge --help"),
+    (["--quiet", "search", "--study", "mnist-gossip"], "error: --quiet: evomerge does not take it (--quiet); a flag "
+                                                       "of evomerge search goes after it (evomerge search --quiet ...)"),
     # another command's flag is not taken for a misspelling of this one's (said "did you mean --data-dir?")
     (["baselines", "--study", "mnist-gossip", "--runs-dir", "r"],
      "error: --runs-dir: evomerge baselines does not take it (--runs-dir r); --runs-dir is for evomerge search, "

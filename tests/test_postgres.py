@@ -213,5 +213,5 @@ def test_a_database_stopped_under_a_search_ends_it_in_one_line(tmp_path, data_di
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert p.returncode == 1 and "Traceback" not in err and lines[-1].startswith("error:"), err[-3000:]
     assert [ln for ln in lines if "error" in ln.lower()] == lines[-1:], lines  # the search's header, then one line
-    assert lines[-1].startswith("error: a database stopped answering (") and lines[-1].endswith(
-        "); what finished before it is stored: run the same command again once it answers"), lines
+    assert lines[-1].startswith("error: the database connection failed (") and lines[-1].endswith(
+        "); what finished before it is stored: run the same command again once the database answers"), lines

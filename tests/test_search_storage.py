@@ -408,3 +408,4 @@ def test_a_search_sharing_its_study_counts_every_process_trials_on_its_bar(tmp_p
     assert any(st["done"] > mine for mine, st, _, _ in reads), said  # it saw the other's trials
     for mine, st, done, best in reads:  # and the bar shows the study's count and best
         assert done >= st["done"] and best == st["best"], said
+    assert view.done == 8  # at the end, the whole study's (read once more: the other's last trials came after)

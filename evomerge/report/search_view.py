@@ -131,6 +131,14 @@ class SearchView:
             self.err.print(f"judging: {tune}the picks and {len(study.baselines)} baselines on "
                            + (f"{n} fresh seed{'s' if n > 1 else ''} (runs already made are reused)" if n else
                               "the search's own seeds"), highlight=False)
+        elif kind == "study":  # the whole study, read at the search's end
+            now = info["study"]
+            self.done = max(self.done, now["done"])
+            self.best = now["best"] if now["best"] is not None else self.best
+            if self.bar is not None and self.task is not None:
+                best = f"best {self.best:.4f}" if self.best is not None else "best -"
+                self.bar.update(self.task, completed=min(self.done, cfg.n_trials),
+                                info=f"pruned {self.pruned}  failed {self.failed}  {best}")
         elif kind == "trial":
             r = info["record"]
             if r["state"] in ("COMPLETE", "PRUNED"):

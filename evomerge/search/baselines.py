@@ -68,6 +68,8 @@ def lr_setup(study: Study, lr: float | None, setups: dict | None, data=None, dat
 
     setups = {} if setups is None else setups
     lr = None if lr == study.run.lr else lr
+    if data is None and setups:  # the data another step size's setup read: read once
+        data = next(iter(setups.values())).data
     if lr not in setups:
         setups[lr] = prepare(with_run(study, {"lr": lr}) if lr is not None else study, data=data, data_dir=data_dir)
     return setups[lr]

@@ -356,12 +356,12 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
 
     seen = {"at": time.monotonic()}
 
-    def study_now() -> dict | None:
-        """The study's finished trials and best, read at most every few seconds: other processes or machines
-        sharing it finish trials this one never hears of (its bar stopped at its own share)."""
+    def study_now(force: bool = False) -> dict | None:
+        """The study's finished trials and best, read at most every few seconds (``force``: now): other processes
+        or machines sharing it finish trials this one never hears of (its bar stopped at its own share)."""
         import optuna
 
-        if time.monotonic() - seen["at"] < STUDY_EVERY:
+        if not force and time.monotonic() - seen["at"] < STUDY_EVERY:
             return None
         seen["at"] = time.monotonic()
         done = ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
@@ -387,6 +387,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         if stop is not None:
             stop.check()  # a signal lost in the last trial: the search stops before its verdict
         ended = True
+        if progress:  # the bar ends at the study's count, where other processes finished the last trials
+            progress("study", study=study_now(force=True))
     except KeyboardInterrupt:
         result.interrupted = True
         status = "KILLED"

@@ -150,7 +150,10 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
 
     fresh = fresh_seeds(target, seeds)
     # each policy's runs, kept with the source study as they finish: an interrupted transfer goes on from there
-    key = (f"{RUNS_PREFIX}{target.name}:{fingerprint.of(target)['hash'][:16]}:{backend}:"
+    import hashlib
+
+    what = f"{fingerprint.of(target)['hash']}:{target.target}:{target.target_metric}"  # (the threshold is not in it)
+    key = (f"{RUNS_PREFIX}{target.name}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:{backend}:"
            + ",".join(map(str, fresh)))
     cached = dict(ostudy.user_attrs.get(key) or {})
     maximize = source.directions[0] == "maximize"
