@@ -303,6 +303,11 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    # a negative percentage after --tolerance looked to argparse like a flag ("needs a value"): held to its flag,
+    # so that its own range check says what is wrong with it
+    argv = [f"{a}={argv[i + 1]}" if a == "--tolerance" and i + 1 < len(argv) and argv[i + 1].startswith("-")
+            and argv[i + 1][1:2].isdigit() else a for i, a in enumerate(argv)
+            if not (i > 0 and argv[i - 1] == "--tolerance" and a.startswith("-") and a[1:2].isdigit())]
     args, extra = parser.parse_known_args(argv)
     if extra:
         print(f"error: {_unrecognized(parser, args, extra, argv)}", file=sys.stderr)
@@ -742,8 +747,8 @@ def _load_target(args):
     try:
         return load(args.target)
     except ConfigError as e:
-        if is_path(args.target):
-            raise ConfigError("--target", e.message if e.field == str(args.target) else str(e)) from None
+        if is_path(args.target):  # its own error, named as the flag that gave it (load says --study)
+            raise ConfigError("--target", e.message if e.field in (str(args.target), "--study") else str(e)) from None
         got = stored_study(str(args.target), default_storage(Path(args.runs_dir) / str(args.target)))
         if got is not None:
             return got[0]
@@ -851,6 +856,9 @@ def cmd_transfer(args) -> int:
     _print_transfer(result)
     for x in result.get("left_out", []):
         print(f"note: trial {x['trial']} left out: {x['why']}")
+    if result.get("reused"):  # an interrupted transfer's runs, or an earlier one's of the same target and seeds
+        print(f"note: the runs of {result['reused']} of the {result['top']} policies were kept from an earlier "
+              f"transfer to {result['target']} on the same seeds; {result['top'] - result['reused']} ran now")
     rho = result["spearman"]
 
     def fig(v, fmt: str) -> str:  # none where scipy has none (nan: two policies, or tied values)

@@ -280,6 +280,10 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
     (["--bogus", "search", "--study", "mnist-gossip"], "error: --bogus: evomerge does not take it (--bogus); see "
                                                         "evomerge --help"),
+    # a negative percentage was taken for a flag: "--tolerance: needs a value"
+    (["export", "--study", "mnist-gossip", "-o", "x.json", "--tolerance", "-1%"],
+     "error: --tolerance: '-1%'; allowed: a number >= 0 in the first objective's unit (0.005), or a percentage of its "
+     "best value (2%)"),
     (["--quiet", "search", "--study", "mnist-gossip"], "error: --quiet: evomerge does not take it (--quiet); a flag "
                                                        "of evomerge search goes after it (evomerge search --quiet ...)"),
     # another command's flag is not taken for a misspelling of this one's (said "did you mean --data-dir?")

@@ -335,6 +335,10 @@ def test_exports_tolerance_is_half_a_point_of_accuracy_and_half_a_percent_of_any
                                             "best time_to_target"), said
     assert results.pick_one(o, timed, "0.005")[0]["number"] == 0  # in seconds, as given
     assert results.pick_one(o, timed, "30%")[0]["number"] == 2
+    # under a limit the tolerance is of the best that meets it, and the words say so (they said "the best")
+    pick, said = results.pick_one(o, timed, "1%", {"bytes": 2e8})
+    assert pick["number"] == 1 and said == ("the best bytes among the Pareto-optimal trials, with bytes at most 2e+08, "
+                                            "within 1% (1.204) of their best time_to_target"), said
     acc = study_mod.from_dict({"study": {"name": "a"}, "objectives": {"metrics": ["val_accuracy", "bytes"]}})
     o = ostudy(["maximize", "minimize"], [(0.950, 5e9), (0.946, 1e8), (0.94, 1e6)])
     assert results.pick_one(o, acc)[0]["number"] == 1  # within half a point

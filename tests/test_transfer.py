@@ -172,5 +172,11 @@ def test_an_interrupted_transfer_goes_on_from_the_policies_it_ran(tmp_path, data
     row = min(result["rows"], key=lambda r: r["source_rank"])
     ran = evomerge.run(b, evomerge.MergePolicy.from_dict(row["policy"]), result["seeds"][1], data_dir=data_dir)
     assert ran.final.val_accuracy == pytest.approx(row["target_values"][1], abs=1e-6)
+    p = cli("transfer", "--study", str(f), "--target", str(big), "--top", "4", "--seeds", "2", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)  # all kept: said, where nothing else would show it
+    assert p.returncode == 0 and ("note: the runs of 4 of the 4 policies were kept from an earlier transfer to big on "
+                                  "the same seeds; 0 ran now") in p.stdout, p.stdout + p.stderr
+    p = cli("transfer", "--study", str(f), "--target", str(tmp_path / "nope.toml"), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr == f"error: --target: {tmp_path / 'nope.toml'}: no such file\n", p.stderr
     p = cli("transfer", "--study", str(f), "--target", "no-such-study", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr.startswith("error: --target: unknown study 'no-such-study'; "), p.stderr

@@ -281,7 +281,9 @@ def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits:
     close = [t for t in front if sign[0] * t.values[0] <= best0 + width]
     pick = min(close, key=lambda t: tuple(sign[k] * t.values[k] for k in range(1, len(names))) + (t.number,))
     within = f"{value * 100:g}% ({width:.4g})" if relative else f"{value:g}"
-    said = f"the best {names[1]} among the Pareto-optimal trials within {within} of the best {names[0]}{limited}"
+    # (with limits, the best first objective is the best of those that meet them, not the study's)
+    said = (f"the best {names[1]} among the Pareto-optimal trials{limited}, within {within} of their best {names[0]}"
+            if limits else f"the best {names[1]} among the Pareto-optimal trials within {within} of the best {names[0]}")
     return trial_summary(pick, study), said
 
 

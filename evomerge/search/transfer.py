@@ -158,7 +158,8 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     cached = dict(ostudy.user_attrs.get(key) or {})
     maximize = source.directions[0] == "maximize"
     rows, total, t0 = [], len(policies) * len(fresh), time.time()
-    done = sum(len(fresh) for t in trials if str(t.number) in cached)
+    reused = sum(1 for t in trials if str(t.number) in cached)
+    done = reused * len(fresh)
     if on_run and done:
         on_run(done, total)
     for t, pol in zip(trials, policies):
@@ -187,6 +188,7 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     result = {"source": source.name, "target": target.name, "metric": metric, "direction": source.directions[0],
               "top": len(rows), "seeds": fresh, "rows": rows, **corr,
               "target_workers": target.run.workers, "target_total_steps": base.total_steps, "left_out": left_out,
+              "reused": reused,
               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_time": time.time() - t0}
     ostudy.set_user_attr(ATTR_PREFIX + target.name, _finite(result))
     return result
