@@ -8,6 +8,7 @@ studies shipped with evomerge.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -388,18 +389,23 @@ class _Objectives:
         return self
 
 
+BASELINE_LRS = "distinct step sizes > 0, e.g. [0.025, 0.05, 0.1, 0.2] (each baseline runs at its best)"
+
+
+def _step_sizes(v: Any) -> Any:
+    """``[baselines] lr``: a list of distinct step sizes > 0 (a number alone, or a word in it, said so)."""
+    ok = isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                              and math.isfinite(x) and x > 0 for x in v)
+    if not ok or len(set(v)) != len(v):
+        raise settings.Invalid(f"{settings.show(list(v) if isinstance(v, tuple) else v)}; allowed: {BASELINE_LRS}")
+    return tuple(float(x) for x in v)
+
+
 @settings.model("study.baselines")
 class _Baselines:
     policies: Annotated[tuple[str, ...], Seq] = DEFAULT_BASELINES
     # the step sizes each baseline is tried at on the study's seeds; it is compared at its best (empty: run.lr)
-    lr: Annotated[tuple[float, ...], Seq] = ()
-
-    @model_validator(mode="after")
-    def _step_sizes(self) -> "_Baselines":
-        if any(not v > 0 for v in self.lr) or len(set(self.lr)) != len(self.lr):
-            raise ConfigError("study.baselines.lr", f"{list(self.lr)}; allowed: distinct step sizes > 0, e.g. "
-                                                    "[0.025, 0.05, 0.1, 0.2] (each baseline runs at its best)")
-        return self
+    lr: Annotated[Any, BeforeValidator(_step_sizes)] = ()
 
 
 @settings.model("study")

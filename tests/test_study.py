@@ -48,6 +48,7 @@ def _raw(**over):
     ({"baselines": {"lr": [0.05, 0]}}, "study.baselines.lr"),
     ({"baselines": {"lr": [0.1, 0.1]}}, "study.baselines.lr"),
     ({"baselines": {"lr": 0.1}}, "study.baselines.lr"),
+    ({"baselines": {"lr": ["x"]}}, "study.baselines.lr"),
     ({"run": {"seeds": [0, "1"]}}, "study.run.seeds"),
     ({"run": {"momentum": 1.0}}, "study.run.momentum"),
     ({"search": {"space": {"degree": {"kind": "int", "low": 4, "high": 6}}}}, "study.search.space.degree"),
@@ -233,3 +234,13 @@ def test_an_unknown_model_name_points_at_the_factory_not_at_module():
         study.from_dict({"model": {"name": "resnet"}})
     assert str(e.value) == ('study.model.name: unknown \'resnet\'; allowed: mlp, cnn (or your own nn.Module: '
                             'factory = "mymodels:build")')
+
+
+def test_baseline_step_sizes_that_are_no_list_of_numbers_say_what_is_allowed():
+    """(`lr = 0.1` said "must be a list, got float 0.1", and `["x"]` "must be a number", without the allowed values.)"""
+    for v in (0.1, ["x"], [0.05, 0]):
+        with pytest.raises(ConfigError) as e:
+            study.from_dict(_raw(baselines={"lr": v}))
+        assert str(e.value).endswith("; allowed: distinct step sizes > 0, e.g. [0.025, 0.05, 0.1, 0.2] (each baseline "
+                                     "runs at its best)"), str(e.value)
+    assert study.from_dict(_raw(baselines={"lr": [0.05, 1]})).baseline_lr == (0.05, 1.0)
