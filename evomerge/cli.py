@@ -737,6 +737,27 @@ def _load_stored(args, ref: str | None = None):
     return stored
 
 
+def _search_study(args):
+    """``search --study``: a file or a shipped name; else the name of a study searched under --runs-dir (or in
+    --storage) whose file is not here any more, resumed with the definition stored with its trials (status, export
+    and run took the name; search refused it)."""
+    from .search.results import is_path, stored_study
+    from .search.storage import default_storage
+    from .study import load
+
+    try:
+        return load(args.study)
+    except ConfigError:
+        if is_path(args.study):
+            raise
+        got = stored_study(str(args.study), args.storage or default_storage(Path(args.runs_dir) / str(args.study)))
+        if got is None:
+            raise
+        print(f"note: no study file {str(args.study)!r} here; searching on with the definition stored with its "
+              f"trials (from {got[1]['path']})", file=sys.stderr)
+        return got[0]
+
+
 def _load_target(args):
     """``transfer --target``: a file, a shipped name, or a study stored under --runs-dir by name (its file moved); its
     errors name --target."""
@@ -787,7 +808,7 @@ def cmd_search(args) -> int:
     from .study import load
 
     _quiet_libraries(mlflow=False)
-    study = load(args.study)
+    study = _search_study(args)
     cfg = make_config(study, **from_args(args))  # every flag checked before seconds of importing MLflow and torch
     began = False
 

@@ -198,6 +198,16 @@ def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path
         proc.communicate(timeout=60)
     finally:
         stop(proc)
+    # the file gone: the search goes on by name, on the stored definition (it said "unknown study")
+    f.unlink()
+    p = cli("search", "--no-verdict", "--study", "own-study", "--n-trials", "3", "--sampler", "random", "--quiet",
+            cwd=work, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert (f"note: no study file 'own-study' here; searching on with the definition stored with its trials (from "
+            f"{f.resolve()})") in p.stderr, p.stderr
+    assert "own-study: 3 complete" in p.stdout, p.stdout
+    p = cli("search", "--study", "not-stored", cwd=work, data_dir=data_dir)  # a name nothing holds: as before
+    assert p.returncode == 2 and p.stderr.startswith("error: --study: unknown study 'not-stored'"), p.stderr
 
 
 @pytest.mark.unit
