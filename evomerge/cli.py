@@ -859,19 +859,31 @@ def cmd_transfer(args) -> int:
     apply_threads()
     kw = dict(top=args.top, seeds=args.seeds, storage=args.storage, runs_dir=args.runs_dir, data_dir=args.data_dir,
               device=args.device, backend=args.backend, procs=args.procs)
+    ran = [0]  # runs done (kept or made): a policy's are kept once all its seeds ran
+
+    def counted(tell=None):
+        def on_run(done, total):
+            ran[0] = done
+            if tell is not None:
+                tell(done, total)
+        return on_run
+
     try:
         if args.quiet or not _console_err().is_terminal:  # a bar is for a person at a terminal
-            result = transfer(source, target, **kw)
+            result = transfer(source, target, on_run=counted(), **kw)
         else:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             with Progress(TextColumn(f"{target.name} runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           transient=True, console=_console_err()) as bar:
                 task = bar.add_task("runs", total=None)
-                result = transfer(source, target, on_run=lambda d, n: bar.update(task, completed=d, total=n), **kw)
+                result = transfer(source, target, on_run=counted(lambda d, n: bar.update(task, completed=d, total=n)),
+                                  **kw)
     except KeyboardInterrupt:
-        print("note: the policies whose runs finished are kept with the study; run the same command again to go on",
-              file=sys.stderr)
+        kept = ran[0] // args.seeds
+        print(f"note: the runs of {kept} polic{'y' if kept == 1 else 'ies'} are kept with the study; run the same "
+              "command again to go on from them" if kept else
+              "note: no policy had all its runs yet: nothing of this transfer was kept", file=sys.stderr)
         raise
     run_id = Tracker(uri, source.name, study_dir / "mlartifacts", study=source).log_transfer(result)
     _print_transfer(result)
