@@ -740,43 +740,32 @@ def _load_stored(args, ref: str | None = None):
 def _search_study(args):
     """``search --study``: a file or a shipped name; else the name of a study searched under --runs-dir (or in
     --storage) whose file is not here any more, resumed with the definition stored with its trials (status, export
-    and run took the name; search refused it)."""
-    from .search.results import is_path, stored_study
-    from .search.storage import default_storage
-    from .study import load
+    and run took the name; search refused it); else _load_stored's line with the known and the stored ones."""
+    from .search.results import load_or_stored
 
-    try:
-        return load(args.study)
-    except ConfigError:
-        if is_path(args.study):
-            raise
-        got = stored_study(str(args.study), args.storage or default_storage(Path(args.runs_dir) / str(args.study)))
-        if got is None:
-            raise
+    def said(path):
         print(f"note: no study file {str(args.study)!r} here; searching on with the definition stored with its "
-              f"trials (from {got[1]['path']})", file=sys.stderr)
-        return got[0]
+              f"trials (from {path})", file=sys.stderr)
+
+    return load_or_stored(args.study, args.runs_dir, args.storage, on_stored=said) or _load_stored(args)
 
 
 def _load_target(args):
     """``transfer --target``: a file, a shipped name, or a study stored under --runs-dir by name (its file moved); its
     errors name --target."""
-    from .search.results import is_path, stored_names, stored_study
-    from .search.storage import default_storage
-    from .study import known_studies, load, study_hint
+    from .search.results import load_or_stored, stored_names
+    from .study import known_studies, study_hint
 
     try:
-        return load(args.target)
-    except ConfigError as e:
-        if is_path(args.target):  # its own error, named as the flag that gave it (load says --study)
-            raise ConfigError("--target", e.message if e.field in (str(args.target), "--study") else str(e)) from None
-        got = stored_study(str(args.target), default_storage(Path(args.runs_dir) / str(args.target)))
-        if got is not None:
-            return got[0]
+        target = load_or_stored(args.target, args.runs_dir)
+    except ConfigError as e:  # a file's own error, named as the flag that gave it (load says --study)
+        raise ConfigError("--target", e.message if e.field in (str(args.target), "--study") else str(e)) from None
+    if target is None:
         stored = stored_names(args.runs_dir)
         raise ConfigError("--target", f"unknown study {str(args.target)!r}; known: {', '.join(known_studies())}; "
                                       f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} (or give a path to a "
-                                      ".toml file)" + study_hint(str(args.target), [*known_studies(), *stored])) from None
+                                      ".toml file)" + study_hint(str(args.target), [*known_studies(), *stored]))
+    return target
 
 
 def _storage_url(study, args) -> str:

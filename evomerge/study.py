@@ -40,6 +40,9 @@ OBJECTIVES = {  # name -> direction
     "val_loss": "minimize",  # the task's loss (run.loss) of the consensus model on the validation split
     "val_perplexity": "minimize",  # exp(token-weighted mean NLL): cross-entropy with labels per position
 }
+#: objectives measured on a simulated cluster's clock ([environment]); objectives that are accuracies (fractions)
+TIMED_OBJECTIVES = ("time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time", "sim_time")
+ACCURACY_OBJECTIVES = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
 TARGET_METRICS = ("val_accuracy", "mean_worker_accuracy", "val_loss", "val_perplexity")  # time_to_target's
 LOSS_NAMES = ("cross_entropy", "mse")  # task.LOSSES (without importing torch); or "module:function"
 EXECUTIONS = ("auto", "stacked", "loop")  # models.generic.EXECUTIONS
@@ -487,7 +490,7 @@ class Study:
 
     @model_validator(mode="after")
     def _time_objectives(self) -> "Study":
-        timed = {"time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time", "sim_time"} & set(self.objectives)
+        timed = set(TIMED_OBJECTIVES) & set(self.objectives)
         if timed and self.environment is None:
             raise ConfigError("study.objectives.metrics", f"{sorted(timed)[0]} needs an [environment] "
                                                           "(the simulated cluster whose time it measures)")

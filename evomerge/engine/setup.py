@@ -16,7 +16,7 @@ from .. import models as models_mod
 from .. import task as task_mod
 from ..errors import ConfigError
 from . import schedule as schedule_mod
-from ..study import Study
+from ..study import ACCURACY_OBJECTIVES, Study
 
 TAG_BATCHES, TAG_SLICES = schedule_mod.STREAMS["batches"], schedule_mod.STREAMS["slices"]
 
@@ -149,7 +149,7 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
 
 
 #: the metrics that mean something only for some tasks
-NEEDS_CLASSES = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
+NEEDS_CLASSES = ACCURACY_OBJECTIVES
 NEEDS_POSITIONS = ("val_perplexity", "perplexity_at_time")
 CONFIDENCE_FIELDS = ("data_exchange_k", "retire_threshold", "swap_confidence")  # built on exp(-loss): the model's confidence
 

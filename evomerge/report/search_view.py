@@ -132,13 +132,9 @@ class SearchView:
                            + (f"{n} fresh seed{'s' if n > 1 else ''} (runs already made are reused)" if n else
                               "the search's own seeds"), highlight=False)
         elif kind == "study":  # the whole study, read at the search's end
-            now = info["study"]
-            self.done = max(self.done, now["done"])
-            self.best = now["best"] if now["best"] is not None else self.best
-            if self.bar is not None and self.task is not None:
-                best = f"best {self.best:.4f}" if self.best is not None else "best -"
-                self.bar.update(self.task, completed=min(self.done, cfg.n_trials),
-                                info=f"pruned {self.pruned}  failed {self.failed}  {best}")
+            self._take_study(info["study"])
+            if self.task is not None:
+                self._show()
         elif kind == "trial":
             r = info["record"]
             if r["state"] in ("COMPLETE", "PRUNED"):
@@ -151,19 +147,27 @@ class SearchView:
                 v = r["values"][0]
                 better = self.best is None or (v > self.best if cfg.study.directions[0] == "maximize" else v < self.best)
                 self.best = v if better else self.best
-            now = info.get("study")  # the whole study's, where other processes share it
-            if now is not None:
-                self.done = max(self.done, now["done"])
-                if now["best"] is not None:
-                    self.best = now["best"]
+            self._take_study(info.get("study"))
             if self.bar is not None:
-                best = f"best {self.best:.4f}" if self.best is not None else "best -"
-                self.bar.update(self.task, completed=min(self.done, cfg.n_trials),
-                                info=f"pruned {self.pruned}  failed {self.failed}  {best}")
+                self._show()
             elif r.get("run_status") == DIVERGED:
                 self.err.print(f"trial {r['number']} {DIVERGED}", highlight=False)
             elif r["state"] == "FAIL" and r.get("failure") == "error":
                 self.err.print(f"trial {r['number']} failed: {r['error'].splitlines()[0]}", highlight=False)
+
+    def _take_study(self, now: dict | None) -> None:
+        """The whole study's count and best (read where other processes share it), over this process's own."""
+        if now is not None:
+            self.done = max(self.done, now["done"])
+            if now["best"] is not None:
+                self.best = now["best"]
+
+    def _show(self) -> None:
+        if self.bar is None:
+            return
+        best = f"best {self.best:.4f}" if self.best is not None else "best -"
+        self.bar.update(self.task, completed=min(self.done, self.cfg.n_trials),
+                        info=f"pruned {self.pruned}  failed {self.failed}  {best}")
 
     def summary(self, result: "SearchResult", data_dir=None) -> None:
         study = self.cfg.study

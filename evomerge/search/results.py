@@ -17,7 +17,7 @@ from pathlib import Path
 from ..dburls import shown
 from ..errors import ConfigError
 from ..sqlitefiles import sqlite_file
-from ..study import Study
+from ..study import ACCURACY_OBJECTIVES, Study
 
 RUN_STATUS, DIVERGED = "run_status", "diverged"
 CURVE_KEYS = ("step", "val_accuracy", "val_loss", "val_perplexity", "consensus_distance", "bytes",
@@ -115,10 +115,11 @@ def is_path(ref) -> bool:
     return str(ref).endswith(".toml") or Path(str(ref)).is_file()
 
 
-def load_or_stored(ref, runs_dir=None, storage: str | None = None):
-    """``evomerge run``'s study: a file or a shipped name as it says now, else the name of a study a search stored
-    under ``runs_dir`` (or in ``storage``) from a file elsewhere, as stored with its trials; None for a name that is
-    neither (the caller says what is known), and a file's own error for a file."""
+def load_or_stored(ref, runs_dir=None, storage: str | None = None, on_stored=None):
+    """``evomerge run``'s study (and ``search``'s, ``transfer --target``'s): a file or a shipped name as it says now,
+    else the name of a study a search stored under ``runs_dir`` (or in ``storage``) from a file elsewhere, as stored
+    with its trials (``on_stored(path)`` is told the file it was searched from); None for a name that is neither (the
+    caller says what is known), and a file's own error for a file."""
     from ..errors import ConfigError
     from ..study import load
     from .config import default_runs_dir
@@ -130,6 +131,8 @@ def load_or_stored(ref, runs_dir=None, storage: str | None = None):
         if is_path(ref):
             raise
     got = stored_study(str(ref), storage or default_storage(Path(runs_dir or default_runs_dir()) / str(ref)))
+    if got is not None and on_stored is not None:
+        on_stored(got[1]["path"])
     return got[0] if got is not None else None
 
 
@@ -220,10 +223,6 @@ def best_trials(ostudy, study: Study, n: int = 5) -> list[dict]:
     return [trial_summary(t, study) for t in ranked]
 
 
-#: objectives that are fractions (accuracies): an absolute --tolerance of half a point; others: a relative one
-FRACTIONS = ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time")
-
-
 def read_tolerance(text: str) -> tuple[float, bool]:
     """``--tolerance``: ``0.005`` (in the first objective's unit) or ``2%`` (of its best value): (value, relative).
     A ConfigError naming ``--tolerance`` for anything else."""
@@ -275,7 +274,7 @@ def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits:
     sign = [1 if d == "minimize" else -1 for d in dirs]
     best0 = min(sign[0] * t.values[0] for t in front)
     if tolerance is None:  # half a point of an accuracy; 0.5% of a time, a loss, a perplexity or a byte count
-        tolerance = "0.005" if names[0] in FRACTIONS else "0.5%"
+        tolerance = "0.005" if names[0] in ACCURACY_OBJECTIVES else "0.5%"
     value, relative = read_tolerance(tolerance)
     width = value * abs(best0) if relative else value
     close = [t for t in front if sign[0] * t.values[0] <= best0 + width]

@@ -29,18 +29,20 @@ if TYPE_CHECKING:
 
 ATTR_PREFIX = "transfer:"
 RUNS_PREFIX = "transfer-runs:"  # a transfer's runs so far, by trial (it resumes from them)
-TIMED = ("time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time", "sim_time")
 
 
 def unmeasured(metric: str, target: "Study", task) -> str | None:
     """Why the runs of ``target`` (its loss's ``task``) do not measure ``metric``, or None when they do."""
-    if metric in TIMED and target.environment is None:
+    from ..engine.setup import NEEDS_CLASSES, NEEDS_POSITIONS  # check_task's rule, for a study's own objectives
+    from ..study import TIMED_OBJECTIVES
+
+    if metric in TIMED_OBJECTIVES and target.environment is None:
         return "it has no [environment], no simulated clock"
     if metric == "time_to_target" and target.target is None:
         return "it has no [objectives] target"
-    if metric in ("val_accuracy", "mean_worker_accuracy", "accuracy_at_time") and not task.classification:
+    if metric in NEEDS_CLASSES and not task.classification:
         return f"its loss {task.loss!r} has no classes to be accurate on"
-    if metric in ("val_perplexity", "perplexity_at_time") and not (task.classification and task.per_position):
+    if metric in NEEDS_POSITIONS and not task.per_position:
         return "it is not a language model (labels per position)"
     return None
 
