@@ -554,12 +554,7 @@ class Merger:
         self._stop_in = {}
         for r in range(self.W):
             if r != self.rank:
-                buf = torch.zeros(1)
-                try:
-                    work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
-                except RuntimeError as e:  # its connection is already closed
-                    work = self._pend(None, e, peer=r)
-                self._stop_in[r] = (work, buf)
+                self._post_stop(r)
         self._stop_out: list = []
         self._closing = False
         # a process that ends with receives still posted (an error in the user's loop) is aborted when one of them
@@ -771,12 +766,7 @@ class Merger:
                 _done_by(work, deadline)
             self._stop_out = []
             for r in list(self._stop_in):  # the messages are spent: the end's own, as at the start
-                buf = torch.zeros(1)
-                try:
-                    work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
-                except RuntimeError as e:
-                    work = self._pend(None, e, peer=r)
-                self._stop_in[r] = (work, buf)
+                self._post_stop(r)
             return
         for work in self._stop_out:
             _done_by(work, deadline)
@@ -1926,6 +1916,15 @@ class Merger:
             _done_by(work, deadline)
         self._stop_in = {}
         self._let_go(deadline)
+
+    def _post_stop(self, r: int) -> None:
+        """The standing receive of rank ``r``'s stop message (how a failure reaches ranks not waiting on the dead one)."""
+        buf = torch.zeros(1)
+        try:
+            work = self._pend(dist.irecv(buf, self._global(r), group=self.group, tag=STOP_TAG), peer=r)
+        except RuntimeError as e:  # its connection is already closed
+            work = self._pend(None, e, peer=r)
+        self._stop_in[r] = (work, buf)
 
     def _send_stops(self, value: float) -> list[_Pending]:
         """This rank's stop message to every other rank (1: it stops, 0: it is done, :data:`LEFT`: its process is
