@@ -589,7 +589,7 @@ def cmd_run(args) -> int:
             key = first
         else:
             key = "val_accuracy" if f.val_accuracy is not None else "val_loss"
-        what, fmt = REPLAY_WORDS.get(key, key), ".6g" if key in ("bytes", "time_to_target", "sim_time") else ".4f"
+        what, fmt = REPLAY_WORDS.get(key, key), ".6g" if key == "time_to_target" else ".4f"
         want = stored_seed.get(key)
         trial = f"trial {exported['trial']} of {exported['study']}"
         from .backends import ran_on
@@ -618,8 +618,7 @@ def cmd_run(args) -> int:
 REPLAY_WORDS = {"val_accuracy": "validation accuracy", "val_loss": "validation loss",
                 "val_perplexity": "validation perplexity", "mean_worker_accuracy": "mean worker accuracy",
                 "time_to_target": "time to target", "accuracy_at_time": "accuracy at the time budget",
-                "loss_at_time": "loss at the time budget", "perplexity_at_time": "perplexity at the time budget",
-                "sim_time": "simulated time", "bytes": "bytes sent"}
+                "loss_at_time": "loss at the time budget", "perplexity_at_time": "perplexity at the time budget"}
 
 
 def _time_rows(study, f) -> list[tuple[str, str]]:
