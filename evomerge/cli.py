@@ -773,6 +773,16 @@ def _storage_url(study, args) -> str:
     return args.storage or default_storage(Path(args.runs_dir) / study.name)
 
 
+class _LostConnection:
+    """A logging filter that drops Optuna's "Caught an error from sqlalchemy ... Falling back to a slower
+    alternative" where the error is a lost connection (its fallback for too long a query fails too, and the command
+    ends in one line of its own: the warning printed the SQL first)."""
+
+    def filter(self, record) -> bool:
+        text = str(record.msg)
+        return not (text.startswith("Caught an error from sqlalchemy") and "connection" in text.lower())
+
+
 def _quiet_libraries(mlflow: bool = True) -> None:
     """The command line is the application: it sets the libraries' log levels (Optuna's and
     MLflow's INFO lines repeat what evomerge prints, or speak of table creation)."""
@@ -781,6 +791,9 @@ def _quiet_libraries(mlflow: bool = True) -> None:
     import optuna  # each library sets its own level when imported: ours must come after
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage_log = logging.getLogger("optuna.storages._rdb.storage")
+    if not any(isinstance(f, _LostConnection) for f in storage_log.filters):
+        storage_log.addFilter(_LostConnection())
     if mlflow:  # only for commands that use it: importing mlflow takes seconds
         import mlflow as _mlflow  # noqa: F401
 

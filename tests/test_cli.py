@@ -524,3 +524,22 @@ def test_run_stopped_by_sigterm_or_sighup_says_interrupted_and_exits_130_as_ctrl
     finally:
         p.kill()
     assert p.returncode == 130 and err.strip().splitlines() == ["interrupted"], (p.returncode, err)
+
+
+def test_optunas_fallback_warning_on_a_lost_connection_is_left_out():
+    """A database stopped under a search: Optuna warned "Caught an error from sqlalchemy ... Falling back to a slower
+    alternative" with the failed SQL, lines before the command's own one-line error (seen in CI)."""
+    import logging
+
+    def record(msg):
+        return logging.LogRecord("optuna.storages._rdb.storage", logging.WARNING, "", 0, msg, None, None)
+
+    lost = cli._LostConnection()
+    assert not lost.filter(record("Caught an error from sqlalchemy: (psycopg.errors.AdminShutdown) terminating "
+                                  "connection due to administrator command. Falling back to a slower alternative."))
+    assert lost.filter(record("Caught an error from sqlalchemy: (sqlite3.OperationalError) too many SQL variables. "
+                              "Falling back to a slower alternative."))  # what the fallback is for: kept
+    cli._quiet_libraries(mlflow=False)
+    cli._quiet_libraries(mlflow=False)  # once, however often the commands set the levels
+    assert sum(isinstance(f, cli._LostConnection)
+               for f in logging.getLogger("optuna.storages._rdb.storage").filters) == 1
