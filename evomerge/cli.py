@@ -248,6 +248,7 @@ def add_baselines(sub):
     p = _parser(sub, "baselines", "run the study's baseline policies and print one row each",
                 "evomerge baselines --study path/to/my-study.toml")
     _common(p)
+    _store(p, tracking=False)  # where a study named by --study alone was searched, and its baselines' step sizes
     _emulate(p)
     p.add_argument("--seed", type=int, default=None, help="run seed (default: the study's first seed)")
     p.set_defaults(handler=cmd_baselines)
@@ -1222,11 +1223,29 @@ def _wait_until_answering(url: str, proc, timeout: float) -> bool:
     return False
 
 
+def _searched(study, args):
+    """The Optuna study a search of ``study`` stored under --runs-dir (or in --storage), whose baselines' step sizes
+    ``evomerge baselines`` takes rather than tuning them again (and keeps its own for the search); None when there
+    is none (nothing is created to find out)."""
+    from .search.results import load_study
+    from .search.storage import default_storage
+
+    try:
+        return load_study(study, args.storage or default_storage(Path(args.runs_dir) / study.name))
+    except ConfigError:  # never searched there
+        return None
+
+
 def cmd_baselines(args) -> int:
     from .backends import run_inputs
-    from .study import load
+    from .search.results import load_or_stored
 
-    study = load(args.study)
+    def said(path):
+        print(f"note: no study file {str(args.study)!r} here; running the baselines of the definition stored with "
+              f"its trials (from {path})", file=sys.stderr)
+
+    # as run and search: a file or a shipped name, else a study searched from a file that has moved, as stored
+    study = load_or_stored(args.study, args.runs_dir, args.storage, on_stored=said) or _load_stored(args)
     seed = study.run.seeds[0] if args.seed is None else args.seed
     policies = []
     for name in study.baselines:
@@ -1247,8 +1266,13 @@ def cmd_baselines(args) -> int:
             print(f"tuning: each baseline's step size of lr {list(study.baseline_lr)} on the study's seeds "
                   f"{list(study.run.seeds)}, {runs} runs in process", file=sys.stderr)
 
-        lrs = tuned_lrs(study, data=setup.data, data_dir=args.data_dir, device=args.device, announce=announce,
-                        setups=setups)
+        searched, told = _searched(study, args), []
+        lrs = tuned_lrs(study, data=setup.data, data_dir=args.data_dir, device=args.device,
+                        announce=lambda runs, tuning=True: (told.append(runs), announce(runs)), setups=setups,
+                        storage_study=searched)
+        if not told:
+            print(f"tuning: each baseline's step size as the search of {study.name} chose it on the study's seeds "
+                  f"{list(study.run.seeds)} (kept with its trials)", file=sys.stderr)
 
     def setup_at(name):
         from .search.baselines import lr_setup

@@ -53,3 +53,15 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     assert "not tuned for each" not in said
     for n in st.baselines:
         assert f"{n} " in said and f"baseline (lr {want[n]:g}, its best)" in said
+
+    # the file moved away: `baselines --study NAME` runs the stored definition, at the step sizes the search chose
+    # (kept with its trials), without tuning them again
+    f.rename(tmp_path / "moved.toml")
+    p = cli("baselines", "--study", "tiny", "--quiet", "--json", "b2.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "running the baselines of the definition stored with its trials" in p.stderr
+    assert "16 runs" not in p.stderr and "as the search of tiny chose it" in p.stderr, p.stderr
+    again = json.loads((tmp_path / "b2.json").read_text())
+    assert {n: b["lr"] for n, b in again["baselines"].items()} == want
+    for n in want:  # the same runs (the wall time apart)
+        assert again["baselines"][n]["final"]["val_accuracy"] == doc["baselines"][n]["final"]["val_accuracy"]

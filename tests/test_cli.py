@@ -287,9 +287,9 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["--quiet", "search", "--study", "mnist-gossip"], "error: --quiet: evomerge does not take it (--quiet); a flag "
                                                        "of evomerge search goes after it (evomerge search --quiet ...)"),
     # another command's flag is not taken for a misspelling of this one's (said "did you mean --data-dir?")
-    (["baselines", "--study", "mnist-gossip", "--runs-dir", "r"],
-     "error: --runs-dir: evomerge baselines does not take it (--runs-dir r); --runs-dir is for evomerge search, "
-     "transfer, status, export, dashboard, ui, run; see evomerge baselines --help"),
+    (["baselines", "--study", "mnist-gossip", "--tracking-uri", "r"],
+     "error: --tracking-uri: evomerge baselines does not take it (--tracking-uri r); --tracking-uri is for evomerge "
+     "search, transfer, dashboard, ui; see evomerge baselines --help"),
     (["search", "--study", "mnist-gossip", "--", "--n-trials", "3"],
      "error: --: evomerge search takes no arguments after it (-- --n-trials 3); see evomerge search --help"),
     ([], "error: command: required; see evomerge --help"),
