@@ -38,6 +38,12 @@ def test_export_picks_the_cheapest_close_to_the_best_accuracy_and_says_so(search
     assert doc["picked_by"] == (f"the best bytes among the Pareto-optimal trials within {tol:g} of the best "
                                 "val_accuracy")
     assert f"wrote trial {cheapest.number} (" in p.stdout and "picked as the best bytes" in p.stdout
+    # 5 points meant, 5 given: one line, exit 2 (as any bad value), the file exported before kept
+    p = cli("export", "--study", str(f), "-o", "best.json", "--tolerance", "5", cwd=d, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: --tolerance: 5 on val_accuracy, a fraction from 0 to 1, takes every trial; allowed: a number below 1 "
+        "(0.05 is 5 points of accuracy) or a percentage of its best value (5%)"], p.stderr
+    assert json.loads((d / "best.json").read_text()) == doc
     p = cli("export", "--study", str(f), "-o", "tight.json", "--tolerance", "0", cwd=d, data_dir=data_dir)
     assert json.loads((d / "tight.json").read_text())["trial"] == most_accurate.number
     limit = sorted(t.values[1] for t in front)[1]  # the two cheapest meet it; the most accurate may not

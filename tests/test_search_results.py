@@ -352,6 +352,13 @@ def test_exports_tolerance_is_half_a_point_of_accuracy_and_half_a_percent_of_any
     acc = study_mod.from_dict({"study": {"name": "a"}, "objectives": {"metrics": ["val_accuracy", "bytes"]}})
     o = ostudy(["maximize", "minimize"], [(0.950, 5e9), (0.946, 1e8), (0.94, 1e6)])
     assert results.pick_one(o, acc)[0]["number"] == 1  # within half a point
+    # "5" meant as points of accuracy took every trial, without a word
+    assert results.pick_one(o, acc, "0.99")[0]["number"] == 2
+    with pytest.raises(ConfigError, match=r"^--tolerance: 5 on val_accuracy, a fraction from 0 to 1, takes every "
+                                          r"trial; allowed: a number below 1 \(0.05 is 5 points"):
+        results.pick_one(o, acc, "5")
+    o_timed = ostudy(["minimize", "minimize"], [(120.0, 5e9), (124.0, 1e8), (150.0, 1e6)])
+    assert results.pick_one(o_timed, timed, "5")[0]["number"] == 1  # seconds: as given
     for bad in ("-1", "x%", "nan", "inf"):
         with pytest.raises(ConfigError, match=r"^--tolerance: .*allowed: a number >= 0 .*percentage"):
             results.read_tolerance(bad)

@@ -276,6 +276,10 @@ def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits:
     if tolerance is None:  # half a point of an accuracy; 0.5% of a time, a loss, a perplexity or a byte count
         tolerance = "0.005" if names[0] in ACCURACY_OBJECTIVES else "0.5%"
     value, relative = read_tolerance(tolerance)
+    if not relative and value >= 1 and names[0] in ACCURACY_OBJECTIVES:  # meant as points: it would take every trial
+        raise ConfigError("--tolerance", f"{tolerance} on {names[0]}, a fraction from 0 to 1, takes every trial; "
+                                         "allowed: a number below 1 (0.05 is 5 points of accuracy) or a percentage of "
+                                         "its best value (5%)")
     width = value * abs(best0) if relative else value
     close = [t for t in front if sign[0] * t.values[0] <= best0 + width]
     pick = min(close, key=lambda t: tuple(sign[k] * t.values[k] for k in range(1, len(names))) + (t.number,))
