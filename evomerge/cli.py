@@ -887,7 +887,7 @@ def cmd_transfer(args) -> int:
               "command again to go on from them" if kept else
               "note: no policy had all its runs yet: nothing of this transfer was kept", file=sys.stderr)
         raise
-    run_id = Tracker(uri, source.name, study_dir / "mlartifacts", study=source).log_transfer(result)
+    run_id, logged = Tracker(uri, source.name, study_dir / "mlartifacts", study=source).log_transfer(result)
     _print_transfer(result)
     for x in result.get("left_out", []):
         print(f"note: trial {x['trial']} left out: {x['why']}")
@@ -901,7 +901,8 @@ def cmd_transfer(args) -> int:
     print(f"Spearman rho {fig(rho, '.3f')} (p {fig(result['spearman_p'], '.3g')}), Kendall tau "
           f"{fig(result['kendall'], '.3f')} (p {fig(result['kendall_p'], '.3g')}) over {result['top']} policies: "
           f"{verdict(rho, result['top'], result['spearman_p'])}")
-    print(f"logged to MLflow run {run_id} ({shown(uri)}); `evomerge dashboard --study {args.study}` shows it")
+    print(f"logged to MLflow run {run_id} ({shown(uri)}{'' if logged else ', by an earlier transfer with the same results'});"
+          f" `evomerge dashboard --study {args.study}` shows it")
     if args.json_out:
         _write_json(args.json_out, json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
     return 0

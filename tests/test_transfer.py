@@ -3,6 +3,7 @@ their correlations printed, logged to MLflow and drawn on the dashboard; real SQ
 
 import json
 import math
+import re
 
 import pytest
 from scipy.stats import kendalltau, spearmanr
@@ -176,6 +177,18 @@ def test_an_interrupted_transfer_goes_on_from_the_policies_it_ran(tmp_path, data
             cwd=tmp_path, data_dir=data_dir)  # all kept: said, where nothing else would show it
     assert p.returncode == 0 and ("note: the runs of 4 of the 4 policies were kept from an earlier transfer to big on "
                                   "the same seeds; 0 ran now") in p.stdout, p.stdout + p.stderr
+    first = re.search(r"logged to MLflow run (\w+) \(", p.stdout)[1]
+    # once more: the same results, the same MLflow run (each re-run added a copy)
+    p = cli("transfer", "--study", str(f), "--target", str(big), "--top", "4", "--seeds", "2", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and f"logged to MLflow run {first} (" in p.stdout, p.stdout + p.stderr
+    assert "by an earlier transfer with the same results" in p.stdout
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'small' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("small").experiment_id],
+                              filter_string="tags.`evomerge.kind` = 'transfer'")
+    assert [r.info.run_id for r in runs] == [first]
     p = cli("transfer", "--study", str(f), "--target", str(tmp_path / "nope.toml"), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr == f"error: --target: {tmp_path / 'nope.toml'}: no such file\n", p.stderr
     p = cli("transfer", "--study", str(f), "--target", "no-such-study", cwd=tmp_path, data_dir=data_dir)

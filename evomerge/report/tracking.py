@@ -547,11 +547,22 @@ class Tracker:
         return [Metric(k, float(v) if float(v).is_integer() else float(f"{float(v):.7g}"), ts, 0)
                 for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
 
-    def log_transfer(self, result: dict[str, Any]) -> str:
+    def log_transfer(self, result: dict[str, Any]) -> tuple[str, bool]:
         """One run ``transfer-to-TARGET`` in this (the source study's) experiment: the rank correlations as
-        metrics, the settings as params, both rankings as ``transfer.json`` (:mod:`evomerge.search.transfer`)."""
+        metrics, the settings as params, both rankings as ``transfer.json`` (:mod:`evomerge.search.transfer`).
+        (run id, True), or (the id, False) of a finished run an earlier transfer logged with the same results (a
+        re-run whose runs were all kept added a copy each time)."""
+        import hashlib
+
+        same = {k: v for k, v in result.items() if k not in ("when", "wall_time", "reused")}
+        digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        earlier = self.client.search_runs([self.experiment_id], max_results=1,
+                                          filter_string=f"tags.`evomerge.transfer_digest` = '{digest}' and "
+                                                        "attributes.status = 'FINISHED'")
+        if earlier:
+            return earlier[0].info.run_id, False
         tags = {**self._source_tags(), "evomerge.kind": "transfer", "evomerge.study": result["source"],
-                "evomerge.target": result["target"]}
+                "evomerge.target": result["target"], "evomerge.transfer_digest": digest}
         run = self.client.create_run(self.experiment_id, run_name=f"transfer-to-{result['target']}", tags=tags)
         rid = run.info.run_id
         self._params(rid, {"target": result["target"], "top": result["top"], "metric": result["metric"],
@@ -560,4 +571,4 @@ class Tracker:
                             if result.get(k) is not None and result[k] == result[k]})
         self.client.log_text(rid, json.dumps(result, indent=2), "transfer.json")
         self.client.set_terminated(rid, status="FINISHED")
-        return rid
+        return rid, True
