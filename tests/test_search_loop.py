@@ -1,6 +1,7 @@
 """evomerge search end to end (search/loop.py): real SQLite storage, real MLflow store, real processes and signals."""
 
 import json
+import os
 import signal
 import sqlite3
 import time
@@ -298,3 +299,44 @@ def test_a_resumed_searchs_bar_starts_from_the_studys_best(tmp_path, data_dir):
     run_search(cfg, progress=progress)
     assert seen[0] == ("start", best)  # the study's best before this search's first trial
     assert all(b is not None and b >= best for _, b in seen)  # never below the study's best (accuracy: maximised)
+
+
+@pytest.mark.system
+def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_path, data_dir):
+    """kill -9 gives a search no chance to end its MLflow parent run: it said RUNNING for ever in the MLflow UI.
+    The next search on this host marks it KILLED (and says why in a tag); a search still running is left alone."""
+    import mlflow
+
+    f = write_study(tmp_path, steps=300, slow=True)
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--quiet",
+               cwd=tmp_path, data_dir=data_dir, wait=False, env_extra={"SLOWMLP_DELAY": "0.04"})
+    try:
+        def running():
+            try:
+                return states(db).get("RUNNING", 0) == 1
+            except sqlite3.Error:
+                return False
+        assert wait_for(running, timeout=600, proc=proc), proc.communicate(timeout=5)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    (killed,) = client.search_runs([exp])
+    assert killed.info.status == "RUNNING" and killed.data.tags["evomerge.pid"] == str(proc.pid)
+    # a search still running on this host (here: this test's own process) is not taken for a dead one
+    alive = client.create_run(exp, run_name="search-random-alive",
+                              tags={"evomerge.host": killed.data.tags["evomerge.host"], "evomerge.pid": str(os.getpid())})
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--quiet",
+            "--grace-period", "2", cwd=tmp_path, data_dir=data_dir)  # (the killed trial's heartbeat: 2 s, not 30)
+    assert p.returncode == 0, p.stderr
+    run = client.get_run(killed.info.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"] == (
+        f"its process ({proc.pid} on {killed.data.tags['evomerge.host']}) was gone; marked by a later search")
+    assert client.get_run(alive.info.run_id).info.status == "RUNNING"
+    parents = [r for r in client.search_runs([exp]) if r.info.run_name.startswith("search-random-2")]
+    assert [r.info.status for r in parents if r.info.run_id != killed.info.run_id] == ["FINISHED"]

@@ -325,6 +325,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)
+    tracker.end_orphans()  # a killed search's parent run said RUNNING for ever
     # nothing left to run: the study's last search run is taken up again (its best and verdict), not a new empty one
     parent = tracker.reopen_parent() if finished >= cfg.n_trials else None
     reopened = parent is not None
