@@ -811,6 +811,7 @@ class Merger:
             self.t = int(state["step"])
             self._sync_worker(force=True)
             return
+        self._same_step_on_every_rank(int(state["step"]))
         for key, mine in (("world", self.W), ("seed", self.seed), ("total_steps", self.T),
                           ("policy", self.p.to_dict())):
             if state.get(key) != mine:
@@ -1636,6 +1637,21 @@ class Merger:
                     what = "another policy" if name == "policy" else f"{int(theirs[k])}, this rank's {int(mine[k])}"
                     raise ConfigError(name, f"rank {r}'s is {what}; allowed: the same on every rank (each rank draws "
                                             "the merge schedule from the policy, seed and total_steps)")
+
+    def _same_step_on_every_rank(self, step: int) -> None:
+        """A resume from checkpoints of different steps (one rank's file saved later) paired merge events that are
+        not the same: refused on every rank, before anything is loaded."""
+        mine = torch.tensor([step], dtype=torch.int64, device=self.wire_dev)
+        every = [torch.zeros_like(mine) for _ in range(self.W)]
+        self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the resume")
+        steps = [int(x) for x in every]
+        if len(set(steps)) > 1:
+            at: dict[int, list[int]] = {}
+            for r, s in enumerate(steps):
+                at.setdefault(s, []).append(r)
+            said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} at step {s}" for s, rs in sorted(at.items()))
+            raise ConfigError("state_dict.step", f"the checkpoints are of different steps ({said}); allowed: the "
+                                                 "state_dicts every rank saved at the same step")
 
     def _same_on_every_rank(self, local_steps: list[int]) -> None:
         mine = torch.tensor(local_steps, dtype=torch.int64)
