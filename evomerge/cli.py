@@ -1066,6 +1066,18 @@ def _values_text(objectives: dict, study=None) -> str:
                      for k, v in objectives.items())
 
 
+def _check_out_folder(out: Path) -> None:
+    """``dashboard --out``: a folder there, or one that can be made (its first existing parent a folder this user
+    may write in); else one line naming --out."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{str(out)!r} is a file; allowed: a folder for index.html (made if missing)")
+    parent = next((p for p in [out, *out.absolute().parents] if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        what = "not a folder" if parent is not None and not parent.is_dir() else "not writable"
+        raise ConfigError("--out", f"cannot write in {str(parent)!r} ({what}); allowed: a folder this user can "
+                                   "write in, for index.html")
+
+
 def cmd_dashboard(args) -> int:
     from .report import dashboard
     from .report.tracking import resolve_tracking_uri
@@ -1075,8 +1087,14 @@ def cmd_dashboard(args) -> int:
     url = _storage_url(study, args)
     uri = resolve_tracking_uri(args.tracking_uri, Path(args.runs_dir) / study.name)
     out = Path(args.out) if args.out else Path("dashboards") / study.name
-    page = dashboard.build(study, url, uri, out, data_dir=args.data_dir, compute_baselines=not args.no_baselines,
-                           warn=lambda text: print(f"note: {text.rstrip('.')}", file=sys.stderr, flush=True))
+    _check_out_folder(out)  # before the page's work (baselines run for it): a traceback at its end
+    try:
+        page = dashboard.build(study, url, uri, out, data_dir=args.data_dir, compute_baselines=not args.no_baselines,
+                               warn=lambda text: print(f"note: {text.rstrip('.')}", file=sys.stderr, flush=True))
+    except OSError as e:
+        if e.filename is None or not Path(e.filename).resolve().is_relative_to(out.resolve()):
+            raise
+        raise ConfigError("--out", f"cannot write {e.filename}: {e.strerror or e}") from None
     print(f"wrote {page}")
     if args.open:
         import webbrowser

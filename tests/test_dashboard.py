@@ -240,6 +240,16 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     assert f"note: No MLflow store at sqlite:///{other / 'runs' / s.name / 'mlflow.db'} (a search that tracked its " \
            "runs elsewhere: pass --tracking-uri, or set MLFLOW_TRACKING_URI)" in p.stderr, p.stderr
     assert not (other / "runs").exists()
+    # --out a file, or under one: one line naming --out (a FileExistsError traceback), the file kept
+    (tmp_path / "best.json").write_text("{}")
+    for out, said in ((tmp_path / "best.json", f"{str(tmp_path / 'best.json')!r} is a file; allowed: a folder"),
+                      (tmp_path / "best.json" / "dash", f"cannot write in {str(tmp_path / 'best.json')!r} (not a "
+                                                        "folder); allowed: a folder this user can write in")):
+        p = cli("dashboard", "--study", s.path, "--runs-dir", d / "runs", "--out", out, "--no-baselines",
+                cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 2 and p.stderr.startswith(f"error: --out: {said}") and len(p.stderr.splitlines()) == 1, \
+            p.stderr
+    assert (tmp_path / "best.json").read_text() == "{}"
 
 
 @pytest.mark.system
