@@ -208,8 +208,14 @@ class ProcessGroup:
 
     # -- starting -----------------------------------------------------------------------
     def popen(self, args, **kwargs) -> subprocess.Popen:
-        """``subprocess.Popen(args, **kwargs)`` in a new session (its own process group)."""
-        proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+        """``subprocess.Popen(args, **kwargs)`` in a new session (its own process group), under a watcher that
+        ends the group if this process is killed outright (:func:`_watched`; an MLflow server outlived ``ui``)."""
+        import sys
+
+        # (-P: not this file's folder first on the path, where evomerge's modules would shadow a library's)
+        watched = [sys.executable, "-P", os.path.abspath(__file__), str(os.getpid()), str(self.grace), "--",
+                   *map(str, args)]
+        proc = subprocess.Popen(watched, start_new_session=True, **kwargs)
         self._handles.append(_Handle(proc))
         return proc
 
@@ -353,3 +359,47 @@ def rank_device() -> tuple[Any, str]:
     dev = torch.device(f"cuda:{local % gpus}")
     torch.cuda.set_device(dev)
     return dev, "nccl" if gpus >= local_world else "gloo"
+
+
+def _watched(parent: int, grace: float, args: list[str]) -> int:
+    """``python procs.py PARENT GRACE -- CMD ...``, as :meth:`ProcessGroup.popen` starts a command: CMD runs as
+    this process's child, in its group (this process leads its own session), and its exit status is passed on.
+    If process PARENT ends first without stopping the group (SIGKILL, out of memory: no chance to clean up), the
+    group gets SIGTERM, then SIGKILL after GRACE seconds: a command's own children (the MLflow server's uvicorn)
+    go too, where ``PR_SET_PDEATHSIG`` would reach CMD alone. The stop signals that reach this process (the
+    supervisor's, sent to the whole group) are left to CMD, which is waited for."""
+    for sig in (*STOP_SIGNALS, signal.SIGINT):  # a handler, not SIG_IGN, which CMD would inherit
+        signal.signal(sig, lambda *_: None)
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        return 1  # the supervisor is gone already: nothing to start
+    except (AttributeError, OSError):
+        fd = None
+    child = subprocess.Popen(args)
+
+    fired = threading.Event()
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while pid_running(parent):
+                time.sleep(0.2)
+        fired.set()
+        os.killpg(0, signal.SIGTERM)
+        time.sleep(grace)
+        os.killpg(0, signal.SIGKILL)  # this process too
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    rc = child.wait()
+    if fired.is_set():  # CMD ended on the group's SIGTERM: what it started gets the grace, then SIGKILL
+        watcher.join()
+    return rc if rc >= 0 else 128 - rc
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_watched(int(sys.argv[1]), float(sys.argv[2]), sys.argv[4:]))

@@ -67,3 +67,36 @@ def test_ui_stops_the_whole_server_session(tmp_path, sig):
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.system
+def test_ui_killed_outright_takes_its_server_with_it(tmp_path):
+    """SIGKILL (or the kernel's out-of-memory killer) gives `ui` no chance to stop its server, which ran on, holding
+    the port and serving the store, in a session of its own. The server's watcher ends that session when `ui` is
+    gone."""
+    import time
+
+    f = write_study(tmp_path)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
+    ui = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", str(f), "--port", str(port)],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    members = []
+    try:
+        assert f"http://127.0.0.1:{port}/" in ui.stdout.readline()  # serving
+        (server,) = children(ui.pid)
+        members = in_session(server)
+        assert len(members) >= 3  # the watcher, mlflow server and its uvicorn process(es)
+        ui.kill()
+        ui.wait()
+        assert wait_gone(members, timeout=30) == []
+        deadline = time.monotonic() + 10
+        while not port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert port_free(port)
+    finally:
+        for p in members:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
