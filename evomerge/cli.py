@@ -1148,6 +1148,11 @@ def cmd_ui(args) -> int:
     from .report.tracking import check_reachable
 
     check_reachable(uri)  # one line for a store the server could not open (it would retry a database for minutes)
+    from .report.tracking import Tracker
+
+    # the study's experiment as a search makes it (model training, its saved view), so that the address is its runs
+    # list before any search: MLflow's experiments list led to the experiment a search made later in the GenAI view
+    Tracker(uri, study.name, study_dir / "mlartifacts", study=study)
     # the server's warnings and errors, not its start-up and access log (MLflow's and uvicorn's INFO lines)
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
                MLFLOW_LOGGING_LEVEL=os.environ.get("MLFLOW_LOGGING_LEVEL", "WARNING"),
@@ -1211,17 +1216,18 @@ def _ui_on_server(uri: str, study_name: str) -> int:
 
 def _review_address(server: str, study_name: str, client_uri: str | None = None) -> tuple[str, bool]:
     """The address that opens the study's review: its runs list, flat and sorted by the objective, in MLflow's
-    model-training view (MLflow 3's home is the GenAI view); the experiments list before any search logged. With
-    whether the study's experiment exists (asked of ``client_uri``, the server with its credentials; ``server``
-    by default)."""
+    model-training view (MLflow 3's home is the GenAI view); the experiments list where the study has no experiment
+    (on a tracking server, before any search). With whether the study has a run there (asked of ``client_uri``, the
+    server with its credentials; ``server`` by default)."""
     from mlflow import MlflowClient
 
     from .report.tracking import review_url
 
-    exp = MlflowClient(tracking_uri=client_uri or server).get_experiment_by_name(study_name)
+    client = MlflowClient(tracking_uri=client_uri or server)
+    exp = client.get_experiment_by_name(study_name)
     if exp is None:
         return f"{server.rstrip('/')}/#/experiments?workflowType=machine_learning", False
-    return review_url(server, exp.experiment_id), True
+    return review_url(server, exp.experiment_id), bool(client.search_runs([exp.experiment_id], max_results=1))
 
 
 def _wait_until_answering(url: str, proc, timeout: float) -> bool:

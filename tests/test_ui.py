@@ -32,9 +32,10 @@ def test_ui_stops_the_whole_server_session(tmp_path, sig):
     try:
         url = f"http://127.0.0.1:{port}"
         line = ui.stdout.readline()  # stdout holds our line alone (the server logs on stderr), once it answers
-        # no search logged yet: the address is the experiments list in the model-training view, first on the line
-        assert line.startswith(f"{url}/#/experiments?workflowType=machine_learning  MLflow UI for tiny"), \
-            line + ui.communicate(timeout=30)[1][-3000:]
+        # no search logged yet: the address is the study's runs list (its experiment made as a search makes it),
+        # in the model-training view, first on the line
+        assert line.startswith(f"{url}/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=evomerge  "
+                               "MLflow UI for tiny"), line + ui.communicate(timeout=30)[1][-3000:]
         note, before = ui.stderr.readline(), []  # before it, the server's warnings (on stderr too), if any
         while note and not note.startswith("note: "):
             before.append(note)
