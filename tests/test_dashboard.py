@@ -176,6 +176,31 @@ def test_the_importances_name_every_field_of_a_large_space(tmp_path):
     assert fig.layout.yaxis.dtick == 1 and fig.layout.height >= 22 * len(names)  # a tick per bar, room for each
 
 
+def test_one_trial_has_no_importances_and_a_failed_trial_says_what_it_is(tmp_path):
+    """(One complete trial: Optuna's warning on stderr and every field drawn as equally important, 0.06 each; a
+    failed trial without an error message was hovered as "interrupted: ".)"""
+    import warnings
+
+    import optuna
+
+    s = study.load("mnist-skewed")
+    ostudy = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    dists = {p.name: optuna.distributions.FloatDistribution(0.0, 1.0) for p in s.search.space}
+    ostudy.tell(ostudy.ask(dists), 0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning of Optuna's either
+        with pytest.raises(ValueError, match="^importances need at least 2 complete trials; the study has 1$"):
+            dashboard.importance_figure(ostudy, s)
+    t = ostudy.ask(dists)
+    t.set_user_attr("failure", "interrupted")  # (as the search marks one it stopped)
+    ostudy.tell(t, state=optuna.trial.TrialState.FAIL)
+    fig = dashboard.history_figure(ostudy, s)
+    (failed,) = [d for d in fig.data if d.name.startswith("failed")]
+    assert list(failed.text) == ["trial 1: interrupted"] and list(failed.y) == [0.9]
+    ostudy.tell(ostudy.ask(dists), 0.8)
+    assert dashboard.importance_figure(ostudy, s).data  # two complete: drawn
+
+
 def test_the_top_trials_say_a_time_past_the_budget_is_a_miss(tmp_path):
     """(A trial that missed the target showed its penalty time as "20.4000 | ok", where status and export say
     "(missed)".)"""

@@ -103,6 +103,10 @@ def test_multi_objective_studies_keep_the_dominance_rule(tmp_path):
         config.make_config(s, pruner="successive-halving")
     cfg = config.make_config(s)  # median, the default, means the dominance rule here
     assert isinstance(cfg.make_pruner(T), optuna.pruners.NopPruner) and not cfg.prunes_by_optuna
+    # and the MLflow parent run says so (it said "median", the pruner that did not run)
+    assert cfg.pruner_used == "dominated" and config.make_config(s, prune=False).pruner_used == "none"
+    one = config.make_config(study.load(write_study(tmp_path / "one")), pruner="hyperband")
+    assert one.pruner_used == "hyperband" and config.make_config(one.study, sampler="cmaes").pruner_used == "none"
 
 
 def test_pruners_start_judging_after_the_first_fifth_of_the_rounds(tmp_path):

@@ -1,6 +1,7 @@
 """search/results.py and what reads it: status, export (best and Pareto), diverged trials kept apart."""
 
 import json
+import re
 
 import optuna
 import pytest
@@ -79,6 +80,7 @@ def test_status_and_pareto_export(tmp_path, data_dir):
                data_dir=data_dir).returncode == 0
     p = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and "5 complete" in p.stdout
+    assert "trial / baseline" not in p.stdout and re.search(r"┃ trial +┃", p.stdout), p.stdout  # it lists no baseline
     p = cli("export", "--study", str(f), "--pareto", "-o", "pareto", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0
     files = sorted((tmp_path / "pareto").glob("*.json"))

@@ -111,6 +111,7 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id]
     assert [p.info.run_id for p in parents] == [res.parent_run_id]
     assert parents[0].data.params["sampler"] == "random" and parents[0].info.status == "FINISHED"
+    assert parents[0].data.params["pruner"] == "none"  # --no-prune
     assert sorted(int(c.data.tags["optuna.trial_number"]) for c in children) == [0, 1, 2]
     for c in children:
         assert c.data.tags["optuna.trial_state"] == "COMPLETE" and c.info.status == "FINISHED"

@@ -91,10 +91,12 @@ def history_figure(ostudy, study: Study):
     if failed:
         done_vals = [t.values[0] for t in trials if t.state == TrialState.COMPLETE and not diverged(t.user_attrs)]
         floor = min(done_vals) if done_vals else 0.0
-        fig.add_scatter(x=[t.number for t in failed], y=[floor] * len(failed), mode="markers", name="failed",
+        fig.add_scatter(x=[t.number for t in failed], y=[floor] * len(failed), mode="markers",
+                        name="failed (no value; drawn at the lowest)",
                         marker=dict(symbol="triangle-down", color="crimson", size=10),
-                        text=[t.user_attrs.get("failure", "") + ": " + t.user_attrs.get("error", "")[:80] for t in failed],
-                        hoverinfo="text+x")
+                        text=[f"trial {t.number}: {t.user_attrs.get('failure') or 'failed'}"
+                              + (f": {t.user_attrs['error'][:80]}" if t.user_attrs.get("error") else "") for t in failed],
+                        hoverinfo="text")
     fig.update_layout(title="Optimisation history", xaxis_title="trial", yaxis_title=OBJECTIVES_LABEL.get(study.objectives[0]))
     return fig
 
@@ -107,6 +109,9 @@ def importance_figure(ostudy, study: Study):
 
     _, name = _target(study)
     sign = -1.0 if study.directions[0] == "maximize" else 1.0
+    n = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE)
+    if n < 2:  # Optuna's warning on stderr, and every field drawn equally important, as if it had found that
+        raise ValueError(f"importances need at least 2 complete trials; the study has {n}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes the importances")
         fig = optuna.visualization.plot_param_importances(
@@ -283,7 +288,7 @@ def curves_figure(best: dict, baselines: list[dict]):
                         showlegend=False, text=[f"{b / 1e6:,.3f} MB" for b in h["bytes"]], **common)
     fig.update_xaxes(title_text=xtitle, row=1, col=1)
     fig.update_xaxes(title_text=xtitle, row=1, col=2)
-    fig.update_xaxes(title_text=f"MB sent (log; 0 MB drawn at {mb_floor:g})", type="log", row=1, col=3)
+    fig.update_xaxes(title_text=f"MB sent (log; 0 MB drawn at {mb_floor:g} MB)", type="log", row=1, col=3)
     fig.update_yaxes(title_text=f"log; floored at {DISTANCE_FLOOR:g}", type="log", row=1, col=2)
     fig.update_layout(title="Learning curves (first seed): best policy against the baselines", height=460)
     return fig

@@ -46,7 +46,7 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
     from rich.table import Table
 
     t = Table(title=title)
-    t.add_column("trial / baseline")
+    t.add_column("trial / baseline" if baselines else "trial")
     for o in study.objectives:
         t.add_column(objective_label(o), justify="right")
     t.add_column("spread (sd)", justify="right")

@@ -225,6 +225,14 @@ class SearchConfig:
         generations are judged on complete runs)."""
         return self.prune and not self.multi and self.sampler != "cmaes"
 
+    @property
+    def pruner_used(self) -> str:
+        """What prunes this search's trials, as its MLflow parent run says: an Optuna pruner's name, ``dominated``
+        (evomerge's rule for several objectives, whatever ``--pruner`` says), or ``none`` (``--no-prune``, CMA-ES)."""
+        if not self.prune or self.sampler == "cmaes":
+            return "none"
+        return "dominated" if self.multi else self.pruner
+
     def make_pruner(self, total_steps: int | None = None):
         """The Optuna pruner of one search process; ``total_steps`` (one run's local steps) sets where
         it starts judging. Without it (a process that runs no trial) a pruner that never prunes."""

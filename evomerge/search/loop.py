@@ -331,7 +331,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     reopened = parent is not None
     parent = parent or tracker.start_parent(
         f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
-        {"sampler": cfg.sampler, "pruner": cfg.pruner if cfg.prune else "none", "n_trials": cfg.n_trials,
+        {"sampler": cfg.sampler, "pruner": cfg.pruner_used, "n_trials": cfg.n_trials,
          "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": shown(cfg.storage),
          "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
          "warm_start_from": (warm or {}).get("spec", ""), "warm_start_trials": (warm or {}).get("trials", 0),
