@@ -119,6 +119,18 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
     assert rc == 130 and "run the same command again to resume" in err
     st = states(db)
     assert st.get("RUNNING", 0) == 0 and st["FAIL"] == 1 and st["COMPLETE"] >= 2
+    # the stopped search's MLflow run holds its best so far (it held none until a resumed search ended)
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'tiny' / 'mlflow.db'}")
+    (parent,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
+                                   filter_string="attributes.run_name LIKE 'search-%'")
+    with sqlite3.connect(db) as c:
+        values = dict(c.execute("select t.number, v.value from trial_values v join trials t using (trial_id) "
+                                "where t.state = 'COMPLETE'"))
+    assert parent.info.status == "KILLED"
+    assert values[int(parent.data.tags["evomerge.best_trial"])] == max(values.values())  # (the first of equals)
+    assert parent.data.metrics["final_val_accuracy"] == pytest.approx(max(values.values()))
     p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", "--quiet", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr

@@ -409,6 +409,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
 
             tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
                                                            device=cfg.device, keeper=keeper))
+        elif best is not None:  # stopped: the best so far's values and policy at once (a model takes a run)
+            tracker.log_best(best)
         if stop is not None and stop.signum is not None:  # a signal lost while the best was logged: no verdict
             result.interrupted = True
         if ended and result.best and cfg.verdict and not result.interrupted:  # the picks against the baselines
