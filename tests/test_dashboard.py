@@ -383,3 +383,12 @@ def test_a_time_study_shows_its_cluster_and_where_the_time_went(tmp_path, data_d
     assert probed["first"] == "verdict"
     assert "A baseline beats the search: ring-gossip beats trial" in text.split("Optimisation history")[0]
     assert f"The best trial, beaten by ring-gossip: trial {best.number}" in text
+
+
+def test_the_pages_commands_name_a_shipped_study_by_its_name(tmp_path):
+    """(`dashboard --study mnist-gossip` said `evomerge ui --study /…/site-packages/…/mnist-gossip.toml`.)"""
+    assert dashboard._command_for("ui", study.load("mnist-gossip"), "sqlite:///elsewhere/m.db", "mlflow.db",
+                                  "--tracking-uri") == "evomerge ui --study mnist-gossip --tracking-uri sqlite:///elsewhere/m.db"
+    own = study.load(write_study(tmp_path))  # a user's file, which the name alone would not find
+    assert dashboard._command_for("ui", own, "sqlite:///x/m.db", "mlflow.db", "--tracking-uri").startswith(
+        f"evomerge ui --study {own.path} ")

@@ -709,11 +709,25 @@ def verdict_html(verdict: dict[str, Any], extra_notes: list[str] = ()) -> str:
     return f'<ul class="verdict">{"".join(items)}</ul><ul class="notes">{notes}</ul>'
 
 
+def _study_ref(study: Study) -> str:
+    """What ``--study`` takes for ``study`` where the page is built: its name where the name finds its file (a
+    shipped study, or ./studies/NAME.toml), else the file's path."""
+    from ..study import find
+
+    if study.path is None:
+        return study.name
+    try:
+        same = find(study.name).resolve() == Path(study.path).resolve()
+    except ConfigError:
+        same = False
+    return study.name if same else str(study.path)
+
+
 def _command_for(name: str, study: Study, url: str, default_file: str, flag: str) -> str:
     """``evomerge NAME --study ...`` on the store at ``url``: ``--runs-dir`` where it is the default file of another
     runs folder (RUNS_DIR/STUDY/``default_file``), else ``flag`` and the address (a password hidden). Without it
     the command opened the default store, another one (empty)."""
-    command = f"evomerge {name} --study {study.path or study.name}"
+    command = f"evomerge {name} --study {_study_ref(study)}"
     if url.startswith("sqlite:///") and url.endswith(f"/{study.name}/{default_file}"):
         runs_dir = Path(url[len("sqlite:///"):]).parent.parent
         if runs_dir.resolve() != Path("runs").resolve():
