@@ -1062,6 +1062,41 @@ def test_a_loop_that_runs_every_step_but_never_calls_finish_is_warned(tmp_path):
             assert procs[r].returncode == 1 and m and {int(x) for x in m[1].split(", ")} <= set(warned), (o, e[-1500:])
 
 
+LONG = """
+import datetime, sys, time, torch, torch.distributed as dist, evomerge
+store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# a process group's timeout of 2 s (deploy.md's snippet gives one, to bound the start), a run of 4-5 s
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=3,
+                        timeout=datetime.timedelta(seconds=2))
+open(f"{store}.joined{rank}", "w").write(repr(time.time()))
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+policy = {"scheme": case, "topology": "ring", "mean_interval": 3}
+merger = evomerge.Merger(policy, model, opt, seed=0, total_steps=40, timeout=30)
+try:
+    for t in range(40):
+        loss = model(torch.randn(3, 4)).sum()
+        loss.backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.1)
+        merger.step(loss=loss)
+    merger.finish()
+    print("finished", merger.merges)
+except evomerge.MergerError as e:
+    print(f"error: {e}")
+    import os; os._exit(1)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("scheme", ["gossip", "allreduce"])
+def test_a_run_longer_than_the_process_groups_timeout_finishes(tmp_path, scheme):
+    """(The Merger's standing receives waited under gloo's own bound, the process group's timeout: every run longer
+    than it stopped, naming a healthy rank: `rank 0 did not answer (local step 4465)` after 60 s of a deploy run.)"""
+    procs, outs, seconds = three_ranks(tmp_path, LONG, scheme)
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert all(o.startswith("finished ") for o, _ in outs) and seconds > 4, (outs, seconds)
+
+
 DISAGREE = """
 import sys, time, torch, torch.distributed as dist, evomerge
 store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -2,13 +2,20 @@
 
 gloo's send and receive works report completion only from a blocking ``wait()`` (``is_completed()`` stays false
 until then; torch 2.13, checked), and a ``wait(timeout)`` that expires aborts the whole gloo context. So a small
-daemon thread waits on each (torch releases the GIL there) and the caller polls :meth:`Pending.done`.
+daemon thread waits on each (torch releases the GIL there) and the caller polls :meth:`Pending.done`, bounding the
+wait by its own timeout. The thread's ``wait()`` is given :data:`UNBOUNDED`: without it gloo bounds it by the process
+group's timeout (``init_process_group(timeout=...)``), and a receive posted long before its message comes (the
+Merger's standing stop message, which comes at the run's end) failed there: every run longer than that timeout
+stopped, naming a healthy rank.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
+
+UNBOUNDED = timedelta(days=365)  # a wait the caller bounds (gloo takes it in milliseconds; far from overflowing)
 
 
 class Pending:
@@ -31,7 +38,7 @@ class Pending:
 
     def _wait(self, work) -> None:
         try:
-            work.wait()
+            work.wait(UNBOUNDED)
         except BaseException as e:  # noqa: BLE001 - handed to the polling thread
             self.error = e
         self.finished_at = time.time()
