@@ -124,7 +124,14 @@ def translate(error: ValidationError, prefix: str, cls) -> ConfigError:
     if kind == "missing_argument" or kind == "missing":
         return ConfigError(field, "is required")
     if kind in _TYPES:
-        return ConfigError(field, f"{_TYPES[kind]}, got {show(value)}{_allowed(cls, loc)}")
+        allowed = _allowed(cls, loc)
+        if not allowed and kind in ("float_type", "int_type") and isinstance(value, str):
+            try:  # a number in quotes (epochs = "3"): TOML's string, said how to write it
+                allowed = f"; allowed: {'a number' if kind == 'float_type' else 'an integer'} without quotes " \
+                          f"({float(value):g})"
+            except ValueError:
+                pass
+        return ConfigError(field, f"{_TYPES[kind]}, got {show(value)}{allowed}")
     if kind == "finite_number":
         return ConfigError(field, f"must be finite, got {value}")
     if kind in _RANGE:

@@ -96,3 +96,39 @@ def test_ipop_restarts_double_the_population():
 def test_needs_a_dimension():
     with pytest.raises(ValueError):
         CmaDriver(0)
+
+
+def test_one_numeric_field_converges():
+    """(pycma's bounds fail in one dimension: the second generation's tell raised "not yet initialized (dimension
+    needed)", a traceback from `evomerge search --sampler cmaes` on a study that searches one field.)"""
+    study = optuna.create_study(direction="maximize")
+    driver = CmaDriver(1, seed=1, popsize=4)
+    for _ in range(60):
+        cand = driver.next(study.get_trials(deepcopy=False))
+        assert cand is not None and len(cand.x) == 1
+        study.enqueue_trial({"x0": cand.x[0]}, user_attrs={ATTR_RESTART: cand.restart, ATTR_GEN: cand.generation,
+                                                           ATTR_INDEX: cand.index})
+        t = study.ask({"x0": optuna.distributions.FloatDistribution(0, 1)})
+        study.tell(t, -(t.params["x0"] - 0.7) ** 2)
+    assert study.best_value > -1e-4 and driver.state(study.trials)["generation"] == 14
+
+
+@pytest.mark.system
+def test_a_users_study_of_one_numeric_field_searches_with_cmaes(tmp_path, data_dir):
+    from conftest import write_study
+    from searchutil import cli
+
+    f = write_study(tmp_path)
+    text = f.read_text()
+    for line in ('mixing_weight = { kind = "float", low = 0.1, high = 1.0 }\n',
+                 'topology = { kind = "categorical", choices = ["ring", "complete"] }\n'):
+        assert line in text
+        text = text.replace(line, "")
+    f.write_text(text)
+    p = cli("search", "--study", str(f), "--sampler", "cmaes", "--n-trials", "6", "--cmaes-popsize", "2",
+            "--no-verdict", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "runs" / "tiny" / "optuna.db") as c:
+        assert c.execute("select count(*) from trials where state = 'COMPLETE'").fetchone() == (6,)

@@ -86,6 +86,8 @@ def test_unknown_study_lists_the_known_ones():
 def test_error_lines_name_the_field_and_what_is_allowed():
     cases = [
         ({"run": {"workers": "8"}}, 'study.run.workers: must be an integer, got str "8"; allowed: [1, inf)'),
+        # a number in quotes, for a field with no range: how to write it (it said no "allowed:" at all)
+        ({"run": {"epochs": "3"}}, 'study.run.epochs: must be a number, got str "3"; allowed: a number without quotes (3)'),
         ({"data": {"partition": 2}}, "study.data.partition: must be a string, got int 2; allowed: iid, dirichlet, by_file"),
         ({"run": {"lr": -1}}, "study.run.lr: -1 is out of range; allowed: [0, inf)"),
         ({"data": {"partition": "zipf"}}, "study.data.partition: unknown 'zipf'; allowed: iid, dirichlet, by_file"),

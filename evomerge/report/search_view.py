@@ -104,7 +104,8 @@ class SearchView:
             self.pruned, self.failed = b.get("PRUNED", 0), b.get("FAIL", 0)
             extra = ""
             if cfg.sampler == "cmaes":
-                extra = (f"; cmaes searches {len([p for p in cfg.study.search.space if p.kind != 'categorical'])} numeric fields, "
+                d = len([p for p in cfg.study.search.space if p.kind != "categorical"])
+                extra = (f"; cmaes searches {d} numeric field{'s' * (d != 1)}, "
                          f"categoricals {'sampled independently at random' if cfg.cmaes_categoricals == 'independent' else 'fixed at the study values'}")
             if cfg.prunes_by_optuna and cfg.pruner != "median":
                 extra += f"; pruner {cfg.pruner}"

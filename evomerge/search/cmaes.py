@@ -52,9 +52,12 @@ class CmaDriver:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 0xC3A, restart])))
         opts = {"seed": np.nan, "randn": lambda *shape: rng.standard_normal(shape), "bounds": [0, 1],
                 "popsize": self.popsize * 2 ** restart, "verbose": -9, "verb_log": 0, "verb_disp": 0}
+        # one numeric field: pycma's bounds fail in one dimension (its tell raised "not yet initialized (dimension
+        # needed)"), so a second coordinate rides along, drawn and never used (next_many keeps the first)
+        pad = [0.5] if self.dim == 1 else []
         if self.stds is not None:
-            opts["CMA_stds"] = list(self.stds)
-        return cma.CMAEvolutionStrategy(list(self.x0), self.sigma0, opts)
+            opts["CMA_stds"] = list(self.stds) + [1.0] * len(pad)
+        return cma.CMAEvolutionStrategy(list(self.x0) + pad, self.sigma0, opts)
 
     def categoricals(self, c: Candidate) -> np.random.Generator:
         """Where candidate ``c``'s categorical fields are drawn from (``--cmaes-categoricals independent``): its seed
@@ -94,7 +97,7 @@ class CmaDriver:
                 if v is None and not running:
                     free.append(i)
             if any(v is None for v in values):
-                return [Candidate(restart, gen, i, [float(c) for c in xs[i]]) for i in free[:k]]
+                return [Candidate(restart, gen, i, [float(c) for c in xs[i][:self.dim]]) for i in free[:k]]
             finite = [v for v in values if v != "penalty"]
             worst = max((self.sign * v for v in finite), default=0.0)
             es.tell(xs, [worst if v == "penalty" else self.sign * v for v in values])

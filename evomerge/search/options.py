@@ -89,7 +89,7 @@ OPTIONS: tuple[Option, ...] = (
                                     "them first", metavar="STUDY"),
     Option("cmaes_categoricals", "independent", "cmaes: 'independent' (sampled at random) or 'fixed' (study values)"),
     Option("cmaes_restarts", 0, "cmaes: IPOP restarts with doubled population", int),
-    Option("cmaes_popsize", 0, "cmaes: population size", int, shown="0, meaning 4 + 3 ln d for d numeric fields"),
+    Option("cmaes_popsize", 0, "cmaes: population size", int, shown="0, meaning --batch N's N, else 4 + 3 ln d for d numeric fields"),
     Option("grace_period", GRACE_PERIOD, "seconds without a heartbeat before another process fails a running trial "
                                          "and retries it", int),
     Option("backend", "inprocess", "inprocess (all workers in one process) or distributed (one process per worker, "
