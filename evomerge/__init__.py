@@ -7,7 +7,8 @@ from .version import __version__  # noqa: E402,F401
 
 from .errors import ConfigError  # noqa: E402
 
-__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "rank_device", "run", "search"]
+__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "rank_device", "ranks_on_this_machine", "run",
+           "search"]
 
 
 def __getattr__(name: str):
@@ -21,10 +22,10 @@ def __getattr__(name: str):
         from . import runtime
 
         return getattr(runtime, name)
-    if name == "rank_device":  # a torchrun rank's device and process-group backend
-        from .procs import rank_device
+    if name in ("rank_device", "ranks_on_this_machine"):  # a rank's device and backend; its machine's rank count
+        from . import procs
 
-        return rank_device
+        return getattr(procs, name)
     raise AttributeError(f"module 'evomerge' has no attribute {name!r}")
 
 

@@ -966,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from datetime import timedelta
 
-        from .procs import apply_threads, rank_device
+        from .procs import apply_threads, rank_device, ranks_on_this_machine
 
         dev, backend = rank_device()
         told = "LOCAL_WORLD_SIZE" in os.environ  # torchrun and --procs say how many ranks share this machine
@@ -996,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own)
             with _talking():
-                apply_threads(_ranks_on_this_machine())
+                apply_threads(ranks_on_this_machine())
         m = measure(args, progress)
         if deadline is not None:  # measured in time: the file, the last barrier (timed by --timeout) and the end
             deadline.cancel()
@@ -1043,27 +1043,6 @@ def _stop_at(seconds: float, rank: int, timeout: float, progress: Progress):
     t.daemon = True
     t.start()
     return t
-
-
-def _machine() -> str:
-    """This machine, as its ranks share its cores: the kernel's boot id (network namespaces and containers of one
-    machine share it), else the host name."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        import socket
-
-        return socket.gethostname()
-
-
-def _ranks_on_this_machine() -> int:
-    """How many ranks of the process group run on this rank's machine (one all-gather): without it, each rank of
-    four on two cores took both, and two of them measured 55x slower than the others."""
-    import torch.distributed as dist
-
-    me, machines = _machine(), [None] * dist.get_world_size()
-    dist.all_gather_object(machines, me)
-    return machines.count(me)
 
 
 def _peer_failed(e: BaseException, timeout: float) -> str:

@@ -86,8 +86,6 @@ def main() -> int:
 
     # a GPU per rank with NCCL; ranks that share one GPU talk through host memory under gloo; else the CPU
     dev, backend = evomerge.rank_device()
-    if dev.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     # --timeout bounds the start too: a rank that never comes ends the others' wait (torch's default is 30 minutes)
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
@@ -96,6 +94,9 @@ def main() -> int:
               f"({str(e).splitlines()[0][:200]}); stopped", file=sys.stderr, flush=True)
         return 1
     rank, world = dist.get_rank(), dist.get_world_size()
+    if dev.type == "cpu":  # the ranks on this machine share its cores: torchrun says how many; netlab does not
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // (int(local) if local else evomerge.ranks_on_this_machine())))
 
     data = load(args.dataset, args.data_dir, val_size=2000, train_size=args.train_size)
     mean, std = data.spec.mean, data.spec.std
@@ -168,7 +169,8 @@ def main() -> int:
             xv = ((data.val_x.float() / 255 - mean) / std).unsqueeze(1).to(dev)
             acc = (model(xv).argmax(1).cpu() == data.val_y).float().mean().item()
         print(f"consensus val accuracy {acc:.4f} after {steps} steps per rank, {merger.merges} merges on rank 0, "
-              f"{seconds:.1f} s to the consensus on {world} ranks ({kind}, lr {lr:g})", flush=True)
+              f"{seconds:.1f} s to the consensus on {world} ranks ({kind}, lr {lr:g}"
+              + (f"; {torch.get_num_threads()} torch threads per rank" if dev.type == "cpu" else "") + ")", flush=True)
     dist.destroy_process_group()
     return 0
 
