@@ -61,6 +61,7 @@ SITE_GAP = 1.5  # sites: every inside link this many times better than every bet
 FITS = ("lognormal", "pareto")
 LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themselves is fitted on those alone
 POOL_LIKE = 2.0  # else on the flows at its ends, among the links whose own fits are within this factor of its own
+MIN_TRANSFER = 1e-4  # seconds: a transfer shorter than this after queueing measured its receive's posting, not its link
 PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher names the rank that failed first)
 # under a launcher of its own, a rank ends the whole calibration this long after --timeout from its start: ranks that
 # do not all join the process group within --timeout are named as such first
@@ -532,6 +533,11 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
             start = max(sends[key], float(x.get("posted", sends[key])))
             transfers.append((key[0], key[1], int(x["bytes"]), start, max(start, float(x["arrived"]))))
     transfers = queued(transfers)
+    # a transfer with no time of its own left (its bytes came before its receive was posted, or while the one
+    # before it on its link was still arriving) says nothing of the link: counted as alone, it fitted every link
+    # "unlimited" (0 s for its bytes) where a policy sent faster than the links carry
+    timeless = sum(1 for *_, t0, t1 in transfers if not t1 - t0 > MIN_TRANSFER)
+    transfers = [x for x in transfers if x[4] - x[3] > MIN_TRANSFER]
     alone = alone_times(transfers)
     lone_link: dict[tuple[int, int], list[tuple[int, float]]] = {}
     for (i, j, b, t0, t1), tau in zip(transfers, alone):
@@ -590,7 +596,9 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
              f"{len(transfers)} had both ends to themselves; {n_lone_links} of {len(per_link)} links had "
              f"{LONE_ENOUGH} or more such and are fitted on those alone, {n_pooled} on the transfers at their two "
              f"ends (the geometric mean of each end's bytes over its median alone-time, among its links within "
-             f"{POOL_LIKE:g}x of each other)"]
+             f"{POOL_LIKE:g}x of each other)"
+             + (f"; {timeless} left out, with no time of their own (their bytes came before their receive was "
+                f"posted, or while the one before them on their link arrived)" if timeless else "")]
     allreduce = None
     events: dict[int, list[tuple[float, int]]] = {}
     for r, rows in enumerate(recs):
