@@ -160,6 +160,7 @@ class Measured:
     notes: list[str] = field(default_factory=list)  # more comment lines (the all-reduce, the device, ...)
     samples: list[list[int]] | None = None  # [W][W] transfers behind each link's figures
     allreduce: tuple[float, int] | None = None  # (seconds, bytes) of a measured ring all-reduce
+    links_from_allreduce: bool = False  # a trace of all-reduces only: every link the rate its all-reduces took
 
 
 def _median(xs) -> float:
@@ -314,8 +315,12 @@ def fit_links(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list
     measured = off & ~np.isnan(lat) & ~np.isnan(bw)
     if not measured.any():
         return {}, ["links: none measured (free links: no latency, unlimited bandwidth)"]
-    notes = [f"links: {int(measured.sum())} of {W * (W - 1)} directed links measured"
-             + (f" with model-sized messages of {m.payload} bytes" if m.payload else "")]
+    if m.links_from_allreduce:  # (it said "measured with model-sized messages", where none went point to point)
+        notes = [f"links: {int(measured.sum())} of {W * (W - 1)} directed links given the rate of the all-reduces of "
+                 f"{m.payload} bytes (none measured point to point)"]
+    else:
+        notes = [f"links: {int(measured.sum())} of {W * (W - 1)} directed links measured"
+                 + (f" with model-sized messages of {m.payload} bytes" if m.payload else "")]
     for i in range(W):
         row = []
         for j in range(W):
@@ -623,6 +628,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                              "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
     n_steps = sum(len(t) for t in steps)
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
+                    links_from_allreduce=not per_link and allreduce is not None and W > 1,
                     source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps (the first {warmup} "
                            f"of each rank left out)", notes=notes)
 
@@ -1063,8 +1069,11 @@ def _peer_failed(e: BaseException, timeout: float) -> str:
 
 
 def _one_line(e: BaseException) -> str:
+    """The error's first line, less gloo's source location (``[/__w/pytorch/.../pair.cc:553] ``)."""
+    import re
+
     s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__
+    return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", s[0]) if s else type(e).__name__
 
 
 def _free_port() -> int:

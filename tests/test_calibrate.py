@@ -779,6 +779,23 @@ def test_from_trace_counts_messages_queued_on_one_link_one_after_the_other(tmp_p
     assert any("6 of 6 had both ends to themselves" in n for n in m.notes), m.notes
 
 
+def test_a_trace_of_all_reduces_only_says_its_links_were_not_measured_point_to_point(tmp_path):
+    """(Its file said "12 of 12 directed links measured with model-sized messages", where no message went from one
+    rank to another alone.) 3 ranks, 400 KB all-reduces of 0.1 s at the last rank in: 2 (W-1)/W x bytes / 0.1 s."""
+    write_trace(tmp_path / "tr", [])
+    for r in range(3):
+        with open(tmp_path / "tr" / f"rank-{r}.jsonl", "a") as f:
+            for ev in range(4):
+                f.write(json.dumps({"event": ev, "kind": "allreduce", "step": 5 * ev + 5, "bytes": 400_000,
+                                    "seconds": 0.1 + 0.05 * r}) + "\n")
+    m = calibrate.from_trace(tmp_path / "tr")
+    assert m.links_from_allreduce and m.bandwidth[0][1] == pytest.approx(2 * 2 / 3 * 400_000 / 0.1)
+    _, notes = calibrate.fit(m)
+    assert "links: 6 of 6 directed links given the rate of the all-reduces of 400000 bytes (none measured point " \
+           "to point)" in notes, notes
+    assert not any("model-sized messages" in n for n in notes)
+
+
 def test_from_trace_leaves_out_transfers_that_came_before_their_receive_was_posted(tmp_path):
     """A policy that sends faster than its link carries (gossip every step on 50 Mbit/s): a rank posts its receives
     a few events ahead, and a message whose bytes came before its receive was posted "arrives" at the posting, in no
@@ -809,3 +826,11 @@ def test_ranks_that_are_not_the_studys_workers_get_a_note(tmp_path, data_dir):
     # rank 0's warnings about the file it wrote reach the terminal (a model this small often draws one)
     assert [ln for ln in p.stderr.splitlines() if ln.startswith("warning: ")] == \
         [ln[2:] for ln in text.splitlines() if ln.startswith("# warning: ")], (p.stderr, text)
+
+
+def test_a_gone_ranks_line_leaves_out_gloos_source_location():
+    """(A rank killed under netlab: `another rank is gone ([/__w/pytorch/pytorch/third_party/gloo/gloo/transport/
+    tcp/pair.cc:553] Connection closed by peer ...)`.)"""
+    e = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                     "peer [10.77.0.4]:27834\nmore")
+    assert calibrate._peer_failed(e, 60) == "another rank is gone (Connection closed by peer [10.77.0.4]:27834)"
