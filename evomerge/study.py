@@ -778,7 +778,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     try:
         spec = settings.build(EnvSpec, keys | own, "study.environment").check(workers, base)
     except ConfigError as e:
-        key = e.field.removeprefix("study.environment.").split(".")[0]
+        key = re.split(r"[.\[]", e.field.removeprefix("study.environment."))[0]  # (speeds[0]: the key speeds)
         if key not in keys or key in own:
             raise
         hint = ""

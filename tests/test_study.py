@@ -194,6 +194,16 @@ def test_a_ragged_matrix_in_a_cluster_file_is_said_as_it_is(tmp_path):
                             f"entries (from {tmp_path / 'cluster.toml'})")
 
 
+def test_a_bad_entry_of_a_cluster_files_list_names_the_file(tmp_path):
+    """(speeds[0] = 0 left out "(from cluster.toml)", which every other error of that file says.)"""
+    (tmp_path / "cluster.toml").write_text("[environment]\nstep_time = 0.05\nspeeds = [0.0, 1.0]\n")
+    (tmp_path / "s.toml").write_text('[study]\nname = "s"\n[run]\nworkers = 2\n[environment]\nfrom = "cluster.toml"\n')
+    with pytest.raises(ConfigError) as e:
+        study.load(tmp_path / "s.toml")
+    assert str(e.value) == ("study.environment.speeds[0]: 0.0 is out of range; allowed: a speed > 0 (1.0 = step_time "
+                            f"per step) (from {tmp_path / 'cluster.toml'})")
+
+
 def test_a_study_of_the_defaults_on_a_calibrated_cluster_loads(tmp_path):
     """Only `[environment] from = ...` is a study (the defaults on that cluster), not a cluster file given as one."""
     (tmp_path / "cluster.toml").write_text("[environment]\nstep_time = 0.02\nspeeds = \"lognormal\"\nsigma = 0.2\n")
