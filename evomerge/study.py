@@ -459,14 +459,21 @@ class Study:
         env = self.environment
         if env is None or not env.time_budget:
             return None
-        steps = env.time_budget / env.step_time
-        if steps < 1:  # (a run said its slowest worker did 0 steps "and the others waited for it")
+        # a speed-1 worker's mean step: step_time, times the slow spells' share (a two-state chain: a step is in a
+        # spell with the chain's stationary chance p L / (1 + p L)) and the jitter's mean (a lognormal's), so the
+        # estimate is of the steps the run takes (it said 2,873 where a run with slow spells took 500)
+        pl = env.straggle_p * env.straggle_length
+        mean_step = env.step_time * (1 + pl / (1 + pl) * (env.straggle_factor - 1)) * math.exp(env.jitter ** 2 / 2)
+        slowed = mean_step > env.step_time * 1.001
+        steps = env.time_budget / mean_step
+        if env.time_budget / env.step_time < 1:  # (a run said its slowest worker did 0 steps "and the others waited for it")
             return (f"study.environment.time_budget: {env.time_budget:g} s is shorter than one local step of a worker "
                     f"at step_time {env.step_time:.3g} s: a worker of speed 1 trains no step in it")
         if steps <= 10 * total_steps:
             return None
         return (f"study.environment.time_budget: {env.time_budget:g} s is about {steps:,.0f} local steps of a worker "
-                f"at step_time {env.step_time:.3g} s, {steps / total_steps:,.0f}x the study's step budget "
+                f"at step_time {env.step_time:.3g} s{' with its slow spells and jitter' if slowed else ''}, "
+                f"{steps / total_steps:,.0f}x the study's step budget "
                 f"({total_steps:,} steps), and every run takes them; {total_steps * env.step_time:.3g} s is the step "
                 "budget's time")
 

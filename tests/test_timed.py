@@ -751,3 +751,21 @@ def test_a_free_clock_takes_the_lockstep_path_and_an_uneven_one_the_waves(setup)
         assert (driver.merger is not None) == fast, env
     s = with_env(setup, EnvSpec(step_time=0.25))
     assert Timed(s, policy, 0, InProcess(s, policy, 0, torch.device("cpu")), waves=True).merger is None
+
+
+def test_the_time_budgets_step_estimate_counts_slow_spells_and_jitter():
+    """(On a calibrated cluster with slow spells the note counted the steps at step_time alone: 10,000 here, 3.4x
+    the steps a run takes.) A step is in a spell with the chain's stationary chance p L / (1 + p L)."""
+    import math
+
+    from evomerge import study as study_mod
+
+    env = {"step_time": 0.01, "time_budget": 100.0, "straggle_p": 0.25, "straggle_length": 12.5,
+           "straggle_factor": 4.0, "jitter": 0.3}
+    s = study_mod.from_dict({"study": {"name": "t"}, "environment": env})
+    pl = 0.25 * 12.5
+    steps = 100.0 / (0.01 * (1 + pl / (1 + pl) * 3) * math.exp(0.3 ** 2 / 2))
+    note = s.budget_note(30)
+    assert note.startswith(f"study.environment.time_budget: 100 s is about {steps:,.0f} local steps of a worker at "
+                           "step_time 0.01 s with its slow spells and jitter, "), note
+    assert 2800 < steps < 3000 and s.budget_note(round(steps / 10) + 1) is None  # within 10x: nothing said
