@@ -131,6 +131,14 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
     assert parent.info.status == "KILLED"
     assert values[int(parent.data.tags["evomerge.best_trial"])] == max(values.values())  # (the first of equals)
     assert parent.data.metrics["final_val_accuracy"] == pytest.approx(max(values.values()))
+    assert "evomerge.model_pending" in parent.data.tags and not parent.outputs.model_outputs
+    # ended there (--n-trials as many as completed): the run is taken up again and gets its model (it kept the best's
+    # tag, which read as "held already", and the model was never logged)
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", str(len(values)), "--sampler", "random",
+            "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    again = client.get_run(parent.info.run_id)
+    assert "evomerge.model_pending" not in again.data.tags and len(again.outputs.model_outputs) == 1
     p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "5", "--no-prune", "--sampler", "random", "--quiet", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr

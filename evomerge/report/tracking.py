@@ -188,6 +188,9 @@ VIEW_KEY = "evomerge"
 VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # MLflow's shared-view tag prefix + our key
 
 
+MODEL_PENDING = "evomerge.model_pending"  # on a stopped search's run: its best's model is still to be logged
+
+
 def objective_metric(objective: str) -> str:
     """The metric a trial run (and the parent run, for the best trial) holds an objective under."""
     return f"final_{objective}"
@@ -371,7 +374,9 @@ class Tracker:
         """The trial number the parent run says is the best (its tag), or None."""
         if self.parent_id is None:
             return None
-        return self.client.get_run(self.parent_id).data.tags.get("evomerge.best_trial")
+        tags = self.client.get_run(self.parent_id).data.tags
+        # a stopped search's run names its best but holds no model of it yet: not "held already"
+        return None if MODEL_PENDING in tags else tags.get("evomerge.best_trial")
 
     def end_parent(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
         if self.parent_id is None:
@@ -476,8 +481,12 @@ class Tracker:
         if diverged(best):  # every trial diverged: its weights are not a model
             self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
             return None
-        if model is None:
+        if model is None:  # a stopped search: the search that goes on logs it (logged_best says it is not held)
+            self.client.set_tag(pid, MODEL_PENDING, "the search stopped before the best trial's model was logged; "
+                                                    "the same command, going on, logs it at its end")
             return None
+        if MODEL_PENDING in self.client.get_run(pid).data.tags:
+            self.client.delete_tag(pid, MODEL_PENDING)
         try:
             kept = self._logged_model_of(best_rid)  # an earlier search (nothing left to run) logged it: linked again
             if kept is not None:
