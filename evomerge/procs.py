@@ -390,9 +390,17 @@ def _watched(parent: int, grace: float, args: list[str]) -> int:
     If process PARENT ends first without stopping the group (SIGKILL, out of memory: no chance to clean up), the
     group gets SIGTERM, then SIGKILL after GRACE seconds: a command's own children (the MLflow server's uvicorn)
     go too, where ``PR_SET_PDEATHSIG`` would reach CMD alone. The stop signals that reach this process (the
-    supervisor's, sent to the whole group) are left to CMD, which is waited for."""
+    supervisor's, sent to the whole group) are left to CMD, which is waited for; one that came before CMD started is
+    passed on to it at once. CMD's death by a signal is this process's own (``Popen.returncode`` -N, as CMD's)."""
+    early: list[int] = []  # stop signals that came before CMD existed (sent to the group: CMD missed them)
+    started = threading.Event()
+
+    def held(signum, frame) -> None:
+        if not started.is_set():
+            early.append(signum)
+
     for sig in (*STOP_SIGNALS, signal.SIGINT):  # a handler, not SIG_IGN, which CMD would inherit
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, held)
     try:
         fd = os.pidfd_open(parent)
     except ProcessLookupError:
@@ -400,6 +408,9 @@ def _watched(parent: int, grace: float, args: list[str]) -> int:
     except (AttributeError, OSError):
         fd = None
     child = subprocess.Popen(args)
+    started.set()
+    if early:
+        child.send_signal(early[0])
 
     fired = threading.Event()
 
@@ -419,6 +430,10 @@ def _watched(parent: int, grace: float, args: list[str]) -> int:
     rc = child.wait()
     if fired.is_set():  # CMD ended on the group's SIGTERM: what it started gets the grace, then SIGKILL
         watcher.join()
+    if rc < 0:  # killed by a signal: so is this process, as the supervisor reads it (a rank's SIGKILL, not "exit 137")
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
     return rc if rc >= 0 else 128 - rc
 
 

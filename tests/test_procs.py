@@ -123,3 +123,22 @@ def test_handlers_are_restored_and_untouched_outside_the_main_thread():
     t.start()
     t.join()
     assert seen == [before]
+
+
+@pytest.mark.integration
+def test_a_commands_exit_status_and_death_by_a_signal_come_through_its_watcher():
+    """A command runs under a watcher (ProcessGroup.popen): its exit status, and its death by a signal, read as its
+    own (a rank killed for memory read "exit 137", not "killed by SIGKILL"); a stop sent to the group just as it
+    starts reaches it (the watcher's handlers took it before the command existed)."""
+    from evomerge.procs import ProcessGroup
+
+    with ProcessGroup(grace=10) as group:
+        assert group.popen([sys.executable, "-c", "import sys; sys.exit(3)"]).wait(timeout=60) == 3
+        killed = group.popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+        assert killed.wait(timeout=60) == -signal.SIGKILL
+        for delay in (0.0, 0.05, 0.1, 0.2, 0.4):  # before, while and after the watcher starts its command
+            p = group.popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            time.sleep(delay)
+            t0 = time.monotonic()
+            group.send(signal.SIGTERM)
+            assert p.wait(timeout=30) == -signal.SIGTERM and time.monotonic() - t0 < 5, delay
