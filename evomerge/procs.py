@@ -356,6 +356,44 @@ def _machine() -> str:
         return socket.gethostname()
 
 
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def process_tag() -> str:
+    """This process as a later one can tell whether it still runs (:func:`still_running`): the machine's boot id,
+    the pid namespace, the pid and its start time. A host name and a pid alone took a live search in another
+    container of one host for a dead one, and a container's restarted process for the dead one of the same pid."""
+    return "/".join([_machine(), _pid_namespace() or "?", str(os.getpid()), _started(os.getpid()) or "?"])
+
+
+def still_running(tag: str) -> bool | None:
+    """Whether the process :func:`process_tag` gave ``tag`` still runs: None where this process cannot tell (another
+    machine or pid namespace, or a tag without its parts)."""
+    try:
+        machine, ns, pid, started = tag.split("/")
+        pid_n = int(pid)
+    except ValueError:
+        return None
+    if machine != _machine() or ns == "?" or ns != _pid_namespace():
+        return None
+    if not pid_running(pid_n):
+        return False
+    return started == "?" or _started(pid_n) == started  # the same pid started again is another process
+
+
 def ranks_on_this_machine() -> int:
     """How many ranks of the default process group run on this rank's machine (one all-gather, on every rank), to
     share its cores where the launcher does not say (torchrun's ``LOCAL_WORLD_SIZE``; netlab and a script of one's

@@ -348,9 +348,17 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     exp = client.get_experiment_by_name("tiny").experiment_id
     (killed,) = client.search_runs([exp])
     assert killed.info.status == "RUNNING" and killed.data.tags["evomerge.pid"] == str(proc.pid)
-    # a search still running on this host (here: this test's own process) is not taken for a dead one
-    alive = client.create_run(exp, run_name="search-random-alive",
-                              tags={"evomerge.host": killed.data.tags["evomerge.host"], "evomerge.pid": str(os.getpid())})
+    # a search still running on this host (here: this test's own process) is not taken for a dead one, nor one of
+    # another machine or container sharing the host name; a pid running again as another process is dead
+    from evomerge.procs import process_tag
+
+    mine = process_tag()
+    host = {"evomerge.host": killed.data.tags["evomerge.host"], "evomerge.pid": str(os.getpid())}
+    alive = client.create_run(exp, run_name="search-random-alive", tags=host | {"evomerge.process": mine})
+    elsewhere = client.create_run(exp, run_name="search-random-elsewhere",
+                                  tags=host | {"evomerge.process": "another-boot-id/" + mine.split("/", 1)[1]})
+    reused = client.create_run(exp, run_name="search-random-reused",
+                               tags=host | {"evomerge.process": mine.rsplit("/", 1)[0] + "/1"})
     p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--quiet",
             "--grace-period", "2", cwd=tmp_path, data_dir=data_dir)  # (the killed trial's heartbeat: 2 s, not 30)
     assert p.returncode == 0, p.stderr
@@ -358,5 +366,7 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"] == (
         f"its process ({proc.pid} on {killed.data.tags['evomerge.host']}) was gone; marked by a later search")
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"
+    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"
+    assert client.get_run(reused.info.run_id).info.status == "KILLED"
     parents = [r for r in client.search_runs([exp]) if r.info.run_name.startswith("search-random-2")]
     assert [r.info.status for r in parents if r.info.run_id != killed.info.run_id] == ["FINISHED"]

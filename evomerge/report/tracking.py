@@ -323,8 +323,11 @@ class Tracker:
         import os
         import socket
 
+        from ..procs import process_tag
+
         # where it runs: a later search on this host ends it if the process was killed (end_orphans)
-        where = {"evomerge.host": socket.gethostname(), "evomerge.pid": str(os.getpid())}
+        where = {"evomerge.host": socket.gethostname(), "evomerge.pid": str(os.getpid()),
+                 "evomerge.process": process_tag()}
         run = self.client.create_run(self.experiment_id, run_name=name, tags={**self._source_tags(), **tags, **where})
         self.parent_id = run.info.run_id
         self._params(self.parent_id, params)
@@ -333,25 +336,21 @@ class Tracker:
         return self.parent_id
 
     def end_orphans(self) -> list[str]:
-        """The search runs of this experiment left RUNNING by a process of this host that is gone (killed with
-        SIGKILL, or the machine stopped under it): marked KILLED, with a tag saying why; their ids. A run of
-        another host, or of a process still alive, is left as it is (it cannot be told from a search running)."""
-        import os
+        """The search runs of this experiment left RUNNING by a process of this machine that is gone (killed with
+        SIGKILL, or the machine stopped under it): marked KILLED, with a tag saying why; their ids. A run of another
+        machine or container, or of a process still running, is left as it is (it cannot be told from a search
+        running)."""
         import socket
+
+        from ..procs import still_running
 
         host = socket.gethostname().replace("'", "")
         found = self.client.search_runs([self.experiment_id], max_results=1000,
                                         filter_string=f"attributes.status = 'RUNNING' and tags.`evomerge.host` = '{host}'")
         ended = []
         for run in found:
-            try:
-                pid = int(run.data.tags.get("evomerge.pid", ""))
-                os.kill(pid, 0)
-                continue  # alive (or a process of another user's: running, as far as this one can tell)
-            except PermissionError:
+            if still_running(run.data.tags.get("evomerge.process", "")) is not False:
                 continue
-            except (ValueError, ProcessLookupError):
-                pass
             self.client.set_tag(run.info.run_id, "evomerge.ended", f"its process ({run.data.tags.get('evomerge.pid')} "
                                                                    f"on {host}) was gone; marked by a later search")
             self.client.set_terminated(run.info.run_id, status="KILLED")
