@@ -1957,7 +1957,7 @@ class Merger:
         """A pollable work handle (:class:`backends.pending.Pending`), kept until its waiting thread has ended."""
         if len(self._pending) > 256:
             self._pending = [x for x in self._pending if x.alive()]
-        out = _Pending(work, error, peer)
+        out = _Pending(work, error, peer, unbounded=self.wire_dev.type == "cpu")  # (gloo's wire is host memory)
         self._pending.append(out)
         return out
 

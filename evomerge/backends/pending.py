@@ -20,9 +20,10 @@ UNBOUNDED = timedelta(days=365)  # a wait the caller bounds (gloo takes it in mi
 
 class Pending:
     """A ``torch.distributed`` work handle (``None`` with ``error``: it failed when posted), pollable. ``peer``:
-    the rank at the other end, where the caller keeps it."""
+    the rank at the other end, where the caller keeps it. ``unbounded``: a gloo work, waited for without gloo's
+    bound (False for NCCL's)."""
 
-    def __init__(self, work, error: BaseException | None = None, peer: int | None = None):
+    def __init__(self, work, error: BaseException | None = None, peer: int | None = None, unbounded: bool = True):
         self.error = error
         self.peer = peer
         self._done = threading.Event()
@@ -33,12 +34,13 @@ class Pending:
             self.finished_at = time.time()
             self._done.set()
             return
+        self._unbounded = unbounded  # gloo's works; NCCL's wait(timeout) would poll on the CPU (its watchdog bounds it)
         self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True, name="evomerge-p2p-wait")
         self._thread.start()
 
     def _wait(self, work) -> None:
         try:
-            work.wait(UNBOUNDED)
+            work.wait(UNBOUNDED) if self._unbounded else work.wait()
         except BaseException as e:  # noqa: BLE001 - handed to the polling thread
             self.error = e
         self.finished_at = time.time()
