@@ -1294,10 +1294,10 @@ def cmd_baselines(args) -> int:
         searched, told = _searched(study, args), []
         lrs = tuned_lrs(study, data=setup.data, data_dir=args.data_dir, device=args.device,
                         announce=lambda runs, tuning=True: (told.append(runs), announce(runs)), setups=setups,
-                        storage_study=searched)
+                        storage_study=searched, keep_or_not=True)
         if not told:
-            print(f"tuning: each baseline's step size as the search of {study.name} chose it on the study's seeds "
-                  f"{list(study.run.seeds)} (kept with its trials)", file=sys.stderr)
+            print(f"tuning: each baseline's step size as chosen on the study's seeds {list(study.run.seeds)} and "
+                  f"kept with the trials of {study.name}", file=sys.stderr)
 
     def setup_at(name):
         from .search.baselines import lr_setup

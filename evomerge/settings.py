@@ -127,8 +127,11 @@ def translate(error: ValidationError, prefix: str, cls) -> ConfigError:
         allowed = _allowed(cls, loc)
         if not allowed and kind in ("float_type", "int_type") and isinstance(value, str):
             try:  # a number in quotes (epochs = "3"): TOML's string, said how to write it
-                allowed = f"; allowed: {'a number' if kind == 'float_type' else 'an integer'} without quotes " \
-                          f"({float(value):g})"
+                v = float(value)
+                if kind == "float_type" and math.isfinite(v):
+                    allowed = f"; allowed: a number without quotes ({v:g})"
+                elif kind == "int_type" and math.isfinite(v) and v.is_integer():
+                    allowed = f"; allowed: an integer without quotes ({int(v)})"
             except ValueError:
                 pass
         return ConfigError(field, f"{_TYPES[kind]}, got {show(value)}{allowed}")

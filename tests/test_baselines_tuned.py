@@ -60,7 +60,8 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     p = cli("baselines", "--study", "tiny", "--quiet", "--json", "b2.json", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "running the baselines of the definition stored with its trials" in p.stderr
-    assert "16 runs" not in p.stderr and "as the search of tiny chose it" in p.stderr, p.stderr
+    assert "16 runs" not in p.stderr and "as chosen on the study's seeds [0, 1] and kept with the trials of tiny" \
+        in p.stderr, p.stderr
     again = json.loads((tmp_path / "b2.json").read_text())
     assert {n: b["lr"] for n, b in again["baselines"].items()} == want
     for n in want:  # the same runs (the wall time apart)

@@ -30,11 +30,12 @@ def _key(study: Study, policies, kind: str, seeds, extra=None) -> str:
 
 
 def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study=None, announce=None,
-              setups: dict | None = None) -> dict[str, float]:
+              setups: dict | None = None, keep_or_not: bool = False) -> dict[str, float]:
     """Each baseline's step size: of the study's ``[baselines] lr``, the one whose runs on the study's own seeds
     have the best first objective (mean over seeds; the first listed of equals). ``{}`` when the study lists none
-    (every baseline runs at ``run.lr``). Kept in the Optuna study's user attributes. ``setups``: the engine's
-    setups by step size, filled and reused."""
+    (every baseline runs at ``run.lr``). Kept in the Optuna study's user attributes (``keep_or_not``: unless the
+    storage refuses the write: a read-only or locked one, for a command that only reads it). ``setups``: the
+    engine's setups by step size, filled and reused."""
     if not study.baseline_lr:
         return {}
     seeds = list(study.run.seeds)
@@ -57,7 +58,11 @@ def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study
             scored.append((sign * v if v == v else float("inf"), lr))  # NaN (a diverged accuracy): the worst
         out[name] = min(scored, key=lambda x: x[0])[1]  # min keeps the first of equals
     if storage_study is not None:
-        storage_study.set_user_attr(key, out)
+        try:
+            storage_study.set_user_attr(key, out)
+        except Exception:  # noqa: BLE001 - whatever the storage's driver raises
+            if not keep_or_not:
+                raise
     return out
 
 
