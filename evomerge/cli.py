@@ -1069,13 +1069,14 @@ def _values_text(objectives: dict, study=None) -> str:
 def _check_out_folder(out: Path) -> None:
     """``dashboard --out``: a folder there, or one that can be made (its first existing parent a folder this user
     may write in); else one line naming --out."""
+    from .userdirs import cannot_write_in
+
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{str(out)!r} is a file; allowed: a folder for index.html (made if missing)")
-    parent = next((p for p in [out, *out.absolute().parents] if p.exists()), None)
-    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        what = "not a folder" if parent is not None and not parent.is_dir() else "not writable"
-        raise ConfigError("--out", f"cannot write in {str(parent)!r} ({what}); allowed: a folder this user can "
-                                   "write in, for index.html")
+    refused = cannot_write_in(out)
+    if refused is not None:
+        raise ConfigError("--out", f"cannot write in {str(refused[0])!r} ({refused[1]}); allowed: a folder this user "
+                                   "can write in, for index.html")
 
 
 def cmd_dashboard(args) -> int:

@@ -14,12 +14,28 @@ def user_cache_dir() -> Path:
     return Path(base) / "evomerge"
 
 
+def cannot_write_in(folder) -> tuple[Path | None, str] | None:
+    """Why ``folder``, or where it is not there yet its nearest existing parent (the first write makes the rest),
+    cannot take a file: (that folder, the reason); None when it can. Tried with a temporary file there, removed at
+    once; nothing is made."""
+    import tempfile
+
+    folder = Path(folder)
+    there = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if there is None or not there.is_dir():
+        return there, "not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=there):
+            pass
+    except OSError as e:
+        return there, e.strerror or str(e).strip().splitlines()[0]
+    return None
+
+
 def check_writable(path, flag: str) -> Path:
     """``path`` as a file a command can write at its end (``--json FILE``, ``calibrate -o``), checked before the work
     it would hold: not a folder, in a folder that exists and takes a file, not read-only. One line naming ``flag``
     otherwise (a results file that could not be written ended a finished run with a traceback)."""
-    import tempfile
-
     from .errors import ConfigError
 
     out = Path(path)
@@ -31,9 +47,7 @@ def check_writable(path, flag: str) -> Path:
         return out
     if not out.parent.is_dir():
         raise ConfigError(flag, f"{out.parent}: no such folder")
-    try:  # the folder takes a file (tried with a temporary one, removed at once)
-        with tempfile.TemporaryFile(dir=out.parent):
-            pass
-    except OSError as e:
-        raise ConfigError(flag, f"cannot write {out}: its folder takes no file ({e.strerror or e})") from None
+    refused = cannot_write_in(out.parent)
+    if refused is not None:
+        raise ConfigError(flag, f"cannot write {out}: its folder takes no file ({refused[1]})")
     return out

@@ -129,17 +129,12 @@ def _plugin_schemes() -> set[str]:
 def _writable(folder: Path, said: str) -> None:
     """The folder exists and takes a file, or its nearest existing parent does (the store's first write makes the
     rest): tried with a temporary file there, removed at once; no folder is made."""
-    import tempfile
+    from ..userdirs import cannot_write_in
 
-    there = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    try:
-        if there is None or not there.is_dir():
-            raise NotADirectoryError(20, "Not a directory")
-        with tempfile.TemporaryFile(dir=there):
-            pass
-    except OSError as e:
-        raise ConfigError("--tracking-uri", f"cannot write in {folder}, the folder of {said} "
-                                            f"({e.strerror or first_line(e)}); pass another --tracking-uri") from None
+    refused = cannot_write_in(folder)
+    if refused is not None:
+        raise ConfigError("--tracking-uri", f"cannot write in {folder}, the folder of {said} ({refused[1]}); pass "
+                                            "another --tracking-uri")
 
 
 def _check_sqlite(uri: str, said: str) -> None:
