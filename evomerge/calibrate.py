@@ -604,6 +604,9 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
              f"{POOL_LIKE:g}x of each other)"
              + (f"; {timeless} left out, with no time of their own (their bytes came before their receive was "
                 f"posted, or while the one before them on their link arrived)" if timeless else "")]
+    if timeless and not transfers:  # nothing left to fit the links on: said where the terminal shows it
+        notes.append(f"{WARNING}all {timeless} point-to-point transfers had no time of their own: the links are not "
+                     "measured from this trace; measure them with evomerge calibrate (--procs, or under your launcher)")
     allreduce = None
     events: dict[int, list[tuple[float, int]]] = {}
     for r, rows in enumerate(recs):

@@ -809,6 +809,11 @@ def test_from_trace_leaves_out_transfers_that_came_before_their_receive_was_post
     assert m.bandwidth[0][1] == pytest.approx(1e7)  # (2e7 with them: half the transfers in no time)
     assert any("; 4 left out, with no time of their own (their bytes came before their receive was posted" in n
                for n in m.notes), m.notes
+    # all of them so: no link measured, and the terminal says so (the file's links are free)
+    write_trace(tmp_path / "all", [x for x in t if len(x) == 6])
+    _, warnings = calibrate.write(calibrate.from_trace(tmp_path / "all"), tmp_path / "c.toml")
+    assert warnings == ["warning: all 4 point-to-point transfers had no time of their own: the links are not measured "
+                        "from this trace; measure them with evomerge calibrate (--procs, or under your launcher)"]
 
 
 @pytest.mark.system
