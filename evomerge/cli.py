@@ -577,6 +577,11 @@ def cmd_run(args) -> int:
     idle = never_merged(policy, [res.metrics()], study.run.workers) if res.status == "ok" else None
     if idle:
         print(f"note: {policy.name or args.policy} {idle}", file=sys.stderr)
+    from .search.results import saturated
+
+    flooded = saturated(study, [res.metrics()]) if res.status == "ok" else None
+    if flooded:
+        print(f"note: {policy.name or args.policy} {flooded}", file=sys.stderr)
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
@@ -1014,7 +1019,7 @@ def _export(args, study, url, out: Path) -> int:
         doc = export_trial(study, url, out, args.trial)
         values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
-        _never_merged_note(doc, study.run.workers)
+        _never_merged_note(doc, study.run.workers, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     elif args.pareto:
         paths = export_pareto(study, url, out)
@@ -1039,21 +1044,27 @@ def _export(args, study, url, out: Path) -> int:
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
         from .policy import MergePolicy
 
-        _never_merged_note(doc, study.run.workers)
+        _never_merged_note(doc, study.run.workers, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0
 
 
-def _never_merged_note(doc: dict, workers: int | None = None) -> None:
-    """One line (stderr, as evomerge run says it) where the exported trial merged on none of its seeds: what it
-    was judged as is no merging."""
+def _never_merged_note(doc: dict, workers: int | None = None, study=None) -> None:
+    """One line (stderr, as evomerge run says it) where the exported trial merged on none of its seeds (what it
+    was judged as is no merging), and one where it sent more than its simulated links carry (``study``'s)."""
     from .policy import MergePolicy
     from .search.results import never_merged
 
-    said = never_merged(MergePolicy.from_dict(doc["policy"]), list((doc.get("metrics_per_seed") or {}).values()),
-                        workers)
+    finals = list((doc.get("metrics_per_seed") or {}).values())
+    said = never_merged(MergePolicy.from_dict(doc["policy"]), finals, workers)
     if said:
         print(f"note: trial {doc['trial']} {said}", file=sys.stderr)
+    if study is not None:
+        from .search.results import saturated
+
+        flooded = saturated(study, finals)
+        if flooded:
+            print(f"note: trial {doc['trial']} {flooded}", file=sys.stderr)
 
 
 def _values_text(objectives: dict, study=None) -> str:

@@ -769,3 +769,30 @@ def test_the_time_budgets_step_estimate_counts_slow_spells_and_jitter():
     assert note.startswith(f"study.environment.time_budget: 100 s is about {steps:,.0f} local steps of a worker at "
                            "step_time 0.01 s with its slow spells and jitter, "), note
     assert 2800 < steps < 3000 and s.budget_note(round(steps / 10) + 1) is None  # within 10x: nothing said
+
+
+@pytest.mark.system
+def test_a_policy_that_sends_more_than_its_links_carry_is_said_so(tmp_path, data_dir):
+    """(A search on a calibrated 50 Mbit/s cluster picked a gossip every step: its payloads shared the links so
+    thinly that none landed before the run's end, so it cost no time and merged nothing, a tie with no merging; its
+    real run under netlab took 60x the simulated time, finish() waiting for every payload.) 51 kB payloads every
+    step of 50 ms on links of 100 kB/s: a run says so (and the verdict's and the export's notes); a policy the
+    links carry does not."""
+    f = write(tmp_path, bandwidth="1e5")
+    (tmp_path / "flood.json").write_text(json.dumps({"scheme": "gossip", "topology": "ring", "mean_interval": 1.0}))
+    p = cli("run", "--study", str(f), "--policy", "flood.json", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    said = [ln for ln in p.stderr.splitlines() if "what its links carry" in ln]
+    assert len(said) == 1 and re.match(r"note: flood\.json sent [\d.,]+ (kB|MB) in 2 simulated s, [\d,]+x what its "
+                                       r"links carry in that time \(400\.0 kB/s\): most of its payloads were still in "
+                                       r"flight when the run ended", said[0]), p.stderr
+    p = cli("run", "--study", str(f), "--policy", "fedavg", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "what its links carry" not in p.stderr, p.stderr  # an all-reduce waits for its bytes
+    # the verdict's notes and the export's line take the same words from each seed's final metrics
+    from evomerge import study as study_mod
+    from evomerge.search.verdict import _idle
+
+    s = study_mod.load(f)
+    side = _idle({"scheme": "gossip", "mean_interval": 1.0}, [{"bytes": 8e6, "sim_time": 2.0, "merges": 40}], s)
+    assert side["saturated"].startswith("sent 8.0 MB in 2 simulated s, 10x what its links carry"), side
+    assert _idle({"scheme": "gossip"}, [{"bytes": 1e6, "sim_time": 2.0, "merges": 4}], s) == {}

@@ -219,6 +219,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     for who, side in [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names]:
         if side.get("never_merged"):  # its interval is longer than the run: what it is compared as is no merging
             notes.append(f"{who} {side['never_merged']}")
+        if side.get("saturated"):  # its payloads mostly never landed: a real run would wait for them at its end
+            notes.append(f"{who} {side['saturated']}")
     first_round = _at_first_round(study, [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names])
     if first_round:
         notes.append(first_round)
@@ -279,16 +281,18 @@ def _outcomes(study: Study, finals: list[dict], seeds: list[int]) -> dict[str, l
     return {"diverged": [s for s, f in zip(seeds, finals) if f.get("status") == DIVERGED], "missed": missed}
 
 
-def _idle(policy: dict, finals: list[dict], workers: int | None = None) -> dict:
-    """``{"never_merged": words}`` for a side that merged on no seed (:func:`results.never_merged`), else ``{}``."""
+def _idle(policy: dict, finals: list[dict], study: Study) -> dict:
+    """``{"never_merged": words}`` for a side that merged on no seed (:func:`results.never_merged`), and
+    ``{"saturated": words}`` for one that sent more than its links carry (:func:`results.saturated`); else ``{}``."""
     from ..policy import MergePolicy
-    from .results import never_merged
+    from .results import never_merged, saturated
 
     try:
-        said = never_merged(MergePolicy.from_dict(policy), finals, workers)
+        said = never_merged(MergePolicy.from_dict(policy), finals, study.run.workers)
     except Exception:  # a policy of a later schema, read by an older evomerge
         said = None
-    return {"never_merged": said} if said else {}
+    flooded = saturated(study, finals)
+    return ({"never_merged": said} if said else {}) | ({"saturated": flooded} if flooded else {})
 
 
 def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
@@ -334,14 +338,14 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         finals_of = {p["number"]: [p["metrics"][str(s)] for s in seeds] for p in picks}
     for p in picks:
         p.update(per_seed=per_seed(study, finals_of[p["number"]]), describe=describe_policy(p["policy"], p.get("run")),
-                 **_outcomes(study, finals_of[p["number"]], seeds), **_idle(p["policy"], finals_of[p["number"]], study.run.workers))
+                 **_outcomes(study, finals_of[p["number"]], seeds), **_idle(p["policy"], finals_of[p["number"]], study))
     # on fresh seeds only the final values are read; on the search's own, the rows (and their curves) are the end
     # screen's and the dashboard's
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
                          curves=not reevaluate)
     bases = [{"name": r["name"], "lr": r.get("lr"), "per_seed": per_seed(study, r["per_seed"]),
               **_outcomes(study, r["per_seed"], seeds),
-              **_idle(r["policy"], r["per_seed"], study.run.workers)} for r in rows]
+              **_idle(r["policy"], r["per_seed"], study)} for r in rows]
     verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
     verdict["complete"] = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.name == "COMPLETE")
     ostudy.set_user_attr(ATTR, verdict)
