@@ -1042,6 +1042,9 @@ def _export(args, study, url, out: Path) -> int:
         doc = export_best(study, url, out, args.tolerance, limits)
         values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}), picked as {doc['picked_by']}, to {out}")
+        if args.tolerance is not None and len(study.objectives) == 1:  # (taken without a word, doing nothing)
+            print(f"note: --tolerance picks among the Pareto-optimal trials of several objectives; {study.name} has "
+                  "one, so the best trial is written", file=sys.stderr)
         from .policy import MergePolicy
 
         _never_merged_note(doc, study.run.workers, study)

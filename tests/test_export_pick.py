@@ -160,6 +160,11 @@ def test_one_objective_export_honours_limit_and_says_what_pareto_wrote(tmp_path,
         p = cli(*base, "-o", "x.json", *args, cwd=tmp_path, data_dir=data_dir)
         assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
     assert not (tmp_path / "x.json").exists()
+    # --tolerance picks among a Pareto set: with one objective it does nothing, and says so (it was taken silently)
+    p = cli(*base, "-o", "tol.json", "--tolerance", "5", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and json.loads((tmp_path / "tol.json").read_text())["trial"] == 0
+    assert p.stderr.strip() == ("note: --tolerance picks among the Pareto-optimal trials of several objectives; tiny has "
+                                "one, so the best trial is written"), p.stderr
     p = cli(*base, "--pareto", "-o", "front", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and p.stdout.strip() == "wrote 1 Pareto-optimal policy to front/ (one objective: the best " \
                                                      "trial)", p.stdout

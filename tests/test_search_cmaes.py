@@ -126,8 +126,10 @@ def test_a_users_study_of_one_numeric_field_searches_with_cmaes(tmp_path, data_d
         text = text.replace(line, "")
     f.write_text(text)
     p = cli("search", "--study", str(f), "--sampler", "cmaes", "--n-trials", "6", "--cmaes-popsize", "2",
-            "--no-verdict", "--quiet", cwd=tmp_path, data_dir=data_dir)
+            "--no-verdict", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    said = " ".join((p.stdout + p.stderr).split())
+    assert "cmaes searches 1 numeric field" in said and "categoricals" not in said, said  # (none in this space)
     import sqlite3
 
     with sqlite3.connect(tmp_path / "runs" / "tiny" / "optuna.db") as c:

@@ -105,8 +105,10 @@ class SearchView:
             extra = ""
             if cfg.sampler == "cmaes":
                 d = len([p for p in cfg.study.search.space if p.kind != "categorical"])
-                extra = (f"; cmaes searches {d} numeric field{'s' * (d != 1)}, "
-                         f"categoricals {'sampled independently at random' if cfg.cmaes_categoricals == 'independent' else 'fixed at the study values'}")
+                extra = f"; cmaes searches {d} numeric field{'s' * (d != 1)}"
+                if d < len(cfg.study.search.space):  # (it spoke of categoricals where the space had none)
+                    extra += (", categoricals " + ("sampled independently at random" if cfg.cmaes_categoricals ==
+                                                   "independent" else "fixed at the study values"))
             if cfg.prunes_by_optuna and cfg.pruner != "median":
                 extra += f"; pruner {cfg.pruner}"
             if cfg.batch > 1:

@@ -477,7 +477,8 @@ class Tracker:
             return None
         if model is None:  # a stopped search: the search that goes on logs it (logged_best says it is not held)
             self.client.set_tag(pid, MODEL_PENDING, "the search stopped before the best trial's model was logged; "
-                                                    "the same command, going on, logs it at its end")
+                                                    "the same command, going on, logs the best's model at its end (on "
+                                                    "this run where no trial is left to run, else on its own)")
             return None
         if MODEL_PENDING in self.client.get_run(pid).data.tags:
             self.client.delete_tag(pid, MODEL_PENDING)

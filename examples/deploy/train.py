@@ -170,7 +170,8 @@ def main() -> int:
             acc = (model(xv).argmax(1).cpu() == data.val_y).float().mean().item()
         print(f"consensus val accuracy {acc:.4f} after {steps} steps per rank, {merger.merges} merges on rank 0, "
               f"{seconds:.1f} s to the consensus on {world} ranks ({kind}, lr {lr:g}"
-              + (f"; {torch.get_num_threads()} torch threads per rank" if dev.type == "cpu" else "") + ")", flush=True)
+              + (f"; {torch.get_num_threads()} torch thread{'s' * (torch.get_num_threads() != 1)} per rank"
+                 if dev.type == "cpu" else "") + ")", flush=True)
     dist.destroy_process_group()
     return 0
 
