@@ -15,6 +15,14 @@ def states(db):
         return dict(c.execute("select state, count(*) from trials group by state").fetchall())
 
 
+def running(db) -> int:
+    """How many trials of the study in ``db`` are running: 0 while the file, or its tables, are not there yet."""
+    try:
+        return states(db).get("RUNNING", 0)
+    except sqlite3.Error:
+        return 0
+
+
 def cli(*args, cwd, data_dir, wait=True, env_extra=None, process=False):
     """The evomerge command with ``args`` in folder ``cwd``: in this process (``cli.main``, the command's own
     code, without paying a Python start-up per call) unless ``process`` is set or it must be signalled

@@ -13,7 +13,7 @@ from conftest import write_study
 from evomerge import study
 from evomerge.errors import ConfigError
 from evomerge.search.config import SAMPLERS
-from searchutil import cli, cma_points as _cma_points, states, wait_for
+from searchutil import cli, cma_points as _cma_points, running, states, wait_for
 
 SLOW = {"SLOWMLP_DELAY": "0.01"}  # a study written with slow=True: its model sleeps 10 ms a forward (tests/slowmlp.py)
 
@@ -207,12 +207,7 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
                "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False, env_extra={"SLOWMLP_DELAY": "0.04"})
     try:
-        def both_running():
-            try:
-                return states(db).get("RUNNING", 0) == 2
-            except sqlite3.Error:
-                return False
-        assert wait_for(both_running, timeout=900, proc=proc), proc.communicate(timeout=5)
+        assert wait_for(lambda: running(db) == 2, timeout=900, proc=proc), proc.communicate(timeout=5)
         time.sleep(1.0)
         workers = [p for p in children(proc.pid) if in_group(p) and p in in_group(p)]  # each leads its own group
         members = [m for w in workers for m in in_group(w)]
@@ -332,12 +327,7 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--quiet",
                cwd=tmp_path, data_dir=data_dir, wait=False, env_extra={"SLOWMLP_DELAY": "0.04"})
     try:
-        def running():
-            try:
-                return states(db).get("RUNNING", 0) == 1
-            except sqlite3.Error:
-                return False
-        assert wait_for(running, timeout=600, proc=proc), proc.communicate(timeout=5)
+        assert wait_for(lambda: running(db) == 1, timeout=600, proc=proc), proc.communicate(timeout=5)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
     finally:

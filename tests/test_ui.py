@@ -20,14 +20,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.system
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_ui_stops_the_whole_server_session(tmp_path, sig):
+def _ui(tmp_path, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, int]:
+    """`evomerge ui` on a study of its own in ``tmp_path``, on a free port, as a user starts it; and the port."""
     f = write_study(tmp_path)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
-    ui = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", str(f), "--port", str(port)],
-                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", str(f), "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True), port
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_ui_stops_the_whole_server_session(tmp_path, sig):
+    ui, port = _ui(tmp_path)
     members = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -77,11 +82,7 @@ def test_ui_killed_outright_takes_its_server_with_it(tmp_path):
     gone."""
     import time
 
-    f = write_study(tmp_path)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
-    ui = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", str(f), "--port", str(port)],
-                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ui, port = _ui(tmp_path, stderr=subprocess.DEVNULL)
     members = []
     try:
         assert f"http://127.0.0.1:{port}/" in ui.stdout.readline()  # serving
