@@ -572,16 +572,10 @@ def cmd_run(args) -> int:
     ]:
         t.add_row(name, value)
     _console().print(t)
-    from .search.results import never_merged
+    from .search.results import policy_notes
 
-    idle = never_merged(policy, [res.metrics()], study.run.workers) if res.status == "ok" else None
-    if idle:
-        print(f"note: {policy.name or args.policy} {idle}", file=sys.stderr)
-    from .search.results import saturated
-
-    flooded = saturated(study, [res.metrics()]) if res.status == "ok" else None
-    if flooded:
-        print(f"note: {policy.name or args.policy} {flooded}", file=sys.stderr)
+    for words in (policy_notes(policy, [res.metrics()], study) if res.status == "ok" else {}).values():
+        print(f"note: {policy.name or args.policy} {words}", file=sys.stderr)
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
@@ -1019,7 +1013,7 @@ def _export(args, study, url, out: Path) -> int:
         doc = export_trial(study, url, out, args.trial)
         values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
-        _never_merged_note(doc, study.run.workers, study)
+        _policy_notes(doc, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     elif args.pareto:
         paths = export_pareto(study, url, out)
@@ -1047,27 +1041,21 @@ def _export(args, study, url, out: Path) -> int:
                   "one, so the best trial is written", file=sys.stderr)
         from .policy import MergePolicy
 
-        _never_merged_note(doc, study.run.workers, study)
+        _policy_notes(doc, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0
 
 
-def _never_merged_note(doc: dict, workers: int | None = None, study=None) -> None:
-    """One line (stderr, as evomerge run says it) where the exported trial merged on none of its seeds (what it
-    was judged as is no merging), and one where it sent more than its simulated links carry (``study``'s)."""
+def _policy_notes(doc: dict, study) -> None:
+    """A line each (stderr, as evomerge run says them) for what the exported trial's runs show
+    (:func:`results.policy_notes`): it merged on none of its seeds (what it was judged as is no merging), or it sent
+    more than its simulated links carry."""
     from .policy import MergePolicy
-    from .search.results import never_merged
+    from .search.results import policy_notes
 
     finals = list((doc.get("metrics_per_seed") or {}).values())
-    said = never_merged(MergePolicy.from_dict(doc["policy"]), finals, workers)
-    if said:
-        print(f"note: trial {doc['trial']} {said}", file=sys.stderr)
-    if study is not None:
-        from .search.results import saturated
-
-        flooded = saturated(study, finals)
-        if flooded:
-            print(f"note: trial {doc['trial']} {flooded}", file=sys.stderr)
+    for words in policy_notes(MergePolicy.from_dict(doc["policy"]), finals, study).values():
+        print(f"note: trial {doc['trial']} {words}", file=sys.stderr)
 
 
 def _values_text(objectives: dict, study=None) -> str:

@@ -104,15 +104,17 @@ def _group_entry(target: Callable, args: tuple, parent: int) -> None:
     target(*args)
 
 
-def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
-    """Send ``sig`` to this process's group (it leads its own) when process ``pid`` ends: a daemon thread waiting
-    on its pidfd (polling where there is none). False, and no thread, if it has already ended."""
+def _exit_waiter(pid: int) -> Callable[[], None] | None:
+    """A call that returns once process ``pid`` has ended (on its pidfd; polling where there is none, before Linux
+    5.3), or None if it has ended already."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return False
-    except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): poll
+        return None
+    except (AttributeError, OSError):  # no pidfd: poll
         fd = None
+    if fd is None and not pid_running(pid):
+        return None
 
     def wait() -> None:
         if fd is not None:
@@ -120,10 +122,21 @@ def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
         else:
             while pid_running(pid):
                 time.sleep(0.2)
+
+    return wait
+
+
+def _watch(pid: int, sig: int = signal.SIGTERM) -> bool:
+    """Send ``sig`` to this process's group (it leads its own) when process ``pid`` ends: a daemon thread waiting
+    for it (:func:`_exit_waiter`). False, and no thread, if it has already ended."""
+    gone = _exit_waiter(pid)
+    if gone is None:
+        return False
+
+    def wait() -> None:
+        gone()
         os.killpg(0, sig)  # this process's own group: what it started goes with it
 
-    if fd is None and not pid_running(pid):
-        return False
     threading.Thread(target=wait, name=f"evomerge-watch-{pid}", daemon=True).start()
     return True
 
@@ -439,12 +452,9 @@ def _watched(parent: int, grace: float, args: list[str]) -> int:
 
     for sig in (*STOP_SIGNALS, signal.SIGINT):  # a handler, not SIG_IGN, which CMD would inherit
         signal.signal(sig, held)
-    try:
-        fd = os.pidfd_open(parent)
-    except ProcessLookupError:
+    parent_gone = _exit_waiter(parent)
+    if parent_gone is None:
         return 1  # the supervisor is gone already: nothing to start
-    except (AttributeError, OSError):
-        fd = None
     child = subprocess.Popen(args)
     started.set()
     if early:
@@ -453,11 +463,7 @@ def _watched(parent: int, grace: float, args: list[str]) -> int:
     fired = threading.Event()
 
     def watch() -> None:
-        if fd is not None:
-            select.select([fd], [], [])
-        else:
-            while pid_running(parent):
-                time.sleep(0.2)
+        parent_gone()
         fired.set()
         os.killpg(0, signal.SIGTERM)
         time.sleep(grace)

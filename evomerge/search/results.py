@@ -325,6 +325,13 @@ def saturated(study: Study, finals: list[dict]) -> str | None:
             "for every one")
 
 
+def policy_notes(policy, finals: list[dict], study: Study) -> dict[str, str]:
+    """What a run, an export and the verdict say of a policy's runs (``finals``: each seed's final metrics), by
+    kind: ``never_merged`` (:func:`never_merged`) and ``saturated`` (:func:`saturated`), those that apply."""
+    said = {"never_merged": never_merged(policy, finals, study.run.workers), "saturated": saturated(study, finals)}
+    return {k: v for k, v in said.items() if v}
+
+
 def never_merged(policy, finals: list[dict], workers: int | None = None) -> str | None:
     """Words for a policy that merges but merged on none of its runs (``finals``: each seed's final metrics): the
     run's local steps ended before its first merge, so it ran as no merging does and sent nothing; on a simulated

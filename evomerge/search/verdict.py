@@ -285,14 +285,13 @@ def _idle(policy: dict, finals: list[dict], study: Study) -> dict:
     """``{"never_merged": words}`` for a side that merged on no seed (:func:`results.never_merged`), and
     ``{"saturated": words}`` for one that sent more than its links carry (:func:`results.saturated`); else ``{}``."""
     from ..policy import MergePolicy
-    from .results import never_merged, saturated
+    from .results import policy_notes, saturated
 
     try:
-        said = never_merged(MergePolicy.from_dict(policy), finals, study.run.workers)
+        return policy_notes(MergePolicy.from_dict(policy), finals, study)
     except Exception:  # a policy of a later schema, read by an older evomerge
-        said = None
-    flooded = saturated(study, finals)
-    return ({"never_merged": said} if said else {}) | ({"saturated": flooded} if flooded else {})
+        flooded = saturated(study, finals)
+        return {"saturated": flooded} if flooded else {}
 
 
 def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
