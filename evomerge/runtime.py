@@ -75,6 +75,7 @@ import torch.distributed as dist
 from .engine import ops, schedule as schedule_mod
 from . import registry
 from .backends.pending import Pending as _Pending
+from .backends import progress as progress_mod
 from .engine import kernel, plan as plan_mod
 from .errors import ConfigError, RunError, did_you_mean
 from .policy import GOSSIP_ONLY, STREAMING_OFF, MergePolicy, check_workers
@@ -557,6 +558,7 @@ class Merger:
                 self._post_stop(r)
         self._stop_out: list = []
         self._closing = False
+        self._progress: progress_mod.Progress | None = None  # every rank's step count, told through the store
         # a process that ends with receives still posted (an error in the user's loop) is aborted when one of them
         # completes during the interpreter's shutdown: before it, tell the others and wait for them (_leave_at_exit)
         self._hook_off = False  # finished, closed or left: the exit hook is off
@@ -681,6 +683,8 @@ class Merger:
                 rec["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
             self._write(rec)
         self._check_stops("")
+        if self._progress is not None:  # (a rank waiting for this one at the end or a checkpoint sees it move)
+            self._progress.beat(self.t)
         if self.t > self.T:
             if self.t == self.T + 1:  # once: the loop runs longer than the Merger was told
                 warnings.warn(f"step: called more than total_steps ({self.T}) times; the policy's merges stop there "
@@ -717,7 +721,7 @@ class Merger:
                         self._start(ev)
                 self._post_window()
             if plan_mod.slowmo_due(self.p, self.t):  # SlowMo: after this step's gossip, the
-                self._drain(final=False)  # merges due by now done on every rank, an exact average and the outer step
+                self._drain(final=False, meet=False)  # merges due by now done on every rank, an exact average and the outer step
                 self._allreduce(plan_mod.OUTER_AVERAGE, self.t, 1.0)
         self._t_last = time.perf_counter()
 
@@ -1308,11 +1312,14 @@ class Merger:
             self._trace_transfer("recv", ev, peer, buf, seconds, posted=time.time() - seconds, arrived=work.finished_at)
         return buf
 
-    def _wait(self, ready, what: tuple) -> Any:
+    def _wait(self, ready, what: tuple, awaited=None) -> Any:
         """Call ``ready()`` until it returns something, answering peers meanwhile (not in lockstep); at most
         ``timeout`` seconds. ``what``: (what is waited on, the rank that must answer: a callable is asked when
-        the time is up), for the error."""
+        the time is up), for the error. ``awaited``: a callable giving the ranks waited for, where they may be far
+        behind (the run's end, a checkpoint): then the wait goes on while each of them still steps (has told a new
+        step within the last ``timeout``, :mod:`backends.progress`)."""
         t0, pause = time.perf_counter(), 0.0
+        pr = self._progress if awaited is not None else None
         while True:
             out = ready()
             if out is not None:
@@ -1320,7 +1327,13 @@ class Merger:
             if self.overlap != "lockstep" and not self._closing:
                 self._service()
             self._check_stops(what[0])
-            if time.perf_counter() - t0 > self.timeout:
+            try:
+                if pr is not None:
+                    pr.watch(awaited())
+                late = time.perf_counter() - t0 > self.timeout and not (pr is not None and pr.moving(awaited()))
+            except RuntimeError:  # the store is gone (with the process that held it)
+                raise self._fail(what[0]) from None
+            if late:
                 raise self._fail(what[0], f"for {self.timeout:g} s")
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
@@ -1448,18 +1461,18 @@ class Merger:
         self._post_window()
         self._reap_sends()
 
-    def _drain(self, final: bool) -> None:
+    def _drain(self, final: bool, meet: bool = True) -> None:
         """Wait until every gossip event of this rank due by now is done, answering peers meanwhile. At the end
         (``final``), the ranks first tell each other how many steps they did: events after a rank's last step
         never happen."""
         s = self.sched
         if s.scheme == "async":
-            self._async_drain(final)
+            self._async_drain(final, meet)
             return
         if s.scheme != "gossip" or self.overlap == "lockstep":
             self._flush_sends()
             return
-        last = self._last = self._last_steps(final)
+        last = self._last = self._last_steps(final, meet)
         due = [(q, key) for q, msgs in self._expect.items() for key in msgs if key not in self._came
                and int(s.step[key[0]]) <= int(last[int(s.initiator[key[0]])])]
         for q, (ev, kind) in due:
@@ -1469,9 +1482,14 @@ class Merger:
                    (f"merges due by step {self.t}", None))
         self._flush_sends()
 
-    def _last_steps(self, final: bool) -> torch.Tensor:
+    def _last_steps(self, final: bool, meet: bool = True) -> torch.Tensor:
         """Every rank's last step: at the end (``final``) the ranks tell each other (answering peers while the
-        others get there); otherwise every rank is at this one."""
+        others get there); otherwise every rank is at this one. With the ranks' progress told (``_progress``) they
+        meet in the store, at the end and at a checkpoint (``meet``), waiting for a slow rank as long as it steps."""
+        if self._progress is not None and (final or meet):
+            steps = self._meet("the end of the run" if final else f"the checkpoint at step {self.t}")
+            if final:
+                return torch.tensor(steps, dtype=torch.int64)
         if not final:
             return torch.full((self.W,), self.t, dtype=torch.int64)
         mine = torch.tensor([self.t], dtype=torch.int64)
@@ -1483,6 +1501,29 @@ class Merger:
         except RuntimeError:  # a rank's connection closed
             raise self._fail("the end of the run") from None
         return torch.cat(out)
+
+    def _meet(self, what: str) -> list[int]:
+        """Every rank's step, once every rank has said it in the store (:meth:`backends.progress.Progress.arrive`), answering peers
+        meanwhile; a rank not there yet is waited for while it steps, and named once it has not for ``timeout``."""
+        pr, got, polled = self._progress, {}, [0.0, 0.001]  # (when the store was last read, the pause before the next)
+        try:
+            n = pr.arrive(self.t)
+        except RuntimeError:
+            raise self._fail(what) from None
+        missing = lambda: [r for r in range(self.W) if r not in got]  # noqa: E731
+
+        def ready():
+            now = time.perf_counter()
+            if now - polled[0] >= polled[1]:  # the store read at most every 1 ms, growing to every 0.1 s
+                polled[0], polled[1] = now, min(0.1, polled[1] * 1.5)
+                try:
+                    got.update(pr.arrived(n, missing()))
+                except RuntimeError:
+                    raise self._fail(what) from None
+            return True if len(got) == self.W else None
+
+        self._wait(ready, (what, None), awaited=missing)
+        return [got[r] for r in range(self.W)]
 
     def _cancel_window(self) -> None:
         """After the last drain: the receives posted ahead for events that will not happen now (a rank's first
@@ -1628,9 +1669,17 @@ class Merger:
         import hashlib
 
         digest = hashlib.sha256(json.dumps(self.p.to_dict(), sort_keys=True).encode()).digest()
-        mine = torch.tensor([self.seed, self.T, int.from_bytes(digest[:7], "big")], dtype=torch.int64, device=self.wire_dev)
+        # and the progress keys (backends.progress): rank 0 draws this Merger's number; every rank says whether it
+        # reaches the store (progress is told only where all do)
+        store = progress_mod.default_store()
+        run = progress_mod.next_run(store) if self.rank == 0 else 0
+        mine = torch.tensor([self.seed, self.T, int.from_bytes(digest[:7], "big"), run, int(store is not None)],
+                            dtype=torch.int64, device=self.wire_dev)
         every = [torch.zeros_like(mine) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
+        run = int(every[0][3])
+        if run and all(int(x[4]) for x in every):
+            self._progress = progress_mod.Progress(store, run, self.rank, self.W, self.timeout)
         for r, theirs in enumerate(every):
             for k, name in enumerate(("seed", "total_steps", "policy")):
                 if int(theirs[k]) != int(mine[k]):
@@ -1716,10 +1765,10 @@ class Merger:
                 nxt = self._pushes[q][self._served[q]]
                 self._post(nxt, REQUEST, q, self.P + 1)  # the next push's receive, posted ahead
 
-    def _async_drain(self, final: bool) -> None:
+    def _async_drain(self, final: bool, meet: bool = True) -> None:
         """Rank 0 serves every push due by each rank's last step (at the end, the ranks first tell each other how
         many steps they did; otherwise every rank is at this step)."""
-        last = self._last = self._last_steps(final)
+        last = self._last = self._last_steps(final, meet)
         if self.server is not None:
             s = self.sched
             due = {q: sum(1 for ev in evs if int(s.step[ev]) <= int(last[q])) for q, evs in self._pushes.items()}

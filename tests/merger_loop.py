@@ -52,6 +52,9 @@ def main() -> int:
     ap.add_argument("--slow-factor", type=float, default=1.0, help="the slow rank's step takes F x the others'")
     ap.add_argument("--die-rank", type=int, default=-1, help="this rank kills itself (SIGKILL) at --die-at")
     ap.add_argument("--die-at", type=int, default=0)
+    ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops stepping (sleeps) at --hang-at")
+    ap.add_argument("--hang-at", type=int, default=0)
+    ap.add_argument("--hang-for", type=float, default=0.0, help="seconds it sleeps there")
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
     ap.add_argument("--short-rank", type=int, default=-1, help="this rank's loader runs out at --short-at: it calls "
                                                               "finish() then (-2: every rank's does)")
@@ -122,6 +125,8 @@ def main() -> int:
                     break  # its loader ran out: on to finish()
                 if t == args.die_at and rank == args.die_rank:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if t == args.hang_at and rank == args.hang_rank:
+                    time.sleep(args.hang_for)  # alive, not stepping: a hung rank (a deadlock, a stuck loader)
                 if args.stop_at and t == args.stop_at:
                     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                                 "merger": merger.state_dict()}, out / f"ck-{i}-{rank}.pt")

@@ -610,6 +610,40 @@ def test_merger_with_a_slow_rank_blocking_and_nonblocking(folder, data_dir, tmp_
 
 
 @pytest.mark.system
+def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_steps_and_a_hung_one_is_named(
+        folder, data_dir, tmp_path):
+    """Gossip and asynchronous DiLoCo let a slow rank fall behind. Rank 1, 12x slower, ends its 40 steps seconds
+    after rank 0, more than two timeouts (1.5 s) later: rank 0 said `rank 1 did not answer` at the end (finish())
+    and at a checkpoint (state_dict()). Now it waits while rank 1 steps (each rank tells its steps through the
+    process group's store), and the run ends with one consensus; a rank that stops stepping (asleep at step 20)
+    is named a timeout after its last step, as before."""
+    slow = ("--overlap", "nonblocking", "--step-sleep", 0.01, "--slow-rank", 1, "--slow-factor", 12, "--timeout", 1.5)
+    out = tmp_path / "end"
+    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull", "async-diloco"]), *slow, world=2,
+                   timeout=120)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    for i in range(2):
+        seconds = [result(out, i, r)["seconds"] for r in range(2)]
+        assert seconds[1] - seconds[0] > 2 * 1.5, seconds
+        c = [result(out, i, r)["consensus"] for r in range(2)]
+        assert torch.equal(c[0], c[1])
+    out = tmp_path / "checkpoint"
+    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull"]), *slow, "--stop-at", 39, world=2,
+                   timeout=120)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    assert [torch.load(out / f"ck-0-{r}.pt", weights_only=False)["merger"]["step"] for r in range(2)] == [39, 39]
+    t0 = time.time()
+    ranks = launch(folder, data_dir, tmp_path / "hung", *policies(folder, ["ring-push-pull"]), "--overlap",
+                   "nonblocking", "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 8,
+                   "--timeout", 1.5, world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    lines = [ln for ln in ranks[0].stderr.splitlines() if ln.strip()]
+    assert ranks[0].returncode == 1 and lines == ["error: rank 1 did not answer for 1.5 s (the end of the run, local "
+                                                  "step 40); stopped"], ranks[0].stderr[-2000:]
+    assert ranks[1].returncode == 1, ranks[1].stderr[-2000:]
+    assert time.time() - t0 < 60
+
+
+@pytest.mark.system
 def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, tmp_path):
     """4 ranks as 2 workers of 2 (dist.new_subgroups), DDP inside each worker, Merger(worker_group=...): the two
     ranks of a worker train on the worker's batches, so DDP keeps them identical, and the merges between the
