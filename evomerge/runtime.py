@@ -423,7 +423,8 @@ class Merger:
     gradients) and ``optimizer_state = "reset"``. ``seed`` draws the schedule (the same on every rank);
     ``total_steps`` is the number of :meth:`step` calls of the run (the mixing schedule spans it). ``group``:
     the process group (default: the world). ``timeout``: seconds any wait may last before the run stops with
-    :class:`MergerError`. ``trace``: a directory for one JSON Lines file per rank (each local step's compute
+    :class:`MergerError` (at the end and at a checkpoint: seconds a rank waited for may go without a step, so a
+    slow rank far behind is waited for and a hung one named). ``trace``: a directory for one JSON Lines file per rank (each local step's compute
     time, each transfer's bytes, peer and duration). ``overlap``: see the module's docstring.
 
     ``worker_group``: the process group of this rank's worker, when a worker is several ranks (a node whose GPUs
