@@ -4,8 +4,17 @@ with one torch thread (the thread count changes how kernels sum, so the bits), i
 simulated clock and in a population (the distributed backend is held against the in-process one by its
 own tests).
 
-``python tests/test_golden.py --write`` records them again; do that only for a change that is meant to
-change the numbers, and say why in the commit.
+The bits depend on the CPU too (its BLAS and vector kernels: an AVX-512 Xeon and the machine that first recorded
+them differ in the last bits of a step, and policies that decide by similarity flip decisions from there). So the
+runs are recorded per arithmetic: each file ``golden/runs*.json`` holds one machine's, known by the hash of its
+no-merging run's parameters (the canary, computed first here). On a machine whose arithmetic has a record every run
+is checked bit for bit against it; on one without, each run is checked against what must hold on any machine: the
+free clock and the population give the in-process run's numbers bit for bit, and the in-process run's accuracies
+stay near a recorded machine's.
+
+``python tests/test_golden.py --write`` records this machine's arithmetic again (into the file of its canary);
+do that only for a change that is meant to change the numbers, on every recorded arithmetic, and say why in the
+commit.
 """
 
 from __future__ import annotations
@@ -22,7 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import DATA_DIR, tiny_study  # noqa: E402
 from test_backends_inprocess import POLICIES as REFERENCE  # noqa: E402
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "runs.json"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "runs.json"  # the first machine's arithmetic
+CLOCK_FIELDS = ("sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness", "time_to_target",
+                "accuracy_at_time", "loss_at_time", "perplexity_at_time")
+NEAR = 0.05  # an arithmetic without a record: its in-process accuracies within this of a recorded machine's
 BASELINES = ["no-merging", "fedavg", "allreduce", "ring-gossip"]
 SEED = 3
 
@@ -73,8 +85,7 @@ def _run_on_one_thread(setup, policy, mode: str) -> dict:
         env = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=EnvSpec(step_time=0.25)))
         rec = _record(simulate.simulate(env, policy, SEED, device="cpu", keep_params=True))
         for h in rec["history"]:  # the clock's own fields; the rest must be the lockstep run's
-            for k in ("sim_time", "steps_min", "steps_mean", "steps_max", "idle_fraction", "staleness",
-                      "time_to_target", "accuracy_at_time", "loss_at_time", "perplexity_at_time"):
+            for k in CLOCK_FIELDS:
                 h.pop(k, None)
         return rec
     if mode == "population":
@@ -95,14 +106,29 @@ def _names():
     return [n for n in BASELINES] + list(REFERENCE)
 
 
-@pytest.fixture(scope="module")
-def golden():
-    return json.loads(GOLDEN.read_text())
+def recorded() -> dict[str, dict]:
+    """Every recorded arithmetic: its canary -> its runs."""
+    out = {}
+    for f in sorted(GOLDEN.parent.glob("runs*.json")):
+        runs = json.loads(f.read_text())
+        out[runs["no-merging/inprocess"]["params"]] = runs
+    return out
+
+
+def canary(setup) -> str:
+    """This machine's arithmetic: the hash of the no-merging run's final parameters."""
+    return _run(setup, _policies(setup)["no-merging"], "inprocess")["params"]
 
 
 @pytest.fixture(scope="module")
 def setup(mnist):
     return _setup(mnist)
+
+
+@pytest.fixture(scope="module")
+def golden(setup):
+    """This machine's recorded runs, or None where its arithmetic has no record."""
+    return recorded().get(canary(setup))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -111,21 +137,36 @@ def test_runs_keep_their_golden_numbers(setup, golden, name, mode):
     policy = _policies(setup)[name]
     key = f"{name}/{mode}"
     if mode == "clock" and not _timed(policy):
-        assert key not in golden
+        assert all(key not in runs for runs in recorded().values())
         return
     got = _run(setup, policy, mode)
-    want = golden[key]
-    assert got["status"] == want["status"]
-    assert got["history"] == want["history"], key  # exact: floats written by json round-trip
-    assert got["params"] == want["params"], key
+    if golden is not None:
+        want = golden[key]
+        assert got["status"] == want["status"]
+        assert got["history"] == want["history"], key  # exact: floats written by json round-trip
+        assert got["params"] == want["params"], key
+        return
+    # an arithmetic without a record: the invariants any machine keeps
+    if mode != "inprocess":  # (the clock's own fields are left out of its record)
+        assert got == _run(setup, policy, "inprocess"), key
+        return
+    for runs in recorded().values():
+        want = runs[key]
+        assert got["status"] == want["status"]
+        assert len(got["history"]) == len(want["history"])
+        for a, b in zip(got["history"], want["history"]):
+            assert abs(a["val_accuracy"] - b["val_accuracy"]) <= NEAR, (key, a["round"], a["val_accuracy"],
+                                                                       b["val_accuracy"])
 
 
-def test_a_free_clock_keeps_every_lockstep_golden(golden):
-    """A homogeneous cluster with free links is the lockstep world: its golden run is the lockstep one."""
-    clocked = [k for k in golden if k.endswith("/clock")]
-    assert len(clocked) >= 12
-    for key in clocked:
-        assert golden[key] == golden[key.replace("/clock", "/inprocess")], key
+def test_a_free_clock_keeps_every_lockstep_golden():
+    """A homogeneous cluster with free links is the lockstep world: its golden run is the lockstep one, on every
+    recorded arithmetic."""
+    for runs in recorded().values():
+        clocked = [k for k in runs if k.endswith("/clock")]
+        assert len(clocked) >= 12
+        for key in clocked:
+            assert runs[key] == runs[key.replace("/clock", "/inprocess")], key
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
@@ -134,5 +175,8 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     mnist = data.load("mnist", DATA_DIR, val_size=1000, train_size=4000, split_seed=0)
     s = _setup(mnist)
     out = {f"{n}/{m}": _run(s, p, m) for n, p in _policies(s).items() for m in MODES if m != "clock" or _timed(p)}
-    GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(out)} runs to {GOLDEN}")
+    mine = out["no-merging/inprocess"]["params"]
+    first = json.loads(GOLDEN.read_text())["no-merging/inprocess"]["params"] if GOLDEN.exists() else mine
+    path = GOLDEN if mine == first else GOLDEN.with_name(f"runs-{mine[:12]}.json")
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(out)} runs to {path}")
