@@ -294,6 +294,14 @@ def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) 
     return plan_mod.steps_by_speed(max(1, round(policy.mean_interval)), [1.0 / x for x in values])
 
 
+def _group_by(values: list) -> dict:
+    """Each distinct value (in order of first sight) -> the indices holding it."""
+    out: dict = {}
+    for i, v in enumerate(values):
+        out.setdefault(v, []).append(i)
+    return out
+
+
 def _done_by(work: _Pending, deadline: float) -> bool:
     """Poll ``work`` until it is done (True) or ``deadline`` (``time.perf_counter()``) passes or its connection closes
     (False)."""
@@ -571,8 +579,8 @@ class Merger:
         # the checks every rank makes on what all of them gathered: each refuses at the same point (a ConfigError
         # raised here must be raised on every rank: _abandon)
         try:
+            self._same_run_on_every_rank()  # (first: a start broadcast of models of other sizes aborts gloo)
             self._broadcast_start()
-            self._same_run_on_every_rank()
             if _holdout_scored(p):
                 self._gather_holdouts(held, held_why)
             # every rank must draw the same pushes: refuse, on every rank, ranks that differ
@@ -1670,15 +1678,19 @@ class Merger:
         import hashlib
 
         digest = hashlib.sha256(json.dumps(self.p.to_dict(), sort_keys=True).encode()).digest()
+        shapes = hashlib.sha256(json.dumps([list(shape) for _, shape in self.layout.layout]).encode()).digest()
         # and the progress keys (backends.progress): rank 0 draws this Merger's number; every rank says whether it
         # reaches the store (progress is told only where all do)
         store = progress_mod.default_store()
         run = progress_mod.next_run(store) if self.rank == 0 else 0
-        mine = torch.tensor([self.seed, self.T, int.from_bytes(digest[:7], "big"), run, int(store is not None)],
+        mine = torch.tensor([self.seed, self.T, int.from_bytes(digest[:7], "big"), run, int(store is not None),
+                             len(self.layout.layout), int.from_bytes(shapes[:7], "big")],
                             dtype=torch.int64, device=self.wire_dev)
         every = [torch.zeros_like(mine) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
         run = int(every[0][3])
+        if any(int(x[5]) != int(mine[5]) or int(x[6]) != int(mine[6]) for x in every):
+            self._same_model_on_every_rank(max(int(x[5]) for x in every))
         if run and all(int(x[4]) for x in every):
             self._progress = progress_mod.Progress(store, run, self.rank, self.W, self.timeout)
         for r, theirs in enumerate(every):
@@ -1688,6 +1700,34 @@ class Merger:
                     raise ConfigError(name, f"rank {r}'s is {what}; allowed: the same on every rank (each rank draws "
                                             "the merge schedule from the policy, seed and total_steps)")
 
+    def _same_model_on_every_rank(self, most: int) -> None:
+        """The ranks' models differ in their tensors' shapes (a width from each rank's own setting): every rank
+        gathers every rank's shapes and refuses, naming the first tensor that differs (a start broadcast of models
+        of other sizes aborted gloo's process, or left a larger model half overwritten until a merge crashed)."""
+        dims = 8  # a shape's first dims, padded with -1; a missing tensor is all -2
+        mine = torch.full((most, dims), -2, dtype=torch.int64, device=self.wire_dev)
+        for k, (_, shape) in enumerate(self.layout.layout):
+            mine[k] = -1
+            mine[k, :min(len(shape), dims)] = torch.tensor(shape[:dims], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(self.W)]
+        self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
+
+        def shape(row: torch.Tensor) -> str:
+            if int(row[0]) == -2:
+                return "no such tensor"
+            return "[" + ", ".join(str(int(v)) for v in row if int(v) >= 0) + "]"
+
+        for k in range(most):
+            rows = [every[r][k] for r in range(self.W)]
+            if all(torch.equal(x, rows[0]) for x in rows[1:]):
+                continue
+            name = self.layout.layout[k][0] if k < len(self.layout.layout) else f"tensor {k}"
+            said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)}: {s}" for s, rs in _group_by(
+                [shape(x) for x in rows]).items())
+            raise ConfigError("model", f"the ranks' models differ at {name!r} (parameters then buffers, in order; "
+                                       f"{said}); allowed: the same model on every rank (every rank builds it with "
+                                       "the same sizes)")
+
     def _same_step_on_every_rank(self, step: int) -> None:
         """A resume from checkpoints of different steps (one rank's file saved later) paired merge events that are
         not the same: refused on every rank, before anything is loaded."""
@@ -1696,10 +1736,8 @@ class Merger:
         self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the resume")
         steps = [int(x) for x in every]
         if len(set(steps)) > 1:
-            at: dict[int, list[int]] = {}
-            for r, s in enumerate(steps):
-                at.setdefault(s, []).append(r)
-            said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} at step {s}" for s, rs in sorted(at.items()))
+            said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} at step {s}"
+                             for s, rs in sorted(_group_by(steps).items()))
             raise ConfigError("state_dict.step", f"the checkpoints are of different steps ({said}); allowed: the "
                                                  "state_dicts every rank saved at the same step")
 

@@ -1147,7 +1147,7 @@ import sys, time, torch, torch.distributed as dist, evomerge
 store, rank, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=3)
 open(f"{store}.joined{rank}", "w").write(repr(time.time()))  # for the test: when the run began
-model = torch.nn.Linear(4, 2)
+model = torch.nn.Linear(4, 3 if case == "model" and rank == 1 else 2)  # "model": rank 1 builds a wider one
 x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
 kw = dict(seed=0, total_steps=10, timeout=60, holdout=(x, y))
 if case == "holdout":  # one rank forgets its held-out examples
@@ -1184,6 +1184,10 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
     ("steps", [f"error: total_steps: rank {o}'s is {10 + o}, this rank's {10 + r}; allowed: the same on every rank "
                "(each rank draws the merge schedule from the policy, seed and total_steps)"
                for r, o in ((0, 1), (1, 0), (2, 0))]),
+    # (the start's broadcast of models of other sizes aborted gloo, or left the larger one half overwritten)
+    ("model", ["error: model: the ranks' models differ at 'weight' (parameters then buffers, in order; ranks 0, 2: "
+               "[2, 4]; rank 1: [3, 4]); allowed: the same model on every rank (every rank builds it with the same "
+               "sizes)"] * 3),
     # (each rank went on from its own step: merge events paired that were not the same)
     ("resume", ["error: state_dict.step: the checkpoints are of different steps (ranks 0, 1 at step 2; rank 2 at step "
                 "3); allowed: the state_dicts every rank saved at the same step"] * 3),
