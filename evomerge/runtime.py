@@ -827,8 +827,17 @@ class Merger:
         self._same_step_on_every_rank(int(state["step"]))
         for key, mine in (("world", self.W), ("seed", self.seed), ("total_steps", self.T),
                           ("policy", self.p.to_dict())):
-            if state.get(key) != mine:
-                raise ConfigError(f"state_dict.{key}", f"{state.get(key)!r} differs from this Merger's {mine!r}")
+            theirs = state.get(key)
+            if theirs == mine:
+                continue
+            if key == "policy" and isinstance(theirs, dict):  # name the fields, not two whole policies
+                fields = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+                said = ", ".join(f"{k} {theirs.get(k)!r} in the checkpoint, {mine.get(k)!r} here" for k in fields[:3])
+                more = f" (and {len(fields) - 3} more)" if len(fields) > 3 else ""
+                raise ConfigError("state_dict.policy", f"the checkpoint's policy differs from this Merger's: {said}"
+                                                       f"{more}; allowed: the policy the checkpoint was saved with")
+            raise ConfigError(f"state_dict.{key}", f"{theirs!r} differs from this Merger's {mine!r}; allowed: the "
+                                                   f"{key} the checkpoint was saved with")
         self.t, self.epoch, self.merges = int(state["step"]), int(state["epoch"]), int(state["merges"])
         self.examples.fill_(float(state["examples"]))
         self.score.fill_(float(state["score"]))

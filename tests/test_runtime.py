@@ -1155,14 +1155,15 @@ if case == "holdout":  # one rank forgets its held-out examples
 elif case == "steps":  # each rank counts its own shard's steps
     kw["total_steps"] = 10 + rank
 try:
-    if case == "resume":  # rank 2's checkpoint is of a later step than the others' (a file saved after theirs)
-        policy = {"scheme": "allreduce", "mean_interval": 5}
-        merger = evomerge.Merger(policy, model, seed=0, total_steps=10, timeout=60)
-        for t in range(3 if rank == 2 else 2):
+    if case in ("resume", "resume-policy"):  # "resume": rank 2's checkpoint is of a later step than the others'
+        policy = {"scheme": "allreduce", "mean_interval": 5}  # (a file saved after theirs); "resume-policy": every
+        merger = evomerge.Merger(policy, model, seed=0, total_steps=10, timeout=60)  # rank resumes another policy
+        for t in range(3 if rank == 2 and case == "resume" else 2):
             merger.step()
         saved = merger.state_dict()
         merger.close()
-        evomerge.Merger(policy, model, seed=0, total_steps=10, timeout=60).load_state_dict(saved)
+        other = dict(policy, mean_interval=4) if case == "resume-policy" else policy
+        evomerge.Merger(other, model, seed=0, total_steps=10, timeout=60).load_state_dict(saved)
     else:
         evomerge.Merger({"scheme": "gossip", "winner_bias": 0.5}, model, **kw)
     print("built")
@@ -1191,6 +1192,9 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
     # (each rank went on from its own step: merge events paired that were not the same)
     ("resume", ["error: state_dict.step: the checkpoints are of different steps (ranks 0, 1 at step 2; rank 2 at step "
                 "3); allowed: the state_dicts every rank saved at the same step"] * 3),
+    # (the line held both policies whole: 2 kB of two dicts)
+    ("resume-policy", ["error: state_dict.policy: the checkpoint's policy differs from this Merger's: mean_interval "
+                       "5.0 in the checkpoint, 4.0 here; allowed: the policy the checkpoint was saved with"] * 3),
 ])
 def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_line(tmp_path, case, lines):
     """(One rank's bad holdout was raised on that rank alone: the others waited the whole timeout, then named it as
