@@ -579,6 +579,10 @@ def cmd_run(args) -> int:
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
+    elif exported and str(seed) in exported.get("metrics_per_seed", {}) and _changed_since(exported, study):
+        print(f"note: {study.name} changed since trial {exported.get('trial')} ran "
+              f"({_changed_since(exported, study)}), so this run's figures are not held to the trial's",
+              file=sys.stderr)
     elif exported and str(seed) in exported.get("metrics_per_seed", {}):
         # the study's first objective where the run and the trial both have it (a language model's perplexity, a
         # time to target), else the consensus model's validation accuracy, or its loss
@@ -612,6 +616,21 @@ def cmd_run(args) -> int:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
+
+
+def _changed_since(exported: dict, study) -> str:
+    """What changed in ``study`` since the exported trial ran (its fingerprint, where the export holds one), in
+    words; empty if nothing did."""
+    from .search import fingerprint
+
+    then = exported.get("fingerprint")
+    if not isinstance(then, dict) or not isinstance(then.get("summary"), dict):
+        return ""
+    now = fingerprint.of(study)
+    if then.get("hash") == now["hash"]:
+        return ""
+    diff = fingerprint.changes(then["summary"], now["summary"])
+    return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
 
 
 #: what a replay's line calls the metric it holds against the trial's

@@ -54,6 +54,25 @@ def _local_file(base_dir: Path, top: str) -> Path | None:
     return None
 
 
+def source_digest(ref: str, base_dir: str | Path | None) -> str | None:
+    """The sha256 of the source of ``ref``'s module where it sits beside the study (a file, or a package's ``.py``
+    files), so that a study's fingerprint changes with the user's own code; None for a module from ``sys.path``
+    (an installed package: its version is not read here)."""
+    import hashlib
+
+    if base_dir is None or not isinstance(ref, str) or ":" not in ref:
+        return None
+    top = ref.split(":")[0].split(".")[0]
+    local = _local_file(Path(base_dir), top)
+    if local is None:
+        return None
+    files = sorted(local.parent.rglob("*.py")) if local.name == "__init__.py" else [local]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(local.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def _import(module: str, base_dir: Path | None):
     top = module.split(".")[0]
     local = _local_file(base_dir, top) if base_dir is not None else None

@@ -490,6 +490,13 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     assert re.search(r"^validation loss matches trial \d+ of my-mse-cli", r.stdout, re.M), r.stdout
     assert "as the exported trial ran" in r.stdout
+    # the study changed since (its lr): the replay says what changed (it said a bare "DIFFERS from trial 1")
+    p.write_text(p.read_text().replace("lr = 0.01", "lr = 0.008"))
+    r = evomerge("run", "--study", str(p), "--policy", str(tmp_path / "best.json"), "--quiet")
+    assert r.returncode == 0 and "DIFFERS" not in r.stdout and "matches" not in r.stdout, r.stdout
+    assert re.search(r"^note: my-mse-cli changed since trial \d+ ran \(run\.lr changed \(0\.01 -> 0\.008\)\), so this "
+                     r"run's figures are not held to the trial's$", r.stderr, re.M), r.stderr
+    p.write_text(p.read_text().replace("lr = 0.008", "lr = 0.01"))
     # the final check on fresh seeds reports the test set's loss (it had no test figure, and three n/a accuracy rows)
     r = evomerge("run", "--study", str(p), "--policy", str(tmp_path / "best.json"), "--reevaluate", "2", "--json",
                  str(tmp_path / "re.json"))

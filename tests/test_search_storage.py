@@ -53,6 +53,28 @@ def test_a_changed_study_under_its_old_name_is_refused_in_one_line(tmp_path, dat
     assert states(tmp_path / "runs-4" / "tiny" / "optuna.db") == {"COMPLETE": 2}
 
 
+@pytest.mark.system
+def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path, data_dir):
+    """(The fingerprint held the study file only: a user who edited the model module beside it searched on under the
+    old name, mixing trials of two models, and the verdict reused runs of the old one.) The source of a model,
+    loader or loss module beside the study is in the fingerprint; one from sys.path is not."""
+    f = write_study(tmp_path, slow=True)  # factory "slowmlp:make", the module copied beside the study
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    args = ["search", "--study", str(f), "--sampler", "random", "--quiet", "--reevaluate", "0"]
+    assert cli(*args, "--n-trials", "1", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    assert len(_study_attr(db, "fingerprint")["summary"]["model.factory_source"]) == 16
+    module = tmp_path / "slowmlp.py"
+    module.write_text(module.read_text() + "\nWIDER = True  # the user's edit\n")
+    p = cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2
+    assert re.fullmatch(r"error: study tiny: model\.factory_source changed \(\"[0-9a-f]{16}\" -> \"[0-9a-f]{16}\"\) "
+                        r"since its 1 stored trials; use another \[study\] name or --runs-dir to start afresh\n",
+                        p.stderr), p.stderr
+    assert states(db) == {"COMPLETE": 1}
+    # a named model has no module of the user's to hash
+    assert not any(k.endswith("_source") for k in fingerprint.of(study.load(write_study(tmp_path / "named")))["summary"])
+
+
 @pytest.mark.integration
 def test_a_store_searched_for_other_objectives_says_what_changed_and_what_to_do(tmp_path, data_dir):
     """The quick-start study gained `bytes` as a second objective: a `runs/mnist-gossip/` searched before is

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..version import __version__
 from ..errors import ConfigError
 from ..policy import EXPORT_FORMAT, MergePolicy  # noqa: F401 (EXPORT_FORMAT: this module's name for it too)
+from ..search import fingerprint
 from ..study import RUN_SEARCHABLE, Study
 
 
@@ -37,6 +38,9 @@ def export_document(summary: dict, study: Study) -> dict:
         "execution": summary.get("execution"),
         # where its sums ran: a replay there matches it bit for bit (`evomerge run --policy` says whether it does)
         "ran_on": summary.get("ran_on"),
+        # what the trial's results depend on (the study's fingerprint): a replay of a study changed since says what
+        # changed instead of holding its figures to the trial's
+        "fingerprint": fingerprint.of(study),
     }
 
 

@@ -2,7 +2,8 @@
 ``fingerprint``: a hash and a readable summary), so that a changed study file under an old
 name is refused instead of silently resuming the old results.
 
-The summary is flat, ``section.field -> value``, over: ``data``, ``model``, ``run``,
+The summary is flat, ``section.field -> value``, over: ``data``, ``model``, ``run`` (with the source of the
+user's own model, loader or loss module where it sits beside the study file: ``model.factory_source``, ...),
 ``environment`` (``none`` when the study has none), the fixed ``policy``, the searched
 ``space`` and the ``objectives``. Not in it: the study's description, ``search.n_trials``
 and ``search.sampler`` (how much and how to search do not change what a trial means), the
@@ -64,6 +65,16 @@ def summary(study: "Study") -> dict[str, Any]:
 
         base = study.path.parent if study.path is not None else None
         out["data.text_digest"] = study.data.sha256 or text.digest(text.root_of(study.data, base))
+    # the user's own code beside the study (a model factory, a loader, a loss): its source, so that an edited
+    # model file under the old study name is a change (the data a loader reads are not hashed)
+    from ..userref import source_digest
+
+    base = study.path.parent if study.path is not None else None
+    for field, ref in (("model.factory", study.model.factory), ("data.loader", study.data.loader),
+                       ("run.loss", study.run.loss)):
+        code = source_digest(ref, base) if ref else None
+        if code is not None:
+            out[f"{field}_source"] = code[:16]
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
     policy = {k: v for k, v in _plain(study.policy).items() if k not in NOT_IN_POLICY}
