@@ -533,7 +533,8 @@ def cmd_run(args) -> int:
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
-    replay = (exported or {}).get("execution") or ""
+    # the strategy the trial ran with, for a replay on its own study (another study's model is not the one it timed)
+    replay = (exported or {}).get("execution") or "" if (exported or {}).get("study") in (None, study.name) else ""
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
         # the strategy the trial ran with: the same numbers, not only the same to float tolerance
         setup.model.execution, setup.model.execution_reason = replay.split()[0], "as the exported trial ran"

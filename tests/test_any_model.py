@@ -497,6 +497,12 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert re.search(r"^note: my-mse-cli changed since trial \d+ ran \(run\.lr changed \(0\.01 -> 0\.008\)\), so this "
                      r"run's figures are not held to the trial's$", r.stderr, re.M), r.stderr
     p.write_text(p.read_text().replace("lr = 0.008", "lr = 0.01"))
+    # on another study the trial's execution is not borrowed: that model is not the one the trial timed
+    other = write_study(folder, "my-mse-other", 'loader = "mydata:halves"', "regressor", loss="mse", metric="val_loss",
+                        steps=20)
+    r = evomerge("run", "--study", str(other), "--policy", str(tmp_path / "best.json"), "--quiet")
+    assert r.returncode == 0 and "as the exported trial ran" not in r.stdout, r.stdout
+    assert "note: the policy is trial" in r.stderr
     # the final check on fresh seeds reports the test set's loss (it had no test figure, and three n/a accuracy rows)
     r = evomerge("run", "--study", str(p), "--policy", str(tmp_path / "best.json"), "--reevaluate", "2", "--json",
                  str(tmp_path / "re.json"))
