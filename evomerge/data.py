@@ -449,9 +449,13 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
     Dirichlet(alpha); smaller alpha, more skew). Seeded; every sample is used once."""
     labels = np.asarray(labels)
     n = len(labels)
+    by_class = labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer)  # what dirichlet splits by
     if kind == "by_file":
+        if groups is None:
+            raise ConfigError("study.data.partition", "'by_file' needs a corpus of files (dataset 'text'); allowed "
+                                                      f"here: iid{', dirichlet' if by_class else ''}")
         return _by_file(groups, workers, min_size)
-    if kind == "dirichlet" and (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)):
+    if kind == "dirichlet" and not by_class:
         raise ConfigError("study.data.partition", f"'dirichlet' splits by class and needs one class label per "
                                                   f"example; the labels are {labels.dtype} of shape "
                                                   f"{list(labels.shape[1:]) or 'one'} per example; allowed: iid"
@@ -485,12 +489,9 @@ def partition(labels: np.ndarray, workers: int, kind: str = "iid", *, alpha: flo
     raise ConfigError("study.data.alpha", f"{alpha}: could not give every one of {workers} workers at least {min_size} samples; raise alpha or lower workers")
 
 
-def _by_file(groups: np.ndarray | None, workers: int, min_size: int) -> list[np.ndarray]:
+def _by_file(groups: np.ndarray, workers: int, min_size: int) -> list[np.ndarray]:
     """Whole files to workers (text's natural non-IID split): the largest file first, each to the worker holding
     the fewest examples so far (ties to the lowest worker); deterministic, no seed needed."""
-    if groups is None:
-        raise ConfigError("study.data.partition", "'by_file' needs a corpus of files (dataset 'text'); allowed here: "
-                                                  "iid, dirichlet")
     files, counts = np.unique(groups, return_counts=True)
     if len(files) < workers:
         raise ConfigError("study.data.partition", f"'by_file' gives whole files to workers, but the training split holds "

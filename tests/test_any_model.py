@@ -278,7 +278,8 @@ def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(fo
     (dict(data='loader = "mydata:two_labels"', loss="mse", metric="val_loss"), "study.run.loss",
      r"the model's outputs have shape \[4, 10\] and the targets \[4, 2\]; they must match exactly"),
     (dict(data='loader = "mydata:halves"', factory="regressor", loss="mse"), "study.objectives.metrics",
-     r"'val_accuracy' needs class labels; the study's loss is 'mse'"),
+     r"'val_accuracy' needs class labels; the study's loss is 'mse'; allowed here: val_loss, bytes, and with an "
+     r"\[environment\] time_to_target, loss_at_time, sim_time$"),  # (it said "and the time metrics": accuracy_at_time too)
     (dict(metric="val_perplexity"), "study.objectives.metrics", r"'val_perplexity' needs labels per position"),
     (dict(data='dataset = "text"\npath = "no-such-corpus"'), "study.data.path", r"no-such-corpus: no such file or folder"),
     (dict(factory="rnn", execution="stacked"), "study.model.execution",

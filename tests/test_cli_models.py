@@ -168,6 +168,14 @@ def byte_tokens():  # token ids read as bytes (uint8)
 def embedding():
     return nn.Sequential(nn.Embedding(256, 8), nn.Flatten(), nn.Linear(64, 10))
 
+def int_tokens():  # token ids up to 255, as int64
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2000, 8), generator=g)
+    return x, torch.randint(0, 10, (2000,), generator=g), x[:10], torch.randint(0, 10, (10,), generator=g)
+
+def small_embedding():  # a vocabulary of 16 for ids up to 255
+    return nn.Sequential(nn.Embedding(16, 8), nn.Flatten(), nn.Linear(64, 10))
+
 def broken():
     raise RuntimeError("the disk is gone\\nsecond line")
 
@@ -199,6 +207,10 @@ CASES = {
     "byte token ids": (dict(loader="bad:byte_tokens", factory="bad:embedding", options="{}"),
                        "error: study.model.factory: bad:embedding rejects the data's inputs of shape [4, 8]: "
                        "RuntimeError: Expected tensor for argument #1 'indices'"),
+    # (it said "IndexError: index out of range in self", not why)
+    "vocabulary too small": (dict(loader="bad:int_tokens", factory="bad:small_embedding", options="{}"),
+                             "error: study.model.factory: bad:small_embedding rejects the data's inputs of shape [4, 8]: "
+                             "IndexError: index out of range in self (this batch holds token ids up to "),
     "loader not importable": (dict(loader="nosuchmodule:load"),
                               "error: study.data.loader: cannot import 'nosuchmodule' (looked in"),
     "loader missing function": (dict(loader="digits_models:nope"), "error: study.data.loader: module 'digits_models' ("),
@@ -247,7 +259,10 @@ def test_user_code_errors_are_one_line_exit_2_before_any_trial(bad_folder, case,
     assert p.stderr.startswith(line), p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
     if case == "byte token ids":  # torch's own words, then why
-        assert p.stderr.endswith(" (inputs of uint8 are read as float32: give token ids as int16, int32 or int64)\n")
+        assert p.stderr.endswith(" (token ids must be integers: give them as int16, int32 or int64; inputs of uint8 "
+                                 "are read as float32 images)\n")
+    if case == "vocabulary too small":
+        assert re.search(r"up to (\d+): an embedding needs at least (\d+) rows\)\n$", p.stderr), p.stderr
 
 
 @pytest.mark.system

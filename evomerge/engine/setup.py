@@ -16,7 +16,7 @@ from .. import models as models_mod
 from .. import task as task_mod
 from ..errors import ConfigError
 from . import schedule as schedule_mod
-from ..study import ACCURACY_OBJECTIVES, Study
+from ..study import ACCURACY_OBJECTIVES, TARGET_METRICS, TIMED_OBJECTIVES, Study
 
 TAG_BATCHES, TAG_SLICES = schedule_mod.STREAMS["batches"], schedule_mod.STREAMS["slices"]
 
@@ -159,12 +159,20 @@ def check_task(study: Study, task) -> None:
     asked = list(study.objectives) + ([study.target_metric] if study.target is not None else [])
     for m in asked:
         if (m in NEEDS_CLASSES and not task.classification) or (m in NEEDS_POSITIONS and not task.per_position):
-            fits = [o for o in ("val_loss", *NEEDS_POSITIONS, *NEEDS_CLASSES, "bytes")
-                    if not ((o in NEEDS_CLASSES and not task.classification) or (o in NEEDS_POSITIONS and not task.per_position))]
+            def fit(o: str) -> bool:
+                return not ((o in NEEDS_CLASSES and not task.classification) or
+                            (o in NEEDS_POSITIONS and not task.per_position))
+
+            fits = [o for o in ("val_loss", *NEEDS_POSITIONS, *NEEDS_CLASSES, "bytes") if fit(o)
+                    and o not in TIMED_OBJECTIVES]
+            timed = [o for o in TIMED_OBJECTIVES if fit(o)]
             field = "study.objectives.target_metric" if m not in study.objectives else "study.objectives.metrics"
+            if field.endswith("target_metric"):  # (the target is a metric of the model, not a time or bytes)
+                fits, timed = [o for o in fits if o in TARGET_METRICS], []
             what = ("needs labels per position (a language model)" if m in NEEDS_POSITIONS
                     else f"needs class labels; the study's loss is {study.run.loss!r}")
-            raise ConfigError(field, f"{m!r} {what}; allowed here: {', '.join(fits)} (and the time metrics)")
+            raise ConfigError(field, f"{m!r} {what}; allowed here: {', '.join(fits)}"
+                                     + (f", and with an [environment] {', '.join(timed)}" if timed else ""))
     for f in CONFIDENCE_FIELDS:
         if getattr(study.policy, f):
             task.refuse(f"study.policy.{f}", getattr(study.policy, f))

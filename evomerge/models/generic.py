@@ -553,8 +553,12 @@ class GenericModel(StackedModel):
                 raise ConfigError(FIELD, f"{self._what()}'s forward returns a {kind}; expected one tensor, the outputs "
                                          "the loss takes (return the logits alone)") from None
             why = one_line(e)
-            if x.is_floating_point() and "'indices'" in why:  # an nn.Embedding given uint8 ids, read as float32
-                why += " (inputs of uint8 are read as float32: give token ids as int16, int32 or int64)"
+            if x.is_floating_point() and "'indices'" in why:  # an nn.Embedding given float ids (uint8 read as float32)
+                why += (" (token ids must be integers: give them as int16, int32 or int64; inputs of uint8 are read "
+                        "as float32 images)")
+            elif not x.is_floating_point() and x.numel() and "index out of range" in why:  # a vocabulary too small
+                why += (f" (this batch holds token ids up to {int(x.max())}: an embedding needs at least "
+                        f"{int(x.max()) + 1} rows)")
             raise ConfigError(FIELD, f"{self._what()} rejects the data's inputs of shape {shape}: {why}") from None
         self.task.check_output(out[0], y, self._what())
         asked = self.execution_asked
