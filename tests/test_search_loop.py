@@ -349,9 +349,21 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
                                   tags=host | {"evomerge.process": "another-boot-id/" + mine.split("/", 1)[1]})
     reused = client.create_run(exp, run_name="search-random-reused",
                                tags=host | {"evomerge.process": mine.rsplit("/", 1)[0] + "/1"})
-    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--quiet",
-            "--grace-period", "2", cwd=tmp_path, data_dir=data_dir)  # (the killed trial's heartbeat: 2 s, not 30)
+    t0 = time.monotonic()
+    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random",
+            cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
+    # its trial, left RUNNING, is failed at once and its policy asked again (it waited out the 30 s grace period of
+    # the heartbeats, saying nothing)
+    assert (f"note: trial 0 was left running by a search process that is gone (pid {proc.pid}); failed, and its "
+            "policy asked again") in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 30
+    import optuna
+
+    trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}").get_trials()
+    assert [(t.state.name, t.user_attrs.get("failure"), t.user_attrs.get("retry_of")) for t in trials] == [
+        ("FAIL", "its process was gone", None), ("COMPLETE", None, 0)]
+    assert trials[1].params == trials[0].params
     run = client.get_run(killed.info.run_id)
     assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"] == (
         f"its process ({proc.pid} on {killed.data.tags['evomerge.host']}) was gone; marked by a later search")

@@ -18,7 +18,7 @@ from ..dburls import shown
 from ..errors import ConfigError, RunError
 from .config import SearchConfig
 from .results import best_trials, count_states
-from .storage import check_storage, load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
+from .storage import check_storage, fail_gone, load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
 from .trial import Interrupted, bare_record, beat_if_slow, mark_interrupted, run_batch, run_trial
 
 
@@ -322,6 +322,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     ostudy = load_or_create(cfg, storage)
     with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
         warm = warmstart.apply(cfg, ostudy)
+        gone = fail_gone(ostudy)  # a killed search's trials: failed and asked again now, not after the grace period
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)
@@ -340,7 +341,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     result = SearchResult(cfg, parent_run_id=parent, warm_start=warm)
     if progress:
         prior = best_trials(ostudy, cfg.study, 1)  # the study's best so far: a resumed bar starts from it
-        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm, notes=model_notes,
+        progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm,
+                 notes=[*model_notes, *gone],
                  best=prior[0]["values"][0] if prior else None)
 
     def on_record(rec: dict) -> None:

@@ -133,6 +133,35 @@ def _retry_stale(study, trial) -> None:
     study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
 
+def fail_gone(study) -> list[str]:
+    """The running trials whose search process is gone from this machine (user attribute ``process``,
+    :func:`evomerge.procs.process_tag`: killed with SIGKILL, or out of memory): failed now (``failure`` "its process
+    was gone") and their parameters asked again (``retry_of``), as Optuna's stale-trial check does once the grace
+    period has passed (a resumed search waited that long, saying nothing). A trial of another machine, or whose
+    process still runs, is left to the heartbeats. One line for each, for the search's start."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from ..procs import still_running
+
+    lines = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        tag = t.user_attrs.get("process", "")
+        if still_running(tag) is not False:
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failure", "its process was gone")
+            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                continue
+        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):  # another search failed it first
+            continue
+        _retry_stale(study, t)
+        pid = tag.split("/")[2]
+        lines.append(f"trial {t.number} was left running by a search process that is gone (pid {pid}); failed, and "
+                     "its policy asked again")
+    return lines
+
+
 # -- the lock ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def search_lock(cfg: "SearchConfig", engine_cache: dict):

@@ -18,6 +18,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from .results import DIVERGED, RUN_STATUS, curve_of, diverged, dominated_count, objective_values, round_dict, slim, summarise
+from ..procs import process_tag
 
 if TYPE_CHECKING:
     from .config import SearchConfig
@@ -259,6 +260,7 @@ class TrialRun:
             if cfg.batch > 1:
                 trial.set_user_attr("batch", cfg.batch)
             trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+            trial.set_user_attr("process", process_tag())  # a later search tells whether this process is gone
         except KeyboardInterrupt:
             raise
         except Exception as e:
