@@ -1360,6 +1360,12 @@ def cmd_baselines(args) -> int:
                 row.append(f"{f.time_to_target:.4g} s" if f.time_to_target <= budget else "not reached")
         t.add_row(*row, f"{r.wall_time:.2f} s")
     _console().print(t)
+    if lrs:
+        from .search.baselines import edge_note
+
+        edge = edge_note(study, lrs)
+        if edge:
+            print(f"note: {edge}", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "seed": seed,
                                                "baselines": {n: r.to_dict() | ({"lr": lrs[n]} if lrs else {})

@@ -42,6 +42,11 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
                                 st.resolve_policy(n), 0).metrics()
         assert doc["baselines"][n]["final"]["val_accuracy"] == pytest.approx(ran["val_accuracy"], abs=1e-9)
 
+    # a best step size at an end of the grid is said (the rival may be better beyond it)
+    edges = sorted(n for n, v in want.items() if v in (min(GRID), max(GRID)))
+    assert ("note: best step size at an end of [baselines] lr" in p.stderr) == bool(edges), p.stderr
+    assert all(n in p.stderr.split("at an end of")[-1] for n in edges)
+
     p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--reevaluate", "1", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr
@@ -51,6 +56,7 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     assert m and m[1] == str(GRID), said
     assert dict(x.rsplit(" ", 1) for x in m[2].split(", ")) == {n: f"{v:g}" for n, v in want.items()}, m[2]
     assert "not tuned for each" not in said
+    assert ("best step size at an end of [baselines] lr" in said) == bool(edges), said
     for n in st.baselines:
         assert f"{n} " in said and f"baseline (lr {want[n]:g}, its best)" in said
 
@@ -66,3 +72,19 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     assert {n: b["lr"] for n, b in again["baselines"].items()} == want
     for n in want:  # the same runs (the wall time apart)
         assert again["baselines"][n]["final"]["val_accuracy"] == doc["baselines"][n]["final"]["val_accuracy"]
+
+
+def test_a_baselines_best_step_size_at_an_end_of_the_grid_is_noted(tmp_path):
+    """(A verdict said the pick beat every tuned rival where each rival's best was the grid's highest step size: its
+    tuning was cut short, and nothing said so.)"""
+    from evomerge.search.baselines import edge_note
+
+    f = write_study(tmp_path)
+    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]',
+                                       f'policies = ["no-merging", "ring-gossip"]\nlr = {json.dumps(GRID)}'))
+    st = study_mod.load(f)
+    assert edge_note(st, {"no-merging": 0.05, "ring-gossip": 0.08}) is None
+    assert edge_note(st, {"no-merging": 0.1, "ring-gossip": 0.02}) == (
+        "best step size at an end of [baselines] lr [0.02, 0.05, 0.08, 0.1]: no-merging at the grid's highest (0.1); "
+        "ring-gossip at the grid's lowest (0.02); a wider grid may find a better one (only the step size is tuned: "
+        "each rule's other settings are its policy file's)")

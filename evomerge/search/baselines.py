@@ -29,6 +29,21 @@ def _key(study: Study, policies, kind: str, seeds, extra=None) -> str:
     return f"{kind}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds))
 
 
+def edge_note(study: Study, lrs: dict[str, float]) -> str | None:
+    """Where a baseline's best step size is an end of the study's ``[baselines] lr`` (of two or more), a note: its
+    best may lie beyond, so the rival was not tuned to its best; and what was tuned (the step size alone)."""
+    grid = sorted(set(study.baseline_lr))
+    if len(grid) < 2:
+        return None
+    ends = {"highest": [n for n, v in lrs.items() if v == grid[-1]], "lowest": [n for n, v in lrs.items() if v == grid[0]]}
+    said = [f"{', '.join(names)} at the grid's {end} ({grid[-1] if end == 'highest' else grid[0]:g})"
+            for end, names in ends.items() if names]
+    if not said:
+        return None
+    return (f"best step size at an end of [baselines] lr {grid}: {'; '.join(said)}; a wider grid may find a better "
+            "one (only the step size is tuned: each rule's other settings are its policy file's)")
+
+
 def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study=None, announce=None,
               setups: dict | None = None, keep_or_not: bool = False) -> dict[str, float]:
     """Each baseline's step size: of the study's ``[baselines] lr``, the one whose runs on the study's own seeds

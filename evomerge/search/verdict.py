@@ -231,6 +231,11 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
                      f"({', '.join(f'{n} {v:g}' for n, v in tuned)})"
                      + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched
                         else f"; the picks at the study's lr {study.run.lr:g}"))
+        from .baselines import edge_note
+
+        edge = edge_note(study, dict(tuned))
+        if edge:
+            notes.append(edge)
     else:
         notes.append(f"the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each"
                      + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
