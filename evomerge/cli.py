@@ -1333,7 +1333,14 @@ def cmd_baselines(args) -> int:
 
     budget = (f"{study.environment.time_budget:g} simulated s" if study.environment and study.environment.time_budget
               else f"{setup.total_steps} local steps")  # a time budget ends a timed study's runs, not the steps
-    t = Table(title=f"{study.name}: baselines (seed {seed}, {budget}, {study.run.workers} workers)")
+    from .backends import ran_on
+    from .engine.setup import resolve_device
+
+    # where the sums ran: a search's table of the same baselines, run with another number of torch threads (the
+    # cores idle when each command starts), can differ in the last digits
+    here = ran_on(args.backend, args.procs, study.run.workers, str(resolve_device(args.device).type))
+    t = Table(title=f"{study.name}: baselines (seed {seed}, {budget}, {study.run.workers} workers)",
+              caption=f"ran {here}")
     timed = study.environment is not None
     acc = setup.model.task.classification  # a regression's table has no accuracy columns (own-model.md)
     cols = ["policy", *(["lr (its best)"] if lrs else []), "status",

@@ -35,6 +35,9 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     p = cli("baselines", "--study", str(f), "--quiet", "--json", "b.json", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert f"tuning: each baseline's step size of lr {GRID} on the study's seeds [0, 1], 16 runs" in p.stderr
+    # where its sums ran (a search's table of the same baselines on another number of threads differs in its last
+    # digits, and neither said why)
+    assert re.search(r"ran in process on cpu with \d+ torch threads?", " ".join(p.stdout.split())), p.stdout
     doc = json.loads((tmp_path / "b.json").read_text())
     assert {n: b["lr"] for n, b in doc["baselines"].items()} == want
     for n in want:  # the row ran at that step size: the engine's run at it, seed 0
