@@ -99,7 +99,8 @@ def test_an_allreduce_waits_for_the_slowest_then_pays_the_ring():
     # worker 0 waited from 1 s until the all-reduce was done; the straggler only for the ring
     whole = tl.idle.sum(axis=0)
     assert whole[0] == pytest.approx((first.time - 1.0) + (tl.end - first.time - 1.0))
-    assert whole[3] == pytest.approx(ring)
+    assert whole[3] == pytest.approx(2 * ring)  # and the last all-reduce's, after step 2: the run ends after it
+    assert tl.end == pytest.approx(tl.completions[3][1] + ring)
 
 
 @pytest.mark.parametrize("delay", [0, 1], ids=["barrier", "streaming"])
@@ -312,3 +313,23 @@ def test_slowmo_s_exact_average_is_a_barrier_over_the_gossip():
     assert [a.time for a in tl.actions[1] if a.kind == clock.ALLREDUCE] == [first.time, second.time]
     assert second.time == pytest.approx(first.time + 4.0 + ring)
     assert tl.merges[-1] == 2 and tl.bytes[-1] == 2 * cost.allreduce(2) == 2 * 2 * 8000
+
+
+def test_a_run_ends_when_its_merges_in_flight_are_applied_and_sends_no_more_than_its_links_carry():
+    """(The clock dropped the transfers in flight when the work was done: push-pull gossip every step on slow links
+    sent many times what its links carry in the run's time, none of it landed, and the run looked as fast as no
+    merging. Merger.finish() waits for every merge due and applies it.) The run now ends when the last merge in flight
+    is applied, each worker idle from the work's end, so every byte it sent crossed an uplink within its time."""
+    W, T, b = 4, 40, 4000.0  # a payload (4000 bytes) takes 1 s alone; a step 0.01 s
+    env = EnvSpec(step_time=0.01, bandwidth=b)
+    policy = MergePolicy(exchange="push_pull", topology="complete", mean_interval=1.0)
+    tl, cost = timeline(env, policy, W, T)
+    work = max(c[-1] for c in tl.completions)
+    assert work == pytest.approx(T * 0.01) and tl.round_ends[-1] == tl.end
+    assert tl.end >= tl.bytes[-1] / (W * b) > 10 * work  # every byte through one of W uplinks in the run's time
+    # every request sent was applied, and every answer to it
+    applied = {(a.event, a.kind) for acts in tl.actions for a in acts if a.kind in (clock.LAND, clock.REPLY)}
+    sent = {a.event for acts in tl.actions for a in acts if a.kind == clock.SEND}
+    assert applied == {(e, k) for e in sent for k in (clock.LAND, clock.REPLY)}
+    assert tl.end == max(a.time for acts in tl.actions for a in acts)
+    assert tl.idle[-1].sum() == pytest.approx(W * tl.end - sum(len(c) for c in tl.completions) * 0.01, rel=1e-9)

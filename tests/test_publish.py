@@ -154,15 +154,17 @@ def test_a_free_cluster_at_any_one_speed_publishes_as_the_lockstep_run(setup):
 
 
 def test_on_a_clock_each_publication_is_charged_and_no_decision_gathers(setup):
-    """Uneven speeds (the median worker at speed 1), push gossip that never waits: both runs send the same payloads
-    at the same instants; one charges a gather per decision, the other every publication up to the end."""
+    """Uneven speeds (the median worker at speed 1), push gossip that never waits: both runs send the same payloads;
+    one charges a gather per decision (its payloads leave once the sketches are in), the other every publication
+    up to the end."""
     env = EnvSpec(step_time=0.25, speeds=(1.0, 1.0, 1.0, 0.5, 0.5), latency=0.01, bandwidth=1e7)
     policy = P(topology="complete", similarity_bias=0.8, mean_interval=2.0, exchange="push", publish_every=3)
     s = dataclasses.replace(setup, study=dataclasses.replace(setup.study, environment=env))
     published = simulate.simulate(s, policy, 0, device="cpu")
     instant = simulate.simulate(s, policy.replace(publish_every=0), 0, device="cpu")
     end = published.final.sim_time
-    assert end == instant.final.sim_time and published.final.merges == instant.final.merges > 20
+    # the run ends when its last payload is applied: a decision that gathers first sends it later
+    assert end <= instant.final.sim_time and published.final.merges == instant.final.merges > 20
     sketch = 4 * similarity.SKETCH_DIM
     publications = int(end // (3 * 0.25))  # at 0.75 s, 1.5 s, ... up to the end
     assert publications >= 5

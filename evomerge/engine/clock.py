@@ -49,9 +49,12 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   for a weights payload ``2 (W - 1) / W x bytes / bandwidth``); everyone leaves together. With
   ``backup_workers = b`` the barrier opens at the first ``W - b`` arrivals (and any others at that
   instant); the late workers drop their step and leave with the others (:meth:`Simulation.release`).
-- **budget**: ``time_budget`` simulated seconds, else the work of the step budget: the run
-  ends when the workers together have done ``W x T`` local steps (the lockstep run's work,
-  in whatever time the cluster needs). Rounds end at equal shares of either.
+- **budget**: ``time_budget`` simulated seconds (what is in flight then never lands), else the work of the step
+  budget: the work is done when the workers together have done ``W x T`` local steps (the lockstep run's work,
+  in whatever time the cluster needs); then no step starts (one under way is dropped) and the run ends when every
+  merge in flight has landed and been applied (push-pull answered), as ``Merger.finish()`` completes them
+  (:meth:`Simulation.work_done`, :meth:`Simulation.drained`). Rounds end at equal shares of either (the last
+  at the run's end).
 
 Idle time is time a worker waits on a barrier or on its own merge (blocking). A homogeneous
 environment with free links reproduces the lockstep run exactly: every worker completes step
@@ -366,6 +369,10 @@ class Simulation:
         self.dropped: dict[int, tuple[int, ...]] = {}  # all-reduce event -> the late workers left out of it
         self.total = 0
         self.end = self.budget
+        # step budget: once the work is done (at t_work), no step starts and every step under way is dropped; the
+        # merges in flight land and are applied (push-pull answered), as Merger.finish() completes them, and the run
+        # ends when the last one is applied
+        self.t_work: float | None = None
         self.streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
         self.t_landed: dict[int, float] = {}  # streamed event -> when its average has reached every worker
         self.due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event landing there
@@ -421,6 +428,11 @@ class Simulation:
         self.seq += 1
 
     def start_step(self, w: int, t: float) -> None:
+        if self.t_work is not None:  # the work is done: the run drains its merges in flight, this worker idle
+            self.finished[w] = True
+            if self.idle_since[w] is None:
+                self.idle_since[w] = t
+            return
         d = self.compute.duration(w, self.done[w] + 1)
         if t + d > self.budget:
             self.finished[w] = True
@@ -550,11 +562,55 @@ class Simulation:
         """Worker ``w``'s local step is done at ``t``: the step budget's work and the rounds' ends count it."""
         self.completions[w].append(t)
         self.total += 1
-        if not self.env.time_budget and self.total == self.need:
-            self.end = t  # the step budget's work is done; what happens at this instant still counts
         works = self.round_works
-        if not self.env.time_budget and len(self.round_ends) < len(works) and self.total == works[len(self.round_ends)]:
+        if not self.env.time_budget and len(self.round_ends) < len(works) - 1 and \
+                self.total == works[len(self.round_ends)]:
             self.round_ends.append(t)
+        if not self.env.time_budget and self.total == self.need:
+            self.work_done(t)  # the step budget's work is done; what happens at this instant still counts
+
+    def work_done(self, t: float) -> None:
+        """The step budget's work is done at ``t``: the steps under way are dropped (their workers idle from here), no
+        step starts, and the run goes on until the merges in flight are applied (:meth:`drained`)."""
+        if self.t_work is not None:
+            return
+        self.t_work = t
+        for w in range(self.W):
+            self.finished[w] = True
+            if self.busy[w] and self.step_end[w] > t:  # its step is dropped (a stale end event): idle from here
+                self.busy[w] = False
+                self.step_seq[w] += 1
+                self.step_starts[w].pop()
+                self.idle_since[w] = t
+                self._now_not_at_step_end(w, self.step_end[w], t)
+
+    def _now_not_at_step_end(self, w: int, end: float, t: float) -> None:
+        """Worker ``w``'s step that would have ended at ``end`` is dropped at ``t``: what landed during it, due at
+        that step's end (its next boundary), is applied now at its current boundary, and answered now."""
+        k = self.done[w]
+        acts = self.actions[w]
+        for i, a in enumerate(acts):
+            if a.boundary == k + 1 and a.time == end:
+                acts[i] = Action(a.worker, k, t, a.event, a.kind, a.sent, a.landed, a.late)
+        moved = False
+        for i, x in enumerate(self.heap):
+            if x[0] == end and x[2] == "reply" and x[3][1] == w:
+                self.heap[i] = (t, *x[1:])
+                moved = True
+        if moved:
+            heapq.heapify(self.heap)
+        q = self.swap_steps
+        if any(x[0] == end and x[3] == w for x in q):
+            q[:] = [(t, e, what, j, k) if (at == end and j == w) else (at, e, what, j, b) for at, e, what, j, b in q]
+            heapq.heapify(q)
+
+    def drained(self) -> None:
+        """Nothing is left in flight after the work was done: the run ends at the last merge applied (at the work's
+        end if none was in flight), and so does its last round."""
+        last = max((a.time for acts in self.actions for a in acts), default=self.t_work)
+        self.end = max(self.t_work, last)
+        if len(self.round_ends) < len(self.round_works):
+            self.round_ends.append(self.end)
 
     def landed(self, data, t: float, held: bool = False) -> None:
         """A payload has landed at ``t`` (``data``: event, sender, receiver, when it was sent, LAND or REPLY): the
@@ -621,7 +677,7 @@ class Simulation:
         if late:
             self.dropped[e] = tuple(late)
             if not self.env.time_budget and self.total >= self.need:
-                self.end = min(self.end, t)  # the step budget's work is done (the late workers' steps count)
+                self.work_done(t)  # the step budget's work is done (the late workers' steps count)
         for v in range(W):
             self.actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
             self.idle_spans[v].append((self.barrier[v], t_done))
@@ -795,11 +851,11 @@ class Simulation:
             if t > self.end or (stop is not None and stop(t)):
                 return
             t, _, kind, data = heapq.heappop(heap)
+            if kind == "end" and data[1] != self.step_seq[data[0]]:
+                continue  # a step dropped at a backup all-reduce's barrier, or at the work's end
             self.t_now = t
             if kind == "end":
                 w, seq = data
-                if seq != self.step_seq[w]:
-                    continue  # a step dropped at a backup all-reduce's barrier
                 self.busy[w] = False
                 self.done[w] += 1
                 if not self.gradient:  # a gradient's step is done when its update is: at the all-reduce (release)
@@ -844,6 +900,8 @@ class Simulation:
             elif kind == "send":  # a payload held for its decision's sketches leaves
                 e, i, j, t_snap = data
                 self.send(e, i, j, t, LAND, t_snap)
+        if self.t_work is not None and self.end == float("inf"):
+            self.drained()
         return self.timeline()
 
     def timeline(self, rounds_so_far: int | None = None) -> Timeline:
@@ -865,6 +923,7 @@ class Simulation:
 
                 done_times = np.sort(np.concatenate([np.asarray(c) for c in completions]))
                 round_ends = [float(done_times[W * b - 1]) for b in round_bounds(T, rounds)]
+                round_ends[-1] = end_t  # the last round ends when its merges in flight are applied (drained)
         comp = [np.asarray([x for x in c if x <= end_t]) for c in completions]
         actions = []
         for w in range(W):
