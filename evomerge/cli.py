@@ -524,6 +524,7 @@ def cmd_run(args) -> int:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     # every input is checked before data is read (the same checks as evomerge.run())
     policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
+    changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     study, note = found_with(study, exported)  # the step size the policy was found with
     if note:
         print(note)
@@ -580,10 +581,9 @@ def cmd_run(args) -> int:
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
-    elif exported and str(seed) in exported.get("metrics_per_seed", {}) and _changed_since(exported, study):
-        print(f"note: {study.name} changed since trial {exported.get('trial')} ran "
-              f"({_changed_since(exported, study)}), so this run's figures are not held to the trial's",
-              file=sys.stderr)
+    elif exported and str(seed) in exported.get("metrics_per_seed", {}) and changed:
+        print(f"note: {study.name} changed since trial {exported.get('trial')} ran ({changed}), so this run's figures "
+              "are not held to the trial's", file=sys.stderr)
     elif exported and str(seed) in exported.get("metrics_per_seed", {}):
         # the study's first objective where the run and the trial both have it (a language model's perplexity, a
         # time to target), else the consensus model's validation accuracy, or its loss

@@ -295,10 +295,11 @@ SATURATED = 2.0  # a run that sent this many times what its links carry in its s
 
 def saturated(study: Study, finals: list[dict]) -> str | None:
     """Words for runs on a simulated cluster that sent more than their links can carry in their simulated time (a
-    policy that merges faster than its payloads travel): most of their payloads were still in flight when the run
-    ended, where the simulated clock stops and does not wait for them, so they cost it no time and merged nothing; a
+    policy that merges faster than its payloads travel): most of their payloads were still in flight at the time
+    budget, where the simulated clock stops and does not wait for them, so they cost it no time and merged nothing; a
     real run's ``finish()`` waits for every one (a gossip every step on 50 Mbit/s links: 0.56 simulated s, 34.7 s
-    under netlab). None otherwise, and for free links. ``finals``: each seed's final metrics."""
+    under netlab). With the step budget the clock waits for them too (its run ends when the last is applied), so
+    only a time budget's run says this. None otherwise, and for free links. ``finals``: each seed's final metrics."""
     env = study.environment
     if env is None or not finals:
         return None
@@ -320,7 +321,7 @@ def saturated(study: Study, finals: list[dict]) -> str | None:
     if ratio <= SATURATED:
         return None
     return (f"sent {size(float(f['bytes']))} in {float(f['sim_time']):.3g} simulated s, {ratio:,.0f}x what its links "
-            f"carry in that time ({size(capacity)}/s): most of its payloads were still in flight when the run ended, "
+            f"carry in that time ({size(capacity)}/s): most of its payloads were still in flight at the time budget, "
             "where the simulated clock stops (they merged nothing and cost it no time); a real run's finish() waits "
             "for every one")
 
