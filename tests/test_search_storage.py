@@ -75,6 +75,23 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
     assert not any(k.endswith("_source") for k in fingerprint.of(study.load(write_study(tmp_path / "named")))["summary"])
 
 
+@pytest.mark.system
+def test_a_search_on_another_storage_into_the_same_mlflow_experiment_says_so(tmp_path, data_dir):
+    """(A search given a new --storage kept the default MLflow store of the study's folder: its experiment held two
+    `trial-0` runs of two Optuna studies, with nothing said.)"""
+    f = write_study(tmp_path)
+    args = ["search", "--study", str(f), "--sampler", "random", "--n-trials", "1", "--no-verdict"]
+    assert cli(*args, cwd=tmp_path, data_dir=data_dir).returncode == 0
+    p = cli(*args, "--storage", f"sqlite:///{tmp_path / 'other.db'}", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    said = " ".join(p.stderr.split())
+    assert re.search(r"note: the MLflow experiment tiny \(sqlite:///\S+/runs/tiny/mlflow\.db\) holds the runs of "
+                     r"searches of sqlite:///\S+/runs/tiny/optuna\.db too: give --tracking-uri to keep this storage's "
+                     r"runs apart", said), said
+    p = cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)  # the first storage again: it names the other
+    assert p.returncode == 0 and "other.db too" in " ".join(p.stderr.split()), p.stderr
+
+
 @pytest.mark.integration
 def test_a_store_searched_for_other_objectives_says_what_changed_and_what_to_do(tmp_path, data_dir):
     """The quick-start study gained `bytes` as a second objective: a `runs/mnist-gossip/` searched before is

@@ -314,6 +314,13 @@ class Tracker:
             return {}
         return {"mlflow.source.type": "LOCAL", "mlflow.source.name": str(self.study.path or f"{self.study.name}.toml")}
 
+    def other_storages(self, storage: str) -> list[str]:
+        """The Optuna storages (as the search runs' ``storage`` parameter shows them) of this experiment's earlier
+        searches other than ``storage``: one study name searched on two storages logs both into one experiment."""
+        found = self.client.search_runs([self.experiment_id], filter_string="attributes.run_name LIKE 'search-%'",
+                                        max_results=500)
+        return sorted({r.data.params["storage"] for r in found if r.data.params.get("storage") not in (None, storage)})
+
     def start_parent(self, name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
         import os
         import socket

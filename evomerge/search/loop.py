@@ -322,11 +322,16 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     ostudy = load_or_create(cfg, storage)
     with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
         warm = warmstart.apply(cfg, ostudy)
-        gone = fail_gone(ostudy)  # a killed search's trials: failed and asked again now, not after the grace period
+        start_notes = fail_gone(ostudy)  # a killed search's trials: failed and asked again now, not after the grace period
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)
     tracker.end_orphans()  # a killed search's parent run said RUNNING for ever
+    mixed = tracker.other_storages(shown(cfg.storage))  # (a new --storage logged into the old one's experiment, mute)
+    if mixed:
+        start_notes.append(f"the MLflow experiment {cfg.study.name} ({shown(uri)}) holds the runs of searches of "
+                    f"{mixed[0]}{f' and {len(mixed) - 1} more' if len(mixed) > 1 else ''} too: give --tracking-uri "
+                    "to keep this storage's runs apart")
     # nothing left to run: the study's last search run is taken up again (its best and verdict), not a new empty one
     parent = tracker.reopen_parent() if finished >= cfg.n_trials else None
     reopened = parent is not None
@@ -342,7 +347,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     if progress:
         prior = best_trials(ostudy, cfg.study, 1)  # the study's best so far: a resumed bar starts from it
         progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm,
-                 notes=[*model_notes, *gone],
+                 notes=[*model_notes, *start_notes],
                  best=prior[0]["values"][0] if prior else None)
 
     def on_record(rec: dict) -> None:
