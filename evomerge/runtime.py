@@ -799,7 +799,7 @@ class Merger:
         same step."""
         if self._follower:
             return {"format": 1, "step": self.t, "follower": True}
-        self._drain(final=False)
+        self._drain(final=False, meet=False)  # (not a meeting: a rank may save alone; waited for as it steps)
         self._settle_streams()
         return {"format": 1, "step": self.t,
                 "streams": {int(ev): {"sum": self._in_flight[ev][1].clone().cpu(), "lands": land,
@@ -1352,6 +1352,9 @@ class Merger:
             except RuntimeError:  # the store is gone (with the process that held it)
                 raise self._fail(what[0]) from None
             if late:
+                out = ready()  # (what the service above applied may have been the last of it)
+                if out is not None:
+                    return out
                 raise self._fail(what[0], f"for {self.timeout:g} s")
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
@@ -1496,8 +1499,14 @@ class Merger:
         for q, (ev, kind) in due:
             self._post(ev, kind, q)
         pending = {key for _, key in due} | {(e, k) for held in self._held.values() for e, k, _ in held.values()}
+        s_peer = s.peer
+
+        def senders() -> set[int]:  # the ranks still to answer: a slow one is waited for while it steps
+            return ({self._src(ev, kind) for ev, kind in pending - self._done_in}
+                    | {int(s_peer[ev]) for ev in self._await_reply})
+
         self._wait(lambda: True if not (pending - self._done_in) and not self._await_reply else None,
-                   (f"merges due by step {self.t}", None))
+                   (f"merges due by step {self.t}", None), awaited=senders)
         self._flush_sends()
 
     def _last_steps(self, final: bool, meet: bool = True) -> torch.Tensor:
@@ -1825,7 +1834,8 @@ class Merger:
             # empty message then fills the receive posted for its next push, and must not be served)
             self._cap = due
             try:
-                self._wait(lambda: True if late() is None else None, (f"pushes due by step {self.t}", late))
+                self._wait(lambda: True if late() is None else None, (f"pushes due by step {self.t}", late),
+                           awaited=lambda: [q] if (q := late()) is not None else [])
                 self._flush_sends()  # still capped: a flush's waits serve too
             finally:
                 self._cap = None
