@@ -7,7 +7,7 @@ ended healthy runs whose slow rank was more than ``timeout`` behind (``rank 1 di
 its step count to the store at most every :data:`BEAT` (a quarter of the timeout, at most 5 s), and a rank that
 waits for others keeps waiting as long as each one it waits for has moved within the last ``timeout``: a hung rank
 is still named a ``timeout`` after its last step. The ranks also meet here (:meth:`Progress.arrive`): each says its
-step once it is at the end or at the checkpoint, in place of a collective bounded by the process group's timeout.
+step once it is at the end (``finish``, ``close``), in place of a collective bounded by the process group's timeout.
 
 The store is the process group's (``dist.distributed_c10d._get_default_store()``: torchrun's, or the one
 ``init_process_group`` made); its keys are under ``evomerge/<run>/``, where ``<run>`` is a number rank 0 drew from the
