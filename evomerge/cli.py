@@ -535,7 +535,8 @@ def cmd_run(args) -> int:
     setup = _prepare(study, args)
     _setup_notes(study, setup)
     # the strategy the trial ran with, for a replay on its own study (another study's model is not the one it timed)
-    replay = (exported or {}).get("execution") or "" if (exported or {}).get("study") in (None, study.name) else ""
+    replay = (exported or {}).get("execution") or "" if (exported or {}).get("study") in (None, study.name) \
+        and not changed else ""
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
         # the strategy the trial ran with: the same numbers, not only the same to float tolerance
         setup.model.execution, setup.model.execution_reason = replay.split()[0], "as the exported trial ran"
@@ -630,7 +631,11 @@ def _changed_since(exported: dict, study) -> str:
     now = fingerprint.of(study)
     if then.get("hash") == now["hash"]:
         return ""
-    diff = fingerprint.changes(then["summary"], now["summary"])
+    from .study import ignored_keys
+
+    env = getattr(study, "environment", None)  # a key its environment ignores may have left the file: no change
+    unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
+    diff = fingerprint.changes(then["summary"], now["summary"], unused)
     return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
 
 

@@ -71,6 +71,12 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
                         r"since its 1 stored trials; use another \[study\] name or --runs-dir to start afresh\n",
                         p.stderr), p.stderr
     assert states(db) == {"COMPLETE": 1}
+    # an export made after the edit carries what the trials ran under: its replay names the change
+    p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "matches" not in p.stdout and "DIFFERS" not in p.stdout, p.stdout
+    assert re.search(r"note: tiny changed since trial 0 ran \(model\.factory_source changed", p.stderr), p.stderr
     # a named model has no module of the user's to hash
     assert not any(k.endswith("_source") for k in fingerprint.of(study.load(write_study(tmp_path / "named")))["summary"])
 
