@@ -66,10 +66,16 @@ def source_digest(ref: str, base_dir: str | Path | None) -> str | None:
     local = _local_file(Path(base_dir), top)
     if local is None:
         return None
-    files = sorted(local.parent.rglob("*.py")) if local.name == "__init__.py" else [local]
+    root = local.parent
+    files = sorted(f for f in root.rglob("*.py") if not any(part.startswith(".") for part in f.relative_to(root).parts)
+                   ) if local.name == "__init__.py" else [local]  # (an editor's lock file .#x.py, a .venv inside)
     h = hashlib.sha256()
     for f in files:
-        h.update(str(f.relative_to(local.parent)).encode() + b"\0" + f.read_bytes() + b"\0")
+        try:
+            text = f.read_bytes().replace(b"\r\n", b"\n")  # a checkout's line ends are not a change of the code
+        except OSError:  # a dangling link, a file gone meanwhile
+            continue
+        h.update(str(f.relative_to(root)).encode() + b"\0" + text + b"\0")
     return h.hexdigest()
 
 

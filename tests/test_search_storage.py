@@ -454,3 +454,23 @@ def test_a_search_sharing_its_study_counts_every_process_trials_on_its_bar(tmp_p
     for mine, st, done, best in reads:  # and the bar shows the study's count and best
         assert done >= st["done"] and best == st["best"], said
     assert view.done == 8  # at the end, the whole study's (read once more: the other's last trials came after)
+
+
+def test_the_source_digest_of_a_users_package_skips_what_is_not_its_code(tmp_path):
+    """(An editor's lock file `.#layers.py`, a dangling link, raised FileNotFoundError from the study's fingerprint.)
+    Hidden files and folders are not the package's code; a checkout's line ends are not a change; an edit is."""
+    from evomerge.userref import source_digest
+
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_bytes(b"WIDTH = 16\n")
+    before = source_digest("mypkg:make", tmp_path)
+    (pkg / ".#layers.py").symlink_to(tmp_path / "nowhere")
+    (pkg / "gone.py").symlink_to(tmp_path / "nowhere")
+    (pkg / ".venv").mkdir()
+    (pkg / ".venv" / "site.py").write_text("print()\n")
+    (pkg / "__init__.py").write_bytes(b"WIDTH = 16\r\n")
+    assert source_digest("mypkg:make", tmp_path) == before
+    (pkg / "__init__.py").write_bytes(b"WIDTH = 32\n")
+    assert source_digest("mypkg:make", tmp_path) != before
+    assert source_digest("json:loads", tmp_path) is None  # from sys.path: not the user's to hash
