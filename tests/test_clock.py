@@ -333,3 +333,30 @@ def test_a_run_ends_when_its_merges_in_flight_are_applied_and_sends_no_more_than
     assert applied == {(e, k) for e in sent for k in (clock.LAND, clock.REPLY)}
     assert tl.end == max(a.time for acts in tl.actions for a in acts)
     assert tl.idle[-1].sum() == pytest.approx(W * tl.end - sum(len(c) for c in tl.completions) * 0.01, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy, env, W, T", [
+    # asynchronous DiLoCo on slow links: the last global models come back after the last push is served
+    (MergePolicy(scheme="async", mean_interval=2.0, mixing_weight=1.0, outer_optimizer="nesterov"),
+     EnvSpec(step_time=0.1, speeds=(1.0, 1.0, 1.0, 0.2), bandwidth=4000.0, latency=0.01), 4, 12),
+    # backup workers: the work done as a backup barrier opens
+    (MergePolicy(scheme="allreduce", mean_interval=4.0, mixing_weight=1.0, backup_workers=1),
+     EnvSpec(step_time=1.0, speeds=(1.0, 1.0, 1 / 3.5), bandwidth=4000.0, latency=0.1), 3, 3),
+    (MergePolicy(scheme="allreduce", mean_interval=6.0, mixing_weight=1.0, fragments=2, fragment_delay=2),
+     EnvSpec(step_time=0.1, speeds=(1.0, 0.5, 1.0, 1.0), bandwidth=2000.0), 4, 12),
+    (MergePolicy(exchange="push_pull", topology="complete", mean_interval=1.5),
+     EnvSpec(step_time=0.1, speeds="lognormal", sigma=0.5, jitter=0.2, bandwidth=8000.0, overlap="blocking"), 4, 12),
+], ids=["async", "backups", "streaming", "push-pull-blocking"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_drained_end_holds_everything_the_run_did(policy, env, W, T, seed):
+    """(The drained end left out the global models pulled back after the last push was served, and a streamed
+    fragment's ring still running; a worker whose step was dropped as a backup barrier opened had its wait counted
+    twice and one step start too few.) Every span a worker waited or sent ends by the run's end, each completed step
+    has its start, and no round holds more waiting than its length."""
+    tl, _ = timeline(env, policy, W, T, rounds=2 if T > 3 else 1, seed=seed)
+    for w in range(W):
+        assert all(b <= tl.end + 1e-9 for _, b in tl.idle_spans[w] + tl.send_spans[w]), (w, tl.end)
+        assert len(tl.step_starts[w]) == len(tl.completions[w]), w
+    lengths = np.diff([0.0, *tl.round_ends])
+    assert (tl.idle <= lengths[:, None] + 1e-9).all(), (tl.idle, lengths)
+    assert tl.round_ends[-1] == tl.end

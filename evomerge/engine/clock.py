@@ -373,6 +373,8 @@ class Simulation:
         # merges in flight land and are applied (push-pull answered), as Merger.finish() completes them, and the run
         # ends when the last one is applied
         self.t_work: float | None = None
+        self.t_pulled = 0.0  # when the last global model came back to a worker (asynchronous DiLoCo)
+        self.dropped_at_end: set[int] = set()  # the workers whose step under way was dropped when the work was done
         self.streams: dict[int, dict[int, float]] = {}  # streamed all-reduce event -> worker -> when it sent
         self.t_landed: dict[int, float] = {}  # streamed event -> when its average has reached every worker
         self.due_landing: dict[tuple[int, int], int] = {}  # (worker, boundary) -> the streamed event landing there
@@ -582,6 +584,7 @@ class Simulation:
                 self.step_seq[w] += 1
                 self.step_starts[w].pop()
                 self.idle_since[w] = t
+                self.dropped_at_end.add(w)
                 self._now_not_at_step_end(w, self.step_end[w], t)
 
     def _now_not_at_step_end(self, w: int, end: float, t: float) -> None:
@@ -594,7 +597,8 @@ class Simulation:
                 acts[i] = Action(a.worker, k, t, a.event, a.kind, a.sent, a.landed, a.late)
         moved = False
         for i, x in enumerate(self.heap):
-            if x[0] == end and x[2] == "reply" and x[3][1] == w:
+            # its answers (push-pull), and, at the server (asynchronous DiLoCo), the pushes deferred to that step's end
+            if x[0] == end and ((x[2] == "reply" and x[3][1] == w) or (x[2] == "serve" and w == self.SERVER)):
                 self.heap[i] = (t, *x[1:])
                 moved = True
         if moved:
@@ -608,7 +612,9 @@ class Simulation:
         """Nothing is left in flight after the work was done: the run ends at the last merge applied (at the work's
         end if none was in flight), and so does its last round."""
         last = max((a.time for acts in self.actions for a in acts), default=self.t_work)
-        self.end = max(self.t_work, last)
+        # and the last global model back at a worker (asynchronous DiLoCo: Merger's step() waits for it), and the
+        # last streamed fragment's all-reduce (Merger.finish() settles those in flight)
+        self.end = max(self.t_work, last, self.t_pulled, max(self.t_landed.values(), default=0.0))
         if len(self.round_ends) < len(self.round_works):
             self.round_ends.append(self.end)
 
@@ -666,8 +672,11 @@ class Simulation:
         for v in late:
             self.busy[v] = False
             self.step_seq[v] += 1  # its pending end is stale
+            ended = v in self.dropped_at_end  # its step under way was dropped (and its start) when the work was done
+            if ended:
+                self.idle_since[v] = None  # (its wait is the barrier's, below)
             for i in range(k - self.done[v]):
-                if i:  # a step it had not started: begun and dropped at once
+                if i or ended:  # a step it had not started: begun and dropped at once
                     self.step_starts[v].append(t)
                 self.completions[v].append(t)
                 self.total += 1
@@ -877,6 +886,7 @@ class Simulation:
             elif kind == "serve":
                 self.serve(t, data)
             elif kind == "pulled":  # the global model is back: the worker goes on
+                self.t_pulled = max(self.t_pulled, t)
                 self.idle_spans[data].append((self.parked_at.pop(data), t))
                 self.start_step(data, t)
             elif kind == "go":  # leaving an all-reduce (SlowMo's: unless still waiting for its blocking merge)
@@ -952,7 +962,8 @@ class Simulation:
         published = []  # publish_every: every worker's publication to every other (the start's is free)
         if self.publish_every:
             n, each = 1, self.cost.publish(W)
-            while self.publication_time(n) <= end_t:
+            pub_end = end_t if self.t_work is None else min(end_t, self.t_work)  # none while the run drains
+            while self.publication_time(n) <= pub_end:
                 published.append((self._publications[n], each))
                 n += 1
         everything = sorted(self.sends + self.other_sends + published)
