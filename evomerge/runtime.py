@@ -1514,7 +1514,7 @@ class Merger:
         others get there); otherwise every rank is at this one. With the ranks' progress told (``_progress``) they
         meet in the store, at the end and at a checkpoint (``meet``), waiting for a slow rank as long as it steps."""
         if self._progress is not None and (final or meet):
-            steps = self._meet("the end of the run" if final else f"the checkpoint at step {self.t}")
+            steps = self._meet("the end of the run" if final else f"the checkpoint at step {self.t}", final)
             if final:
                 return torch.tensor(steps, dtype=torch.int64)
         if not final:
@@ -1529,12 +1529,15 @@ class Merger:
             raise self._fail("the end of the run") from None
         return torch.cat(out)
 
-    def _meet(self, what: str) -> list[int]:
-        """Every rank's step, once every rank has said it in the store (:meth:`backends.progress.Progress.arrive`), answering peers
-        meanwhile; a rank not there yet is waited for while it steps, and named once it has not for ``timeout``."""
+    def _meet(self, what: str, final: bool) -> list[int]:
+        """Every rank's step, once every rank has said it in the store (:meth:`backends.progress.Progress.arrive`),
+        answering peers meanwhile; a rank not there yet is waited for while it steps, and named once it has not for
+        ``timeout``. Each says how it ends (``final``: finish(), else close()): ranks that end otherwise than this one,
+        or close() at other steps, stop every rank with one line (they paired at one meeting, then met in different
+        collectives)."""
         pr, got, polled = self._progress, {}, [0.0, 0.001]  # (when the store was last read, the pause before the next)
         try:
-            n = pr.arrive(self.t)
+            n = pr.arrive(2 * self.t + int(final))
         except RuntimeError:
             raise self._fail(what) from None
         missing = lambda: [r for r in range(self.W) if r not in got]  # noqa: E731
@@ -1550,7 +1553,18 @@ class Merger:
             return True if len(got) == self.W else None
 
         self._wait(ready, (what, None), awaited=missing)
-        return [got[r] for r in range(self.W)]
+        steps, finals = [got[r] // 2 for r in range(self.W)], [got[r] % 2 for r in range(self.W)]
+        if len(set(finals)) > 1:
+            said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} called {'finish' if f else 'close'}()"
+                             for f, rs in sorted(_group_by(finals).items()))
+            raise MergerError(f"{said}: every rank ends its Merger the same way (finish() at the run's end, close() "
+                              "to stop and resume); stopped")
+        if not final and len(set(steps)) > 1:
+            said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} at step {k}"
+                             for k, rs in sorted(_group_by(steps).items()))
+            raise MergerError(f"the ranks called close() at different steps ({said}): every rank closes at the same "
+                              "step (after its state_dict() there); stopped")
+        return steps
 
     def _cancel_window(self) -> None:
         """After the last drain: the receives posted ahead for events that will not happen now (a rank's first

@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--hang-for", type=float, default=0.0, help="seconds it sleeps there")
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
+    ap.add_argument("--stop-rank", type=int, default=-1, help="only this rank stops at --stop-at (-1: every rank)")
     ap.add_argument("--short-rank", type=int, default=-1, help="this rank's loader runs out at --short-at: it calls "
                                                               "finish() then (-2: every rank's does)")
     ap.add_argument("--short-at", type=int, default=0)
@@ -127,7 +128,7 @@ def main() -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if t == args.hang_at and rank == args.hang_rank:
                     time.sleep(args.hang_for)  # alive, not stepping: a hung rank (a deadlock, a stuck loader)
-                if args.stop_at and t == args.stop_at:
+                if args.stop_at and t == args.stop_at and args.stop_rank in (-1, rank):
                     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                                 "merger": merger.state_dict()}, out / f"ck-{i}-{rank}.pt")
                     merger.close()

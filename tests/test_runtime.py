@@ -632,6 +632,14 @@ def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_ste
                    timeout=120)
     assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
     assert [torch.load(out / f"ck-0-{r}.pt", weights_only=False)["merger"]["step"] for r in range(2)] == [39, 39]
+    # one rank closes (a checkpoint) where the other finishes: they met at one meeting, then in different collectives
+    ranks = launch(folder, data_dir, tmp_path / "mixed", *policies(folder, ["ring-push-pull"]), *slow, "--stop-at", 20,
+                   "--stop-rank", 1, world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    for r in ranks:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 1 and lines == ["error: rank 1 called close(); rank 0 called finish(): every rank ends "
+                                               "its Merger the same way (finish() at the run's end, close() to stop "
+                                               "and resume); stopped"], r.stderr[-2000:]
     t0 = time.time()
     ranks = launch(folder, data_dir, tmp_path / "hung", *policies(folder, ["ring-push-pull"]), "--overlap",
                    "nonblocking", "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 8,
