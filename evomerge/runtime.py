@@ -336,10 +336,13 @@ def _leave_at_exit(self: "Merger", ending: BaseException | None = None) -> None:
         self._closing = True
         now = time.perf_counter()
         deadline, grace = now + self.timeout, now + min(EXIT_GRACE, self.timeout)
-        if not self._stop_out:  # it has not stopped on a failure: the others learn that it leaves
+        stopped = bool(self._stop_out)  # it stopped on a failure: its roll call has waited for every rank already
+        if not stopped:  # the others learn that it leaves
             self._stop_out = self._send_stops(LEFT)
-        for work in self._stop_out + [w for w, _ in self._stop_in.values()]:
+        for work in self._stop_out:
             _done_by(work, deadline)
+        for work, _ in self._stop_in.values():  # (after a roll call, a rank that did not answer it will not now)
+            _done_by(work, grace if stopped else deadline)
         flags = {}
         for r, (work, buf) in self._stop_in.items():
             try:
@@ -352,6 +355,8 @@ def _leave_at_exit(self: "Merger", ending: BaseException | None = None) -> None:
                 if flags[x.peer] == LEFT:  # in this hook too, waiting for this rank
                     continue
                 x.join(max(0.0, grace - time.perf_counter()))  # stopped on a failure: left at once, or waits here
+            elif stopped and x.peer is not None and x.peer not in flags:  # silent through the roll call: hung
+                x.join(max(0.0, grace - time.perf_counter()))
             else:
                 x.join(max(0.0, deadline - time.perf_counter()))
         for x in self._pending:  # still waiting: a message from a rank that stopped, which will not come
@@ -1552,7 +1557,17 @@ class Merger:
                     raise self._fail(what) from None
             return True if len(got) == self.W else None
 
-        self._wait(ready, (what, None), awaited=missing)
+        failed = None
+        try:
+            self._wait(ready, (what, None), awaited=missing)
+        except MergerError as e:  # a rank that found the ranks ending otherwise may have left before this one read it
+            failed = e
+            try:
+                got.update(pr.arrived(n, missing()))
+            except RuntimeError:
+                pass
+            if len(got) < self.W:
+                raise
         steps, finals = [got[r] // 2 for r in range(self.W)], [got[r] % 2 for r in range(self.W)]
         if len(set(finals)) > 1:
             said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} called {'finish' if f else 'close'}()"
@@ -1564,6 +1579,8 @@ class Merger:
                              for k, rs in sorted(_group_by(steps).items()))
             raise MergerError(f"the ranks called close() at different steps ({said}): every rank closes at the same "
                               "step (after its state_dict() there); stopped")
+        if failed is not None:
+            raise failed
         return steps
 
     def _cancel_window(self) -> None:

@@ -55,6 +55,8 @@ def main() -> int:
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops stepping (sleeps) at --hang-at")
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--hang-for", type=float, default=0.0, help="seconds it sleeps there")
+    ap.add_argument("--with", dest="with_", action="store_true", help="the loop inside `with merger:` (deploy.md's "
+                                                                     "form): a MergerError leaves through __exit__")
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
     ap.add_argument("--stop-rank", type=int, default=-1, help="only this rank stops at --stop-at (-1: every rank)")
     ap.add_argument("--short-rank", type=int, default=-1, help="this rank's loader runs out at --short-at: it calls "
@@ -154,6 +156,7 @@ def main() -> int:
                     values.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
             if not stopped:
                 seconds = time.perf_counter() - t0
+                t_loop_end = time.time()
                 merger.finish()
                 flat = torch.cat([t.detach().float().reshape(-1) for t in
                                   list(model.parameters()) + list(model.buffers())]).cpu()
@@ -161,6 +164,10 @@ def main() -> int:
                             "arrivals": list(merger.arrivals)},
                            out / f"result-{i}-{rank}.pt")
     except evomerge.MergerError as e:
+        if args.with_:  # what `with merger:` does with the error on its way out
+            merger.__exit__(type(e), e, e.__traceback__)
+        if "t_loop_end" in locals():  # when the loop ended, and when the error reached the caller (wall clock)
+            (out / f"error-{rank}.json").write_text(f'{{"loop_end": {t_loop_end}, "error": {time.time()}}}')
         # the process group is broken: say why in one line and leave without tearing it down
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(1)

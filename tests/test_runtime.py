@@ -615,8 +615,8 @@ def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_ste
     """Gossip and asynchronous DiLoCo let a slow rank fall behind. Rank 1, 12x slower, ends its 40 steps seconds
     after rank 0, more than two timeouts (1.5 s) later: rank 0 said `rank 1 did not answer` at the end (finish())
     and at a checkpoint (state_dict()). Now it waits while rank 1 steps (each rank tells its steps through the
-    process group's store), and the run ends with one consensus; a rank that stops stepping (asleep at step 20)
-    is named a timeout after its last step, as before."""
+    process group's store), and the run ends with one consensus; ranks that end otherwise (one close(), one
+    finish()) are told so in one line."""
     slow = ("--overlap", "nonblocking", "--step-sleep", 0.01, "--slow-rank", 1, "--slow-factor", 12, "--timeout", 1.5)
     out = tmp_path / "end"
     ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull", "async-diloco"]), *slow, world=2,
@@ -640,6 +640,14 @@ def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_ste
         assert r.returncode == 1 and lines == ["error: rank 1 called close(); rank 0 called finish(): every rank ends "
                                                "its Merger the same way (finish() at the run's end, close() to stop "
                                                "and resume); stopped"], r.stderr[-2000:]
+
+
+@pytest.mark.system
+def test_a_rank_that_stops_stepping_is_named_a_timeout_after_the_others_need_it_with_or_without_a_with_block(
+        folder, data_dir, tmp_path):
+    """A rank asleep at step 20 is named by the one that waits for it at the end; inside `with merger:` the error
+    reaches the caller no later (__exit__ waited one more timeout for the hung rank's stop message after the roll
+    call had: 3 x timeout from needing it, where deploy.md says 2)."""
     t0 = time.time()
     ranks = launch(folder, data_dir, tmp_path / "hung", *policies(folder, ["ring-push-pull"]), "--overlap",
                    "nonblocking", "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 8,
@@ -649,6 +657,13 @@ def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_ste
                                                   "step 40); stopped"], ranks[0].stderr[-2000:]
     assert ranks[1].returncode == 1, ranks[1].stderr[-2000:]
     assert time.time() - t0 < 60
+    out = tmp_path / "hung-with"
+    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull"]), "--overlap", "nonblocking",
+                   "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 14, "--timeout", 4, "--with",
+                   world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    assert ranks[0].returncode == 1 and "rank 1 did not answer" in ranks[0].stderr, ranks[0].stderr[-2000:]
+    took = json.loads((out / "error-0.json").read_text())
+    assert took["error"] - took["loop_end"] < 2 * 4 + 2 + 1, took  # two timeouts, the exit's grace, some slack
 
 
 @pytest.mark.system
