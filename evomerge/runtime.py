@@ -1753,18 +1753,19 @@ class Merger:
         """The ranks' models differ in their tensors' shapes (a width from each rank's own setting): every rank
         gathers every rank's shapes and refuses, naming the first tensor that differs (a start broadcast of models
         of other sizes aborted gloo's process, or left a larger model half overwritten until a merge crashed)."""
-        dims = 8  # a shape's first dims, padded with -1; a missing tensor is all -2
-        mine = torch.full((most, dims), -2, dtype=torch.int64, device=self.wire_dev)
+        dims = 8  # its size, then a shape's first dims, padded with -1; a missing tensor is all -2
+        mine = torch.full((most, dims + 1), -2, dtype=torch.int64, device=self.wire_dev)
         for k, (_, shape) in enumerate(self.layout.layout):
             mine[k] = -1
-            mine[k, :min(len(shape), dims)] = torch.tensor(shape[:dims], dtype=torch.int64)
+            mine[k, 0] = math.prod(shape)
+            mine[k, 1:1 + min(len(shape), dims)] = torch.tensor(shape[:dims], dtype=torch.int64)
         every = [torch.zeros_like(mine) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the start")
 
         def shape(row: torch.Tensor) -> str:
             if int(row[0]) == -2:
                 return "no such tensor"
-            return "[" + ", ".join(str(int(v)) for v in row if int(v) >= 0) + "]"
+            return "[" + ", ".join(str(int(v)) for v in row[1:] if int(v) >= 0) + "]"
 
         for k in range(most):
             rows = [every[r][k] for r in range(self.W)]
@@ -1776,6 +1777,8 @@ class Merger:
             raise ConfigError("model", f"the ranks' models differ at {name!r} (parameters then buffers, in order; "
                                        f"{said}); allowed: the same model on every rank (every rank builds it with "
                                        "the same sizes)")
+        raise ConfigError("model", "the ranks' models differ in their tensors' shapes beyond their first 8 dimensions; "
+                                   "allowed: the same model on every rank (every rank builds it with the same sizes)")
 
     def _same_step_on_every_rank(self, step: int) -> None:
         """A resume from checkpoints of different steps (one rank's file saved later) paired merge events that are

@@ -317,9 +317,16 @@ class Tracker:
     def other_storages(self, storage: str) -> list[str]:
         """The Optuna storages (as the search runs' ``storage`` parameter shows them) of this experiment's earlier
         searches other than ``storage``: one study name searched on two storages logs both into one experiment."""
-        found = self.client.search_runs([self.experiment_id], filter_string="attributes.run_name LIKE 'search-%'",
-                                        max_results=500)
-        return sorted({r.data.params["storage"] for r in found if r.data.params.get("storage") not in (None, storage)})
+        from pathlib import Path
+
+        try:
+            found = self.client.search_runs([self.experiment_id], filter_string="attributes.run_name LIKE 'search-%'",
+                                            max_results=500)
+        except Exception:  # noqa: BLE001 - a server that cannot answer this: nothing to say, the search goes on
+            return []
+        others = {r.data.params["storage"] for r in found if r.data.params.get("storage") not in (None, storage)}
+        # a SQLite file no longer there (the project folder moved) is no other storage
+        return sorted(o for o in others if not o.startswith("sqlite:///") or Path(o[len("sqlite:///"):]).exists())
 
     def start_parent(self, name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
         import os
