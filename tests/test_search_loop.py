@@ -316,6 +316,14 @@ def test_a_resumed_searchs_bar_starts_from_the_studys_best(tmp_path, data_dir):
     assert all(b is not None and b >= best for _, b in seen)  # never below the study's best (accuracy: maximised)
 
 
+def _has_process(db) -> bool:
+    try:
+        with sqlite3.connect(db) as c:
+            return c.execute("select count(*) from trial_user_attributes where key = 'process'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
 @pytest.mark.system
 def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_path, data_dir):
     """kill -9 gives a search no chance to end its MLflow parent run: it said RUNNING for ever in the MLflow UI.
@@ -327,7 +335,10 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--quiet",
                cwd=tmp_path, data_dir=data_dir, wait=False, env_extra={"SLOWMLP_DELAY": "0.04"})
     try:
-        assert wait_for(lambda: running(db) == 1, timeout=600, proc=proc), proc.communicate(timeout=5)
+        # running, and past its start (its heartbeat and its process recorded: killed between Optuna's ask and
+        # those, a trial has neither, and nothing can tell it from a live one)
+        assert wait_for(lambda: running(db) == 1 and _has_process(db), timeout=600, proc=proc), \
+            proc.communicate(timeout=5)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
     finally:
