@@ -316,6 +316,38 @@ def test_a_resumed_searchs_bar_starts_from_the_studys_best(tmp_path, data_dir):
     assert all(b is not None and b >= best for _, b in seen)  # never below the study's best (accuracy: maximised)
 
 
+@pytest.mark.system
+def test_a_trial_left_running_with_no_heartbeat_is_failed_and_asked_again(tmp_path, data_dir):
+    """(A search killed between Optuna's ask and the trial's first heartbeat left a RUNNING trial with neither
+    heartbeat nor process; Optuna never fails such a trial, and a search whose last trial it was slept for ever.) Long
+    after it was asked, it is failed and its policy asked again."""
+    import datetime
+
+    import optuna
+    from optuna.trial import FrozenTrial, TrialState
+
+    f = write_study(tmp_path)
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    args = ["search", "--no-verdict", "--study", str(f), "--sampler", "random", "--quiet"]
+    assert cli(*args, "--n-trials", "1", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    st = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    asked = datetime.datetime.now() - datetime.timedelta(minutes=5)
+    st._storage.create_new_trial(st._study_id, template_trial=FrozenTrial(
+        number=-1, state=TrialState.RUNNING, value=None, datetime_start=asked, datetime_complete=None, params={},
+        distributions={}, user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=-1))
+    proc = cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir, wait=False)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}").get_trials()
+    assert [(t.state.name, t.user_attrs.get("failure"), t.user_attrs.get("retry_of")) for t in trials] == [
+        ("COMPLETE", None, None), ("FAIL", "its process never started it", None), ("COMPLETE", None, 1)]
+
+
 def _has_process(db) -> bool:
     try:
         with sqlite3.connect(db) as c:

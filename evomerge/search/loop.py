@@ -18,7 +18,7 @@ from ..dburls import shown
 from ..errors import ConfigError, RunError
 from .config import SearchConfig
 from .results import best_trials, count_states
-from .storage import check_storage, fail_gone, load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
+from .storage import check_storage, fail_gone, fail_unstarted, load_or_create, open_storage, quiet_optuna, retry_setup, search_lock
 from .trial import Interrupted, bare_record, beat_if_slow, mark_interrupted, run_batch, run_trial
 
 
@@ -117,6 +117,7 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, st
         try:
             with search_lock(cfg, engines):
                 optuna.storages.fail_stale_trials(ostudy)
+                fail_unstarted(ostudy, cfg.grace_period)  # (no heartbeat: Optuna's check never fails them)
                 trials = ostudy.get_trials(deepcopy=False)
                 n_before = len(trials)
                 done = sum(t.state in Done for t in trials)

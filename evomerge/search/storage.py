@@ -162,6 +162,39 @@ def fail_gone(study) -> list[str]:
     return lines
 
 
+UNSTARTED = 60.0  # seconds a running trial may go without its process recorded before it is taken for dead
+
+
+def fail_unstarted(study, grace_period: int = GRACE_PERIOD) -> list[int]:
+    """The running trials with no process recorded (user attributes ``worker`` and ``process``, set in a trial's
+    first seconds) long after they were asked (the grace period, and at least :data:`UNSTARTED` s): a search killed
+    between Optuna's ask and the trial's first heartbeat left it so, and Optuna never fails a trial without a
+    heartbeat, so a search whose last trial it was waited for it for ever. Failed (``failure`` "its process never
+    started it") and asked again (``retry_of``); their numbers. A live process that was that slow to start one finds
+    its trial taken over, as after a stale heartbeat."""
+    import datetime
+
+    import optuna
+    from optuna.trial import TrialState
+
+    now = datetime.datetime.now()
+    late = datetime.timedelta(seconds=max(float(grace_period), UNSTARTED))
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "worker" in t.user_attrs or "process" in t.user_attrs or t.datetime_start is None or \
+                now - t.datetime_start < late:
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failure", "its process never started it")
+            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                continue
+        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            continue
+        _retry_stale(study, t)
+        out.append(t.number)
+    return out
+
+
 # -- the lock ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def search_lock(cfg: "SearchConfig", engine_cache: dict):
