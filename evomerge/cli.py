@@ -535,8 +535,8 @@ def cmd_run(args) -> int:
     setup = _prepare(study, args)
     _setup_notes(study, setup)
     # the strategy the trial ran with, for a replay on its own study (another study's model is not the one it timed)
-    replay = (exported or {}).get("execution") or "" if (exported or {}).get("study") in (None, study.name) \
-        and not changed else ""
+    own = (exported or {}).get("study") in (None, study.name) and not changed
+    replay = ((exported or {}).get("execution") or "") if own else ""
     if replay and getattr(setup.model, "execution_asked", "") == "auto" and replay.split()[0] in ("stacked", "loop"):
         # the strategy the trial ran with: the same numbers, not only the same to float tolerance
         setup.model.execution, setup.model.execution_reason = replay.split()[0], "as the exported trial ran"
@@ -629,14 +629,7 @@ def _changed_since(exported: dict, study) -> str:
     if not isinstance(then, dict) or not isinstance(then.get("summary"), dict):
         return ""
     now = fingerprint.of(study)
-    if then.get("hash") == now["hash"]:
-        return ""
-    from .study import ignored_keys
-
-    env = getattr(study, "environment", None)  # a key its environment ignores may have left the file: no change
-    unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
-    diff = fingerprint.changes(then["summary"], now["summary"], unused)
-    return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+    return "" if then.get("hash") == now["hash"] else fingerprint.changed_since(then["summary"], now["summary"], study)
 
 
 #: what a replay's line calls the metric it holds against the trial's

@@ -1343,6 +1343,7 @@ class Merger:
         step within the last ``timeout``, :mod:`backends.progress`)."""
         t0, pause = time.perf_counter(), 0.0
         pr = self._progress if awaited is not None else None
+        t_watch = -float("inf")
         while True:
             out = ready()
             if out is not None:
@@ -1351,9 +1352,11 @@ class Merger:
                 self._service()
             self._check_stops(what[0])
             try:
-                if pr is not None:
+                now = time.perf_counter()
+                if pr is not None and now - t_watch >= pr.poll_every:  # (the ranks waited for, at the store's pace)
                     pr.watch(awaited())
-                late = time.perf_counter() - t0 > self.timeout and not (pr is not None and pr.moving(awaited()))
+                    t_watch = now
+                late = now - t0 > self.timeout and not (pr is not None and pr.moving(awaited()))
             except RuntimeError:  # the store is gone (with the process that held it)
                 raise self._fail(what[0]) from None
             if late:

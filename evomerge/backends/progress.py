@@ -83,9 +83,8 @@ class Progress:
         """Whether every rank of ``ranks`` (at least one) has told a new step within the last ``timeout`` seconds, as
         far as this rank has looked (the first look counts as a move). Raises RuntimeError if the store is gone."""
         ranks = list(ranks)
+        self.watch(ranks)
         now = time.perf_counter()
-        for r in ranks:
-            self._step_of(r, now)
         return bool(ranks) and all(now - self._seen[r][1] <= self.timeout for r in ranks)
 
     def watch(self, ranks: Iterable[int]) -> None:

@@ -60,16 +60,15 @@ def summary(study: "Study") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for section in ("data", "model", "run"):
         _flat(section, _plain(getattr(study, section)), out)
+    base = study.path.parent if study.path is not None else None
     if study.data.dataset == "text" and not study.data.loader:  # the corpus's content (evomerge.text)
         from .. import text
 
-        base = study.path.parent if study.path is not None else None
         out["data.text_digest"] = study.data.sha256 or text.digest(text.root_of(study.data, base))
     # the user's own code beside the study (a model factory, a loader, a loss): its source, so that an edited
     # model file under the old study name is a change (the data a loader reads are not hashed)
     from ..userref import source_digest
 
-    base = study.path.parent if study.path is not None else None
     for field, ref in (("model.factory", study.model.factory), ("data.loader", study.data.loader),
                        ("run.loss", study.run.loss)):
         code = source_digest(ref, base) if ref else None
@@ -117,6 +116,17 @@ def _show(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (dict, list, str)) else str(v)  # "16" -> 16: a string became a number
 
 
+def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -> str:
+    """What changed from the summary ``stored`` to ``now`` (``study``'s), in words (the first three and how many more;
+    an ``[environment]`` key the study's environment ignores may have left the file: no change); empty if nothing."""
+    from ..study import ignored_keys
+
+    env = getattr(study, "environment", None)
+    unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
+    diff = changes(stored, now, unused)
+    return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+
+
 def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
     """Refuse, in one line, to search a stored study whose fingerprint differs from the study file's;
     store the fingerprint when the stored study has none (or lacks fields added since)."""
@@ -125,13 +135,8 @@ def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
     if stored and stored.get("hash") == current["hash"]:
         return
     if stored:
-        from ..study import ignored_keys
-
-        env = getattr(cfg.study, "environment", None)  # a key it ignores may have been taken out of the file since
-        unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
-        diff = changes(stored.get("summary", {}), current["summary"], unused)
-        if diff:
-            shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+        shown = changed_since(stored.get("summary", {}), current["summary"], cfg.study)
+        if shown:
             afresh = "--runs-dir" if cfg.default_store else "--storage"
             raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trials; "
                                                          f"use another [study] name or {afresh} to start afresh")

@@ -117,8 +117,9 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, st
         try:
             with search_lock(cfg, engines):
                 optuna.storages.fail_stale_trials(ostudy)
-                fail_unstarted(ostudy, cfg.grace_period)  # (no heartbeat: Optuna's check never fails them)
                 trials = ostudy.get_trials(deepcopy=False)
+                if fail_unstarted(ostudy, trials, cfg.grace_period):  # (no heartbeat: Optuna's check never fails them)
+                    trials = ostudy.get_trials(deepcopy=False)
                 n_before = len(trials)
                 done = sum(t.state in Done for t in trials)
                 running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)

@@ -139,7 +139,6 @@ def fail_gone(study) -> list[str]:
     was gone") and their parameters asked again (``retry_of``), as Optuna's stale-trial check does once the grace
     period has passed (a resumed search waited that long, saying nothing). A trial of another machine, or whose
     process still runs, is left to the heartbeats. One line for each, for the search's start."""
-    import optuna
     from optuna.trial import TrialState
 
     from ..procs import still_running
@@ -147,52 +146,47 @@ def fail_gone(study) -> list[str]:
     lines = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         tag = t.user_attrs.get("process", "")
-        if still_running(tag) is not False:
-            continue
-        try:
-            study._storage.set_trial_user_attr(t._trial_id, "failure", "its process was gone")
-            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                continue
-        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):  # another search failed it first
-            continue
-        _retry_stale(study, t)
-        pid = tag.split("/")[2]
-        lines.append(f"trial {t.number} was left running by a search process that is gone (pid {pid}); failed, and "
-                     "its policy asked again")
+        if still_running(tag) is False and _fail_and_retry(study, t, "its process was gone"):
+            lines.append(f"trial {t.number} was left running by a search process that is gone (pid "
+                         f"{tag.split('/')[2]}); failed, and its policy asked again")
     return lines
+
+
+def _fail_and_retry(study, trial, why: str) -> bool:
+    """Fail a running trial (user attribute ``failure``: ``why``) and ask its parameters again (``retry_of``); False
+    where another search failed it first."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study._storage.set_trial_user_attr(trial._trial_id, "failure", why)
+        if not study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+            return False
+    except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        return False
+    _retry_stale(study, trial)
+    return True
 
 
 UNSTARTED = 60.0  # seconds a running trial may go without its process recorded before it is taken for dead
 
 
-def fail_unstarted(study, grace_period: int = GRACE_PERIOD) -> list[int]:
+def fail_unstarted(study, trials, grace_period: int = GRACE_PERIOD) -> list[int]:
     """The running trials with no process recorded (user attributes ``worker`` and ``process``, set in a trial's
     first seconds) long after they were asked (the grace period, and at least :data:`UNSTARTED` s): a search killed
     between Optuna's ask and the trial's first heartbeat left it so, and Optuna never fails a trial without a
     heartbeat, so a search whose last trial it was waited for it for ever. Failed (``failure`` "its process never
-    started it") and asked again (``retry_of``); their numbers. A live process that was that slow to start one finds
-    its trial taken over, as after a stale heartbeat."""
+    started it") and asked again (``retry_of``); their numbers. ``trials``: the study's, as just read. A live process
+    that was that slow to start one finds its trial taken over, as after a stale heartbeat."""
     import datetime
 
-    import optuna
     from optuna.trial import TrialState
 
     now = datetime.datetime.now()
     late = datetime.timedelta(seconds=max(float(grace_period), UNSTARTED))
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if "worker" in t.user_attrs or "process" in t.user_attrs or t.datetime_start is None or \
-                now - t.datetime_start < late:
-            continue
-        try:
-            study._storage.set_trial_user_attr(t._trial_id, "failure", "its process never started it")
-            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                continue
-        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-            continue
-        _retry_stale(study, t)
-        out.append(t.number)
-    return out
+    return [t.number for t in trials if t.state == TrialState.RUNNING and "worker" not in t.user_attrs
+            and "process" not in t.user_attrs and t.datetime_start is not None and now - t.datetime_start >= late
+            and _fail_and_retry(study, t, "its process never started it")]
 
 
 # -- the lock ---------------------------------------------------------------------------------
