@@ -302,10 +302,12 @@ def _group_by(values: list) -> dict:
     return out
 
 
-def _done_by(work: _Pending, deadline: float) -> bool:
+def _done_by(work: _Pending, deadline: float, tick=None) -> bool:
     """Poll ``work`` until it is done (True) or ``deadline`` (``time.perf_counter()``) passes or its connection closes
-    (False)."""
+    (False); ``tick()`` between polls, if given."""
     while True:
+        if tick is not None:
+            tick()
         try:
             if work.done():
                 return True
@@ -541,6 +543,7 @@ class Merger:
             else self.dev
         if self._follower:  # merges are the leader's: this rank takes its worker's model when it changes
             self.accum, self._hook, self._trace, self.t, self.merges = None, None, None, 0, 0
+            self._share_progress()
             self._sync_worker(force=True)
             return
         self.accum = [torch.zeros_like(b, dtype=torch.float32) for b in self.blocks] \
@@ -646,6 +649,7 @@ class Merger:
         self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
         self._t_last = time.perf_counter()
         if worker_group is not None:
+            self._share_progress()
             self._sync_worker(force=True)
 
     @staticmethod
@@ -777,7 +781,7 @@ class Merger:
         all-reduce, and every rank said "rank ? did not answer", or gloo aborted the process."""
         self._stop_out = self._send_stops(EARLY + self.t)
         deadline = time.perf_counter() + self.timeout
-        missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline)}
+        missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline, self._waiting)}
         told = {r: float(buf[0]) for r, (work, buf) in self._stop_in.items() if r not in missing}
         if not missing and all(v == EARLY + self.t for v in told.values()):
             for work in self._stop_out:
@@ -912,6 +916,38 @@ class Merger:
         except MergerError:  # they are gone too: the leader's own line stands
             pass
 
+    def _share_progress(self) -> None:
+        """Inside this rank's worker, once: the leader tells its other ranks where it says that it waits (its Merger's
+        keys in the store and its place among the leaders, :meth:`backends.progress.Progress.pulse`; 0: nowhere), so
+        that they wait for its broadcast as long as it waits inside the Merger (at the end, for a slow worker), and
+        name it once it has done neither for ``timeout``."""
+        pr = None if self._follower else self._progress
+        said = torch.tensor([0 if pr is None else pr.run, max(self.rank, 0)], dtype=torch.int64, device=self.wire_dev)
+        self._in_worker(lambda: dist.broadcast(said, src=self._leader, group=self.worker_group, async_op=True))
+        self._lead = None  # a follower's view of its leader's waits, and the leader's place
+        if self._follower and int(said[0]):
+            store = progress_mod.default_store()
+            if store is not None:
+                self._lead = (progress_mod.Progress(store, int(said[0]), -1, self.W, self.timeout), int(said[1]))
+
+    def _waiting(self) -> None:
+        """A worker's leader waits inside the Merger (a bounded wait): told to the store at most every beat, for its
+        worker's other ranks (:meth:`_share_progress`)."""
+        if self.worker_group is not None and self._progress is not None:
+            self._progress.pulse()
+
+    def _leader_waits(self) -> bool:
+        """On a worker's other rank, waiting for its leader's broadcast: whether the leader has said within the last
+        ``timeout`` that it waits inside the Merger (its waits are bounded: one that ends badly is told to this rank;
+        the store is read at its pace)."""
+        lead = getattr(self, "_lead", None)  # (None before the leader said where, and without a store)
+        if lead is None:
+            return False
+        try:
+            return lead[0].moving([lead[1]], "wait")
+        except RuntimeError:  # the store is gone (with the process that held it)
+            return False
+
     def _sync_worker(self, force: bool = False) -> None:
         """Inside this rank's worker: the leader says whether a merge changed its model since the last time (a
         one-float flag: 1 with ``force``; :data:`WORKER_STOPPED` when the leader stopped, its line after it), and if
@@ -950,7 +986,8 @@ class Merger:
             work = start()
             t0 = time.perf_counter()
             while not work.is_completed():
-                if time.perf_counter() - t0 > self.timeout:
+                waits = self._follower and self._leader_waits()  # (its leader waits for others: so does it)
+                if time.perf_counter() - t0 > self.timeout and not waits:
                     ranks = dist.get_process_group_ranks(self.worker_group)
                     raise _in_worker_error(f"the ranks of worker {ranks} did not all answer for {self.timeout:g} s "
                                            f"(step {self.t}); stopped")
@@ -1351,6 +1388,7 @@ class Merger:
             if self.overlap != "lockstep" and not self._closing:
                 self._service()
             self._check_stops(what[0])
+            self._waiting()
             try:
                 now = time.perf_counter()
                 if pr is not None and now - t_watch >= pr.poll_every:  # (the ranks waited for, at the store's pace)
@@ -1392,7 +1430,7 @@ class Merger:
             self._stop_out = self._send_stops(1.0)
         deadline = time.perf_counter() + self.timeout
         # those that never sent theirs, or whose connection closed
-        missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline)}
+        missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline, self._waiting)}
         left = {r for r, (work, buf) in self._stop_in.items() if r not in missing and float(buf[0]) == LEFT}
         # the stop messages out before this rank leaves: a caller that ends its process at once (os._exit, as a
         # broken process group asks) would otherwise drop a message still queued, and a rank that is alive would be
@@ -1555,7 +1593,7 @@ class Merger:
             if now - polled[0] >= polled[1]:  # the store read at most every 1 ms, growing to every 0.1 s
                 polled[0], polled[1] = now, min(0.1, polled[1] * 1.5)
                 try:
-                    got.update(pr.arrived(n, missing()))
+                    got.update(pr.arrived(n))
                 except RuntimeError:
                     raise self._fail(what) from None
             return True if len(got) == self.W else None
@@ -1566,7 +1604,7 @@ class Merger:
         except MergerError as e:  # a rank that found the ranks ending otherwise may have left before this one read it
             failed = e
             try:
-                got.update(pr.arrived(n, missing()))
+                got.update(pr.arrived(n))
             except RuntimeError:
                 pass
             if len(got) < self.W:
@@ -2032,6 +2070,7 @@ class Merger:
             except RuntimeError:
                 raise self._fail(what) from None
             self._check_stops(what)
+            self._waiting()
             if time.perf_counter() - t0 > self.timeout:
                 raise self._fail(what, f"for {self.timeout:g} s")
             pause = min(0.002, pause + 0.0001)

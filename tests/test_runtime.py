@@ -696,6 +696,29 @@ def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, t
 
 
 @pytest.mark.system
+def test_a_workers_other_rank_waits_for_its_leader_while_the_leader_waits_for_a_slow_worker(folder, data_dir,
+                                                                                            tmp_path):
+    """2 workers of 2 ranks; worker 1 (ranks 2 and 3, DDP inside) 12x slower, so worker 0's leader waits for it at
+    finish() for more than two timeouts (1.5 s), as long as it steps. Its other rank, rank 1, waited for its leader
+    at most one timeout and said `the ranks of worker [0, 1] did not all answer`; now it waits while its leader does
+    (the leader tells the store it is waiting), and all four ranks end with one consensus."""
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "user_mlp.py").write_text(USER_MLP)
+    (d / "study.toml").write_text(STUDY.replace("workers = 4", "workers = 2"))
+    (d / "ring-push-pull.json").write_text(json.dumps(POLICIES["ring-push-pull"]))
+    out = tmp_path / "out"
+    ranks = launch(d, data_dir, out, *policies(d, ["ring-push-pull"]), "--worker-size", 2, "--overlap", "nonblocking",
+                   "--step-sleep", 0.01, "--slow-rank", 2, "--slow-factor", 12, "--timeout", 1.5, timeout=180,
+                   env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    assert [r.returncode for r in ranks] == [0] * 4, [r.stderr[-2000:] for r in ranks]
+    seconds = [result(out, 0, r)["seconds"] for r in range(4)]
+    assert min(seconds[2:]) - max(seconds[:2]) > 2 * 1.5, seconds  # worker 0 waited that long at the end
+    got = [result(out, 0, r)["consensus"] for r in range(4)]
+    assert all(torch.equal(got[0], g) for g in got[1:])
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("name", ["fedavg", "streaming-diloco"])
 def test_a_rank_whose_data_ran_out_first_is_named_with_its_step_and_an_early_stop_everywhere_ends(
         folder, data_dir, tmp_path, name):

@@ -6,7 +6,9 @@ checkpoint (``state_dict``, ``close``) the others wait for it, and a wait bounde
 ended healthy runs whose slow rank was more than ``timeout`` behind (``rank 1 did not answer``). Here every rank adds
 its step count to the store at most every :data:`BEAT` (a quarter of the timeout, at most 5 s), and a rank that
 waits for others keeps waiting as long as each one it waits for has moved within the last ``timeout``: a hung rank
-is still named a ``timeout`` after its last step. The ranks also meet here (:meth:`Progress.arrive`): each says its
+is still named a ``timeout`` after its last step. A worker's leader (``Merger(worker_group=...)``) also tells, while
+it waits inside the Merger (for a slow worker at the end, a peer's payload), that it is waiting (:meth:`Progress.pulse`):
+its worker's other ranks, which wait for its broadcast, keep waiting while it does. The ranks also meet here (:meth:`Progress.arrive`): each says its
 step once it is at the end (``finish``, ``close``), in place of a collective bounded by the process group's timeout.
 
 The store is the process group's (``dist.distributed_c10d._get_default_store()``: torchrun's, or the one
@@ -51,13 +53,17 @@ class Progress:
         import torch.distributed as dist
 
         self.store = dist.PrefixStore(f"evomerge/{run}/", store)
-        self.rank, self.W, self.timeout = rank, W, timeout
+        self.run, self.rank, self.W, self.timeout = run, rank, W, timeout
         self.beat_every = min(max(timeout / 4, 0.01), 5.0)
-        self.poll_every = min(max(timeout / 8, 0.01), 1.0)
-        self._told, self._t_told = 0, -float("inf")
-        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its step count, when it was first seen)
-        self._t_polled: dict[int, float] = {}
+        # each rank's count read at most this often: a quarter of the timeout tells a silent rank in time, and keeps
+        # the reads of W ranks each watching the others (at the run's end) to W^2 / (timeout / 4) a second
+        self.poll_every = min(max(timeout / 4, 0.01), 15.0)
+        self._told, self._t_told, self._t_pulsed = 0, -float("inf"), -float("inf")
+        # (what, rank) -> (its count, when it was first seen); what: "step" (steps told), "wait" (waits told)
+        self._seen: dict[tuple[str, int], tuple[int, float]] = {}
+        self._t_polled: dict[tuple[str, int], float] = {}
         self._meets = 0  # meetings held (every rank holds them at the same points)
+        self._counted: dict[int, int] = {}  # meeting -> the count at this rank's last read of its list
 
     def beat(self, step: int) -> None:
         """This rank is at ``step``: told to the store, at most every :attr:`beat_every` seconds. A store that cannot
@@ -71,42 +77,59 @@ class Progress:
             return
         self._told, self._t_told = step, now
 
-    def _step_of(self, r: int, now: float) -> None:
-        if now - self._t_polled.get(r, -float("inf")) < self.poll_every:
-            return
-        self._t_polled[r] = now
-        n = int(self.store.add(f"step/{r}", 0))
-        if r not in self._seen or self._seen[r][0] != n:
-            self._seen[r] = (n, now)
-
-    def moving(self, ranks: Iterable[int]) -> bool:
-        """Whether every rank of ``ranks`` (at least one) has told a new step within the last ``timeout`` seconds, as
-        far as this rank has looked (the first look counts as a move). Raises RuntimeError if the store is gone."""
-        ranks = list(ranks)
-        self.watch(ranks)
+    def pulse(self) -> None:
+        """This rank is waiting inside the Merger, for ranks that answer or step (each wait is bounded): told to the
+        store at most every :attr:`beat_every` seconds, for its worker's other ranks (``moving(..., "wait")``)."""
         now = time.perf_counter()
-        return bool(ranks) and all(now - self._seen[r][1] <= self.timeout for r in ranks)
+        if now - self._t_pulsed < self.beat_every:
+            return
+        try:
+            self.store.add(f"wait/{self.rank}", 1)
+        except Exception:  # noqa: BLE001 - as beat()
+            return
+        self._t_pulsed = now
 
-    def watch(self, ranks: Iterable[int]) -> None:
-        """Look at ``ranks``' step counts (at most every :attr:`poll_every` seconds each), so that a later
-        :meth:`moving` knows when each last moved."""
+    def _count_of(self, what: str, r: int, now: float) -> None:
+        key = (what, r)
+        if now - self._t_polled.get(key, -float("inf")) < self.poll_every:
+            return
+        self._t_polled[key] = now
+        n = int(self.store.add(f"{what}/{r}", 0))
+        if key not in self._seen or self._seen[key][0] != n:
+            self._seen[key] = (n, now)
+
+    def moving(self, ranks: Iterable[int], what: str = "step") -> bool:
+        """Whether every rank of ``ranks`` (at least one) has told a new step (``what="wait"``: that it still waits
+        inside the Merger) within the last ``timeout`` seconds, as far as this rank has looked (the first look counts
+        as a move). Raises RuntimeError if the store is gone."""
+        ranks = list(ranks)
+        self.watch(ranks, what)
+        now = time.perf_counter()
+        return bool(ranks) and all(now - self._seen[(what, r)][1] <= self.timeout for r in ranks)
+
+    def watch(self, ranks: Iterable[int], what: str = "step") -> None:
+        """Look at ``ranks``' step counts (or wait counts) at most every :attr:`poll_every` seconds each, so that a
+        later :meth:`moving` knows when each last moved."""
         now = time.perf_counter()
         for r in ranks:
-            self._step_of(r, now)
+            self._count_of(what, r, now)
 
     def arrive(self, value: int) -> int:
-        """This rank is at a meeting (the run's end, a checkpoint), with ``value`` (its step): told to the store.
-        Returns the meeting's number, for :meth:`arrived`."""
+        """This rank is at a meeting (the run's end, a checkpoint), with ``value`` (its step): appended to the
+        meeting's list in the store, then counted. Returns the meeting's number, for :meth:`arrived`."""
         n = self._meets
         self._meets += 1
-        self.store.add(f"meet/{n}/{self.rank}", int(value) + 1)
+        self.store.append(f"meet/{n}/list", f"{self.rank}:{int(value)};")
+        self.store.add(f"meet/{n}/count", 1)
         return n
 
-    def arrived(self, n: int, ranks: Iterable[int]) -> dict[int, int]:
-        """Those of ``ranks`` at meeting ``n`` so far, with their values."""
-        out = {}
-        for r in ranks:
-            v = int(self.store.add(f"meet/{n}/{r}", 0))
-            if v:
-                out[r] = v - 1
-        return out
+    def arrived(self, n: int) -> dict[int, int]:
+        """The ranks at meeting ``n`` so far, with their values: one read of the meeting's count, and of its list
+        when the count has grown since the last call (not a read per rank: a meeting of W ranks polled by each is
+        O(W) reads a poll, not W squared)."""
+        count = int(self.store.add(f"meet/{n}/count", 0))
+        if count == self._counted.get(n, 0):
+            return {}
+        self._counted[n] = count
+        said = self.store.get(f"meet/{n}/list").decode().split(";")
+        return {int(r): int(v) for r, v in (x.split(":") for x in said if x)}

@@ -1,0 +1,64 @@
+"""The ranks' progress in torch.distributed's key-value store (evomerge/backends/progress.py), on a real TCPStore:
+several Progress objects on one store stand for the ranks (each holds only its own rank's view, as in a run)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+import torch.distributed as dist
+
+from evomerge.backends import progress as progress_mod
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def store():
+    s = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    yield s
+    del s
+
+
+def test_a_meeting_tells_each_rank_who_is_there_with_its_value_and_reads_nothing_new_while_no_one_came(store):
+    run = progress_mod.next_run(store)
+    ranks = [progress_mod.Progress(store, run, r, 3, timeout=1.0) for r in range(3)]
+    n = ranks[0].arrive(41)
+    assert ranks[1].arrived(n) == {0: 41}
+    assert ranks[1].arrived(n) == {}  # the count has not grown: nothing new (one read, not one per rank)
+    assert ranks[1].arrive(7) == n
+    assert ranks[2].arrived(n) == {0: 41, 1: 7}
+    assert ranks[2].arrive(0) == n
+    assert ranks[0].arrived(n) == {0: 41, 1: 7, 2: 0}
+    # the next meeting starts empty; another Merger's (a new run number) does not see this one's
+    m = ranks[0].arrive(5)
+    assert m == n + 1 and ranks[1].arrived(m) == {0: 5}
+    other = progress_mod.Progress(store, progress_mod.next_run(store), 1, 3, timeout=1.0)
+    assert other.arrived(0) == {} and other.arrive(3) == 0 and other.arrived(0) == {1: 3}
+
+
+def test_a_rank_that_steps_or_waits_is_moving_and_a_silent_one_stops_moving_after_the_timeout(store):
+    run = progress_mod.next_run(store)
+    timeout = 0.4
+    a, b = (progress_mod.Progress(store, run, r, 2, timeout=timeout) for r in range(2))
+    assert b.moving([0]) and b.moving([0], "wait")  # the first look counts as a move
+    t0 = time.perf_counter()
+    step = 0
+    while time.perf_counter() - t0 < 3 * timeout:  # rank 0 steps: rank 1 sees it move throughout
+        step += 1
+        a.beat(step)
+        assert b.moving([0]), step
+        time.sleep(0.01)
+    time.sleep(timeout + 2 * b.poll_every)  # silent: no longer moving
+    assert not b.moving([0])
+    # rank 0 waits inside the Merger (a worker's leader): its waits are told apart from its steps
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 3 * timeout:
+        a.pulse()
+        assert b.moving([0], "wait")
+        time.sleep(0.01)
+    assert not b.moving([0])  # no step all the while
+    time.sleep(timeout + 2 * b.poll_every)
+    assert not b.moving([0], "wait")
+    assert not b.moving([])  # no rank: nothing to wait for
