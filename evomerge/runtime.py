@@ -750,6 +750,7 @@ class Merger:
         self._ended = "finish"
         if self._follower:
             self._sync_worker(force=True)
+            self._let_lead_go()
             return self.model
         return self._leading(self._finish)
 
@@ -929,6 +930,12 @@ class Merger:
             store = progress_mod.default_store()
             if store is not None:
                 self._lead = (progress_mod.Progress(store, int(said[0]), -1, self.W, self.timeout), int(said[1]))
+
+    def _let_lead_go(self) -> None:
+        """A worker's other rank at its end: its view of its leader's waits is done (its store calls' thread ends)."""
+        if getattr(self, "_lead", None) is not None:
+            self._lead[0].close()
+            self._lead = None
 
     def _waiting(self) -> None:
         """A worker's leader waits inside the Merger (a bounded wait): told to the store at most every beat, for its
@@ -1772,7 +1779,7 @@ class Merger:
         # and the progress keys (backends.progress): rank 0 draws this Merger's number; every rank says whether it
         # reaches the store (progress is told only where all do)
         store = progress_mod.default_store()
-        run = progress_mod.next_run(store) if self.rank == 0 else 0
+        run = progress_mod.next_run(store, self.timeout) if self.rank == 0 else 0
         mine = torch.tensor([self.seed, self.T, int.from_bytes(digest[:7], "big"), run, int(store is not None),
                              len(self.layout.layout), int.from_bytes(shapes[:7], "big")],
                             dtype=torch.int64, device=self.wire_dev)
@@ -2098,6 +2105,7 @@ class Merger:
         before the process ends, so that no receive is left waiting."""
         self._ended = "close"
         if self._follower:
+            self._let_lead_go()
             return
         self._drain(final=False)
         self._release()
@@ -2156,6 +2164,8 @@ class Merger:
         for x in self._pending:
             x.join(max(0.0, deadline - time.perf_counter()))
         self._pending = []
+        if self._progress is not None:
+            self._progress.close()
         self._exit_hook_off()
         if self._hook is not None:
             self._hook.remove()

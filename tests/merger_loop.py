@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,10 @@ def main() -> int:
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops stepping (sleeps) at --hang-at")
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--hang-for", type=float, default=0.0, help="seconds it sleeps there")
+    ap.add_argument("--freeze-rank", type=int, default=-1, help="this rank stops its whole process (SIGSTOP, as a "
+                                                                "frozen node: its threads too) at --freeze-at")
+    ap.add_argument("--freeze-at", type=int, default=0)
+    ap.add_argument("--freeze-for", type=float, default=0.0, help="seconds until a SIGCONT wakes it")
     ap.add_argument("--with", dest="with_", action="store_true", help="the loop inside `with merger:` (deploy.md's "
                                                                      "form): a MergerError leaves through __exit__")
     ap.add_argument("--stop-at", type=int, default=0, help="stop after this many steps and save a checkpoint")
@@ -128,6 +133,10 @@ def main() -> int:
                     break  # its loader ran out: on to finish()
                 if t == args.die_at and rank == args.die_rank:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if t == args.freeze_at and rank == args.freeze_rank:
+                    (out / f"frozen-{rank}.json").write_text(f'{{"at": {time.time()}}}')
+                    subprocess.Popen(["sh", "-c", f"sleep {args.freeze_for}; kill -CONT {os.getpid()}"])
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if t == args.hang_at and rank == args.hang_rank:
                     time.sleep(args.hang_for)  # alive, not stepping: a hung rank (a deadlock, a stuck loader)
                 if args.stop_at and t == args.stop_at and args.stop_rank in (-1, rank):
@@ -166,8 +175,9 @@ def main() -> int:
     except evomerge.MergerError as e:
         if args.with_:  # what `with merger:` does with the error on its way out
             merger.__exit__(type(e), e, e.__traceback__)
-        if "t_loop_end" in locals():  # when the loop ended, and when the error reached the caller (wall clock)
-            (out / f"error-{rank}.json").write_text(f'{{"loop_end": {t_loop_end}, "error": {time.time()}}}')
+        # when the loop ended (null: in the loop), and when the error reached the caller (wall clock)
+        ended = t_loop_end if "t_loop_end" in locals() else "null"
+        (out / f"error-{rank}.json").write_text(f'{{"loop_end": {ended}, "error": {time.time()}}}')
         # the process group is broken: say why in one line and leave without tearing it down
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(1)

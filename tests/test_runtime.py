@@ -696,6 +696,24 @@ def test_a_worker_of_two_ranks_with_ddp_inside_merges_as_one(folder, data_dir, t
 
 
 @pytest.mark.system
+def test_a_frozen_rank_holding_the_store_is_named_by_the_others_within_the_timeout(folder, data_dir, tmp_path):
+    """Under init_process_group with MASTER_ADDR (no torchrun agent) rank 0's process holds the key-value store the
+    ranks tell their progress through. Rank 0 frozen (SIGSTOP: its store's thread too) at step 10: rank 1 blocked in
+    a store call for ever. Now it names rank 0 within a few timeouts (3 s), long before rank 0 wakes (25 s)."""
+    out = tmp_path / "frozen"
+    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull"]), "--overlap", "nonblocking",
+                   "--step-sleep", 0.05, "--freeze-rank", 0, "--freeze-at", 10, "--freeze-for", 25, "--timeout", 3,
+                   world=2, timeout=180, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    lines = [ln for ln in ranks[1].stderr.splitlines() if ln.strip()]
+    assert ranks[1].returncode == 1 and len(lines) == 1 and re.fullmatch(
+        r"error: rank 0 did not answer.*; stopped", lines[0]), ranks[1].stderr[-2000:]
+    frozen = json.loads((out / "frozen-0.json").read_text())["at"]
+    took = json.loads((out / "error-1.json").read_text())["error"] - frozen
+    assert took < 30 * 0.05 + 5 * 3, took  # its steps left, then a wait, a store call and a roll call (a timeout each)
+    assert ranks[0].returncode == 1, ranks[0].stderr[-2000:]  # awake: it learns the run stopped
+
+
+@pytest.mark.system
 def test_a_workers_other_rank_waits_for_its_leader_while_the_leader_waits_for_a_slow_worker(folder, data_dir,
                                                                                             tmp_path):
     """2 workers of 2 ranks; worker 1 (ranks 2 and 3, DDP inside) 12x slower, so worker 0's leader waits for it at
