@@ -893,21 +893,39 @@ class _talking:
         return False
 
 
-def measure(args, progress: Progress) -> Measured | None:
-    """This rank's part of the calibration (the process group is initialised); rank 0 returns the figures."""
+def load(args):
+    """The study and its setup (model, data), as this rank trains them; ConfigError if they cannot be had."""
+    from .engine.setup import prepare
+    from . import study as study_mod
+
+    st = study_mod.load(args.study, calibrating=True)
+    return st, prepare(st, data_dir=args.data_dir)
+
+
+def refusals(refused: str | None, timeout: float) -> dict[int, str]:
+    """Every rank's refusal of the calibration (its options, its study, its data), gathered once the ranks have
+    joined: so that every rank leaves at once when one refuses, under a launcher that does not end the others (netlab,
+    a script, srun), where the others waited for it up to --timeout and printed a C++ stack. {rank: its line}."""
+    import torch.distributed as dist
+
+    everyone = [None] * dist.get_world_size()
+    with _talking():
+        dist.all_gather_object(everyone, refused)
+    return {r: line for r, line in enumerate(everyone) if line is not None}
+
+
+def measure(args, progress: Progress, st, setup) -> Measured | None:
+    """This rank's part of the calibration (the process group is initialised; ``st`` and ``setup`` from
+    :func:`load`); rank 0 returns the figures."""
     import socket
 
     import torch
     import torch.distributed as dist
 
-    from .engine.setup import prepare
     from .models import float32_bytes
-    from . import study as study_mod
 
     rank, W = dist.get_rank(), dist.get_world_size()
     dev = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
-    st = study_mod.load(args.study, calibrating=True)
-    setup = prepare(st, data_dir=args.data_dir)
     nbytes = float32_bytes(setup.model)
     progress.at("the start of the timed steps")
     with _talking():
@@ -973,13 +991,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    refused = None  # this rank's refusal of the options: told to the others once the ranks have joined
     try:
         check_options(args, writes=rank == 0)
         check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
-    except ConfigError as e:  # the options, which every rank reads alike: rank 0 says why
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+    except ConfigError as e:
+        refused = str(e)
     try:
         from datetime import timedelta
 
@@ -1001,6 +1018,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
         return 2
     except torch.distributed.DistError as e:
+        if refused is not None:  # (the others may have left on it already)
+            if rank == 0:
+                print(f"error: {refused}", file=sys.stderr, flush=True)
+            return 2
         line = _one_line(e)
         if "timed out" in line.lower() or "timeout" in line.lower():  # a rank that never joined (dead or stopped)
             print(f"error: rank {rank}: the ranks did not all join the process group within --timeout "
@@ -1011,10 +1032,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.environ.get('MASTER_PORT')} ({line})", file=sys.stderr, flush=True)
         return 1
     try:
+        if refused is None:  # the study and its data: every rank reads them alike, and each says whether it can
+            try:
+                st, setup = load(args)
+            except ConfigError as e:
+                refused = str(e)
+        progress.at("the ranks' checks of the options and the study")
+        said = refusals(refused, args.timeout)
+        if said:  # one line, rank 0's (a rank's own where it alone refused), and every rank leaves with status 2
+            if rank == 0:
+                line = said.get(0) or next(f"rank {r}: {x}" for r, x in sorted(said.items()))
+                print(f"error: {line}", file=sys.stderr, flush=True)
+            dist.destroy_process_group()
+            return 2
         if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own)
             with _talking():
                 apply_threads(ranks_on_this_machine())
-        m = measure(args, progress)
+        m = measure(args, progress, st, setup)
         if deadline is not None:  # measured in time: the file, the last barrier (timed by --timeout) and the end
             deadline.cancel()
         if m is not None:
