@@ -2,7 +2,8 @@
 
 Files are looked up in ``data_dir`` (``--data-dir``), then ``$EVOMERGE_DATA_DIR``,
 then the user cache (``$XDG_CACHE_HOME/evomerge`` or ``~/.cache/evomerge``), then
-system places (Debian's ``/usr/share/datasets``). In each directory ``D`` a dataset
+system places (Debian's ``/usr/share/datasets``); a ``data_dir`` given that is no folder is refused (it
+fell through to the next places in silence). In each directory ``D`` a dataset
 ``name`` is read from ``D/name/`` or, when ``D`` itself is called ``name``, from
 ``D``. Missing files are downloaded into the user cache with checksum checks when the
 network allows; otherwise a one-line error says which files to put where.
@@ -197,6 +198,9 @@ def download(spec: DatasetSpec, dest: Path, timeout: float = 20.0) -> Path:
 
 
 def locate(spec: DatasetSpec, data_dir: str | Path | None = None, allow_download: bool = True) -> Path:
+    if data_dir and not Path(data_dir).is_dir():  # (a mistyped folder fell through to $EVOMERGE_DATA_DIR in silence)
+        raise ConfigError("--data-dir", f"{data_dir}: no such folder; allowed: a folder holding {spec.name}/ (or "
+                                        "leave it out: $EVOMERGE_DATA_DIR, the user cache, then system places)")
     dirs = candidate_dirs(spec, data_dir)
     found = _find(spec, dirs)
     if found is not None:

@@ -54,6 +54,19 @@ def test_a_json_file_that_cannot_be_written_is_one_line_before_any_work(tmp_path
     assert not (tmp_path / "runs").exists()  # nothing ran, nothing stored
 
 
+@pytest.mark.integration
+def test_a_data_dir_that_does_not_exist_is_one_line_even_where_the_environment_has_the_data(tmp_path, data_dir,
+                                                                                           tiny_study_file):
+    """(A mistyped --data-dir fell through to $EVOMERGE_DATA_DIR in silence: the run went on with other files than
+    the user named.)"""
+    p = evomerge("run", "--study", str(tiny_study_file), "--policy", "ring-gossip", "--data-dir",
+                 str(tmp_path / "nosuch"), data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
+    assert p.stderr.strip().splitlines() == [f"error: --data-dir: {tmp_path / 'nosuch'}: no such folder; allowed: a "
+                                             "folder holding mnist/ (or leave it out: $EVOMERGE_DATA_DIR, the user "
+                                             "cache, then system places)"], p.stderr
+
+
 @pytest.mark.system
 def test_json_to_a_file_that_stands_for_a_stream_is_written(tmp_path, data_dir, tiny_study_file):
     """`--json /dev/stdout`, or a shell's `--json >(jq .)`: a file that exists in a folder that takes none (the check

@@ -84,6 +84,7 @@ def test_missing_files_give_one_line_naming_files_and_place(tmp_path, monkeypatc
     monkeypatch.delenv("EVOMERGE_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     spec = data.DatasetSpec(name="mnist", files=data.get_spec("mnist").files, urls=("http://127.0.0.1:9/",))
+    (tmp_path / "empty").mkdir()
     with pytest.raises(DataNotFoundError) as e:
         data.locate(spec, tmp_path / "empty", allow_download=True)
     msg = str(e.value)
@@ -109,6 +110,7 @@ def test_download_verifies_checksums(tmp_path, monkeypatch, data_dir, mnist_serv
     files = data.get_spec("mnist").files
     good = {f: "sha256:" + hashlib.sha256((data_dir / "mnist" / f).read_bytes()).hexdigest() for f in files.values()}
     spec = data.DatasetSpec(name="mnist", files=files, checksums=good, urls=(mnist_server,))
+    (tmp_path / "nothing-here").mkdir()
     d = data.locate(spec, tmp_path / "nothing-here")
     assert d == tmp_path / "cache" / "evomerge" / "mnist"
     assert data.read_idx(d / "train-labels-idx1-ubyte.gz")[:3].tolist() == [5, 0, 4]
