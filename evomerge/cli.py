@@ -751,7 +751,25 @@ def _load_stored(args, ref: str | None = None):
     elif changed:
         print(f"note: {on_disk}, the file {name!r} was searched from, has changed since; using the definition stored "
               "with its trials", file=sys.stderr)
+    _note_files_changed(name, stored, definition.get("fingerprint"))
     return stored
+
+
+def _note_files_changed(name: str, stored, then: dict | None) -> None:
+    """One line when a file the stored definition reads (a cluster file under environment.from, the user's model,
+    loader or loss module) has changed since the trials ran: the definition is the trials', those files are read as
+    they are now (status, export and the dashboard said nothing of a recalibrated cluster)."""
+    if not then:
+        return
+    from .search import fingerprint
+
+    now = fingerprint.of(stored)
+    if now["hash"] == then.get("hash"):
+        return
+    shown = fingerprint.changed_since(then.get("summary", {}), now["summary"], stored)
+    if shown:
+        print(f"note: study {name!r} changed since its trials ran: {shown}; its trials' figures are from before",
+              file=sys.stderr)
 
 
 def _search_study(args):

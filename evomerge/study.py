@@ -431,6 +431,8 @@ class Study:
     notes: Annotated[tuple[str, ...], Seq] = ()
     # the cluster file (environment.from) and the bytes of the model evomerge calibrate timed for it, where it says
     calibrated_model: tuple[str, int] | None = None
+    # environment.from as the study wrote it, and the keys the study took from that file (not set beside `from`)
+    environment_from: tuple[str, tuple[str, ...]] | None = None
 
     def model_note(self, model) -> str | None:
         """A note when the cluster file timed another model than this study's ``model`` (its float32 parameters
@@ -718,17 +720,18 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     search = dataclasses.replace(search, space=space)
 
     obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
-    env, calibrated = None, None
+    env, calibrated, env_from = None, None, None
     if "environment" in raw:
-        env, measured, calibrated = _environment(_table(raw, "environment"), r, path.parent if path else None,
-                                                 calibrating)
+        env, measured, calibrated, env_from = _environment(_table(raw, "environment"), r,
+                                                           path.parent if path else None, calibrating)
         notes += measured
     bases = settings.build(_Baselines, _table(raw, "baselines"), "study.baselines")
     baselines = bases.policies
     study = Study(name=meta.name or default_name, description=meta.description, data=d, model=model, run=r,
                   policy=policy, search=search, objectives=obj.metrics, environment=env, target=obj.target,
                   target_metric=obj.target_metric,
-                  baselines=baselines, baseline_lr=bases.lr, path=path, notes=notes, calibrated_model=calibrated)
+                  baselines=baselines, baseline_lr=bases.lr, path=path, notes=notes, calibrated_model=calibrated,
+                  environment_from=env_from)
     for ref in study.baselines:  # found now, not after the search's trials have run
         pol = study.resolve_policy(ref, where="study.baselines.policies")
         if pol.scheme == "async" and env is None:
@@ -741,12 +744,13 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     return study
 
 
-def _environment(table: dict, run: RunSpec, base: Path | None,
-                 calibrating: bool = False) -> tuple[EnvSpec, tuple[str, ...], tuple[str, int] | None]:
+def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool = False) \
+        -> tuple[EnvSpec, tuple[str, ...], tuple[str, int] | None, tuple[str, tuple[str, ...]] | None]:
     """``[environment]``, or with ``from = "cluster.toml"`` (relative to the study file) the keys of that file
     (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating``: the keys beside
     ``from`` alone. With the notes on the file (measured with another batch size or optimiser than the study's), and
-    the file with the bytes of the model it timed, where it says (``Study.calibrated_model``)."""
+    the file with the bytes of the model it timed, where it says (``Study.calibrated_model``), and ``from`` with the
+    keys taken from the file (``Study.environment_from``)."""
     workers = run.workers
     from .errors import unknown_key
 
@@ -754,7 +758,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
         if k != "from" and k not in EnvSpec.__pydantic_fields__:
             raise ConfigError(f"study.environment.{k}", unknown_key(k, [*EnvSpec.__pydantic_fields__, "from"]))
     if "from" not in table:
-        return settings.build(EnvSpec, table, "study.environment").check(workers, base), (), None
+        return settings.build(EnvSpec, table, "study.environment").check(workers, base), (), None, None
     ref, where = table["from"], "study.environment.from"
     if not isinstance(ref, str) or not ref:
         raise ConfigError(where, f"must be a path to a TOML file (e.g. \"cluster.toml\"), got {settings.show(ref)}")
@@ -762,7 +766,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
     path = path if path.is_absolute() or base is None else base / path
     own = {k: v for k, v in table.items() if k != "from"}
     if calibrating:  # the file calibrate (re)writes: missing, stale or broken, it is not read
-        return settings.build(EnvSpec, own, "study.environment").check(workers, base), (), None
+        return settings.build(EnvSpec, own, "study.environment").check(workers, base), (), None, None
     try:
         text = path.read_text(encoding="utf-8")
         raw = tomllib.loads(text)
@@ -800,7 +804,8 @@ def _environment(table: dict, run: RunSpec, base: Path | None,
             hint += f"; for {workers} workers write it with evomerge calibrate --fit lognormal or pareto"
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
     m = MEASURED_WITH.search(text)
-    return spec, _measured_with(path, text, run), ((str(path), int(m[1])) if m else None)
+    return spec, _measured_with(path, text, run), ((str(path), int(m[1])) if m else None), \
+        (ref, tuple(sorted(k for k in keys if k not in own)))
 
 
 def ignored_keys(spec: EnvSpec) -> dict[str, str]:

@@ -851,3 +851,36 @@ def test_a_gone_ranks_line_leaves_out_gloos_source_location():
     e = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
                      "peer [10.77.0.4]:27834\nmore")
     assert calibrate._peer_failed(e, 60) == "another rank is gone (Connection closed by peer [10.77.0.4]:27834)"
+
+
+@pytest.mark.integration
+def test_a_recalibrated_cluster_file_is_named_in_one_short_line_by_search_status_and_export(tmp_path, data_dir,
+                                                                                           monkeypatch, capsys):
+    """A study reads its cluster with environment.from; the file is recalibrated after the search. `search` refused
+    in a line of 900 characters that listed the matrices and never named the file; `status`, `export` and the
+    dashboard said nothing (the stored definition reads the file as it is now)."""
+    from conftest import write_study
+
+    monkeypatch.setenv("EVOMERGE_DATA_DIR", str(data_dir))
+    f = write_study(tmp_path, name="calnet", workers=3, steps=20)
+    f.write_text(f.read_text() + '[environment]\nfrom = "cluster.toml"\ntime_budget = 0.5\n')
+    lat, bw = links(3, lambda i, j: 1e-4, lambda i, j: 1e8)
+    calibrate.write(calibrate.Measured(made_up([1.0, 1.0, 0.5], n=50), lat, bw, source="made up"),
+                    tmp_path / "cluster.toml")
+    runs = str(tmp_path / "runs")
+    assert cli.main(["search", "--study", str(f), "--n-trials", "2", "--runs-dir", runs, "--quiet"]) == 0
+    capsys.readouterr()
+    lat, bw = links(3, lambda i, j: 2e-3, lambda i, j: 6e6 + i)  # recalibrated: slower links, another slow rank
+    calibrate.write(calibrate.Measured(made_up([0.4, 1.0, 1.0], n=50, seed=1), lat, bw, source="made up again"),
+                    tmp_path / "cluster.toml")
+    assert cli.main(["search", "--study", str(f), "--n-trials", "4", "--runs-dir", runs, "--quiet"]) == 2
+    line = one_line_error(capsys)
+    assert re.fullmatch(r"error: study calnet: environment\.from cluster\.toml changed \((\w+, ){3}\w+ and \d+ more\) "
+                        r"since its 2 stored trials; use another \[study\] name or --runs-dir to start afresh", line), line
+    assert len(line) < 250 and "[[" not in line
+    for command in (["status"], ["export", "-o", str(tmp_path / "best.json")]):
+        assert cli.main([*command, "--study", str(f), "--runs-dir", runs]) == 0
+        notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: study 'calnet' changed")]
+        assert len(notes) == 1 and notes[0].startswith(
+            "note: study 'calnet' changed since its trials ran: environment.from cluster.toml changed ("), notes
+        assert notes[0].endswith("; its trials' figures are from before"), notes

@@ -124,6 +124,16 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
     env = getattr(study, "environment", None)
     unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
     diff = changes(stored, now, unused)
+    src = getattr(study, "environment_from", None)
+    if src is not None:  # a recalibrated cluster file: its name and the keys that moved, not each matrix in full
+        ref, keys = src
+        def key_of(d: str) -> str | None:
+            k = d.split(" ", 1)[0].removeprefix("environment.").split(".", 1)[0]
+            return k if d.startswith("environment.") and k in keys else None
+        moved = [key_of(d) for d in diff if key_of(d)]
+        if moved:
+            said = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+            diff = [f"environment.from {ref} changed ({said})"] + [d for d in diff if not key_of(d)]
     return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
 
 

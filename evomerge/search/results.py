@@ -106,6 +106,9 @@ def stored_study(name: str, storage_url: str):
     definition = ostudy.user_attrs.get(DEFINITION)
     if not definition:
         return None
+    from .fingerprint import ATTR
+
+    definition = dict(definition, fingerprint=ostudy.user_attrs.get(ATTR))  # what its trials ran on
     return study_mod.from_dict(tomllib.loads(definition["toml"]), path=Path(definition["path"]),
                                default_name=Path(definition["path"]).stem), definition
 
