@@ -629,6 +629,9 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                 payload = nbytes
                 notes.append("no point-to-point transfers: every link gets latency 0 and the bandwidth that gives "
                              "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
+    sizes = {int(x["model_bytes"]) for rows in recs for x in rows if isinstance(x.get("model_bytes"), int)}
+    if len(sizes) == 1:  # (as calibrate --study says it, batch and optimiser aside: a trace does not hold them)
+        notes.append(f"model: {sizes.pop()} bytes of float32 parameters and buffers")
     n_steps = sum(len(t) for t in steps)
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
                     links_from_allreduce=not per_link and allreduce is not None and W > 1,

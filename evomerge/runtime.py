@@ -567,6 +567,10 @@ class Merger:
                 raise ConfigError("trace", f"cannot make the folder {str(d)!r}: {e.strerror or e}; allowed: a folder "
                                            "for the ranks' trace files (rank-N.jsonl)") from None
             self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
+            # the model's float32 bytes, as evomerge calibrate counts them: a cluster fitted from the trace says what
+            # it timed, and a study of another model is told (Study.model_note)
+            self._write({"model_bytes": 4 * (sum(t.numel() for t in model.parameters()) +
+                                             sum(t.numel() for t in model.buffers()))})
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._pending: list[_Pending] = []  # the work handles' waiting threads (joined at the end)
         self._stop_in = {}

@@ -842,15 +842,16 @@ def _check_used(raw: dict, spec: EnvSpec | None) -> None:
 
 
 # the line evomerge calibrate writes into its file: what the timed steps trained (calibrate.measure)
-MEASURED_WITH = re.compile(r"^# model: (\d+) bytes of float32 parameters and buffers; batch (\d+), optimiser (\S+)$",
-                           re.MULTILINE)
+# (a file fitted from a Merger's trace says the model alone: --from-trace has no batch size or optimiser)
+MEASURED_WITH = re.compile(r"^# model: (\d+) bytes of float32 parameters and buffers(?:; batch (\d+), optimiser "
+                           r"(\S+))?$", re.MULTILINE)
 
 
 def _measured_with(path: Path, text: str, run: RunSpec) -> tuple[str, ...]:
     """A note when the calibrated file (``text``, read from ``path``) timed another batch size or optimiser than
     ``run``: its step times are another training's."""
     m = MEASURED_WITH.search(text)
-    if m is None or (int(m[2]), m[3]) == (run.batch_size, run.optimizer):
+    if m is None or m[2] is None or (int(m[2]), m[3]) == (run.batch_size, run.optimizer):
         return ()
     return (f"study.environment.from: {path} timed steps of batch {m[2]} with {m[3]}; this study trains batch "
             f"{run.batch_size} with {run.optimizer}: its step times are another training's (calibrate with this "

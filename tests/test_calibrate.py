@@ -714,10 +714,20 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     ring = [(0, 1), (1, 2), (2, 0)]
     assert all(env["bandwidth_matrix"][i][j] >= 0 and env["bandwidth_matrix"][j][i] >= 0 for i, j in ring)
     assert "# transfers:" in out.read_text()
+    # the model it timed, as the Merger's trace says it: a study of another model is told (it was not)
+    timed = re.search(r"^# model: (\d+) bytes of float32 parameters and buffers$", out.read_text(), re.MULTILINE)
+    assert timed, out.read_text()
     (tmp_path / "run.toml").write_text(TRACE_STUDY.format(workers=3, batch=16, environment=(
         f'[environment]\nfrom = "{out.name}"\ntime_budget = 0.5')))
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", "ring-gossip", "--data-dir",
                      str(data_dir), "--quiet"]) == 0
+    assert "study.environment.from" not in capsys.readouterr().err  # the model the trace timed
+    (tmp_path / "wide.toml").write_text((tmp_path / "run.toml").read_text().replace(
+        '"user_mlp:mlp"', '"user_mlp:mlp"\noptions = { hidden = 64 }'))
+    assert cli.main(["run", "--study", str(tmp_path / "wide.toml"), "--policy", "ring-gossip", "--data-dir",
+                     str(data_dir), "--quiet"]) == 0
+    assert f"note: study.environment.from: {out} timed steps of a model of {int(timed[1]):,} bytes; this study's " \
+           "model has " in capsys.readouterr().err
 
 
 @pytest.mark.system
