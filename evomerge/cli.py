@@ -867,6 +867,13 @@ def cmd_search(args) -> int:
               "interrupted before the first trial; run the same command again to start the search", file=sys.stderr)
         return 130
     view.summary(result, data_dir=args.data_dir)
+    if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
+        import shlex  # what to do with the results: the search said where they are stored, not how to see them
+
+        where = shlex.quote(str(args.study)) + (f" --runs-dir {shlex.quote(str(args.runs_dir))}" if args.runs_dir
+                                                 else "") + (" --storage ..." if args.storage else "")
+        print(f"next: evomerge export --study {where} -o best.json (the policy to deploy); evomerge ui --study "
+              f"{where} (its runs in MLflow); evomerge dashboard --study {where}", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
                                                    "interrupted": result.interrupted, "errors": result.errors}, indent=2))

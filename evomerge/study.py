@@ -777,6 +777,10 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(where, f"{path}: invalid TOML: {e}") from None
     keys = raw.get("environment", raw) if set(raw) <= {"environment"} else raw
+    tables = [k for k, v in raw.items() if isinstance(v, dict)]
+    if tables and "environment" not in raw:  # (a [cluster] table was "unknown key 'cluster'; allowed: step_time, ...")
+        raise ConfigError(where, f"{path}: holds a [{tables[0]}] table; expected an [environment] table (as evomerge "
+                                 "calibrate writes it), or the environment's keys alone")
     if not isinstance(keys, dict) or not keys:
         raise ConfigError(where, f"{path}: no environment keys; expected an [environment] table")
     if "from" in keys:

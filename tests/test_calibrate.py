@@ -242,6 +242,8 @@ def test_a_fitted_file_drives_any_number_of_workers(tmp_path):
     ("malformed", "[environment\nstep_time = ", "study.environment.from", "invalid TOML"),
     ("unknown key", "[environment]\nstep_tme = 0.1", "study.environment.from", "unknown key 'step_tme'"),
     ("empty", "", "study.environment.from", "no environment keys"),
+    ("another table", "[cluster]\nstep_time = 0.1", "study.environment.from",
+     "holds a [cluster] table; expected an [environment] table"),
     ("bad value", "[environment]\njitter = -1.0", "study.environment.jitter", "(from "),
     ("other workers", "[environment]\nspeeds = [1.0, 0.5]", "study.environment.speeds", "measured on 2 ranks"),
     ("edited", "# evomerge calibrate --study cal: 4 ranks, 30 timed steps\n[environment]\nspeeds = [1.0, 0.5]",

@@ -1,6 +1,7 @@
 """The evomerge command as a user runs it: a real subprocess for exit codes and output."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -65,6 +66,27 @@ def test_a_data_dir_that_does_not_exist_is_one_line_even_where_the_environment_h
     assert p.stderr.strip().splitlines() == [f"error: --data-dir: {tmp_path / 'nosuch'}: no such folder; allowed: a "
                                              "folder holding mnist/ (or leave it out: $EVOMERGE_DATA_DIR, the user "
                                              "cache, then system places)"], p.stderr
+
+
+@pytest.mark.system
+def test_a_search_ends_with_the_commands_that_show_and_export_its_results_and_they_work(tmp_path, data_dir,
+                                                                                       tiny_study_file):
+    """(The search said where its stores are, not how to see them: a new user did not find `evomerge ui`.)"""
+    import shlex
+
+    p = evomerge("search", "--study", str(tiny_study_file), "--n-trials", "2", "--no-verdict", "--runs-dir",
+                 str(tmp_path / "runs"), data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    commands = [re.sub(r" \(.*\)$", "", c) for c in line.removeprefix("next: ").split("; ")]
+    assert [shlex.split(c)[:2] for c in commands] == [["evomerge", "export"], ["evomerge", "ui"],
+                                                      ["evomerge", "dashboard"]], line
+    export, _, dashboard = (shlex.split(c)[1:] for c in commands)
+    q = evomerge(*export, data_dir=data_dir, cwd=tmp_path)
+    assert q.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["policy"], q.stderr[-2000:]
+    q = evomerge(*dashboard, "--no-baselines", data_dir=data_dir, cwd=tmp_path)
+    assert q.returncode == 0, q.stderr[-2000:]
+    assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "runs").exists()
 
 
 @pytest.mark.system
