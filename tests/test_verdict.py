@@ -118,7 +118,7 @@ def test_a_tied_objective_is_marked_and_time_is_in_seconds():
     v = verdict.judge(s, _picks((2, [[3.0], [3.2], [2.9]])), _bases(fedavg=[[15.5], [15.0], [16.1]],
                                                                      ring_gossip=[[3.1], [2.8], [3.3]]),
                       [1000, 1001, 1002], False, "the best time_to_target")
-    assert v["lines"][1] == "  beats fedavg: 12.50 ± 0.40 s faster (time to target s)"
+    assert v["lines"][1] == "  beats fedavg: 12.50 ± 0.40 s faster (time to target)"
     assert v["lines"][2].startswith("  ties with ring-gossip: ")
     assert any("--reevaluate 0" in n for n in v["notes"])  # judged on the search's own seeds: said
     assert not any("first evaluation" in n for n in v["notes"])

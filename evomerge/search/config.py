@@ -69,6 +69,7 @@ class Objective:
     direction: str
     label: str
     from_round: Callable[[Any], float]
+    unit: str = ""  # shown in tables' headers beside the direction: "time to target (s, min)"
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -76,11 +77,11 @@ OBJECTIVES: dict[str, Objective] = {
     "mean_worker_accuracy": Objective("maximize", "mean worker acc", lambda m: m.mean_worker_accuracy),
     "bytes": Objective("minimize", "bytes", lambda m: float(m.bytes)),
     # simulated time ([environment]); time_to_target per round is what it would be if accuracy stalled there
-    "time_to_target": Objective("minimize", "time to target s", lambda m: m.time_to_target),
+    "time_to_target": Objective("minimize", "time to target", lambda m: m.time_to_target, "s"),
     "accuracy_at_time": Objective("maximize", "acc at time", lambda m: m.accuracy_at_time),
     "loss_at_time": Objective("minimize", "loss at time", lambda m: m.loss_at_time),
     "perplexity_at_time": Objective("minimize", "ppl at time", lambda m: m.perplexity_at_time),
-    "sim_time": Objective("minimize", "sim s", lambda m: m.sim_time),
+    "sim_time": Objective("minimize", "sim time", lambda m: m.sim_time, "s"),
     "val_loss": Objective("minimize", "val loss", lambda m: m.val_loss),
     "val_perplexity": Objective("minimize", "val ppl", lambda m: m.val_perplexity),
 }

@@ -432,8 +432,9 @@ def objective_label(name: str) -> str:
     from .config import OBJECTIVES
 
     o = OBJECTIVES.get(name)
-    label = o.label if o else name
-    return label + (" (max)" if (o.direction if o else "maximize") == "maximize" else " (min)")
+    label, unit = (o.label, o.unit) if o else (name, "")
+    way = "max" if (o.direction if o else "maximize") == "maximize" else "min"
+    return f"{label} ({unit + ', ' if unit else ''}{way})"
 
 
 def missed(study, name: str, value: float) -> str:

@@ -74,7 +74,7 @@ def _label(name: str) -> str:
 
 def difference_text(name: str, pick: list[float], base: list[float], mean: float, se: float, maximize: bool) -> str:
     """A paired difference in the metric's unit, from the pick's side: ``+0.3 +- 0.2 points val acc``, ``21% fewer
-    bytes``, ``1.20 +- 0.30 s faster (time to target s)``."""
+    bytes``, ``1.20 +- 0.30 s faster (time to target)``."""
     label = _label(name)
     if name in POINTS:
         return f"{100 * mean:+.2f} ± {100 * se:.2f} points {label}"
