@@ -86,6 +86,10 @@ REQUEST, REPLY = 0, 1  # a gossip event's two messages: the initiator's payload,
 STOP_TAG = 2**30 - 1  # each rank's standing message to every other: 1 = stop (a rank failed), 0 = done, LEFT
 LEFT = 2.0  # the stop message of a rank whose process is ending without finish() or close() (_leave_at_exit)
 EARLY = 10.0  # EARLY + t: the stop message of a rank that calls finish() after t < total_steps steps (_end_early)
+# the stop message of a rank whose own wait ran out: TIMED_OUT (a collective: every rank waited for), or
+# TIMED_OUT - 1 - r (rank r); a rank that answered the roll call after all was late, not gone (_fail names it)
+TIMED_OUT = -1.0
+TOLD_WAITING = 1.5  # the stop message of a rank told to stop while it waited for a merge (1.0: while it stepped)
 WORKER_STOPPED = -1.0  # the flag a worker's leader broadcasts to its other ranks when it stops; its line follows
 LINE_BYTES = 1024  # the longest stop line a leader sends its worker's other ranks (UTF-8)
 EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
@@ -704,7 +708,7 @@ class Merger:
             if loss is not None:
                 rec["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
             self._write(rec)
-        self._check_stops("")
+        self._check_stops("", waiting=False)
         if self._progress is not None:  # (a rank waiting for this one at the end or a checkpoint sees it move)
             self._progress.beat(self.t)
         if self.t > self.T:
@@ -1004,6 +1008,8 @@ class Merger:
                                            f"(step {self.t}); stopped")
                 time.sleep(0.0005)
             work.wait()
+        except MergerError:  # (its own line above: not wrapped in "is gone (...)" again)
+            raise
         except RuntimeError as e:
             ranks = dist.get_process_group_ranks(self.worker_group)
             raise _in_worker_error(f"a rank of worker {ranks} is gone (step {self.t}: {str(e).splitlines()[0]}); "
@@ -1412,7 +1418,11 @@ class Merger:
                 out = ready()  # (what the service above applied may have been the last of it)
                 if out is not None:
                     return out
-                raise self._fail(what[0], f"for {self.timeout:g} s")
+                peer = what[1]() if callable(what[1]) else what[1]
+                if peer is None and awaited is not None:  # (of several ranks behind, the first is named)
+                    behind = sorted(awaited())
+                    peer = behind[0] if behind else None
+                raise self._fail(what[0], f"for {self.timeout:g} s", waited=peer)
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
 
@@ -1420,7 +1430,7 @@ class Merger:
         """A message to or from ``peer`` failed (its connection closed): find who is gone, tell the others."""
         return self._fail(ev)
 
-    def _check_stops(self, where) -> None:
+    def _check_stops(self, where, waiting: bool = True) -> None:
         """Raise (after the roll call) if another rank sent its stop message or its connection closed."""
         for r, (work, buf) in self._stop_in.items():
             try:
@@ -1431,14 +1441,21 @@ class Merger:
             except RuntimeError:
                 stopped = True
             if stopped:
-                raise self._fail(where)
+                raise self._fail(where, waited=-1 if waiting else -2)
 
-    def _fail(self, where, how: str = "") -> MergerError:
+    def _fail(self, where, how: str = "", waited: int | None = -1) -> MergerError:
         """A rank died or hangs: every rank that finds out sends its stop message to all others (which makes them
         find out too), then waits, at most ``timeout``, for every other rank's; those that never send it, or whose
-        connection closed, are the ones named. ``where``: a merge event, or words."""
+        connection closed, are the ones named. ``where``: a merge event, or words. ``how`` (with ``waited``): this
+        rank's own wait ran out, for rank ``waited`` (None: a collective, every rank); its stop message says so, and
+        where every rank answers the roll call after all, the ranks waited for are named as late (slower than the
+        timeout allows), not as gone ("rank ? did not answer" on every rank). Without ``how``, ``waited`` -2: this
+        rank was told while it stepped (not at a merge), as a late rank is."""
         if not self._stop_out:
-            self._stop_out = self._send_stops(1.0)
+            mine = (1.0 if waited == -2 else TOLD_WAITING) if not how else \
+                TIMED_OUT if waited is None or waited < 0 else TIMED_OUT - 1 - waited
+            self._said_stop = mine
+            self._stop_out = self._send_stops(mine)
         deadline = time.perf_counter() + self.timeout
         # those that never sent theirs, or whose connection closed
         missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline, self._waiting)}
@@ -1459,7 +1476,23 @@ class Merger:
         place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
         if left and not missing:
             return MergerError(f"rank {who} left the run without finish() or close() ({place}); stopped")
+        if not missing:  # every rank answered: a wait ran out for ranks that came after all
+            late = self._late({r: float(buf[0]) for r, (work, buf) in self._stop_in.items()})
+            if late:
+                return MergerError(f"rank {self._ranks(late)} did not answer for {self.timeout:g} s ({place}) and "
+                                   "answered later: slower than the timeout allows, not gone (a longer timeout lets "
+                                   "it finish); stopped")
         return MergerError(f"rank {who} did not answer{' ' + how if how else ''} ({place}); stopped")
+
+    def _late(self, said: dict[int, float]) -> set[int]:
+        """From every rank's stop message (``said``, and this rank's own): the ranks some rank's wait ran out for, where
+        all of them answered the roll call. A wait for one rank names it; a collective's wait names the ranks told to
+        stop while they stepped (they had not come to it yet)."""
+        said = {**said, self.rank: getattr(self, "_said_stop", TOLD_WAITING)}
+        late = {int(TIMED_OUT - 1 - v) for v in said.values() if v < TIMED_OUT}
+        if any(v == TIMED_OUT for v in said.values()):
+            late |= {r for r, v in said.items() if v == 1.0}
+        return {r for r in late if 0 <= r < self.W}
 
     def _sent(self, work: _Pending, ev: int, to: int) -> bool | None:
         try:
@@ -2083,7 +2116,7 @@ class Merger:
             self._check_stops(what)
             self._waiting()
             if time.perf_counter() - t0 > self.timeout:
-                raise self._fail(what, f"for {self.timeout:g} s")
+                raise self._fail(what, f"for {self.timeout:g} s", waited=None)
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
 
