@@ -395,12 +395,22 @@ def _leaders(worker_group, group) -> tuple[Any, bool, int, int]:
     if group is not None:
         raise ConfigError("group", "set with worker_group; allowed: None (merges run between one leader rank per "
                                    "worker, over a group of the leaders built from the world)")
-    if not _holds_this_rank(worker_group):
+    holds = _holds_this_rank(worker_group)
+    if not holds and not isinstance(worker_group, dist.ProcessGroup) and \
+            worker_group is not dist.GroupMember.NON_GROUP_MEMBER:  # (not a group at all: the same on every rank)
         raise ConfigError("worker_group", f"{worker_group!r} is not a process group holding this rank; allowed: "
                                           "the group of this rank's worker (dist.new_subgroups or dist.new_group)")
-    leader = dist.get_global_rank(worker_group, 0)
+    # every rank says whether its group holds it before any waits on the others (a rank that refused alone left
+    # the others in this gather, and gloo aborted them)
+    leader = dist.get_global_rank(worker_group, 0) if holds else -1
     every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
     dist.all_gather(every, torch.tensor([leader], dtype=torch.int64))
+    bad = [r for r, t in enumerate(every) if int(t[0]) < 0]
+    if bad:
+        raise ConfigError("worker_group", f"rank{'s' * (len(bad) > 1)} {', '.join(map(str, bad))} passed a group that "
+                                          "does not hold it (dist.new_group gives a rank outside the group "
+                                          "GroupMember.NON_GROUP_MEMBER); allowed: on every rank, the group of its "
+                                          "own worker (dist.new_subgroups, or dist.new_group of that worker's ranks)")
     leaders = sorted({int(t[0]) for t in every})
     leaders_group = dist.new_group(leaders)  # collective over the world: every rank calls it
     return leaders_group, dist.get_rank() != leader, leader, len(leaders)
@@ -685,6 +695,9 @@ class Merger:
                 math.isfinite(float(examples)) and float(examples) >= 0
         if not ok:  # (a negative or NaN count went into the examples weighting's sums)
             raise ConfigError("examples", f"{examples!r}; allowed: a number >= 0 (the examples this step trained on)")
+        if loss is not None and not isinstance(loss, torch.Tensor) and \
+                not (isinstance(loss, (int, float, np.number)) and not isinstance(loss, bool)):
+            raise ConfigError("loss", f"{loss!r}; allowed: this step's loss, a tensor or a number, or None")
         if self._follower:
             self.t += 1
         else:
@@ -706,7 +719,7 @@ class Merger:
         if self._trace is not None:
             rec = {"step": self.t, "compute_s": now - self._t_last}
             if loss is not None:
-                rec["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+                rec["loss"] = float(loss.detach().float().mean()) if isinstance(loss, torch.Tensor) else float(loss)
             self._write(rec)
         self._check_stops("", waiting=False)
         if self._progress is not None:  # (a rank waiting for this one at the end or a checkpoint sees it move)
@@ -715,7 +728,7 @@ class Merger:
             if self.t == self.T + 1:  # once: the loop runs longer than the Merger was told
                 warnings.warn(f"step: called more than total_steps ({self.T}) times; the policy's merges stop there "
                               "(its schedule spans total_steps): give Merger(total_steps=) the loop's iterations",
-                              stacklevel=4)  # the loop's line (step() is wrapped by torch.no_grad)
+                              stacklevel=5)  # the loop's line (_step, _leading, step, torch.no_grad's wrapper)
             self._t_last = time.perf_counter()
             return
         s = self.sched
@@ -819,7 +832,8 @@ class Merger:
             return {"format": 1, "step": self.t, "follower": True}
         self._drain(final=False, meet=False)  # (not a meeting: a rank may save alone; waited for as it steps)
         self._settle_streams()
-        return {"format": 1, "step": self.t,
+        return {"format": 1, "step": self.t, "rank": self.rank,
+                "model": [[name, list(shape)] for name, shape in self.layout.layout],
                 "streams": {int(ev): {"sum": self._in_flight[ev][1].clone().cpu(), "lands": land,
                                       "sent": {k: v.clone().cpu() for k, v in self._in_flight[ev][4].items()}}
                             for land, evs in self._landing.items() for ev in evs}, "world": self.W, "seed": self.seed, "total_steps": self.T,
@@ -843,9 +857,13 @@ class Merger:
             self._sync_worker(force=True)
             return
         self._same_step_on_every_rank(int(state["step"]))
+        from .search.fingerprint import NOT_IN_POLICY
+
+        def merging(policy):  # a policy's name and description do not change what it does
+            return {k: v for k, v in policy.items() if k not in NOT_IN_POLICY} if isinstance(policy, dict) else policy
         for key, mine in (("world", self.W), ("seed", self.seed), ("total_steps", self.T),
-                          ("policy", self.p.to_dict())):
-            theirs = state.get(key)
+                          ("policy", merging(self.p.to_dict()))):
+            theirs = merging(state.get(key)) if key == "policy" else state.get(key)
             if theirs == mine:
                 continue
             if key == "policy" and isinstance(theirs, dict):  # name the fields, not two whole policies
@@ -856,6 +874,12 @@ class Merger:
                                                        f"{more}; allowed: the policy the checkpoint was saved with")
             raise ConfigError(f"state_dict.{key}", f"{theirs!r} differs from this Merger's {mine!r}; allowed: the "
                                                    f"{key} the checkpoint was saved with")
+        self._same_model_as_saved(state)
+        if state.get("rank", self.rank) != self.rank:  # (another rank's ran on with its public copies and counters)
+            raise ConfigError("state_dict.rank", f"the checkpoint is rank {self._ranks([state['rank']])}'s; this is "
+                                                 f"rank {self._ranks([self.rank])}; allowed: each rank's own "
+                                                 "checkpoint (every rank saves its own state_dict, e.g. to "
+                                                 "ck-{rank}.pt)")
         self.t, self.epoch, self.merges = int(state["step"]), int(state["epoch"]), int(state["merges"])
         self.examples.fill_(float(state["examples"]))
         self.score.fill_(float(state["score"]))
@@ -897,6 +921,25 @@ class Merger:
             self._post_window()
         if self.worker_group is not None:
             self._sync_worker(force=True)
+
+    def _same_model_as_saved(self, state: dict) -> None:
+        """The checkpoint's model is this Merger's, tensor by tensor (a model of other sizes failed in torch's copy_
+        with "The size of tensor a (9098) must match ...")."""
+        mine = [[name, list(shape)] for name, shape in self.layout.layout]
+        saved = state.get("model")
+        if saved is None:  # a checkpoint from before the model was saved with it: its sizes, where it has them
+            anchor = (state.get("outer") or {}).get("anchor")
+            if anchor is None or anchor.numel() == self.P:
+                return
+            said = f"{anchor.numel()} numbers in the checkpoint, {self.P} here"
+        elif [list(x) for x in saved] == mine:
+            return
+        else:
+            first = next(((a, b) for a, b in zip(saved, mine) if list(a) != b), None)
+            said = (f"{first[0][0]!r} {tuple(first[0][1])} in the checkpoint, {first[1][0]!r} {tuple(first[1][1])} "
+                    "here" if first is not None else f"{len(saved)} tensors in the checkpoint, {len(mine)} here")
+        raise ConfigError("state_dict.model", f"the checkpoint's model differs from this Merger's: {said}; allowed: "
+                                              "a checkpoint of this model")
 
     # -- a worker of several ranks -------------------------------------------------------------------------
     def _leading(self, call, *args):

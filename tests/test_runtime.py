@@ -1126,9 +1126,13 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         assert net.training and net[0].training and not net[1].training
         assert torch.equal(net[1].running_mean, stats)
         b.close()
+        with pytest.raises(ConfigError, match=r"^loss: 'high'; allowed: this step's loss, a tensor or a number, or "
+                                              r"None$"):  # (float()'s ValueError)
+            m.step(loss="high")
         with pytest.warns(UserWarning, match=r"^step: called more than total_steps \(4\) times; the policy's merges "
-                                             r"stop there .*: give Merger\(total_steps=\) the loop's iterations$"):
+                                             r"stop there .*: give Merger\(total_steps=\) the loop's iterations$") as w:
             m.step()
+        assert w[0].filename == __file__  # the loop's line (it pointed at torch's no_grad wrapper)
         m.step()  # said once
         assert m.finish() is model
         # after finish(): said so, once (it said total_steps was too small); a step's count is a number >= 0
@@ -1152,6 +1156,27 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         for _ in range(4):
             m.step()
         assert m.merges == 0 and m.finish() is model
+        # a checkpoint: of this model and this rank (a model of other sizes failed in torch's copy_; another rank's
+        # state was taken in silence); the policy's name is no difference
+        diloco = {"scheme": "allreduce", "mean_interval": 2, "mixing_weight": 1.0, "outer_optimizer": "nesterov",
+                  "name": "mine"}
+        m = evomerge.Merger(diloco, model, seed=0, total_steps=4)
+        m.step()
+        st = m.state_dict()
+        assert st["rank"] == 0 and st["model"] == [["weight", [2, 2]], ["bias", [2]]]
+        m.load_state_dict(st | {"policy": st["policy"] | {"name": "exported", "description": "as found"}})
+        with pytest.raises(ConfigError, match=r"^state_dict.rank: the checkpoint is rank 1's; this is rank 0; allowed: "
+                                              r"each rank's own checkpoint"):
+            m.load_state_dict(st | {"rank": 1})
+        m.close()
+        other = evomerge.Merger(diloco, torch.nn.Linear(3, 2), seed=0, total_steps=4)
+        with pytest.raises(ConfigError, match=r"^state_dict.model: the checkpoint's model differs from this Merger's: "
+                                              r"'weight' \(2, 2\) in the checkpoint, 'weight' \(2, 3\) here; allowed: "
+                                              r"a checkpoint of this model$"):
+            other.load_state_dict(st)
+        with pytest.raises(ConfigError, match=r"^state_dict.model: .*: 6 numbers in the checkpoint, 8 here"):
+            other.load_state_dict({k: v for k, v in st.items() if k != "model"})  # saved before it said its model
+        other.close()
     finally:
         dist.destroy_process_group()
 
@@ -1245,6 +1270,9 @@ try:
         merger.close()
         other = dict(policy, mean_interval=4) if case == "resume-policy" else policy
         evomerge.Merger(other, model, seed=0, total_steps=10, timeout=60).load_state_dict(saved)
+    elif case == "worker-group":  # every rank builds the group of ranks 0 and 2, and passes it: rank 1 is outside
+        group = dist.new_group([0, 2])
+        evomerge.Merger({"scheme": "allreduce"}, model, seed=0, total_steps=10, timeout=60, worker_group=group)
     else:
         evomerge.Merger({"scheme": "gossip", "winner_bias": 0.5}, model, **kw)
     print("built")
@@ -1276,6 +1304,10 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
     # (the line held both policies whole: 2 kB of two dicts)
     ("resume-policy", ["error: state_dict.policy: the checkpoint's policy differs from this Merger's: mean_interval "
                        "5.0 in the checkpoint, 4.0 here; allowed: the policy the checkpoint was saved with"] * 3),
+    # (rank 1 said "worker_group: -100 is not a process group holding this rank", and gloo aborted the others)
+    ("worker-group", ["error: worker_group: rank 1 passed a group that does not hold it (dist.new_group gives a rank "
+                      "outside the group GroupMember.NON_GROUP_MEMBER); allowed: on every rank, the group of its own "
+                      "worker (dist.new_subgroups, or dist.new_group of that worker's ranks)"] * 3),
 ])
 def test_a_rank_that_disagrees_at_construction_stops_every_rank_at_once_in_one_line(tmp_path, case, lines):
     """(One rank's bad holdout was raised on that rank alone: the others waited the whole timeout, then named it as
