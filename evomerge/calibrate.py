@@ -994,12 +994,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    refused = None  # this rank's refusal of the options: told to the others once the ranks have joined
-    try:
-        check_options(args, writes=rank == 0)
+    try:  # the values every rank reads alike: refused by every rank at once, said by rank 0
+        check_options(args, writes=False)
         check_rank(args, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as e:
-        refused = str(e)
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    refused = None  # this rank's own refusal (rank 0's -o, the study, the data): told to the others once joined
+    if rank == 0:
+        try:
+            check_writable(args.output, "--output")
+        except ConfigError as e:
+            refused = str(e)
     try:
         from datetime import timedelta
 
@@ -1035,6 +1042,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.environ.get('MASTER_PORT')} ({line})", file=sys.stderr, flush=True)
         return 1
     try:
+        if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own): before
+            with _talking():                 # the data are prepared, as the steps that time them
+                apply_threads(ranks_on_this_machine())
         if refused is None:  # the study and its data: every rank reads them alike, and each says whether it can
             try:
                 st, setup = load(args)
@@ -1048,9 +1058,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {line}", file=sys.stderr, flush=True)
             dist.destroy_process_group()
             return 2
-        if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own)
-            with _talking():
-                apply_threads(ranks_on_this_machine())
         m = measure(args, progress, st, setup)
         if deadline is not None:  # measured in time: the file, the last barrier (timed by --timeout) and the end
             deadline.cancel()

@@ -759,14 +759,16 @@ def _note_files_changed(name: str, stored, then: dict | None) -> None:
     """One line when a file the stored definition reads (a cluster file under environment.from, the user's model,
     loader or loss module) has changed since the trials ran: the definition is the trials', those files are read as
     they are now (status, export and the dashboard said nothing of a recalibrated cluster)."""
-    if not then:
+    if not then or not isinstance(then.get("summary"), dict):
         return
     from .search import fingerprint
 
-    now = fingerprint.of(stored)
-    if now["hash"] == then.get("hash"):
+    try:  # (not the corpus of a text study: it need not be on this machine, and is not read whole to say this)
+        now = fingerprint.summary(stored, corpus=False)
+    except ConfigError:  # a file beside the study that cannot be read now: the commands that need it say so
         return
-    shown = fingerprint.changed_since(then.get("summary", {}), now["summary"], stored)
+    before = {k: v for k, v in then["summary"].items() if k != "data.text_digest"}
+    shown = fingerprint.changed_since(before, now, stored)
     if shown:
         print(f"note: study {name!r} changed since its trials ran: {shown}; its trials' figures are from before",
               file=sys.stderr)
@@ -871,7 +873,8 @@ def cmd_search(args) -> int:
         import shlex  # what to do with the results: the search said where they are stored, not how to see them
 
         where = shlex.quote(str(args.study)) + (f" --runs-dir {shlex.quote(str(args.runs_dir))}" if args.runs_dir
-                                                 else "") + (" --storage ..." if args.storage else "")
+                                                 else "") + (" --storage ..." if args.storage else "") + \
+            (" --tracking-uri ..." if getattr(args, "tracking_uri", None) else "")  # (addresses may hold passwords)
         print(f"next: evomerge export --study {where} -o best.json (the policy to deploy); evomerge ui --study "
               f"{where} (its runs in MLflow); evomerge dashboard --study {where}", file=sys.stderr)
     if args.json_out:

@@ -24,6 +24,8 @@ from .errors import ConfigError
 from .settings import Choice
 from .engine.topology import TOPOLOGIES
 
+# a policy's fields that do not change what it does (its name, its words, its file format)
+NOT_IN_POLICY = ("name", "description", "schema_version")
 SCHEMA_VERSION = 10
 EXPORT_FORMAT = 2  # evomerge export's files; 2: the run settings the policy was found with (run.lr, run.weight_decay)
 # Fields added by each schema version; older files lack them and get their defaults (off).

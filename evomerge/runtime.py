@@ -515,8 +515,13 @@ class Merger:
         held, held_why = (None, None) if self._follower else _check_holdout(holdout, p, loss_fn)
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")
-        local_steps = _async_local_steps(p, self.W, speeds, worker_group)
         from .models import state_buffers
+
+        if p.scheme == "async" and isinstance(model, torch.nn.Module) and state_buffers(model):  # (before its speeds)
+            raise ConfigError("model", f"has buffers ({state_buffers(model)[0][0]!r}); scheme 'async' (asynchronous "
+                                       "DiLoCo) with buffers is not built yet; allowed: a model without buffers, or "
+                                       "scheme allreduce")
+        local_steps = _async_local_steps(p, self.W, speeds, worker_group)
 
         params = [t for t in model.parameters()]
         named_buffers = state_buffers(model)  # a non-persistent buffer (a causal mask) is the module's own, not merged
@@ -547,10 +552,6 @@ class Merger:
         self.blocks = [t.data.view(1, -1) for t in self.tensors]  # one-row views: the kernel's rows of one worker
         self.rules = kernel.block_rules(self.layout, p.buffers)
         plan_mod.refuse_compressed_outer_buffers(p, [n for n, _ in named_buffers])
-        if p.scheme == "async" and len(self.tensors) > len(params):
-            raise ConfigError("model", f"has buffers ({named_buffers[0][0]!r}); scheme 'async' (asynchronous DiLoCo) "
-                                       "with buffers is not built yet; allowed: a model without buffers, or scheme "
-                                       "allreduce")
         self.dev = params[0].device if params else torch.device("cpu")
         # payloads cross gloo through host memory
         self.wire_dev = torch.device("cpu") if dist.get_backend(worker_group if self._follower else group) == "gloo" \
@@ -583,8 +584,9 @@ class Merger:
             self._trace = open(d / f"rank-{self.rank}.jsonl", "a", buffering=1)  # by line: kept if the process dies
             # the model's float32 bytes, as evomerge calibrate counts them: a cluster fitted from the trace says what
             # it timed, and a study of another model is told (Study.model_note)
-            self._write({"model_bytes": 4 * (sum(t.numel() for t in model.parameters()) +
-                                             sum(t.numel() for t in model.buffers()))})
+            from .models import module_float32_bytes
+
+            self._write({"model_bytes": module_float32_bytes(model)})
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._pending: list[_Pending] = []  # the work handles' waiting threads (joined at the end)
         self._stop_in = {}
@@ -696,7 +698,7 @@ class Merger:
         if not ok:  # (a negative or NaN count went into the examples weighting's sums)
             raise ConfigError("examples", f"{examples!r}; allowed: a number >= 0 (the examples this step trained on)")
         if loss is not None and not isinstance(loss, torch.Tensor) and \
-                not (isinstance(loss, (int, float, np.number)) and not isinstance(loss, bool)):
+                not (isinstance(loss, (int, float, np.integer, np.floating)) and not isinstance(loss, bool)):
             raise ConfigError("loss", f"{loss!r}; allowed: this step's loss, a tensor or a number, or None")
         if self._follower:
             self.t += 1
@@ -856,8 +858,22 @@ class Merger:
             self.t = int(state["step"])
             self._sync_worker(force=True)
             return
-        self._same_step_on_every_rank(int(state["step"]))
-        from .search.fingerprint import NOT_IN_POLICY
+        self._leading(self._load_state_dict, state)
+
+    def _load_state_dict(self, state: dict) -> None:
+        try:  # this rank's checks; every rank learns of any rank's refusal (one refusing alone left the others on)
+            self._same_as_saved(state)
+            refused = None
+        except ConfigError as e:
+            refused = e
+        self._same_step_on_every_rank(int(state["step"]), refused)
+        self.t, self.epoch, self.merges = int(state["step"]), int(state["epoch"]), int(state["merges"])
+        self._load_rest(state)
+
+    def _same_as_saved(self, state: dict) -> None:
+        """The checkpoint was saved by a Merger like this one: its world, seed, total_steps and policy (its name and
+        description aside), its model's tensors, and this rank."""
+        from .policy import NOT_IN_POLICY
 
         def merging(policy):  # a policy's name and description do not change what it does
             return {k: v for k, v in policy.items() if k not in NOT_IN_POLICY} if isinstance(policy, dict) else policy
@@ -880,7 +896,8 @@ class Merger:
                                                  f"rank {self._ranks([self.rank])}; allowed: each rank's own "
                                                  "checkpoint (every rank saves its own state_dict, e.g. to "
                                                  "ck-{rank}.pt)")
-        self.t, self.epoch, self.merges = int(state["step"]), int(state["epoch"]), int(state["merges"])
+
+    def _load_rest(self, state: dict) -> None:
         self.examples.fill_(float(state["examples"]))
         self.score.fill_(float(state["score"]))
         self.score_weight.fill_(float(state["score_weight"]))
@@ -923,19 +940,21 @@ class Merger:
             self._sync_worker(force=True)
 
     def _same_model_as_saved(self, state: dict) -> None:
-        """The checkpoint's model is this Merger's, tensor by tensor (a model of other sizes failed in torch's copy_
-        with "The size of tensor a (9098) must match ...")."""
+        """The checkpoint's model is this Merger's, its tensors' shapes in order, as the start compares the ranks'
+        (a model of other sizes failed in torch's copy_ with "The size of tensor a (9098) must match ..."); the
+        names only word the line (torch.compile's and DDP's wrappers rename them)."""
         mine = [[name, list(shape)] for name, shape in self.layout.layout]
         saved = state.get("model")
         if saved is None:  # a checkpoint from before the model was saved with it: its sizes, where it has them
-            anchor = (state.get("outer") or {}).get("anchor")
-            if anchor is None or anchor.numel() == self.P:
+            flat = [(state.get("outer") or {}).get("anchor")] + list((state.get("public") or {}).values())
+            sizes = {int(t.numel()) for t in flat if isinstance(t, torch.Tensor)}
+            if not sizes or sizes == {self.P}:
                 return
-            said = f"{anchor.numel()} numbers in the checkpoint, {self.P} here"
-        elif [list(x) for x in saved] == mine:
+            said = f"{max(sizes - {self.P})} numbers in the checkpoint, {self.P} here"
+        elif [list(shape) for _, shape in saved] == [shape for _, shape in mine]:
             return
         else:
-            first = next(((a, b) for a, b in zip(saved, mine) if list(a) != b), None)
+            first = next(((a, b) for a, b in zip(saved, mine) if list(a[1]) != b[1]), None)
             said = (f"{first[0][0]!r} {tuple(first[0][1])} in the checkpoint, {first[1][0]!r} {tuple(first[1][1])} "
                     "here" if first is not None else f"{len(saved)} tensors in the checkpoint, {len(mine)} here")
         raise ConfigError("state_dict.model", f"the checkpoint's model differs from this Merger's: {said}; allowed: "
@@ -1461,10 +1480,8 @@ class Merger:
                 out = ready()  # (what the service above applied may have been the last of it)
                 if out is not None:
                     return out
+                # a pair's peer; else (the end, a checkpoint, a collective) every rank: the late are those still stepping
                 peer = what[1]() if callable(what[1]) else what[1]
-                if peer is None and awaited is not None:  # (of several ranks behind, the first is named)
-                    behind = sorted(awaited())
-                    peer = behind[0] if behind else None
                 raise self._fail(what[0], f"for {self.timeout:g} s", waited=peer)
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
@@ -1525,6 +1542,10 @@ class Merger:
                 return MergerError(f"rank {self._ranks(late)} did not answer for {self.timeout:g} s ({place}) and "
                                    "answered later: slower than the timeout allows, not gone (a longer timeout lets "
                                    "it finish); stopped")
+            if how or any(float(buf[0]) <= TIMED_OUT for _, buf in self._stop_in.values()):  # (it came just after)
+                return MergerError(f"a rank did not answer for {self.timeout:g} s ({place}), and every rank answered "
+                                   "later: one slower than the timeout allows, not gone (a longer timeout lets it "
+                                   "finish); stopped")
         return MergerError(f"rank {who} did not answer{' ' + how if how else ''} ({place}); stopped")
 
     def _late(self, said: dict[int, float]) -> set[int]:
@@ -1535,7 +1556,9 @@ class Merger:
         late = {int(TIMED_OUT - 1 - v) for v in said.values() if v < TIMED_OUT}
         if any(v == TIMED_OUT for v in said.values()):
             late |= {r for r, v in said.items() if v == 1.0}
-        return {r for r in late if 0 <= r < self.W}
+        late = {r for r in late if 0 <= r < self.W}
+        stepping = {r for r in late if said.get(r) == 1.0}  # (a rank named that itself waited for one behind it)
+        return stepping or late
 
     def _sent(self, work: _Pending, ev: int, to: int) -> bool | None:
         try:
@@ -1697,6 +1720,16 @@ class Merger:
             if len(got) < self.W:
                 raise
         steps, finals = [got[r] // 2 for r in range(self.W)], [got[r] % 2 for r in range(self.W)]
+        wrong = len(set(finals)) > 1 or (not final and len(set(steps)) > 1)
+        if failed is None:  # this rank has read every rank's: one that found them wrong leaves only once all have
+            try:           # (it left at once, and a rank still to read its store, rank 0's, said "did not answer")
+                pr.read(n)
+                if wrong:
+                    deadline = time.perf_counter() + self.timeout
+                    while pr.readers(n) < self.W and time.perf_counter() < deadline:
+                        time.sleep(0.005)
+            except RuntimeError:
+                pass
         if len(set(finals)) > 1:
             said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} called {'finish' if f else 'close'}()"
                              for f, rs in sorted(_group_by(finals).items()))
@@ -1854,7 +1887,10 @@ class Merger:
         between ranks (e.g. total_steps from each rank's own shard size), naming the first that does."""
         import hashlib
 
-        digest = hashlib.sha256(json.dumps(self.p.to_dict(), sort_keys=True).encode()).digest()
+        from .policy import NOT_IN_POLICY
+
+        merging = {k: v for k, v in self.p.to_dict().items() if k not in NOT_IN_POLICY}  # (a name changes nothing)
+        digest = hashlib.sha256(json.dumps(merging, sort_keys=True).encode()).digest()
         shapes = hashlib.sha256(json.dumps([list(shape) for _, shape in self.layout.layout]).encode()).digest()
         # and the progress keys (backends.progress): rank 0 draws this Merger's number; every rank says whether it
         # reaches the store (progress is told only where all do)
@@ -1870,10 +1906,20 @@ class Merger:
             self._same_model_on_every_rank(max(int(x[5]) for x in every))
         if run and all(int(x[4]) for x in every):
             self._progress = progress_mod.Progress(store, run, self.rank, self.W, self.timeout)
+        policies = None
+        if len({int(x[2]) for x in every}) > 1:  # (every rank sees it): the fields that differ, not "another policy"
+            policies = [None] * self.W
+            dist.all_gather_object(policies, merging, group=self.group)
         for r, theirs in enumerate(every):
             for k, name in enumerate(("seed", "total_steps", "policy")):
                 if int(theirs[k]) != int(mine[k]):
-                    what = "another policy" if name == "policy" else f"{int(theirs[k])}, this rank's {int(mine[k])}"
+                    what = f"{int(theirs[k])}, this rank's {int(mine[k])}"
+                    if name == "policy":
+                        other = policies[r]
+                        fields = [f for f in sorted(set(other) | set(merging)) if other.get(f) != merging.get(f)]
+                        what = "another policy (" + ", ".join(f"{f} {other.get(f)!r} there, {merging.get(f)!r} here"
+                                                              for f in fields[:3]) + \
+                            (f" and {len(fields) - 3} more" if len(fields) > 3 else "") + ")"
                     raise ConfigError(name, f"rank {r}'s is {what}; allowed: the same on every rank (each rank draws "
                                             "the merge schedule from the policy, seed and total_steps)")
 
@@ -1908,13 +1954,21 @@ class Merger:
         raise ConfigError("model", "the ranks' models differ in their tensors' shapes beyond their first 8 dimensions; "
                                    "allowed: the same model on every rank (every rank builds it with the same sizes)")
 
-    def _same_step_on_every_rank(self, step: int) -> None:
+    def _same_step_on_every_rank(self, step: int, refused: ConfigError | None = None) -> None:
         """A resume from checkpoints of different steps (one rank's file saved later) paired merge events that are
-        not the same: refused on every rank, before anything is loaded."""
-        mine = torch.tensor([step], dtype=torch.int64, device=self.wire_dev)
+        not the same: refused on every rank, before anything is loaded; so is a checkpoint this rank or another
+        ``refused`` (its own line here, the rank's number on the others)."""
+        mine = torch.tensor([step, int(refused is not None)], dtype=torch.int64, device=self.wire_dev)
         every = [torch.zeros_like(mine) for _ in range(self.W)]
         self._collective(lambda: dist.all_gather(every, mine, group=self.group, async_op=True), "the resume")
-        steps = [int(x) for x in every]
+        if refused is not None:
+            raise refused
+        others = [r for r, x in enumerate(every) if int(x[1])]
+        if others:
+            raise ConfigError("state_dict", f"rank{'s' * (len(others) > 1)} {self._ranks(others)} refused "
+                                            f"{'their checkpoints' if len(others) > 1 else 'its checkpoint'} (its own "
+                                            "line says why); allowed: the state_dict each rank saved, on every rank")
+        steps = [int(x[0]) for x in every]
         if len(set(steps)) > 1:
             said = "; ".join(f"rank{'s' * (len(rs) > 1)} {self._ranks(rs)} at step {s}"
                              for s, rs in sorted(_group_by(steps).items()))

@@ -431,7 +431,7 @@ class Study:
     notes: Annotated[tuple[str, ...], Seq] = ()
     # the cluster file (environment.from) and the bytes of the model evomerge calibrate timed for it, where it says
     calibrated_model: tuple[str, int] | None = None
-    # environment.from as the study wrote it, and the keys the study took from that file (not set beside `from`)
+    # environment.from as the study wrote it, and the keys the study set beside it (every other key is the file's)
     environment_from: tuple[str, tuple[str, ...]] | None = None
 
     def model_note(self, model) -> str | None:
@@ -750,7 +750,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
     (``evomerge calibrate`` writes it) with the keys beside ``from`` overriding them; ``calibrating``: the keys beside
     ``from`` alone. With the notes on the file (measured with another batch size or optimiser than the study's), and
     the file with the bytes of the model it timed, where it says (``Study.calibrated_model``), and ``from`` with the
-    keys taken from the file (``Study.environment_from``)."""
+    keys set beside it (``Study.environment_from``)."""
     workers = run.workers
     from .errors import unknown_key
 
@@ -809,7 +809,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
         raise ConfigError(e.field, f"{e.message} (from {path}{hint})") from None
     m = MEASURED_WITH.search(text)
     return spec, _measured_with(path, text, run), ((str(path), int(m[1])) if m else None), \
-        (ref, tuple(sorted(k for k in keys if k not in own)))
+        (ref, tuple(sorted(own)))
 
 
 def ignored_keys(spec: EnvSpec) -> dict[str, str]:

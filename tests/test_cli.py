@@ -213,6 +213,7 @@ def test_bad_study_files_exit_2_with_one_line(tmp_path, case, capsys):
 @pytest.mark.system
 def test_missing_data_exits_2_naming_the_files(tmp_path, tiny_study_file):
     env_dir = tmp_path / "no-data"
+    env_dir.mkdir()  # (a folder that is not there is --data-dir's own line)
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", "run", "--study", str(tiny_study_file), "--policy", "ring-gossip",
                         "--data-dir", str(env_dir)], capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in os.environ.items() if k != "EVOMERGE_DATA_DIR"} | {

@@ -1165,6 +1165,7 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
         st = m.state_dict()
         assert st["rank"] == 0 and st["model"] == [["weight", [2, 2]], ["bias", [2]]]
         m.load_state_dict(st | {"policy": st["policy"] | {"name": "exported", "description": "as found"}})
+        m.load_state_dict(st | {"model": [["module." + n, s] for n, s in st["model"]]})  # DDP's, compile's names
         with pytest.raises(ConfigError, match=r"^state_dict.rank: the checkpoint is rank 1's; this is rank 0; allowed: "
                                               r"each rank's own checkpoint"):
             m.load_state_dict(st | {"rank": 1})
@@ -1273,6 +1274,9 @@ try:
     elif case == "worker-group":  # every rank builds the group of ranks 0 and 2, and passes it: rank 1 is outside
         group = dist.new_group([0, 2])
         evomerge.Merger({"scheme": "allreduce"}, model, seed=0, total_steps=10, timeout=60, worker_group=group)
+    elif case == "policy":  # rank 1 read another policy file (and one of another name only: no difference)
+        policy = {"scheme": "gossip", "winner_bias": 0.3 if rank == 1 else 0.5, "name": f"file-{rank}"}
+        evomerge.Merger(policy, model, **kw)
     else:
         evomerge.Merger({"scheme": "gossip", "winner_bias": 0.5}, model, **kw)
     print("built")
@@ -1304,6 +1308,10 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
     # (the line held both policies whole: 2 kB of two dicts)
     ("resume-policy", ["error: state_dict.policy: the checkpoint's policy differs from this Merger's: mean_interval "
                        "5.0 in the checkpoint, 4.0 here; allowed: the policy the checkpoint was saved with"] * 3),
+    # (it said "rank 1's is another policy": which field, the user had to find)
+    ("policy", [f"error: policy: rank {o}'s is another policy (winner_bias {w[o]} there, {w[r]} here); allowed: the "
+                "same on every rank (each rank draws the merge schedule from the policy, seed and total_steps)"
+                for r, o, w in ((0, 1, {0: 0.5, 1: 0.3}), (1, 0, {0: 0.5, 1: 0.3}), (2, 1, {1: 0.3, 2: 0.5}))]),
     # (rank 1 said "worker_group: -100 is not a process group holding this rank", and gloo aborted the others)
     ("worker-group", ["error: worker_group: rank 1 passed a group that does not hold it (dist.new_group gives a rank "
                       "outside the group GroupMember.NON_GROUP_MEMBER); allowed: on every rank, the group of its own "

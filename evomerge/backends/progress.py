@@ -128,9 +128,10 @@ class Progress:
         self._calls = _Calls(timeout)
         self.run, self.rank, self.W, self.timeout = run, rank, W, timeout
         self.beat_every = min(max(timeout / 4, 0.01), 5.0)
-        # each rank's count read at most this often: a quarter of the timeout tells a silent rank in time, and keeps
-        # the reads of W ranks each watching the others (at the run's end) to W^2 / (timeout / 4) a second
-        self.poll_every = min(max(timeout / 4, 0.01), 15.0)
+        # each rank's count read at most this often: an eighth of the timeout tells a silent rank in time (a rank
+        # that steps is seen within that of its step), and keeps the reads of W ranks each watching the others (at
+        # the run's end) to W^2 / (timeout / 8) a second
+        self.poll_every = min(max(timeout / 8, 0.01), 15.0)
         self._told, self._t_told, self._t_pulsed = 0, -float("inf"), -float("inf")
         # (what, rank) -> (its count, when it was first seen); what: "step" (steps told), "wait" (waits told)
         self._seen: dict[tuple[str, int], tuple[int, float]] = {}
@@ -191,6 +192,7 @@ class Progress:
         ranks = list(ranks)
         self.watch(ranks, what)
         now = time.perf_counter()
+        # (a move is seen at the next read, up to poll_every after it: reads are an eighth of the timeout apart)
         return bool(ranks) and all(now - self._seen[(what, r)][1] <= self.timeout for r in ranks)
 
     def watch(self, ranks: Iterable[int], what: str = "step") -> None:
@@ -210,6 +212,15 @@ class Progress:
             self.store.add(f"meet/{n}/count", 1)
         self._calls.wait(say)
         return n
+
+    def read(self, n: int) -> None:
+        """This rank has read every rank's value at meeting ``n`` (:meth:`readers`)."""
+        self._calls.wait(lambda: self.store.add(f"meet/{n}/read", 1))
+
+    def readers(self, n: int) -> int:
+        """How many ranks have read every rank's value at meeting ``n``: a rank that finds them at odds waits for the
+        others to read them before it leaves (its process may hold the store)."""
+        return int(self._calls.wait(lambda: self.store.add(f"meet/{n}/read", 0)))
 
     def arrived(self, n: int) -> dict[int, int]:
         """The ranks at meeting ``n`` so far, with their values: one read of the meeting's count, and of its list

@@ -120,7 +120,11 @@ class StackedModel:
 def float32_bytes(model) -> int:
     """The bytes of one worker's parameters and buffers in float32 (what ``evomerge calibrate`` records of the model
     it timed)."""
-    m = model.module()
+    return module_float32_bytes(model.module())
+
+
+def module_float32_bytes(m: nn.Module) -> int:
+    """:func:`float32_bytes` of an ``nn.Module`` (a Merger's trace says it of the loop's model)."""
     return 4 * (sum(p.numel() for p in m.parameters()) + sum(b.numel() for b in m.buffers()))
 
 

@@ -22,13 +22,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..policy import NOT_IN_POLICY  # (the summary leaves them out)
 
 if TYPE_CHECKING:
     from ..study import Study
     from .config import SearchConfig
 
 ATTR = "fingerprint"
-NOT_IN_POLICY = ("name", "description", "schema_version")
 
 
 def _plain(obj: Any) -> Any:
@@ -56,12 +56,14 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def summary(study: "Study") -> dict[str, Any]:
+def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
+    """``corpus``: with the digest of a text study's corpus (read whole; left out where only the files beside the
+    study are looked at)."""
     out: dict[str, Any] = {}
     for section in ("data", "model", "run"):
         _flat(section, _plain(getattr(study, section)), out)
     base = study.path.parent if study.path is not None else None
-    if study.data.dataset == "text" and not study.data.loader:  # the corpus's content (evomerge.text)
+    if study.data.dataset == "text" and not study.data.loader and corpus:  # the corpus's content (evomerge.text)
         from .. import text
 
         out["data.text_digest"] = study.data.sha256 or text.digest(text.root_of(study.data, base))
@@ -126,10 +128,11 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
     diff = changes(stored, now, unused)
     src = getattr(study, "environment_from", None)
     if src is not None:  # a recalibrated cluster file: its name and the keys that moved, not each matrix in full
-        ref, keys = src
+        ref, own = src  # (own: the keys set beside `from`; every other one is the file's, dropped ones too)
+
         def key_of(d: str) -> str | None:
             k = d.split(" ", 1)[0].removeprefix("environment.").split(".", 1)[0]
-            return k if d.startswith("environment.") and k in keys else None
+            return k if d.startswith("environment.") and k not in own else None
         moved = [key_of(d) for d in diff if key_of(d)]
         if moved:
             said = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
