@@ -1059,6 +1059,8 @@ def _export(args, study, url, out: Path) -> int:
         doc = export_trial(study, url, out, args.trial)
         values = _values_text(doc["objectives"], study)
         print(f"wrote trial {doc['trial']} ({values}) to {out}")
+        if doc.get("verdict_note"):
+            print(f"note: {doc['verdict_note']}", file=sys.stderr)
         _policy_notes(doc, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     elif args.pareto:
@@ -1087,6 +1089,8 @@ def _export(args, study, url, out: Path) -> int:
                   "one, so the best trial is written", file=sys.stderr)
         from .policy import MergePolicy
 
+        if doc.get("verdict_note"):
+            print(f"note: {doc['verdict_note']}", file=sys.stderr)
         _policy_notes(doc, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]))
     return 0

@@ -130,7 +130,19 @@ def test_export_trial_refuses_a_trial_that_did_not_complete_or_diverged(tmp_path
         assert str(e.value) == f"--trial: {what}; {ok}"
     assert not (tmp_path / "x.json").exists()
     doc = export_trial(s, url, tmp_path / "x.json", 4)
-    assert doc["trial"] == 4 and doc["objectives"] == {"val_accuracy": 0.8}
+    assert doc["trial"] == 4 and doc["objectives"] == {"val_accuracy": 0.8} and doc["verdict_note"] is None
+    # what the search's verdict said of the trial is said with it (an export a baseline beat said nothing of it),
+    # not written into the policy file
+    o.set_user_attr("verdict", {"headline": "A baseline beats the search: fedavg beats trial 4 on ...", "seeds": [0, 1],
+                                "fresh": False, "beaten_by": ["fedavg"],
+                                "comparisons": [{"pick": 4, "baseline": "fedavg", "outcome": "worse"},
+                                                {"pick": 4, "baseline": "no-merging", "outcome": "better"},
+                                                {"pick": 0, "baseline": "fedavg", "outcome": "tie"}]})
+    doc = export_trial(s, url, tmp_path / "x.json", 4)
+    assert doc["verdict_note"] == ("the search's verdict on trial 4 (the search's own seeds 0, 1): it loses to fedavg; "
+                                   "beats no-merging")
+    assert "verdict_note" not in json.loads((tmp_path / "x.json").read_text())
+    assert export_trial(s, url, tmp_path / "x.json", 0)["verdict_note"].endswith(": it ties with fedavg")
 
 
 def _one_objective(tmp_path):

@@ -62,6 +62,22 @@ def load_study_trials(study: Study, storage_url: str):
     return load_study(study, storage_url)
 
 
+def verdict_note(ostudy, number: int) -> str | None:
+    """What the search's last verdict (``evomerge status`` shows it) said of trial ``number`` against each baseline,
+    where it judged that trial (an export that a baseline beat said nothing of it); None otherwise."""
+    from ..search.verdict import ATTR, WORDS
+
+    v = ostudy.user_attrs.get(ATTR) or {}
+    said = [f"{WORDS.get(c.get('outcome'), c.get('outcome'))} {c.get('baseline')}" for c in v.get("comparisons", [])
+            if c.get("pick") == number]
+    if not said:
+        return None
+    seeds = v.get("seeds") or []
+    where = f"{'fresh' if v.get('fresh') else 'the search' + chr(39) + 's own'} seed{'s' * (len(seeds) != 1)} " \
+            f"{', '.join(map(str, seeds))}" if seeds else "its seeds"
+    return f"the search's verdict on trial {number} ({where}): it " + "; ".join(said)
+
+
 def export_best(study: Study, storage_url: str, out: Path, tolerance: float | str | None = None,
                 limits: dict[str, float] | None = None) -> dict:
     """The one policy :func:`evomerge.search.results.pick_one` picks (its rule in words under ``picked_by``)."""
@@ -74,7 +90,7 @@ def export_best(study: Study, storage_url: str, out: Path, tolerance: float | st
     doc = export_document(best, study, ostudy.user_attrs.get(fingerprint.ATTR)) | {"picked_by": rule}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
-    return doc
+    return doc | {"verdict_note": verdict_note(ostudy, doc["trial"])}  # (said, not written: a verdict can be redone)
 
 
 def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict:
@@ -98,7 +114,7 @@ def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict
         {"picked_by": f"--trial {number}"}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
-    return doc
+    return doc | {"verdict_note": verdict_note(ostudy, number)}
 
 
 def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
