@@ -134,8 +134,8 @@ def check_options(args, writes: bool = True) -> None:
     if args.slow_rank == -1 and args.slow_factor > 1:
         raise ConfigError("--slow-rank", f"none, so --slow-factor {args.slow_factor:g} emulates nothing; allowed: the "
                                          "rank to slow down, e.g. --slow-rank 0")
-    if not args.timeout > 0:
-        raise ConfigError("--timeout", f"{args.timeout} is out of range; allowed: seconds > 0")
+    if not 0 < args.timeout <= 1e6:  # (as the Merger's: inf or 1e15 was a timedelta's or a timer's traceback)
+        raise ConfigError("--timeout", f"{args.timeout:g} is out of range; allowed: seconds in (0, 1e+06]")
     if writes:
         check_writable(args.output, "--output")
 
