@@ -226,9 +226,11 @@ def test_a_baseline_whose_interval_outlasts_the_run_is_said_to_have_never_merged
             data_dir=data_dir)
     assert r.returncode == 0, r.stderr
     notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
-    assert len(notes) == 1 and notes[0].startswith("note: trial 0 never merged: a worker's 30 local steps ended before "
-                                                   "its first merge (all workers average every 4") and \
-        notes[0].endswith("so it ran as no-merging"), r.stderr
+    # (first what the search's verdict said of it, then that it never merged)
+    assert len(notes) == 2 and notes[0].startswith("note: the search's verdict on trial 0 (the search's own seed 0): "
+                                                   "it "), r.stderr
+    assert notes[1].startswith("note: trial 0 never merged: a worker's 30 local steps ended before its first merge "
+                               "(all workers average every 4") and notes[1].endswith("so it ran as no-merging"), r.stderr
 
 
 @pytest.mark.integration
