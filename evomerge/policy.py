@@ -26,6 +26,11 @@ from .engine.topology import TOPOLOGIES
 
 # a policy's fields that do not change what it does (its name, its words, its file format)
 NOT_IN_POLICY = ("name", "description", "schema_version")
+
+
+def what_merges(policy: dict) -> dict:
+    """A policy's fields less :data:`NOT_IN_POLICY`: what two policies must share to merge alike."""
+    return {k: v for k, v in policy.items() if k not in NOT_IN_POLICY}
 SCHEMA_VERSION = 10
 EXPORT_FORMAT = 2  # evomerge export's files; 2: the run settings the policy was found with (run.lr, run.weight_decay)
 # Fields added by each schema version; older files lack them and get their defaults (off).

@@ -89,7 +89,12 @@ EARLY = 10.0  # EARLY + t: the stop message of a rank that calls finish() after 
 # the stop message of a rank whose own wait ran out: TIMED_OUT (a collective: every rank waited for), or
 # TIMED_OUT - 1 - r (rank r); a rank that answered the roll call after all was late, not gone (_fail names it)
 TIMED_OUT = -1.0
-TOLD_WAITING = 1.5  # the stop message of a rank told to stop while it waited for a merge (1.0: while it stepped)
+TOLD_STEPPING, TOLD_WAITING = 1.0, 1.5  # the stop message of a rank told to stop while it stepped, or waited
+
+
+def _timed_out(peer: int | None) -> float:
+    """The stop message of a rank whose wait for ``peer`` (None: a collective, every rank) ran out."""
+    return TIMED_OUT if peer is None else TIMED_OUT - 1 - peer
 WORKER_STOPPED = -1.0  # the flag a worker's leader broadcasts to its other ranks when it stops; its line follows
 LINE_BYTES = 1024  # the longest stop line a leader sends its worker's other ranks (UTF-8)
 EXIT_GRACE = 2.0  # seconds a rank ending without finish() waits for a lower rank that is ending too
@@ -306,6 +311,14 @@ def _group_by(values: list) -> dict:
     return out
 
 
+def _differences(theirs: dict, mine: dict, where: str) -> str:
+    """The fields in which two policies (dicts) differ, the first three in words: ``mean_interval 5.0 {where}, 4.0
+    here``."""
+    fields = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+    return ", ".join(f"{k} {theirs.get(k)!r} {where}, {mine.get(k)!r} here" for k in fields[:3]) + \
+        (f" (and {len(fields) - 3} more)" if len(fields) > 3 else "")
+
+
 def _done_by(work: _Pending, deadline: float, tick=None) -> bool:
     """Poll ``work`` until it is done (True) or ``deadline`` (``time.perf_counter()``) passes or its connection closes
     (False); ``tick()`` between polls, if given."""
@@ -517,14 +530,14 @@ class Merger:
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")
         from .models import state_buffers
 
-        if p.scheme == "async" and isinstance(model, torch.nn.Module) and state_buffers(model):  # (before its speeds)
-            raise ConfigError("model", f"has buffers ({state_buffers(model)[0][0]!r}); scheme 'async' (asynchronous "
-                                       "DiLoCo) with buffers is not built yet; allowed: a model without buffers, or "
-                                       "scheme allreduce")
+        named_buffers = state_buffers(model)  # a non-persistent buffer (a causal mask) is the module's own, not merged
+        if p.scheme == "async" and named_buffers:  # (before its speeds: said first, as what the loop must change)
+            raise ConfigError("model", f"has buffers ({named_buffers[0][0]!r}); scheme 'async' (asynchronous DiLoCo) "
+                                       "with buffers is not built yet; allowed: a model without buffers, or scheme "
+                                       "allreduce")
         local_steps = _async_local_steps(p, self.W, speeds, worker_group)
 
         params = [t for t in model.parameters()]
-        named_buffers = state_buffers(model)  # a non-persistent buffer (a causal mask) is the module's own, not merged
         buffers = [t for _, t in named_buffers]
         for name, t in list(model.named_parameters()) + named_buffers:
             if not t.is_contiguous():
@@ -873,21 +886,19 @@ class Merger:
     def _same_as_saved(self, state: dict) -> None:
         """The checkpoint was saved by a Merger like this one: its world, seed, total_steps and policy (its name and
         description aside), its model's tensors, and this rank."""
-        from .policy import NOT_IN_POLICY
+        from .policy import what_merges
 
-        def merging(policy):  # a policy's name and description do not change what it does
-            return {k: v for k, v in policy.items() if k not in NOT_IN_POLICY} if isinstance(policy, dict) else policy
         for key, mine in (("world", self.W), ("seed", self.seed), ("total_steps", self.T),
-                          ("policy", merging(self.p.to_dict()))):
-            theirs = merging(state.get(key)) if key == "policy" else state.get(key)
+                          ("policy", what_merges(self.p.to_dict()))):
+            theirs = state.get(key)
+            if key == "policy" and isinstance(theirs, dict):
+                theirs = what_merges(theirs)
             if theirs == mine:
                 continue
             if key == "policy" and isinstance(theirs, dict):  # name the fields, not two whole policies
-                fields = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
-                said = ", ".join(f"{k} {theirs.get(k)!r} in the checkpoint, {mine.get(k)!r} here" for k in fields[:3])
-                more = f" (and {len(fields) - 3} more)" if len(fields) > 3 else ""
-                raise ConfigError("state_dict.policy", f"the checkpoint's policy differs from this Merger's: {said}"
-                                                       f"{more}; allowed: the policy the checkpoint was saved with")
+                said = _differences(theirs, mine, "in the checkpoint")
+                raise ConfigError("state_dict.policy", f"the checkpoint's policy differs from this Merger's: {said}; "
+                                                       "allowed: the policy the checkpoint was saved with")
             raise ConfigError(f"state_dict.{key}", f"{theirs!r} differs from this Merger's {mine!r}; allowed: the "
                                                    f"{key} the checkpoint was saved with")
         self._same_model_as_saved(state)
@@ -1482,7 +1493,7 @@ class Merger:
                     return out
                 # a pair's peer; else (the end, a checkpoint, a collective) every rank: the late are those still stepping
                 peer = what[1]() if callable(what[1]) else what[1]
-                raise self._fail(what[0], f"for {self.timeout:g} s", waited=peer)
+                raise self._fail(what[0], f"for {self.timeout:g} s", said=_timed_out(peer))
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
 
@@ -1501,21 +1512,18 @@ class Merger:
             except RuntimeError:
                 stopped = True
             if stopped:
-                raise self._fail(where, waited=-1 if waiting else -2)
+                raise self._fail(where, said=TOLD_WAITING if waiting else TOLD_STEPPING)
 
-    def _fail(self, where, how: str = "", waited: int | None = -1) -> MergerError:
+    def _fail(self, where, how: str = "", said: float = TOLD_WAITING) -> MergerError:
         """A rank died or hangs: every rank that finds out sends its stop message to all others (which makes them
         find out too), then waits, at most ``timeout``, for every other rank's; those that never send it, or whose
-        connection closed, are the ones named. ``where``: a merge event, or words. ``how`` (with ``waited``): this
-        rank's own wait ran out, for rank ``waited`` (None: a collective, every rank); its stop message says so, and
-        where every rank answers the roll call after all, the ranks waited for are named as late (slower than the
-        timeout allows), not as gone ("rank ? did not answer" on every rank). Without ``how``, ``waited`` -2: this
-        rank was told while it stepped (not at a merge), as a late rank is."""
+        connection closed, are the ones named. ``where``: a merge event, or words. ``how``: this rank's own wait ran
+        out. ``said``: its stop message (:func:`_timed_out`, or told while it waited or stepped); where every rank
+        answers the roll call after all, the ranks waited for are named as late (slower than the timeout allows),
+        not as gone ("rank ? did not answer" on every rank)."""
         if not self._stop_out:
-            mine = (1.0 if waited == -2 else TOLD_WAITING) if not how else \
-                TIMED_OUT if waited is None or waited < 0 else TIMED_OUT - 1 - waited
-            self._said_stop = mine
-            self._stop_out = self._send_stops(mine)
+            self._said_stop = said
+            self._stop_out = self._send_stops(said)
         deadline = time.perf_counter() + self.timeout
         # those that never sent theirs, or whose connection closed
         missing = {r for r, (work, _) in self._stop_in.items() if not _done_by(work, deadline, self._waiting)}
@@ -1555,9 +1563,9 @@ class Merger:
         said = {**said, self.rank: getattr(self, "_said_stop", TOLD_WAITING)}
         late = {int(TIMED_OUT - 1 - v) for v in said.values() if v < TIMED_OUT}
         if any(v == TIMED_OUT for v in said.values()):
-            late |= {r for r, v in said.items() if v == 1.0}
+            late |= {r for r, v in said.items() if v == TOLD_STEPPING}
         late = {r for r in late if 0 <= r < self.W}
-        stepping = {r for r in late if said.get(r) == 1.0}  # (a rank named that itself waited for one behind it)
+        stepping = {r for r in late if said.get(r) == TOLD_STEPPING}  # (a rank named that itself waited for one behind it)
         return stepping or late
 
     def _sent(self, work: _Pending, ev: int, to: int) -> bool | None:
@@ -1887,9 +1895,9 @@ class Merger:
         between ranks (e.g. total_steps from each rank's own shard size), naming the first that does."""
         import hashlib
 
-        from .policy import NOT_IN_POLICY
+        from .policy import what_merges
 
-        merging = {k: v for k, v in self.p.to_dict().items() if k not in NOT_IN_POLICY}  # (a name changes nothing)
+        merging = what_merges(self.p.to_dict())  # (a name changes nothing)
         digest = hashlib.sha256(json.dumps(merging, sort_keys=True).encode()).digest()
         shapes = hashlib.sha256(json.dumps([list(shape) for _, shape in self.layout.layout]).encode()).digest()
         # and the progress keys (backends.progress): rank 0 draws this Merger's number; every rank says whether it
@@ -1915,11 +1923,7 @@ class Merger:
                 if int(theirs[k]) != int(mine[k]):
                     what = f"{int(theirs[k])}, this rank's {int(mine[k])}"
                     if name == "policy":
-                        other = policies[r]
-                        fields = [f for f in sorted(set(other) | set(merging)) if other.get(f) != merging.get(f)]
-                        what = "another policy (" + ", ".join(f"{f} {other.get(f)!r} there, {merging.get(f)!r} here"
-                                                              for f in fields[:3]) + \
-                            (f" and {len(fields) - 3} more" if len(fields) > 3 else "") + ")"
+                        what = f"another policy ({_differences(policies[r], merging, 'there')})"
                     raise ConfigError(name, f"rank {r}'s is {what}; allowed: the same on every rank (each rank draws "
                                             "the merge schedule from the policy, seed and total_steps)")
 
@@ -2213,7 +2217,7 @@ class Merger:
             self._check_stops(what)
             self._waiting()
             if time.perf_counter() - t0 > self.timeout:
-                raise self._fail(what, f"for {self.timeout:g} s", waited=None)
+                raise self._fail(what, f"for {self.timeout:g} s", said=TIMED_OUT)
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
 

@@ -22,7 +22,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..policy import NOT_IN_POLICY  # (the summary leaves them out)
+from ..policy import what_merges
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -78,7 +78,7 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
             out[f"{field}_source"] = code[:16]
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
-    policy = {k: v for k, v in _plain(study.policy).items() if k not in NOT_IN_POLICY}
+    policy = what_merges(_plain(study.policy))
     _flat("policy", policy, out)
     for p in study.search.space:
         out[f"space.{p.name}"] = {k: v for k, v in _plain(p).items() if k != "name" and v not in (None, [])}
