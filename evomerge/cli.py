@@ -872,7 +872,10 @@ def cmd_search(args) -> int:
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
         import shlex  # what to do with the results: the search said where they are stored, not how to see them
 
-        where = shlex.quote(str(args.study)) + (f" --runs-dir {shlex.quote(str(args.runs_dir))}" if args.runs_dir
+        from .search.options import BY_NAME
+
+        runs_dir = args.runs_dir if args.runs_dir != BY_NAME["runs_dir"].cli_default() else None  # the default: said by none
+        where = shlex.quote(str(args.study)) + (f" --runs-dir {shlex.quote(str(runs_dir))}" if runs_dir
                                                  else "") + (" --storage ..." if args.storage else "") + \
             (" --tracking-uri ..." if getattr(args, "tracking_uri", None) else "")  # (addresses may hold passwords)
         print(f"next: evomerge export --study {where} -o best.json (the policy to deploy); evomerge ui --study "

@@ -69,15 +69,21 @@ def test_a_data_dir_that_does_not_exist_is_one_line_even_where_the_environment_h
 
 
 @pytest.mark.system
+@pytest.mark.parametrize("runs_dir", ["given", "default"])
 def test_a_search_ends_with_the_commands_that_show_and_export_its_results_and_they_work(tmp_path, data_dir,
-                                                                                       tiny_study_file):
-    """(The search said where its stores are, not how to see them: a new user did not find `evomerge ui`.)"""
+                                                                                       tiny_study_file, runs_dir,
+                                                                                       monkeypatch):
+    """(The search said where its stores are, not how to see them: a new user did not find `evomerge ui`. The
+    default folder was repeated as `--runs-dir runs` in every command.)"""
     import shlex
 
-    p = evomerge("search", "--study", str(tiny_study_file), "--n-trials", "2", "--no-verdict", "--runs-dir",
-                 str(tmp_path / "runs"), data_dir=data_dir, cwd=tmp_path)
+    monkeypatch.delenv("EVOMERGE_RUNS_DIR", raising=False)
+    given = ["--runs-dir", str(tmp_path / "runs")] if runs_dir == "given" else []
+    p = evomerge("search", "--study", str(tiny_study_file), "--n-trials", "2", "--no-verdict", *given,
+                 data_dir=data_dir, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    assert line.count("--runs-dir") == (3 if given else 0), line
     commands = [re.sub(r" \(.*\)$", "", c) for c in line.removeprefix("next: ").split("; ")]
     assert [shlex.split(c)[:2] for c in commands] == [["evomerge", "export"], ["evomerge", "ui"],
                                                       ["evomerge", "dashboard"]], line
