@@ -319,6 +319,16 @@ def _differences(theirs: dict, mine: dict, where: str) -> str:
         (f" (and {len(fields) - 3} more)" if len(fields) > 3 else "")
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of a warning raised where the caller of this function stands that points at the user's
+    line: the first frame outside evomerge and torch (whose no_grad wrapper a Merger's methods go through)."""
+    inside = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (sys.modules[__package__], torch))
+    f, level = sys._getframe(1), 1
+    while f is not None and f.f_code.co_filename.startswith(inside):
+        f, level = f.f_back, level + 1
+    return level
+
+
 def _done_by(work: _Pending, deadline: float, tick=None) -> bool:
     """Poll ``work`` until it is done (True) or ``deadline`` (``time.perf_counter()``) passes or its connection closes
     (False); ``tick()`` between polls, if given."""
@@ -681,6 +691,8 @@ class Merger:
         self._await_reply: dict[int, float] = {}  # push-pull events started, answer not merged yet -> time sent
         self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
         self._t_last = time.perf_counter()
+        # at one step, waits for ranks that may be far behind: [the step, every rank's step at the first look, said]
+        self._waited: list | None = None
         if worker_group is not None:
             self._share_progress()
             self._sync_worker(force=True)
@@ -1484,9 +1496,13 @@ class Merger:
                 if pr is not None and now - t_watch >= pr.poll_every:  # (the ranks waited for, at the store's pace)
                     pr.watch(awaited())
                     t_watch = now
+                    if self._waited is None or self._waited[0] != self.t:  # (the ranks' steps when this rank's waits
+                        self._waited = [self.t, {r: pr.told(r) for r in range(self.W)}, False]  # since its step began)
                 late = now - t0 > self.timeout and not (pr is not None and pr.moving(awaited()))
             except RuntimeError:  # the store is gone (with the process that held it)
                 raise self._fail(what[0]) from None
+            if not late and pr is not None and not self._waited[2] and now - self._t_last > self.timeout:
+                self._waited[2] = self._note_waiting(what[0], now - self._t_last, awaited(), self._waited[1])
             if late:
                 out = ready()  # (what the service above applied may have been the last of it)
                 if out is not None:
@@ -1496,6 +1512,23 @@ class Merger:
                 raise self._fail(what[0], f"for {self.timeout:g} s", said=_timed_out(peer))
             pause = min(0.002, pause + 0.0001)
             time.sleep(pause)
+
+    def _note_waiting(self, where, waited: float, ranks, first: dict) -> bool:
+        """Once where this rank's waits since its last step outlast ``timeout`` because the ranks waited for still
+        step (a slow rank at the end or a checkpoint): a warning naming them and their steps, at the line of the
+        user's loop that called in (the rank waited in silence for as long as the slowest took). Said only of ranks
+        seen stepping since this rank's waits began."""
+        pr, ranks = self._progress, sorted(ranks)
+        now = {r: pr.told(r) for r in ranks}
+        if not ranks or any(now[r] is None or first.get(r) is None or now[r] <= first[r] for r in ranks):
+            return False
+        steps = ", ".join(f"{now[r]}" for r in ranks)
+        many = len(ranks) > 1
+        warnings.warn(f"rank {self._global(self.rank)} has waited {waited:.0f} s at {where} for rank{'s' * many} "
+                      f"{self._ranks(ranks)}, still stepping (step{'s' * many} {steps} of {self.T}): it waits on while "
+                      f"{'they step' if many else 'it steps'}; a rank silent for the timeout ({self.timeout:g} s) "
+                      "is named and stops the run", stacklevel=_callers_level())
+        return True
 
     def _gone(self, peer: int, ev, e: Exception) -> MergerError:
         """A message to or from ``peer`` failed (its connection closed): find who is gone, tell the others."""

@@ -195,6 +195,11 @@ class Progress:
         # (a move is seen at the next read, up to poll_every after it: reads are an eighth of the timeout apart)
         return bool(ranks) and all(now - self._seen[(what, r)][1] <= self.timeout for r in ranks)
 
+    def told(self, r: int, what: str = "step") -> int | None:
+        """Rank ``r``'s count (its step, or its waits) as this rank last read it; None before the first look."""
+        seen = self._seen.get((what, r))
+        return None if seen is None else seen[0]
+
     def watch(self, ranks: Iterable[int], what: str = "step") -> None:
         """Look at ``ranks``' step counts (or wait counts) at most every :attr:`poll_every` seconds each, so that a
         later :meth:`moving` knows when each last moved."""
