@@ -870,14 +870,8 @@ def cmd_search(args) -> int:
         return 130
     view.summary(result, data_dir=args.data_dir)
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
-        import shlex  # what to do with the results: the search said where they are stored, not how to see them
-
-        from .search.options import BY_NAME
-
-        runs_dir = args.runs_dir if args.runs_dir != BY_NAME["runs_dir"].cli_default() else None  # the default: said by none
-        where = shlex.quote(str(args.study)) + (f" --runs-dir {shlex.quote(str(runs_dir))}" if runs_dir
-                                                 else "") + (" --storage ..." if args.storage else "") + \
-            (" --tracking-uri ..." if getattr(args, "tracking_uri", None) else "")  # (addresses may hold passwords)
+        # what to do with the results: the search said where they are stored, not how to see them
+        where = _stored_at(args, args.study)
         print(f"next: evomerge export --study {where} -o best.json (the policy to deploy); evomerge ui --study "
               f"{where} (its runs in MLflow); evomerge dashboard --study {where}", file=sys.stderr)
     if args.json_out:
@@ -950,10 +944,24 @@ def cmd_transfer(args) -> int:
           f"{fig(result['kendall'], '.3f')} (p {fig(result['kendall_p'], '.3g')}) over {result['top']} policies: "
           f"{verdict(rho, result['top'], result['spearman_p'])}")
     print(f"logged to MLflow run {run_id} ({shown(uri)}{'' if logged else ', by an earlier transfer with the same results'});"
-          f" `evomerge dashboard --study {args.study}` shows it")
+          f" `evomerge dashboard --study {_stored_at(args, args.study)}` shows it")
     if args.json_out:
         _write_json(args.json_out, json.dumps(result | {"mlflow_run_id": run_id}, indent=2))
     return 0
+
+
+def _stored_at(args, study) -> str:
+    """``study`` and the flags that find its stores as this command was given them, for a command it suggests (the
+    default runs folder said by none; addresses, which may hold passwords, as ``...``)."""
+    import shlex
+
+    from .search.options import BY_NAME
+
+    runs_dir = getattr(args, "runs_dir", None)
+    runs_dir = runs_dir if runs_dir != BY_NAME["runs_dir"].cli_default() else None
+    return (shlex.quote(str(study)) + (f" --runs-dir {shlex.quote(str(runs_dir))}" if runs_dir else "")
+            + (" --storage ..." if getattr(args, "storage", None) else "")
+            + (" --tracking-uri ..." if getattr(args, "tracking_uri", None) else ""))
 
 
 def _console_err():

@@ -4,6 +4,7 @@ their correlations printed, logged to MLflow and drawn on the dashboard; real SQ
 import json
 import math
 import re
+import shlex
 
 import pytest
 from scipy.stats import kendalltau, spearmanr
@@ -70,10 +71,17 @@ def test_transfer_prints_both_rankings_and_the_correlations(tmp_path, data_dir, 
                            compute_baselines=False).read_text()
     assert 'id="transfer-big"' in page and 'id="plot-transfer-big"' in page and "Kendall tau" in page
     assert page.count("<tr><td>") >= 4  # one row per re-run policy
-    # two policies: no p-value (scipy's nan is not printed)
-    p2 = cli("transfer", "--study", str(f), "--target", str(big), "--top", "2", "--quiet", cwd=tmp_path,
-             data_dir=data_dir)
+    # two policies: no p-value (scipy's nan is not printed); from another folder, the stores named by --runs-dir:
+    # the dashboard command it prints finds them (it left out --runs-dir, and said "unknown study" there)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p2 = cli("transfer", "--study", "small", "--runs-dir", str(tmp_path / "runs"), "--target", str(big), "--top", "2",
+             "--quiet", cwd=elsewhere, data_dir=data_dir)
     assert p2.returncode == 0 and "(p n/a)" in p2.stdout and "nan" not in p2.stdout, p2.stdout
+    (shows,) = re.findall(r"`evomerge (dashboard [^`]*)` shows it", p2.stdout)
+    p3 = cli(*shlex.split(shows), "--no-baselines", "--out", str(elsewhere / "dash"), cwd=elsewhere, data_dir=data_dir)
+    assert p3.returncode == 0, p3.stderr[-2000:]
+    assert 'id="transfer-big"' in (elsewhere / "dash" / "index.html").read_text()
 
 
 @pytest.mark.system
