@@ -240,6 +240,9 @@ def add_run(sub):
                    help="run seed (default: an exported file's first seed, else the study's first seed)")
     p.add_argument("--reevaluate", type=int, default=0, metavar="N",
                    help="run N fresh seeds and report test-set accuracy with mean and spread (default: 0, off)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="the step size of this run, e.g. a baseline's best as the search's verdict names it "
+                        "(default: an exported file's searched run.lr, else the study's run.lr)")
     p.set_defaults(handler=cmd_run)
 
 
@@ -526,6 +529,10 @@ def cmd_run(args) -> int:
     policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     study, note = found_with(study, exported)  # the step size the policy was found with
+    if args.lr is not None:
+        study, note, changed = _given_lr(args.lr, study, exported, changed)
+    elif not exported:
+        note = _baseline_lr_note(study, args)
     if note:
         print(note)
     for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
@@ -618,6 +625,39 @@ def cmd_run(args) -> int:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
+
+
+def _given_lr(lr: float, study, exported: dict | None, changed: str):
+    """``run --lr``: the study with that step size, the note saying so, and (a replay of an exported trial at another
+    step size) what differs from the trial, so that its figures are not held to the trial's."""
+    import math
+
+    from .study import with_run
+
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError("--lr", f"{lr:g}; allowed: a step size > 0")
+    was = study.run.lr
+    if lr == was:
+        return study, None, changed
+    whose = "the exported trial's" if exported and "lr" in (exported.get("run_searched") or ()) else "the study's"
+    if exported:
+        changed = ", ".join(x for x in (changed, f"run.lr {lr:g} by --lr, {whose} {was:g}") if x)
+    return with_run(study, {"lr": lr}), f"note: run.lr {lr:g} (--lr), where {whose} is {was:g}", changed
+
+
+def _baseline_lr_note(study, args) -> str | None:
+    """``run --policy NAME`` of one of the study's baselines, where its search chose the baseline's step size
+    (``[baselines] lr``) other than the study's: the verdict judged it there, and this run is at the study's."""
+    name = str(args.policy)
+    if name not in study.baselines or not study.baseline_lr or Path(name).is_file():
+        return None
+    from .search.baselines import kept_lrs
+
+    best = kept_lrs(study, _searched(study, args)).get(name)
+    if best is None or best == study.run.lr:
+        return None
+    return (f"note: {name} runs at the study's run.lr {study.run.lr:g}; its search judged it at its best step size, "
+            f"{best:g} of [baselines] lr (--lr {best:g} runs it there)")
 
 
 def _changed_since(exported: dict, study) -> str:

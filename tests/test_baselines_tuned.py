@@ -63,6 +63,21 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     for n in st.baselines:
         assert f"{n} " in said and f"baseline (lr {want[n]:g}, its best)" in said
 
+    # `run` of a baseline says at which step size the search judged it, and `--lr` runs it there: the row's figures
+    # (it ran at the study's lr in silence, and the verdict's numbers could not be had from it)
+    name = next(n for n in st.baselines if want[n] != st.run.lr)
+    p = cli("run", "--study", str(f), "--policy", name, "--quiet", "--json", "r.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert (f"note: {name} runs at the study's run.lr {st.run.lr:g}; its search judged it at its best step size, "
+            f"{want[name]:g} of [baselines] lr (--lr {want[name]:g} runs it there)") in p.stdout, p.stdout
+    p = cli("run", "--study", str(f), "--policy", name, "--quiet", "--json", "r.json", "--lr", str(want[name]),
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and f"note: run.lr {want[name]:g} (--lr), where the study's is {st.run.lr:g}" in p.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["final"]["val_accuracy"] == \
+        doc["baselines"][name]["final"]["val_accuracy"]
+    p = cli("run", "--study", str(f), "--policy", name, "--lr", "0", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.strip() == "error: --lr: 0; allowed: a step size > 0", p.stderr
+
     # the file moved away: `baselines --study NAME` runs the stored definition, at the step sizes the search chose
     # (kept with its trials), without tuning them again
     f.rename(tmp_path / "moved.toml")

@@ -81,6 +81,13 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     assert p.returncode == 0, p.stderr
     assert f"found with run.lr {best.params['run.lr']:g} (the study says 0.05)" in p.stdout
     assert f"validation accuracy matches trial {best.number}" in p.stdout  # replayed at the found lr
+    # at another step size (--lr): said, and not held to the trial's figures
+    p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", "--lr", "0.07", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert f"note: run.lr 0.07 (--lr), where the exported trial's is {best.params['run.lr']:g}" in p.stdout, p.stdout
+    assert (f"note: lr changed since trial {best.number} ran (run.lr 0.07 by --lr, the exported trial's "
+            f"{best.params['run.lr']:g}), so this run's figures are not held to the trial's") in p.stderr, p.stderr
 
     # transfer re-runs each policy at the step size it was found with
     big = write_study(tmp_path, name="big", workers=2, steps=20)

@@ -44,6 +44,16 @@ def edge_note(study: Study, lrs: dict[str, float]) -> str | None:
             "one (only the step size is tuned: each rule's other settings are its policy file's)")
 
 
+def kept_lrs(study: Study, storage_study) -> dict[str, float]:
+    """Each baseline's step size as a search of ``study`` chose and kept it (:func:`tuned_lrs`), without tuning:
+    ``{}`` when none is kept (no search, or one of another ``[baselines] lr`` or fingerprint)."""
+    if not study.baseline_lr or storage_study is None:
+        return {}
+    policies = [(name, study.resolve_policy(name)) for name in study.baselines]
+    return dict(storage_study.user_attrs.get(_key(study, policies, "baseline-lr-v1", list(study.run.seeds),
+                                                  list(study.baseline_lr)), {}))
+
+
 def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study=None, announce=None,
               setups: dict | None = None, keep_or_not: bool = False) -> dict[str, float]:
     """Each baseline's step size: of the study's ``[baselines] lr``, the one whose runs on the study's own seeds
