@@ -42,7 +42,7 @@ def _check_seed_and_device(seed, device) -> None:
 
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
         procs: int | None = None, callback=None, evaluate_test: bool = False, emulate_time: bool = False,
-        runs_dir=None, storage: str | None = None):
+        runs_dir=None, storage: str | None = None, lr: float | None = None):
     """Run one merge run of ``policy`` on ``study`` and return its :class:`RunResult`; ``evomerge run`` in Python.
 
     ``study`` is a name, a path or a Study (a name a search stored under ``runs_dir``, or in ``storage``, from a
@@ -51,7 +51,8 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     file's first seed, else the study's first seed. ``backend="distributed"`` runs it on ``procs``
     processes (default one per worker) over ``torch.distributed``; call it under
     ``if __name__ == "__main__":`` (the processes are spawned); ``emulate_time`` paces its ranks to the
-    simulated clock of a study with an ``[environment]``. The keywords are the options of
+    simulated clock of a study with an ``[environment]``; ``lr`` runs it at that step size (default: an exported
+    file's searched one, else the study's ``run.lr``). The keywords are the options of
     ``evomerge run`` with the same names and defaults (tests/test_cli.py holds them together).
     """
     import inspect
@@ -61,7 +62,7 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     with keyword_names(inspect.signature(run).parameters):  # a bad keyword is named as the caller wrote it
         from .engine.setup import prepare
         from .backends import runner
-        from .backends import found_with, run_inputs
+        from .backends import found_with, given_lr, run_inputs
         from .search.results import load_or_stored
         from .study import Study, load
 
@@ -70,6 +71,8 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
         st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
         pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
         st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
+        if lr is not None:
+            st, note, _ = given_lr(lr, st, exported, "")
         if note:
             import warnings
 

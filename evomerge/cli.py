@@ -517,7 +517,7 @@ def _num(v, fmt: str = ".4f") -> str:
 
 
 def cmd_run(args) -> int:
-    from .backends import found_with, run_inputs
+    from .backends import found_with, given_lr, run_inputs
     from .search.results import load_or_stored
 
     # a file or a shipped name as it says now, else a study searched from a file elsewhere, as stored; an unknown
@@ -530,7 +530,7 @@ def cmd_run(args) -> int:
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     study, note = found_with(study, exported)  # the step size the policy was found with
     if args.lr is not None:
-        study, note, changed = _given_lr(args.lr, study, exported, changed)
+        study, note, changed = given_lr(args.lr, study, exported, changed)
     elif not exported:
         note = _baseline_lr_note(study, args)
     if note:
@@ -625,24 +625,6 @@ def cmd_run(args) -> int:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
-
-
-def _given_lr(lr: float, study, exported: dict | None, changed: str):
-    """``run --lr``: the study with that step size, the note saying so, and (a replay of an exported trial at another
-    step size) what differs from the trial, so that its figures are not held to the trial's."""
-    import math
-
-    from .study import with_run
-
-    if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError("--lr", f"{lr:g}; allowed: a step size > 0")
-    was = study.run.lr
-    if lr == was:
-        return study, None, changed
-    whose = "the exported trial's" if exported and "lr" in (exported.get("run_searched") or ()) else "the study's"
-    if exported:
-        changed = ", ".join(x for x in (changed, f"run.lr {lr:g} by --lr, {whose} {was:g}") if x)
-    return with_run(study, {"lr": lr}), f"note: run.lr {lr:g} (--lr), where {whose} is {was:g}", changed
 
 
 def _baseline_lr_note(study, args) -> str | None:

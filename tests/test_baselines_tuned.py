@@ -75,6 +75,14 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     assert p.returncode == 0 and f"note: run.lr {want[name]:g} (--lr), where the study's is {st.run.lr:g}" in p.stdout
     assert json.loads((tmp_path / "r.json").read_text())["final"]["val_accuracy"] == \
         doc["baselines"][name]["final"]["val_accuracy"]
+    import evomerge
+    from evomerge.errors import ConfigError
+
+    with pytest.warns(UserWarning, match=rf"run\.lr {want[name]:g}"):  # evomerge.run(lr=): the same run
+        assert evomerge.run(st, name, 0, lr=want[name], data_dir=data_dir).final.val_accuracy == \
+            doc["baselines"][name]["final"]["val_accuracy"]
+    with pytest.raises(ConfigError, match=r"^lr: '0\.1'; allowed: a step size > 0$"):
+        evomerge.run(st, name, 0, lr="0.1", data_dir=data_dir)
     p = cli("run", "--study", str(f), "--policy", name, "--lr", "0", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr.strip() == "error: --lr: 0; allowed: a step size > 0", p.stderr
 

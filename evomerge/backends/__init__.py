@@ -240,6 +240,27 @@ def found_with(study, exported: dict | None):
     return with_run(study, differ), f"note: the exported policy was found with {said}; this run uses the found values"
 
 
+def given_lr(lr: float, study, exported: dict | None, changed: str):
+    """``run --lr`` (``evomerge.run(lr=)``): the study with that step size, the note saying so, and (a replay of an
+    exported trial at another step size) what differs from the trial, so that its figures are not held to the
+    trial's."""
+    import math
+
+    from ..study import with_run
+
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool):
+        raise ConfigError("--lr", f"{lr!r}; allowed: a step size > 0")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError("--lr", f"{lr:g}; allowed: a step size > 0")
+    was = study.run.lr
+    if lr == was:
+        return study, None, changed
+    whose = "the exported trial's" if exported and "lr" in (exported.get("run_searched") or ()) else "the study's"
+    if exported:
+        changed = ", ".join(x for x in (changed, f"run.lr {lr:g} by --lr, {whose} {was:g}") if x)
+    return with_run(study, {"lr": lr}), f"note: run.lr {lr:g} (--lr), where {whose} is {was:g}", changed
+
+
 def run_inputs(study, policy: MergePolicy | dict | str | Path, seed: int | None = None, *,
                backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
     """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:
