@@ -451,7 +451,7 @@ def _merger_note(policy) -> None:
     if _holdout_scored(policy):
         print(f"note: its winner test (winner_bias {policy.winner_bias:g}, score 'holdout') scores models on held-out "
               "examples: in a training loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does "
-              "not train on")
+              "not train on (and loss_fn=your loss, where it is not cross-entropy on class labels)")
 
 
 def _prepare(study, args):

@@ -57,6 +57,7 @@ every worker's state at an event or data that travels, and those the runtime doe
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import math
@@ -66,7 +67,7 @@ import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -240,11 +241,36 @@ def _holdout_scored(policy: MergePolicy) -> bool:
     return _winner_biased(policy) and policy.score == "holdout"
 
 
-def _check_holdout(holdout, policy: MergePolicy, loss_fn=None) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,
-                                                                          str | None]:
+def default_loss() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The winner test's loss where the loop gives no ``loss_fn``: the engine's cross-entropy (:mod:`evomerge.task`,
+    as a search scored the pair), which takes labels ``[N]`` or one per position ``[N, T]`` (a language model's
+    ``[N, T, C]`` logits), positions labelled -100 left out."""
+    from .task import Task
+
+    task = Task("cross_entropy")
+    task.ignores = True  # (-100 counted out wherever it appears)
+    return task.module_loss
+
+
+@contextlib.contextmanager
+def _in_eval(model: torch.nn.Module):
+    """``model`` in eval mode inside, each module's own mode after (a frozen BatchNorm stays in eval)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _check_holdout(holdout, policy: MergePolicy, loss_fn=None, model=None) -> tuple[
+        tuple[torch.Tensor, torch.Tensor] | None, str | None]:
     """This rank's held-out examples ``(x, y)`` when the policy scores on them, else None (a holdout given for a policy
     that does not is unused), and what is wrong with them, if anything (one line for ``holdout``): every rank learns
-    of it at the gather (:meth:`Merger._gather_holdouts`) before this one raises it, so none waits on it."""
+    of it at the gather (:meth:`Merger._gather_holdouts`) before this one raises it, so none waits on it. With
+    ``model``, its loss on the first example is taken once here (a loss that cannot take the model's outputs
+    raised at the first merge, with a traceback, on one rank)."""
     if not _holdout_scored(policy):
         return None, None
     if holdout is None:
@@ -263,6 +289,22 @@ def _check_holdout(holdout, policy: MergePolicy, loss_fn=None) -> tuple[tuple[to
         return None, (f"its labels are {str(holdout[1].dtype).replace('torch.', '')}, and loss_fn None scores them "
                       "with cross-entropy, which takes integer classes; allowed: integer class labels, or "
                       "loss_fn=a function (output, y) -> loss (torch.nn.functional.mse_loss for regression)")
+    if model is not None and (loss_fn is None or callable(loss_fn)):  # (a loss_fn that is not: its own line)
+        fn = loss_fn if loss_fn is not None else default_loss()
+        x, y, out = holdout[0][:1], holdout[1][:1], None
+        try:
+            dev = next(iter(model.parameters()), torch.empty(0)).device
+            with torch.no_grad(), _in_eval(model):
+                out = model(x.to(dev))
+                float(torch.as_tensor(fn(out, y.to(dev))).float().mean())
+        except Exception as e:  # noqa: BLE001 - the user's model or loss: one line
+            from .userref import one_line
+
+            shapes = (f"outputs {list(out.shape)} for labels {list(y.shape)}" if isinstance(out, torch.Tensor)
+                      else f"inputs {list(x.shape)}")
+            name = "the default cross-entropy" if loss_fn is None else getattr(loss_fn, "__name__", "loss_fn")
+            return None, (f"scoring its first example raised {one_line(e)} ({name}; the model's {shapes}); allowed: "
+                          "examples the model takes, and a loss_fn (output, y) -> loss that takes its outputs")
     return (holdout[0], holdout[1]), None
 
 
@@ -493,7 +535,7 @@ class Merger:
     them), for a gossip policy whose winner-biased lerp scores on held-out examples (``winner_bias > 0`` with
     ``score = "holdout"``, as evomerge's studies search it: each worker's ``score_samples`` examples carved from its
     shard). Both models of a pair are scored on the pair's two holdouts (the initiator's, then the peer's) by
-    ``loss_fn(model(x), y)`` (default: ``torch.nn.functional.cross_entropy``), in eval mode: the initiator sends its
+    ``loss_fn(model(x), y)`` (default: the engine's cross-entropy, :func:`default_loss`), in eval mode: the initiator sends its
     model's loss with its payload, the peer compares its own. Every rank's holdout is gathered once, here. Unused
     (and allowed) for any other policy.
     """
@@ -535,7 +577,7 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
-        held, held_why = (None, None) if self._follower else _check_holdout(holdout, p, loss_fn)
+        held, held_why = (None, None) if self._follower else _check_holdout(holdout, p, loss_fn, model)
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")
         from .models import state_buffers
@@ -626,7 +668,7 @@ class Merger:
         atexit.register(self._exit_hook)
         self._last: torch.Tensor | None = None  # every rank's last step, once the run drained
         self._hx = self._hy = None  # every rank's held-out examples (policy.score = "holdout"), [W, n, ...] each
-        self.loss_fn = torch.nn.functional.cross_entropy if loss_fn is None else loss_fn
+        self.loss_fn = default_loss() if loss_fn is None else loss_fn
         # the checks every rank makes on what all of them gathered: each refuses at the same point (a ConfigError
         # raised here must be raised on every rank: _abandon)
         try:
@@ -1914,13 +1956,8 @@ class Merger:
         """This rank's model's loss on ranks ``a``'s and ``b``'s held-out examples (in that order), in eval mode:
         one side of a pair's winner test (as the engine scores a pair on its two validation slices)."""
         x, y = torch.cat([self._hx[a], self._hx[b]]), torch.cat([self._hy[a], self._hy[b]])
-        modes = [(m, m.training) for m in self.model.modules()]  # each module's own (a frozen BatchNorm stays in eval)
-        self.model.eval()
-        try:
+        with _in_eval(self.model):
             loss = self.loss_fn(self.model(x), y)
-        finally:
-            for m, training in modes:
-                m.training = training
         return float(loss.detach().float().mean() if isinstance(loss, torch.Tensor) else loss)
 
     def _same_run_on_every_rank(self) -> None:

@@ -271,7 +271,8 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("ok: ") and out[1:] == [
         "note: its winner test (winner_bias 0.4, score 'holdout') scores models on held-out examples: in a training "
-        "loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does not train on"]
+        "loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does not train on (and "
+        "loss_fn=your loss, where it is not cross-entropy on class labels)"]
     f.write_text('{"scheme": "gossip", "topology": "random_regular", "degree": 3}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
