@@ -54,21 +54,21 @@ def _local_file(base_dir: Path, top: str) -> Path | None:
     return None
 
 
-def source_digest(ref: str, base_dir: str | Path | None) -> str | None:
-    """The sha256 of the source of ``ref``'s module where it sits beside the study (a file, or a package's ``.py``
-    files), so that a study's fingerprint changes with the user's own code; None for a module from ``sys.path``
-    (an installed package: its version is not read here)."""
-    import hashlib
-
-    if base_dir is None or not isinstance(ref, str) or ":" not in ref:
-        return None
-    top = ref.split(":")[0].split(".")[0]
-    local = _local_file(Path(base_dir), top)
+def _module_files(base_dir: Path, top: str) -> tuple[Path, list[Path]] | None:
+    """``top``'s files where it sits beside the study: (the folder they are named from, the ``.py`` files: the one
+    file, or a package's); None for a module from ``sys.path``."""
+    local = _local_file(base_dir, top)
     if local is None:
         return None
     root = local.parent
     files = sorted(f for f in root.rglob("*.py") if not any(part.startswith(".") for part in f.relative_to(root).parts)
                    ) if local.name == "__init__.py" else [local]  # (an editor's lock file .#x.py, a .venv inside)
+    return root, files
+
+
+def _digest(root: Path, files: list[Path]) -> str:
+    import hashlib
+
     h = hashlib.sha256()
     for f in files:
         try:
@@ -77,6 +77,65 @@ def source_digest(ref: str, base_dir: str | Path | None) -> str | None:
             continue
         h.update(str(f.relative_to(root)).encode() + b"\0" + text + b"\0")
     return h.hexdigest()
+
+
+def source_digest(ref: str, base_dir: str | Path | None) -> str | None:
+    """The sha256 of the source of ``ref``'s module where it sits beside the study (a file, or a package's ``.py``
+    files), so that a study's fingerprint changes with the user's own code; None for a module from ``sys.path``
+    (an installed package: its version is not read here)."""
+    if base_dir is None or not isinstance(ref, str) or ":" not in ref:
+        return None
+    found = _module_files(Path(base_dir), ref.split(":")[0].split(".")[0])
+    return None if found is None else _digest(*found)
+
+
+def source_file(ref: str, base_dir: str | Path | None) -> str | None:
+    """The file (or package folder) of ``ref``'s module beside the study, as a line names it; None where it is not
+    there."""
+    if base_dir is None or not isinstance(ref, str) or ":" not in ref:
+        return None
+    local = _local_file(Path(base_dir), ref.split(":")[0].split(".")[0])
+    return None if local is None else (local.name if local.name != "__init__.py" else f"{local.parent.name}/")
+
+
+def neighbours(ref: str, base_dir: str | Path | None) -> tuple[list[str], str] | None:
+    """The other modules beside the study that ``ref``'s module imports (``import helpers``, ``from helpers import
+    f``, anywhere in its code, and theirs in turn), read from their source without running it: their names and the
+    digest of their files; None where there are none (an edited helper module changed the data or the model, and a
+    search resumed on its old trials)."""
+    import ast
+
+    if base_dir is None or not isinstance(ref, str) or ":" not in ref:
+        return None
+    base, first = Path(base_dir), ref.split(":")[0].split(".")[0]
+    seen, todo, found = {first}, [first], []
+    while todo:
+        got = _module_files(base, todo.pop())
+        if got is None:
+            continue
+        for f in got[1]:
+            try:
+                tree = ast.parse(f.read_bytes())
+            except (OSError, SyntaxError, ValueError):
+                continue
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in seen and _local_file(base, top) is not None:
+                        seen.add(top)
+                        todo.append(top)
+                        found.append(top)
+    if not found:
+        return None
+    import hashlib
+
+    h = hashlib.sha256()
+    for top in sorted(found):
+        root, files = _module_files(base, top)
+        h.update(top.encode() + b"\0" + _digest(root, files).encode())
+    return sorted(source_file(f"{t}:x", base) for t in found), h.hexdigest()
 
 
 def _import(module: str, base_dir: Path | None):

@@ -67,9 +67,8 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
     module.write_text(module.read_text() + "\nWIDER = True  # the user's edit\n")
     p = cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
-    assert re.fullmatch(r"error: study tiny: model\.factory_source changed \(\"[0-9a-f]{16}\" -> \"[0-9a-f]{16}\"\) "
-                        r"since its 1 stored trials; use another \[study\] name or --runs-dir to start afresh\n",
-                        p.stderr), p.stderr
+    assert p.stderr == ("error: study tiny: model.factory_source changed (slowmlp.py edited) since its 1 stored "
+                        "trials; use another [study] name or --runs-dir to start afresh\n"), p.stderr
     assert states(db) == {"COMPLETE": 1}
     # an export made after the edit carries what the trials ran under: its replay names the change
     p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
@@ -79,6 +78,21 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
     assert re.search(r"note: tiny changed since trial 0 ran \(model\.factory_source changed", p.stderr), p.stderr
     # a named model has no module of the user's to hash
     assert not any(k.endswith("_source") for k in fingerprint.of(study.load(write_study(tmp_path / "named")))["summary"])
+
+    # a module beside the study that the model's module imports (own-model.md's `import helpers`): an edit of it
+    # is a change too (a helper's new data seed or layer resumed the search on the old trials in silence)
+    d = tmp_path / "neighbour"
+    d.mkdir()
+    f = write_study(d, slow=True)
+    (d / "slowhelp.py").write_text("WIDTH = 8\n")
+    module = d / "slowmlp.py"
+    module.write_text("import slowhelp  # noqa: F401\n" + module.read_text())
+    assert cli(*args[:2], str(f), *args[3:], "--n-trials", "1", cwd=d, data_dir=data_dir).returncode == 0
+    (d / "slowhelp.py").write_text("WIDTH = 16\n")
+    p = cli(*args[:2], str(f), *args[3:], "--n-trials", "2", cwd=d, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr == ("error: study tiny: model.factory_imports changed (slowhelp.py edited) "
+                                              "since its 1 stored trials; use another [study] name or --runs-dir to "
+                                              "start afresh\n"), p.stderr
 
 
 @pytest.mark.system

@@ -69,13 +69,17 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
         out["data.text_digest"] = study.data.sha256 or text.digest(text.root_of(study.data, base))
     # the user's own code beside the study (a model factory, a loader, a loss): its source, so that an edited
     # model file under the old study name is a change (the data a loader reads are not hashed)
-    from ..userref import source_digest
+    from ..userref import neighbours, source_digest, source_file
 
     for field, ref in (("model.factory", study.model.factory), ("data.loader", study.data.loader),
                        ("run.loss", study.run.loss)):
         code = source_digest(ref, base) if ref else None
         if code is not None:
             out[f"{field}_source"] = code[:16]
+            out[f"{field}_file"] = source_file(ref, base)  # (for the line that says what changed)
+            more = neighbours(ref, base)  # the modules beside the study it imports: an edited helper is a change
+            if more is not None:
+                out[f"{field}_imports"] = f"{more[1][:16]} ({', '.join(more[0])})"
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
     policy = what_merges(_plain(study.policy))
@@ -106,6 +110,10 @@ def changes(stored: dict[str, Any], now: dict[str, Any], unused: frozenset[str] 
             out.append(f"search.{k} removed")
         elif k not in now:
             out.append(f"{k} changed ({_show(stored[k])} -> absent)")
+        elif stored[k] != now[k] and k.endswith(("_source", "_imports")):  # the code, by its files' names
+            what = (now.get(k.removesuffix("_source") + "_file") if k.endswith("_source") else
+                    now[k].split(" ", 1)[-1].strip("()") if isinstance(now[k], str) else None)
+            out.append(f"{k} changed ({what or 'the code'} edited)")
         elif stored[k] != now[k]:
             out.append(f"{'search.' if k.startswith('space.') else ''}{k} changed ({_show(stored[k])} -> {_show(now[k])})")
     for k in sorted(now):
