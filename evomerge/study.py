@@ -874,6 +874,12 @@ def _data(d: dict) -> DataSpec:
 def _model(m: dict) -> ModelSpec:
     """Named models take their options as keys of ``[model]``; a factory takes ``options = {...}``."""
     if "factory" not in m:
+        for k in m:  # a misspelt [model] key (factroy) was taken for an option of the default mlp
+            near = did_you_mean(k, ("factory", "options", "name", "execution"))
+            if k not in ("name", "execution") and near:
+                raise ConfigError(f"study.model.{k}", f"unknown key of [model]; allowed: name (a named model), factory "
+                                                      "(your own nn.Module: \"mymodels:build\"), options (its "
+                                                      "keywords), execution, or a named model's options" + near)
         model_name = m.pop("name", "mlp")
         execution = m.pop("execution", "auto")
         if model_name == "module":

@@ -379,6 +379,9 @@ def test_a_misspelt_name_is_one_line_with_the_nearest_good_one(tmp_path, monkeyp
     (('name = "mlp"', 'name = "mpl"'), "error: study.model.name: unknown 'mpl'; allowed: "),
     (('hidden = [128]', 'hiden = [128]'),
      "error: study.model.hiden: unknown option of the 'mlp' model; allowed: hidden, execution; did you mean hidden?"),
+    # (a misspelt [model] key was taken for an option of the default mlp: `factroy` named mlp's options alone)
+    (('name = "mlp"', 'nme = "mlp"'), "error: study.model.nme: unknown key of [model]; allowed: name (a named model), "
+                                      "factory (your own nn.Module: \"mymodels:build\"), options (its keywords), "),
 ])
 def test_a_typo_in_a_users_study_file_names_the_key_and_the_nearest(tmp_path, monkeypatch, capsys, typo, line, data_dir):
     """A user's own study file (a copy of a shipped one with one typo): one line, the nearest key or value."""
