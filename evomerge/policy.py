@@ -283,6 +283,19 @@ class MergePolicy:
         kwargs = {**kwargs, "schema_version": SCHEMA_VERSION}
         return ArgsKwargs(data.args, kwargs) if isinstance(data, ArgsKwargs) else kwargs
 
+    @model_validator(mode="before")
+    @classmethod
+    def _outer_step_takes_the_whole_average(cls, data: Any) -> Any:
+        """An outer step after an all-reduce (DiLoCo) or a server's (asynchronous DiLoCo) takes the whole average
+        (mixing_weight 1): left out of a policy with an outer optimiser there, it is 1, not the gossip default 0.5
+        (a DiLoCo file as one writes it was refused for a field it never named)."""
+        kwargs = data.kwargs if isinstance(data, ArgsKwargs) else data
+        if not isinstance(kwargs, dict) or "mixing_weight" in kwargs or kwargs.get("outer_optimizer", "none") == "none" \
+                or kwargs.get("scheme", "gossip") not in ("allreduce", "async"):
+            return data
+        kwargs = {**kwargs, "mixing_weight": 1.0}
+        return ArgsKwargs(data.args, kwargs) if isinstance(data, ArgsKwargs) else kwargs
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "MergePolicy":
         if self.regroup_every and self.topology != "communities":

@@ -426,3 +426,18 @@ def test_cmaes_searches_the_outer_step_with_the_step_size(tmp_path, data_dir):
     assert len({t.params["outer_lr"] for t in trials}) == 6
     assert any(t.user_attrs["policy"]["outer_optimizer"] == "nesterov" for t in trials)  # both branches ran
     assert any(t.user_attrs["policy"]["outer_optimizer"] == "none" for t in trials)
+
+
+@pytest.mark.parametrize("scheme", ["allreduce", "async"])
+def test_an_outer_step_after_an_average_takes_the_whole_average_where_the_file_leaves_mixing_weight_out(scheme):
+    """A DiLoCo policy as one writes it (`{"scheme": "allreduce", "outer_optimizer": "nesterov", ...}`) was refused
+    for mixing_weight 0.5, the gossip default, which it never named; and that line hid the file's own mistake."""
+    diloco = {"scheme": scheme, "mean_interval": 10, "outer_optimizer": "nesterov", "outer_lr": 0.7,
+              "outer_momentum": 0.9}
+    assert MergePolicy.from_dict(diloco).mixing_weight == 1.0
+    assert MergePolicy(**diloco).mixing_weight == 1.0
+    with pytest.raises(ConfigError, match=r"^policy\.outer_momentum: 0 with outer_optimizer 'nesterov'"):
+        MergePolicy.from_dict(diloco | {"outer_momentum": 0.0})  # the file's mistake, named first
+    with pytest.raises(ConfigError, match=r"^policy\.mixing_weight: 0\.5 cannot take an outer step"):
+        MergePolicy.from_dict(diloco | {"mixing_weight": 0.5})  # one the file names is its own
+    assert MergePolicy.from_dict({"mean_interval": 10}).mixing_weight == 0.5  # gossip, no outer step
