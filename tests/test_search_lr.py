@@ -81,6 +81,13 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     assert p.returncode == 0, p.stderr
     assert f"found with run.lr {best.params['run.lr']:g} (the study says 0.05)" in p.stdout
     assert f"validation accuracy matches trial {best.number}" in p.stdout  # replayed at the found lr
+    # the dashboard says the step size with the policy: in the top trials and the best policy's section (a user
+    # copying the policy from the page lost it)
+    p = cli("dashboard", "--study", str(f), "--no-baselines", "--out", "dash", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    page = (tmp_path / "dash" / "index.html").read_text()
+    assert all(f"; run.lr {t.params['run.lr']:.3g}" in page for t in trials), page[:2000]
+    assert f"Searched with it: run.lr {best.params['run.lr']:.3g} (evomerge export writes it" in page
     # at another step size (--lr): said, and not held to the trial's figures
     p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", "--lr", "0.07", cwd=tmp_path,
             data_dir=data_dir)

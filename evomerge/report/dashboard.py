@@ -614,6 +614,10 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
         # "beaten" only for a trial the verdict judged (a multi-objective study's best first objective may not be)
         judged = {p["number"] for p in (stored_verdict or {}).get("picks", [])}
         beaten = (stored_verdict or {}).get("beaten_by") if top["number"] in judged else None
+        searched_run = top.get("run") or {}
+        if searched_run:  # the step size the trial searched with the policy is part of it (export writes both)
+            words += (" Searched with it: " + ", ".join(f"run.{k} {v:.3g}" for k, v in sorted(searched_run.items()))
+                      + " (evomerge export writes it beside the policy; a replay and the Merger's warning use it).")
         if picked is not None:
             words = f"The policy evomerge export writes: {picked_by}. " + words
         section("policy", f"The best trial, beaten by {', '.join(beaten)}: trial {top['number']}" if beaten
@@ -740,7 +744,7 @@ def _command_for(name: str, study: Study, url: str, default_file: str, flag: str
 def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> dict[str, Any]:
     """The top trials for the template: values, status (``diverged`` or ``ok``), policy, MLflow run (a link
     for an HTTP store; for the default local store, how to open it)."""
-    from ..search.results import missed
+    from ..search.results import describe_policy, missed
     from .tracking import VIEW_KEY, run_url
 
     http = tracking_uri.startswith(("http://", "https://"))
@@ -753,7 +757,7 @@ def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tra
             "cells": [size(v) if o == "bytes" else f"{v:.4f}{missed(study, o, v)}"
                       for o, v in zip(study.objectives, b["values"])],
             "status": "diverged" if diverged(b) else "ok",
-            "policy": MergePolicy.from_dict(b["policy"]).describe(),
+            "policy": describe_policy(b["policy"], b.get("run")),  # with the step size searched with it
             "run_id": rid,
             "run_url": run_url(tracking_uri, exp_id, rid) if rid and http and exp_id else None,
         })
