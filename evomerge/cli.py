@@ -1139,6 +1139,13 @@ def _policy_notes(doc: dict, study) -> None:
     finals = list((doc.get("metrics_per_seed") or {}).values())
     for words in policy_notes(MergePolicy.from_dict(doc["policy"]), finals, study).values():
         print(f"note: trial {doc['trial']} {words}", file=sys.stderr)
+    from .search.results import missed
+
+    ttt = (doc.get("objectives") or {}).get("time_to_target")
+    if ttt is not None and missed(study, "time_to_target", ttt):  # (only "(missed)" said so)
+        print(f"note: trial {doc['trial']} did not reach {study.target_metric} {study.target:g} within the time budget "
+              f"({study.environment.time_budget:g} s) on every seed: its time to target is a penalty past the budget, "
+              "not a time (budget x (2 - best / target))", file=sys.stderr)
 
 
 def _values_text(objectives: dict, study=None) -> str:

@@ -472,6 +472,12 @@ def test_a_target_never_reached_is_marked_missed_where_the_search_status_and_exp
     assert st.returncode == 0 and "(missed)" in st.stdout, st.stdout
     e = cli("export", "--study", str(f), "-o", str(tmp_path / "best.json"), cwd=tmp_path, data_dir=data_dir)
     assert e.returncode == 0 and re.search(r"wrote trial 0 \(time_to_target [\d.]+ \(missed\)\)", e.stdout), e.stdout
+    budget = study_mod.load(f).environment.time_budget
+    assert (f"note: trial 0 did not reach val_accuracy 0.999 within the time budget ({budget:g} s) on every seed: its "
+            "time to target is a penalty past the budget, not a time") in e.stderr, e.stderr
+    for args in (["--trial", "0"], []):  # --trial and the best alike, said once
+        e = cli("export", "--study", str(f), "-o", str(tmp_path / "t.json"), *args, cwd=tmp_path, data_dir=data_dir)
+        assert e.returncode == 0 and e.stderr.count("did not reach val_accuracy 0.999") == 1, e.stderr
     ok = write(tmp_path, name="reached")  # a target reached is a time, unmarked
     from evomerge.search.results import missed
 

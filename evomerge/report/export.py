@@ -107,8 +107,9 @@ def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict
                   "COMPLETE": "diverged (its values are not finite)"}
         what = f"trial {number} {states.get(got.state.name, got.state.name.lower())}" if got is not None else \
             f"{study.name!r} has no trial {number}"
-        allowed = (f"the number of a complete trial that did not diverge ({len(ok)}, from {min(ok)} to {max(ok)})"
-                   if ok else "none yet (no complete trial that did not diverge)")
+        which = ", ".join(map(str, ok)) if len(ok) <= 12 else f"{len(ok)} of them, from {min(ok)} to {max(ok)}"
+        allowed = (f"the number of a complete trial that did not diverge: {which}" if ok else
+                   "none yet (no complete trial that did not diverge)")
         raise ConfigError("--trial", f"{what}; allowed: {allowed}")
     doc = export_document(trial_summary(got, study), study, ostudy.user_attrs.get(fingerprint.ATTR)) | \
         {"picked_by": f"--trial {number}"}
