@@ -427,7 +427,7 @@ def cmd_policy_validate(args) -> int:
     return 0
 
 
-def _merger_note(policy) -> None:
+def _merger_note(policy, study=None) -> None:
     """One line where evomerge.Merger would refuse ``policy`` in a training loop (evomerge run still replays it), or
     needs more of the loop than its model and optimiser (each rank's held-out examples)."""
     from .runtime import _holdout_scored, check_policy
@@ -445,9 +445,18 @@ def _merger_note(policy) -> None:
               + (f"degree {policy.degree}" if policy.topology == "random_regular" else f"{policy.n_communities} communities")
               + f") runs on {need}: in a training loop, one rank per worker")
     if policy.scheme == "async" and policy.local_steps_by_speed:
+        env, simulated = getattr(study, "environment", None), ""
+        if env is not None:  # what the search ran it on: the study's speeds, 1 / each worker's step time multiplier
+            from .engine.clock import speed_factors
+
+            seed = study.run.seeds[0]
+            speeds = 1.0 / speed_factors(env, study.run.workers, seed)
+            if len(set(speeds.tolist())) > 1:
+                simulated = (f"; the study simulated [{', '.join(f'{v:.3g}' for v in speeds)}]"
+                             + (f" (seed {seed})" if env.speeds in ("lognormal", "pareto") else ""))
         print("note: its local steps scale by each rank's speed (local_steps_by_speed): in a training loop, pass "
               "evomerge.Merger(..., speeds=[...]), one per rank (steps per second in any common unit, or the speeds "
-              "evomerge calibrate writes)")
+              f"evomerge calibrate writes{simulated})")
     if _holdout_scored(policy):
         print(f"note: its winner test (winner_bias {policy.winner_bias:g}, score 'holdout') scores models on held-out "
               "examples: in a training loop, pass evomerge.Merger(..., holdout=(x, y)) with examples each rank does "
@@ -1095,7 +1104,7 @@ def _export(args, study, url, out: Path) -> int:
         if doc.get("verdict_note"):
             print(f"note: {doc['verdict_note']}", file=sys.stderr)
         _policy_notes(doc, study)
-        _merger_note(MergePolicy.from_dict(doc["policy"]))
+        _merger_note(MergePolicy.from_dict(doc["policy"]), study)
     elif args.pareto:
         paths = export_pareto(study, url, out)
         print(f"wrote {len(paths)} Pareto-optimal {'policy' if len(paths) == 1 else 'policies'} to {out}/"
@@ -1125,7 +1134,7 @@ def _export(args, study, url, out: Path) -> int:
         if doc.get("verdict_note"):
             print(f"note: {doc['verdict_note']}", file=sys.stderr)
         _policy_notes(doc, study)
-        _merger_note(MergePolicy.from_dict(doc["policy"]))
+        _merger_note(MergePolicy.from_dict(doc["policy"]), study)
     return 0
 
 

@@ -285,6 +285,17 @@ def test_validate_says_where_the_merger_refuses_a_policy(tmp_path, capsys):
     assert out[1:] == ["note: its local steps scale by each rank's speed (local_steps_by_speed): in a training loop, "
                        "pass evomerge.Merger(..., speeds=[...]), one per rank (steps per second in any common unit, or "
                        "the speeds evomerge calibrate writes)"], out
+    # exported from a study with a cluster: the speeds its search simulated, the rank-by-rank list to pass
+    from evomerge import study as study_mod
+    from evomerge.engine.clock import speed_factors
+    from evomerge.policy import MergePolicy
+
+    st = study_mod.load("mnist-stragglers")
+    cli._merger_note(MergePolicy.from_dict(json.loads(f.read_text())), st)
+    want = 1.0 / speed_factors(st.environment, st.run.workers, st.run.seeds[0])
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.endswith(f"; the study simulated [{', '.join(f'{v:.3g}' for v in want)}] (seed {st.run.seeds[0]}))")
+    assert len(want) == 16 and min(want) == want[15] < 0.5  # (its straggler, 4x slower)
     f.write_text('{"scheme": "allreduce", "mean_interval": 3, "winner_bias": 0.59, "similarity_bias": 0.3}')
     assert cli.main(["policy", "validate", str(f)]) == 0
     out = capsys.readouterr().out.splitlines()
