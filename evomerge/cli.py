@@ -1446,6 +1446,11 @@ def cmd_baselines(args) -> int:
                 row.append(f"{f.time_to_target:.4g} s" if f.time_to_target <= budget else "not reached")
         t.add_row(*row, f"{r.wall_time:.2f} s")
     _console().print(t)
+    from .search.results import policy_notes
+
+    for (name, r), (_, pol) in zip(results, policies):  # (fedavg's row the same as no-merging's, with no word)
+        for words in (policy_notes(pol, [r.metrics()], study) if r.status == "ok" else {}).values():
+            print(f"note: {name} {words}", file=sys.stderr)
     if lrs:
         from .search.baselines import edge_note
 

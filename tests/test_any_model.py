@@ -475,6 +475,9 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     assert r.returncode == 0, r.stderr
     head = next(line for line in r.stdout.splitlines() if "policy" in line and "status" in line)
     assert "val loss" in head and "acc" not in head and "worker" not in head, r.stdout
+    # fedavg's row is no-merging's (its first merge after the 40 steps): said, as search and run say it
+    assert re.search(r"^note: fedavg never merged: a worker's \d+ local steps ended before its first merge \(.*\), so "
+                     r"it ran as no-merging$", r.stderr, re.M), r.stderr
     r = evomerge("search", "--study", str(p), "--n-trials", "2", "--reevaluate", "1", "--runs-dir", str(tmp_path / "runs"),
                  process=True)
     assert r.returncode == 0, r.stderr
