@@ -170,6 +170,9 @@ def resolve(ref: str, field: str, base_dir: str | Path | None, example: str) -> 
     try:
         mod = _import(module, Path(base_dir) if base_dir is not None else None)
     except Exception as e:  # noqa: BLE001 - the user's module: any failure is reported in one line
+        if module.endswith(".py"):  # a file's name where the module's is meant ("mydata.py:load")
+            raise ConfigError(field, f"{ref!r} names a file; allowed: the module's name, as Python imports it "
+                                     f"({module[:-3]}:{attr}), beside the study file or on sys.path") from None
         raise ConfigError(field, f"cannot import {module!r} (looked in {where}): {one_line(e)}") from None
     if not hasattr(mod, attr):
         raise ConfigError(field, f"module {module!r} ({getattr(mod, '__file__', '?')}) has no {attr!r}")

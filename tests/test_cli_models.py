@@ -214,6 +214,10 @@ CASES = {
     "loader not importable": (dict(loader="nosuchmodule:load"),
                               "error: study.data.loader: cannot import 'nosuchmodule' (looked in"),
     "loader missing function": (dict(loader="digits_models:nope"), "error: study.data.loader: module 'digits_models' ("),
+    # (it said "'bad' is not a package")
+    "loader named by its file": (dict(loader="bad.py:a_dict"),
+                                 "error: study.data.loader: 'bad.py:a_dict' names a file; allowed: the module's name, as "
+                                 "Python imports it (bad:a_dict), beside the study file or on sys.path\n"),
     "loader wrong return type": (dict(loader="bad:a_dict"),
                                  "error: study.data.loader: bad:a_dict returned dict; expected (train_x, train_y, "
                                  "test_x, test_y) tensors or (train_dataset, test_dataset)"),
