@@ -71,12 +71,14 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
         st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
         pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
         st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
+        given = None
         if lr is not None:
-            st, note, _ = given_lr(lr, st, exported, "")
-        if note:
-            import warnings
+            st, given, _ = given_lr(lr, st, exported, "")
+        for line in (note, given):
+            if line:
+                import warnings
 
-            warnings.warn(note.removeprefix("note: "), stacklevel=2)
+                warnings.warn(line.removeprefix("note: "), stacklevel=2)
         run_fn = runner(backend, procs, st.run.workers)
         extra = {}
         if emulate_time:

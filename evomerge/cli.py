@@ -538,12 +538,14 @@ def cmd_run(args) -> int:
     policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     study, note = found_with(study, exported)  # the step size the policy was found with
-    if args.lr is not None:
-        study, note, changed = given_lr(args.lr, study, exported, changed)
+    given = None
+    if args.lr is not None:  # (after the found values: a searched weight decay stays, and is said)
+        study, given, changed = given_lr(args.lr, study, exported, changed)
     elif not exported:
         note = _baseline_lr_note(study, args)
-    if note:
-        print(note)
+    for line in (note, given):
+        if line:
+            print(line)
     for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
         if n.startswith("study.environment"):
             print(f"note: {n}", file=sys.stderr)

@@ -93,7 +93,8 @@ class MergePolicy:
     exchange: Annotated[str, Choice(EXCHANGES)] = _f(
         "push_pull", "push: only the peer moves towards the initiator; push_pull: both move.")
     mixing_weight: float = _f(
-        0.5, "Weight a on the incoming model: w <- (1 - a) w + a w_in (at the start of the run).", gt=0.0, le=1.0)
+        0.5, "Weight a on the incoming model: w <- (1 - a) w + a w_in (at the start of the run). Left out with an "
+             "outer_optimizer on scheme allreduce or async: 1.0, the whole average the outer step takes.", gt=0.0, le=1.0)
     mixing_schedule: Annotated[str, Choice(SCHEDULES)] = _f(
         "constant", "How a moves from mixing_weight at the start to mixing_weight_final at the end of the run.")
     mixing_weight_final: float = _f(

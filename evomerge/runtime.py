@@ -243,13 +243,20 @@ def _holdout_scored(policy: MergePolicy) -> bool:
 
 def default_loss() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The winner test's loss where the loop gives no ``loss_fn``: the engine's cross-entropy (:mod:`evomerge.task`,
-    as a search scored the pair), which takes labels ``[N]`` or one per position ``[N, T]`` (a language model's
-    ``[N, T, C]`` logits), positions labelled -100 left out."""
-    from .task import Task
+    as a search scored the pair) where the logits' last dimension is the classes, labels ``[N]`` or one per position
+    ``[N, T]`` (a language model's ``[N, T, C]``); else torch's ``cross_entropy``, classes on dimension 1 (a
+    segmentation's ``[N, C, H, W]``); positions labelled -100 left out."""
+    from .task import IGNORE, Task
 
     task = Task("cross_entropy")
     task.ignores = True  # (-100 counted out wherever it appears)
-    return task.module_loss
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if out.dim() == y.dim() + 1 and tuple(out.shape[:-1]) == tuple(y.shape):  # classes last: a search's models
+            return task.module_loss(out, y)
+        # classes on dim 1 ([N, C, H, W] against [N, H, W]), as torch's cross_entropy takes them (and its error)
+        return torch.nn.functional.cross_entropy(out, y, ignore_index=IGNORE)
+    return loss
 
 
 @contextlib.contextmanager
@@ -294,7 +301,8 @@ def _check_holdout(holdout, policy: MergePolicy, loss_fn=None, model=None) -> tu
         x, y, out = holdout[0][:1], holdout[1][:1], None
         try:
             dev = next(iter(model.parameters()), torch.empty(0)).device
-            with torch.no_grad(), _in_eval(model):
+            # (a forward that draws random numbers in eval mode too leaves the loop's generators as they were)
+            with torch.no_grad(), _in_eval(model), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
                 out = model(x.to(dev))
                 float(torch.as_tensor(fn(out, y.to(dev))).float().mean())
         except Exception as e:  # noqa: BLE001 - the user's model or loss: one line
@@ -733,7 +741,8 @@ class Merger:
         self._await_reply: dict[int, float] = {}  # push-pull events started, answer not merged yet -> time sent
         self._sending: list[tuple[Any, torch.Tensor, int, float, int]] = []  # sends in flight
         self._t_last = time.perf_counter()
-        # at one step, waits for ranks that may be far behind: [the step, every rank's step at the first look, said]
+        # at one step, waits for ranks that may be far behind: [the step, every rank's step at the first look, said,
+        # the seconds waited in them]
         self._waited: list | None = None
         if worker_group is not None:
             self._share_progress()
@@ -1524,7 +1533,7 @@ class Merger:
         step within the last ``timeout``, :mod:`backends.progress`)."""
         t0, pause = time.perf_counter(), 0.0
         pr = self._progress if awaited is not None else None
-        t_watch = -float("inf")
+        t_watch, t_prev = -float("inf"), t0
         while True:
             out = ready()
             if out is not None:
@@ -1539,12 +1548,15 @@ class Merger:
                     pr.watch(awaited())
                     t_watch = now
                     if self._waited is None or self._waited[0] != self.t:  # (the ranks' steps when this rank's waits
-                        self._waited = [self.t, {r: pr.told(r) for r in range(self.W)}, False]  # since its step began)
+                        self._waited = [self.t, {r: pr.told(r) for r in range(self.W)}, False, 0.0]  # at it began)
                 late = now - t0 > self.timeout and not (pr is not None and pr.moving(awaited()))
             except RuntimeError:  # the store is gone (with the process that held it)
                 raise self._fail(what[0]) from None
-            if not late and pr is not None and not self._waited[2] and now - self._t_last > self.timeout:
-                self._waited[2] = self._note_waiting(what[0], now - self._t_last, awaited(), self._waited[1])
+            if pr is not None:  # the seconds this rank has waited for ranks far behind, at this step
+                self._waited[3] += now - t_prev
+                t_prev = now
+                if not late and not self._waited[2] and self._waited[3] > self.timeout:
+                    self._waited[2] = self._note_waiting(what[0], self._waited[3], awaited(), self._waited[1])
             if late:
                 out = ready()  # (what the service above applied may have been the last of it)
                 if out is not None:
@@ -1556,10 +1568,10 @@ class Merger:
             time.sleep(pause)
 
     def _note_waiting(self, where, waited: float, ranks, first: dict) -> bool:
-        """Once where this rank's waits since its last step outlast ``timeout`` because the ranks waited for still
-        step (a slow rank at the end or a checkpoint): a warning naming them and their steps, at the line of the
+        """Once where this rank's waits at one step for ranks far behind (at the end, a checkpoint) add up to more
+        than ``timeout`` because those ranks still step: a warning naming them and their steps, at the line of the
         user's loop that called in (the rank waited in silence for as long as the slowest took). Said only of ranks
-        seen stepping since this rank's waits began."""
+        seen stepping since this rank's waits at this step began."""
         pr, ranks = self._progress, sorted(ranks)
         now = {r: pr.told(r) for r in ranks}
         if not ranks or any(now[r] is None or first.get(r) is None or now[r] <= first[r] for r in ranks):

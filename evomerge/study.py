@@ -874,6 +874,9 @@ def _data(d: dict) -> DataSpec:
 def _model(m: dict) -> ModelSpec:
     """Named models take their options as keys of ``[model]``; a factory takes ``options = {...}``."""
     if "factory" not in m:
+        if "options" in m:  # (taken for an option of the named model)
+            raise ConfigError("study.model.options", "applies with factory (your own nn.Module's keywords); a named "
+                                                     "model takes its options as keys of [model] (hidden = [128])")
         for k in m:  # a misspelt [model] key (factroy) was taken for an option of the default mlp
             near = did_you_mean(k, ("factory", "options", "name", "execution"))
             if k not in ("name", "execution") and near:

@@ -393,6 +393,9 @@ def test_a_misspelt_name_is_one_line_with_the_nearest_good_one(tmp_path, monkeyp
     # (a misspelt [model] key was taken for an option of the default mlp: `factroy` named mlp's options alone)
     (('name = "mlp"', 'nme = "mlp"'), "error: study.model.nme: unknown key of [model]; allowed: name (a named model), "
                                       "factory (your own nn.Module: \"mymodels:build\"), options (its keywords), "),
+    (('hidden = [128]', 'options = { hidden = [128] }'),
+     "error: study.model.options: applies with factory (your own nn.Module's keywords); a named model takes its "
+     "options as keys of [model] (hidden = [128])\n"),
 ])
 def test_a_typo_in_a_users_study_file_names_the_key_and_the_nearest(tmp_path, monkeypatch, capsys, typo, line, data_dir):
     """A user's own study file (a copy of a shipped one with one typo): one line, the nearest key or value."""

@@ -1165,6 +1165,27 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
                                                            torch.cat([ty, ty])[:, :-1].reshape(-1)))
         assert c._holdout_loss(0, 0) == pytest.approx(want, rel=1e-6)
         c.close()
+        # classes on dimension 1 ([N, C, L] against [N, L]), as torch's cross_entropy takes them: scored as before
+        seg = torch.nn.Conv1d(2, 3, 1)
+        sx, sy = torch.randn(4, 2, 5), torch.randint(0, 3, (4, 5), generator=torch.Generator().manual_seed(1))
+        c = evomerge.Merger({"winner_bias": 0.3}, seg, seed=0, total_steps=4, holdout=(sx, sy))
+        with torch.no_grad():
+            want = float(torch.nn.functional.cross_entropy(seg(torch.cat([sx, sx])), torch.cat([sy, sy])))
+        assert c._holdout_loss(0, 0) == pytest.approx(want, rel=1e-6)
+        c.close()
+        # a forward that draws random numbers in eval mode too: the check at construction leaves the loop's
+        # generator where it was (a seeded run drew one number more than before)
+        class Noisy(torch.nn.Linear):
+            def forward(self, v):
+                return super().forward(v) + torch.rand_like(v[:, :1])
+
+        noisy = Noisy(2, 2)
+        torch.manual_seed(5)
+        c = evomerge.Merger({"winner_bias": 0.3}, noisy, seed=0, total_steps=4, holdout=(x, y))
+        got = torch.rand(1)
+        torch.manual_seed(5)
+        assert torch.equal(got, torch.rand(1))
+        c.close()
         with pytest.raises(ConfigError, match=r"^loss: 'high'; allowed: this step's loss, a tensor or a number, or "
                                               r"None$"):  # (float()'s ValueError)
             m.step(loss="high")

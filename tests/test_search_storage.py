@@ -88,6 +88,11 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
     module = d / "slowmlp.py"
     module.write_text("import slowhelp  # noqa: F401\n" + module.read_text())
     assert cli(*args[:2], str(f), *args[3:], "--n-trials", "1", cwd=d, data_dir=data_dir).returncode == 0
+    # the names of the files are words for the line, not part of the hash: a study stored before they were kept has
+    # the same one (its kept runs, the baselines' step sizes, are found again)
+    now = fingerprint.summary(study.load(f))
+    assert now["model.factory_file"] == "slowmlp.py" and now["model.factory_imports"].endswith(" (slowhelp.py)")
+    assert fingerprint.digest(now) == fingerprint.digest({k: v for k, v in now.items() if not k.endswith("_file")})
     (d / "slowhelp.py").write_text("WIDTH = 16\n")
     p = cli(*args[:2], str(f), *args[3:], "--n-trials", "2", cwd=d, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr == ("error: study tiny: model.factory_imports changed (slowhelp.py edited) "

@@ -255,7 +255,9 @@ def given_lr(lr: float, study, exported: dict | None, changed: str):
     was = study.run.lr
     if lr == was:
         return study, None, changed
-    whose = "the exported trial's" if exported and "lr" in (exported.get("run_searched") or ()) else "the study's"
+    found = (exported or {}).get("run") or {}  # the trial's own step size, where the replay took it (found_with)
+    whose = "the exported trial's" if "lr" in ((exported or {}).get("run_searched") or ()) and found.get("lr") == was \
+        else "the study's"
     if exported:
         changed = ", ".join(x for x in (changed, f"run.lr {lr:g} by --lr, {whose} {was:g}") if x)
     return with_run(study, {"lr": lr}), f"note: run.lr {lr:g} (--lr), where {whose} is {was:g}", changed

@@ -91,7 +91,10 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
 
 
 def digest(s: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
+    """The hash of a summary, less the names of the user's files (``*_file``: words for a line, not what a trial
+    depends on; the runs kept by the hash, a baseline's tuned step size, stay found after they were added)."""
+    kept = {k: v for k, v in s.items() if not k.endswith("_file")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 def of(study: "Study") -> dict[str, Any]:
