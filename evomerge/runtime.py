@@ -138,9 +138,14 @@ def read_policy(policy) -> MergePolicy:
 def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
     """The policy and, for an exported file, the run settings it was found with (``run``: optimizer, lr,
     weight_decay; empty for a plain policy)."""
+    return _read_policy(policy)[:2]
+
+
+def _read_policy(policy) -> tuple[MergePolicy, dict, dict]:
+    """:func:`read_policy_and_run`, and where an exported policy was found (``study``, ``trial``, ``model_bytes``)."""
     if isinstance(policy, MergePolicy):
-        return policy, {}
-    run = {}
+        return policy, {}, {}
+    run, found = {}, {}
     if isinstance(policy, (str, os.PathLike)):
         path = Path(policy)
         shipped = registry.shipped_studies_dir() / "policies"
@@ -165,11 +170,30 @@ def read_policy_and_run(policy) -> tuple[MergePolicy, dict]:
         from .study import check_found_run
 
         run = check_found_run(policy["run"]) if "run" in policy else {}
+        found = {k: policy[k] for k in ("study", "trial", "model_bytes") if k in policy}
         policy = policy["policy"]
     if not isinstance(policy, dict):
         raise ConfigError("policy", f"got {type(policy).__name__}; allowed: a MergePolicy, a dict, or a path to a "
                                     "policy or exported JSON file")
-    return MergePolicy.from_dict(policy), run
+    return MergePolicy.from_dict(policy), run, found
+
+
+def model_size_warning(found: dict, model: torch.nn.Module) -> str | None:
+    """What to tell a user whose model is not of the size the exported policy was searched with (None: it is, or
+    the file does not say): the search judged the merges by that model's bytes and steps."""
+    from .models import module_float32_bytes
+    from .units import size
+
+    theirs = found.get("model_bytes")
+    if not isinstance(theirs, int) or isinstance(theirs, bool) or theirs <= 0:
+        return None
+    mine = module_float32_bytes(model)
+    if mine == theirs:
+        return None
+    trial = f"trial {found['trial']} of {found['study']}" if "trial" in found and "study" in found else "it"
+    return (f"policy: {trial} was searched with a model of {size(theirs)} (float32 parameters and buffers); this "
+            f"model is {size(mine)}. The search judged its merges by that model's bytes and steps: search a study "
+            "of this model ([model] factory, docs/own-model.md) for a policy found for it")
 
 
 _OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}  # a study's run.optimizer -> torch.optim's class
@@ -551,7 +575,7 @@ class Merger:
     def __init__(self, policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, seed: int,
                  total_steps: int, group=None, timeout: float = 60.0, trace: str | os.PathLike | None = None,
                  overlap: str = "nonblocking", worker_group=None, speeds=None, holdout=None, loss_fn=None):
-        p, found = read_policy_and_run(policy)
+        p, found, where = _read_policy(policy)
         if not isinstance(model, torch.nn.Module):
             raise ConfigError("model", f"got {type(model).__name__}; allowed: a torch.nn.Module")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -567,9 +591,9 @@ class Merger:
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("group", "torch.distributed is not initialised; call dist.init_process_group first "
                                        "(one process per worker, e.g. under torchrun)")
-        said = step_size_warning(found, optimizer)
-        if said:
-            warnings.warn(said, stacklevel=2)
+        for said in (step_size_warning(found, optimizer), model_size_warning(where, model)):
+            if said:
+                warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
         self._ended, self._said_ended = None, False  # "finish" or "close" once called
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served

@@ -227,3 +227,38 @@ def test_the_dashboard_shows_the_policy_export_writes(data_dir, tmp_path):
     # `status` titles the Pareto set as such (it said "top 2" where its help and docs said "top 5")
     p = cli("status", "--study", str(f), "--storage", url, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and "two: the 2 Pareto-optimal trials" in p.stdout, p.stdout
+
+
+@pytest.mark.system
+def test_a_merger_given_a_model_of_another_size_than_the_search_had_says_so(tmp_path, data_dir):
+    """(A policy found for the study's MLP deployed on the loop's CNN ran with no word: the search had judged its
+    merges by the MLP's bytes and steps.) The search keeps its model's size, the export carries it, the Merger
+    compares it with the loop's model."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from evomerge import simulate
+    from evomerge.models import float32_bytes
+
+    f = write_study(tmp_path)
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--no-verdict", "--quiet", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    doc = json.loads((tmp_path / "best.json").read_text())
+    setup = simulate.prepare(study.load(f), data_dir=data_dir)
+    assert doc["model_bytes"] == float32_bytes(setup.model) > 0
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        other = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+        with pytest.warns(UserWarning, match=rf"^policy: trial {doc['trial']} of tiny was searched with a model of "
+                                             r"[\d.,]+ kB \(float32 parameters and buffers\); this model is 31\.4 kB\. "
+                                             r"The search judged its merges by that model's bytes and steps"):
+            evomerge.Merger(str(tmp_path / "best.json"), other, seed=0, total_steps=4).close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the study's own model: nothing to say
+            evomerge.Merger(str(tmp_path / "best.json"), setup.model.module(), seed=0, total_steps=4).close()
+    finally:
+        dist.destroy_process_group()

@@ -17,9 +17,10 @@ from ..search import fingerprint
 from ..study import RUN_SEARCHABLE, Study
 
 
-def export_document(summary: dict, study: Study, stored: dict | None = None) -> dict:
+def export_document(summary: dict, study: Study, stored: dict | None = None, model_bytes: int | None = None) -> dict:
     """``stored``: the fingerprint kept with the Optuna study (what its trials ran under; the study file and the
-    user's module beside it may have changed since)."""
+    user's module beside it may have changed since); ``model_bytes``: its model's size as the search kept it (a
+    Merger given a model of another size says so)."""
     policy = MergePolicy.from_dict(summary["policy"])  # validated again: what we write must load
     return {
         "format": EXPORT_FORMAT,
@@ -43,6 +44,8 @@ def export_document(summary: dict, study: Study, stored: dict | None = None) -> 
         # what the trial's results depend on (the study's fingerprint): a replay of a study changed since says what
         # changed instead of holding its figures to the trial's
         "fingerprint": stored if isinstance(stored, dict) and "summary" in stored else fingerprint.of(study),
+        # one worker's parameters and buffers in float32: the model whose merges the search timed
+        **({"model_bytes": int(model_bytes)} if isinstance(model_bytes, int) else {}),
     }
 
 
@@ -87,7 +90,8 @@ def export_best(study: Study, storage_url: str, out: Path, tolerance: float | st
     best, rule = pick_one(ostudy, study, tolerance, limits)
     if best is None:
         raise ConfigError("--study", f"{study.name!r} has no completed trial yet{_diverged_note(ostudy)}")
-    doc = export_document(best, study, ostudy.user_attrs.get(fingerprint.ATTR)) | {"picked_by": rule}
+    doc = export_document(best, study, ostudy.user_attrs.get(fingerprint.ATTR),
+                          ostudy.user_attrs.get("model_bytes")) | {"picked_by": rule}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
     return doc | {"verdict_note": verdict_note(ostudy, doc["trial"])}  # (said, not written: a verdict can be redone)
@@ -111,8 +115,8 @@ def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict
         allowed = (f"the number of a complete trial that did not diverge: {which}" if ok else
                    "none yet (no complete trial that did not diverge)")
         raise ConfigError("--trial", f"{what}; allowed: {allowed}")
-    doc = export_document(trial_summary(got, study), study, ostudy.user_attrs.get(fingerprint.ATTR)) | \
-        {"picked_by": f"--trial {number}"}
+    doc = export_document(trial_summary(got, study), study, ostudy.user_attrs.get(fingerprint.ATTR),
+                          ostudy.user_attrs.get("model_bytes")) | {"picked_by": f"--trial {number}"}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
     return doc | {"verdict_note": verdict_note(ostudy, number)}
@@ -129,8 +133,8 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
     paths = []
     for t in sorted(trials, key=lambda t: t.number):
         p = out_dir / f"trial-{t.number:04d}.json"
-        p.write_text(json.dumps(export_document(trial_summary(t, study), study, ostudy.user_attrs.get(fingerprint.ATTR)),
-                                indent=2))
+        p.write_text(json.dumps(export_document(trial_summary(t, study), study, ostudy.user_attrs.get(fingerprint.ATTR),
+                                                ostudy.user_attrs.get("model_bytes")), indent=2))
         paths.append(p)
     return paths
 

@@ -59,6 +59,9 @@ def checked_setup(cfg: SearchConfig, data=None):
 
 
 # -- the worker loop ---------------------------------------------------------------------------
+MODEL_BYTES = "model_bytes"  # the Optuna study's user attribute: one worker's parameters and buffers in float32
+
+
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
          keeper=None, setup=None, stop=None) -> None:
     """Ask, run and tell trials until the study holds ``cfg.n_trials`` finished trials; ``keeper`` keeps the best
@@ -88,6 +91,10 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, st
                       stacklevel=2)
     # the pruner judges by the run's local steps
     ostudy = load_or_create(cfg, storage, worker, setup.total_steps, asking=True)
+    if MODEL_BYTES not in ostudy.user_attrs:  # the model's size, once: an export carries it, and a Merger given a
+        from ..models import float32_bytes   # model of another size says so
+
+        ostudy.set_user_attr(MODEL_BYTES, float32_bytes(setup.model))
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
     dists = space_mod.distributions(space)
