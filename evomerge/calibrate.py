@@ -70,6 +70,7 @@ FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails aft
 FIT_FROM = 4  # --fit from fewer ranks than this: a warning (a spread fitted to 2 or 3 medians)
 PROGRESS = "EVOMERGE_CALIBRATE_PROGRESS"  # the launcher's folder where each rank says which collective it is at
 DEFAULTS = dict(steps=50, warmup=5, repeats=5, all_pairs_up_to=16, seed=0, timeout=600.0)
+MIN_TIMED = 3  # timed steps a rank, at least (--steps; a trace's after --warmup): a median and a spread
 
 
 # -- options ------------------------------------------------------------------------------------------------
@@ -120,7 +121,7 @@ def add_options(p: argparse.ArgumentParser, launcher: bool) -> None:
 def check_options(args, writes: bool = True) -> None:
     """The options' values, before any work; ``writes``: this process writes ``--output`` (rank 0 alone does: a
     rank on another machine need not hold its folder)."""
-    for name, low in (("steps", 3), ("warmup", 0), ("repeats", 1), ("all_pairs_up_to", 2)):
+    for name, low in (("steps", MIN_TIMED), ("warmup", 0), ("repeats", 1), ("all_pairs_up_to", 2)):
         v = getattr(args, name)
         if v < low:
             raise ConfigError(f"--{name.replace('_', '-')}", f"{v} is out of range; allowed: [{low}, inf)")
@@ -516,10 +517,15 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
     steps = []
     for r, rows in enumerate(recs):
         t = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]
-        t = t[warmup:] if len(t) > warmup else t
         if not t:
             raise ConfigError(where, f"{files[r]}: no step records (compute_s)")
-        steps.append(t)
+        if len(t) < warmup + MIN_TIMED:  # (all were kept where fewer than --warmup: a 1-step trace fitted jitter 0,
+            # under a header saying the first --warmup were left out)
+            raise ConfigError("--warmup" if len(t) >= MIN_TIMED else where,
+                              f"{files[r]}: {len(t)} step record{'s' * (len(t) != 1)}, --warmup {warmup} left out; "
+                              f"allowed: at least {MIN_TIMED} timed steps a rank (a longer trace"
+                              + (f", or --warmup at most {len(t) - MIN_TIMED})" if len(t) >= MIN_TIMED else ")"))
+        steps.append(t[warmup:])
     # point-to-point transfers: (sender, receiver, event, initiator) -> send time; receives give arrival
     sends = {}
     for r, rows in enumerate(recs):

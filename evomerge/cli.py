@@ -39,6 +39,9 @@ ENV_NOTE = """environment:
   MLFLOW_TRACKING_URI the default of --tracking-uri
   EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command starts)"""
 
+ENV_FLAGS = ("--data-dir", "--runs-dir", "--tracking-uri", "--data-dir")  # the flag each line of ENV_NOTE is for (the
+# threads: the commands that train, which read data)
+
 
 class _Parser(argparse.ArgumentParser):
     """Bad flags as every other bad input: one line naming the flag, exit 2 (``--help`` shows the usage)."""
@@ -291,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for add in COMMANDS.values():
         add(sub)
+    for _, p in commands(parser):  # each command's environment: the variables of the flags it has
+        if p.epilog and ENV_NOTE in p.epilog:
+            flags = {s for a in p._actions for s in a.option_strings}
+            lines = [ln for ln, flag in zip(ENV_NOTE.splitlines()[1:], ENV_FLAGS) if flag in flags]
+            p.epilog = p.epilog.replace(f"\n\n{ENV_NOTE}", "\n\n" + "\n".join(["environment:", *lines]) if lines
+                                        else "")
     return parser
 
 
@@ -1060,8 +1069,17 @@ def cmd_calibrate(args) -> int:
     from . import calibrate
 
     if args.from_trace is not None:
-        if args.study or args.procs:
-            raise ConfigError("--from-trace", "fits the traces alone; allowed: --study and --procs without it")
+        d = calibrate.DEFAULTS  # what times a live calibration: taken in silence with --from-trace, which ignored it
+        for flag, value, default in (("--study", args.study, None), ("--procs", args.procs, None),
+                                     ("--steps", args.steps, d["steps"]), ("--repeats", args.repeats, d["repeats"]),
+                                     ("--all-pairs-up-to", args.all_pairs_up_to, d["all_pairs_up_to"]),
+                                     ("--seed", args.seed, d["seed"]), ("--timeout", args.timeout, d["timeout"]),
+                                     ("--step-sleep", args.step_sleep, 0.0), ("--slow-rank", args.slow_rank, -1),
+                                     ("--slow-factor", args.slow_factor, 1.0), ("--data-dir", args.data_dir, None)):
+            if value != default:
+                raise ConfigError(flag, f"{value} is for calibrating live (--study and --procs); --from-trace fits the "
+                                        "traces as they were written; allowed: leave it out with --from-trace (which "
+                                        "takes -o, --warmup and --fit)")
         return calibrate.from_trace_command(args)
     if not args.study:
         raise ConfigError("--study", "is required (the model, batch size and optimiser to time), or --from-trace DIR")

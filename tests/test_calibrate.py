@@ -270,6 +270,34 @@ def test_from_trace_of_a_folder_without_traces_is_one_line(tmp_path, capsys):
     assert "--study" in one_line_error(capsys)
 
 
+def test_from_trace_refuses_a_trace_with_too_few_timed_steps_naming_what_to_change(tmp_path, capsys):
+    """(A trace shorter than --warmup was fitted whole, under a header saying its first --warmup steps were left out;
+    one step a rank wrote jitter 0, where calibrating live refuses fewer than 3 steps.)"""
+    write_trace(tmp_path / "short", [], steps=1)
+    assert cli.main(["calibrate", "--from-trace", str(tmp_path / "short"), "-o", str(tmp_path / "c.toml")]) == 2
+    assert one_line_error(capsys) == (f"error: --from-trace: {tmp_path / 'short' / 'rank-0.jsonl'}: 1 step record, "
+                                      "--warmup 5 left out; allowed: at least 3 timed steps a rank (a longer trace)")
+    write_trace(tmp_path / "ok", [], steps=20)
+    assert cli.main(["calibrate", "--from-trace", str(tmp_path / "ok"), "-o", str(tmp_path / "c.toml"),
+                     "--warmup", "500"]) == 2
+    assert one_line_error(capsys) == (f"error: --warmup: {tmp_path / 'ok' / 'rank-0.jsonl'}: 20 step records, "
+                                      "--warmup 500 left out; allowed: at least 3 timed steps a rank (a longer trace, "
+                                      "or --warmup at most 17)")
+    assert not (tmp_path / "c.toml").exists()
+    assert cli.main(["calibrate", "--from-trace", str(tmp_path / "ok"), "-o", str(tmp_path / "c.toml"),
+                     "--warmup", "17"]) == 0
+    assert "3 timed steps" not in capsys.readouterr().err and "9 steps (the first 17 of each rank left out)" in \
+        (tmp_path / "c.toml").read_text()
+    # what times a live calibration is refused with --from-trace (--steps, --slow-rank ... were ignored in silence)
+    for extra in (["--steps", "80"], ["--slow-rank", "1", "--slow-factor", "3"], ["--study", "mnist-gossip"],
+                  ["--procs", "3"], ["--step-sleep", "0.01"]):
+        assert cli.main(["calibrate", "--from-trace", str(tmp_path / "ok"), "-o", str(tmp_path / "d.toml"), *extra]) == 2
+        assert one_line_error(capsys).startswith(f"error: {extra[0]}: {extra[1]} is for calibrating live (--study and "
+                                                 "--procs); --from-trace fits the traces as they were written; "
+                                                 "allowed: leave it out with --from-trace")
+    assert not (tmp_path / "d.toml").exists()
+
+
 def test_a_transfer_counts_as_alone_for_the_time_it_had_its_ends_to_itself():
     # sender, receiver, bytes, start, arrival
     t = [(0, 1, 8, 0.0, 1.0),   # shares receiver 1 with the next from 0.5 to 1.0: 0.5 + 0.5 / 2

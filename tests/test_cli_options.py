@@ -76,7 +76,7 @@ def test_help_answers_with_the_example_through_the_real_command():
                        timeout=60)
     assert p.returncode == 0
     assert "--study STUDY" in p.stdout and "study name" in p.stdout
-    assert p.stdout.rstrip().endswith("EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command starts)")
+    assert p.stdout.rstrip().endswith("environment:\n  EVOMERGE_RUNS_DIR   the default of --runs-dir (else ./runs)")
     assert "example:\n  evomerge status --study mnist-gossip" in p.stdout
 
 
@@ -133,3 +133,17 @@ def test_search_names_the_keyword_the_caller_wrote_before_reading_data(tmp_path,
         evomerge.search(f, runs_dir=tmp_path / "runs", data_dir=tmp_path / "no-data", **kwargs)
     assert str(e.value) == said and e.value.field == said.split(":")[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_commands_help_lists_the_environment_variables_of_the_flags_it_has():
+    """(calibrate and run listed MLFLOW_TRACKING_URI as the default of --tracking-uri, which neither has.)"""
+    said = {"EVOMERGE_DATA_DIR": "--data-dir", "EVOMERGE_RUNS_DIR": "--runs-dir", "MLFLOW_TRACKING_URI": "--tracking-uri"}
+    seen = set()
+    for path, p in commands(cli.build_parser()):
+        text = p.format_help()
+        flags = {s for a in p._actions for s in a.option_strings}
+        for var, flag in said.items():
+            assert (var in text) == (flag in flags), (path, var)
+            seen.add((var, flag in flags))
+        assert ("EVOMERGE_THREADS" in text) == ("--data-dir" in flags), path
+    assert ("MLFLOW_TRACKING_URI", True) in seen and ("MLFLOW_TRACKING_URI", False) in seen
