@@ -57,6 +57,7 @@ from .userdirs import check_writable
 SPELL = 2.0  # a step slower than this many times its rank's median is part of a slow spell
 MIN_SPELLS = 3  # fewer spells than this are no clear tail: no straggle_* fields
 MAX_SLOW = 0.3  # nor when more than this fraction of the steps are slow (the median itself is then unclear)
+MEAN_OFF = 0.1  # a rank's mean step this far from what the written fields give it: a warning on the terminal
 SITE_GAP = 1.5  # sites: every inside link this many times better than every between link (latency or bandwidth)
 FITS = ("lognormal", "pareto")
 LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themselves is fitted on those alone
@@ -265,7 +266,33 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
         notes.append(f"slow spells: none written ({n_slow} of {n_steps} steps over {SPELL:g} x their rank's median, "
                      f"in {spells} spells; a clear tail needs {MIN_SPELLS} spells, at most {MAX_SLOW:.0%} of the "
                      f"steps, and jitter below log({SPELL:g}) / 3)")
+    notes += _mean_check(step_times, med, jitter, n_slow / n_steps if clear and n_steps else 0.0,
+                         env.get("straggle_factor", 1.0), fit)
     return env, notes
+
+
+def _mean_check(step_times, med, jitter: float, slow_share: float, slow_factor: float, fit: str | None) -> list[str]:
+    """Each rank's mean step against the mean the written fields give it (its median x exp(jitter^2 / 2), and its
+    share of slow steps at straggle_factor): a run's time is the sum of its steps, so a mean the fit falls short of
+    (a few long steps that are no clear tail) makes every time the clock predicts short by about as much. A note
+    per rank; a warning where one is more than :data:`MEAN_OFF` off."""
+    import numpy as np
+
+    if fit is not None:  # (a speed model: the ranks' own medians are not written)
+        return []
+    model = np.asarray(med) * math.exp(jitter ** 2 / 2) * (1 + slow_share * (slow_factor - 1))
+    means = np.array([float(np.mean(t)) for t in step_times])
+    off = means / model - 1
+    each = ", ".join(f"rank {r}: {_ms(a)} vs {_ms(b)} ({o:+.1%})" for r, (a, b, o) in enumerate(zip(means, model, off)))
+    out = [f"mean step, measured vs what the fields above give: {each}; a rank whose steps take longer on average "
+           "than its fields give is simulated short by about that much"]
+    worst = int(np.argmax(np.abs(off)))
+    if abs(off[worst]) > MEAN_OFF:
+        out.append(f"{WARNING}rank {worst}'s steps take {_ms(means[worst])} on average, {off[worst]:+.0%} against the "
+                   f"{_ms(model[worst])} its median step and jitter give (a few long steps that are no clear tail): the "
+                   f"simulated times of its steps come out about {abs(off[worst]):.0%} "
+                   f"{'short' if off[worst] > 0 else 'long'}")
+    return out
 
 
 def _matrix(m, W: int, default: float = math.nan):

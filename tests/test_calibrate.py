@@ -926,3 +926,30 @@ def test_a_recalibrated_cluster_file_is_named_in_one_short_line_by_search_status
         assert len(notes) == 1 and notes[0].startswith(
             "note: study 'calnet' changed since its trials ran: environment.from cluster.toml changed ("), notes
         assert notes[0].endswith("; its trials' figures are from before"), notes
+
+
+def test_a_ranks_mean_step_over_what_its_fields_give_is_said_and_warned_where_far(tmp_path, capsys):
+    """(A 2-rank job's run was simulated 4-5% short: the file writes each rank's median step, and a few long steps
+    that are no clear tail raise the mean a run's time is made of.) Each rank's measured mean against what its
+    median and jitter give, in the file; a warning on the terminal where one is more than 10% off."""
+    even = [0.01] * 20
+    tail = [0.01] * 18 + [0.03] * 2  # two long steps: fewer spells than a clear tail takes
+    env, notes = calibrate.fit_compute([even, tail])
+    assert env["straggle_p"] == 0.0 and env["jitter"] == 0.0
+    (said,) = [n for n in notes if n.startswith("mean step")]
+    assert "rank 0: 10 ms vs 10 ms (+0.0%), rank 1: 12 ms vs 10 ms (+20.0%)" in said, said
+    (warned,) = [n for n in notes if n.startswith("warning: ")]
+    assert warned.startswith("warning: rank 1's steps take 12 ms on average, +20% against the 10 ms its median step "
+                             "and jitter give") and warned.endswith("come out about 20% short"), warned
+    _, notes = calibrate.fit_compute([even, even])
+    assert not any(n.startswith("warning: ") for n in notes)
+    # from a trace, as a user runs it: the warning on the terminal, the per-rank figures in the file
+    d = tmp_path / "tr"
+    write_trace(d, [], steps=25)
+    rows = (d / "rank-1.jsonl").read_text().splitlines()
+    rows[-2:] = [json.dumps({"step": 24, "compute_s": 0.03}), json.dumps({"step": 25, "compute_s": 0.03})]
+    (d / "rank-1.jsonl").write_text("\n".join(rows) + "\n")
+    assert cli.main(["calibrate", "--from-trace", str(d), "-o", str(tmp_path / "c.toml")]) == 0
+    assert "warning: rank 1's steps take 12 ms on average, +20%" in capsys.readouterr().err
+    assert "# mean step, measured vs what the fields above give: rank 0: 10 ms vs 10 ms (+0.0%)" in \
+        (tmp_path / "c.toml").read_text()
