@@ -33,14 +33,14 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 STUDY_HELP = ("study name (studies/NAME.toml in the current folder, else the shipped studies) or path to a .toml "
               "file; required")
-ENV_NOTE = """environment:
-  EVOMERGE_DATA_DIR   where the dataset files are when --data-dir is not given
-  EVOMERGE_RUNS_DIR   the default of --runs-dir (else ./runs)
-  MLFLOW_TRACKING_URI the default of --tracking-uri
-  EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command starts)"""
-
-ENV_FLAGS = ("--data-dir", "--runs-dir", "--tracking-uri", "--data-dir")  # the flag each line of ENV_NOTE is for (the
-# threads: the commands that train, which read data)
+# the environment variables and the flag of a command that reads each (the threads: the commands that train,
+# which read data)
+ENV_LINES = (("--data-dir", "  EVOMERGE_DATA_DIR   where the dataset files are when --data-dir is not given"),
+             ("--runs-dir", "  EVOMERGE_RUNS_DIR   the default of --runs-dir (else ./runs)"),
+             ("--tracking-uri", "  MLFLOW_TRACKING_URI the default of --tracking-uri"),
+             ("--data-dir", "  EVOMERGE_THREADS    torch threads for training (default: the cores idle when the command "
+                            "starts)"))
+ENV_NOTE = "\n".join(["environment:", *(line for _, line in ENV_LINES)])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     for _, p in commands(parser):  # each command's environment: the variables of the flags it has
         if p.epilog and ENV_NOTE in p.epilog:
             flags = {s for a in p._actions for s in a.option_strings}
-            lines = [ln for ln, flag in zip(ENV_NOTE.splitlines()[1:], ENV_FLAGS) if flag in flags]
+            lines = [line for flag, line in ENV_LINES if flag in flags]
             p.epilog = p.epilog.replace(f"\n\n{ENV_NOTE}", "\n\n" + "\n".join(["environment:", *lines]) if lines
                                         else "")
     return parser
@@ -1074,8 +1074,10 @@ def cmd_calibrate(args) -> int:
                                      ("--steps", args.steps, d["steps"]), ("--repeats", args.repeats, d["repeats"]),
                                      ("--all-pairs-up-to", args.all_pairs_up_to, d["all_pairs_up_to"]),
                                      ("--seed", args.seed, d["seed"]), ("--timeout", args.timeout, d["timeout"]),
-                                     ("--step-sleep", args.step_sleep, 0.0), ("--slow-rank", args.slow_rank, -1),
-                                     ("--slow-factor", args.slow_factor, 1.0), ("--data-dir", args.data_dir, None)):
+                                     ("--step-sleep", args.step_sleep, d["step_sleep"]),
+                                     ("--slow-rank", args.slow_rank, d["slow_rank"]),
+                                     ("--slow-factor", args.slow_factor, d["slow_factor"]),
+                                     ("--data-dir", args.data_dir, None)):
             if value != default:
                 raise ConfigError(flag, f"{value} is for calibrating live (--study and --procs); --from-trace fits the "
                                         "traces as they were written; allowed: leave it out with --from-trace (which "

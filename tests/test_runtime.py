@@ -1468,3 +1468,23 @@ def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, cas
             assert o.splitlines() == [o.splitlines()[0]] and re.fullmatch(
                 rf"error: rank {leaver} left the run without finish\(\) or close\(\) \((the end of the run, )?local "
                 r"step \d+\); stopped", o.strip()), o
+
+
+@pytest.mark.unit
+def test_a_model_of_another_size_than_the_exports_is_a_warning_naming_both(tmp_path):
+    from evomerge.models import module_float32_bytes
+    from evomerge.runtime import _read_policy, model_size_warning
+
+    m = torch.nn.Linear(4, 3)  # 15 floats: 60 B
+    p = MergePolicy(scheme="allreduce", mean_interval=7)
+    (tmp_path / "best.json").write_text(json.dumps({"policy": p.to_dict(), "trial": 3, "study": "s",
+                                                    "model_bytes": 4000}))
+    _, _, where = _read_policy(str(tmp_path / "best.json"))
+    assert where == {"study": "s", "trial": 3, "model_bytes": 4000}
+    assert model_size_warning(where, m) == (
+        "policy: trial 3 of s was searched with a model of 4.0 kB (float32 parameters and buffers); this model is "
+        "60 B. The search judged its merges by that model's bytes and steps: search a study of this model ([model] "
+        "factory, docs/own-model.md) for a policy found for it")
+    assert model_size_warning(where | {"model_bytes": module_float32_bytes(m)}, m) is None  # the same size
+    assert model_size_warning({"study": "s", "trial": 3}, m) is None  # an export of an older evomerge: no size
+    assert model_size_warning({"model_bytes": True}, m) is None and _read_policy(p)[2] == {}
