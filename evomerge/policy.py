@@ -94,7 +94,7 @@ class MergePolicy:
         "push_pull", "push: only the peer moves towards the initiator; push_pull: both move.")
     mixing_weight: float = _f(
         0.5, "Weight a on the incoming model: w <- (1 - a) w + a w_in (at the start of the run). Left out with an "
-             "outer_optimizer on scheme allreduce or async: 1.0, the whole average the outer step takes.", gt=0.0, le=1.0)
+             "outer_optimizer on scheme allreduce or async, or streamed fragments: 1.0, the whole average.", gt=0.0, le=1.0)
     mixing_schedule: Annotated[str, Choice(SCHEDULES)] = _f(
         "constant", "How a moves from mixing_weight at the start to mixing_weight_final at the end of the run.")
     mixing_weight_final: float = _f(
@@ -287,12 +287,15 @@ class MergePolicy:
     @model_validator(mode="before")
     @classmethod
     def _outer_step_takes_the_whole_average(cls, data: Any) -> Any:
-        """An outer step after an all-reduce (DiLoCo) or a server's (asynchronous DiLoCo) takes the whole average
-        (mixing_weight 1): left out of a policy with an outer optimiser there, it is 1, not the gossip default 0.5
-        (a DiLoCo file as one writes it was refused for a field it never named)."""
+        """An outer step after an all-reduce (DiLoCo) or a server's (asynchronous DiLoCo), and streamed fragments
+        (Streaming DiLoCo), take the whole average (mixing_weight 1): left out of such a policy, it is 1, not the
+        gossip default 0.5 (a DiLoCo file as one writes it was refused for a field it never named)."""
         kwargs = data.kwargs if isinstance(data, ArgsKwargs) else data
-        if not isinstance(kwargs, dict) or "mixing_weight" in kwargs or kwargs.get("outer_optimizer", "none") == "none" \
-                or kwargs.get("scheme", "gossip") not in ("allreduce", "async"):
+        if not isinstance(kwargs, dict) or "mixing_weight" in kwargs or \
+                kwargs.get("scheme", "gossip") not in ("allreduce", "async"):
+            return data
+        streamed = any(k in kwargs and kwargs[k] != off for k, off in STREAMING_OFF.items())
+        if kwargs.get("outer_optimizer", "none") == "none" and not streamed:
             return data
         kwargs = {**kwargs, "mixing_weight": 1.0}
         return ArgsKwargs(data.args, kwargs) if isinstance(data, ArgsKwargs) else kwargs

@@ -441,3 +441,7 @@ def test_an_outer_step_after_an_average_takes_the_whole_average_where_the_file_l
     with pytest.raises(ConfigError, match=r"^policy\.mixing_weight: 0\.5 cannot take an outer step"):
         MergePolicy.from_dict(diloco | {"mixing_weight": 0.5})  # one the file names is its own
     assert MergePolicy.from_dict({"mean_interval": 10}).mixing_weight == 0.5  # gossip, no outer step
+    if scheme == "allreduce":  # Streaming DiLoCo as one writes it, and one fragment with an alpha: the same
+        assert MergePolicy.from_dict(diloco | {"fragments": 2, "fragment_delay": 1}).mixing_weight == 1.0
+        assert MergePolicy.from_dict({"scheme": scheme, "mean_interval": 10, "fragment_alpha": 0.3}).mixing_weight == 1.0
+        assert MergePolicy.from_dict({"scheme": scheme, "mean_interval": 10}).mixing_weight == 0.5  # plain averaging

@@ -628,12 +628,17 @@ def setup4(mnist):
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("name, procs", [("push-pull-winner-examples", 4), ("allreduce-examples", 2)])
+@pytest.mark.parametrize("name, procs", [("push-pull-winner-examples", 4), ("allreduce-examples", 2),
+                                         ("allreduce-alpha", 2)])
 def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, name, procs):
+    """(A searched policy of one fragment with an alpha, nothing streamed, was refused on the clock: "fragments are
+    not streamed between ranks on a simulated clock yet".)"""
     from evomerge.backends import launch as distributed
 
     policy = {"push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
-              "allreduce-examples": P(scheme="allreduce", mean_interval=3.0, weighting="examples")}[name]
+              "allreduce-examples": P(scheme="allreduce", mean_interval=3.0, weighting="examples"),
+              "allreduce-alpha": P(scheme="allreduce", mean_interval=3.0, fragment_alpha=0.25, outer_optimizer="sgd",
+                                   outer_lr=0.7)}[name]
     s = with_env(setup4, UNEVEN)
     a = simulate.simulate(s, policy, 1, keep_params=True)
     b = distributed.simulate(s, policy, 1, keep_params=True, procs=procs, device="cpu")

@@ -82,6 +82,8 @@ class Capabilities:
                                                     "allowed: 0, or --backend inprocess")
         for name, (only, why) in (self.only | (self.timed_only if timed else {})).items():
             value = getattr(policy, name)
+            if name == "fragment_alpha" and policy.fragments == 1 and policy.fragment_delay == 0:
+                continue  # nothing streamed: alpha scales the all-reduce's move (plan.allreduce_weight), as anywhere
             if value != only and name not in inert:
                 raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend ({why}); "
                                                     f"allowed: {only!r}, or --backend inprocess")
