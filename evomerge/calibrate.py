@@ -545,18 +545,21 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
             if isinstance(rec, dict):
                 rows.append(rec)
         recs.append(rows)
-    steps = []
+    every = []
     for r, rows in enumerate(recs):
         t = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]
         if not t:
             raise ConfigError(where, f"{files[r]}: no step records (compute_s)")
-        if len(t) < warmup + MIN_TIMED:  # (all were kept where fewer than --warmup: a 1-step trace fitted jitter 0,
-            # under a header saying the first --warmup were left out)
-            raise ConfigError("--warmup" if len(t) >= MIN_TIMED else where,
-                              f"{files[r]}: {len(t)} step record{'s' * (len(t) != 1)}, --warmup {warmup} left out; "
-                              f"allowed: at least {MIN_TIMED} timed steps a rank (a longer trace"
-                              + (f", or --warmup at most {len(t) - MIN_TIMED})" if len(t) >= MIN_TIMED else ")"))
-        steps.append(t[warmup:])
+        every.append(t)
+    r = min(range(len(every)), key=lambda q: len(every[q]))  # the shortest rank's, said once for every rank
+    n = len(every[r])
+    if n < warmup + MIN_TIMED:  # (all were kept where fewer than --warmup: a 1-step trace fitted jitter 0, under a
+        # header saying the first --warmup were left out)
+        raise ConfigError("--warmup" if n >= MIN_TIMED else where,
+                          f"{files[r]}: {n} step record{'s' * (n != 1)}, --warmup {warmup} left out; allowed: at least "
+                          f"{MIN_TIMED} timed steps a rank (a longer trace"
+                          + (f", or --warmup at most {n - MIN_TIMED})" if n >= MIN_TIMED else ")"))
+    steps = [t[warmup:] for t in every]
     # point-to-point transfers: (sender, receiver, event, initiator) -> send time; receives give arrival
     sends = {}
     for r, rows in enumerate(recs):
