@@ -495,23 +495,9 @@ def summary(env: dict[str, Any], W: int, out) -> str:
 
 
 # -- from a Merger's trace ------------------------------------------------------------------------------------
-def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -> Measured:
-    """The figures of a ``Merger`` run's traces (``DIR/rank-R.jsonl``): each rank's step compute times (its first
-    ``warmup`` steps left out), and per link the transfers' durations: a receive's arrival less the later of
-    the send's and the receive's posting (wall-clock times, so the ranks' clocks must agree: one host, or
-    synchronised hosts). With one payload size a link's latency cannot be told from its bandwidth: latency is
-    0 and the bandwidth is the bytes over the median duration (what a transfer costs, per-message costs
-    included). A message waits for the one before it on its link (:func:`queued`), and durations are counted as
-    alone (:func:`alone_times`); a link with ``LONE_ENOUGH`` transfers that
-    had both ends to themselves is fitted on those alone, since the shares the others had are a model (TCP is
-    only roughly fair, and a deep queue serves first come); another link is fitted on the transfers through its
-    two ends (the geometric mean of each end's bytes over its median alone-time, among the end's links whose own
-    fits are within ``POOL_LIKE`` of its own), where the uneven splits cancel. With two or more sizes
-    (compressed payloads) both are fitted by least squares. Without
-    point-to-point transfers (all-reduce policies), every link gets the bandwidth of the fastest rank's view of
-    the all-reduces: ``2 (W-1)/W bytes`` over the median of each all-reduce's shortest time."""
-    d = Path(directory)
-    where = "--from-trace"
+def read_traces(d: Path, where: str) -> tuple[dict[int, Path], list[list[dict]]]:
+    """A ``Merger`` run's traces (``DIR/rank-R.jsonl``, ranks 0..W-1): each rank's file and its records; one line
+    naming ``where`` (the flag that gave the folder) when they cannot be read."""
     if not d.is_dir():
         raise ConfigError(where, f"{d}: no such folder")
     files = {}
@@ -545,6 +531,47 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
             if isinstance(rec, dict):
                 rows.append(rec)
         recs.append(rows)
+    return files, recs
+
+
+def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[int, list[int], float]:
+    """A ``Merger`` job's ranks, each rank's steps, and its seconds from the first rank's first step (the start of
+    the loop's compute before it) to the last rank's ``finish()``, from its traces: what the simulated clock's time
+    for the same steps is held against (``evomerge run --against``)."""
+    d = Path(directory)
+    files, recs = read_traces(d, where)
+    starts, ends, steps = [], [], []
+    for r, rows in enumerate(recs):
+        stepped = [x for x in rows if "compute_s" in x and "kind" not in x]
+        end = next((x["end"] for x in rows if isinstance(x.get("end"), (int, float))), None)
+        if not stepped or not isinstance(stepped[0].get("t"), (int, float)) or end is None:
+            raise ConfigError(where, f"{files[r]}: no step times or no finish() (a trace of a job that ended with "
+                                     "finish(), by this evomerge's Merger); allowed: the traces of such a job")
+        starts.append(float(stepped[0]["t"]) - float(stepped[0]["compute_s"]))
+        ends.append(float(end))
+        steps.append(len(stepped))
+    return len(recs), steps, max(ends) - min(starts)
+
+
+def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -> Measured:
+    """The figures of a ``Merger`` run's traces (``DIR/rank-R.jsonl``): each rank's step compute times (its first
+    ``warmup`` steps left out), and per link the transfers' durations: a receive's arrival less the later of
+    the send's and the receive's posting (wall-clock times, so the ranks' clocks must agree: one host, or
+    synchronised hosts). With one payload size a link's latency cannot be told from its bandwidth: latency is
+    0 and the bandwidth is the bytes over the median duration (what a transfer costs, per-message costs
+    included). A message waits for the one before it on its link (:func:`queued`), and durations are counted as
+    alone (:func:`alone_times`); a link with ``LONE_ENOUGH`` transfers that
+    had both ends to themselves is fitted on those alone, since the shares the others had are a model (TCP is
+    only roughly fair, and a deep queue serves first come); another link is fitted on the transfers through its
+    two ends (the geometric mean of each end's bytes over its median alone-time, among the end's links whose own
+    fits are within ``POOL_LIKE`` of its own), where the uneven splits cancel. With two or more sizes
+    (compressed payloads) both are fitted by least squares. Without
+    point-to-point transfers (all-reduce policies), every link gets the bandwidth of the fastest rank's view of
+    the all-reduces: ``2 (W-1)/W bytes`` over the median of each all-reduce's shortest time."""
+    d = Path(directory)
+    where = "--from-trace"
+    files, recs = read_traces(d, where)
+    W = len(recs)
     every = []
     for r, rows in enumerate(recs):
         t = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]

@@ -246,6 +246,10 @@ def add_run(sub):
     p.add_argument("--lr", type=float, default=None,
                    help="the step size of this run, e.g. a baseline's best as the search's verdict names it "
                         "(default: an exported file's searched run.lr, else the study's run.lr)")
+    p.add_argument("--against", default=None, metavar="DIR",
+                   help="hold the simulated clock against a Merger job's traces (trace=DIR): this run takes the job's "
+                        "steps a worker, and its simulated time is printed beside the job's wall time, with the error; "
+                        "for a policy whose merges wait for every rank (default: none)")
     p.set_defaults(handler=cmd_run)
 
 
@@ -555,6 +559,10 @@ def cmd_run(args) -> int:
     for line in (note, given):
         if line:
             print(line)
+    job = None
+    if args.against is not None:  # the job's steps, on the clock, without a time budget: its time to hold against
+        study, job = _against(args, study, policy)
+        changed = ", ".join(x for x in (changed, f"the steps of the job in {args.against}") if x)
     for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
         if n.startswith("study.environment"):
             print(f"note: {n}", file=sys.stderr)
@@ -606,6 +614,10 @@ def cmd_run(args) -> int:
 
     for words in (policy_notes(policy, [res.metrics()], study) if res.status == "ok" else {}).values():
         print(f"note: {policy.name or args.policy} {words}", file=sys.stderr)
+    if job is not None and f.sim_time is not None:
+        W, T, seconds = job
+        print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
+              f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
@@ -645,6 +657,43 @@ def cmd_run(args) -> int:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
         _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
+
+
+def _against(args, study, policy):
+    """``run --against DIR``: the study with the job's steps a worker and no time budget (the clock's run ends when
+    the step budget's work is done), and the job's (ranks, steps a rank, seconds). One line where they cannot be
+    held together: no clock, other workers, ranks that took different steps, a policy whose ranks do not wait for
+    each other (the clock's step budget is W x T steps of work shared by the workers; in the job each rank takes
+    T), or --reevaluate."""
+    import dataclasses
+
+    from .calibrate import job_time
+    from .study import with_run
+
+    if args.reevaluate:
+        raise ConfigError("--against", "is one run of the job's steps; allowed: without --reevaluate")
+    env = study.environment
+    if env is None:
+        raise ConfigError("--against", f"{study.name} has no [environment]: nothing simulates time; allowed: a study "
+                                       "whose [environment] is the job's cluster (from = the file evomerge calibrate "
+                                       "--from-trace writes of these traces)")
+    waits = policy.scheme == "allreduce" or (policy.scheme == "gossip" and policy.outer_every)
+    if not waits:
+        how = f"scheme {policy.scheme!r}" + (" without outer_every" if policy.scheme == "gossip" else "")
+        raise ConfigError("--against", f"policy {how} lets ranks step at their own pace: the clock's step budget is W x T steps of "
+                                       "work shared by the workers, where each of the job's ranks takes T, so its time "
+                                       "is not the job's; allowed: a policy whose merges wait for every rank "
+                                       "(all-reduce, DiLoCo, Streaming DiLoCo, SlowMo)")
+    W, steps, seconds = job_time(args.against)
+    if W != study.run.workers:
+        raise ConfigError("--against", f"{args.against} holds {W} ranks' traces; {study.name} has {study.run.workers} "
+                                       "workers (run.workers); allowed: a job of as many ranks")
+    if len(set(steps)) > 1:
+        raise ConfigError("--against", f"the job's ranks took {min(steps)} to {max(steps)} steps; allowed: a job whose "
+                                       "ranks each took the same steps (as merges that wait for every rank make them)")
+    study = with_run(study, {"steps": steps[0]})
+    study = dataclasses.replace(study, environment=dataclasses.replace(env, time_budget=0.0))
+    return study, (W, steps[0], seconds)
 
 
 def _baseline_lr_note(study, args) -> str | None:

@@ -818,8 +818,8 @@ class Merger:
             value = loss.detach().float().mean().reshape(1) if isinstance(loss, torch.Tensor) else \
                 torch.tensor([float(loss)], device=self.dev)
             kernel.score_step_(self.score, self.score_weight, value.to(self.dev))
-        if self._trace is not None:
-            rec = {"step": self.t, "compute_s": now - self._t_last}
+        if self._trace is not None:  # (t: the wall clock as the loop's compute ended, for run --against)
+            rec = {"step": self.t, "compute_s": now - self._t_last, "t": time.time()}
             if loss is not None:
                 rec["loss"] = float(loss.detach().float().mean()) if isinstance(loss, torch.Tensor) else float(loss)
             self._write(rec)
@@ -871,6 +871,8 @@ class Merger:
         """Complete every merge of the run (answering the peers that are still at it), then average every rank's
         model into the consensus model, in place on ``model``, which it returns; the same on every rank."""
         self._ended = "finish"
+        if self._trace is not None:  # the job's end as this rank's loop reached it (run --against)
+            self._write({"end": time.time(), "step": self.t})
         if self._follower:
             self._sync_worker(force=True)
             self._let_lead_go()

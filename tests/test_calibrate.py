@@ -967,3 +967,64 @@ def test_a_ranks_mean_step_over_what_its_fields_give_is_said_and_warned_where_fa
     assert "warning: rank 1's steps take 12 ms on average, +20%" in capsys.readouterr().err
     assert "# mean step, measured vs what the fields above give: rank 0: 10 ms vs 10 ms (+0.0%)" in \
         (tmp_path / "c.toml").read_text()
+
+
+@pytest.mark.system
+def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data_dir, capsys):
+    """The simulator held against a real run, by a user: a Merger job of 2 ranks (all-reduce every 2 steps, rank 1
+    a device 3x slower), calibrated from its own traces; `run --against` runs the job's steps on that clock and
+    prints its time beside the job's, with the error. Policies whose ranks step at their own pace are refused: the
+    clock's step budget is shared work, not T steps a rank."""
+    (tmp_path / "user_mlp.py").write_text(USER_MLP)
+    (tmp_path / "s.toml").write_text(TRACE_STUDY.format(workers=2, batch=16, environment="").replace(
+        "steps = 20", "steps = 60"))
+    policy = {"scheme": "allreduce", "mean_interval": 2}
+    (tmp_path / "ar.json").write_text(json.dumps(policy))
+    port, procs = calibrate._free_port(), []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
+                                       str(data_dir), "--policy", str(tmp_path / "ar.json"), "--out",
+                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", "1",
+                                       "--slow-factor", "3"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:
+            p.kill()
+    trace = tmp_path / "out" / "trace-0"
+    W, steps, seconds = calibrate.job_time(trace)
+    assert W == 2 and steps == [60, 60] and 60 * 0.03 < seconds < 60, (steps, seconds)  # rank 1's sleeps at least
+    assert cli.main(["calibrate", "--from-trace", str(trace), "-o", str(tmp_path / "cluster.toml")]) == 0
+    (tmp_path / "run.toml").write_text(TRACE_STUDY.format(workers=2, batch=16, environment=(
+        '[environment]\nfrom = "cluster.toml"\ntime_budget = 0.5')))
+    capsys.readouterr()
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 0
+    out = capsys.readouterr().out
+    m = re.search(rf"^against {re.escape(str(trace))}: the job took ([\d.]+) s for 60 steps a rank on 2 ranks \(its "
+                  r"first step to its last finish\(\)\); the clock says ([\d.]+) s, ([+-][\d.]+)% off$", out, re.M)
+    assert m, out
+    job, clock, off = float(m[1]), float(m[2]), float(m[3])
+    assert job == pytest.approx(seconds, rel=1e-3) and off == pytest.approx((clock / job - 1) * 100, abs=0.1)
+    with capsys.disabled():
+        print(f"job {job} s, clock {clock} s, {off:+.1f}%")
+    assert abs(off) < 50, out  # (the same steps, on the job's own calibration: far off is a wrong clock, not load)
+    # refused, one line each: a policy whose ranks do not wait for each other, a study of other workers, no clock
+    for policy_arg, study_file, words in [
+            ("ring-gossip", "run.toml", "error: --against: policy scheme 'gossip' without outer_every lets ranks step "
+                                        "at their own pace"),
+            (str(tmp_path / "ar.json"), "s.toml", "error: --against: test has no [environment]")]:
+        assert cli.main(["run", "--study", str(tmp_path / study_file), "--policy", policy_arg, "--data-dir",
+                         str(data_dir), "--quiet", "--against", str(trace)]) == 2
+        err = one_line_error(capsys)
+        assert err.startswith(words.replace("test", err.split()[2]) if "test has" in words else words), err
+    (trace / "rank-1.jsonl").write_text("".join(ln + "\n" for ln in (trace / "rank-1.jsonl").read_text().splitlines()
+                                                if '"end"' not in ln))
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 2
+    assert "no step times or no finish()" in one_line_error(capsys)

@@ -27,7 +27,7 @@ def test_run_keywords_are_the_run_command_options_with_the_same_defaults():
     cmd = dict(commands(cli.build_parser()))[("run",)]
     opts = options(cmd)
     params = inspect.signature(evomerge.run).parameters
-    cli_only = {"json_out", "quiet", "reevaluate"}  # printing, and re-evaluation: a report, not one run
+    cli_only = {"json_out", "quiet", "reevaluate", "against"}  # printing, re-evaluation, the job: reports
     api_only = {"callback", "evaluate_test"}  # a Python callable; the test set (--reevaluate uses it)
     assert set(opts) - cli_only == set(params) - api_only, "an option exists in `evomerge run` or in evomerge.run() only"
     for name in set(opts) - cli_only:
