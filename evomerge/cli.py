@@ -655,6 +655,9 @@ def cmd_run(args) -> int:
                   f"the trial ran {theirs} and this run {here}, whose sums run in another order")
     if args.json_out:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
+        if job is not None and f.sim_time is not None:
+            out["against"] = {"traces": str(args.against), "ranks": job[0], "steps": job[1], "job_seconds": job[2],
+                              "clock_seconds": f.sim_time, "error": f.sim_time / job[2] - 1}
         _write_json(args.json_out, json.dumps(out, indent=2))
     return 0 if res.status == "ok" else 1
 

@@ -1004,8 +1004,12 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         '[environment]\nfrom = "cluster.toml"\ntime_budget = 0.5')))
     capsys.readouterr()
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
-                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 0
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace), "--json",
+                     str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "r.json").read_text())["against"]
+    assert doc["ranks"] == 2 and doc["steps"] == 60 and doc["job_seconds"] == pytest.approx(seconds)
+    assert doc["error"] == pytest.approx(doc["clock_seconds"] / seconds - 1)
     m = re.search(rf"^against {re.escape(str(trace))}: the job took ([\d.]+) s for 60 steps a rank on 2 ranks \(its "
                   r"first step to its last finish\(\)\); the clock says ([\d.]+) s, ([+-][\d.]+)% off$", out, re.M)
     assert m, out
