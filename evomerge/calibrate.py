@@ -536,12 +536,15 @@ def read_traces(d: Path, where: str) -> tuple[dict[int, Path], list[list[dict]]]
 
 def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[int, list[int], float]:
     """A ``Merger`` job's ranks, each rank's steps, and its seconds from the first rank's first step (the start of
-    the loop's compute before it) to the last rank's ``finish()``, from its traces: what the simulated clock's time
-    for the same steps is held against (``evomerge run --against``)."""
+    the loop's compute before it) to the last rank's ``finish()``, from its traces (the last job's, where a folder
+    holds several: a Merger appends): what the simulated clock's time for the same steps is held against
+    (``evomerge run --against``)."""
     d = Path(directory)
     files, recs = read_traces(d, where)
     starts, ends, steps = [], [], []
     for r, rows in enumerate(recs):
+        began = [i for i, x in enumerate(rows) if "model_bytes" in x]  # each Merger's first record (the file is
+        rows = rows[began[-1]:] if began else rows                    # appended to: the last job's)
         stepped = [x for x in rows if "compute_s" in x and "kind" not in x]
         end = next((x["end"] for x in rows if isinstance(x.get("end"), (int, float))), None)
         if not stepped or not isinstance(stepped[0].get("t"), (int, float)) or end is None:

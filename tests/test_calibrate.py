@@ -1027,6 +1027,13 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
                          str(data_dir), "--quiet", "--against", str(trace)]) == 2
         err = one_line_error(capsys)
         assert err.startswith(words.replace("test", err.split()[2]) if "test has" in words else words), err
+    # a folder a second job appended to: the last job's (here the same records again, an hour later)
+    for r in range(2):
+        f = trace / f"rank-{r}.jsonl"
+        again = [json.loads(ln) for ln in f.read_text().splitlines()]
+        later = [{k: (v + 3600 if k in ("t", "end") else v) for k, v in x.items()} for x in again]
+        f.write_text(f.read_text() + "".join(json.dumps(x) + "\n" for x in later))
+    assert calibrate.job_time(trace) == (2, [60, 60], pytest.approx(seconds))
     (trace / "rank-1.jsonl").write_text("".join(ln + "\n" for ln in (trace / "rank-1.jsonl").read_text().splitlines()
                                                 if '"end"' not in ln))
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
