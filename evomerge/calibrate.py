@@ -539,6 +539,8 @@ def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[in
     the loop's compute before it) to the last rank's ``finish()``, from its traces (the last job's, where a folder
     holds several: a Merger appends): what the simulated clock's time for the same steps is held against
     (``evomerge run --against``)."""
+    import numpy as np
+
     d = Path(directory)
     files, recs = read_traces(d, where)
     starts, ends, steps = [], [], []
@@ -546,12 +548,18 @@ def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[in
         began = [i for i, x in enumerate(rows) if "model_bytes" in x]  # each Merger's first record (the file is
         rows = rows[began[-1]:] if began else rows                    # appended to: the last job's)
         stepped = [x for x in rows if "compute_s" in x and "kind" not in x]
-        end = next((x["end"] for x in rows if isinstance(x.get("end"), (int, float))), None)
+        end = next((x for x in rows if isinstance(x.get("end"), (int, float))), None)
         if not stepped or not isinstance(stepped[0].get("t"), (int, float)) or end is None:
             raise ConfigError(where, f"{files[r]}: no step times or no finish() (a trace of a job that ended with "
                                      "finish(), by this evomerge's Merger); allowed: the traces of such a job")
-        starts.append(float(stepped[0]["t"]) - float(stepped[0]["compute_s"]))
-        ends.append(float(end))
+        if stepped[0].get("step") != 1 or end.get("total_steps", len(stepped)) != len(stepped):
+            raise ConfigError(where, f"{files[r]}: a job resumed from a checkpoint, or ended before its total_steps "
+                                     f"({len(stepped)} steps from step {stepped[0].get('step')}, total_steps "
+                                     f"{end.get('total_steps')}); allowed: the traces of a whole job")
+        # the first step's compute taken as the rank's median: the loop's start-up (loader, compile) left out, as the
+        # calibration leaves out its first steps
+        starts.append(float(stepped[0]["t"]) - float(np.median([float(x["compute_s"]) for x in stepped])))
+        ends.append(float(end["end"]))
         steps.append(len(stepped))
     return len(recs), steps, max(ends) - min(starts)
 

@@ -249,7 +249,7 @@ def add_run(sub):
     p.add_argument("--against", default=None, metavar="DIR",
                    help="hold the simulated clock against a Merger job's traces (trace=DIR): this run takes the job's "
                         "steps a worker, and its simulated time is printed beside the job's wall time, with the error; "
-                        "for a policy whose merges wait for every rank (default: none)")
+                        "for a policy whose merges wait for every rank: all-reduce, DiLoCo, SlowMo (default: none)")
     p.set_defaults(handler=cmd_run)
 
 
@@ -562,7 +562,6 @@ def cmd_run(args) -> int:
     job = None
     if args.against is not None:  # the job's steps, on the clock, without a time budget: its time to hold against
         study, job = _against(args, study, policy)
-        changed = ", ".join(x for x in (changed, f"the steps of the job in {args.against}") if x)
     for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
         if n.startswith("study.environment"):
             print(f"note: {n}", file=sys.stderr)
@@ -616,11 +615,18 @@ def cmd_run(args) -> int:
         print(f"note: {policy.name or args.policy} {words}", file=sys.stderr)
     if job is not None and f.sim_time is not None:
         W, T, seconds = job
+        if not f.steps_min == f.steps_max == T:  # (the checks above keep it from happening: said, never hidden)
+            print(f"error: --against: the clock's workers took {f.steps_min} to {f.steps_max} steps, not {T} each as "
+                  "the job's ranks did: its time is not the job's", file=sys.stderr)
+            return 1
         print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
+    elif exported and job is not None:
+        print(f"note: --against runs the job's {job[1]} steps without a time budget, so this run's figures are not "
+              f"held to trial {exported.get('trial')}'s", file=sys.stderr)
     elif exported and str(seed) in exported.get("metrics_per_seed", {}) and changed:
         print(f"note: {study.name} changed since trial {exported.get('trial')} ran ({changed}), so this run's figures "
               "are not held to the trial's", file=sys.stderr)
@@ -680,13 +686,20 @@ def _against(args, study, policy):
         raise ConfigError("--against", f"{study.name} has no [environment]: nothing simulates time; allowed: a study "
                                        "whose [environment] is the job's cluster (from = the file evomerge calibrate "
                                        "--from-trace writes of these traces)")
-    waits = policy.scheme == "allreduce" or (policy.scheme == "gossip" and policy.outer_every)
-    if not waits:
-        how = f"scheme {policy.scheme!r}" + (" without outer_every" if policy.scheme == "gossip" else "")
-        raise ConfigError("--against", f"policy {how} lets ranks step at their own pace: the clock's step budget is W x T steps of "
-                                       "work shared by the workers, where each of the job's ranks takes T, so its time "
-                                       "is not the job's; allowed: a policy whose merges wait for every rank "
-                                       "(all-reduce, DiLoCo, Streaming DiLoCo, SlowMo)")
+    from .policy import STREAMING_OFF
+    from .runtime import check_policy as merger_runs
+
+    merger_runs(policy)  # (a policy no Merger job runs: its own line)
+    streamed = any(getattr(policy, k) != off for k, off in STREAMING_OFF.items() if k != "fragment_alpha")
+    every = (max(1, round(policy.mean_interval)) if policy.scheme == "allreduce" and not streamed else
+             policy.outer_every if policy.scheme == "gossip" else 0)
+    if not every:
+        how = (f"scheme {policy.scheme!r}" + (" without outer_every" if policy.scheme == "gossip" else "")
+               if not streamed else "streams fragments, which are no barrier, and")
+        raise ConfigError("--against", f"policy {how} lets ranks step at their own pace: the clock's step budget is W "
+                                       "x T steps of work shared by the workers, where each of the job's ranks takes "
+                                       "T, so its time is not the job's; allowed: a policy whose merges wait for every "
+                                       "rank (all-reduce, DiLoCo, SlowMo)")
     W, steps, seconds = job_time(args.against)
     if W != study.run.workers:
         raise ConfigError("--against", f"{args.against} holds {W} ranks' traces; {study.name} has {study.run.workers} "
@@ -694,8 +707,16 @@ def _against(args, study, policy):
     if len(set(steps)) > 1:
         raise ConfigError("--against", f"the job's ranks took {min(steps)} to {max(steps)} steps; allowed: a job whose "
                                        "ranks each took the same steps (as merges that wait for every rank make them)")
+    if steps[0] % every:  # after the last barrier the clock's fast workers take more, its slow ones fewer
+        raise ConfigError("--against", f"the job's {steps[0]} steps are not a multiple of the policy's {every} steps "
+                                       "between the merges that wait for every rank: past the last one the clock's "
+                                       f"workers take unequal steps; allowed: a job of a multiple of {every} steps")
     study = with_run(study, {"steps": steps[0]})
-    study = dataclasses.replace(study, environment=dataclasses.replace(env, time_budget=0.0))
+    # no time budget: the run ends when the step budget's work is done (and objectives that need one are not taken)
+    from .study import TIMED_OBJECTIVES
+
+    kept = tuple(o for o in study.objectives if o not in TIMED_OBJECTIVES) or ("sim_time",)
+    study = dataclasses.replace(study, environment=dataclasses.replace(env, time_budget=0.0), objectives=kept)
     return study, (W, steps[0], seconds)
 
 

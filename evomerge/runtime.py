@@ -871,8 +871,6 @@ class Merger:
         """Complete every merge of the run (answering the peers that are still at it), then average every rank's
         model into the consensus model, in place on ``model``, which it returns; the same on every rank."""
         self._ended = "finish"
-        if self._trace is not None:  # the job's end as this rank's loop reached it (run --against)
-            self._write({"end": time.time(), "step": self.t})
         if self._follower:
             self._sync_worker(force=True)
             self._let_lead_go()
@@ -884,6 +882,8 @@ class Merger:
             self._end_early()
         self._drain(final=True)
         self._settle_streams()
+        if self._trace is not None:  # the job's end: its merges done, as the clock ends a run (run --against)
+            self._write({"end": time.time(), "step": self.t, "total_steps": self.T})
         flat = self._flat().to(self.wire_dev)
         self._collective(lambda: dist.all_reduce(flat, group=self.group, async_op=True), "the final average")
         flat /= self.W

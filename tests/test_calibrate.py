@@ -1000,8 +1000,10 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     W, steps, seconds = calibrate.job_time(trace)
     assert W == 2 and steps == [60, 60] and 60 * 0.03 < seconds < 60, (steps, seconds)  # rank 1's sleeps at least
     assert cli.main(["calibrate", "--from-trace", str(trace), "-o", str(tmp_path / "cluster.toml")]) == 0
+    # a study that searches time to target (which needs a time budget, set aside here): the user's own
     (tmp_path / "run.toml").write_text(TRACE_STUDY.format(workers=2, batch=16, environment=(
-        '[environment]\nfrom = "cluster.toml"\ntime_budget = 0.5')))
+        '[environment]\nfrom = "cluster.toml"\ntime_budget = 0.5\n[objectives]\nmetrics = ["time_to_target"]\n'
+        'target = 0.5')))
     capsys.readouterr()
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
                      "--data-dir", str(data_dir), "--quiet", "--against", str(trace), "--json",
@@ -1019,9 +1021,17 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         print(f"job {job} s, clock {clock} s, {off:+.1f}%")
     assert abs(off) < 50, out  # (the same steps, on the job's own calibration: far off is a wrong clock, not load)
     # refused, one line each: a policy whose ranks do not wait for each other, a study of other workers, no clock
+    (tmp_path / "h7.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 7}))
+    (tmp_path / "stream.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 6, "fragments": 2,
+                                                      "outer_optimizer": "nesterov", "outer_lr": 0.7,
+                                                      "outer_momentum": 0.9}))
     for policy_arg, study_file, words in [
             ("ring-gossip", "run.toml", "error: --against: policy scheme 'gossip' without outer_every lets ranks step "
                                         "at their own pace"),
+            (str(tmp_path / "stream.json"), "run.toml", "error: --against: policy streams fragments, which are no "
+                                                        "barrier, and lets ranks step at their own pace"),
+            (str(tmp_path / "h7.json"), "run.toml", "error: --against: the job's 60 steps are not a multiple of the "
+                                                    "policy's 7 steps between the merges that wait for every rank"),
             (str(tmp_path / "ar.json"), "s.toml", "error: --against: test has no [environment]")]:
         assert cli.main(["run", "--study", str(tmp_path / study_file), "--policy", policy_arg, "--data-dir",
                          str(data_dir), "--quiet", "--against", str(trace)]) == 2
@@ -1039,3 +1049,9 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
                      "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 2
     assert "no step times or no finish()" in one_line_error(capsys)
+    # a job resumed from a checkpoint (its trace starts past step 1): not a whole job
+    f = trace / "rank-0.jsonl"
+    f.write_text("".join(ln + "\n" for ln in f.read_text().splitlines() if '"step": 1,' not in ln))
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 2
+    assert "a job resumed from a checkpoint, or ended before its total_steps" in one_line_error(capsys)
