@@ -707,6 +707,28 @@ def mlp(hidden=16):
 """
 
 
+def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int) -> None:
+    """The user's loop (tests/merger_loop.py) on ``world`` ranks, as torchrun starts them, on the study
+    ``tmp_path/s.toml`` with the policy file ``tmp_path/policy``: every rank's step sleeps 10 ms, ``slow_rank``'s
+    3x as long; traces in ``tmp_path/out/trace-0``. Every rank must end well."""
+    port, procs = calibrate._free_port(), []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
+                                       str(data_dir), "--policy", str(tmp_path / policy), "--out",
+                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", str(slow_rank),
+                                       "--slow-factor", "3"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:
+            p.kill()
+
+
 @pytest.mark.system
 def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     """A Merger job of 3 ranks (ring gossip, push-pull), rank 2 a device 3x slower (the loop's sleep): its
@@ -719,22 +741,7 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
         "steps = 20", "steps = 40"))
     (tmp_path / "ring.json").write_text(json.dumps({"scheme": "gossip", "topology": "ring", "exchange": "push_pull",
                                                     "mean_interval": 3}))
-    port, procs = calibrate._free_port(), []
-    for r in range(3):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
-        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
-                                       str(data_dir), "--policy", str(tmp_path / "ring.json"), "--out",
-                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", "2",
-                                       "--slow-factor", "3"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-2000:]
-    finally:
-        for p in procs:
-            p.kill()
+    merger_job(tmp_path, data_dir, "ring.json", world=3, slow_rank=2)
     trace = tmp_path / "out" / "trace-0"
     out = tmp_path / "cluster.toml"
     assert cli.main(["calibrate", "--from-trace", str(trace), "-o", str(out)]) == 0
@@ -980,22 +987,7 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         "steps = 20", "steps = 60"))
     policy = {"scheme": "allreduce", "mean_interval": 2}
     (tmp_path / "ar.json").write_text(json.dumps(policy))
-    port, procs = calibrate._free_port(), []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
-        procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
-                                       str(data_dir), "--policy", str(tmp_path / "ar.json"), "--out",
-                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", "1",
-                                       "--slow-factor", "3"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-2000:]
-    finally:
-        for p in procs:
-            p.kill()
+    merger_job(tmp_path, data_dir, "ar.json", world=2, slow_rank=1)
     trace = tmp_path / "out" / "trace-0"
     W, steps, seconds = calibrate.job_time(trace)
     assert W == 2 and steps == [60, 60] and 60 * 0.03 < seconds < 60, (steps, seconds)  # rank 1's sleeps at least
