@@ -82,8 +82,6 @@ class Capabilities:
                                                     "allowed: 0, or --backend inprocess")
         for name, (only, why) in (self.only | (self.timed_only if timed else {})).items():
             value = getattr(policy, name)
-            if name == "fragment_alpha" and policy.fragments == 1 and policy.fragment_delay == 0:
-                continue  # nothing streamed: alpha scales the all-reduce's move (plan.allreduce_weight), as anywhere
             if value != only and name not in inert:
                 raise ConfigError(f"policy.{name}", f"{value!r} is not supported by the {self.name} backend ({why}); "
                                                     f"allowed: {only!r}, or --backend inprocess")
@@ -133,10 +131,10 @@ CAPABILITIES: dict[str, Capabilities] = {
         },
         only={"optimizer_state": ("keep", "the optimiser's state is not sent between ranks"),
               "score": ("holdout", "the running score is not sent between ranks yet")},
-        # Streaming DiLoCo runs between ranks in the lockstep world; on a simulated clock in process only
+        # Streaming DiLoCo runs between ranks in the lockstep world; on a simulated clock in process only (an alpha
+        # with one fragment and no delay streams nothing: it scales the all-reduce's move, plan.allreduce_weight)
         timed_only={"fragments": (1, "fragments are not streamed between ranks on a simulated clock yet"),
-                    "fragment_delay": (0, "fragments are not streamed between ranks on a simulated clock yet"),
-                    "fragment_alpha": (0.0, "fragments are not streamed between ranks on a simulated clock yet")},
+                    "fragment_delay": (0, "fragments are not streamed between ranks on a simulated clock yet")},
         buffers=False,
         timed_payloads=("weights",),
         outer_payloads=("weights",),
