@@ -94,7 +94,12 @@ def source_file(ref: str, base_dir: str | Path | None) -> str | None:
     there."""
     if base_dir is None or not isinstance(ref, str) or ":" not in ref:
         return None
-    local = _local_file(Path(base_dir), ref.split(":")[0].split(".")[0])
+    return _shown(Path(base_dir), ref.split(":")[0].split(".")[0])
+
+
+def _shown(base_dir: Path, top: str) -> str | None:
+    """Module ``top``'s file beside the study as a line names it (a package by its folder); None if not there."""
+    local = _local_file(base_dir, top)
     return None if local is None else (local.name if local.name != "__init__.py" else f"{local.parent.name}/")
 
 
@@ -135,7 +140,7 @@ def neighbours(ref: str, base_dir: str | Path | None) -> tuple[list[str], str] |
     for top in sorted(found):
         root, files = _module_files(base, top)
         h.update(top.encode() + b"\0" + _digest(root, files).encode())
-    return sorted(source_file(f"{t}:x", base) for t in found), h.hexdigest()
+    return sorted(_shown(base, t) for t in found), h.hexdigest()
 
 
 def _import(module: str, base_dir: Path | None):
