@@ -1488,3 +1488,8 @@ def test_a_model_of_another_size_than_the_exports_is_a_warning_naming_both(tmp_p
     assert model_size_warning(where | {"model_bytes": module_float32_bytes(m)}, m) is None  # the same size
     assert model_size_warning({"study": "s", "trial": 3}, m) is None  # an export of an older evomerge: no size
     assert model_size_warning({"model_bytes": True}, m) is None and _read_policy(p)[2] == {}
+    # a causal mask (a non-persistent buffer) is neither merged nor sent: the same size; a running mean is state
+    m.register_buffer("mask", torch.ones(16, 16), persistent=False)
+    assert module_float32_bytes(m) == 60
+    m.register_buffer("running", torch.zeros(3))
+    assert module_float32_bytes(m) == 72

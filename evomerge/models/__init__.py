@@ -124,8 +124,9 @@ def float32_bytes(model) -> int:
 
 
 def module_float32_bytes(m: nn.Module) -> int:
-    """:func:`float32_bytes` of an ``nn.Module`` (a Merger's trace says it of the loop's model)."""
-    return 4 * (sum(p.numel() for p in m.parameters()) + sum(b.numel() for b in m.buffers()))
+    """:func:`float32_bytes` of an ``nn.Module`` (a Merger's trace says it of the loop's model): its parameters and
+    the buffers that are its state (:func:`state_buffers`; a causal mask is not merged or sent)."""
+    return 4 * (sum(p.numel() for p in m.parameters()) + sum(b.numel() for _, b in state_buffers(m)))
 
 
 def state_buffer_slots(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
