@@ -534,6 +534,20 @@ def read_traces(d: Path, where: str) -> tuple[dict[int, Path], list[list[dict]]]
     return files, recs
 
 
+def last_jobs(files: dict[int, Path], recs: list[list[dict]], where: str) -> tuple[list[list[dict]], int]:
+    """Each rank's records of the last job in its file (a ``Merger`` appends: each one's first record is its
+    ``model_bytes``), and how many jobs the files hold. Every rank's file must hold as many: a job's event numbers
+    start again at 0, so a send of one job would be paired with a receive of another."""
+    cut = [[i for i, x in enumerate(rows) if "model_bytes" in x] for rows in recs]
+    counts = [max(1, len(c)) for c in cut]
+    if len(set(counts)) > 1:
+        r, q = min(range(len(counts)), key=counts.__getitem__), max(range(len(counts)), key=counts.__getitem__)
+        raise ConfigError(where, f"{files[r]} holds {counts[r]} job{'s' * (counts[r] != 1)}' traces and {files[q]} "
+                                 f"{counts[q]} (a Merger appends to rank-R.jsonl): the folder mixes jobs of different "
+                                 "ranks; allowed: a folder of one job's traces (a trace= folder of its own)")
+    return [rows[c[-1]:] if c else rows for rows, c in zip(recs, cut)], counts[0]
+
+
 def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[int, list[int], float]:
     """A ``Merger`` job's ranks, each rank's steps, and its seconds from the first rank's first step (the start of
     the loop's compute before it) to the last rank's ``finish()``, from its traces (the last job's, where a folder
@@ -544,9 +558,8 @@ def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[in
     d = Path(directory)
     files, recs = read_traces(d, where)
     starts, ends, steps = [], [], []
+    recs, _ = last_jobs(files, recs, where)
     for r, rows in enumerate(recs):
-        began = [i for i, x in enumerate(rows) if "model_bytes" in x]  # each Merger's first record (the file is
-        rows = rows[began[-1]:] if began else rows                    # appended to: the last job's)
         stepped = [x for x in rows if "compute_s" in x and "kind" not in x]
         end = next((x for x in rows if isinstance(x.get("end"), (int, float))), None)
         if not stepped or not isinstance(stepped[0].get("t"), (int, float)) or end is None:
@@ -582,6 +595,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
     d = Path(directory)
     where = "--from-trace"
     files, recs = read_traces(d, where)
+    recs, jobs = last_jobs(files, recs, where)  # (event numbers start again with each job)
     W = len(recs)
     every = []
     for r, rows in enumerate(recs):
@@ -714,7 +728,8 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
                     links_from_allreduce=not per_link and allreduce is not None and W > 1,
                     source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps (the first {warmup} "
-                           f"of each rank left out)", notes=notes)
+                           f"of each rank left out)" + (f", the last of the {jobs} jobs the traces hold (a Merger appends)"
+                                                    if jobs > 1 else ""), notes=notes)
 
 
 def queued(transfers: list[tuple[int, int, int, float, float]]) -> list[tuple[int, int, int, float, float]]:

@@ -1047,3 +1047,28 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
                      "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 2
     assert "a job resumed from a checkpoint, or ended before its total_steps" in one_line_error(capsys)
+
+
+def test_from_trace_of_a_folder_two_jobs_appended_to_reads_the_last(tmp_path):
+    """A Merger appends to rank-R.jsonl, and each job's event numbers start at 0: read together, a receive of the
+    first job was paired with a send of the second (the all-reduces' ranks counted twice, so none was fitted). The
+    first job 1e6 B/s all-reduces of 0.5 s, the second 2e6 B/s: the links are the second's."""
+    d = tmp_path / "tr"
+    d.mkdir()
+    for seconds in (0.5, 0.25):  # two jobs, one after the other, into the same folder
+        for r in range(2):
+            with open(d / f"rank-{r}.jsonl", "a") as f:
+                rows = [{"model_bytes": 400_000}] + [{"step": k + 1, "compute_s": 0.01} for k in range(20)]
+                rows += [{"event": ev, "kind": "allreduce", "step": 5 * ev + 5, "bytes": 500_000,
+                          "seconds": seconds + 0.1 * r} for ev in range(4)]
+                f.write("".join(json.dumps(x) + "\n" for x in rows))
+    m = calibrate.from_trace(d)
+    assert m.allreduce == (0.25, 500_000) and m.bandwidth[0][1] == pytest.approx(2 * 1 / 2 * 500_000 / 0.25)
+    assert sum(len(t) for t in m.step_times) == 2 * 15 and m.source.endswith(", the last of the 2 jobs the traces hold "
+                                                                         "(a Merger appends)"), m.source
+    # a rank whose file holds another count of jobs: a folder of mixed jobs, one line naming the flag
+    with open(d / "rank-1.jsonl", "a") as f:
+        f.write(json.dumps({"model_bytes": 400_000}) + "\n")
+    with pytest.raises(ConfigError, match=r"^--from-trace: .*rank-0.jsonl holds 2 jobs' traces and .*rank-1.jsonl 3 "
+                                          r"\(a Merger appends to rank-R.jsonl\): the folder mixes jobs"):
+        calibrate.from_trace(d)
