@@ -548,6 +548,16 @@ def last_jobs(files: dict[int, Path], recs: list[list[dict]], where: str) -> tup
     return [rows[c[-1]:] if c else rows for rows, c in zip(recs, cut)], counts[0]
 
 
+def job_policy(directory: str | os.PathLike, where: str = "--against") -> tuple[dict | None, int | None]:
+    """The policy (its fields) and seed a ``Merger`` job ran, from its traces' first record (the last job's, where
+    a folder holds several); None for a trace of an evomerge that did not write them."""
+    files, recs = read_traces(Path(directory), where)
+    recs, _ = last_jobs(files, recs, where)
+    first = recs[0][0] if recs[0] else {}
+    policy, seed = first.get("policy"), first.get("seed")
+    return (policy if isinstance(policy, dict) else None), (seed if isinstance(seed, int) else None)
+
+
 def job_time(directory: str | os.PathLike, where: str = "--against") -> tuple[int, list[int], float]:
     """A ``Merger`` job's ranks, each rank's steps, and its seconds from the first rank's first step (the start of
     the loop's compute before it) to the last rank's ``finish()``, from its traces (the last job's, where a folder

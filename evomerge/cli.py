@@ -247,9 +247,9 @@ def add_run(sub):
                    help="the step size of this run, e.g. a baseline's best as the search's verdict names it "
                         "(default: an exported file's searched run.lr, else the study's run.lr)")
     p.add_argument("--against", default=None, metavar="DIR",
-                   help="hold the simulated clock against a Merger job's traces (trace=DIR): this run takes the job's "
-                        "steps a worker, and its simulated time is printed beside the job's wall time, with the error; "
-                        "for a policy whose merges wait for every rank: all-reduce, DiLoCo, SlowMo (default: none)")
+                   help="hold the simulated clock against a Merger job's traces (trace=DIR): --policy the policy the "
+                        "job ran, on every worker the job's steps, as each rank took them, with the job's seed (unless "
+                        "--seed); its simulated time is printed beside the job's wall time, with the error (default: none)")
     p.set_defaults(handler=cmd_run)
 
 
@@ -548,7 +548,13 @@ def cmd_run(args) -> int:
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
     # every input is checked before data is read (the same checks as evomerge.run())
-    policy, seed, exported = run_inputs(study, args.policy, args.seed, backend=args.backend, procs=args.procs)
+    job_seed = None
+    if args.against is not None and args.seed is None:  # the seed the job ran: its merges as the job drew them
+        from .calibrate import job_policy
+
+        job_seed = job_policy(args.against)[1]
+    policy, seed, exported = run_inputs(study, args.policy, args.seed if job_seed is None else job_seed,
+                                        backend=args.backend, procs=args.procs)
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     study, note = found_with(study, exported)  # the step size the policy was found with
     given = None
@@ -561,7 +567,7 @@ def cmd_run(args) -> int:
             print(line)
     job = None
     if args.against is not None:  # the job's steps, on the clock, without a time budget: its time to hold against
-        study, job = _against(args, study, policy)
+        study, job = _against(args, study, policy, seed)
     for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
         if n.startswith("study.environment"):
             print(f"note: {n}", file=sys.stderr)
@@ -668,15 +674,15 @@ def cmd_run(args) -> int:
     return 0 if res.status == "ok" else 1
 
 
-def _against(args, study, policy):
-    """``run --against DIR``: the study with the job's steps a worker and no time budget (the clock's run ends when
-    the step budget's work is done), and the job's (ranks, steps a rank, seconds). One line where they cannot be
-    held together: no clock, other workers, ranks that took different steps, a policy whose ranks do not wait for
-    each other (the clock's step budget is W x T steps of work shared by the workers; in the job each rank takes
-    T), or --reevaluate."""
+def _against(args, study, policy, seed):
+    """``run --against DIR``: the study with the job's steps a worker, each worker taking them (``[environment]
+    step_budget = "per_worker"``, as each of the job's ranks takes ``total_steps``) and no time budget (the clock's
+    run ends when the slowest worker is done and its merges have landed), and the job's (ranks, steps a rank,
+    seconds). One line where they cannot be held together: no clock, other workers, ranks that took different
+    steps, or --reevaluate."""
     import dataclasses
 
-    from .calibrate import job_time
+    from .calibrate import job_policy, job_time
     from .study import with_run
 
     if args.reevaluate:
@@ -686,37 +692,42 @@ def _against(args, study, policy):
         raise ConfigError("--against", f"{study.name} has no [environment]: nothing simulates time; allowed: a study "
                                        "whose [environment] is the job's cluster (from = the file evomerge calibrate "
                                        "--from-trace writes of these traces)")
-    from .policy import STREAMING_OFF
     from .runtime import check_policy as merger_runs
 
     merger_runs(policy)  # (a policy no Merger job runs: its own line)
-    streamed = any(getattr(policy, k) != off for k, off in STREAMING_OFF.items() if k != "fragment_alpha")
-    every = (max(1, round(policy.mean_interval)) if policy.scheme == "allreduce" and not streamed else
-             policy.outer_every if policy.scheme == "gossip" else 0)
-    if not every:
-        how = (f"scheme {policy.scheme!r}" + (" without outer_every" if policy.scheme == "gossip" else "")
-               if not streamed else "streams fragments, which are no barrier, and")
-        raise ConfigError("--against", f"policy {how} lets ranks step at their own pace: the clock's step budget is W "
-                                       "x T steps of work shared by the workers, where each of the job's ranks takes "
-                                       "T, so its time is not the job's; allowed: a policy whose merges wait for every "
-                                       "rank (all-reduce, DiLoCo, SlowMo)")
     W, steps, seconds = job_time(args.against)
+    ran, ran_seed = job_policy(args.against)
+    if ran is not None:  # (a trace of an older evomerge does not say)
+        from .policy import MergePolicy
+
+        try:
+            theirs = MergePolicy.from_dict(ran, where="--against")
+        except ConfigError:
+            theirs = None  # (a policy of another evomerge's fields: not compared)
+        differ = [k for k, v in (theirs.to_dict() if theirs else {}).items() if k != "name" and getattr(policy, k) != v]
+        if differ:
+            k = differ[0]
+            raise ConfigError("--against", f"the job ran {k} {getattr(theirs, k)!r}, this run's policy has {k} "
+                                           f"{getattr(policy, k)!r}" + (f" ({len(differ) - 1} more fields differ)"
+                                                                        if len(differ) > 1 else "")
+                              + ": its time is not the job's; allowed: --policy the policy the job ran")
+    if ran_seed is not None and ran_seed != seed:
+        print(f"note: --against: the job ran seed {ran_seed}, this run seed {seed}: its merges are drawn otherwise "
+              "(without --seed it takes the job's)", file=sys.stderr)
     if W != study.run.workers:
         raise ConfigError("--against", f"{args.against} holds {W} ranks' traces; {study.name} has {study.run.workers} "
                                        "workers (run.workers); allowed: a job of as many ranks")
     if len(set(steps)) > 1:
         raise ConfigError("--against", f"the job's ranks took {min(steps)} to {max(steps)} steps; allowed: a job whose "
-                                       "ranks each took the same steps (as merges that wait for every rank make them)")
-    if steps[0] % every:  # after the last barrier the clock's fast workers take more, its slow ones fewer
-        raise ConfigError("--against", f"the job's {steps[0]} steps are not a multiple of the policy's {every} steps "
-                                       "between the merges that wait for every rank: past the last one the clock's "
-                                       f"workers take unequal steps; allowed: a job of a multiple of {every} steps")
+                                       "ranks each took the same steps (total_steps)")
     study = with_run(study, {"steps": steps[0]})
-    # no time budget: the run ends when the step budget's work is done (and objectives that need one are not taken)
+    # no time budget: the run ends when the slowest worker's steps are done (and objectives that need one are not
+    # taken); each worker takes the job's steps, as each rank did
     from .study import TIMED_OBJECTIVES
 
     kept = tuple(o for o in study.objectives if o not in TIMED_OBJECTIVES) or ("sim_time",)
-    study = dataclasses.replace(study, environment=dataclasses.replace(env, time_budget=0.0), objectives=kept)
+    study = dataclasses.replace(study, environment=dataclasses.replace(env, time_budget=0.0, step_budget="per_worker"),
+                                objectives=kept)
     return study, (W, steps[0], seconds)
 
 

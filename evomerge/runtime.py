@@ -683,7 +683,8 @@ class Merger:
             # it timed, and a study of another model is told (Study.model_note)
             from .models import module_float32_bytes
 
-            self._write({"model_bytes": module_float32_bytes(model)})
+            # and the policy and seed it runs (run --against replays them on the clock)
+            self._write({"model_bytes": module_float32_bytes(model), "policy": p.to_dict(), "seed": self.seed})
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._pending: list[_Pending] = []  # the work handles' waiting threads (joined at the end)
         self._stop_in = {}

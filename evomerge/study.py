@@ -53,6 +53,10 @@ RETIRED_OBJECTIVES = {
 }
 SPEED_MODELS = ("equal", "lognormal", "pareto")
 OVERLAPS = ("nonblocking", "blocking")
+#: [environment] step_budget: "shared": the run's work is W x run.steps local steps, the faster workers doing more
+#: of it (a fair budget for policies that let workers step at their own pace); "per_worker": every worker takes
+#: run.steps local steps and then idles, as the ranks of a real job each take total_steps (run --against)
+STEP_BUDGETS = ("shared", "per_worker")
 DEFAULT_BASELINES = ("no-merging", "fedavg", "allreduce", "ring-gossip")
 
 
@@ -315,6 +319,7 @@ class EnvSpec:
     bandwidth_matrix: Annotated[tuple[Annotated[tuple[float, ...], Seq], ...], Seq] = ()
     overlap: Annotated[str, Choice(OVERLAPS)] = "nonblocking"  # blocking: the initiator pauses until its merge is done
     time_budget: float = Field(0.0, ge=0)  # simulated seconds; 0 = the work of the step budget (W x steps), however long
+    step_budget: Annotated[str, Choice(STEP_BUDGETS)] = "shared"  # (STEP_BUDGETS) who takes the run's steps
 
     def check(self, workers: int, base: Path | None) -> "EnvSpec":
         """The checks that need the run's workers (and the study's folder for ``speeds_file``)."""

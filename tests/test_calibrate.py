@@ -767,6 +767,17 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
                      str(data_dir), "--quiet"]) == 0
     assert f"note: study.environment.from: {out} timed steps of a model of {int(timed[1]):,} bytes; this study's " \
            "model has " in capsys.readouterr().err
+    # the job against the clock: gossip lets each rank step at its own pace, and the clock gives every worker the
+    # job's steps (step_budget "per_worker"), the slow one's time the job's
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ring.json"),
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 0
+    got = capsys.readouterr().out
+    m = re.search(r"the job took ([\d.]+) s for 40 steps a rank on 3 ranks .*; the clock says ([\d.]+) s, "
+                  r"([+-][\d.]+)% off$", got, re.M)
+    assert m, got
+    with capsys.disabled():
+        print(f"ring gossip, 3 ranks: job {m[1]} s, clock {m[2]} s, {m[3]}%")
+    assert abs(float(m[3])) < 50, got  # (the job's own calibration: far off is a wrong clock)
 
 
 @pytest.mark.system
@@ -980,8 +991,7 @@ def test_a_ranks_mean_step_over_what_its_fields_give_is_said_and_warned_where_fa
 def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data_dir, capsys):
     """The simulator held against a real run, by a user: a Merger job of 2 ranks (all-reduce every 2 steps, rank 1
     a device 3x slower), calibrated from its own traces; `run --against` runs the job's steps on that clock and
-    prints its time beside the job's, with the error. Policies whose ranks step at their own pace are refused: the
-    clock's step budget is shared work, not T steps a rank."""
+    prints its time beside the job's, with the error. A policy other than the one the job ran is refused."""
     (tmp_path / "user_mlp.py").write_text(USER_MLP)
     (tmp_path / "s.toml").write_text(TRACE_STUDY.format(workers=2, batch=16, environment="").replace(
         "steps = 20", "steps = 60"))
@@ -1012,18 +1022,14 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     with capsys.disabled():
         print(f"job {job} s, clock {clock} s, {off:+.1f}%")
     assert abs(off) < 50, out  # (the same steps, on the job's own calibration: far off is a wrong clock, not load)
-    # refused, one line each: a policy whose ranks do not wait for each other, a study of other workers, no clock
+    # refused, one line each: a policy other than the job's (its trace says it), no clock
     (tmp_path / "h7.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 7}))
-    (tmp_path / "stream.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 6, "fragments": 2,
-                                                      "outer_optimizer": "nesterov", "outer_lr": 0.7,
-                                                      "outer_momentum": 0.9}))
     for policy_arg, study_file, words in [
-            ("ring-gossip", "run.toml", "error: --against: policy scheme 'gossip' without outer_every lets ranks step "
-                                        "at their own pace"),
-            (str(tmp_path / "stream.json"), "run.toml", "error: --against: policy streams fragments, which are no "
-                                                        "barrier, and lets ranks step at their own pace"),
-            (str(tmp_path / "h7.json"), "run.toml", "error: --against: the job's 60 steps are not a multiple of the "
-                                                    "policy's 7 steps between the merges that wait for every rank"),
+            ("ring-gossip", "run.toml", "error: --against: the job ran scheme 'allreduce', this run's policy has "
+                                        "scheme 'gossip' ("),
+            (str(tmp_path / "h7.json"), "run.toml", "error: --against: the job ran mean_interval 2.0, this run's "
+                                                    "policy has mean_interval 7.0: its time is not the job's; allowed: "
+                                                    "--policy the policy the job ran"),
             (str(tmp_path / "ar.json"), "s.toml", "error: --against: test has no [environment]")]:
         assert cli.main(["run", "--study", str(tmp_path / study_file), "--policy", policy_arg, "--data-dir",
                          str(data_dir), "--quiet", "--against", str(trace)]) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -360,3 +362,32 @@ def test_the_drained_end_holds_everything_the_run_did(policy, env, W, T, seed):
     lengths = np.diff([0.0, *tl.round_ends])
     assert (tl.idle <= lengths[:, None] + 1e-9).all(), (tl.idle, lengths)
     assert tl.round_ends[-1] == tl.end
+
+
+@pytest.mark.parametrize("policy", [
+    MergePolicy(mean_interval=3.0),  # gossip: each worker at its own pace
+    MergePolicy(exchange="push_pull", topology="complete", mean_interval=2.0),
+    MergePolicy(scheme="async", mean_interval=2.0, mixing_weight=1.0, outer_optimizer="nesterov"),
+    MergePolicy(scheme="allreduce", mean_interval=5.0, mixing_weight=1.0, fragments=2, fragment_delay=2),
+    MergePolicy(scheme="allreduce", mean_interval=7.0),  # T not a multiple: the last 5 steps each at its pace
+], ids=["gossip", "push-pull", "async", "streaming", "allreduce"])
+def test_a_per_worker_step_budget_gives_every_worker_its_own_steps_and_ends_with_the_slowest(policy):
+    """``step_budget = "per_worker"`` (a real job's ranks, each taking total_steps): a straggler 4x slower takes
+    as many steps as the others, who idle after theirs, their merges still landing; the run ends when the slowest
+    is done and what it sent has landed. The shared budget (the same W x T of work) lets the fast workers do the
+    straggler's share."""
+    W, T = 4, 40
+    env = EnvSpec(step_time=0.01, slow_workers=(2,), slow_factor=4.0, bandwidth=40_000.0)
+    tl, _ = timeline(dataclasses.replace(env, step_budget="per_worker"), policy, W, T, rounds=2)
+    assert [len(c) for c in tl.completions] == [T] * W
+    slowest = tl.completions[2][-1]
+    assert slowest >= T * 0.04 and tl.end >= slowest and tl.round_ends[-1] == tl.end
+    for w in range(W):
+        assert all(b <= tl.end + 1e-9 for _, b in tl.idle_spans[w] + tl.send_spans[w]), w
+    # every payload a worker sent landed (the fast ones idle, taking them at their last boundary)
+    if policy.scheme == "gossip":
+        sent = {a.event for acts in tl.actions for a in acts if a.kind == clock.SEND}
+        assert sent and sent <= {a.event for acts in tl.actions for a in acts if a.kind == clock.LAND}
+    shared, _ = timeline(env, policy, W, T, rounds=2)
+    if policy.scheme == "gossip":  # the fast workers took the straggler's share
+        assert len(shared.completions[2]) < T < len(shared.completions[0])

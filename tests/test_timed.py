@@ -507,9 +507,10 @@ BAD = [
     ("speeds", '"gauss"', "allowed: equal, lognormal, pareto"),
     ("speeds", "[1.0, 2.0]", "needs 4 positive speeds"),
     ("speeds", "[1.0, -1.0, 0.8, 1.2]", "speeds[1]: -1.0 is out of range; allowed: a speed > 0"),
-    ("frm", '"cluster.toml"', "time_budget, from; did you mean from?"),
+    ("frm", '"cluster.toml"', "time_budget, step_budget, from; did you mean from?"),
     ("latency_matrix", "[[0.0, 1.0], [1.0, 0.0]]", "must be 4 x 4"),
     ("overlap", '"sometimes"', "allowed: nonblocking, blocking"),
+    ("step_budget", '"each"', "allowed: shared, per_worker"),
     ("slow_workers", "[9]", "allowed: 0..3"),
     ("speeds_file", '"nowhere.txt"', "cannot read speeds"),
     ("time_budget", "0.0", "is required by time_to_target"),
@@ -629,17 +630,19 @@ def setup4(mnist):
 
 @pytest.mark.system
 @pytest.mark.parametrize("name, procs", [("push-pull-winner-examples", 4), ("allreduce-examples", 2),
-                                         ("allreduce-alpha", 2)])
+                                         ("allreduce-alpha", 2), ("push-pull-per-worker", 2)])
 def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, name, procs):
     """(A searched policy of one fragment with an alpha, nothing streamed, was refused on the clock: "fragments are
     not streamed between ranks on a simulated clock yet".)"""
     from evomerge.backends import launch as distributed
 
     policy = {"push-pull-winner-examples": P(exchange="push_pull", winner_bias=0.5, weighting="examples", mean_interval=2.0),
+              "push-pull-per-worker": P(exchange="push_pull", winner_bias=0.5, mean_interval=2.0),
               "allreduce-examples": P(scheme="allreduce", mean_interval=3.0, weighting="examples"),
               "allreduce-alpha": P(scheme="allreduce", mean_interval=3.0, fragment_alpha=0.25, outer_optimizer="sgd",
                                    outer_lr=0.7)}[name]
-    s = with_env(setup4, UNEVEN)
+    each = name.endswith("per-worker")  # every worker its own 30 steps, as a job's ranks (run --against)
+    s = with_env(setup4, dataclasses.replace(UNEVEN, step_budget="per_worker") if each else UNEVEN)
     a = simulate.simulate(s, policy, 1, keep_params=True)
     b = distributed.simulate(s, policy, 1, keep_params=True, procs=procs, device="cpu")
     assert len(a.history) == len(b.history) == 3
@@ -649,7 +652,7 @@ def test_distributed_ranks_replay_the_clock_and_agree_with_in_process(setup4, na
             if key != "wall_time" and x[key] is not None:
                 assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key  # simulated time included
     assert a.final.idle_fraction > 0  # blocking merges, or barriers: both wait on the slow worker
-    assert (a.final.steps_min < a.final.steps_max) == (policy.scheme == "gossip")
+    assert (a.final.steps_min < a.final.steps_max) == (policy.scheme == "gossip" and not each)
     assert torch.allclose(a.params, b.params, atol=1e-5)
 
 
@@ -809,3 +812,22 @@ def test_a_policy_that_sends_more_than_its_links_carry_is_said_so(tmp_path, data
     side = _idle({"scheme": "gossip", "mean_interval": 1.0}, [{"bytes": 8e6, "sim_time": 2.0, "merges": 40}], s)
     assert side["saturated"].startswith("sent 8.0 MB in 2 simulated s, 10x what its links carry"), side
     assert _idle({"scheme": "gossip"}, [{"bytes": 1e6, "sim_time": 2.0, "merges": 4}], s) == {}
+
+
+@pytest.mark.parametrize("name", ["ring-gossip", "push-pull-winner-examples", "similarity-bias-sketch-push-pull",
+                                  "similarity-bias-published", "async"])
+def test_a_per_worker_step_budget_runs_every_worker_the_runs_steps(setup4, name):
+    """``[environment] step_budget = "per_worker"``: on an uneven cluster every worker takes the run's 30 steps (a
+    job's ranks, each taking total_steps), the fast ones idle at the end; the same seed gives the same run, and the
+    shared budget (W x T of work) lets the fast workers take more."""
+    policy = GOSSIP.get(name) or {"ring-gossip": P(topology="ring", mean_interval=2.0),
+                                  "async": P(scheme="async", mean_interval=3.0, mixing_weight=1.0,
+                                             outer_optimizer="nesterov")}[name]
+    each = with_env(setup4, dataclasses.replace(UNEVEN, step_budget="per_worker"))
+    a, b = (simulate.simulate(each, policy, 2, keep_params=True) for _ in range(2))
+    f = a.final
+    assert f.steps_min == f.steps_max == 30 and f.steps_mean == 30 and 0 < f.idle_fraction < 1
+    assert [dataclasses.asdict(h) | {"wall_time": 0} for h in a.history] == \
+           [dataclasses.asdict(h) | {"wall_time": 0} for h in b.history] and torch.equal(a.params, b.params)
+    shared = simulate.simulate(with_env(setup4, UNEVEN), policy, 2).final
+    assert shared.steps_min < 30 < shared.steps_max and shared.sim_time < f.sim_time

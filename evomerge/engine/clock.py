@@ -54,7 +54,9 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   in whatever time the cluster needs); then no step starts (one under way is dropped) and the run ends when every
   merge in flight has landed and been applied (push-pull answered), as ``Merger.finish()`` completes them
   (:meth:`Simulation.work_done`, :meth:`Simulation.drained`). Rounds end at equal shares of either (the last
-  at the run's end).
+  at the run's end). With ``step_budget = "per_worker"`` every worker takes ``T`` local steps and no more (a
+  worker done with them idles, its merges still landing: a real job's ranks, each taking ``total_steps``): the
+  work is the same ``W x T``, done when the slowest worker is.
 
 Idle time is time a worker waits on a barrier or on its own merge (blocking). A homogeneous
 environment with free links reproduces the lockstep run exactly: every worker completes step
@@ -261,9 +263,17 @@ def fair_shares(flows: list[tuple[int, int]]) -> list[float]:
     return [share(counts, es) for es in ends]
 
 
-def free_horizon(compute: Compute, workers: int, total_steps: int, time_budget: float) -> tuple[float, int]:
-    """Without any waiting: the end time, and the most local steps one worker does by then."""
+def free_horizon(compute: Compute, workers: int, total_steps: int, time_budget: float,
+                 per_worker: bool = False) -> tuple[float, int]:
+    """Without any waiting: the end time, and the most local steps one worker does by then (``per_worker``: each
+    worker takes ``total_steps`` and no more, :data:`evomerge.study.STEP_BUDGETS`)."""
     W = workers
+    if per_worker and total_steps:
+        c = [compute.free_completions(w, total_steps) for w in range(W)]
+        end = max(float(x[-1]) for x in c)
+        if time_budget and end > time_budget:
+            return time_budget, max(int(np.searchsorted(x, time_budget, side="right")) for x in c)
+        return end, total_steps
     if time_budget:
         n = CHUNK
         while True:
@@ -298,7 +308,7 @@ def build(env, policy, workers: int, total_steps: int, rounds: int, seed: int, p
     """The run's timeline; ``make_schedule(horizon)`` builds the schedule for that many local steps
     per worker, ``payload_bytes`` is the engine's :class:`plan.Bytes`."""
     compute = Compute(env, workers, seed)
-    _, horizon = free_horizon(compute, workers, total_steps, env.time_budget)
+    _, horizon = free_horizon(compute, workers, total_steps, env.time_budget, env.step_budget == "per_worker")
     while True:
         tl = Simulation(env, policy, workers, total_steps, rounds, compute, make_schedule(horizon), payload_bytes,
                         horizon).run()
@@ -331,6 +341,7 @@ class Simulation:
         self.push_pull = policy.exchange == "push_pull"
         self.budget = env.time_budget or float("inf")
         self.need = W * T  # step budget: the run's work in local steps
+        self.cap = T if env.step_budget == "per_worker" else None  # each worker's own steps (STEP_BUDGETS)
         self.allreduce = sched.scheme == "allreduce"
         self.asynchronous = sched.scheme == "async"
         self.delay = policy.fragment_delay if self.allreduce else 0
@@ -431,6 +442,11 @@ class Simulation:
 
     def start_step(self, w: int, t: float) -> None:
         if self.t_work is not None:  # the work is done: the run drains its merges in flight, this worker idle
+            self.finished[w] = True
+            if self.idle_since[w] is None:
+                self.idle_since[w] = t
+            return
+        if self.cap is not None and self.done[w] >= self.cap:  # its own steps done: idle, its merges still landing
             self.finished[w] = True
             if self.idle_since[w] is None:
                 self.idle_since[w] = t
