@@ -302,6 +302,32 @@ def test_bad_input_is_one_line_naming_the_field(folder, change, field, message):
     assert re.search(message, str(e.value)), str(e.value)
 
 
+@pytest.mark.parametrize("fields", [{"data_exchange_k": 4}, {"swap_p": 0.3, "swap_confidence": 0.5},
+                                    {"retire_threshold": 0.5}])
+def test_a_runs_policy_that_reads_exp_loss_as_confidence_is_refused_for_a_regression(folder, tmp_path, capsys, fields):
+    """(Only the study's own [policy] and search space were checked: a policy file, the Python API, a baseline of
+    the user's ran, exp(-MSE) taken as a probability, status ok.) Every way in names the field, before any data
+    are read where it can."""
+    import evomerge
+    from evomerge import cli
+
+    study = write_study(folder, "my-reg-conf", 'loader = "mydata:halves"', "regressor", loss="mse", metric="val_loss")
+    (tmp_path / "p.json").write_text(json.dumps(fields))
+    field = next(k for k in fields if k != "swap_p")
+    assert cli.main(["run", "--study", str(study), "--policy", str(tmp_path / "p.json"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(rf"error: policy\.{field}: .* reads exp\(-loss\) as the model's confidence in an example, "
+                        r"which needs loss 'cross_entropy'; the study's loss is 'mse'; allowed: its neutral value with "
+                        r"this loss", err), err
+    with pytest.raises(ConfigError, match=rf"^policy\.{field}: "):
+        evomerge.run(str(study), fields)
+    setup = simulate.prepare(load(study))  # the engine's own entries (a baseline's run, a population's member)
+    for go in (lambda: simulate.simulate(setup, MergePolicy.from_dict(fields), 0),
+               lambda: run_population(setup, [Member(MergePolicy.from_dict(fields), 0)])):
+        with pytest.raises(ConfigError, match=rf"^policy\.{field}: "):
+            go()
+
+
 def test_the_text_corpus_is_split_by_file_and_pinned_by_its_hash(folder):
     from evomerge import text
 

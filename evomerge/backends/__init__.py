@@ -285,6 +285,10 @@ def run_inputs(study, policy: MergePolicy | dict | str | Path, seed: int | None 
         raise ConfigError("policy.scheme", policy_mod.ASYNC_NEEDS_CLOCK)
     check(backend, procs, study.run.workers)
     check_policy(backend, policy, timed=study.environment is not None)
+    from .. import task as task_mod
+    from ..engine.setup import refuse_confidence
+
+    refuse_confidence(policy, task_mod.of(study))  # (before the data are read)
     if seed is None:
         seed = exported["seeds"][0] if exported and exported.get("seeds") else study.run.seeds[0]
     return policy, seed, exported

@@ -339,6 +339,8 @@ def run_population(setup: Setup, members: list[Member], device: str | torch.devi
     cross = dev.type == "cuda" if cross is None else cross
     if not members:
         return []
+    for m in members:  # (a policy from a file or the API: the study's own are checked)
+        setup_mod.refuse_confidence(m.policy, setup.model.task)
     if (setup.study.environment is not None or any(m.policy.payload == "gradient" for m in members)
             or setup.study.run.workers == 1):
         # members on simulated clocks, or all-reducing gradients (their update waits for the average): one at a time;

@@ -165,6 +165,9 @@ def execute(setup: Setup, policy: MergePolicy, seed: int, backend: "Backend", *,
     (every round evaluated) with a callback, which reads each round, and on a simulated cluster, whose time to
     target is read off every round.
     """
+    from .setup import refuse_confidence
+
+    refuse_confidence(policy, setup.model.task)  # (a policy from a file or the API: the study's own are checked)
     t0 = time.perf_counter() if t0 is None else t0
     run, T = setup.study.run, setup.total_steps
     st = backend.state

@@ -173,12 +173,19 @@ def check_task(study: Study, task) -> None:
                     else f"needs class labels; the study's loss is {study.run.loss!r}")
             raise ConfigError(field, f"{m!r} {what}; allowed here: {', '.join(fits)}"
                                      + (f", and with an [environment] {', '.join(timed)}" if timed else ""))
+    refuse_confidence(study.policy, task, "study.policy")
+    for p in study.search.space:
+        if p.name in CONFIDENCE_FIELDS:
+            task.refuse(f"study.search.space.{p.name}", p.name)
+
+
+def refuse_confidence(policy, task, where: str = "policy") -> None:
+    """One line naming ``where.field`` for a field of ``policy`` that reads exp(-loss) as a confidence, where the
+    task's loss is no likelihood (a regression): the study's own policy, a run's (a file, a named baseline, the
+    Python API's), each run's on every backend."""
     for f in CONFIDENCE_FIELDS:
-        if getattr(study.policy, f):
-            task.refuse(f"study.policy.{f}", getattr(study.policy, f))
-        for p in study.search.space:
-            if p.name == f:
-                task.refuse(f"study.search.space.{f}", f)
+        if getattr(policy, f):
+            task.refuse(f"{where}.{f}", getattr(policy, f))
 
 
 def batch_indices(shard: np.ndarray, batch: int, start: int, n_steps: int, seed: int, worker: int) -> np.ndarray:
