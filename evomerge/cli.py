@@ -649,6 +649,10 @@ def cmd_run(args) -> int:
         what, fmt = REPLAY_WORDS.get(key, key), ".6g" if key == "time_to_target" else ".4f"
         want = stored_seed.get(key)
         trial = f"trial {exported['trial']} of {exported['study']}"
+        from .search.results import missed
+
+        def shown(v) -> str:  # a time to target past the budget is a miss's penalty, marked as the tables mark it
+            return format(v, fmt) + missed(study, key, v)
         from .backends import ran_on
         from .engine.setup import resolve_device
 
@@ -660,10 +664,9 @@ def cmd_run(args) -> int:
         elif here.startswith(theirs):  # the same sums in the same order: held to match bit for bit
             got = getattr(f, key)
             same = want == got or (want != want and got != got)  # a diverged run's NaN is the same NaN again
-            print(f"{what} {'matches' if same else 'DIFFERS from'} {trial} (seed {seed}: "
-                  f"{format(want, fmt)})")
+            print(f"{what} {'matches' if same else 'DIFFERS from'} {trial} (seed {seed}: {shown(want)})")
         else:
-            print(f"{what} {format(getattr(f, key), fmt)}, {trial} {format(want, fmt)} (seed {seed}): not held to match bit for bit, "
+            print(f"{what} {shown(getattr(f, key))}, {trial} {shown(want)} (seed {seed}): not held to match bit for bit, "
                   f"the trial ran {theirs} and this run {here}, whose sums run in another order")
     if args.json_out:
         out = res.to_dict() | {"study": study.name, "backend": backend, "execution": execution}  # the table's, uncut
@@ -1258,9 +1261,15 @@ def _policy_notes(doc: dict, study) -> None:
 
     ttt = (doc.get("objectives") or {}).get("time_to_target")
     if ttt is not None and missed(study, "time_to_target", ttt):  # (only "(missed)" said so)
+        from .engine.judge import penalty_words
+
+        seeds = doc.get("metrics_per_seed") or {}
+        out = [s for s, m in seeds.items() if missed(study, "time_to_target", (m or {}).get("time_to_target") or 0)]
+        where = (f"on seed {out[0]}" if len(seeds) == 1 else f"on {len(out)} of its {len(seeds)} seeds "
+                 f"({', '.join(out)})") if out else "on its seeds"
         print(f"note: trial {doc['trial']} did not reach {study.target_metric} {study.target:g} within the time budget "
-              f"({study.environment.time_budget:g} s) on every seed: its time to target is a penalty past the budget, "
-              "not a time (budget x (2 - best / target))", file=sys.stderr)
+              f"({study.environment.time_budget:g} s) {where}: its time to target is a penalty past the budget, not "
+              f"a time ({penalty_words(study.target_metric)})", file=sys.stderr)
 
 
 def _values_text(objectives: dict, study=None) -> str:

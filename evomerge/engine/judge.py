@@ -29,6 +29,16 @@ def crossing(prev: tuple[float, float] | None, t: float, acc: float, target: flo
     return t0 + (target - a0) / (acc - a0) * (t - t0) if acc > a0 else t
 
 
+def maximized(metric: str) -> bool:
+    """Whether a target metric is reached at or above the target (accuracy), else at or below (loss, perplexity)."""
+    return metric.endswith("accuracy")
+
+
+def penalty_words(metric: str) -> str:
+    """How a run that missed the target gets its time to target (:meth:`Judge.timing`), in words."""
+    return "budget x (2 - best / target)" if maximized(metric) else "budget x (2 - target / best)"
+
+
 class Judge:
     """What every backend does with all workers' parameters at the end of a round: evaluate
     the consensus model and the workers on the validation split, measure similarity, build
@@ -50,7 +60,7 @@ class Judge:
         self.eval_time, self.calm, self.finite = 0.0, 0, True
         self.target = setup.study.target
         self.metric = setup.study.target_metric  # what time_to_target waits for (maximised or minimised)
-        self.maximize = self.metric.endswith("accuracy")
+        self.maximize = maximized(self.metric)
         self.reached: float | None = None  # simulated time at which the target was reached
         self.best, self.prev_point = (0.0 if self.maximize else math.inf), None
 

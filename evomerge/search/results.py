@@ -439,7 +439,8 @@ def objective_label(name: str) -> str:
 
 def missed(study, name: str, value: float) -> str:
     """' (missed)' after a time-to-target value over the study's time budget: the target was not reached on at least
-    one seed, whose penalty time (budget x (2 - best / target)) the value is, or holds in its mean; '' otherwise."""
+    one seed, whose penalty time (:func:`evomerge.engine.judge.penalty_words`) the value is, or holds in its mean; ''
+    otherwise."""
     env = getattr(study, "environment", None)
     budget = getattr(env, "time_budget", 0) if env is not None else 0
     return " (missed)" if name == "time_to_target" and budget and value > budget else ""
