@@ -101,6 +101,36 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
 
 
 @pytest.mark.system
+def test_a_search_stopped_by_its_trials_errors_goes_on_once_the_user_fixed_the_model(tmp_path, data_dir):
+    """(The search stopped on errors said "fix the cause and run the same command again", and once the user fixed
+    their model file the same command was refused: the module had changed since the stored trials, all of them
+    failed.) A study whose stored trials all failed takes the study as it is now, and says so."""
+    f = write_study(tmp_path, slow=True)
+    module = tmp_path / "slowmlp.py"
+    good = module.read_text()
+    module.write_text(good.replace("    def forward(self, x):\n", "    def forward(self, x):\n"
+                                   "        if x.shape[0] == 16:  # the user's bug: every training batch\n"
+                                   "            raise IndexError('index out of range in self')\n"))
+    args = ["search", "--study", str(f), "--sampler", "random", "--quiet", "--no-verdict", "--n-trials", "2"]
+    p = cli(*args, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+        "error: search stopped: the last 10 trials failed with an error (the last: IndexError: index out of range in "
+        "self); finished trials are kept; fix the cause and run the same command again"), p.stderr
+    db = tmp_path / "runs" / "tiny" / "optuna.db"
+    assert states(db) == {"FAIL": 10}
+    module.write_text(good)  # fixed (a new process: this one holds the module as it was imported)
+    p = cli(*args, cwd=tmp_path, data_dir=data_dir, process=True)
+    assert p.returncode == 0, p.stderr
+    assert ("note: study tiny: model.factory_source changed (slowmlp.py edited) since its 10 stored trials, none of "
+            "which finished (they failed): the search goes on with the study as it is now") in p.stderr, p.stderr
+    assert states(db) == {"FAIL": 10, "COMPLETE": 2}
+    # once a trial finished, a change is refused again
+    module.write_text(good + "\nWIDER = True\n")
+    p = cli(*args[:-1], "3", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and "since its 12 stored trials; use another [study] name" in p.stderr, p.stderr
+
+
+@pytest.mark.system
 def test_a_search_on_another_storage_into_the_same_mlflow_experiment_says_so(tmp_path, data_dir):
     """(A search given a new --storage kept the default MLflow store of the study's folder: its experiment held two
     `trial-0` runs of two Optuna studies, with nothing said.)"""

@@ -151,16 +151,23 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
     return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
 
 
-def check(ostudy, cfg: "SearchConfig", n_trials: int) -> None:
+def check(ostudy, cfg: "SearchConfig", n_trials: int, finished: int | None = None) -> None:
     """Refuse, in one line, to search a stored study whose fingerprint differs from the study file's;
-    store the fingerprint when the stored study has none (or lacks fields added since)."""
+    store the fingerprint when the stored study has none (or lacks fields added since), or when none of its
+    trials finished (``finished`` 0: every one failed with an error, and the user fixed the cause, as the search's
+    stop told them to: nothing stored was measured with the study as it was)."""
     current = of(cfg.study)
     stored = ostudy.user_attrs.get(ATTR)
     if stored and stored.get("hash") == current["hash"]:
         return
     if stored:
         shown = changed_since(stored.get("summary", {}), current["summary"], cfg.study)
-        if shown:
+        if shown and finished == 0 and n_trials:
+            import sys
+
+            print(f"note: study {cfg.study.name}: {shown} since its {n_trials} stored trials, none of which finished "
+                  "(they failed): the search goes on with the study as it is now", file=sys.stderr)
+        elif shown:
             afresh = "--runs-dir" if cfg.default_store else "--storage"
             raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trials; "
                                                          f"use another [study] name or {afresh} to start afresh")

@@ -91,10 +91,12 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, st
                       stacklevel=2)
     # the pruner judges by the run's local steps
     ostudy = load_or_create(cfg, storage, worker, setup.total_steps, asking=True)
-    if MODEL_BYTES not in ostudy.user_attrs:  # the model's size, once: an export carries it, and a Merger given a
-        from ..models import float32_bytes   # model of another size says so
+    from ..models import float32_bytes
 
-        ostudy.set_user_attr(MODEL_BYTES, float32_bytes(setup.model))
+    size = float32_bytes(setup.model)
+    if ostudy.user_attrs.get(MODEL_BYTES) != size:  # the model's size: an export carries it, and a Merger given a
+        ostudy.set_user_attr(MODEL_BYTES, size)     # model of another size says so (a study whose trials all failed
+        #                                             takes its model as it is now)
     run_fn = backends.runner(cfg.backend, cfg.procs)
     space = cfg.study.search.space
     dists = space_mod.distributions(space)

@@ -268,7 +268,7 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
         raise ConfigError("study.objectives.metrics", f"the {resumed_at} stored trials of {cfg.study.name!r} were searched "
                                                       f"for {was}; the study now asks {list(cfg.study.objectives)}; to "
                                                       f"start afresh, {where} (the old results stay readable there)")
-    fingerprint.check(study, cfg, resumed_at)
+    fingerprint.check(study, cfg, resumed_at, finished)
     if asking and finished < cfg.n_trials:  # (a search with nothing to run counts no start: the next keeps its seed)
         with search_lock(cfg, {}):
             starts = dict(study.user_attrs.get(STARTS) or {})
