@@ -55,6 +55,19 @@ def tokens():
     return tok(tx), ty, tok(sx), sy
 
 
+def tokens_one_past():
+    """tokens() with the id 8 in example 3000 on: a vocabulary one short for TokenTransformer (8)."""
+    tx, ty, sx, sy = tokens()
+    tx[3000:, 5] = 8
+    return tx, ty, sx, sy
+
+
+def tokens_hashed():
+    """Ids up to 1000, which HashedTokens maps into its 8 entries itself."""
+    tx, ty, sx, sy = tokens()
+    return tx * 125, ty, sx * 125, sy
+
+
 def halves():
     """Regression: the top half of an image -> the mean ink of its bottom half (x10), targets [N, 1]."""
     tx, _, sx, _ = _mnist()
@@ -290,6 +303,9 @@ def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(fo
      r"33 \(run.score_samples and one to train on\); allowed: \[1, \d+\], or a smaller run.score_samples$"),
     (dict(loss="mydata:raises"), "study.run.loss",
      r"mydata:raises raised IndexError: .* on outputs of shape \[4, 10\] and targets torch.int64 of shape \[4\]"),
+    (dict(data='loader = "mydata:tokens_one_past"', factory="TokenTransformer"), "study.model.factory",
+     r"the training inputs hold token id 8 \(example \d+ of \d+\), and the model's largest nn.Embedding has 8 "
+     r"entries \(ids 0..7\); allowed: ids in 0..7, or an embedding of at least 9 entries$"),
     (dict(extra="[policy]\ndata_exchange_k = 4", data='loader = "mydata:halves"', factory="regressor", loss="mse",
           metric="val_loss"), "study.policy.data_exchange_k", r"needs loss 'cross_entropy'"),
 ])
@@ -300,6 +316,14 @@ def test_bad_input_is_one_line_naming_the_field(folder, change, field, message):
     assert e.value.field == field, str(e.value)
     assert "\n" not in str(e.value)
     assert re.search(message, str(e.value)), str(e.value)
+
+
+def test_ids_past_the_embedding_that_the_model_maps_itself_are_its_business(folder):
+    """The check of token ids against the largest nn.Embedding refuses only where the model fails on them: a model
+    that hashes its ids into its table runs."""
+    setup = simulate.prepare(load(write_study(folder, "my-hashed", 'loader = "mydata:tokens_hashed"', "HashedTokens",
+                                              steps=4)))
+    assert int(setup.data.train_x.max()) > 8 and simulate.simulate(setup, MergePolicy(), 0).status == "ok"
 
 
 @pytest.mark.parametrize("fields", [{"data_exchange_k": 4}, {"swap_p": 0.3, "swap_confidence": 0.5},

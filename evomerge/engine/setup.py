@@ -134,6 +134,7 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
                                             f"per example needs a [model] factory; the named model {study.model.name!r} "
                                             "gives one logit per class; allowed: cross_entropy on one class per input")
     check_task(study, task)
+    check_token_ids(study, data, model)
     labels = data.train_y.numpy()
     run = study.run
     parts = data_mod.partition(labels, run.workers, study.data.partition, alpha=study.data.alpha, groups=data.groups,
@@ -146,6 +147,38 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
         shards.append(np.sort(p[run.score_samples:]))
     skew = data_mod.label_skew(labels, shards, data.n_classes)
     return Setup(study, data, model, shards, slices, total_steps(study, [len(s) for s in shards]), skew)
+
+
+def check_token_ids(study: Study, data, model) -> None:
+    """Integer inputs (token ids) against the model's embeddings: an id past the largest ``nn.Embedding`` (a
+    vocabulary one short) on which the model fails is one line naming the model, not an IndexError at the first
+    batch that holds it (the start-up check runs a few examples only)."""
+    from torch import nn
+
+    try:
+        module = model.module()
+    except NotImplementedError:
+        return
+    sizes = [m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)]
+    if not sizes or normalise(data.train_x[:1], data.spec).is_floating_point():
+        return
+    n = max(sizes)
+    for name, x in (("training", data.train_x), ("validation", data.val_x)):
+        if not len(x):
+            continue
+        hi, lo = int(x.max()), int(x.min())
+        if hi >= n or lo < 0:
+            row = int(((x >= n) | (x < 0)).reshape(len(x), -1).any(1).nonzero()[0, 0])
+            try:  # the model may map ids itself (a hashing trick, an offset): only its failure on them is refused
+                with torch.random.fork_rng(), torch.no_grad():
+                    module.eval()(normalise(x[row:row + 1], data.spec))
+                continue
+            except (IndexError, RuntimeError):
+                pass
+            field = "study.model.factory" if study.model.factory else "study.model"
+            raise ConfigError(field, f"the {name} inputs hold token id {hi if hi >= n else lo} (example {row} of "
+                                     f"{len(x)}), and the model's largest nn.Embedding has {n} entries (ids 0..{n - 1}); "
+                                     f"allowed: ids in 0..{n - 1}, or an embedding of at least {hi + 1} entries")
 
 
 #: the metrics that mean something only for some tasks
