@@ -70,7 +70,8 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
         # an unknown name: load's own line
         st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
         pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
-        st, note = found_with(st, exported)  # an exported policy runs with the step size it was found with
+        # an exported policy runs with the step size it was found with (lr's own line says the trial's)
+        st, note = found_with(st, exported, ("lr",) if lr is not None else ())
         given = None
         if lr is not None:
             st, given, _ = given_lr(lr, st, exported, "")

@@ -556,7 +556,8 @@ def cmd_run(args) -> int:
     policy, seed, exported = run_inputs(study, args.policy, args.seed if job_seed is None else job_seed,
                                         backend=args.backend, procs=args.procs)
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
-    study, note = found_with(study, exported)  # the step size the policy was found with
+    # the step size the policy was found with (--lr's own line says the trial's)
+    study, note = found_with(study, exported, ("lr",) if args.lr is not None else ())
     given = None
     if args.lr is not None:  # (after the found values: a searched weight decay stays, and is said)
         study, given, changed = given_lr(args.lr, study, exported, changed)

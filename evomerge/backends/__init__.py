@@ -221,11 +221,12 @@ def ran_on(backend: str, procs: int | None, workers: int, device_type: str) -> s
     return f"{where} on {device_type}"
 
 
-def found_with(study, exported: dict | None):
+def found_with(study, exported: dict | None, given: tuple[str, ...] = ()):
     """The study a replay of an exported policy runs: with the step size the search chose for it (the keys in
     the export's ``run_searched``: ``run.lr``, ``run.weight_decay``) where the study's differs, and a line saying
     what changed (None when nothing did). A searched step size belongs to the policy: the trial's value was
-    judged with it. It is applied only with the optimiser it was found with; otherwise the line says it is not."""
+    judged with it. It is applied only with the optimiser it was found with; otherwise the line says it is not.
+    ``given``: keys the caller sets itself next (``--lr``): left out of the line, which would say otherwise."""
     from ..study import RUN_SEARCHABLE, with_run
 
     run = (exported or {}).get("run") or {}
@@ -233,7 +234,10 @@ def found_with(study, exported: dict | None):
     differ = {k: run[k] for k in RUN_SEARCHABLE if k in searched and k in run and run[k] != getattr(study.run, k)}
     if not differ:
         return study, None
-    said = ", ".join(f"run.{k} {v:g} (the study says {getattr(study.run, k):g})" for k, v in differ.items())
+    said = ", ".join(f"run.{k} {v:g} (the study says {getattr(study.run, k):g})" for k, v in differ.items()
+                     if k not in given)
+    if not said:  # (the given key's own line names the trial's value)
+        return with_run(study, differ), None
     if run.get("optimizer", study.run.optimizer) != study.run.optimizer:
         return study, (f"note: the exported policy was found with {run['optimizer']} and {said}; this study trains "
                        f"with {study.run.optimizer}, so its own values are used")
