@@ -26,7 +26,11 @@ def nearest(word: str, options) -> str | None:
     """The option most like ``word`` (a misspelt flag, command or name), if any is close."""
     import difflib
 
-    near = difflib.get_close_matches(str(word), [str(o) for o in options], n=1)
+    options = [str(o) for o in options]
+    same = [o for o in options if o.lower() == str(word).lower()]  # "adamW": adamw, not the nearer-looking adam
+    if same:
+        return same[0]
+    near = difflib.get_close_matches(str(word), options, n=1)
     return near[0] if near else None
 
 

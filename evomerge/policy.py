@@ -740,7 +740,8 @@ def parse_json(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(where, f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        # ("Unterminated string starting at" is a sentence its position ends)
+        raise ConfigError(where, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
 
 
 def read_json_file(path: str | Path) -> Any:

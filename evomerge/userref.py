@@ -180,7 +180,14 @@ def resolve(ref: str, field: str, base_dir: str | Path | None, example: str) -> 
                                      f"({module[:-3]}:{attr}), beside the study file or on sys.path") from None
         raise ConfigError(field, f"cannot import {module!r} (looked in {where}): {one_line(e)}") from None
     if not hasattr(mod, attr):
-        raise ConfigError(field, f"module {module!r} ({getattr(mod, '__file__', '?')}) has no {attr!r}")
+        # its own functions and classes (not what it imported), as a misspelt name is told the others
+        own = sorted(k for k, v in vars(mod).items() if callable(v) and not k.startswith("_")
+                     and getattr(v, "__module__", None) == mod.__name__)
+        from .errors import did_you_mean
+
+        listed = (f"; allowed: {', '.join(own[:12])}{', ...' if len(own) > 12 else ''}" if own else "")
+        raise ConfigError(field, f"module {module!r} ({getattr(mod, '__file__', '?')}) has no {attr!r}{listed}"
+                                 + (did_you_mean(attr, own) if own else ""))
     fn = getattr(mod, attr)
     if not callable(fn):
         raise ConfigError(field, f"{ref} is a {type(fn).__name__}, not a function")

@@ -284,6 +284,8 @@ def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(fo
 @pytest.mark.parametrize("change, field, message", [
     (dict(loss="hinge"), "study.run.loss", r"unknown 'hinge'; allowed: cross_entropy, mse or 'module:function'"),
     (dict(loss="mydata:nowhere"), "study.run.loss", r"nowhere"),
+    (dict(factory="TokenTransfomer"), "study.model.factory",
+     r"has no 'TokenTransfomer'; allowed: Bag, .*HashedTokens, .*TokenTransformer.*; did you mean TokenTransformer\?$"),
     (dict(loss="mydata:not_per_example", data='loader = "mydata:halves"', factory="regressor", metric="val_loss"),
      "study.run.loss", r"returned \[\] for a batch of 4; expected per-example losses of shape \[4\]"),
     (dict(data='loader = "mydata:float_labels"'), "study.run.loss",

@@ -173,7 +173,7 @@ BAD_POLICIES = {
     "gradient payload every 4 steps": ('{"scheme": "allreduce", "payload": "gradient", "mean_interval": 4}',
                                        "error: policy.mean_interval: 4.0 cannot all-reduce gradients"),
     "version 0": ('{"schema_version": 0}', "error: policy.schema_version: 0 is out of range; allowed: [1, 10]"),
-    "truncated": ('{"topology": "ri', "invalid JSON"),
+    "truncated": ('{"topology": "ri', "invalid JSON: Unterminated string starting at (line 1, column 14)\n"),
     "empty": ("", "empty file"),
 }
 
@@ -388,6 +388,9 @@ def test_a_misspelt_name_is_one_line_with_the_nearest_good_one(tmp_path, monkeyp
     (('partition = "dirichlet"', 'partition = "dirichelt"'),
      "error: study.data.partition: unknown 'dirichelt'; allowed: iid, dirichlet, by_file; did you mean dirichlet?"),
     (('name = "mlp"', 'name = "mpl"'), "error: study.model.name: unknown 'mpl'; allowed: "),
+    # (another case of a name: "did you mean adam?")
+    (('[run]\n', '[run]\noptimizer = "adamW"\n'),
+     "error: study.run.optimizer: unknown 'adamW'; allowed: sgd, adam, adamw; did you mean adamw?\n"),
     (('hidden = [128]', 'hiden = [128]'),
      "error: study.model.hiden: unknown option of the 'mlp' model; allowed: hidden, execution; did you mean hidden?"),
     # (a misspelt [model] key was taken for an option of the default mlp: `factroy` named mlp's options alone)
