@@ -215,6 +215,9 @@ class Param:
         if self.kind == "categorical":
             if not self.choices:
                 raise ConfigError(f"{where}.choices", "must be a non-empty list")
+            twice = next((c for i, c in enumerate(self.choices) if c in self.choices[:i]), None)
+            if twice is not None:  # (it doubled the sampler's prior on that choice, in silence)
+                raise ConfigError(f"{where}.choices", f"{twice!r} is listed twice; allowed: each choice once")
             for c in self.choices:
                 try:
                     ctx = _context(self.name) if not (self.name == "scheme" and c == "async") else \

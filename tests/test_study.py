@@ -40,6 +40,9 @@ def _raw(**over):
     ({"search": {"space": {"mixing_weight": {"kind": "float", "low": 0.1, "high": 3}}}}, "study.search.space.mixing_weight"),
     ({"search": {"space": {"mean_interval": {"kind": "log-float", "low": 0, "high": 3}}}}, "study.search.space.mean_interval.low"),
     ({"search": {"space": {"topology": {"kind": "categorical", "choices": ["ring", "star"]}}}}, "study.search.space.topology.choices"),
+    # a choice listed twice (it doubled the sampler's prior on it, in silence)
+    ({"search": {"space": {"scheme": {"kind": "categorical", "choices": ["gossip", "allreduce", "allreduce"]}}}},
+     "study.search.space.scheme.choices"),
     ({"search": {"space": {"degree": {"kind": "float", "low": 2, "high": 4}}}}, "study.search.space.degree.kind"),
     ({"search": {"space": {"topk_fraction": {"kind": "float", "low": 0.01, "high": 1}}}}, "study.search.space"),
     ({"objectives": {"metrics": ["loss"]}}, "study.objectives.metrics"),
