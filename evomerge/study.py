@@ -727,7 +727,10 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     search = settings.build(SearchSpec, s, "study.search")
     search = dataclasses.replace(search, space=space)
 
-    obj = settings.build(_Objectives, _table(raw, "objectives"), "study.objectives")
+    objectives = dict(_table(raw, "objectives"))
+    if "target" in objectives and "target_metric" not in objectives and r.loss != "cross_entropy":
+        objectives["target_metric"] = "val_loss"  # (a regression has no accuracy to reach: its loss is the target's)
+    obj = settings.build(_Objectives, objectives, "study.objectives")
     env, calibrated, env_from = None, None, None
     if "environment" in raw:
         env, measured, calibrated, env_from = _environment(_table(raw, "environment"), r,

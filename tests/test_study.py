@@ -259,3 +259,16 @@ def test_baseline_step_sizes_that_are_no_list_of_numbers_say_what_is_allowed():
         assert str(e.value).endswith("; allowed: distinct step sizes > 0, e.g. [0.025, 0.05, 0.1, 0.2] (each baseline "
                                      "runs at its best)"), str(e.value)
     assert study.from_dict(_raw(baselines={"lr": [0.05, 1]})).baseline_lr == (0.05, 1.0)
+
+
+def test_a_regressions_target_is_its_loss_unless_the_study_names_another_metric():
+    """(A regression with a target and no target_metric was refused: "'val_accuracy' needs class labels; ... allowed
+    here: val_loss", the only metric it could be.)"""
+    env = {"environment": {"time_budget": 5.0}}
+    reg = study.from_dict(_raw(run={"loss": "mse"}, objectives={"metrics": ["time_to_target"], "target": 0.05}, **env))
+    assert reg.target_metric == "val_loss" and reg.target == 0.05
+    cls = study.from_dict(_raw(objectives={"metrics": ["time_to_target"], "target": 0.8}, **env))
+    assert cls.target_metric == "val_accuracy"
+    named = study.from_dict(_raw(run={"loss": "mse"}, objectives={"metrics": ["time_to_target"], "target": 0.05,
+                                                                  "target_metric": "val_loss"}, **env))
+    assert named.target_metric == "val_loss"
