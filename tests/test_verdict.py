@@ -254,3 +254,6 @@ def test_bytes_read_in_the_unit_that_shows_them():
     assert [size(n) for n in (0, 512, 20544, 924_886_000)] == ["0 B", "512 B", "20.5 kB", "924.9 MB"]
     text = verdict.difference_text("bytes", [20544.0], [0.0], 20544.0, 0.0, False)
     assert text == "20.5 kB more bytes (the baseline sends none)"
+    # equal bytes are the same, not "0% fewer bytes"; a difference of a few percent is said
+    assert verdict.difference_text("bytes", [1000.0, 1000.0], [1000.0, 1000.0], 0.0, 0.0, False) == "the same bytes"
+    assert verdict.difference_text("bytes", [960.0, 960.0], [1000.0, 1000.0], 0.0, 0.0, False) == "4% fewer bytes"

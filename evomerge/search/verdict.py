@@ -88,6 +88,8 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
         r = statistics.fmean(ratios)
         rse = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
         spread = f" ± {100 * rse:.0f}%" if rse >= 0.005 else ""
+        if not spread and abs(r - 1) < 0.005:  # ("0% fewer bytes")
+            return f"the same {label}"
         if r <= 1:
             return f"{100 * (1 - r):.0f}%{spread} fewer {label}"
         if r <= 2:
