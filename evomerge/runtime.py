@@ -171,6 +171,10 @@ def _read_policy(policy) -> tuple[MergePolicy, dict, dict]:
 
         run = check_found_run(policy["run"]) if "run" in policy else {}
         found = {k: policy[k] for k in ("study", "trial", "model_bytes") if k in policy}
+        workers = ((policy.get("fingerprint") or {}).get("summary") or {}).get("run.workers") \
+            if isinstance(policy.get("fingerprint"), dict) else None
+        if isinstance(workers, int) and not isinstance(workers, bool):  # how many workers its trials ran
+            found["workers"] = workers
         policy = policy["policy"]
     if not isinstance(policy, dict):
         raise ConfigError("policy", f"got {type(policy).__name__}; allowed: a MergePolicy, a dict, or a path to a "
@@ -194,6 +198,19 @@ def model_size_warning(found: dict, model: torch.nn.Module) -> str | None:
     return (f"policy: {trial} was searched with a model of {size(theirs)} (float32 parameters and buffers); this "
             f"model is {size(mine)}. The search judged its merges by that model's bytes and steps: search a study "
             "of this model ([model] factory, docs/own-model.md) for a policy found for it")
+
+
+def workers_warning(found: dict, workers: int) -> str | None:
+    """What to tell a user whose job has another number of workers than the exported policy was searched with (None:
+    the same, or the file does not say): a merge's reach, a topology's shape and the data a worker holds change with
+    it."""
+    theirs = found.get("workers")
+    if not isinstance(theirs, int) or theirs == workers:
+        return None
+    trial = f"trial {found['trial']} of {found['study']}" if "trial" in found and "study" in found else "it"
+    return (f"policy: {trial} was searched with {theirs} workers (run.workers); this job has {workers}. How far a "
+            "merge reaches and the topology's shape change with the workers: search a study of "
+            f"{workers} workers for a policy found for this job")
 
 
 _OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}  # a study's run.optimizer -> torch.optim's class
@@ -609,6 +626,9 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
+        said = workers_warning(where, self.W)
+        if said:
+            warnings.warn(said, stacklevel=2)
         held, held_why = (None, None) if self._follower else _check_holdout(holdout, p, loss_fn, model)
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")

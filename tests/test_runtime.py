@@ -1488,6 +1488,17 @@ def test_a_model_of_another_size_than_the_exports_is_a_warning_naming_both(tmp_p
     assert model_size_warning(where | {"model_bytes": module_float32_bytes(m)}, m) is None  # the same size
     assert model_size_warning({"study": "s", "trial": 3}, m) is None  # an export of an older evomerge: no size
     assert model_size_warning({"model_bytes": True}, m) is None and _read_policy(p)[2] == {}
+    # another count of workers than the trial's (its fingerprint's run.workers): said, as the model's size is
+    from evomerge.runtime import workers_warning
+
+    (tmp_path / "w.json").write_text(json.dumps({"policy": p.to_dict(), "trial": 3, "study": "s",
+                                                 "fingerprint": {"hash": "x", "summary": {"run.workers": 8}}}))
+    _, _, where = _read_policy(str(tmp_path / "w.json"))
+    assert where == {"study": "s", "trial": 3, "workers": 8} and workers_warning(where, 8) is None
+    assert workers_warning(where, 2) == (
+        "policy: trial 3 of s was searched with 8 workers (run.workers); this job has 2. How far a merge reaches and "
+        "the topology's shape change with the workers: search a study of 2 workers for a policy found for this job")
+    assert workers_warning({}, 2) is None
     # a causal mask (a non-persistent buffer) is neither merged nor sent: the same size; a running mean is state
     m.register_buffer("mask", torch.ones(16, 16), persistent=False)
     assert module_float32_bytes(m) == 60
