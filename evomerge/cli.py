@@ -1466,17 +1466,29 @@ def _wait_until_answering(url: str, proc, timeout: float) -> bool:
     return False
 
 
-def _searched(study, args):
+def _searched(study, args, create: bool = False):
     """The Optuna study a search of ``study`` stored under --runs-dir (or in --storage), whose baselines' step sizes
     ``evomerge baselines`` takes rather than tuning them again (and keeps its own for the search); None when there
-    is none (nothing is created to find out)."""
+    is none (nothing is created to find out, unless ``create``: the study a search would create, holding no trial,
+    where the baselines' step sizes are kept for it; not for a study with nothing to search)."""
     from .search.results import load_study
     from .search.storage import default_storage
 
     try:
         return load_study(study, args.storage or default_storage(Path(args.runs_dir) / study.name))
     except ConfigError:  # never searched there
+        if not create:
+            return None
+    from .search.config import make_config
+    from .search.storage import load_or_create, open_storage
+
+    try:
+        cfg = make_config(study, runs_dir=Path(args.runs_dir), storage=args.storage)
+    except ConfigError:  # (nothing to search: no search to keep them for)
         return None
+    storage = open_storage(cfg.storage)
+    cfg.study_dir.mkdir(parents=True, exist_ok=True)
+    return load_or_create(cfg, storage)
 
 
 def cmd_baselines(args) -> int:
@@ -1509,7 +1521,7 @@ def cmd_baselines(args) -> int:
             print(f"tuning: each baseline's step size of lr {list(study.baseline_lr)} on the study's seeds "
                   f"{list(study.run.seeds)}, {runs} runs in process", file=sys.stderr)
 
-        searched, told = _searched(study, args), []
+        searched, told = _searched(study, args, create=True), []  # (kept for the search, as it keeps its own)
         lrs = tuned_lrs(study, data=setup.data, data_dir=args.data_dir, device=args.device,
                         announce=lambda runs, tuning=True: (told.append(runs), announce(runs)), setups=setups,
                         storage_study=searched, keep_or_not=True)

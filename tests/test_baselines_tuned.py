@@ -50,9 +50,13 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     assert ("note: best step size at an end of [baselines] lr" in p.stderr) == bool(edges), p.stderr
     assert all(n in p.stderr.split("at an end of")[-1] for n in edges)
 
+    # kept for the search, as studies.md says (a study that was never searched was not stored: the search tuned
+    # them all again)
+    assert (tmp_path / "runs" / "tiny" / "optuna.db").is_file()
     p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--reevaluate", "1", cwd=tmp_path,
             data_dir=data_dir)
     assert p.returncode == 0, p.stderr
+    assert "each one's step size of lr" not in p.stdout + p.stderr, p.stdout
     said = " ".join(p.stdout.split())  # the table and the notes, unwrapped
     m = re.search(r"note: each baseline ran at its best step size of lr (\[[^]]*\]) on the study's seeds \(([^)]*)\); "
                   r"the picks at the study's lr 0.05", said)
