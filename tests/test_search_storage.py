@@ -210,6 +210,17 @@ def test_fingerprint_summary_and_changes(tmp_path):
         == ['model.options changed ({"channels": "16"} -> {"channels": 16})']
     assert fingerprint.changes(summ | {"data.loader": "m:lod"}, summ | {"data.loader": "m:load"}) == [
         'data.loader changed ("m:lod" -> "m:load")']
+    # the target time to target waits for is part of what a trial means (a changed target resumed the search in
+    # silence, old and new values side by side); a study without one, or stored before it was kept, is unchanged
+    f = tmp_path / "timed.toml"
+    f.write_text(s.path.read_text() + '\n[environment]\ntime_budget = 5.0\nstep_time = 0.1\n')
+    f.write_text(f.read_text().replace('metrics = ["val_accuracy"]', 'metrics = ["time_to_target"]\ntarget = 0.85'))
+    timed = fingerprint.summary(study.load(f))
+    assert timed["objectives.target"] == 0.85 and timed["objectives.target_metric"] == "val_accuracy"
+    assert "objectives.target" not in summ and "environment.step_budget" not in timed  # (the default: no key)
+    f.write_text(f.read_text().replace("target = 0.85", "target = 0.87"))
+    assert fingerprint.changes(timed, fingerprint.summary(study.load(f))) == ["objectives.target changed (0.85 -> 0.87)"]
+    assert fingerprint.changes({k: v for k, v in timed.items() if not k.startswith("objectives.target")}, timed) == []
 
 
 API_THRICE = """

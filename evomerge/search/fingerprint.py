@@ -5,7 +5,7 @@ name is refused instead of silently resuming the old results.
 The summary is flat, ``section.field -> value``, over: ``data``, ``model``, ``run`` (with the source of the
 user's own model, loader or loss module where it sits beside the study file: ``model.factory_source``, ...),
 ``environment`` (``none`` when the study has none), the fixed ``policy``, the searched
-``space`` and the ``objectives``. Not in it: the study's description, ``search.n_trials``
+``space`` and the ``objectives`` (with the target and its metric, where the study has one). Not in it: the study's description, ``search.n_trials``
 and ``search.sampler`` (how much and how to search do not change what a trial means), the
 baselines, the policy's name.
 
@@ -82,11 +82,16 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
                 out[f"{field}_imports"] = f"{more[1][:16]} ({', '.join(more[0])})"
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
+    if out.get("environment.step_budget") == "shared":  # (the default, as every study before the field ran: their
+        del out["environment.step_budget"]              # hashes, and the runs kept by them, stay)
     policy = what_merges(_plain(study.policy))
     _flat("policy", policy, out)
     for p in study.search.space:
         out[f"space.{p.name}"] = {k: v for k, v in _plain(p).items() if k != "name" and v not in (None, [])}
     out["objectives"] = list(study.objectives)
+    if study.target is not None:  # what time to target waits for (and the verdict's runs judged by it)
+        out["objectives.target"] = study.target
+        out["objectives.target_metric"] = study.target_metric
     return json.loads(json.dumps(out, sort_keys=True))  # as it reads back from the storage
 
 
