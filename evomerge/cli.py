@@ -331,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .procs import signals_raise
 
+    # MLflow prints "View run ... at: URL" for every run it ends on a tracking server, addresses that open its GenAI
+    # view; the commands print their own (workflowType=machine_learning). The process is the command's: its setting
+    # for MLflow, unless the user's environment says otherwise
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     try:
         _check_seed_and_device(getattr(args, "seed", None), getattr(args, "device", None))  # before any data is read
         if getattr(args, "json_out", None):  # before the work whose results it would hold
@@ -1002,7 +1006,8 @@ def cmd_search(args) -> int:
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
         # what to do with the results: the search said where they are stored, not how to see them
         where = _stored_at(args, args.study)
-        print(f"next: evomerge export --study {where} -o best.json (the policy to deploy); evomerge ui --study "
+        print(f"next: evomerge export --study {_stored_at(args, args.study, tracking=False)} -o best.json (the policy "
+              f"to deploy); evomerge ui --study "
               f"{where} (its runs in MLflow); evomerge dashboard --study {where}", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
@@ -1080,18 +1085,24 @@ def cmd_transfer(args) -> int:
     return 0
 
 
-def _stored_at(args, study) -> str:
+def _stored_at(args, study, tracking: bool = True) -> str:
     """``study`` and the flags that find its stores as this command was given them, for a command it suggests (the
-    default runs folder said by none; addresses, which may hold passwords, as ``...``)."""
+    default runs folder said by none; an address that holds a password as ``...``, where the terminal would show
+    it; ``tracking``: with --tracking-uri, for a command that takes it: not export)."""
     import shlex
 
+    from .dburls import shown
     from .search.options import BY_NAME
+
+    def address(url) -> str:
+        return shlex.quote(str(url)) if shown(str(url)) == str(url) else "..."
 
     runs_dir = getattr(args, "runs_dir", None)
     runs_dir = runs_dir if runs_dir != BY_NAME["runs_dir"].cli_default() else None
+    storage, uri = getattr(args, "storage", None), getattr(args, "tracking_uri", None) if tracking else None
     return (shlex.quote(str(study)) + (f" --runs-dir {shlex.quote(str(runs_dir))}" if runs_dir else "")
-            + (" --storage ..." if getattr(args, "storage", None) else "")
-            + (" --tracking-uri ..." if getattr(args, "tracking_uri", None) else ""))
+            + (f" --storage {address(storage)}" if storage else "")
+            + (f" --tracking-uri {address(uri)}" if uri else ""))
 
 
 def _console_err():

@@ -131,6 +131,32 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
 
 
 @pytest.mark.system
+def test_a_search_on_a_tracking_server_prints_its_own_links_not_mlflows(tmp_path, data_dir, mlflow_server):
+    """(With --tracking-uri http://..., every trial's end printed MLflow's own "View run ... at:" and "View
+    experiment at:" lines, under --quiet too, addresses that open MLflow's GenAI view.) The search's output holds
+    the addresses evomerge makes, which open the runs list."""
+    from searchutil import cli
+
+    f = write_study(tmp_path, name="links")
+    p = cli("search", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--no-verdict", "--tracking-uri",
+            mlflow_server, cwd=tmp_path, data_dir=data_dir, process=True)
+    assert p.returncode == 0, p.stderr
+    assert "View run" not in p.stdout + p.stderr and "View experiment" not in p.stdout + p.stderr, p.stdout
+    # its next: line's commands run as printed (export took --tracking-uri it refuses, and addresses were "...")
+    import re
+    import shlex
+
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    export, ui, _ = (shlex.split(re.sub(r" \(.*\)$", "", c))[1:] for c in line.removeprefix("next: ").split("; "))
+    assert "--tracking-uri" not in export and ui[-2:] == ["--tracking-uri", mlflow_server], line
+    q = cli(*export, cwd=tmp_path, data_dir=data_dir)
+    assert q.returncode == 0 and (tmp_path / "best.json").is_file(), q.stderr
+    q = cli(*ui, cwd=tmp_path, data_dir=data_dir)
+    out = q.stdout + q.stderr
+    assert q.returncode == 0 and f"{mlflow_server}/#/experiments/" in out and "workflowType=machine_learning" in out, out
+
+
+@pytest.mark.system
 def test_the_dashboards_ui_command_opens_the_store_the_study_is_tracked_in(tmp_path, data_dir):
     """A study tracked with --tracking-uri in a store of the user's choosing: the page's `evomerge ui` command names
     it, and run as printed it serves the study's runs (it said `evomerge ui --study ...` alone, which opened the
