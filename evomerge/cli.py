@@ -365,10 +365,15 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + 13  # SIGPIPE's exit status
     except Exception as e:  # a database that stopped answering mid-command: one line, not its drivers' tracebacks
         said = _database_gone(e)
+        if said is not None:
+            print(f"error: the database connection failed ({said}); what finished before it is stored: run the same "
+                  "command again once the database answers", file=sys.stderr)
+            return 1
+        said = _tracking_gone(e)
         if said is None:
             raise
-        print(f"error: the database connection failed ({said}); what finished before it is stored: run the same "
-              "command again once the database answers", file=sys.stderr)
+        print(f"error: the MLflow tracking server stopped answering ({said}); the trials finished before it are stored "
+              "with the study: run the same command again once the server answers", file=sys.stderr)
         return 1
 
 
@@ -390,6 +395,21 @@ def _database_gone(e: BaseException) -> str | None:
     from .dburls import first_line
 
     return first_line(found)
+
+
+def _tracking_gone(e: BaseException) -> str | None:
+    """What MLflow said, in a few words, where ``e`` is its request to a tracking server that failed to connect (after
+    its own retries: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``); else None."""
+    if type(e).__name__ != "MlflowException" or not (type(e).__module__ or "").startswith("mlflow"):
+        return None
+    text = str(e)
+    m = re.match(r"API request to (\S+) failed with exception", text)
+    if m is None or not re.search(r"Max retries exceeded|ConnectionError|Connection refused|timed out|"
+                                  r"RemoteDisconnected|Connection aborted", text):
+        return None
+    why = re.search(r"\[Errno -?\d+\] ([^'\"]+)", text) or re.search(r"(Read timed out|Connection aborted|"
+                                                                   r"RemoteDisconnected|Max retries exceeded)", text)
+    return f"a request to {m[1]} failed: {why[1] if why else 'no answer'}"
 
 
 def _write_json(path: str, text: str) -> None:

@@ -1,7 +1,9 @@
 """MLflow tracking against a real `mlflow server` on 127.0.0.1, read back through the MLflow client."""
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,6 +156,58 @@ def test_a_search_on_a_tracking_server_prints_its_own_links_not_mlflows(tmp_path
     q = cli(*ui, cwd=tmp_path, data_dir=data_dir)
     out = q.stdout + q.stderr
     assert q.returncode == 0 and f"{mlflow_server}/#/experiments/" in out and "workflowType=machine_learning" in out, out
+
+
+@pytest.mark.system
+def test_a_tracking_server_that_stops_mid_search_ends_it_in_one_line(tmp_path, data_dir):
+    """(A server stopped mid-search froze the progress bar for minutes, then ended the search in 125 lines of
+    MLflow's traceback.) After MLflow's own retries (here none, as MLFLOW_HTTP_REQUEST_MAX_RETRIES sets them), one
+    line; the trials finished before it are in the study's Optuna store."""
+    import sqlite3
+
+    from searchutil import cli
+
+    d = tmp_path / "server"
+    d.mkdir()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--workers", "1", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}"], cwd=d,
+                              env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    search = None
+    try:
+        wait_healthy(url, server)
+        f = write_study(tmp_path, slow=True)  # trials of seconds (each forward sleeps), cheap in CPU
+        search = cli("search", "--study", str(f), "--n-trials", "30", "--sampler", "random", "--no-verdict", "--quiet",
+                     "--tracking-uri", url, cwd=tmp_path, data_dir=data_dir, wait=False,
+                     env_extra={"SLOWMLP_DELAY": "0.02", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
+        db = tmp_path / "runs" / "tiny" / "optuna.db"
+        deadline = time.time() + 300
+        while time.time() < deadline and search.poll() is None:  # the first trial finished: the server goes
+            if db.is_file():
+                with contextlib.closing(sqlite3.connect(db)) as c:
+                    try:
+                        if c.execute("select count(*) from trials where state = 'COMPLETE'").fetchone()[0]:
+                            break
+                    except sqlite3.OperationalError:  # (its tables not made yet)
+                        pass
+            time.sleep(0.2)
+        stop(server)
+        out, err = search.communicate(timeout=300)
+    finally:
+        stop(server)
+        if search is not None and search.poll() is None:
+            search.kill()
+    assert search.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: the MLflow tracking server stopped answering \(a request to {re.escape(url)}/api/\S+ "
+                        r"failed: .+\); the trials finished before it are stored with the study: run the same command "
+                        r"again once the server answers", last), err[-3000:]
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        assert c.execute("select count(*) from trials where state = 'COMPLETE'").fetchone()[0] >= 1
 
 
 @pytest.mark.system
