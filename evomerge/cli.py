@@ -868,7 +868,7 @@ def _load_stored(args, ref: str | None = None):
     """The study of a command that reads results: a file, a shipped name, or the name of a study stored under
     --runs-dir (or in --storage) wherever its file lives. The definition stored with the trials wins; when the
     file on disk differs, one line says so."""
-    from .search.results import is_path, stored_names, stored_study
+    from .search.results import is_path, storage_names, stored_names, stored_study
     from .search.storage import default_storage
     from .study import known_studies, load, study_hint
 
@@ -883,12 +883,16 @@ def _load_stored(args, ref: str | None = None):
     got = stored_study(name, args.storage or default_storage(Path(args.runs_dir) / name))
     if got is None:
         if study is None:
-            stored = stored_names(args.runs_dir)
+            from .dburls import shown
+
+            # the stored studies where this command looks: --storage's, else the runs folder's
+            where = shown(args.storage) if args.storage else args.runs_dir
+            stored = storage_names(args.storage) if args.storage else stored_names(args.runs_dir)
             if str(ref) in stored:  # its trials are there, its definition is not (an older evomerge, or Optuna alone)
-                raise ConfigError("--study", f"{str(ref)!r} is stored in {args.runs_dir} without its study file's text "
+                raise ConfigError("--study", f"{str(ref)!r} is stored in {where} without its study file's text "
                                              "(searched by an older evomerge); allowed: the path to its .toml file")
             raise ConfigError("--study", f"unknown study {str(ref)!r}; known: {', '.join(known_studies()) or 'none'}; "
-                                         f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} "
+                                         f"stored in {where}: {', '.join(stored) or 'none'} "
                                          "(or give a path to a .toml file)"
                                          + study_hint(str(ref), [*known_studies(), *stored])) from None
         return study

@@ -1,6 +1,7 @@
 """Several `evomerge search` processes on one PostgreSQL study, one killed with SIGKILL mid-trial."""
 
 import json
+import re
 import socket
 import os
 import signal
@@ -153,6 +154,11 @@ def test_a_password_in_the_addresses_is_never_shown(tmp_path, data_dir, postgres
     assert "postgres:***@" in p.stdout
     p = cli("status", "--study", f, "--storage", storage, "--tracking-uri", tracking, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and "hunter2" not in p.stderr and "--tracking-uri postgresql+psycopg://postgres:***@" in p.stderr
+    # a misspelt name lists the studies that storage holds (it listed the runs folder's: "stored in runs: none")
+    p = cli("status", "--study", "pww", "--storage", storage, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and "hunter2" not in p.stderr, p.stderr
+    assert re.search(r"unknown study 'pww'; .*; stored in postgresql\S*://postgres:\*\*\*@\S+/optuna: (\S+, )*pw\b.*"
+                     r"did you mean pw\?", p.stderr), p.stderr
 
 
 RACE = """

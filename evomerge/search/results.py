@@ -87,6 +87,24 @@ def stored_names(runs_dir) -> list[str]:
     return sorted(found)
 
 
+def storage_names(storage_url: str) -> list[str]:
+    """The studies a storage (``--storage``) holds, sorted, read without writing: a SQLite file that is not there
+    holds none (Optuna would create it); [] where it cannot be read (the caller's own line says what it looked for)."""
+    db = sqlite_file(storage_url)
+    if db is not None:
+        if not Path(db).is_file():
+            return []
+        return sorted(_sqlite_studies(db) or ())
+    import optuna
+
+    from .storage import open_storage
+
+    try:
+        return sorted(optuna.get_all_study_names(open_storage(storage_url)))
+    except Exception:  # noqa: BLE001 - a store that cannot be read here: nothing to list
+        return []
+
+
 def stored_study(name: str, storage_url: str):
     """The study ``name`` as stored with its trials (``evomerge search`` keeps the file's text), or None when
     the storage holds no such study or no definition for it (searched before definitions were kept)."""
