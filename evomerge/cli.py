@@ -91,9 +91,18 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
         hint = f"a flag of evomerge {args.command} goes after it (evomerge {args.command} {flag} ...)"
     elif flag.startswith("--") and others:
         hint = f"{flag} is for evomerge {', '.join(others)}; see {sub.prog} --help"
+    elif others and not flag.startswith("--") and did_you_mean(_long_form(parser, flag), known):
+        # another command's short flag (export's -o): this command's nearest to its long form (dashboard's --out)
+        hint = f"{did_you_mean(_long_form(parser, flag), known)[2:]} ({flag} is evomerge {', '.join(others)}'s)"
     else:
         hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
     return f"{flag}: {sub.prog} does not take it ({' '.join(shown(x) for x in extra)}); {hint}"
+
+
+def _long_form(parser: argparse.ArgumentParser, flag: str) -> str:
+    """The long form of a short flag, as the first command that takes it spells it (``-o``: ``--output``)."""
+    return next((o for _, p in commands(parser) for a in p._actions if flag in a.option_strings
+                 for o in a.option_strings if o.startswith("--")), flag)
 
 
 def _parser(sub, name: str, help: str, example: str, env: bool = True) -> argparse.ArgumentParser:
