@@ -210,7 +210,7 @@ def workers_warning(found: dict, workers: int) -> str | None:
     trial = f"trial {found['trial']} of {found['study']}" if "trial" in found and "study" in found else "it"
     return (f"policy: {trial} was searched with {theirs} workers (run.workers); this job has {workers}. How far a "
             "merge reaches and the topology's shape change with the workers: search a study of "
-            f"{workers} workers for a policy found for this job")
+            f"{workers} worker{'s' * (workers != 1)} for a policy found for this job")
 
 
 _OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}  # a study's run.optimizer -> torch.optim's class

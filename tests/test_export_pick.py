@@ -257,8 +257,13 @@ def test_a_merger_given_a_model_of_another_size_than_the_search_had_says_so(tmp_
                                              r"[\d.,]+ kB \(float32 parameters and buffers\); this model is 31\.4 kB\. "
                                              r"The search judged its merges by that model's bytes and steps"):
             evomerge.Merger(str(tmp_path / "best.json"), other, seed=0, total_steps=4).close()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # the study's own model: nothing to say
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")  # the study's own model: nothing to say of its size
             evomerge.Merger(str(tmp_path / "best.json"), setup.model.module(), seed=0, total_steps=4).close()
+        # (one rank here: the study's 4 workers are said)
+        assert [str(w.message) for w in said] == [
+            f"policy: trial {doc['trial']} of tiny was searched with 4 workers (run.workers); this job has 1. How far a "
+            "merge reaches and the topology's shape change with the workers: search a study of 1 worker for a "
+            "policy found for this job"], [str(w.message) for w in said]
     finally:
         dist.destroy_process_group()
