@@ -329,7 +329,11 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     # a cluster file timed for another model; a time budget many times the step budget's work
     model_notes = cfg.study.setup_notes(setup.model, setup.total_steps)
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
-    cfg.study_dir.mkdir(parents=True, exist_ok=True)
+    # the study's runs folder holds what is kept on this machine: the default stores, the search's lock file (a store
+    # other than PostgreSQL's, whose lock is the server's), a database tracking store's artifacts; not made for a
+    # search whose stores are both servers' (it was left empty)
+    if cfg.default_store or not cfg.storage.startswith("postgresql") or not uri.startswith(("http://", "https://")):
+        cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)
     with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
         warm = warmstart.apply(cfg, ostudy)
