@@ -93,6 +93,10 @@ def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp
     assert sorted(int(r.data.tags["optuna.trial_number"]) for r in complete) == sorted(
         t["number"] for t in final if t["state"] == "COMPLETE")
     assert len({r.data.tags["mlflow.parentRunId"] for r in complete}) == 2  # both survivors ran trials
+    # the best trial's consensus model logged once, however many processes ended the search (two ending together
+    # each logged one)
+    models = client.search_logged_models([exp.experiment_id], filter_string="model_type = 'consensus'")
+    assert len(models) == 1, [m.name for m in models]
 
 
 @pytest.mark.system

@@ -429,8 +429,9 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         if best is not None and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
             from .consensus import consensus
 
-            tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
-                                                           device=cfg.device, keeper=keeper))
+            with search_lock(cfg, {}):  # processes ending together: the first logs the model, the others link it
+                tracker.log_best(best, model=lambda: consensus(cfg.study, best, data=data, data_dir=cfg.data_dir,
+                                                               device=cfg.device, keeper=keeper))
         elif best is not None:  # stopped: the best so far's values and policy at once (a model takes a run)
             tracker.log_best(best)
         if stop is not None and stop.signum is not None:  # a signal lost while the best was logged: no verdict
