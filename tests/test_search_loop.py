@@ -392,6 +392,12 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
                                   tags=host | {"evomerge.process": "another-boot-id/" + mine.split("/", 1)[1]})
     reused = client.create_run(exp, run_name="search-random-reused",
                                tags=host | {"evomerge.process": mine.rsplit("/", 1)[0] + "/1"})
+    # a trial's run whose search ended before its logging did (a tracking server that stopped answering between the
+    # run's start and its end): left RUNNING for ever; one under a search still running is left as it is
+    ended = client.create_run(exp, run_name="search-random-ended", tags=host | {"evomerge.process": mine})
+    client.set_terminated(ended.info.run_id, status="FAILED")
+    cut = client.create_run(exp, run_name="trial-7", tags={"mlflow.parentRunId": ended.info.run_id})
+    under_alive = client.create_run(exp, run_name="trial-8", tags={"mlflow.parentRunId": alive.info.run_id})
     t0 = time.monotonic()
     p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random",
             cwd=tmp_path, data_dir=data_dir)
@@ -413,5 +419,9 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"
     assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"
     assert client.get_run(reused.info.run_id).info.status == "KILLED"
+    run = client.get_run(cut.info.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"].startswith(
+        "its search ended before this run's logging did")
+    assert client.get_run(under_alive.info.run_id).info.status == "RUNNING"
     parents = [r for r in client.search_runs([exp]) if r.info.run_name.startswith("search-random-2")]
     assert [r.info.status for r in parents if r.info.run_id != killed.info.run_id] == ["FINISHED"]

@@ -364,6 +364,28 @@ class Tracker:
                                                                    f"on {host}) was gone; marked by a later search")
             self.client.set_terminated(run.info.run_id, status="KILLED")
             ended.append(run.info.run_id)
+        # a trial's run left RUNNING under a search that has ended (its logging cut short: the tracking server
+        # stopped answering between the run's start and its end)
+        nested = self.client.search_runs([self.experiment_id], max_results=1000,
+                                         filter_string="attributes.status = 'RUNNING' and attributes.run_name LIKE "
+                                                       "'trial-%'")
+        status: dict[str, str] = {}
+        for run in nested:
+            parent = run.data.tags.get("mlflow.parentRunId")
+            if parent is None:
+                continue
+            if parent not in status:
+                try:
+                    status[parent] = self.client.get_run(parent).info.status
+                except Exception:  # noqa: BLE001 - a parent deleted since: its search is over
+                    status[parent] = "DELETED"
+            if status[parent] == "RUNNING":
+                continue
+            self.client.set_tag(run.info.run_id, "evomerge.ended", "its search ended before this run's logging did "
+                                                                   "(see the trial in the Optuna study for its results); "
+                                                                   "marked by a later search")
+            self.client.set_terminated(run.info.run_id, status="KILLED")
+            ended.append(run.info.run_id)
         return ended
 
     def reopen_parent(self) -> str | None:
