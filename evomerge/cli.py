@@ -418,7 +418,9 @@ def _tracking_gone(e: BaseException) -> str | None:
         return None
     why = re.search(r"\[Errno -?\d+\] ([^'\"]+)", text) or re.search(r"(Read timed out|Connection aborted|"
                                                                    r"RemoteDisconnected|Max retries exceeded)", text)
-    return f"a request to {m[1]} failed: {why[1] if why else 'no answer'}"
+    from .dburls import shown
+
+    return f"a request to {shown(m[1])} failed: {why[1] if why else 'no answer'}"  # (a password in it masked)
 
 
 def _write_json(path: str, text: str) -> None:

@@ -448,12 +448,12 @@ class Study:
         when the cluster file says nothing of its model, or timed one of the same size."""
         if self.calibrated_model is None:
             return None
-        from .models import float32_bytes
+        from .models import float32_bytes, module_float32_bytes
 
         nbytes = float32_bytes(model)
         path, timed = self.calibrated_model
-        if timed == nbytes:
-            return None
+        if timed in (nbytes, module_float32_bytes(model.module(), every_buffer=True)):  # (a file of an evomerge that
+            return None                                                          # counted a causal mask too)
         return (f"study.environment.from: {path} timed steps of a model of {timed:,} bytes; this study's model has "
                 f"{nbytes:,} bytes: its step times are another model's (calibrate with this study)")
 
@@ -467,7 +467,7 @@ class Study:
         budget (``total_steps``): every run simulates those steps, each a real step of the model (a budget written
         for a slower device, or 600 s beside a calibrated step of half a millisecond: a million steps a run)."""
         env = self.environment
-        if env is None or not env.time_budget:
+        if env is None or not env.time_budget or env.step_budget == "per_worker":  # (there each stops at its steps)
             return None
         # a speed-1 worker's mean step: step_time, times the slow spells' share (a two-state chain: a step is in a
         # spell with the chain's stationary chance p L / (1 + p L)) and the jitter's mean (a lognormal's), so the

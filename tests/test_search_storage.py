@@ -130,6 +130,42 @@ def test_a_search_stopped_by_its_trials_errors_goes_on_once_the_user_fixed_the_m
     assert p.returncode == 2 and "since its 12 stored trials; use another [study] name" in p.stderr, p.stderr
 
 
+@pytest.mark.integration
+def test_a_stored_study_with_a_trial_still_running_is_not_taken_for_one_whose_trials_all_failed(tmp_path):
+    """(The note's rule counted finished trials: a trial running in another process, or waiting to be asked again,
+    made a study of none finished, and an edited file was adopted under its fingerprint.) Only a study whose every
+    stored trial failed, or that holds none, takes the file as it is now."""
+    from evomerge.search.config import make_config
+
+    f = write_study(tmp_path)
+    cfg = make_config(study.load(f), runs_dir=tmp_path / "runs")
+    cfg.study_dir.mkdir(parents=True)
+    o = storage.load_or_create(cfg, storage.open_storage(cfg.storage))
+    o.ask()  # RUNNING (another process's)
+    edit_study(f, "score_samples = 8", "score_samples = 8\nlr = 0.5")
+    cfg = make_config(study.load(f), runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match=r"run.lr changed \(0.05 -> 0.5\) since its 1 stored trials; use another"):
+        storage.load_or_create(cfg, storage.open_storage(cfg.storage))
+
+
+@pytest.mark.system
+def test_a_study_stored_by_baselines_takes_the_file_as_it_is_at_the_first_search(tmp_path, data_dir):
+    """(`evomerge baselines` stores the study to keep its baselines' step sizes for the search: the file edited
+    after it, its lr or its objectives, was refused "since its 0 stored trials".)"""
+    f = write_study(tmp_path)
+    f.write_text(f.read_text().replace('policies = ["no-merging", "ring-gossip"]',
+                                       'policies = ["no-merging", "ring-gossip"]\nlr = [0.05, 0.1]'))
+    assert cli("baselines", "--study", str(f), "--quiet", cwd=tmp_path, data_dir=data_dir).returncode == 0
+    assert (tmp_path / "runs" / "tiny" / "optuna.db").is_file()
+    edit_study(f, "score_samples = 8", "score_samples = 8\nlr = 0.07")
+    edit_study(f, 'metrics = ["val_accuracy"]', 'metrics = ["val_loss"]')
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--no-verdict", "--quiet",
+            cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert states(tmp_path / "runs" / "tiny" / "optuna.db") == {"COMPLETE": 1}
+    assert _study_attr(tmp_path / "runs" / "tiny" / "optuna.db", "fingerprint")["summary"]["run.lr"] == 0.07
+
+
 @pytest.mark.system
 def test_a_search_on_another_storage_into_the_same_mlflow_experiment_says_so(tmp_path, data_dir):
     """(A search given a new --storage kept the default MLflow store of the study's folder: its experiment held two

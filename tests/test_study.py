@@ -272,3 +272,12 @@ def test_a_regressions_target_is_its_loss_unless_the_study_names_another_metric(
     named = study.from_dict(_raw(run={"loss": "mse"}, objectives={"metrics": ["time_to_target"], "target": 0.05,
                                                                   "target_metric": "val_loss"}, **env))
     assert named.target_metric == "val_loss"
+
+
+def test_a_per_worker_step_budget_takes_no_note_of_a_long_time_budget():
+    """The time budget's note (a budget of many times the step budget's steps, every run taking them) is not so
+    where each worker stops at its own steps."""
+    shared = study.from_dict(_raw(environment={"time_budget": 1000.0, "step_time": 0.1}))
+    assert "every run takes them" in shared.budget_note(100)
+    each = study.from_dict(_raw(environment={"time_budget": 1000.0, "step_time": 0.1, "step_budget": "per_worker"}))
+    assert each.environment.step_budget == "per_worker" and each.budget_note(100) is None

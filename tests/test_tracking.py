@@ -681,3 +681,19 @@ def test_a_search_with_nothing_left_to_run_links_the_best_model_it_already_logge
         outputs = client.get_run(parent).outputs
         assert [o.model_id for o in outputs.model_outputs] == [model.model_id]
     assert client.get_run(second.parent_run_id).data.tags["evomerge.best_trial"] == model.tags["evomerge.trial"]
+
+
+@pytest.mark.integration
+def test_the_line_for_a_tracking_server_gone_masks_a_password_in_its_address(monkeypatch):
+    """(MLflow's request address keeps user:password@: the line printed it.) A real client's failed request."""
+    from mlflow import MlflowClient
+
+    from evomerge.cli import _tracking_gone
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # (MLflow's own setting: no retries against port 9)
+    with pytest.raises(Exception) as e:
+        MlflowClient(f"http://alice:s3cret@127.0.0.1:{free_port()}/").search_experiments()
+    said = _tracking_gone(e.value)
+    assert said is not None and "s3cret" not in said and "alice:***@127.0.0.1" in said, said
+    assert said.endswith("failed: Connection refused"), said
+    assert _tracking_gone(ValueError("API request to http://x failed with exception Max retries exceeded")) is None

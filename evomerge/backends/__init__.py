@@ -236,11 +236,11 @@ def found_with(study, exported: dict | None, given: tuple[str, ...] = ()):
         return study, None
     said = ", ".join(f"run.{k} {v:g} (the study says {getattr(study.run, k):g})" for k, v in differ.items()
                      if k not in given)
-    if not said:  # (the given key's own line names the trial's value)
-        return with_run(study, differ), None
     if run.get("optimizer", study.run.optimizer) != study.run.optimizer:
         return study, (f"note: the exported policy was found with {run['optimizer']} and {said}; this study trains "
-                       f"with {study.run.optimizer}, so its own values are used")
+                       f"with {study.run.optimizer}, so its own values are used" if said else None)
+    if not said:  # (the given key's own line names the trial's value)
+        return with_run(study, differ), None
     return with_run(study, differ), f"note: the exported policy was found with {said}; this run uses the found values"
 
 

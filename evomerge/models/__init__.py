@@ -123,10 +123,12 @@ def float32_bytes(model) -> int:
     return module_float32_bytes(model.module())
 
 
-def module_float32_bytes(m: nn.Module) -> int:
+def module_float32_bytes(m: nn.Module, every_buffer: bool = False) -> int:
     """:func:`float32_bytes` of an ``nn.Module`` (a Merger's trace says it of the loop's model): its parameters and
-    the buffers that are its state (:func:`state_buffers`; a causal mask is not merged or sent)."""
-    return 4 * (sum(p.numel() for p in m.parameters()) + sum(b.numel() for _, b in state_buffers(m)))
+    the buffers that are its state (:func:`state_buffers`; a causal mask is not merged or sent). ``every_buffer``:
+    the non-persistent ones too, as exports and cluster files of evomerge before 2026-12-06 counted them."""
+    buffers = [b for b in m.buffers()] if every_buffer else [b for _, b in state_buffers(m)]
+    return 4 * (sum(p.numel() for p in m.parameters()) + sum(b.numel() for b in buffers))
 
 
 def state_buffer_slots(module: nn.Module) -> list[tuple[str, nn.Module, str]]:

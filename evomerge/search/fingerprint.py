@@ -95,10 +95,17 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
     return json.loads(json.dumps(out, sort_keys=True))  # as it reads back from the storage
 
 
+#: summary keys the hash leaves out, compared by :func:`check` itself: the target (added to the summary after
+#: studies with one were stored: the runs kept by their hashes stay found; the keys that cache runs whose values
+#: depend on the target hold it themselves)
+UNHASHED = ("objectives.target", "objectives.target_metric")
+
+
 def digest(s: dict[str, Any]) -> str:
     """The hash of a summary, less the names of the user's files (``*_file``: words for a line, not what a trial
-    depends on; the runs kept by the hash, a baseline's tuned step size, stay found after they were added)."""
-    kept = {k: v for k, v in s.items() if not k.endswith("_file")}
+    depends on; the runs kept by the hash, a baseline's tuned step size, stay found after they were added) and
+    :data:`UNHASHED`."""
+    kept = {k: v for k, v in s.items() if not k.endswith("_file") and k not in UNHASHED}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
@@ -156,23 +163,28 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
     return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
 
 
-def check(ostudy, cfg: "SearchConfig", n_trials: int, finished: int | None = None) -> None:
+def check(ostudy, cfg: "SearchConfig", n_trials: int, failed: int = 0) -> None:
     """Refuse, in one line, to search a stored study whose fingerprint differs from the study file's;
-    store the fingerprint when the stored study has none (or lacks fields added since), or when none of its
-    trials finished (``finished`` 0: every one failed with an error, and the user fixed the cause, as the search's
-    stop told them to: nothing stored was measured with the study as it was)."""
+    store the fingerprint when the stored study has none (or lacks fields added since), when it holds no trial
+    (``evomerge baselines`` stored it, to keep their step sizes), or when every trial it holds failed (``failed ==
+    n_trials``: the user fixed the cause, as the search's stop told them to; nothing stored was measured with the
+    study as it was; a trial still running or waiting is not failed)."""
     current = of(cfg.study)
     stored = ostudy.user_attrs.get(ATTR)
     if stored and stored.get("hash") == current["hash"]:
-        return
+        if any(k in stored.get("summary", {}) and stored["summary"][k] != current["summary"].get(k)
+               for k in UNHASHED) or not all(k in stored.get("summary", {}) for k in current["summary"]):
+            pass  # (a change of what the hash leaves out, or keys added since: looked at below)
+        else:
+            return
     if stored:
         shown = changed_since(stored.get("summary", {}), current["summary"], cfg.study)
-        if shown and finished == 0 and n_trials:
+        if shown and n_trials and failed == n_trials:
             import sys
 
             print(f"note: study {cfg.study.name}: {shown} since its {n_trials} stored trials, none of which finished "
                   "(they failed): the search goes on with the study as it is now", file=sys.stderr)
-        elif shown:
+        elif shown and n_trials:
             afresh = "--runs-dir" if cfg.default_store else "--storage"
             raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trials; "
                                                          f"use another [study] name or {afresh} to start afresh")

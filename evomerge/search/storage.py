@@ -247,13 +247,20 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
     from . import fingerprint
 
     directions = cfg.study.directions
-    resumed_at, exists, finished = 0, True, 0
+    resumed_at, exists, finished, failed = 0, True, 0, 0
     try:
         trials = storage.get_all_trials(storage.get_study_id_from_name(cfg.study.name), deepcopy=False)
         resumed_at = len(trials)
         finished = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in trials)
+        failed = sum(t.state == optuna.trial.TrialState.FAIL for t in trials)
     except KeyError:
         exists = False
+    if exists and not resumed_at:  # stored without a trial (`evomerge baselines` keeps their step sizes there): a
+        # study file whose objectives changed since takes the study afresh (Optuna's directions are fixed)
+        held = optuna.load_study(study_name=cfg.study.name, storage=storage)
+        if [d.name.lower() for d in held.directions] != directions:
+            optuna.delete_study(study_name=cfg.study.name, storage=storage)
+            exists = False
     sampler, pruner = cfg.make_sampler(worker, resumed_at), cfg.make_pruner(total_steps)
     if exists:
         study = optuna.load_study(study_name=cfg.study.name, storage=storage, sampler=sampler, pruner=pruner)
@@ -268,7 +275,7 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
         raise ConfigError("study.objectives.metrics", f"the {resumed_at} stored trials of {cfg.study.name!r} were searched "
                                                       f"for {was}; the study now asks {list(cfg.study.objectives)}; to "
                                                       f"start afresh, {where} (the old results stay readable there)")
-    fingerprint.check(study, cfg, resumed_at, finished)
+    fingerprint.check(study, cfg, resumed_at, failed)
     if asking and finished < cfg.n_trials:  # (a search with nothing to run counts no start: the next keeps its seed)
         with search_lock(cfg, {}):
             starts = dict(study.user_attrs.get(STARTS) or {})
