@@ -535,25 +535,54 @@ def read_traces(d: Path, where: str) -> tuple[dict[int, Path], list[list[dict]]]
 
 
 def last_jobs(files: dict[int, Path], recs: list[list[dict]], where: str) -> tuple[list[list[dict]], int]:
-    """Each rank's records of the last job in its file (a ``Merger`` appends: each one's first record is its
-    ``model_bytes``), and how many jobs the files hold. Every rank's file must hold as many: a job's event numbers
-    start again at 0, so a send of one job would be paired with a receive of another."""
+    """Each rank's records of the last job in the folder (a ``Merger`` appends: each one's first record holds its
+    ``model_bytes``, and, written since 2026-12-06, the job's ``ranks`` and its wall-clock ``t``), and how many
+    jobs rank 0's file holds. Files of ranks past the last job's (an earlier, larger job's) are left out. A rank
+    whose last records ended before the last job began wrote none of it (it died before its Merger was made): one
+    line naming its file, as a job's event numbers start again at 0 and a send of one job would be paired with a
+    receive of another. Traces that do not say when they began must hold as many jobs on every rank."""
     cut = [[i for i, x in enumerate(rows) if "model_bytes" in x] for rows in recs]
+    last = [rows[c[-1]:] if c else rows for rows, c in zip(recs, cut)]
+    head = last[0][0] if last[0] else {}
+    ranks = head.get("ranks")
+    if isinstance(ranks, int) and 0 < ranks <= len(last):
+        last, cut = last[:ranks], cut[:ranks]
+    starts = [seg[0].get("t") if seg else None for seg in last]
+    if all(isinstance(t, (int, float)) for t in starts):
+        began = max(starts)  # the last rank to make its Merger in the last job
+
+        def latest(seg) -> float:
+            return max((float(x[k]) for x in seg for k in ("t", "end", "arrived") if isinstance(x.get(k), (int, float))),
+                       default=float("-inf"))
+
+        for r, seg in enumerate(last):
+            if latest(seg) < began:
+                raise ConfigError(where, f"{files[r]}: its last job ended before the folder's last job began (rank {r} "
+                                         "wrote no trace of it); allowed: a folder of one job's traces (a trace= folder "
+                                         "of its own)")
+        return last, max(1, len(cut[0]))
     counts = [max(1, len(c)) for c in cut]
     if len(set(counts)) > 1:
         r, q = min(range(len(counts)), key=counts.__getitem__), max(range(len(counts)), key=counts.__getitem__)
-        raise ConfigError(where, f"{files[r]} holds {counts[r]} job{'s' * (counts[r] != 1)}' traces and {files[q]} "
-                                 f"{counts[q]} (a Merger appends to rank-R.jsonl): the folder mixes jobs of different "
+        raise ConfigError(where, f"{files[r]} holds the traces of {counts[r]} job{'s' * (counts[r] != 1)} and "
+                                 f"{files[q]} of {counts[q]} (a Merger appends to rank-R.jsonl): the folder mixes jobs of different "
                                  "ranks; allowed: a folder of one job's traces (a trace= folder of its own)")
-    return [rows[c[-1]:] if c else rows for rows, c in zip(recs, cut)], counts[0]
+    return last, counts[0]
+
+
+def job_start(directory: str | os.PathLike, where: str = "--against") -> dict:
+    """Rank 0's first record of a ``Merger`` job's traces (the last job's, where a folder holds several): the
+    model's bytes, the policy, the seed, the overlap and asynchronous DiLoCo's local steps, those this evomerge's
+    Merger writes."""
+    files, recs = read_traces(Path(directory), where)
+    recs, _ = last_jobs(files, recs, where)
+    return recs[0][0] if recs[0] else {}
 
 
 def job_policy(directory: str | os.PathLike, where: str = "--against") -> tuple[dict | None, int | None]:
     """The policy (its fields) and seed a ``Merger`` job ran, from its traces' first record (the last job's, where
     a folder holds several); None for a trace of an evomerge that did not write them."""
-    files, recs = read_traces(Path(directory), where)
-    recs, _ = last_jobs(files, recs, where)
-    first = recs[0][0] if recs[0] else {}
+    first = job_start(directory, where)
     policy, seed = first.get("policy"), first.get("seed")
     return (policy if isinstance(policy, dict) else None), (seed if isinstance(seed, int) else None)
 

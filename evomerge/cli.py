@@ -739,20 +739,40 @@ def _against(args, study, policy, seed):
     if ran is not None:  # (a trace of an older evomerge does not say)
         from .policy import MergePolicy
 
+        from .policy import what_merges
+        from .runtime import _differences
+
         try:
-            theirs = MergePolicy.from_dict(ran, where="--against")
+            theirs = what_merges(MergePolicy.from_dict(ran, where="--against").to_dict())
         except ConfigError:
             theirs = None  # (a policy of another evomerge's fields: not compared)
-        differ = [k for k, v in (theirs.to_dict() if theirs else {}).items() if k != "name" and getattr(policy, k) != v]
-        if differ:
-            k = differ[0]
-            raise ConfigError("--against", f"the job ran {k} {getattr(theirs, k)!r}, this run's policy has {k} "
-                                           f"{getattr(policy, k)!r}" + (f" ({len(differ) - 1} more fields differ)"
-                                                                        if len(differ) > 1 else "")
-                              + ": its time is not the job's; allowed: --policy the policy the job ran")
+        mine = what_merges(policy.to_dict())
+        if theirs is not None and theirs != mine:  # (one rule with the Merger's resume: what two policies share)
+            raise ConfigError("--against", f"the job ran another policy ({_differences(theirs, mine, 'in the job')}): "
+                                           "its time is not the job's; allowed: --policy the policy the job ran")
     if ran_seed is not None and ran_seed != seed:
         print(f"note: --against: the job ran seed {ran_seed}, this run seed {seed}: its merges are drawn otherwise "
               "(without --seed it takes the job's)", file=sys.stderr)
+    from .calibrate import job_start
+
+    first = job_start(args.against)
+    overlap = first.get("overlap")
+    if overlap == "lockstep" and policy.scheme != "allreduce":  # (an all-reduce's ranks wait for each other anyway)
+        raise ConfigError("--against", f"the job's Merger ran overlap 'lockstep' (every rank merges at the same steps, "
+                                       f"waiting for the others), which the clock does not model for scheme "
+                                       f"{policy.scheme!r}; allowed: a job of overlap 'nonblocking' or 'blocking'")
+    if overlap in ("nonblocking", "blocking") and overlap != env.overlap and policy.scheme == "gossip":
+        print(f"note: --against: the job's Merger ran overlap {overlap!r}; the clock takes it (the study's "
+              f"[environment] says {env.overlap!r})", file=sys.stderr)
+        env = dataclasses.replace(env, overlap=overlap)
+    ran_steps = first.get("local_steps")
+    if policy.scheme == "async" and isinstance(ran_steps, list):
+        from .engine.timed import async_local_steps
+
+        clock_steps = async_local_steps(policy, env, W, seed)
+        if clock_steps is not None and list(clock_steps) != ran_steps:  # (local_steps_by_speed: the Merger's speeds=)
+            print(f"note: --against: the job's ranks pushed after {ran_steps} local steps, the clock's workers after "
+                  f"{list(clock_steps)} (the [environment]'s speeds): their merges differ", file=sys.stderr)
     if W != study.run.workers:
         raise ConfigError("--against", f"{args.against} holds {W} ranks' traces; {study.name} has {study.run.workers} "
                                        "workers (run.workers); allowed: a job of as many ranks")
@@ -1532,9 +1552,9 @@ def _searched(study, args, create: bool = False):
         cfg = make_config(study, runs_dir=Path(args.runs_dir), storage=args.storage)
     except ConfigError:  # (nothing to search: no search to keep them for)
         return None
-    storage = open_storage(cfg.storage)
-    cfg.study_dir.mkdir(parents=True, exist_ok=True)
-    return load_or_create(cfg, storage)
+    if cfg.default_store:  # (the study's own SQLite file; another storage keeps nothing in the runs folder here)
+        cfg.study_dir.mkdir(parents=True, exist_ok=True)
+    return load_or_create(cfg, open_storage(cfg.storage))
 
 
 def cmd_baselines(args) -> int:

@@ -704,7 +704,9 @@ class Merger:
             from .models import module_float32_bytes
 
             # and the policy and seed it runs (run --against replays them on the clock)
-            self._write({"model_bytes": module_float32_bytes(model), "policy": p.to_dict(), "seed": self.seed})
+            self._write({"model_bytes": module_float32_bytes(model), "policy": p.to_dict(), "seed": self.seed,
+                         "overlap": self.overlap, "ranks": self.W, "t": time.time(),
+                         **({"local_steps": [int(k) for k in local_steps]} if local_steps is not None else {})})
         # a standing receive from every other rank: how a failure reaches ranks that are not waiting on the dead one
         self._pending: list[_Pending] = []  # the work handles' waiting threads (joined at the end)
         self._stop_in = {}

@@ -707,7 +707,7 @@ def mlp(hidden=16):
 """
 
 
-def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int) -> None:
+def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int, overlap: str | None = None) -> None:
     """The user's loop (tests/merger_loop.py) on ``world`` ranks, as torchrun starts them, on the study
     ``tmp_path/s.toml`` with the policy file ``tmp_path/policy``: every rank's step sleeps 10 ms, ``slow_rank``'s
     3x as long; traces in ``tmp_path/out/trace-0``. Every rank must end well."""
@@ -718,7 +718,7 @@ def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int
         procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
                                        str(data_dir), "--policy", str(tmp_path / policy), "--out",
                                        str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", str(slow_rank),
-                                       "--slow-factor", "3"],
+                                       "--slow-factor", "3", *(["--overlap", overlap] if overlap else [])],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         for p in procs:
@@ -741,7 +741,7 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
         "steps = 20", "steps = 40"))
     (tmp_path / "ring.json").write_text(json.dumps({"scheme": "gossip", "topology": "ring", "exchange": "push_pull",
                                                     "mean_interval": 3}))
-    merger_job(tmp_path, data_dir, "ring.json", world=3, slow_rank=2)
+    merger_job(tmp_path, data_dir, "ring.json", world=3, slow_rank=2, overlap="nonblocking")
     trace = tmp_path / "out" / "trace-0"
     out = tmp_path / "cluster.toml"
     assert cli.main(["calibrate", "--from-trace", str(trace), "-o", str(out)]) == 0
@@ -778,6 +778,20 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     with capsys.disabled():
         print(f"ring gossip, 3 ranks: job {m[1]} s, clock {m[2]} s, {m[3]}%")
     assert abs(float(m[3])) < 50, got  # (the job's own calibration: far off is a wrong clock)
+    # the trace says how the job's Merger overlapped its merges: the clock takes it, or refuses what it cannot model
+    first = json.loads((trace / "rank-0.jsonl").read_text().splitlines()[0])
+    assert first["overlap"] == "nonblocking" and first["ranks"] == 3 and first["policy"]["topology"] == "ring"
+    for overlap, rc, said in (("blocking", 0, "note: --against: the job's Merger ran overlap 'blocking'; the clock "
+                                              "takes it (the study's [environment] says 'nonblocking')"),
+                              ("lockstep", 2, "error: --against: the job's Merger ran overlap 'lockstep' (every "
+                                              "rank merges at the same steps, waiting for the others), which the "
+                                              "clock does not model for scheme 'gossip'")):
+        rows = (trace / "rank-0.jsonl").read_text().splitlines()
+        rows[0] = json.dumps(first | {"overlap": overlap})
+        (trace / "rank-0.jsonl").write_text("\n".join(rows) + "\n")
+        assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ring.json"),
+                         "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == rc
+        assert said in capsys.readouterr().err
 
 
 @pytest.mark.system
@@ -1025,11 +1039,10 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     # refused, one line each: a policy other than the job's (its trace says it), no clock
     (tmp_path / "h7.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 7}))
     for policy_arg, study_file, words in [
-            ("ring-gossip", "run.toml", "error: --against: the job ran scheme 'allreduce', this run's policy has "
-                                        "scheme 'gossip' ("),
-            (str(tmp_path / "h7.json"), "run.toml", "error: --against: the job ran mean_interval 2.0, this run's "
-                                                    "policy has mean_interval 7.0: its time is not the job's; allowed: "
-                                                    "--policy the policy the job ran"),
+            ("ring-gossip", "run.toml", "error: --against: the job ran another policy ("),
+            (str(tmp_path / "h7.json"), "run.toml", "error: --against: the job ran another policy (mean_interval 2.0 in "
+                                                    "the job, 7.0 here): its time is not the job's; allowed: --policy "
+                                                    "the policy the job ran"),
             (str(tmp_path / "ar.json"), "s.toml", "error: --against: test has no [environment]")]:
         assert cli.main(["run", "--study", str(tmp_path / study_file), "--policy", policy_arg, "--data-dir",
                          str(data_dir), "--quiet", "--against", str(trace)]) == 2
@@ -1075,6 +1088,46 @@ def test_from_trace_of_a_folder_two_jobs_appended_to_reads_the_last(tmp_path):
     # a rank whose file holds another count of jobs: a folder of mixed jobs, one line naming the flag
     with open(d / "rank-1.jsonl", "a") as f:
         f.write(json.dumps({"model_bytes": 400_000}) + "\n")
-    with pytest.raises(ConfigError, match=r"^--from-trace: .*rank-0.jsonl holds 2 jobs' traces and .*rank-1.jsonl 3 "
-                                          r"\(a Merger appends to rank-R.jsonl\): the folder mixes jobs"):
+    with pytest.raises(ConfigError, match=r"^--from-trace: .*rank-0.jsonl holds the traces of 2 jobs and "
+                                          r".*rank-1.jsonl of 3 \(a Merger appends to rank-R.jsonl\): the folder "
+                                          r"mixes jobs"):
         calibrate.from_trace(d)
+
+
+def _job(d: Path, ranks: int, t0: float, seconds: float, steps: int = 20, write=range(10**6)) -> None:
+    """A made-up Merger job of ``ranks`` ranks appended to ``d`` (as this evomerge writes its first record: the
+    job's ranks and when it began), its all-reduces ``seconds`` long at the last rank in; ranks not in ``write``
+    wrote nothing (died before their Merger was made)."""
+    d.mkdir(exist_ok=True)
+    for r in range(ranks):
+        if r not in write:
+            continue
+        rows = [{"model_bytes": 400_000, "ranks": ranks, "t": t0 + 0.01 * r}]
+        rows += [{"step": k + 1, "compute_s": 0.01, "t": t0 + 1 + 0.01 * k} for k in range(steps)]
+        rows += [{"event": ev, "kind": "allreduce", "step": 5 * ev + 5, "bytes": 500_000,
+                  "seconds": seconds + 0.1 * r} for ev in range(4)]
+        rows.append({"end": t0 + 2, "step": steps, "total_steps": steps})
+        with open(d / f"rank-{r}.jsonl", "a") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in rows))
+
+
+def test_a_trace_folder_of_jobs_of_other_sizes_reads_the_last_and_names_a_rank_that_wrote_none_of_it(tmp_path):
+    """(The folder of a 3-rank job, then a 2-rank one, was refused for its files' counts of jobs; one of a 2-rank
+    job then a 3-rank one too.) The last job's ranks are read; a rank file whose records all came before the last
+    job began (that rank died before its Merger was made) is one line naming it."""
+    d = tmp_path / "shrunk"
+    _job(d, 3, 1000.0, 0.5)
+    _job(d, 2, 2000.0, 0.25)
+    m = calibrate.from_trace(d)
+    assert len(m.step_times) == 2 and m.allreduce == (0.25, 500_000)
+    assert calibrate.job_time(d)[:2] == (2, [20, 20])
+    grown = tmp_path / "grown"
+    _job(grown, 2, 1000.0, 0.5)
+    _job(grown, 3, 2000.0, 0.25)
+    assert len(calibrate.from_trace(grown).step_times) == 3 and calibrate.job_time(grown)[:2] == (3, [20, 20, 20])
+    dead = tmp_path / "dead"
+    _job(dead, 3, 1000.0, 0.5)
+    _job(dead, 3, 2000.0, 0.25, write=(0, 1))  # rank 2 died before its Merger: its file holds the first job only
+    with pytest.raises(ConfigError, match=r"^--against: .*rank-2.jsonl: its last job ended before the folder's last "
+                                          r"job began \(rank 2 wrote no trace of it\)"):
+        calibrate.job_time(dead)

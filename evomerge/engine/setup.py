@@ -151,34 +151,40 @@ def prepare(study: Study, data: data_mod.Data | None = None, data_dir=None) -> S
 
 def check_token_ids(study: Study, data, model) -> None:
     """Integer inputs (token ids) against the model's embeddings: an id past the largest ``nn.Embedding`` (a
-    vocabulary one short) on which the model fails is one line naming the model, not an IndexError at the first
-    batch that holds it (the start-up check runs a few examples only)."""
+    vocabulary one short), or a negative one, on which the model fails is one line naming the model, not an
+    IndexError at the first batch that holds it (the start-up check runs a few examples only)."""
     from torch import nn
 
+    if not len(data.train_x) or normalise(data.train_x[:1], data.spec).is_floating_point():
+        return  # (images, features: no module is built to find out)
     try:
-        module = model.module()
+        with torch.random.fork_rng():  # (building the module draws its initial weights: the run's draws stay)
+            module = model.module()
     except NotImplementedError:
         return
     sizes = [m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)]
-    if not sizes or normalise(data.train_x[:1], data.spec).is_floating_point():
+    if not sizes:
         return
     n = max(sizes)
     for name, x in (("training", data.train_x), ("validation", data.val_x)):
         if not len(x):
             continue
         hi, lo = int(x.max()), int(x.min())
-        if hi >= n or lo < 0:
-            row = int(((x >= n) | (x < 0)).reshape(len(x), -1).any(1).nonzero()[0, 0])
-            try:  # the model may map ids itself (a hashing trick, an offset): only its failure on them is refused
-                with torch.random.fork_rng(), torch.no_grad():
-                    module.eval()(normalise(x[row:row + 1], data.spec))
-                continue
-            except (IndexError, RuntimeError):
-                pass
-            field = "study.model.factory" if study.model.factory else "study.model"
-            raise ConfigError(field, f"the {name} inputs hold token id {hi if hi >= n else lo} (example {row} of "
-                                     f"{len(x)}), and the model's largest nn.Embedding has {n} entries (ids 0..{n - 1}); "
-                                     f"allowed: ids in 0..{n - 1}, or an embedding of at least {hi + 1} entries")
+        if hi < n and lo >= 0:
+            continue
+        bad = hi if hi >= n else lo
+        row = int((x == bad).reshape(len(x), -1).any(1).nonzero()[0, 0])
+        try:  # the model may map ids itself (a hashing trick, an offset): only its failure on them is refused
+            with torch.random.fork_rng(), torch.no_grad():
+                module.eval()(normalise(x[row:row + 1], data.spec))
+            continue
+        except IndexError:  # (nn.Embedding's "index out of range in self")
+            pass
+        field = "study.model.factory" if study.model.factory else "study.model"
+        fix = f"an embedding of at least {hi + 1} entries" if bad >= n else "no negative id"
+        raise ConfigError(field, f"the {name} inputs hold token id {bad} (example {row} of {len(x)}), and the model's "
+                                 f"largest nn.Embedding has {n} entries (ids 0..{n - 1}); allowed: ids in 0..{n - 1}, "
+                                 f"or {fix}")
 
 
 #: the metrics that mean something only for some tasks
