@@ -740,14 +740,23 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                      "measured from this trace; measure them with evomerge calibrate (--procs, or under your launcher)")
     allreduce = None
     events: dict[int, list[tuple[float, int]]] = {}
+    streamed = 0
     for r, rows in enumerate(recs):
         for x in rows:
             if x.get("kind") == "allreduce" and "seconds" in x:
+                if isinstance(x.get("landed_step"), int) and x["landed_step"] > x.get("step", x["landed_step"]):
+                    streamed += 1  # a streamed fragment's time runs to its landing, steps later: no link's time
+                    continue
                 events.setdefault(int(x["event"]), []).append((float(x["seconds"]), int(x["bytes"])))
+    if streamed:
+        notes.append(f"{streamed} streamed fragments' all-reduces left out (their time runs from the send to the "
+                     "landing, fragment_delay steps later, the loop's compute in it)")
     if events:
         shortest = [min(v) for v in events.values() if len(v) == W]  # the last rank to arrive waited least
-        if shortest:
-            seconds, nbytes = _median([s for s, _ in shortest]), max(b for _, b in shortest)
+        if shortest:  # the largest messages' (fragments of other sizes, a counter's: the bandwidth is in the largest)
+            nbytes = max(b for _, b in shortest)
+            shortest = [(s, b) for s, b in shortest if b == nbytes]
+            seconds = _median([s for s, _ in shortest])
             allreduce = (seconds, nbytes)
             notes.append(f"all-reduces: {len(shortest)}, median of each one's shortest time {_ms(seconds)} for "
                          f"{nbytes} bytes")

@@ -765,6 +765,10 @@ def _against(args, study, policy, seed):
         print(f"note: --against: the job's Merger ran overlap {overlap!r}; the clock takes it (the study's "
               f"[environment] says {env.overlap!r})", file=sys.stderr)
         env = dataclasses.replace(env, overlap=overlap)
+    if isinstance(env.speeds, str) and env.speeds != "equal":  # (calibrate --fit: a model of many clusters' speeds)
+        print(f"note: --against: the study's speeds are drawn from a model ({env.speeds}), not the job's ranks' own: "
+              "the clock's workers are other devices than the job's (calibrate without --fit to hold the job)",
+              file=sys.stderr)
     ran_steps = first.get("local_steps")
     if policy.scheme == "async" and isinstance(ran_steps, list):
         from .engine.timed import async_local_steps
