@@ -651,6 +651,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                           f"{MIN_TIMED} timed steps a rank (a longer trace"
                           + (f", or --warmup at most {n - MIN_TIMED})" if n >= MIN_TIMED else ")"))
     steps = [t[warmup:] for t in every]
+    notes_in_step = _in_step(recs)
     # point-to-point transfers: (sender, receiver, event, initiator) -> send time; receives give arrival
     sends = {}
     for r, rows in enumerate(recs):
@@ -769,6 +770,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                 payload = nbytes
                 notes.append("no point-to-point transfers: every link gets latency 0 and the bandwidth that gives "
                              "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
+    notes += notes_in_step
     sizes = {int(x["model_bytes"]) for rows in recs for x in rows if isinstance(x.get("model_bytes"), int)}
     if len(sizes) == 1:  # (as calibrate --study says it, batch and optimiser aside: a trace does not hold them)
         notes.append(f"model: {sizes.pop()} bytes of float32 parameters and buffers")
@@ -778,6 +780,26 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                     source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps (the first {warmup} "
                            f"of each rank left out)" + (f", the last of the {jobs} jobs the traces hold (a Merger appends)"
                                                     if jobs > 1 else ""), notes=notes)
+
+
+def _in_step(recs: list[list[dict]]) -> list[str]:
+    """Each rank's wall time inside ``merger.step()`` (from a step's call, its record's ``t``, to the next step's
+    start, that record's ``t`` less its ``compute_s``): the merges applied and sent, and the waits for peers. The
+    clock charges the waits it models (barriers, blocking merges, a push's model back), not the Merger's own work
+    around a merge, so a share of it makes the clock's times short (run --against states by how much)."""
+    out = []
+    for r, rows in enumerate(recs):
+        st = [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
+        gaps = [max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"])) for a, b in zip(st, st[1:])]
+        if gaps:
+            whole = float(st[-1]["t"]) - float(st[0]["t"])
+            out.append(f"rank {r}: {_ms(sum(gaps))} over {len(gaps)} steps"
+                       + (f" ({sum(gaps) / whole:.1%} of its time)" if whole > 0 else ""))
+    if not out:
+        return []
+    return [f"time inside merger.step() (merges applied and sent, waits for peers): {'; '.join(out)}; the clock "
+            "charges the waits it models (barriers, blocking merges), not the Merger's own work around a merge: a "
+            "share of it makes simulated times short"]
 
 
 def queued(transfers: list[tuple[int, int, int, float, float]]) -> list[tuple[int, int, int, float, float]]:

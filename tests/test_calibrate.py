@@ -753,6 +753,10 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     ring = [(0, 1), (1, 2), (2, 0)]
     assert all(env["bandwidth_matrix"][i][j] >= 0 and env["bandwidth_matrix"][j][i] >= 0 for i, j in ring)
     assert "# transfers:" in out.read_text()
+    # the time each rank spent inside merger.step(), which the clock charges only as the waits it models
+    assert re.search(r"^# time inside merger\.step\(\) \(merges applied and sent, waits for peers\): rank 0: [\d.]+ "
+                     r"(us|ms|s) over 39 steps \([\d.]+% of its time\); rank 1: .*; rank 2: ", out.read_text(), re.M), \
+        out.read_text()
     # the model it timed, as the Merger's trace says it: a study of another model is told (it was not)
     timed = re.search(r"^# model: (\d+) bytes of float32 parameters and buffers$", out.read_text(), re.MULTILINE)
     assert timed, out.read_text()
