@@ -582,6 +582,9 @@ def cmd_run(args) -> int:
     study = load_or_stored(args.study, args.runs_dir, args.storage) or _load_stored(args)
     if args.reevaluate < 0:
         raise ConfigError("--reevaluate", f"{args.reevaluate} is out of range; allowed: [0, inf)")
+    if args.reevaluate and args.seed is not None:  # (dropped in silence: the fresh seeds are the study's)
+        raise ConfigError("--seed", f"given with --reevaluate, which runs {args.reevaluate} fresh seeds past the "
+                                    "study's; allowed: one of --seed (one run), --reevaluate")
     # every input is checked before data is read (the same checks as evomerge.run())
     job_seed = None
     if args.against is not None and args.seed is None:  # the seed the job ran: its merges as the job drew them
@@ -1087,7 +1090,7 @@ def cmd_transfer(args) -> int:
 
     _quiet_libraries()
     source, target = _load_stored(args), _load_target(args)
-    if source.name == target.name:
+    if source.name == target.name:  # (before the tracking store is looked at; transfer() refuses it as well)
         raise ConfigError("--target", f"is the study itself ({source.name}); name another study")
     study_dir = Path(args.runs_dir) / source.name
     uri = resolve_tracking_uri(args.tracking_uri, study_dir)
@@ -1250,9 +1253,14 @@ def cmd_export(args) -> int:
     if args.trial is not None:
         if args.trial < 0:
             raise ConfigError("--trial", f"{args.trial} is out of range; allowed: a trial number >= 0")
-        for flag, given in (("--pareto", args.pareto), ("--limit", args.limit)):
+        for flag, given in (("--pareto", args.pareto), ("--limit", args.limit), ("--tolerance", args.tolerance)):
             if given:
                 raise ConfigError("--trial", f"given with {flag}; allowed: one of --trial (one trial), {flag}")
+    if args.pareto:  # (taken without a word, doing nothing: the whole set is written)
+        for flag, given in (("--tolerance", args.tolerance), ("--limit", args.limit)):
+            if given:
+                raise ConfigError(flag, "given with --pareto, which writes every Pareto-optimal trial; allowed: "
+                                        f"{flag} to pick one (without --pareto)")
     study = _load_stored(args)
     url = _storage_url(study, args)
     out = Path(args.output)

@@ -347,6 +347,10 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["search", "--study", "mnist-gossip", "--", "--n-trials", "3"],
      "error: --: evomerge search takes no arguments after it (-- --n-trials 3); see evomerge search --help"),
     ([], "error: command: required; see evomerge --help"),
+    # (--seed was dropped in silence: the fresh seeds ran)
+    (["run", "--study", "mnist-gossip", "--policy", "fedavg", "--reevaluate", "2", "--seed", "7"],
+     "error: --seed: given with --reevaluate, which runs 2 fresh seeds past the study's; allowed: one of --seed (one "
+     "run), --reevaluate"),
     # another command's short flag: this command's own for it (it said "see evomerge dashboard --help")
     (["dashboard", "--study", "mnist-gossip", "-o", "d"],
      "error: -o: evomerge dashboard does not take it (-o d); did you mean --out? (-o is evomerge export, calibrate's)"),

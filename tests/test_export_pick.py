@@ -97,7 +97,13 @@ def test_export_trial_writes_the_trial_a_user_chose_and_run_replays_it(searched,
                                            f"trial that did not diverge: {', '.join(str(t.number) for t in trials)}"),
                        (["--trial", "1", "--pareto"], "error: --trial: given with --pareto; allowed: one of --trial "
                                                       "(one trial), --pareto"),
-                       (["--trial", "-2"], "error: --trial: -2 is out of range; allowed: a trial number >= 0")]:
+                       (["--trial", "-2"], "error: --trial: -2 is out of range; allowed: a trial number >= 0"),
+                       # (both were taken without a word, doing nothing)
+                       (["--trial", "1", "--tolerance", "0.1"], "error: --trial: given with --tolerance; allowed: one "
+                                                                "of --trial (one trial), --tolerance"),
+                       (["--pareto", "--tolerance", "0.1"], "error: --tolerance: given with --pareto, which writes "
+                                                            "every Pareto-optimal trial; allowed: --tolerance to pick "
+                                                            "one (without --pareto)")]:
         p = cli("export", "--study", str(f), "-o", "x.json", *args, cwd=d, data_dir=data_dir)
         assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
     assert not (d / "x.json").exists()

@@ -111,6 +111,8 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     from .storage import default_storage
     from ..backends import run_inputs
 
+    if source.name == target.name:  # (the command's check only: a call ran it, and its result showed on the page)
+        raise ConfigError("--target", f"is the study itself ({source.name}); name another study")
     if top < 2:
         raise ConfigError("--top", f"{top} is out of range; allowed: [2, inf) (a correlation needs two policies)")
     if seeds < 1:
