@@ -122,7 +122,10 @@ def cma_start(trials: list, space) -> dict[str, Any]:
     names = [p.name for p in space_mod.numeric(space)]
     xs = [np.clip(space_mod.encode(space, t.params), 0.0, 1.0) for t in trials if all(n in t.params for n in names)]
     if not xs:
-        raise ConfigError(FIELD, f"no completed trial of the source searched every numeric field ({', '.join(names)})")
+        raise ConfigError(FIELD, f"no completed trial of the source searched every numeric field of this study's "
+                                 f"space ({', '.join(names)}), which a CMA-ES start is made of; allowed: a source that "
+                                 "searched them all, or --sampler tpe, random or nsga2 (they take the trials they can "
+                                 "use)")
     top = np.array(xs[:max(1, math.floor(GAMMA * len(xs)))])
     mean = top.mean(axis=0)
     var = ALPHA ** 2 + ((top - mean) ** 2).mean(axis=0)
