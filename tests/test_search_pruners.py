@@ -94,7 +94,21 @@ def test_a_pruner_that_cannot_judge_the_search_is_refused(tmp_path, kwargs, word
     with pytest.raises(ConfigError) as e:
         config.make_config(s, **kwargs)
     assert e.value.field == "--pruner" and words in str(e.value)
-    config.make_config(s, **kwargs, prune=False)  # --no-prune: nothing is pruned, nothing to refuse
+    # --no-prune beside it: a contradiction, said (it was taken without a word, pruning nothing)
+    with pytest.raises(ConfigError, match=rf"^--pruner: {kwargs['pruner']} given with --no-prune, which prunes "
+                                          r"nothing; allowed: one of them$"):
+        config.make_config(s, **kwargs, prune=False)
+    config.make_config(s, **{k: v for k, v in kwargs.items() if k != "pruner"}, prune=False)
+
+
+def test_cmaes_settings_with_another_sampler_are_one_line(tmp_path):
+    """(--cmaes-popsize, --cmaes-restarts and --cmaes-categoricals were taken without a word by TPE.)"""
+    s = study.load(write_study(tmp_path))
+    for key, value in (("cmaes_popsize", 4), ("cmaes_restarts", 1), ("cmaes_categoricals", "fixed")):
+        with pytest.raises(ConfigError, match=rf"^--{key.replace('_', '-')}: {value!r} applies with --sampler cmaes; "
+                                              r"this search's sampler is tpe; allowed: --sampler cmaes, or leave it out$"):
+            config.make_config(s, sampler="tpe", **{key: value})
+        config.make_config(s, sampler="cmaes", **{key: value})
 
 
 def test_multi_objective_studies_keep_the_dominance_rule(tmp_path):

@@ -308,6 +308,12 @@ def make_config(study: Study, **options) -> SearchConfig:
         if cmaes_categoricals not in CMAES_CATEGORICALS:
             raise ConfigError("--cmaes-categoricals", unknown(cmaes_categoricals, CMAES_CATEGORICALS))
     check_pruner(pruner, sampler, study, prune)
+    if sampler != "cmaes":  # (CMA-ES's own settings, taken without a word by another sampler)
+        for key, off in (("cmaes_popsize", 0), ("cmaes_restarts", 0), ("cmaes_categoricals", "independent")):
+            if opts[key] != off:
+                raise ConfigError("--" + key.replace("_", "-"), f"{opts[key]!r} applies with --sampler cmaes; this "
+                                                                f"search's sampler is {sampler}; allowed: --sampler cmaes, "
+                                                                "or leave it out")
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     study_dir = runs_dir / study.name
     if warm_start_from is not None:
@@ -326,6 +332,8 @@ def check_pruner(pruner: str, sampler: str, study: Study, prune: bool) -> None:
     """One line naming ``--pruner`` for a pruner that is unknown or cannot judge this search."""
     if pruner not in PRUNERS:
         raise ConfigError("--pruner", unknown(pruner, PRUNERS))
+    if not prune and pruner != "median":  # (taken without a word, pruning nothing)
+        raise ConfigError("--pruner", f"{pruner} given with --no-prune, which prunes nothing; allowed: one of them")
     if not prune or pruner == "median":  # the default: the dominance rule on several objectives, none for CMA-ES
         return
     if len(study.objectives) > 1:
