@@ -257,3 +257,7 @@ def test_bytes_read_in_the_unit_that_shows_them():
     # equal bytes are the same, not "0% fewer bytes"; a difference of a few percent is said
     assert verdict.difference_text("bytes", [1000.0, 1000.0], [1000.0, 1000.0], 0.0, 0.0, False) == "the same bytes"
     assert verdict.difference_text("bytes", [960.0, 960.0], [1000.0, 1000.0], 0.0, 0.0, False) == "4% fewer bytes"
+    # one seed has no spread to say ("± 0.00" read as a measured zero)
+    assert verdict.difference_text("val_accuracy", [0.9], [0.8], 0.1, 0.0, True) == "+10.00 points val acc"
+    assert verdict.difference_text("val_accuracy", [0.9, 0.9], [0.8, 0.8], 0.1, 0.0, True) == \
+        "+10.00 ± 0.00 points val acc"

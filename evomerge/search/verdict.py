@@ -76,8 +76,9 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
     """A paired difference in the metric's unit, from the pick's side: ``+0.3 +- 0.2 points val acc``, ``21% fewer
     bytes``, ``1.20 +- 0.30 s faster (time to target)``."""
     label = _label(name)
+    one = len(pick) < 2  # one seed: no spread to say (a "± 0.00" read as one measured)
     if name in POINTS:
-        return f"{100 * mean:+.2f} ± {100 * se:.2f} points {label}"
+        return f"{100 * mean:+.2f}{'' if one else f' ± {100 * se:.2f}'} points {label}"
     if name in RATIO:
         if any(b <= 0 for b in base):
             p = statistics.fmean(pick)
@@ -96,8 +97,8 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
             return f"{100 * (r - 1):.0f}%{spread} more {label}"
         return f"{r:.1f}x the {label}" + (f" (± {rse:.1f}x)" if rse >= 0.05 else "")
     if name in SECONDS and not maximize:
-        return f"{abs(mean):.2f} ± {se:.2f} s {'faster' if mean < 0 else 'slower'} ({label})"
-    return f"{mean:+.4g} ± {se:.2g} {label}"
+        return f"{abs(mean):.2f}{'' if one else f' ± {se:.2f}'} s {'faster' if mean < 0 else 'slower'} ({label})"
+    return f"{mean:+.4g}{'' if one else f' ± {se:.2g}'} {label}"
 
 
 def compare(study: Study, pick: list[list[float]], base: list[list[float]], seeds: list[int] | None = None,
