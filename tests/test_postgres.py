@@ -232,21 +232,16 @@ def test_a_search_whose_stores_are_both_servers_leaves_no_runs_folder(tmp_path, 
     """(An empty runs/STUDY/ folder appeared in the folder a search ran from, its stores a PostgreSQL database and
     an MLflow server.) Nothing of it is kept on this machine."""
     from searchutil import cli
-    from test_tracking import free_port, stop, wait_healthy
+    from test_tracking import start_server, stop
 
     d = tmp_path / "server"
     d.mkdir()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}"], cwd=d,
-                              env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server, url = start_server(d)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", server)
         work = tmp_path / "work"
         f = write_study(work, name="servers")
-        p = cli("search", "--study", str(f), "--storage", postgres_url + "/optuna", "--tracking-uri",
-                f"http://127.0.0.1:{port}", "--n-trials", "1", "--no-verdict", cwd=work, data_dir=data_dir)
+        p = cli("search", "--study", str(f), "--storage", postgres_url + "/optuna", "--tracking-uri", url,
+                "--n-trials", "1", "--no-verdict", cwd=work, data_dir=data_dir)
         assert p.returncode == 0, p.stderr
     finally:
         stop(server)

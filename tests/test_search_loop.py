@@ -22,8 +22,9 @@ SLOW = {"SLOWMLP_DELAY": "0.01"}  # a study written with slow=True: its model sl
 def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sampler):
     objectives = ("val_accuracy", "bytes") if sampler == "nsga2" else ("val_accuracy",)
     s = study.load(write_study(tmp_path, objectives=objectives))
+    cma = {"cmaes_popsize": 4} if sampler == "cmaes" else {}  # (another sampler refuses CMA-ES's settings)
     res = evomerge.search(s, verdict=False, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
-                          cmaes_popsize=4)
+                          **cma)
     assert not res.interrupted and not res.errors
     assert res.counts.get("COMPLETE", 0) + res.counts.get("PRUNED", 0) == 6
     assert "RUNNING" not in res.counts and "FAIL" not in res.counts
@@ -34,7 +35,7 @@ def test_each_sampler_runs_a_tiny_study_end_to_end(tmp_path, data_dir, mnist, sa
         assert {r["cma"]["cma_generation"] for r in res.records} == {0, 1}  # two generations of 4 asked
     # running it again asks nothing more: n_trials is a total
     again = evomerge.search(s, verdict=False, n_trials=6, sampler=sampler, runs_dir=tmp_path / "runs", seed=1, data_dir=data_dir,
-                            cmaes_popsize=4)
+                            **cma)
     assert again.records == []
 
 

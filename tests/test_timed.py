@@ -821,12 +821,12 @@ def test_a_policy_that_sends_more_than_its_links_carry_is_said_so(tmp_path, data
     assert _idle({"scheme": "gossip"}, [{"bytes": 1e6, "sim_time": 2.0, "merges": 4}], s) == {}
 
 
-@pytest.mark.parametrize("name", ["ring-gossip", "push-pull-winner-examples", "similarity-bias-sketch-push-pull",
-                                  "similarity-bias-published", "async"])
+@pytest.mark.parametrize("name", ["push-pull-winner-examples", "similarity-bias-published", "async"])
 def test_a_per_worker_step_budget_runs_every_worker_the_runs_steps(setup4, name):
     """``[environment] step_budget = "per_worker"``: on an uneven cluster every worker takes the run's 30 steps (a
-    job's ranks, each taking total_steps), the fast ones idle at the end; the same seed gives the same run, and the
-    shared budget (W x T of work) lets the fast workers take more."""
+    job's ranks, each taking total_steps), the fast ones idle at the end (gossip, a run deciding with what the workers
+    publish, asynchronous DiLoCo); the same seed gives the same run, and the shared budget (W x T of work) lets the
+    fast workers take more."""
     policy = GOSSIP.get(name) or {"ring-gossip": P(topology="ring", mean_interval=2.0),
                                   "async": P(scheme="async", mean_interval=3.0, mixing_weight=1.0,
                                              outer_optimizer="nesterov")}[name]

@@ -53,9 +53,9 @@ def stop(proc):
             proc.wait()
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mlflow-server")
+def start_server(d) -> tuple[subprocess.Popen, str]:
+    """A real `mlflow server` on 127.0.0.1 and a free port, its store a SQLite file in ``d``: the process (stopped
+    by :func:`stop`) and its address, once it answers."""
     port = free_port()
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
@@ -64,6 +64,16 @@ def mlflow_server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("mlflow-server"))
+    try:
         yield url
     finally:
         stop(proc)
@@ -169,15 +179,9 @@ def test_a_tracking_server_that_stops_mid_search_ends_it_in_one_line(tmp_path, d
 
     d = tmp_path / "server"
     d.mkdir()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}"], cwd=d,
-                              env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_server(d)
     search = None
     try:
-        wait_healthy(url, server)
         f = write_study(tmp_path, slow=True)  # trials of seconds (each forward sleeps), cheap in CPU
         search = cli("search", "--study", str(f), "--n-trials", "30", "--sampler", "random", "--no-verdict", "--quiet",
                      "--tracking-uri", url, cwd=tmp_path, data_dir=data_dir, wait=False,
