@@ -579,10 +579,9 @@ def job_start(directory: str | os.PathLike, where: str = "--against") -> dict:
     return recs[0][0] if recs[0] else {}
 
 
-def job_policy(directory: str | os.PathLike, where: str = "--against") -> tuple[dict | None, int | None]:
-    """The policy (its fields) and seed a ``Merger`` job ran, from its traces' first record (the last job's, where
-    a folder holds several); None for a trace of an evomerge that did not write them."""
-    first = job_start(directory, where)
+def job_policy(first: dict) -> tuple[dict | None, int | None]:
+    """The policy (its fields) and seed a ``Merger`` job ran, from its traces' first record (:func:`job_start`);
+    None for a trace of an evomerge that did not write them."""
     policy, seed = first.get("policy"), first.get("seed")
     return (policy if isinstance(policy, dict) else None), (seed if isinstance(seed, int) else None)
 

@@ -588,9 +588,9 @@ def cmd_run(args) -> int:
     # every input is checked before data is read (the same checks as evomerge.run())
     job_seed = None
     if args.against is not None and args.seed is None:  # the seed the job ran: its merges as the job drew them
-        from .calibrate import job_policy
+        from .calibrate import job_policy, job_start
 
-        job_seed = job_policy(args.against)[1]
+        job_seed = job_policy(job_start(args.against))[1]
     policy, seed, exported = run_inputs(study, args.policy, args.seed if job_seed is None else job_seed,
                                         backend=args.backend, procs=args.procs)
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
@@ -724,7 +724,7 @@ def _against(args, study, policy, seed):
     steps, or --reevaluate."""
     import dataclasses
 
-    from .calibrate import job_policy, job_time
+    from .calibrate import job_policy, job_start, job_time
     from .study import with_run
 
     if args.reevaluate:
@@ -738,7 +738,8 @@ def _against(args, study, policy, seed):
 
     merger_runs(policy)  # (a policy no Merger job runs: its own line)
     W, steps, seconds = job_time(args.against)
-    ran, ran_seed = job_policy(args.against)
+    first = job_start(args.against)  # the job's policy, seed, overlap and local steps (read once)
+    ran, ran_seed = job_policy(first)
     if ran is not None:  # (a trace of an older evomerge does not say)
         from .policy import MergePolicy
 
@@ -756,9 +757,6 @@ def _against(args, study, policy, seed):
     if ran_seed is not None and ran_seed != seed:
         print(f"note: --against: the job ran seed {ran_seed}, this run seed {seed}: its merges are drawn otherwise "
               "(without --seed it takes the job's)", file=sys.stderr)
-    from .calibrate import job_start
-
-    first = job_start(args.against)
     overlap = first.get("overlap")
     if overlap == "lockstep" and policy.scheme != "allreduce":  # (an all-reduce's ranks wait for each other anyway)
         raise ConfigError("--against", f"the job's Merger ran overlap 'lockstep' (every rank merges at the same steps, "

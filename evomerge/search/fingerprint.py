@@ -171,12 +171,11 @@ def check(ostudy, cfg: "SearchConfig", n_trials: int, failed: int = 0) -> None:
     study as it was; a trial still running or waiting is not failed)."""
     current = of(cfg.study)
     stored = ostudy.user_attrs.get(ATTR)
-    if stored and stored.get("hash") == current["hash"]:
-        if any(k in stored.get("summary", {}) and stored["summary"][k] != current["summary"].get(k)
-               for k in UNHASHED) or not all(k in stored.get("summary", {}) for k in current["summary"]):
-            pass  # (a change of what the hash leaves out, or keys added since: looked at below)
-        else:
-            return
+    held = (stored or {}).get("summary", {})
+    # the same hash, the same keys the hash leaves out, and no key added since: nothing to look at or to store
+    if stored and stored.get("hash") == current["hash"] and held.keys() >= current["summary"].keys() and \
+            all(held.get(k) == current["summary"].get(k) for k in UNHASHED):
+        return
     if stored:
         shown = changed_since(stored.get("summary", {}), current["summary"], cfg.study)
         if shown and n_trials and failed == n_trials:
