@@ -895,7 +895,8 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     _console().print(t)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "seeds": seeds, "policy": policy.to_dict(),
-                                                   "runs": [r.to_dict() | {"test_accuracy": r.test_accuracy, "test_loss": r.test_loss}
+                                                   "runs": [r.to_dict() | {k: v for k in ("test_accuracy", "test_loss")
+                                                                                   if (v := getattr(r, k)) is not None}
                                                             for r in results]}, indent=2))
     return 0 if len(ok) == len(results) else 1
 

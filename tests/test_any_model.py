@@ -571,6 +571,8 @@ def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder
     runs = json.loads((tmp_path / "re.json").read_text())["runs"]
     assert len(runs) == 2 and all(0 < x["test_loss"] < 0.8 * constant for x in runs), (runs, constant)
     assert runs[0]["test_loss"] != runs[1]["test_loss"]  # two fresh seeds
+    # a regression's JSON holds no accuracy keys (they were null in every round and as test_accuracy)
+    assert "accuracy" not in json.dumps(runs), runs[0]["history"][0]
     r = evomerge("dashboard", "--study", str(p), "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "dash"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "dash" / "index.html").read_text()

@@ -174,7 +174,9 @@ def test_one_objective_export_honours_limit_and_says_what_pareto_wrote(tmp_path,
     doc = json.loads((tmp_path / "lim.json").read_text())
     assert doc["trial"] == 0 and doc["picked_by"] == "the best val_accuracy, with val_accuracy at least 0.85"
     for args, line in [(["--limit", "val_accuracy=0.95"], "error: --limit: val_accuracy=0.95: no complete trial meets it"),
-                       (["--limit", "foo=1"], "error: --limit: 'foo' is not an objective of tiny; allowed: val_accuracy")]:
+                       (["--limit", "foo=1"], "error: --limit: 'foo' is not an objective of tiny; allowed: val_accuracy"),
+                       (["--limit", "val_accuracy=95"], "error: --limit: val_accuracy=95 is out of range; allowed: "
+                                                        "[0, 1] for val_accuracy, a fraction (0.95, not 95)")]:
         p = cli(*base, "-o", "x.json", *args, cwd=tmp_path, data_dir=data_dir)
         assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
     assert not (tmp_path / "x.json").exists()

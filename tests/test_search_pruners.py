@@ -101,6 +101,17 @@ def test_a_pruner_that_cannot_judge_the_search_is_refused(tmp_path, kwargs, word
     config.make_config(s, **{k: v for k, v in kwargs.items() if k != "pruner"}, prune=False)
 
 
+def test_fresh_seeds_for_a_verdict_that_is_not_run_are_refused(tmp_path):
+    """(`--reevaluate 5 --no-verdict` was taken without a word, running no verdict.)"""
+    s = study.load(write_study(tmp_path))
+    for n in (0, 5):
+        with pytest.raises(ConfigError, match=rf"^--reevaluate: {n} given with --no-verdict, which runs no verdict on "
+                                              r"fresh seeds; allowed: one of them$"):
+            config.make_config(s, reevaluate=n, verdict=False)
+    config.make_config(s, verdict=False)
+    config.make_config(s, reevaluate=5)
+
+
 def test_cmaes_settings_with_another_sampler_are_one_line(tmp_path):
     """(--cmaes-popsize, --cmaes-restarts and --cmaes-categoricals were taken without a word by TPE.)"""
     s = study.load(write_study(tmp_path))

@@ -136,6 +136,24 @@ def test_sides_that_all_reach_the_target_at_the_first_round_are_said_to_be_indis
         "seed: time to target cannot tell them apart there; a harder study.objectives.target or more run.rounds can"]
 
 
+@pytest.mark.unit
+def test_the_fresh_seeds_runs_are_kept_apart_for_another_target():
+    """A run's time to target depends on the target, which the fingerprint's hash leaves out: the verdict's runs on
+    fresh seeds were found again for a study whose target changed. A study with no target keeps the key it had."""
+    import dataclasses
+
+    s = study.load("mnist-stragglers")
+    assert s.target is not None
+    keys = {verdict.fresh_key(dataclasses.replace(s, **kw), [7, 8]) for kw in (
+        {}, {"target": s.target / 2}, {"target_metric": "mean_worker_accuracy"})}
+    assert len(keys) == 3
+    plain = _one_objective()
+    from evomerge.search import fingerprint
+
+    assert plain.target is None
+    assert verdict.fresh_key(plain, [7, 8]) == f"{verdict.FRESH_ATTR}{fingerprint.of(plain)['hash'][:16]}:7,8"
+
+
 @pytest.mark.system
 @pytest.mark.first  # about 70 s: the last test to start in file order, it ended the suite alone on one of 2 workers
 def test_the_quick_start_search_prints_stores_and_logs_one_verdict(tmp_path, data_dir):

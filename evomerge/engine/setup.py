@@ -94,7 +94,8 @@ class RunResult:
         return {
             "status": self.status, "seed": self.seed, "policy": self.policy, "workers": self.workers,
             "total_steps": self.total_steps, "wall_time": self.wall_time, "label_skew": self.label_skew,
-            "final": self.metrics(), "history": [asdict(h) for h in self.history],
+            "final": self.metrics(),  # a field a task or world has none of (a regression's accuracy) left out, as there
+            "history": [{k: v for k, v in asdict(h).items() if v is not None} for h in self.history],
             "converged_step": self.converged_step, "communities": self.communities, "model_at": self.model_at,
         }
 

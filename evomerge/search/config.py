@@ -286,6 +286,9 @@ def make_config(study: Study, **options) -> SearchConfig:
                                      f"--backend {backend}: 1 (or use --backend inprocess)")
     if opts["reevaluate"] < 0:
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
+    if not opts["verdict"] and opts["reevaluate"] != options_mod.DEFAULTS["reevaluate"]:  # (taken without a word)
+        raise ConfigError("--reevaluate", f"{opts['reevaluate']} given with --no-verdict, which runs no verdict on "
+                                          "fresh seeds; allowed: one of them")
     if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:
         raise ConfigError("--cmaes-popsize", f"{opts['cmaes_popsize']} is out of range; allowed: 0 (N with --batch N, "
                                              "else 4 + 3 ln d for d numeric fields) or [2, inf)")

@@ -281,6 +281,9 @@ def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits:
     for name, bound in (limits or {}).items():
         if name not in names:
             raise ConfigError("--limit", f"{name!r} is not an objective of {study.name}; allowed: {', '.join(names)}")
+        if name in ACCURACY_OBJECTIVES and not 0 <= bound <= 1:  # (95 met by no trial, said as if none were good)
+            raise ConfigError("--limit", f"{name}={bound:g} is out of range; allowed: [0, 1] for {name}, a fraction "
+                                         f"(0.95, not 95)")
         k = names.index(name)
         front = [t for t in front if (t.values[k] <= bound if dirs[k] == "minimize" else t.values[k] >= bound)]
         if not front:

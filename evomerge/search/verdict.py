@@ -302,6 +302,15 @@ def _idle(policy: dict, finals: list[dict], study: Study) -> dict:
         return {"saturated": flooded} if flooded else {}
 
 
+def fresh_key(study: Study, seeds: list[int]) -> str:
+    """The user attribute that keeps the picks' runs on fresh ``seeds``: the study's fingerprint and, where it has
+    one, its target (left out of the hash, :data:`fingerprint.UNHASHED`, and a run's time to target depends on it)."""
+    from . import fingerprint
+
+    aim = f"@{study.target_metric}={study.target!r}" if study.target is not None else ""
+    return FRESH_ATTR + fingerprint.of(study)["hash"][:16] + aim + ":" + ",".join(map(str, seeds))
+
+
 def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
             on_run: Callable[[int, int], None] | None = None) -> dict[str, Any] | None:
     """Name the picks, run them and the baselines on ``reevaluate`` fresh seeds (0: the search's own seeds; runs
@@ -320,7 +329,7 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         return None
     if reevaluate:
         seeds = fresh_seeds(study, reevaluate)
-        key = FRESH_ATTR + fingerprint.of(study)["hash"][:16] + ":" + ",".join(map(str, seeds))
+        key = fresh_key(study, seeds)
         cached = dict(ostudy.user_attrs.get(key, {}))
         todo = [p for p in picks if str(p["number"]) not in cached]
         total, done = len(todo) * len(seeds), 0
