@@ -436,6 +436,19 @@ def _done_by(work: _Pending, deadline: float, tick=None) -> bool:
         time.sleep(0.005)
 
 
+def _completes_by(work, deadline: float) -> bool:
+    """Poll a collective's ``work`` until it completes (True) or ``deadline`` passes or it fails (False)."""
+    while True:
+        try:
+            if work.is_completed():
+                return True
+        except RuntimeError:
+            return False
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(0.002)
+
+
 def _leave_at_exit(self: "Merger", ending: BaseException | None = None) -> None:
     """At the interpreter's exit, for a :class:`Merger` never finished or closed (an error in the user's loop, a loop
     that left early, or a :class:`MergerError` not followed by ``os._exit``): its message threads would end during
@@ -1637,18 +1650,24 @@ class Merger:
         """A message to or from ``peer`` failed (its connection closed): find who is gone, tell the others."""
         return self._fail(ev)
 
-    def _check_stops(self, where, waiting: bool = True) -> None:
-        """Raise (after the roll call) if another rank sent its stop message or its connection closed."""
+    def _stopped(self) -> dict[int, float | None]:
+        """The ranks that sent their stop message (what it said) or whose connection closed (None)."""
+        out: dict[int, float | None] = {}
         for r, (work, buf) in self._stop_in.items():
             try:
                 # it stopped, or its process is ending (LEFT), or it ended early at a step this rank has gone past
                 # (EARLY + that step: up to it, it took part in every merge this rank waits for)
                 said = float(buf[0]) if work.done() else 0.0
-                stopped = said != 0.0 and not (said >= EARLY and self.t <= said - EARLY)
+                if said != 0.0 and not (said >= EARLY and self.t <= said - EARLY):
+                    out[r] = said
             except RuntimeError:
-                stopped = True
-            if stopped:
-                raise self._fail(where, said=TOLD_WAITING if waiting else TOLD_STEPPING)
+                out[r] = None
+        return out
+
+    def _check_stops(self, where, waiting: bool = True) -> None:
+        """Raise (after the roll call) if another rank sent its stop message or its connection closed."""
+        if self._stopped():
+            raise self._fail(where, said=TOLD_WAITING if waiting else TOLD_STEPPING)
 
     def _fail(self, where, how: str = "", said: float = TOLD_WAITING) -> MergerError:
         """A rank died or hangs: every rank that finds out sends its stop message to all others (which makes them
@@ -2345,7 +2364,17 @@ class Merger:
                     return
             except RuntimeError:
                 raise self._fail(what) from None
-            self._check_stops(what)
+            stopped = self._stopped()
+            if stopped and all(v == LEFT for v in stopped.values()) and _completes_by(work, time.perf_counter() + 1.0):
+                # ranks that took their part in this collective, then left (their own error after it: a resume
+                # refused on every rank): this rank's part lands a moment later; the next collective names them
+                try:
+                    work.wait()
+                    return
+                except RuntimeError:
+                    raise self._fail(what) from None
+            if stopped:
+                raise self._fail(what, said=TOLD_WAITING)
             self._waiting()
             if time.perf_counter() - t0 > self.timeout:
                 raise self._fail(what, f"for {self.timeout:g} s", said=TIMED_OUT)
