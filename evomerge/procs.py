@@ -435,6 +435,27 @@ def rank_device() -> tuple[Any, str]:
     return dev, "nccl" if gpus >= local_world else "gloo"
 
 
+def _others_in_group() -> bool:
+    """Whether a live process other than this one is in this process's group (Linux's /proc; elsewhere: assumed,
+    so the whole grace is waited)."""
+    me, group = os.getpid(), os.getpgrp()
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()  # after the command's name, which may hold spaces
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == group:
+            return True
+    return False
+
+
 def _watched(parent: int, grace: float, args: list[str]) -> int:
     """``python procs.py PARENT GRACE -- CMD ...``, as :meth:`ProcessGroup.popen` starts a command: CMD runs as
     this process's child, in its group (this process leads its own session), and its exit status is passed on.
@@ -466,7 +487,9 @@ def _watched(parent: int, grace: float, args: list[str]) -> int:
         parent_gone()
         fired.set()
         os.killpg(0, signal.SIGTERM)
-        time.sleep(grace)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _others_in_group():  # (it waited the whole grace, the group gone)
+            time.sleep(0.1)
         os.killpg(0, signal.SIGKILL)  # this process too
 
     watcher = threading.Thread(target=watch, daemon=True)

@@ -1,6 +1,7 @@
 """evomerge.procs: every child's process group is stopped however the supervising process ends
 (normal exit, exception, Ctrl-C, SIGTERM, SIGHUP), grandchildren included. Real processes, real signals."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -142,3 +143,42 @@ def test_a_commands_exit_status_and_death_by_a_signal_come_through_its_watcher()
             t0 = time.monotonic()
             group.send(signal.SIGTERM)
             assert p.wait(timeout=30) == -signal.SIGTERM and time.monotonic() - t0 < 5, delay
+
+
+@pytest.mark.system
+def test_a_parent_killed_outright_leaves_its_watchers_no_longer_than_the_group_lives(tmp_path):
+    """SIGKILL to the supervisor: each command's watcher sends its group SIGTERM, then SIGKILL after the grace. A
+    group that obeys SIGTERM is gone at once, and its watcher with it (the watcher waited the whole grace, 15 s for
+    `evomerge ui`'s server); one that ignores SIGTERM still lives within the grace and is killed after it."""
+    script = tmp_path / "parent.py"
+    script.write_text(r"""
+import time
+from evomerge.procs import ProcessGroup
+with ProcessGroup(grace=6) as group:
+    obeys = group.popen(["sh", "-c", "sleep 300 & wait"])
+    ignores = group.popen(["sh", "-c", "trap '' TERM; sleep 300 & wait"])
+    time.sleep(0.5)
+    print(obeys.pid, ignores.pid, flush=True)
+    time.sleep(300)
+""")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    obeys = ignores = []
+    try:
+        a, b = map(int, parent.stdout.readline().split())  # the watchers' pids (a command runs under one)
+        obeys, ignores = in_group(a), in_group(b)
+        assert len(obeys) >= 3 and len(ignores) >= 3  # the watcher, the shell, its sleep
+        parent.kill()
+        parent.wait()
+        t0 = time.monotonic()
+        assert wait_gone(obeys, timeout=30) == []
+        assert time.monotonic() - t0 < 3, "the watcher waited out the grace of a group already gone"
+        time.sleep(max(0.0, 2 - (time.monotonic() - t0)))
+        assert any(alive(p) for p in ignores)  # within the grace
+        assert wait_gone(ignores, timeout=30) == []
+        assert time.monotonic() - t0 > 5
+    finally:
+        for p in obeys + ignores:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
