@@ -77,10 +77,12 @@ def test_a_search_ends_with_the_commands_that_show_and_export_its_results_and_th
     default folder was repeated as `--runs-dir runs` in every command.)"""
     import shlex
 
+    from searchutil import cli as in_process  # the command's own code, without a Python start-up per command
+
     monkeypatch.delenv("EVOMERGE_RUNS_DIR", raising=False)
     given = ["--runs-dir", str(tmp_path / "runs")] if runs_dir == "given" else []
-    p = evomerge("search", "--study", str(tiny_study_file), "--n-trials", "2", "--no-verdict", *given,
-                 data_dir=data_dir, cwd=tmp_path)
+    p = in_process("search", "--study", str(tiny_study_file), "--n-trials", "2", "--no-verdict", *given,
+                   data_dir=data_dir, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
     assert line.count("--runs-dir") == (3 if given else 0), line
@@ -88,9 +90,9 @@ def test_a_search_ends_with_the_commands_that_show_and_export_its_results_and_th
     assert [shlex.split(c)[:2] for c in commands] == [["evomerge", "export"], ["evomerge", "ui"],
                                                       ["evomerge", "dashboard"]], line
     export, _, dashboard = (shlex.split(c)[1:] for c in commands)
-    q = evomerge(*export, data_dir=data_dir, cwd=tmp_path)
+    q = in_process(*export, data_dir=data_dir, cwd=tmp_path)
     assert q.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["policy"], q.stderr[-2000:]
-    q = evomerge(*dashboard, "--no-baselines", data_dir=data_dir, cwd=tmp_path)
+    q = in_process(*dashboard, "--no-baselines", data_dir=data_dir, cwd=tmp_path)
     assert q.returncode == 0, q.stderr[-2000:]
     assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "runs").exists()
 
@@ -545,8 +547,10 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
 def test_a_reader_of_stderr_that_leaves_ends_the_command_quietly(tmp_path, data_dir, tiny_study_file):
     """`evomerge search ... 2>&1 | head`: the start screen (stderr) meets the closed pipe; it ended with status 1 and
     no word (rich's own handling), where stdout's closed pipe ends with 141."""
+    from searchutil import cli as in_process
+
     args = ("search", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict", "--runs-dir", str(tmp_path))
-    assert evomerge(*args, data_dir=data_dir, cwd=tmp_path).returncode == 0
+    assert in_process(*args, data_dir=data_dir, cwd=tmp_path).returncode == 0  # the study, searched (the one to see)
     r, w = os.pipe()
     os.close(r)
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", *args], stdout=subprocess.PIPE, stderr=w, text=True,

@@ -142,6 +142,7 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
         assert c.data.metrics["final_val_accuracy"] == pytest.approx(rec["values"][0])
 
 
+@pytest.mark.xdist_group("tracking-mlflow-server")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_a_search_on_a_tracking_server_prints_its_own_links_not_mlflows(tmp_path, data_dir, mlflow_server):
     """(With --tracking-uri http://..., every trial's end printed MLflow's own "View run ... at:" and "View
