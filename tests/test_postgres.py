@@ -166,10 +166,15 @@ def test_a_password_in_the_addresses_is_never_shown(tmp_path, data_dir, postgres
 
 
 RACE = """
-import sys, time
+import os, sys, time
 from evomerge.report.tracking import Tracker
 from evomerge.search.storage import retry_setup
-uri, start = sys.argv[1], float(sys.argv[2])
+uri, ready, go = sys.argv[1:]
+retry_setup(lambda: Tracker(uri, f"warm-{os.getpid()}"))  # MLflow's lazy imports and first connection: before the races
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.001)
+start = float(open(go).read())
 for i in range(20):
     while time.time() < start + 0.4 * i:
         time.sleep(0.0005)
@@ -183,9 +188,14 @@ def test_two_machines_that_start_a_study_at_the_same_moment_share_one_experiment
     none, and made it; the second ended in a 105-line traceback (MlflowException: ... already exists). Twenty races,
     each at a moment both processes wait for: both use the one experiment."""
     uri = postgres_url + "/mlflow"
-    start = time.time() + 15  # after both have imported MLflow
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, uri, str(start)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    ready = [tmp_path / f"ready-{k}" for k in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, uri, str(ready[k]), str(tmp_path / "go")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    deadline = time.time() + 120
+    while not all(r.exists() for r in ready) and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    (tmp_path / "go.tmp").write_text(repr(time.time() + 0.5))  # both have imported MLflow and connected: the start
+    (tmp_path / "go.tmp").rename(tmp_path / "go")
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     ids = [o.split() for o, _ in outs]
