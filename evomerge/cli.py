@@ -1085,7 +1085,7 @@ def cmd_search(args) -> int:
 def cmd_transfer(args) -> int:
     from .study import load
     from .report.tracking import Tracker, check_reachable, resolve_tracking_uri
-    from .search.transfer import transfer, verdict
+    from .search.transfer import _transfer as transfer, verdict  # (the flags in its errors)
 
     _quiet_libraries()
     source, target = _load_stored(args), _load_target(args)

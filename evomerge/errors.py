@@ -66,17 +66,33 @@ def unknown_key(key: str, allowed) -> str:
 
 
 @contextlib.contextmanager
-def keyword_names(names):
+def keyword_names(names, aliases: dict[str, str] | None = None):
     """For the Python API: a :class:`ConfigError` raised inside that names one of the command's flags
-    (``--n-trials``) whose keyword is in ``names`` names the keyword the caller wrote (``n_trials``) instead. The
-    error keeps its type and traceback; the command line, which calls the same code, keeps its flags."""
+    (``--n-trials``) whose keyword is in ``names`` names the keyword the caller wrote (``n_trials``) instead, in its
+    field and in its words (``--no-prune``: ``prune=False``); ``aliases``: a flag's keyword where it is spelt
+    otherwise (``transfer``'s ``--study`` is its ``source``). The error keeps its type and traceback; the command
+    line, which calls the same code, keeps its flags."""
+    import re
+
+    aliases = aliases or {}
+
+    def keyword(flag: str) -> str | None:
+        key = flag.replace("-", "_")
+        key = aliases.get(key, key)
+        return key if key in names else None
+
+    def words(text: str) -> str:
+        return re.sub(r"--(no-)?([a-z][a-z0-9-]*)",
+                      lambda m: m[0] if (k := keyword(m[2])) is None else f"{k}=False" if m[1] else k, text)
+
     try:
         yield
     except ConfigError as e:
-        key = e.field.removeprefix("--").replace("-", "_")
-        if e.field.startswith("--") and key in names:
-            e.field = key
-            e.args = (f"{key}: {e.message}",)
+        key = keyword(e.field.removeprefix("--")) if e.field.startswith("--") else None
+        message = words(e.message)
+        if key is not None or message != e.message:
+            e.field, e.message = key or e.field, message
+            e.args = (f"{e.field}: {e.message}" if e.field else e.message,)
         raise
 
 

@@ -101,7 +101,7 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
         evomerge.run(f, {"scheme": "gosip"}, data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy: must be a MergePolicy, a dict of its fields, a file or a named "):
         evomerge.run(f, 3, data_dir=no_data)
-    with pytest.raises(ConfigError, match=r"^procs: applies to --backend distributed only"):
+    with pytest.raises(ConfigError, match=r"^procs: applies to backend distributed only"):
         evomerge.run(f, "ring-gossip", procs=2, data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^backend: unknown 'mpi'; allowed: inprocess, distributed$"):
         evomerge.run(f, "ring-gossip", backend="mpi", data_dir=no_data)

@@ -110,6 +110,11 @@ def test_fresh_seeds_for_a_verdict_that_is_not_run_are_refused(tmp_path):
             config.make_config(s, reevaluate=n, verdict=False)
     config.make_config(s, verdict=False)
     config.make_config(s, reevaluate=5)
+    # a Python call's line names its keywords, in its field and in its words (it said --no-verdict)
+    with pytest.raises(ConfigError) as e:
+        evomerge.search(s, reevaluate=5, verdict=False, runs_dir=tmp_path / "runs")
+    assert str(e.value) == ("reevaluate: 5 given with verdict=False, which runs no verdict on fresh seeds; allowed: one "
+                            "of them") and e.value.field == "reevaluate"
 
 
 def test_cmaes_settings_with_another_sampler_are_one_line(tmp_path):

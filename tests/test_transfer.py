@@ -90,12 +90,15 @@ def test_transfer_refuses_what_cannot_be_ranked(tmp_path, data_dir, small):
     s = study.load(f)
     with pytest.raises(ConfigError) as e:
         transfer.transfer(s, study.load("mnist-gossip"), top=1, runs_dir=tmp_path / "runs")
-    assert e.value.field == "--top"
+    # the call's errors name its keywords (they named the command's flags: --top)
+    assert e.value.field == "top" and str(e.value).startswith("top: 1 is out of range; allowed: [2, inf)")
     # (the command refused a study as its own target; a call ran it, and the page showed its "transfer")
-    with pytest.raises(ConfigError, match=r"^--target: is the study itself"):
+    with pytest.raises(ConfigError, match=r"^target: is the study itself"):
         transfer.transfer(s, s, top=3, runs_dir=tmp_path / "runs")
     p = cli("transfer", "--study", str(f), "--target", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr.startswith("error: --target: is the study itself")
+    p = cli("transfer", "--study", str(f), "--target", "mnist-gossip", "--top", "1", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr.startswith("error: --top: 1 is out of range"), p.stderr
 
 
 def test_rank_helpers():

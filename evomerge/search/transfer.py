@@ -100,7 +100,21 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
              runs_dir=None, data_dir=None, device=None, backend: str = "inprocess", procs: int | None = None,
              data=None, on_run: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Re-evaluate the top ``top`` policies of ``source`` on ``target`` on ``seeds`` fresh seeds; return the result
-    (both rankings and the correlations). ``on_run(done, total)`` is told of each run."""
+    (both rankings and the correlations). ``on_run(done, total)`` is told of each run. Its errors name these
+    keywords (``evomerge transfer`` calls it too: there, they name its flags)."""
+    import inspect
+
+    from ..errors import keyword_names
+
+    with keyword_names(inspect.signature(transfer).parameters, {"study": "source"}):
+        return _transfer(source, target, top=top, seeds=seeds, storage=storage, runs_dir=runs_dir, data_dir=data_dir,
+                         device=device, backend=backend, procs=procs, data=data, on_run=on_run)
+
+
+def _transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1, storage: str | None = None,
+              runs_dir=None, data_dir=None, device=None, backend: str = "inprocess", procs: int | None = None,
+              data=None, on_run: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """:func:`transfer`, its errors naming ``evomerge transfer``'s flags."""
     from pathlib import Path
 
     from ..engine.setup import prepare
