@@ -624,9 +624,20 @@ def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_ste
     process group's store), and the run ends with one consensus; ranks that end otherwise (one close(), one
     finish()) are told so in one line."""
     slow = ("--overlap", "nonblocking", "--step-sleep", 0.01, "--slow-rank", 1, "--slow-factor", 12, "--timeout", 1.5)
-    out = tmp_path / "end"
-    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull", "async-diloco"]), *slow, world=2,
-                   timeout=120)
+    from concurrent.futures import ThreadPoolExecutor
+
+    # the three jobs at once: their ranks mostly sleep (the slow one's steps), so one after the other took 36 s
+    with ThreadPoolExecutor(3) as pool:
+        end = pool.submit(launch, folder, data_dir, tmp_path / "end", *policies(folder, ["ring-push-pull", "async-diloco"]),
+                          *slow, world=2, timeout=120)
+        checkpoint = pool.submit(launch, folder, data_dir, tmp_path / "checkpoint", *policies(folder, ["ring-push-pull"]),
+                                 *slow, "--stop-at", 39, world=2, timeout=120)
+        # one rank closes (a checkpoint) where the other finishes: they met at one meeting, then in different
+        # collectives
+        mixed = pool.submit(launch, folder, data_dir, tmp_path / "mixed", *policies(folder, ["ring-push-pull"]), *slow,
+                            "--stop-at", 20, "--stop-rank", 1, world=2, timeout=120,
+                            env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    out, ranks = tmp_path / "end", end.result()
     assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
     # rank 0 says once per finish() why it waits past the timeout (it waited in silence), at the loop's line
     waited = re.findall(r"merger_loop\.py:\d+: UserWarning: rank 0 has waited \d+ s at the end of the run for rank 1, "
@@ -640,15 +651,10 @@ def test_a_rank_far_behind_at_the_end_or_a_checkpoint_is_waited_for_while_it_ste
         assert seconds[1] - seconds[0] > 2 * 1.5, seconds
         c = [result(out, i, r)["consensus"] for r in range(2)]
         assert torch.equal(c[0], c[1])
-    out = tmp_path / "checkpoint"
-    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull"]), *slow, "--stop-at", 39, world=2,
-                   timeout=120)
+    out, ranks = tmp_path / "checkpoint", checkpoint.result()
     assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
     assert [torch.load(out / f"ck-0-{r}.pt", weights_only=False)["merger"]["step"] for r in range(2)] == [39, 39]
-    # one rank closes (a checkpoint) where the other finishes: they met at one meeting, then in different collectives
-    ranks = launch(folder, data_dir, tmp_path / "mixed", *policies(folder, ["ring-push-pull"]), *slow, "--stop-at", 20,
-                   "--stop-rank", 1, world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
-    for r in ranks:
+    for r in mixed.result():
         lines = [ln for ln in without_waiting_notes(r.stderr).splitlines() if ln.strip()]
         assert r.returncode == 1 and lines == ["error: rank 1 called close(); rank 0 called finish(): every rank ends "
                                                "its Merger the same way (finish() at the run's end, close() to stop "
@@ -661,19 +667,25 @@ def test_a_rank_that_stops_stepping_is_named_a_timeout_after_the_others_need_it_
     """A rank asleep at step 20 is named by the one that waits for it at the end; inside `with merger:` the error
     reaches the caller no later (__exit__ waited one more timeout for the hung rank's stop message after the roll
     call had: 3 x timeout from needing it, where deploy.md says 2)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     t0 = time.time()
-    ranks = launch(folder, data_dir, tmp_path / "hung", *policies(folder, ["ring-push-pull"]), "--overlap",
-                   "nonblocking", "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 8,
-                   "--timeout", 1.5, world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    out = tmp_path / "hung-with"
+    with ThreadPoolExecutor(2) as pool:  # both jobs at once: their ranks mostly sleep (one after the other: 29 s)
+        plain = pool.submit(launch, folder, data_dir, tmp_path / "hung", *policies(folder, ["ring-push-pull"]),
+                            "--overlap", "nonblocking", "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20,
+                            "--hang-for", 8, "--timeout", 1.5, world=2, timeout=120,
+                            env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+        within = pool.submit(launch, folder, data_dir, out, *policies(folder, ["ring-push-pull"]), "--overlap",
+                             "nonblocking", "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 14,
+                             "--timeout", 4, "--with", world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    ranks = plain.result()
     lines = [ln for ln in ranks[0].stderr.splitlines() if ln.strip()]
     assert ranks[0].returncode == 1 and lines == ["error: rank 1 did not answer for 1.5 s (the end of the run, local "
                                                   "step 40); stopped"], ranks[0].stderr[-2000:]
     assert ranks[1].returncode == 1, ranks[1].stderr[-2000:]
     assert time.time() - t0 < 60
-    out = tmp_path / "hung-with"
-    ranks = launch(folder, data_dir, out, *policies(folder, ["ring-push-pull"]), "--overlap", "nonblocking",
-                   "--step-sleep", 0.01, "--hang-rank", 1, "--hang-at", 20, "--hang-for", 14, "--timeout", 4, "--with",
-                   world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    ranks = within.result()
     assert ranks[0].returncode == 1 and "rank 1 did not answer" in ranks[0].stderr, ranks[0].stderr[-2000:]
     took = json.loads((out / "error-0.json").read_text())
     assert took["error"] - took["loop_end"] < 2 * 4 + 2 + 1, took  # two timeouts, the exit's grace, some slack
