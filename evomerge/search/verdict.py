@@ -320,7 +320,6 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     from ..engine.setup import prepare
     from ..policy import MergePolicy
     from ..study import with_run
-    from . import fingerprint
     from .baselines import baseline_rows, fresh_seeds
     from .results import describe_policy, slim
 
