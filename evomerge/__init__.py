@@ -32,12 +32,25 @@ def __getattr__(name: str):
 def _check_seed_and_device(seed, device) -> None:
     """What every command and its Python call check before anything is read: a seed is an integer >= 0
     (``--seed``), a device one this torch can run on (``--device``; torch is imported only when one is given)."""
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ConfigError("--seed", f"{seed!r} is not an integer; allowed: an integer >= 0")
     if seed is not None and seed < 0:
         raise ConfigError("--seed", f"{seed} is out of range; allowed: an integer >= 0")
     if device:
         from .engine.setup import resolve_device
 
         resolve_device(device)
+
+
+def _a_study(study) -> None:
+    """A study given to a Python call is a name, a path or a Study: anything else is one line naming ``study``."""
+    import os
+
+    from .study import Study
+
+    if not isinstance(study, (str, os.PathLike, Study)):
+        raise ConfigError("study", f"{study!r} ({type(study).__name__}) is not a study; allowed: a study's name, its "
+                                   "file's path, or an evomerge.study.Study")
 
 
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
@@ -52,8 +65,10 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
     processes (default one per worker) over ``torch.distributed``; call it under
     ``if __name__ == "__main__":`` (the processes are spawned); ``emulate_time`` paces its ranks to the
     simulated clock of a study with an ``[environment]``; ``lr`` runs it at that step size (default: an exported
-    file's searched one, else the study's ``run.lr``). The keywords are the options of
-    ``evomerge run`` with the same names and defaults (tests/test_cli.py holds them together).
+    file's searched one, else the study's ``run.lr``). The keywords are the options of ``evomerge run`` that make
+    its one run, with the same names and defaults (tests/test_cli.py holds them together); the command's
+    ``--reevaluate``, ``--against``, ``--json`` and ``--quiet`` are the command's alone, and ``evaluate_test`` adds
+    the test set's accuracy and loss to the result.
     """
     import inspect
 
@@ -67,6 +82,7 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
         from .study import Study, load
 
         _check_seed_and_device(seed, device)  # as `evomerge run` checks them: before anything is read
+        _a_study(study)
         # an unknown name: load's own line
         st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
         pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
@@ -113,9 +129,10 @@ def search(study, *, data=None, **options):
     from .search.options import DEFAULTS, check_keywords
     from .study import Study, load
 
-    check_keywords("search", options)
-    with keyword_names(DEFAULTS):  # a bad keyword is named as the caller wrote it (n_trials, not --n-trials)
+    with keyword_names([*DEFAULTS, "study"]):  # a bad keyword is named as the caller wrote it (n_trials, not --n-trials)
+        check_keywords("search", options)
         _check_seed_and_device(options.get("seed"), options.get("device"))  # as `evomerge search`: before any read
+        _a_study(study)
         st = study if isinstance(study, Study) else load(study)
         return run_search(make_config(st, **options), data=data)
 
@@ -129,3 +146,20 @@ def _search_signature():
 
 
 search.__signature__ = _search_signature()
+
+
+def _search_keywords() -> str:
+    """The options' words for ``help(evomerge.search)``, from the one table the command's --help reads."""
+    from .search.options import OPTIONS
+
+    def default(o) -> str:
+        if o.shown is not None:
+            return o.shown
+        return repr(o.default)
+
+    lines = [f"    {o.name}: {'False: ' if o.negate else ''}{o.help} (default: {default(o)})" for o in OPTIONS]
+    return "\n\n    Keywords (``evomerge search``'s flags, with ``_`` for ``-``; ``verdict=False`` and ``prune=False`` are " \
+           "``--no-verdict`` and ``--no-prune``):\n\n" + "\n".join(lines) + "\n"
+
+
+search.__doc__ = (search.__doc__ or "") + _search_keywords()

@@ -423,6 +423,22 @@ def _tracking_gone(e: BaseException) -> str | None:
     return f"a request to {shown(m[1])} failed: {why[1] if why else 'no answer'}"  # (a password in it masked)
 
 
+def _prog() -> str:
+    """This command as its user can type it again: ``evomerge`` where that is the one the shell finds, else the
+    path it was started by (the quick start's ``.venv/bin/evomerge``, its environment not activated: a printed
+    ``evomerge export ...`` was "command not found")."""
+    import shlex
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name != "evomerge":  # python -m evomerge.cli, or a caller's own main()
+        return "evomerge"
+    found = shutil.which("evomerge")
+    if found and Path(found).resolve() == Path(argv0).resolve():
+        return "evomerge"
+    return shlex.quote(argv0)
+
+
 def _write_json(path: str, text: str) -> None:
     """``--json FILE``'s results (the file was checked before the work: :func:`userdirs.check_writable`)."""
     try:
@@ -1066,10 +1082,10 @@ def cmd_search(args) -> int:
     view.summary(result, data_dir=args.data_dir)
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
         # what to do with the results: the search said where they are stored, not how to see them
-        where = _stored_at(args, args.study)
-        print(f"next: evomerge export --study {_stored_at(args, args.study, tracking=False)} -o best.json (the policy "
-              f"to deploy); evomerge ui --study "
-              f"{where} (its runs in MLflow); evomerge dashboard --study {where}", file=sys.stderr)
+        where, me = _stored_at(args, args.study), _prog()
+        print(f"next: {me} export --study {_stored_at(args, args.study, tracking=False)} -o best.json (the policy "
+              f"to deploy); {me} ui --study "
+              f"{where} (its runs in MLflow); {me} dashboard --study {where}", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
                                                    "interrupted": result.interrupted, "errors": result.errors}, indent=2))

@@ -5,6 +5,7 @@ import re
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -617,3 +618,23 @@ def test_optunas_fallback_warning_on_a_lost_connection_is_left_out():
     cli._quiet_libraries(mlflow=False)  # once, however often the commands set the levels
     assert sum(isinstance(f, cli._LostConnection)
                for f in logging.getLogger("optuna.storages._rdb.storage").filters) == 1
+
+
+@pytest.mark.system
+def test_the_next_commands_run_as_printed_where_evomerge_is_not_on_the_path(tmp_path, data_dir, tiny_study_file):
+    """The README's quick start runs `.venv/bin/evomerge`, its environment not activated: the search's `next:` line
+    said `evomerge export ...`, which the shell did not find. It names the command as it was started."""
+    import shlex
+
+    exe = Path(sys.executable).parent / "evomerge"  # the project's environment's command, as setup.sh made it
+    assert exe.is_file(), exe
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
+    env |= {"PATH": "/usr/bin:/bin", "EVOMERGE_DATA_DIR": str(data_dir)}
+    p = subprocess.run([str(exe), "search", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    export = re.sub(r" \(.*\)$", "", line.removeprefix("next: ").split("; ")[0])
+    assert shlex.split(export)[:2] == [str(exe), "export"], line
+    q = subprocess.run(export, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert q.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["policy"], q.stderr[-2000:]

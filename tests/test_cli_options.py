@@ -3,6 +3,7 @@
 import argparse
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -112,6 +113,17 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
         evomerge.run(f, "ring-gossip", device="tpu", data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy.swap_p: 0.5 is not supported by the distributed backend"):
         evomerge.run(f, evomerge.MergePolicy(swap_p=0.5), backend="distributed", data_dir=no_data)
+    # the wrong type (a TypeError from deep inside); a study that is none; a study misspelt, named as `study`
+    for seed in ("x", 1.5, True):
+        with pytest.raises(ConfigError, match=rf"^seed: {re.escape(repr(seed))} is not an integer; allowed: an "
+                                              r"integer >= 0$"):
+            evomerge.run(f, "ring-gossip", seed=seed, data_dir=no_data)
+    for call in (evomerge.run, lambda s, p, **kw: evomerge.search(s, **kw)):
+        with pytest.raises(ConfigError, match=r"^study: 123 \(int\) is not a study; allowed: a study's name, its "
+                                              r"file's path, or an evomerge.study.Study$"):
+            call(123, "ring-gossip", data_dir=no_data)
+    with pytest.raises(ConfigError, match=r"^study: unknown study 'mnist-gosip'; known: .*did you mean mnist-gossip"):
+        evomerge.search("mnist-gosip", data_dir=no_data, runs_dir=tmp_path / "runs")
 
 
 @pytest.mark.parametrize("kwargs, said", [
@@ -121,6 +133,17 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
     ({"seed": -2}, "seed: -2 is out of range; allowed: an integer >= 0"),
     ({"device": "tpu"}, "device: 'tpu' is not a torch device; allowed: cpu, cuda, cuda:N"),
     ({"backend": "mpi"}, "backend: unknown 'mpi'; allowed: inprocess, distributed"),
+    # the wrong type: a TypeError from deep inside ("'<' not supported"), or after trials ran (n_trials=2.5), or
+    # taken (verdict="no" ran the verdict)
+    ({"n_trials": "5"}, "n_trials: '5' is not an integer; allowed: an integer"),
+    ({"n_trials": 2.5}, "n_trials: 2.5 is not an integer; allowed: an integer"),
+    ({"reevaluate": 2.7}, "reevaluate: 2.7 is not an integer; allowed: an integer"),
+    ({"seed": "a"}, "seed: 'a' is not an integer; allowed: an integer"),
+    ({"verdict": "no"}, "verdict: 'no' is not True or False; allowed: True, False"),
+    ({"prune": 1}, "prune: 1 is not True or False; allowed: True, False"),
+    # a contradiction said in the keywords' words (it said --no-prune)
+    ({"pruner": "hyperband", "prune": False}, "pruner: hyperband given with prune=False, which prunes nothing; "
+                                              "allowed: one of them"),
 ])
 def test_search_names_the_keyword_the_caller_wrote_before_reading_data(tmp_path, kwargs, said):
     """evomerge.search() refuses as `evomerge search` does, in one line, before any data is read or store made;

@@ -169,6 +169,18 @@ def test_factory_errors_are_one_line_config_errors():
         GenericModel(lambda: 3, (28, 28), 10)
     with pytest.raises(ConfigError, match=r"study.model.factory: .* raised ValueError: no"):
         GenericModel(lambda: (_ for _ in ()).throw(ValueError("no\nsecond line")), (28, 28), 10)
+    # a lazy layer (a RuntimeError from deep inside: "Can't access the shape of an uninitialized parameter")
+    with pytest.raises(ConfigError, match=r"^study.model.factory: .*: parameter '1.weight' is not initialised yet \(a "
+                                          r"lazy layer, whose shape its first forward sets\); allowed: layers of set "
+                                          r"sizes, or a factory that calls the module once on an example batch"):
+        GenericModel(lambda: nn.Sequential(nn.Flatten(), nn.LazyLinear(10)), (28, 28), 10)
+
+    def called_once():
+        m = nn.Sequential(nn.Flatten(), nn.LazyLinear(10))
+        m(torch.zeros(1, 28, 28))
+        return m
+
+    assert GenericModel(called_once, (28, 28), 10).layout == [("1.weight", (10, 784)), ("1.bias", (10,))]
     m = GenericModel(lambda: nn.Sequential(nn.Flatten(), nn.Linear(10, 10)), (28, 28), 10)
     with pytest.raises(ConfigError, match=r"rejects the data's inputs of shape \[4, 28, 28\]: RuntimeError") as e:
         m.check(torch.zeros(4, 28, 28), torch.zeros(4, dtype=torch.int64))

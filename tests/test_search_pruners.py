@@ -104,11 +104,12 @@ def test_a_pruner_that_cannot_judge_the_search_is_refused(tmp_path, kwargs, word
 def test_fresh_seeds_for_a_verdict_that_is_not_run_are_refused(tmp_path):
     """(`--reevaluate 5 --no-verdict` was taken without a word, running no verdict.)"""
     s = study.load(write_study(tmp_path))
-    for n in (0, 5):
+    for n in (1, 5):
         with pytest.raises(ConfigError, match=rf"^--reevaluate: {n} given with --no-verdict, which runs no verdict on "
                                               r"fresh seeds; allowed: one of them$"):
             config.make_config(s, reevaluate=n, verdict=False)
     config.make_config(s, verdict=False)
+    config.make_config(s, verdict=False, reevaluate=0)  # no fresh seeds, as no verdict has
     config.make_config(s, reevaluate=5)
     # a Python call's line names its keywords, in its field and in its words (it said --no-verdict)
     with pytest.raises(ConfigError) as e:

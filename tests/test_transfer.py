@@ -95,6 +95,11 @@ def test_transfer_refuses_what_cannot_be_ranked(tmp_path, data_dir, small):
     # (the command refused a study as its own target; a call ran it, and the page showed its "transfer")
     with pytest.raises(ConfigError, match=r"^target: is the study itself"):
         transfer.transfer(s, s, top=3, runs_dir=tmp_path / "runs")
+    # a name or a path, as evomerge.search takes (an AttributeError: 'str' object has no attribute 'name')
+    with pytest.raises(ConfigError, match=r"^target: is the study itself"):
+        transfer.transfer(str(f), f, top=3, runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match=r"^target: unknown study 'nope'"):
+        transfer.transfer(str(f), "nope", top=3, runs_dir=tmp_path / "runs")
     p = cli("transfer", "--study", str(f), "--target", str(f), cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr.startswith("error: --target: is the study itself")
     p = cli("transfer", "--study", str(f), "--target", "mnist-gossip", "--top", "1", cwd=tmp_path, data_dir=data_dir)

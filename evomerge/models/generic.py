@@ -163,6 +163,11 @@ class GenericModel(StackedModel):
         self.builder, self.ref, self.options, self.base_dir = builder, ref, dict(options or {}), base_dir
         self.template = self._build()
         params = list(self.template.named_parameters())
+        lazy = [name for name, t in params if nn.parameter.is_lazy(t)]
+        if lazy:  # (a RuntimeError from deep inside: "Can't access the shape of an uninitialized parameter")
+            raise ConfigError(FIELD, f"{self._what()}: parameter {lazy[0]!r} is not initialised yet (a lazy layer, "
+                                     "whose shape its first forward sets); allowed: layers of set sizes, or a factory "
+                                     "that calls the module once on an example batch before it returns it")
         buffers = state_buffers(self.template)  # persistent ones: a causal mask stays the module's own
         for name, t in params:
             if not t.is_floating_point():

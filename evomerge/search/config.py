@@ -286,7 +286,7 @@ def make_config(study: Study, **options) -> SearchConfig:
                                      f"--backend {backend}: 1 (or use --backend inprocess)")
     if opts["reevaluate"] < 0:
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
-    if not opts["verdict"] and opts["reevaluate"] != options_mod.DEFAULTS["reevaluate"]:  # (taken without a word)
+    if not opts["verdict"] and opts["reevaluate"] not in (0, options_mod.DEFAULTS["reevaluate"]):  # (said nothing)
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} given with --no-verdict, which runs no verdict on "
                                           "fresh seeds; allowed: one of them")
     if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:

@@ -108,10 +108,22 @@ def from_args(args) -> dict[str, Any]:
 
 
 def check_keywords(fn: str, given: dict) -> None:
-    """A keyword that is not an option is a TypeError, as Python says it for a plain signature."""
-    for name in given:
+    """A keyword that is not an option is a TypeError, as Python says it for a plain signature; a value of the
+    wrong type (``n_trials="5"``, ``n_trials=2.5``, ``verdict="no"``) is one ConfigError naming its flag (the Python
+    call's :func:`evomerge.errors.keyword_names` names the keyword): the command line's parser converts them."""
+    from ..errors import ConfigError
+
+    for name, value in given.items():
         if name not in DEFAULTS:
             raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+        o = BY_NAME[name]
+        if value is None and o.default is None:
+            continue
+        flag = "--" + name.replace("_", "-")  # (a switch's --no-NAME is the keyword NAME)
+        if o.type is int and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(flag, f"{value!r} is not an integer; allowed: an integer")
+        if o.negate and not isinstance(value, bool):
+            raise ConfigError(flag, f"{value!r} is not True or False; allowed: True, False")
 
 
 def signature(fn: Callable, *extra: inspect.Parameter) -> inspect.Signature:

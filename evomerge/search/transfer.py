@@ -99,14 +99,25 @@ def top_trials(ostudy, study: "Study", k: int) -> list:
 def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1, storage: str | None = None,
              runs_dir=None, data_dir=None, device=None, backend: str = "inprocess", procs: int | None = None,
              data=None, on_run: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Re-evaluate the top ``top`` policies of ``source`` on ``target`` on ``seeds`` fresh seeds; return the result
-    (both rankings and the correlations). ``on_run(done, total)`` is told of each run. Its errors name these
+    """Re-evaluate the top ``top`` policies of ``source`` on ``target`` (each a name, a path or a Study) on ``seeds``
+    fresh seeds; return the result (both rankings and the correlations). ``on_run(done, total)`` is told of each run. Its errors name these
     keywords (``evomerge transfer`` calls it too: there, they name its flags)."""
     import inspect
 
     from ..errors import keyword_names
 
     with keyword_names(inspect.signature(transfer).parameters, {"study": "source"}):
+        from .. import _a_study
+        from ..study import Study, load
+
+        studies = []
+        for key, st in (("source", source), ("target", target)):  # a name or a path, as evomerge.search takes
+            try:
+                _a_study(st)
+                studies.append(st if isinstance(st, Study) else load(st))
+            except ConfigError as e:
+                raise ConfigError(key, e.message) from None
+        source, target = studies
         return _transfer(source, target, top=top, seeds=seeds, storage=storage, runs_dir=runs_dir, data_dir=data_dir,
                          device=device, backend=backend, procs=procs, data=data, on_run=on_run)
 
