@@ -43,14 +43,9 @@ def _check_seed_and_device(seed, device) -> None:
 
 
 def _a_study(study) -> None:
-    """A study given to a Python call is a name, a path or a Study: anything else is one line naming ``study``."""
-    import os
+    from .study import check_given
 
-    from .study import Study
-
-    if not isinstance(study, (str, os.PathLike, Study)):
-        raise ConfigError("study", f"{study!r} ({type(study).__name__}) is not a study; allowed: a study's name, its "
-                                   "file's path, or an evomerge.study.Study")
+    check_given(study)
 
 
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",

@@ -927,3 +927,13 @@ def _no_unknown(d: dict, allowed, where: str) -> None:
     for k in d:
         if k not in allowed:
             raise ConfigError(f"{where}.{k}", unknown_key(k, allowed))
+
+
+def check_given(study, field: str = "study") -> None:
+    """A study given to a Python call (``evomerge.search``, ``run``, ``transfer``) is a name, a path or a Study:
+    anything else is one line naming ``field``."""
+    import os
+
+    if not isinstance(study, (str, os.PathLike, Study)):
+        raise ConfigError(field, f"{study!r} ({type(study).__name__}) is not a study; allowed: a study's name, its "
+                                 "file's path, or an evomerge.study.Study")

@@ -107,13 +107,12 @@ def transfer(source: "Study", target: "Study", *, top: int = 10, seeds: int = 1,
     from ..errors import keyword_names
 
     with keyword_names(inspect.signature(transfer).parameters, {"study": "source"}):
-        from .. import _a_study
-        from ..study import Study, load
+        from ..study import Study, check_given, load
 
         studies = []
         for key, st in (("source", source), ("target", target)):  # a name or a path, as evomerge.search takes
             try:
-                _a_study(st)
+                check_given(st, key)
                 studies.append(st if isinstance(st, Study) else load(st))
             except ConfigError as e:
                 raise ConfigError(key, e.message) from None
