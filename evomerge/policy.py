@@ -442,7 +442,7 @@ class MergePolicy:
                         f"{self.outer_momentum:.3g}; Lookahead/SNOO); the consensus model is the average at the end")
             return "no merging; the consensus model is the average at the end"
         a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
-            f"a {self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
+            f"a={self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
         comp = ""
         if self.payload in COMPRESSED:  # what squeezes it, where something does
             squeeze = [f"top-k {self.topk_fraction:.3g}"] * (self.topk_fraction < 1.0)
