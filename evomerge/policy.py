@@ -680,8 +680,11 @@ def check_workers(policy: MergePolicy, workers: int, where: str = "policy") -> N
     if policy.scheme != "gossip" or workers < 2:
         return
     if policy.topology == "random_regular" and possible_degree(policy.degree, workers) != policy.degree:
-        raise ConfigError(f"{where}.degree", f"{policy.degree} with {workers} workers is impossible; "
-                                             "allowed: degree < workers and degree * workers even")
+        # (a policy that leaves degree out has the default: said, so that its user knows what to set)
+        default = " (the default)" if policy.degree == MergePolicy.__pydantic_fields__["degree"].default else ""
+        raise ConfigError(f"{where}.degree", f"{policy.degree}{default} with {workers} workers is impossible; "
+                                             "allowed: degree < workers and degree * workers even, e.g. "
+                                             f"{possible_degree(policy.degree, workers)}")
     if policy.topology == "communities" and policy.n_communities > workers:
         raise ConfigError(f"{where}.n_communities", f"{policy.n_communities} is out of range; "
                                                     f"allowed: [1, {workers}] for {workers} workers")

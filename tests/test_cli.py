@@ -170,7 +170,7 @@ BAD_POLICIES = {
     "unknown p_intra schedule": ('{"topology": "communities", "p_intra_schedule": "step"}',
                                  "error: policy.p_intra_schedule: unknown 'step'; allowed: constant, linear, cosine"),
     "impossible for the workers": ('{"topology": "random_regular", "degree": 4}',
-                                   "error: policy.degree: 4 with 4 workers is impossible; allowed: degree < workers"),
+                                   "error: policy.degree: 4 (the default) with 4 workers is impossible; allowed: degree < workers"),
     "gradient payload on gossip": ('{"payload": "gradient"}',
                                    "error: policy.scheme: 'gossip' cannot all-reduce gradients"),
     "gradient payload every 4 steps": ('{"scheme": "allreduce", "payload": "gradient", "mean_interval": 4}',

@@ -94,9 +94,9 @@ def test_run_checks_its_inputs_as_the_command_does_before_reading_data(tmp_path)
     no_data = tmp_path / "no-data"  # nothing is read: every error comes first
     with pytest.raises(ConfigError, match=r"^policy: nope: no such file or named policy; named: .*fedavg"):
         evomerge.run(f, "nope", data_dir=no_data)
-    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 \(the default\) with 4 workers is impossible"):
         evomerge.run(f, evomerge.MergePolicy(topology="random_regular", degree=4), data_dir=no_data)
-    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):  # a dict, as Merger takes
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 \(the default\) with 4 workers is impossible"):  # a dict, as Merger takes
         evomerge.run(f, {"topology": "random_regular", "degree": 4}, data_dir=no_data)
     with pytest.raises(ConfigError, match=r"^policy.scheme: unknown 'gosip'; allowed: "):
         evomerge.run(f, {"scheme": "gosip"}, data_dir=no_data)

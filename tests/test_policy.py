@@ -146,8 +146,11 @@ def test_degree_and_communities_are_fitted_to_the_workers(workers):
             build(pol, workers, np.random.default_rng(0))  # and so would the run's topology
         if workers > 1 and d < workers and (d * workers) % 2 == 0:
             assert fitted["degree"] == d  # possible values are kept
-    with pytest.raises(ConfigError, match=r"^policy.degree: 4 with 4 workers is impossible"):
-        check_workers(MergePolicy(topology="random_regular", degree=4), 4)
+    with pytest.raises(ConfigError, match=r"^policy.degree: 4 \(the default\) with 4 workers is impossible; allowed: "
+                                          r"degree < workers and degree \* workers even, e.g. 3$"):
+        check_workers(MergePolicy(topology="random_regular"), 4)  # (a degree never set: what to set is said)
+    with pytest.raises(ConfigError, match=r"^policy.degree: 3 with 7 workers is impossible; .*, e.g. 2$"):
+        check_workers(MergePolicy(topology="random_regular", degree=3), 7)
 
 
 @pytest.mark.parametrize("fields", [dict(topology="random_regular", degree=d) for d in range(1, 8)]
