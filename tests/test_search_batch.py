@@ -136,16 +136,16 @@ def test_a_trial_that_fails_fails_alone_and_the_batch_goes_on(tmp_path, data_dir
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_one_does(tmp_path, data_dir):
-    # the interrupted search's populations last 4.5 s (the model's delay): the signal lands inside one; the others
-    # run the same arithmetic without the delay
-    f = write_study(tmp_path, steps=450, slow=True)
+    # the interrupted search's populations last 4.5 s (the model's delay, 30 ms a forward): the signal lands inside
+    # one; the others run the same arithmetic without the delay (150 steps: a third of the CPU of 450 at 10 ms)
+    f = write_study(tmp_path, steps=150, slow=True)
     args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--cmaes-popsize", "2",
             "--n-trials", "6", "--seed", "4", "--no-verdict"]  # the verdict: a minute; categoricals drawn, independent
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
     proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False,
-               env_extra={"SLOWMLP_DELAY": "0.01"})
+               env_extra={"SLOWMLP_DELAY": "0.03"})
 
     def second_generation_running():
         try:

@@ -153,9 +153,10 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
 @pytest.mark.system
 @pytest.mark.timeout(900)  # several searches in processes: 1.5-4 min on 2 busy cores
 def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
-    # the interrupted search's trials last 3 s (the model's delay): the signal lands inside one, or between two
-    # (resumed the same); the others run the same arithmetic without the delay
-    f = write_study(tmp_path, steps=300, slow=True)
+    # the interrupted search's trials last 3 s (the model's delay, 30 ms a forward): the signal lands inside one, or
+    # between two (resumed the same); the others run the same arithmetic without the delay (100 steps: a third of
+    # the CPU of 300 at 10 ms)
+    f = write_study(tmp_path, steps=100, slow=True)
     # --no-prune: a pruned trial can end within the half second the signal waits for (it then never lands)
     # --no-verdict: the verdict judges picks and baselines on fresh seeds, a minute here, and says nothing of CMA-ES
     # the categoricals drawn too (independent, the default): each candidate's from its own place, so they resume as the
@@ -167,7 +168,7 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     db_b = tmp_path / "runs-b" / "tiny" / "optuna.db"
     slow = tmp_path / "slow"
     proc = cli(*args, "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir, wait=False,
-               env_extra=SLOW | {"SLOWMLP_WHILE": str(slow)})
+               env_extra={"SLOWMLP_DELAY": "0.03", "SLOWMLP_WHILE": str(slow)})
     rc, _, _ = interrupt_mid_trial(proc, db_b, after_complete=4, slow_file=slow)  # inside the second generation
     assert rc == 130
     b = cli(*args, "--runs-dir", "runs-b", "--quiet", cwd=tmp_path, data_dir=data_dir)
