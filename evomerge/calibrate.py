@@ -545,6 +545,9 @@ def last_jobs(files: dict[int, Path], recs: list[list[dict]], where: str) -> tup
     last = [rows[c[-1]:] if c else rows for rows, c in zip(recs, cut)]
     head = last[0][0] if last[0] else {}
     ranks = head.get("ranks")
+    if isinstance(ranks, int) and ranks > len(last):  # (fitted as a cluster of the ranks there, in silence)
+        raise ConfigError(where, f"{files[0].parent}: rank-{len(last)}.jsonl is missing (the job ran {ranks} ranks; "
+                                 f"ranks 0..{len(last) - 1} have traces); allowed: a folder of every rank's trace")
     if isinstance(ranks, int) and 0 < ranks <= len(last):
         last, cut = last[:ranks], cut[:ranks]
     starts = [seg[0].get("t") if seg else None for seg in last]

@@ -629,6 +629,15 @@ def cmd_run(args) -> int:
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
+    if job is not None and isinstance(job[3], int) and not isinstance(job[3], bool):
+        from .models import float32_bytes
+        from .units import size
+
+        if job[3] != float32_bytes(setup.model):  # (a figure for another model's merges, said as the job's error)
+            raise ConfigError("--against", f"the job's model is {size(job[3])} (float32 parameters and buffers, its "
+                                           f"traces say), {study.name}'s {size(float32_bytes(setup.model))}: the clock "
+                                           "would time another model's merges; allowed: the study of the job's model "
+                                           "([model] factory, docs/own-model.md)")
     # the strategy the trial ran with, for a replay on its own study (another study's model is not the one it timed)
     own = (exported or {}).get("study") in (None, study.name) and not changed
     replay = ((exported or {}).get("execution") or "") if own else ""
@@ -675,7 +684,7 @@ def cmd_run(args) -> int:
     for words in (policy_notes(policy, [res.metrics()], study) if res.status == "ok" else {}).values():
         print(f"note: {policy.name or args.policy} {words}", file=sys.stderr)
     if job is not None and f.sim_time is not None:
-        W, T, seconds = job
+        W, T, seconds, _ = job
         if not f.steps_min == f.steps_max == T:  # (the checks above keep it from happening: said, never hidden)
             print(f"error: --against: the clock's workers took {f.steps_min} to {f.steps_max} steps, not {T} each as "
                   "the job's ranks did: its time is not the job's", file=sys.stderr)
@@ -808,7 +817,7 @@ def _against(args, study, policy, seed):
     kept = tuple(o for o in study.objectives if o not in TIMED_OBJECTIVES) or ("sim_time",)
     study = dataclasses.replace(study, environment=dataclasses.replace(env, time_budget=0.0, step_budget="per_worker"),
                                 objectives=kept)
-    return study, (W, steps[0], seconds)
+    return study, (W, steps[0], seconds, first.get("model_bytes"))
 
 
 def _baseline_lr_note(study, args) -> str | None:
@@ -1606,6 +1615,15 @@ def cmd_baselines(args) -> int:
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
+    if job is not None and isinstance(job[3], int) and not isinstance(job[3], bool):
+        from .models import float32_bytes
+        from .units import size
+
+        if job[3] != float32_bytes(setup.model):  # (a figure for another model's merges, said as the job's error)
+            raise ConfigError("--against", f"the job's model is {size(job[3])} (float32 parameters and buffers, its "
+                                           f"traces say), {study.name}'s {size(float32_bytes(setup.model))}: the clock "
+                                           "would time another model's merges; allowed: the study of the job's model "
+                                           "([model] factory, docs/own-model.md)")
     lrs, setups = {}, {None: setup}
     if study.baseline_lr:  # [baselines] lr: each baseline at its best step size, found on the study's seeds
         from .search.baselines import tuned_lrs

@@ -1072,6 +1072,27 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
                          str(data_dir), "--quiet", "--against", str(trace)]) == 2
         err = one_line_error(capsys)
         assert err.startswith(words.replace("test", err.split()[2]) if "test has" in words else words), err
+    # a study of another model (a wider MLP): the clock would time its merges, not the job's (it printed a figure)
+    (tmp_path / "wide.toml").write_text((tmp_path / "run.toml").read_text().replace(
+        'factory = "user_mlp:mlp"', 'factory = "user_mlp:mlp"\noptions = { hidden = 32 }'))
+    assert cli.main(["run", "--study", str(tmp_path / "wide.toml"), "--policy", str(tmp_path / "ar.json"),
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the study's own note: its cluster file's model)
+    assert err.startswith("error: --against: the job's model is 50.9 kB (float32 parameters and buffers, its traces "
+                          "say), ") and "the clock would time another model's merges; allowed: the study of the " \
+        "job's model" in err, err
+    # a folder missing the last rank's trace: one line (it was fitted as a job of the ranks there)
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "rank-0.jsonl").write_text((trace / "rank-0.jsonl").read_text())
+    for argv in (["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"), "--data-dir",
+                  str(data_dir), "--quiet", "--against", str(part)],
+                 ["calibrate", "--from-trace", str(part), "-o", str(tmp_path / "part.toml")]):
+        assert cli.main(argv) == 2
+        err = one_line_error(capsys)
+        assert err.endswith(f"{part}: rank-1.jsonl is missing (the job ran 2 ranks; ranks 0..0 have traces); "
+                            "allowed: a folder of every rank's trace"), err
+    assert not (tmp_path / "part.toml").exists()
     # a folder a second job appended to: the last job's (here the same records again, an hour later)
     for r in range(2):
         f = trace / f"rank-{r}.jsonl"
