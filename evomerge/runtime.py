@@ -404,8 +404,11 @@ def _group_by(values: list) -> dict:
 
 def _differences(theirs: dict, mine: dict, where: str) -> str:
     """The fields in which two policies (dicts) differ, the first three in words: ``mean_interval 5.0 {where}, 4.0
-    here``."""
-    fields = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+    here``; the scheme and the topology first (what tells two rules apart: they came last of three, or not at
+    all)."""
+    first = ("scheme", "topology", "exchange")
+    fields = sorted((k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k)),
+                    key=lambda k: (first.index(k) if k in first else len(first), k))
     return ", ".join(f"{k} {theirs.get(k)!r} {where}, {mine.get(k)!r} here" for k in fields[:3]) + \
         (f" (and {len(fields) - 3} more)" if len(fields) > 3 else "")
 

@@ -1063,7 +1063,9 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     # refused, one line each: a policy other than the job's (its trace says it), no clock
     (tmp_path / "h7.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 7}))
     for policy_arg, study_file, words in [
-            ("ring-gossip", "run.toml", "error: --against: the job ran another policy ("),
+            # the scheme first, what tells the rules apart (it came past the three fields shown: "(and 1 more)")
+            ("ring-gossip", "run.toml", "error: --against: the job ran another policy (scheme 'allreduce' in the job, "
+                                        "'gossip' here, "),
             (str(tmp_path / "h7.json"), "run.toml", "error: --against: the job ran another policy (mean_interval 2.0 in "
                                                     "the job, 7.0 here): its time is not the job's; allowed: --policy "
                                                     "the policy the job ran"),
