@@ -1615,15 +1615,6 @@ def cmd_baselines(args) -> int:
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
-    if job is not None and isinstance(job[3], int) and not isinstance(job[3], bool):
-        from .models import float32_bytes
-        from .units import size
-
-        if job[3] != float32_bytes(setup.model):  # (a figure for another model's merges, said as the job's error)
-            raise ConfigError("--against", f"the job's model is {size(job[3])} (float32 parameters and buffers, its "
-                                           f"traces say), {study.name}'s {size(float32_bytes(setup.model))}: the clock "
-                                           "would time another model's merges; allowed: the study of the job's model "
-                                           "([model] factory, docs/own-model.md)")
     lrs, setups = {}, {None: setup}
     if study.baseline_lr:  # [baselines] lr: each baseline at its best step size, found on the study's seeds
         from .search.baselines import tuned_lrs
