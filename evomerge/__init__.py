@@ -42,12 +42,6 @@ def _check_seed_and_device(seed, device) -> None:
         resolve_device(device)
 
 
-def _a_study(study) -> None:
-    from .study import check_given
-
-    check_given(study)
-
-
 def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, backend: str = "inprocess",
         procs: int | None = None, callback=None, evaluate_test: bool = False, emulate_time: bool = False,
         runs_dir=None, storage: str | None = None, lr: float | None = None):
@@ -77,7 +71,9 @@ def run(study, policy, seed: int | None = None, *, data_dir=None, device=None, b
         from .study import Study, load
 
         _check_seed_and_device(seed, device)  # as `evomerge run` checks them: before anything is read
-        _a_study(study)
+        from .study import check_given
+
+        check_given(study)  # a name, a path or a Study: else one line naming `study`
         # an unknown name: load's own line
         st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
         pol, seed, exported = run_inputs(st, policy, seed, backend=backend, procs=procs)  # checked before data is read
@@ -127,7 +123,9 @@ def search(study, *, data=None, **options):
     with keyword_names([*DEFAULTS, "study"]):  # a bad keyword is named as the caller wrote it (n_trials, not --n-trials)
         check_keywords("search", options)
         _check_seed_and_device(options.get("seed"), options.get("device"))  # as `evomerge search`: before any read
-        _a_study(study)
+        from .study import check_given
+
+        check_given(study)  # a name, a path or a Study: else one line naming `study`
         st = study if isinstance(study, Study) else load(study)
         return run_search(make_config(st, **options), data=data)
 
