@@ -102,9 +102,11 @@ def test_a_pruner_that_cannot_judge_the_search_is_refused(tmp_path, kwargs, word
 
 
 def test_fresh_seeds_for_a_verdict_that_is_not_run_are_refused(tmp_path):
-    """(`--reevaluate 5 --no-verdict` was taken without a word, running no verdict.)"""
+    """(`--reevaluate 5 --no-verdict` was taken without a word, running no verdict; then `--reevaluate 3`, the
+    default's count, still was: a whole search ran.)"""
     s = study.load(write_study(tmp_path))
-    for n in (1, 5):
+    assert config.make_config(s).reevaluate == 3 and config.make_config(s, verdict=False).reevaluate == 3
+    for n in (1, 3, 5):
         with pytest.raises(ConfigError, match=rf"^--reevaluate: {n} given with --no-verdict, which runs no verdict on "
                                               r"fresh seeds; allowed: one of them$"):
             config.make_config(s, reevaluate=n, verdict=False)
@@ -116,6 +118,12 @@ def test_fresh_seeds_for_a_verdict_that_is_not_run_are_refused(tmp_path):
         evomerge.search(s, reevaluate=5, verdict=False, runs_dir=tmp_path / "runs")
     assert str(e.value) == ("reevaluate: 5 given with verdict=False, which runs no verdict on fresh seeds; allowed: one "
                             "of them") and e.value.field == "reevaluate"
+    # the command, with the default's own count: refused before anything is stored
+    r = cli("search", "--study", write_study(tmp_path), "--reevaluate", "3", "--no-verdict", "--runs-dir",
+            tmp_path / "cli-runs", cwd=tmp_path, data_dir=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "error: --reevaluate: 3 given with --no-verdict, which runs no verdict on "
+                                           "fresh seeds; allowed: one of them\n"), r.stderr
+    assert not (tmp_path / "cli-runs").exists()
 
 
 def test_cmaes_settings_with_another_sampler_are_one_line(tmp_path):

@@ -284,9 +284,9 @@ def make_config(study: Study, **options) -> SearchConfig:
     if batch > 1 and backend != "inprocess":
         raise ConfigError("--batch", f"{batch} trains trials as one population in one process; allowed with "
                                      f"--backend {backend}: 1 (or use --backend inprocess)")
-    if opts["reevaluate"] < 0:
+    if opts["reevaluate"] is not None and opts["reevaluate"] < 0:
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
-    if not opts["verdict"] and opts["reevaluate"] not in (0, options_mod.DEFAULTS["reevaluate"]):  # (said nothing)
+    if not opts["verdict"] and opts["reevaluate"] not in (0, None):  # (None: not given)
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} given with --no-verdict, which runs no verdict on "
                                           "fresh seeds; allowed: one of them")
     if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:
@@ -323,6 +323,7 @@ def make_config(study: Study, **options) -> SearchConfig:
         from .warmstart import check_source
 
         check_source(warm_start_from, study, runs_dir)
+    opts["reevaluate"] = options_mod.REEVALUATE if opts["reevaluate"] is None else opts["reevaluate"]
     return SearchConfig(**{**opts, "study": study, "n_trials": n_trials, "sampler": sampler, "runs_dir": runs_dir,
                            "storage": normalise_url(storage) if storage else default_storage(study_dir),
                            "tracking_uri": tracking_uri or "", "data_dir": str(opts["data_dir"]) if opts["data_dir"] else None})

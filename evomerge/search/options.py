@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+REEVALUATE = 3  # the verdict's fresh seeds where --reevaluate is not given (None: not given, so that a count
+# given beside --no-verdict is told from the default)
 GRACE_PERIOD = 30  # seconds without a heartbeat before another process fails a running trial and retries it
 
 
@@ -74,8 +76,9 @@ OPTIONS: tuple[Option, ...] = (
                        "N trials x W workers as N*W rows; cmaes asks a generation, its population size defaults to "
                        "N; tpe asks with its constant liar); in-process backend only; it pays on a GPU, not on a CPU", int),
     Option("seed", 0, "sampler seed", int),
-    Option("reevaluate", 3, "fresh seeds on which the verdict runs the search's picks and the baselines again "
-                            "(paired by seed); 0: the verdict uses the search's own seeds", int, metavar="N"),
+    Option("reevaluate", None, "fresh seeds on which the verdict runs the search's picks and the baselines again "
+                               "(paired by seed); 0: the verdict uses the search's own seeds", int, metavar="N",
+           shown=str(REEVALUATE)),
     Option("verdict", True, "end without the verdict (the picks against the baselines)", negate=True),
     Option("data_dir", None, "where the dataset's IDX files are", shown="$EVOMERGE_DATA_DIR, else the user cache",
            common=True),
