@@ -663,8 +663,9 @@ def cmd_run(args) -> int:
     for name, value in [
         ("status", res.status),
         *([("consensus val accuracy", f"{f.val_accuracy:.4f}"),
-           ("mean worker accuracy", f"{f.mean_worker_accuracy:.4f}"),
-           ("worst worker accuracy", f"{f.worst_worker_accuracy:.4f}")] if f.val_accuracy is not None else []),
+           ("mean worker accuracy" + _worker_samples(study, setup, short=True), f"{f.mean_worker_accuracy:.4f}"),
+           ("worst worker accuracy" + _worker_samples(study, setup, short=True), f"{f.worst_worker_accuracy:.4f}")]
+          if f.val_accuracy is not None else []),
         (f"consensus val loss ({study.run.loss})", f"{f.val_loss:.4f}"),
         *([("consensus val perplexity", f"{f.val_perplexity:.3f}")] if f.val_perplexity is not None else []),
         ("consensus distance", f"{f.consensus_distance:.4g}"),
@@ -1590,7 +1591,24 @@ def _searched(study, args, create: bool = False):
         return None
     if cfg.default_store:  # (the study's own SQLite file; another storage keeps nothing in the runs folder here)
         cfg.study_dir.mkdir(parents=True, exist_ok=True)
-    return load_or_create(cfg, open_storage(cfg.storage))
+    _quiet_libraries(mlflow=False)  # (Optuna's "A new study created in RDB" line: the note below says it)
+    created = load_or_create(cfg, open_storage(cfg.storage))
+    from .dburls import shown
+
+    print(f"note: the baselines' step sizes are kept for a search of {study.name} in {shown(cfg.storage)}",
+          file=sys.stderr)
+    return created
+
+
+def _worker_samples(study, setup, short: bool = False) -> str:
+    """How many of the validation samples a worker's accuracy is taken on, where ``run.eval_samples`` makes them
+    fewer than the consensus model's ("on 2000 of the 5000 validation samples (run.eval_samples)", ``short``:
+    " (2000 of 5000 val samples)"); else ""."""
+    n, total = study.run.eval_samples, len(setup.data.val_y)
+    if not 0 < n < total:
+        return ""
+    return f" ({n} of {total} val samples)" if short else \
+        f"on {n} of the {total} validation samples (run.eval_samples)"
 
 
 def cmd_baselines(args) -> int:
@@ -1681,12 +1699,17 @@ def cmd_baselines(args) -> int:
     for (name, r), (_, pol) in zip(results, policies):  # (fedavg's row the same as no-merging's, with no word)
         for words in (policy_notes(pol, [r.metrics()], study) if r.status == "ok" else {}).values():
             print(f"note: {name} {words}", file=sys.stderr)
+    if acc and _worker_samples(study, setup):  # (a worker's accuracy above the consensus's read as a bug)
+        print(f"note: mean and worst worker {_worker_samples(study, setup)}; val acc on all of them", file=sys.stderr)
     if lrs:
         from .search.baselines import edge_note
 
         edge = edge_note(study, lrs)
         if edge:
             print(f"note: {edge}", file=sys.stderr)
+    else:  # (the search's verdict says it; the table had no word of which step size its rules ran at)
+        print(f"note: the baselines ran at the study's step size (lr {study.run.lr:g}), not tuned for each ([baselines] "
+              "lr = [...] tunes it)", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "seed": seed,
                                                "baselines": {n: r.to_dict() | ({"lr": lrs[n]} if lrs else {})

@@ -32,9 +32,15 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
         want[name] = max(GRID, key=lambda lr: acc[lr])
     assert len(set(want.values()) - {st.run.lr}) == 2, want  # each its own, neither the study's lr
 
-    p = cli("baselines", "--study", str(f), "--quiet", "--json", "b.json", cwd=tmp_path, data_dir=data_dir)
+    # a process, as the user runs it: Optuna's own line ("A new study created in RDB") was printed there
+    p = cli("baselines", "--study", str(f), "--quiet", "--json", "b.json", cwd=tmp_path, data_dir=data_dir,
+            process=True)
     assert p.returncode == 0, p.stderr
     assert f"tuning: each baseline's step size of lr {GRID} on the study's seeds [0, 1], 16 runs" in p.stderr
+    assert p.stderr.startswith("note: the baselines' step sizes are kept for a search of tiny in sqlite:///"
+                               f"{tmp_path / 'runs' / 'tiny' / 'optuna.db'}\n"), p.stderr
+    assert "A new study created" not in p.stderr and "[I " not in p.stderr, p.stderr
+    assert "not tuned for each" not in p.stderr, p.stderr
     # where its sums ran (a search's table of the same baselines on another number of threads differs in its last
     # digits, and neither said why)
     assert re.search(r"ran in process on cpu with \d+ torch threads?", " ".join(p.stdout.split())), p.stdout
@@ -118,3 +124,26 @@ def test_a_baselines_best_step_size_at_an_end_of_the_grid_is_noted(tmp_path):
         "best step size at an end of [baselines] lr [0.02, 0.05, 0.08, 0.1]: no-merging at the grid's highest (0.1); "
         "ring-gossip at the grid's lowest (0.02); a wider grid may find a better one (only the step size is tuned: "
         "each rule's other settings are its policy file's)")
+
+
+@pytest.mark.integration
+def test_untuned_baselines_say_their_step_size_and_the_samples_of_the_workers_accuracies(tmp_path, data_dir):
+    """(`evomerge baselines` without `[baselines] lr` named no step size, where the search's verdict says the
+    baselines were not tuned; and its mean-worker column stood above the consensus's with no word that it is taken
+    on fewer validation samples: `run.eval_samples`.)"""
+    f = write_study(tmp_path)
+    f.write_text(f.read_text().replace("score_samples = 8", "score_samples = 8\neval_samples = 100"))
+    p = cli("baselines", "--study", str(f), "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    notes = [line for line in p.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: mean and worst worker on 100 of the 500 validation samples (run.eval_samples); val acc on "
+                     "all of them",
+                     "note: the baselines ran at the study's step size (lr 0.05), not tuned for each ([baselines] lr = "
+                     "[...] tunes it)"], p.stderr
+    assert not (tmp_path / "runs").exists()  # nothing to keep where nothing is tuned
+    r = cli("run", "--study", str(f), "--policy", "ring-gossip", cwd=tmp_path, data_dir=data_dir)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"mean worker accuracy \(100 of 500 val samples\) +│ +0\.\d{4}", r.stdout), r.stdout
+    f.write_text(f.read_text().replace("eval_samples = 100", "eval_samples = 0"))  # all of them: no word
+    p = cli("baselines", "--study", str(f), "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert "validation samples" not in p.stderr, p.stderr
