@@ -277,10 +277,12 @@ class MergePolicy:
             return data  # a bad version is the field's own error
         if version > SCHEMA_VERSION:
             raise ConfigError("policy.schema_version", f"{version} is newer than this evomerge reads (<= {SCHEMA_VERSION})")
-        for v, names in ADDED_IN.items():
-            late = sorted(n for n in names if n in kwargs and version < v)
-            if late:
-                raise ConfigError(f"policy.{late[0]}", f"is a schema {v} field; this file says schema_version {version}")
+        late = [(n, v) for n in kwargs for v, names in ADDED_IN.items() if n in names and version < v]  # file order
+        if late:
+            (name, v), need = late[0], max(v for _, v in late)
+            raise ConfigError(f"policy.{name}", f"is a schema {v} field; this file says schema_version {version}; "
+                                                f"allowed: schema_version {need} to {SCHEMA_VERSION}, or leave "
+                                                "schema_version out (the current one)")
         kwargs = {**kwargs, "schema_version": SCHEMA_VERSION}
         return ArgsKwargs(data.args, kwargs) if isinstance(data, ArgsKwargs) else kwargs
 

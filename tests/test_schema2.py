@@ -28,6 +28,12 @@ def test_schema_two_reads_version_one_files(tmp_path):
     assert (pol.swap_p, pol.data_exchange_k, pol.similarity_bias, pol.regroup_every, pol.stop_tol) == (0, 0, 0, 0, 0)
     with pytest.raises(ConfigError, match=r"policy.swap_p: is a schema 2 field; this file says schema_version 1"):
         MergePolicy.from_dict({**v1, "swap_p": 0.5})
+    # the file's first late field, and the versions that take all of them (it named the alphabetical first of the
+    # oldest schema's, and no allowed value)
+    with pytest.raises(ConfigError) as e:
+        MergePolicy.from_dict({**v1, "outer_optimizer": "nesterov", "outer_lr": 0.7, "swap_p": 0.5})
+    assert str(e.value) == ("policy.outer_optimizer: is a schema 4 field; this file says schema_version 1; allowed: "
+                            "schema_version 4 to 10, or leave schema_version out (the current one)")
     props = json_schema()["properties"]
     assert props["similarity_bias"]["minimum"] == -1.0 and props["similarity"]["enum"] == ["sketch", "cka"]
     with pytest.raises(ConfigError, match=r"policy.regroup_every: 2 needs topology 'communities'"):
