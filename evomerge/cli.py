@@ -488,6 +488,10 @@ def cmd_policy_validate(args) -> int:
     read_export(path)  # an exported file's "run": the optimiser and step size it was found with
     print(f"ok: {pol.describe()}")
     _merger_note(pol)
+    if pol.fragments > 1:  # (said "ok" to 8 fragments of a model of 4 tensors, which run then refused)
+        print(f"note: {pol.fragments} {'strided ' * (pol.fragment_pattern == 'strided')}fragments need a model of at "
+              f"least {pol.fragments} {'layers' if pol.fragment_pattern == 'strided' else 'parameter tensors'}: checked against the study's model when it runs (evomerge run --study S --policy FILE)",
+              file=sys.stderr)
     return 0
 
 

@@ -247,6 +247,22 @@ def test_validate_takes_a_shipped_policys_name_as_run_does(tmp_path, capsys, mon
                           "shipped policy's name (allreduce, ") and "did you mean diloco?" in err and err.count("\n") == 1
 
 
+def test_validate_says_that_fragments_are_checked_against_the_model_when_it_runs(tmp_path, capsys):
+    """(It said "ok" to 8 fragments, and to 3 strided ones, with no word that a model may have fewer; run then
+    refused them.)"""
+    f = tmp_path / "p.json"
+    for pattern, want in (("contiguous", "8 fragments need a model of at least 8 parameter tensors"),
+                          ("strided", "8 strided fragments need a model of at least 8 layers")):
+        f.write_text(json.dumps({"scheme": "allreduce", "outer_optimizer": "nesterov", "fragments": 8,
+                                 "fragment_pattern": pattern}))
+        assert cli.main(["policy", "validate", str(f)]) == 0
+        out, err = capsys.readouterr()
+        assert out.startswith("ok: ") and err == (f"note: {want}: checked against the study's model when it runs "
+                                                  "(evomerge run --study S --policy FILE)\n"), err
+    f.write_text(json.dumps({"scheme": "allreduce", "outer_optimizer": "nesterov"}))
+    assert cli.main(["policy", "validate", str(f)]) == 0 and capsys.readouterr().err == ""
+
+
 def test_an_export_of_a_newer_format_is_one_line(tmp_path, capsys):
     """As a policy of a newer schema_version is: what this evomerge reads, and that a newer one wrote it."""
     for fmt, said in ((7, "7 in {f} is newer than this evomerge reads; allowed: 1 to 2 (a newer evomerge wrote it)"),
