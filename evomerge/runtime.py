@@ -345,7 +345,21 @@ def _check_holdout(holdout, policy: MergePolicy, loss_fn=None, model=None) -> tu
             # (a forward that draws random numbers in eval mode too leaves the loop's generators as they were)
             with torch.no_grad(), _in_eval(model), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
                 out = model(x.to(dev))
-                float(torch.as_tensor(fn(out, y.to(dev))).float().mean())
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    float(torch.as_tensor(fn(out, y.to(dev))).float().mean())
+            # torch's regression losses broadcast outputs [B, 1] against labels [B] to [B, B] with only a warning (the
+            # study's named losses refuse it: task.check_output): every pair would be scored on that
+            if isinstance(out, torch.Tensor) and any("different to the input size" in str(w.message) for w in caught):
+                def batch(t):
+                    return "[" + ", ".join(["B", *map(str, t.shape[1:])]) + "]"
+
+                name = getattr(loss_fn, "__name__", "loss_fn")
+                return None, (f"its labels have shape {batch(holdout[1])} and the model's outputs {batch(out)}: "
+                              f"{name} broadcasts them (torch warns 'Using a target size that is different to the "
+                              "input size'), so the pairs would be scored on a broadcast loss; allowed: labels of "
+                              "the outputs' shape (" + ("y.unsqueeze(1)" if out.dim() == 2 and out.shape[1] == 1 and
+                                                        holdout[1].dim() == 1 else "y.view_as(outputs)") + ")")
         except Exception as e:  # noqa: BLE001 - the user's model or loss: one line
             from .userref import one_line
 

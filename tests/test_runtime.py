@@ -1113,6 +1113,13 @@ def test_merger_checks_its_arguments_before_it_communicates(tmp_path):
             (dict(policy={"winner_bias": 0.3}, holdout=(torch.zeros(4, 2), torch.zeros(4, 3)),
               loss_fn=torch.nn.functional.mse_loss), r"^holdout: scoring its first example raised \w+: .* "
                                                      r"\(mse_loss; the model's outputs \[1, 2\] for labels \[1, 3\]\)"),
+            # a regression's labels [B] for outputs [B, 1]: torch's mse_loss broadcasts them to [B, B] with a warning,
+            # and the run went on scoring every pair on that (the study's named losses refuse it)
+            (dict(policy={"winner_bias": 0.3}, model=torch.nn.Linear(2, 1), holdout=(torch.zeros(4, 2), torch.zeros(4)),
+              loss_fn=torch.nn.functional.mse_loss),
+             r"^holdout: its labels have shape \[B\] and the model's outputs \[B, 1\]: mse_loss broadcasts them \(torch "
+             r"warns 'Using a target size that is different to the input size'\), so the pairs would be scored on a "
+             r"broadcast loss; allowed: labels of the outputs' shape \(y.unsqueeze\(1\)\)$"),
             (dict(worker_group="ranks 0-1"), r"^worker_group: 'ranks 0-1' is not a process group holding this rank"),
             (dict(group="world"), r"^group: 'world' is not a process group holding this rank; allowed: None "),
             (dict(trace=__file__), r"^trace: cannot make the folder '.*test_runtime.py': File exists; allowed: a "
