@@ -1713,7 +1713,8 @@ class Merger:
             said = ", ".join(f"rank {self._ranks([r])} called finish() after {n}" for r, n in sorted(early.items()))
             return MergerError(f"{said} of {self.T} steps, and this rank is at local step {self.t}"
                                f"{f' ({place})' if place else ''}: {EVERY_STEP}; stopped")
-        place = f"{place}, local step {self.t}" if place else f"local step {self.t}"
+        # (this rank's step: the named rank's is not known here; "local step 42" read as where rank 1 left)
+        place = f"{place}, this rank at local step {self.t}" if place else f"this rank at local step {self.t}"
         if left and not missing:
             return MergerError(f"rank {who} left the run without finish() or close() ({place}); stopped")
         if not missing:  # every rank answered: a wait ran out for ranks that came after all
