@@ -627,8 +627,8 @@ def cmd_run(args) -> int:
     job = None
     if args.against is not None:  # the job's steps, on the clock, without a time budget: its time to hold against
         study, job = _against(args, study, policy, seed)
-    for n in study.notes:  # a cluster file measured for another training (the space's notes are the search's)
-        if n.startswith("study.environment"):
+    for n in study.notes:  # a cluster file measured for another training, a model on mnist by default (the space's
+        if n.startswith(("study.environment", "study.data")):  # notes are the search's)
             print(f"note: {n}", file=sys.stderr)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
@@ -1300,13 +1300,29 @@ def cmd_export(args) -> int:
         raise ConfigError("--output", f"{str(out)!r} is a file; allowed: a folder for --pareto's files")
     folder = out if args.pareto else out.parent
     missing = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)  # the first to make
+    replaced = None if args.pareto else _other_studys_export(out, study.name)
     try:
         code = _export(args, study, url, out)
         if missing is not None and missing.is_dir():  # as mkdir -p: made, and said
             print(f"note: made the folder {missing}", file=sys.stderr)
+        if replaced:  # (the printed `next:` export of a second study in the same folder replaced the first's unsaid)
+            print(f"note: {out} held {replaced}; replaced (-o FILE writes elsewhere)", file=sys.stderr)
         return code
     except OSError as e:  # a folder that cannot be made or a file that cannot be written: nothing was written
         raise ConfigError("--output", f"cannot write {e.filename or out}: {e.strerror or e}") from None
+
+
+def _other_studys_export(out: Path, name: str) -> str | None:
+    """What ``out`` holds where it is an export of another study than ``name`` ("study my-gru's trial 0"); else
+    None (no file, not an export, or this study's own)."""
+    try:
+        doc = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("study"), str) or doc["study"] == name or \
+            "policy" not in doc:
+        return None
+    return f"study {doc['study']}'s" + (f" trial {doc['trial']}" if isinstance(doc.get("trial"), int) else " export")
 
 
 def _export(args, study, url, out: Path) -> int:

@@ -548,8 +548,12 @@ class Study:
             try:
                 return MergePolicy.load(path)
             except ConfigError as e:  # a bad file in [baselines]: named with the field that lists it
-                if where == "--policy":
+                if where == "--policy" and e.field != str(path):  # a field of the policy: named as it is
                     raise
+                if where == "--policy":  # the file itself (not JSON, empty): named with the option that gave it
+                    hint = ("; allowed: a policy JSON file, an exported file or a named policy (this looks like a "
+                            "study file: that is --study)") if path.suffix == ".toml" else ""
+                    raise ConfigError(where, f"{e}{hint}") from None
                 raise ConfigError(where, f"{ref}: {e}") from None
 
         p = Path(ref)
@@ -724,6 +728,10 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
             raise ConfigError(f"{where}.kind", f"is required; allowed: {', '.join(SPACE_KINDS)}")
         params.append(Param(name=name, **spec))
     policy, space, notes = fit_to_workers(policy, tuple(params), r.workers)
+    if model.factory and not {"dataset", "loader"} & set(_table(raw, "data")):  # (a forgotten loader: MNIST's
+        # download error, or the user's model refusing [B, 28, 28] inputs, said nothing of why MNIST)
+        notes += (f"study.data: names no dataset or loader, so your model ({model.factory}) trains on mnist, the "
+                  "default; your own data: [data] loader = \"module:function\" (or dataset = \"mnist\" to say it)",)
     search = settings.build(SearchSpec, s, "study.search")
     search = dataclasses.replace(search, space=space)
 

@@ -197,6 +197,15 @@ def test_bad_policy_files_exit_2_with_one_line(tmp_path, tiny_study_file, case, 
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("error: ") and words in err
     assert "Traceback" not in err
+    if case in ("truncated", "empty"):  # the file itself: named with the option that gave it (it named no option)
+        assert err.startswith(f"error: --policy: {f}: "), err
+
+
+def test_a_study_file_given_as_the_policy_is_named_so(tmp_path, tiny_study_file, capsys):
+    rc, _, err = main(capsys, "run", "--study", str(tiny_study_file), "--policy", str(tiny_study_file))
+    assert rc == 2 and err == (f"error: --policy: {tiny_study_file}: invalid JSON: Expecting value (line 2, column 2); "
+                               "allowed: a policy JSON file, an exported file or a named policy (this looks like a "
+                               "study file: that is --study)\n"), err
 
 
 BAD_STUDIES = {

@@ -30,9 +30,14 @@ def test_export_picks_the_cheapest_close_to_the_best_accuracy_and_says_so(search
     assert len(front) >= 2  # a trade-off to pick from
     most_accurate = max(front, key=lambda t: t.values[0])
     tol = most_accurate.values[0] - min(t.values[0] for t in front)  # every front trial is close enough
+    # another study's export in the same file (the `next:` line's -o best.json of two studies searched in one folder)
+    (d / "best.json").write_text(json.dumps({"format": 2, "study": "my-gru", "trial": 3, "policy": {}}))
     p = cli("export", "--study", str(f), "-o", "best.json", "--tolerance", str(tol), cwd=d, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
+    assert "note: best.json held study my-gru's trial 3; replaced (-o FILE writes elsewhere)\n" in p.stderr, p.stderr
     doc = json.loads((d / "best.json").read_text())
+    again = cli("export", "--study", str(f), "-o", "best.json", "--tolerance", str(tol), cwd=d, data_dir=data_dir)
+    assert again.returncode == 0 and "held" not in again.stderr, again.stderr  # its own export: replaced unsaid
     cheapest = min(front, key=lambda t: t.values[1])
     assert doc["trial"] == cheapest.number != most_accurate.number  # not the first objective's best
     assert doc["picked_by"] == (f"the best bytes among the Pareto-optimal trials within {tol:g} of the best "

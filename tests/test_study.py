@@ -251,6 +251,26 @@ def test_an_unknown_model_name_points_at_the_factory_not_at_module():
                             'factory = "mymodels:build")')
 
 
+def test_a_users_model_with_no_dataset_or_loader_is_told_it_trains_on_mnist(tmp_path, data_dir, capsys):
+    """(A forgotten `[data] loader`: the run failed with MNIST's download error, or the user's model refused
+    [B, 28, 28] inputs, with no word of why MNIST.)"""
+    from evomerge import cli
+
+    model = {"factory": "user_mlp:mlp"}
+    said = [n for n in study.from_dict({"model": model}).notes if n.startswith("study.data")]
+    assert said == ['study.data: names no dataset or loader, so your model (user_mlp:mlp) trains on mnist, the '
+                    'default; your own data: [data] loader = "module:function" (or dataset = "mnist" to say it)']
+    for data in ({"dataset": "mnist"}, {"loader": "mydata:load"}):
+        assert not [n for n in study.from_dict({"model": model, "data": data}).notes if n.startswith("study.data")]
+    assert not [n for n in study.from_dict({}).notes if n.startswith("study.data")]  # a named model: mnist is its own
+    # the command says it, before the data's own line
+    f = tmp_path / "mine.toml"
+    f.write_text('[model]\nfactory = "user_mlp:mlp"\n[data]\nval_size = 100\ntrain_size = 400\n')
+    assert cli.main(["run", "--study", str(f), "--policy", "fedavg", "--data-dir", str(tmp_path / "nowhere")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"note: {said[0]}" and lines[1].startswith("error: --data-dir: ") and len(lines) == 2, lines
+
+
 def test_baseline_step_sizes_that_are_no_list_of_numbers_say_what_is_allowed():
     """(`lr = 0.1` said "must be a list, got float 0.1", and `["x"]` "must be a number", without the allowed values.)"""
     for v in (0.1, ["x"], [0.05, 0]):
