@@ -629,6 +629,42 @@ def switch_off_inapplicable(values: dict[str, Any], fixed: MergePolicy) -> dict[
     return out
 
 
+def inert_fields(space, fixed: MergePolicy, most: int = 4096) -> dict[str, Any]:
+    """The searched policy fields of ``space`` (a study's ``Param``s) that :func:`switch_off_inapplicable` sets to
+    one value whatever the space gives (``outer_optimizer`` searched over a gossip scheme with ``outer_every`` 0:
+    'none' in every trial), each with that value: a dimension the sampler spends for nothing. Judged on the space's
+    corners and midpoints (every combination, or ``most`` of them drawn with a fixed seed)."""
+    import itertools
+    import math as _math
+    import random
+
+    params = [p for p in space if p.name in MergePolicy.__pydantic_fields__]
+    if not params:
+        return {}
+
+    def values(p) -> list:
+        if p.kind == "categorical":
+            return list(p.choices)
+        if p.kind == "int":
+            return sorted({int(p.low), int(p.high), round((p.low + p.high) / 2)})
+        mid = _math.sqrt(p.low * p.high) if p.kind == "log-float" and p.low > 0 else (p.low + p.high) / 2
+        return sorted({float(p.low), float(p.high), float(mid)})
+
+    grids = [values(p) for p in params]
+    if _math.prod(len(g) for g in grids) <= most:
+        combos = itertools.product(*grids)
+    else:
+        rng = random.Random(0)
+        combos = ([rng.choice(g) for g in grids] for _ in range(most))
+    seen: dict[str, set] = {p.name: set() for p in params}
+    for combo in combos:
+        out = switch_off_inapplicable(dict(zip((p.name for p in params), combo)), fixed)
+        for p in params:
+            seen[p.name].add(out[p.name])
+    return {p.name: next(iter(seen[p.name])) for p, g in zip(params, grids)
+            if len(set(g)) > 1 and len(seen[p.name]) == 1}
+
+
 # -- rules that need the number of workers ------------------------------------------------
 def possible_degree(degree: int, workers: int) -> int:
     """The random-regular degree nearest ``degree`` (from below where one exists) that ``workers`` can

@@ -728,6 +728,13 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
             raise ConfigError(f"{where}.kind", f"is required; allowed: {', '.join(SPACE_KINDS)}")
         params.append(Param(name=name, **spec))
     policy, space, notes = fit_to_workers(policy, tuple(params), r.workers)
+    from .policy import inert_fields
+
+    for name, value in inert_fields(space, policy).items():  # (TPE spent a dimension on it; Optuna showed the
+        # sampled value, the policy, MLflow and the export the switched-off one, with no word)
+        notes += (f"study.search.space.{name}: never takes effect: every policy the space gives has {name} "
+                  f"{value!r} (it does not apply with [policy]'s fields and the other searched ones); the search "
+                  "spends a dimension on it",)
     if model.factory and not {"dataset", "loader"} & set(_table(raw, "data")):  # (a forgotten loader: MNIST's
         # download error, or the user's model refusing [B, 28, 28] inputs, said nothing of why MNIST)
         notes += (f"study.data: names no dataset or loader, so your model ({model.factory}) trains on mnist, the "

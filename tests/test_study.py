@@ -271,6 +271,32 @@ def test_a_users_model_with_no_dataset_or_loader_is_told_it_trains_on_mnist(tmp_
     assert lines[0] == f"note: {said[0]}" and lines[1].startswith("error: --data-dir: ") and len(lines) == 2, lines
 
 
+def test_a_searched_field_that_never_takes_effect_is_a_note():
+    """(`outer_optimizer` searched over a gossip scheme with outer_every 0: Optuna stored 'nesterov' for trials whose
+    policy, MLflow params and export said 'none', with no word; the sampler spent a dimension on it.)"""
+    def inert(policy, space):
+        raw = {"policy": policy, "search": {"space": space}}
+        return [n for n in study.from_dict(raw).notes if "never takes effect" in n]
+
+    outer = {"kind": "categorical", "choices": ["none", "nesterov"]}
+    weight = {"kind": "float", "low": 0.1, "high": 1.0}
+    assert inert({"scheme": "gossip"}, {"outer_optimizer": outer, "mixing_weight": weight}) == [
+        "study.search.space.outer_optimizer: never takes effect: every policy the space gives has outer_optimizer "
+        "'none' (it does not apply with [policy]'s fields and the other searched ones); the search spends a "
+        "dimension on it"]
+    # where another searched field lets it apply, it is no note: SlowMo's outer_every, or the scheme itself
+    assert inert({"scheme": "gossip"}, {"outer_optimizer": outer, "outer_every": {"kind": "int", "low": 0,
+                                                                                   "high": 8}}) == []
+    assert inert({}, {"outer_optimizer": outer, "scheme": {"kind": "categorical",
+                                                           "choices": ["gossip", "allreduce"]}}) == []
+    # DiLoCo's outer step takes the whole average: a searched mixing weight is spent for nothing there
+    said = inert({"scheme": "allreduce", "outer_optimizer": "nesterov"}, {"mixing_weight": weight})
+    assert len(said) == 1 and said[0].startswith("study.search.space.mixing_weight: never takes effect: every policy "
+                                                 "the space gives has mixing_weight 1.0 "), said
+    for f in ("mnist-gossip", "mnist-stragglers", "mnist-two-sites", "mnist-skewed", "tiny-lm"):  # the shipped: none
+        assert not [n for n in study.load(f).notes if "never takes effect" in n], f
+
+
 def test_baseline_step_sizes_that_are_no_list_of_numbers_say_what_is_allowed():
     """(`lr = 0.1` said "must be a list, got float 0.1", and `["x"]` "must be a number", without the allowed values.)"""
     for v in (0.1, ["x"], [0.05, 0]):
