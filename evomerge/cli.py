@@ -1064,6 +1064,18 @@ def _quiet_libraries(mlflow: bool = True) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _policy_ref(study, name: str) -> str:
+    """How a training loop names the study's policy ``name``: a shipped policy by its name (``Merger("diloco")``),
+    the study's own by its file."""
+    from .registry import shipped_studies_dir
+
+    for d in study.policy_dirs():
+        f = d / f"{name}.json"
+        if f.is_file():
+            return name if d.resolve() == (shipped_studies_dir() / "policies").resolve() else str(f)
+    return name
+
+
 def cmd_search(args) -> int:
     from .procs import apply_threads, signals_raise
     from .search.config import make_config
@@ -1097,9 +1109,13 @@ def cmd_search(args) -> int:
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
         # what to do with the results: the search said where they are stored, not how to see them
         where, me = _stored_at(args, args.study), _prog()
-        print(f"next: {me} export --study {_stored_at(args, args.study, tracking=False)} -o best.json (the policy "
-              f"to deploy); {me} ui --study "
-              f"{where} (its runs in MLflow); {me} dashboard --study {where}", file=sys.stderr)
+        deploy = "the policy to deploy"
+        beaten_by = (result.verdict or {}).get("beaten_by") or []
+        if beaten_by:  # (the verdict said diloco beats every pick; the next line still called the export the one)
+            deploy = (f"the search's best; the verdict found {beaten_by[0]} better: deploy that one, "
+                      f"evomerge.Merger({_policy_ref(study, beaten_by[0])!r}, ...)")
+        print(f"next: {me} export --study {_stored_at(args, args.study, tracking=False)} -o best.json ({deploy}); "
+              f"{me} ui --study {where} (its runs in MLflow); {me} dashboard --study {where}", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "counts": result.counts, "best": result.best,
                                                    "interrupted": result.interrupted, "errors": result.errors}, indent=2))

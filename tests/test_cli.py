@@ -663,3 +663,28 @@ def test_the_next_commands_run_as_printed_where_evomerge_is_not_on_the_path(tmp_
     assert shlex.split(export)[:2] == [str(exe), "export"], line
     q = subprocess.run(export, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert q.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["policy"], q.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_the_next_line_names_the_baseline_that_beat_every_pick(tmp_path, data_dir):
+    """(The verdict said "A baseline beats the search: diloco beats every pick", and the `next:` line still called
+    the export "the policy to deploy".)"""
+    from searchutil import cli as run_cli
+
+    f = write_study(tmp_path, steps=60)
+    text = f.read_text()
+    for old, new in (('mean_interval = { kind = "log-float", low = 1.0, high = 30.0 }',
+                      'mean_interval = { kind = "log-float", low = 50.0, high = 60.0 }'),
+                     ('mixing_weight = { kind = "float", low = 0.1, high = 1.0 }',
+                      'mixing_weight = { kind = "float", low = 0.01, high = 0.02 }'),
+                     ('policies = ["no-merging", "ring-gossip"]', 'policies = ["allreduce"]')):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    f.write_text(text.replace("n_trials = 6", "n_trials = 2"))
+    p = run_cli("search", "--study", f, "--reevaluate", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path,
+                data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    assert "verdict: A baseline beats the search: allreduce beats trial 0" in " ".join(p.stdout.split()), p.stdout
+    nxt = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    assert len(nxt) == 1 and "-o best.json (the search's best; the verdict found allreduce better: deploy that one, " \
+                               "evomerge.Merger('allreduce', ...)); " in nxt[0], p.stderr
