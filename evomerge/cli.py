@@ -915,7 +915,8 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
     if setup.model.task.classification:  # no accuracy rows for a task without classes (regression)
         rows += [("test accuracy (consensus)", ms([r.test_accuracy for r in ok]) if ok else "n/a"),
                  ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
-                 ("mean worker val accuracy", ms([r.final.mean_worker_accuracy for r in results]))]
+                 ("mean worker val accuracy" + _worker_samples(study, setup, short=True),
+                  ms([r.final.mean_worker_accuracy for r in results]))]
     rows += [("test loss (consensus)", ms([r.test_loss for r in ok]) if ok else "n/a"),
              ("val loss (consensus)", ms([r.final.val_loss for r in results])),
              ("bytes sent (MB)", ms([r.final.bytes / 1e6 for r in results])),
@@ -1112,8 +1113,12 @@ def cmd_search(args) -> int:
         deploy = "the policy to deploy"
         beaten_by = (result.verdict or {}).get("beaten_by") or []
         if beaten_by:  # (the verdict said diloco beats every pick; the next line still called the export the one)
-            deploy = (f"the search's best; the verdict found {beaten_by[0]} better: deploy that one, "
-                      f"evomerge.Merger({_policy_ref(study, beaten_by[0])!r}, ...)")
+            lrs = {b.get("name"): b.get("lr") for b in result.verdict.get("baselines") or ()}
+            ways = " or ".join(f"evomerge.Merger({_policy_ref(study, n)!r}, ...)"
+                               + (f" at lr {lrs[n]:g}" if isinstance(lrs.get(n), (int, float)) else "")
+                               for n in beaten_by)
+            deploy = (f"the search's best; the verdict found {' and '.join(beaten_by)} better than every pick: deploy "
+                      f"{'that one' if len(beaten_by) == 1 else 'one of them'}, {ways}")
         print(f"next: {me} export --study {_stored_at(args, args.study, tracking=False)} -o best.json ({deploy}); "
               f"{me} ui --study {where} (its runs in MLflow); {me} dashboard --study {where}", file=sys.stderr)
     if args.json_out:
@@ -1658,6 +1663,9 @@ def cmd_baselines(args) -> int:
     # as run and search: a file or a shipped name, else a study searched from a file that has moved, as stored
     study = load_or_stored(args.study, args.runs_dir, args.storage, on_stored=said) or _load_stored(args)
     seed = study.run.seeds[0] if args.seed is None else args.seed
+    for n in study.notes:  # a user's model on mnist by default (as run says it)
+        if n.startswith("study.data"):
+            print(f"note: {n}", file=sys.stderr)
     policies = []
     for name in study.baselines:
         try:

@@ -350,7 +350,11 @@ def _check_holdout(holdout, policy: MergePolicy, loss_fn=None, model=None) -> tu
                     float(torch.as_tensor(fn(out, y.to(dev))).float().mean())
             # torch's regression losses broadcast outputs [B, 1] against labels [B] to [B, B] with only a warning (the
             # study's named losses refuse it: task.check_output): every pair would be scored on that
-            if isinstance(out, torch.Tensor) and any("different to the input size" in str(w.message) for w in caught):
+            broadcast = [w for w in caught if "different to the input size" in str(w.message)]
+            for w in caught:  # the loss's other warnings are the user's to see, as without the check
+                if w not in broadcast:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+            if isinstance(out, torch.Tensor) and broadcast:
                 def batch(t):
                     return "[" + ", ".join(["B", *map(str, t.shape[1:])]) + "]"
 
@@ -358,8 +362,10 @@ def _check_holdout(holdout, policy: MergePolicy, loss_fn=None, model=None) -> tu
                 return None, (f"its labels have shape {batch(holdout[1])} and the model's outputs {batch(out)}: "
                               f"{name} broadcasts them (torch warns 'Using a target size that is different to the "
                               "input size'), so the pairs would be scored on a broadcast loss; allowed: labels of "
-                              "the outputs' shape (" + ("y.unsqueeze(1)" if out.dim() == 2 and out.shape[1] == 1 and
-                                                        holdout[1].dim() == 1 else "y.view_as(outputs)") + ")")
+                              "the outputs' shape" + (" (y.unsqueeze(1))" if out.dim() == 2 and out.shape[1] == 1 and
+                                                      holdout[1].dim() == 1 else
+                                                      " (y.view_as(outputs))" if out[0].numel() == holdout[1][0].numel()
+                                                      else ""))
         except Exception as e:  # noqa: BLE001 - the user's model or loss: one line
             from .userref import one_line
 
@@ -1713,8 +1719,10 @@ class Merger:
             said = ", ".join(f"rank {self._ranks([r])} called finish() after {n}" for r, n in sorted(early.items()))
             return MergerError(f"{said} of {self.T} steps, and this rank is at local step {self.t}"
                                f"{f' ({place})' if place else ''}: {EVERY_STEP}; stopped")
-        # (this rank's step: the named rank's is not known here; "local step 42" read as where rank 1 left)
-        place = f"{place}, this rank at local step {self.t}" if place else f"this rank at local step {self.t}"
+        # (the step of the rank that says it, named: the named rank's is not known here; "local step 42" read as where
+        # rank 1 left, and a leader's line is passed on word for word to its worker's other ranks)
+        me = f"rank {self._ranks([self.rank])} at local step {self.t}"
+        place = f"{place}, {me}" if place else me
         if left and not missing:
             return MergerError(f"rank {who} left the run without finish() or close() ({place}); stopped")
         if not missing:  # every rank answered: a wait ran out for ranks that came after all

@@ -174,15 +174,18 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ["EVOMERGE_THREADS"]))
 
 
+@pytest.hookimpl(optionalhook=True)  # (a run without xdist, -p no:xdist, does not know the hook)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (addopts): two test processes per core, not one. Many system tests spend their time waiting
     (ranks held to a timeout, a server starting, a killed process's end), and one process per core left the cores
     idle meanwhile: on the project's 2-core machine the full suite took 1006 s at 2 processes, 870 s at 3 and
-    800 s at 4, all passing (benchmarks/RESULTS.md). ``$PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` chooses
+    800 s at 4, all passing (benchmarks/RESULTS.md); on a larger machine at most 8 more than the cores (each
+    process imports torch). ``$PYTEST_XDIST_AUTO_NUM_WORKERS`` (read by xdist's own hook) or ``-n N`` chooses
     otherwise."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    return 2 * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        return None  # xdist's own hook reads it (and warns of a value that is no number)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(2 * cores, cores + 8)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by these markers

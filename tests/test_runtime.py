@@ -681,8 +681,8 @@ def test_a_rank_that_stops_stepping_is_named_a_timeout_after_the_others_need_it_
                              "--timeout", 4, "--with", world=2, timeout=120, env_extra={"TORCH_CPP_LOG_LEVEL": "ERROR"})
     ranks = plain.result()
     lines = [ln for ln in ranks[0].stderr.splitlines() if ln.strip()]
-    assert ranks[0].returncode == 1 and lines == ["error: rank 1 did not answer for 1.5 s (the end of the run, this "
-                                                  "rank at local step 40); stopped"], ranks[0].stderr[-2000:]
+    assert ranks[0].returncode == 1 and lines == ["error: rank 1 did not answer for 1.5 s (the end of the run, rank 0 "
+                                                  "at local step 40); stopped"], ranks[0].stderr[-2000:]
     assert ranks[1].returncode == 1, ranks[1].stderr[-2000:]
     assert time.time() - t0 < 60
     ranks = within.result()
@@ -734,7 +734,7 @@ def test_a_rank_slower_than_the_timeout_at_an_all_reduce_is_named_late_by_every_
     for r in range(3):
         lines = [ln for ln in ranks[r].stderr.splitlines() if ln.strip()]
         assert ranks[r].returncode == 1 and len(lines) == 1, (r, ranks[r].stderr[-2000:])
-        assert re.fullmatch(r"error: rank 1 did not answer for 5 s \(.*this rank at local step \d+\) and answered later: slower "
+        assert re.fullmatch(r"error: rank 1 did not answer for 5 s \(.*rank \d at local step \d+\) and answered later: slower "
                             r"than the timeout allows, not gone \(a longer timeout lets it finish\); stopped",
                             lines[0]), (r, lines[0])
 
@@ -843,7 +843,7 @@ def test_a_killed_leader_of_a_worker_of_two_ranks_is_named_by_its_rank_and_worke
     assert ranks[2].returncode == -9
     lines = {r: [ln for ln in ranks[r].stderr.splitlines() if ln.strip()] for r in (0, 1)}
     assert [ranks[r].returncode for r in (0, 1)] == [1, 1], lines
-    said = re.fullmatch(r"error: (rank 2 \(worker 1\) did not answer \(this rank at local step \d+\); stopped)", lines[0][0])
+    said = re.fullmatch(r"error: (rank 2 \(worker 1\) did not answer \(rank 0 \(worker 0\) at local step \d+\); stopped)", lines[0][0])
     assert len(lines[0]) == 1 and said, lines[0]
     assert lines[1] == [f"error: rank 0, this worker's leader, stopped: {said[1]}"], lines[1]
 
@@ -1291,7 +1291,7 @@ def test_a_loop_that_runs_every_step_but_never_calls_finish_is_warned(tmp_path):
     assert warned and all(procs[r].returncode == 0 for r in warned), [e[-1500:] for _, e in outs]
     for r, (o, e) in enumerate(outs):
         if r not in warned:
-            m = re.fullmatch(r"error: rank ([\d, ]+) left the run without finish\(\) or close\(\) \(this rank at local step \d+\); "
+            m = re.fullmatch(r"error: rank ([\d, ]+) left the run without finish\(\) or close\(\) \(rank \d at local step \d+\); "
                              r"stopped", o.strip())  # the ranks that ended first, one or several
             assert procs[r].returncode == 1 and m and {int(x) for x in m[1].split(", ")} <= set(warned), (o, e[-1500:])
 
@@ -1488,7 +1488,7 @@ def test_an_error_in_a_users_loop_ends_every_rank_without_an_abort(tmp_path, cas
             assert said in e and o == "", e
         else:
             assert o.splitlines() == [o.splitlines()[0]] and re.fullmatch(
-                rf"error: rank {leaver} left the run without finish\(\) or close\(\) \((the end of the run, )?this rank at local "
+                rf"error: rank {leaver} left the run without finish\(\) or close\(\) \((the end of the run, )?rank \d at local "
                 r"step \d+\); stopped", o.strip()), o
 
 

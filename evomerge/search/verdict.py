@@ -244,7 +244,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
                      + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
     return {"headline": headline, "lines": lines, "notes": notes, "seeds": list(seeds), "fresh": fresh,
             "picks": [{k: p[k] for k in ("number", "describe", "per_seed", "diverged") if k in p} for p in picks],
-            "baselines": [{k: base[n][k] for k in ("name", "per_seed", "diverged") if k in base[n]} for n in names],
+            "baselines": [{k: base[n][k] for k in ("name", "per_seed", "diverged", "lr") if base[n].get(k) is not None}
+                          for n in names],  # (lr: a baseline's tuned step size, where [baselines] lr tunes it)
             "beaten_by": beaten_by, "comparisons": comparisons, "objectives": list(study.objectives)}
 
 
