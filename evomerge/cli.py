@@ -489,9 +489,10 @@ def cmd_policy_validate(args) -> int:
     print(f"ok: {pol.describe()}")
     _merger_note(pol)
     if pol.fragments > 1:  # (said "ok" to 8 fragments of a model of 4 tensors, which run then refused)
-        print(f"note: {pol.fragments} {'strided ' * (pol.fragment_pattern == 'strided')}fragments need a model of at "
-              f"least {pol.fragments} {'layers' if pol.fragment_pattern == 'strided' else 'parameter tensors'}: checked against the study's model when it runs (evomerge run --study S --policy FILE)",
-              file=sys.stderr)
+        strided = pol.fragment_pattern == "strided"
+        print(f"note: {pol.fragments} {'strided ' * strided}fragments need a model of at least {pol.fragments} "
+              f"{'layers' if strided else 'parameter tensors'}: checked against the study's model when it runs "
+              "(evomerge run --study S --policy FILE)", file=sys.stderr)
     return 0
 
 
@@ -537,6 +538,14 @@ def _prepare(study, args):
 
     apply_threads()  # as many torch threads as there are idle cores, or $EVOMERGE_THREADS
     return prepare(study, data_dir=args.data_dir)
+
+
+def _run_notes(study) -> None:
+    """The study's load notes that concern a run (``run``, ``baselines``): a cluster file measured for another
+    training, a user's model on mnist by default. (The search space's notes are the search's and status's.)"""
+    for n in study.notes:
+        if n.startswith(("study.environment", "study.data")):
+            print(f"note: {n}", file=sys.stderr)
 
 
 def _setup_notes(study, setup) -> None:
@@ -627,9 +636,7 @@ def cmd_run(args) -> int:
     job = None
     if args.against is not None:  # the job's steps, on the clock, without a time budget: its time to hold against
         study, job = _against(args, study, policy, seed)
-    for n in study.notes:  # a cluster file measured for another training, a model on mnist by default (the space's
-        if n.startswith(("study.environment", "study.data")):  # notes are the search's)
-            print(f"note: {n}", file=sys.stderr)
+    _run_notes(study)
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
@@ -1663,9 +1670,7 @@ def cmd_baselines(args) -> int:
     # as run and search: a file or a shipped name, else a study searched from a file that has moved, as stored
     study = load_or_stored(args.study, args.runs_dir, args.storage, on_stored=said) or _load_stored(args)
     seed = study.run.seeds[0] if args.seed is None else args.seed
-    for n in study.notes:  # a user's model on mnist by default (as run says it)
-        if n.startswith("study.data"):
-            print(f"note: {n}", file=sys.stderr)
+    _run_notes(study)
     policies = []
     for name in study.baselines:
         try:
