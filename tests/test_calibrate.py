@@ -501,7 +501,7 @@ def test_a_rank_that_hangs_is_named_when_the_time_is_up(tmp_path, data_dir):
     (tmp_path / "s.toml").write_text(study_text())
     p = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(tmp_path / "s.toml"),
                           "--procs", "3", "-o", str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--steps", "5",
-                          "--timeout", "15"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--timeout", "30"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 20
         while (pid := _child_rank(p.pid, 1)) is None and time.monotonic() < end:
@@ -515,7 +515,7 @@ def test_a_rank_that_hangs_is_named_when_the_time_is_up(tmp_path, data_dir):
     err = err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: calibration rank 1 did not reach ") and \
-        err.endswith(" within --timeout 15 s (ranks 0, 2 waited there); stopped"), err
+        err.endswith(" within --timeout 30 s (ranks 0, 2 waited there); stopped"), err
     assert not (tmp_path / "c.toml").exists()
 
 
