@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -93,12 +94,33 @@ def write_study(directory: Path, name: str = "tiny", *, workers: int = 4, steps:
     return f
 
 
-def _free_port() -> int:
+_PORTS = itertools.count()  # this test process's next port in its range (free_port)
+
+
+def free_port() -> int:
+    """A free port on 127.0.0.1 for a test's server or rendezvous. Taken from a range below the kernel's ephemeral
+    ports, one range per xdist process, so that between this pick and the server's bind no other test's server and
+    no outgoing connection's source port takes it: a port picked with bind(0) and released could be (a test's
+    `evomerge ui` once answered with another test's MLflow server, on a landing's CI)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    span = 1000
+    base = 10000 + span * (int(worker) if worker.isdigit() else 0)
+    start = next(_PORTS)
+    candidates = [base + (start + i) % span for i in range(span)] if base + span <= ephemeral else [0]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use (another pytest session beside this one)
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free port in {base}-{base + span - 1}")
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +149,7 @@ def postgres_cluster():
     if os.geteuid() == 0:
         shutil.chown(d, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
+    port = free_port()
     data = d / "data"
     subprocess.run(as_user + [str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
                    check=True, capture_output=True)

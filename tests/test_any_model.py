@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import free_port
 from evomerge import simulate
 from evomerge.backends.population import Member, run_population
 from evomerge.engine.schedule import layer_keys
@@ -407,7 +408,6 @@ def test_the_merger_trains_a_users_language_model_under_torchrun(folder, tmp_pat
     module's own, per-token cross-entropy) with a winner-biased gossip policy that reads the loss the loop passes."""
     import json
     import os
-    import socket
     import subprocess
     import sys
 
@@ -416,9 +416,7 @@ def test_the_merger_trains_a_users_language_model_under_torchrun(folder, tmp_pat
     policy = tmp_path / "ring-winner.json"
     policy.write_text(json.dumps({"scheme": "gossip", "topology": "ring", "exchange": "push_pull", "mean_interval": 3,
                                   "winner_bias": 0.6, "score": "running"}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     root = HERE.parent
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                         str(port), str(HERE / "user_any" / "lm_loop.py"), "--corpus", str(folder / "corpus"),

@@ -401,14 +401,14 @@ def test_torchrun_launch_matches_inprocess(tmp_path, data_dir, mnist):
     """The multi-host path (``torchrun ... -m evomerge.dist``), here with 2 processes of 2 workers on one host. Its
     ranks start without multiprocessing's Unix sockets: a temporary folder too long for the local launch's
     (``TMPDIR`` over 75 bytes) is not refused here."""
-    from conftest import _free_port
+    from conftest import free_port
 
     study = write_study(tmp_path, workers=4, steps=60)
     long = tmp_path / ("t" * max(1, 80 - len(str(tmp_path))))
     long.mkdir()
     torchrun = Path(sys.executable).parent / "torchrun"
     r = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                        "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "evomerge.dist", "--study", str(study),
+                        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "evomerge.dist", "--study", str(study),
                         "--policy", "ring-gossip", "--data-dir", str(data_dir), "--device", "cpu", "--json", "out.json"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=dict(os.environ, TMPDIR=str(long)))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import free_port
 from evomerge import calibrate, cli
 from evomerge import study as study_mod
 from evomerge.errors import ConfigError
@@ -187,7 +188,7 @@ def test_a_slow_rank_out_of_range_under_a_launcher_is_one_line_from_rank_0(tmp_p
     """Ranks started as torchrun starts them (RANK, WORLD_SIZE): the flag every rank reads alike is refused before
     any measuring, in one line from rank 0, exit status 2 on every rank."""
     (tmp_path / "s.toml").write_text(study_text())
-    port = calibrate._free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
                                str(tmp_path / "c.toml"), "--slow-rank", "5", "--slow-factor", "3"],
                               env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
@@ -469,7 +470,7 @@ def test_ranks_of_a_launcher_that_does_not_say_how_many_share_the_machine_share_
     out = tmp_path / "c.toml"
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
     env.update(EVOMERGE_THREADS="2", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(calibrate._free_port()), PYTHONPATH=str(ROOT))
+               MASTER_PORT=str(free_port()), PYTHONPATH=str(ROOT))
     procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
                                str(out), "--data-dir", str(data_dir), "--steps", "5", "--warmup", "1", "--repeats",
                                "2", "--timeout", "90"], env=dict(env, RANK=str(r)), cwd=tmp_path,
@@ -526,7 +527,7 @@ def test_ranks_started_by_hand_name_a_rank_that_never_joins_in_one_line(tmp_path
     import signal
 
     (tmp_path / "s.toml").write_text(study_text(workers=2))
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port()),
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                PYTHONPATH=str(ROOT))
     procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
                                str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--timeout", "4"],
@@ -551,7 +552,7 @@ def test_under_a_launcher_of_its_own_the_whole_calibration_ends_at_the_timeout(t
     import time
 
     (tmp_path / "s.toml").write_text(study_text(workers=2))
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port()),
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                PYTHONPATH=str(ROOT))
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
@@ -588,7 +589,7 @@ def test_a_bad_option_is_said_once_not_once_per_rank_and_every_rank_leaves_at_on
     in silence (a launcher's 4 or 8 ranks printed 4 or 8 usages). Under a launcher that does not end the others
     (netlab, a script), a value only rank 0 checks (its -o) left rank 1 waiting to join for --timeout (600 s), then
     a C++ stack; a missing study was said by every rank."""
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(calibrate._free_port()),
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                PYTHONPATH=str(ROOT))
     argv = ["--study", "mnist-gossip", "-o", str(tmp_path / "c.toml")] + [a.format(tmp=tmp_path) for a in bad]
     t0 = time.monotonic()
@@ -711,7 +712,7 @@ def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int
     """The user's loop (tests/merger_loop.py) on ``world`` ranks, as torchrun starts them, on the study
     ``tmp_path/s.toml`` with the policy file ``tmp_path/policy``: every rank's step sleeps 10 ms, ``slow_rank``'s
     3x as long; traces in ``tmp_path/out/trace-0``. Every rank must end well."""
-    port, procs = calibrate._free_port(), []
+    port, procs = free_port(), []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=str(ROOT))

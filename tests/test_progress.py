@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+from conftest import free_port
 from evomerge.backends import progress as progress_mod
 
 pytestmark = pytest.mark.unit
@@ -88,9 +88,7 @@ time.sleep(300)
 def test_a_store_whose_process_stopped_does_not_block_a_step_and_a_wait_finds_it_gone_within_the_timeout(tmp_path):
     """The store of a run started by init_process_group with MASTER_ADDR is rank 0's process's: with rank 0 stopped
     (kill -STOP), a TCPStore call blocked for ever, and every other rank with it (it should name rank 0)."""
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
+    port = free_port()
     (tmp_path / "server.py").write_text(SERVER)
     server = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(port)], stdout=subprocess.PIPE,
                               text=True)

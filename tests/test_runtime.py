@@ -11,7 +11,6 @@ import dataclasses
 import json
 import re
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import free_port
 from evomerge.engine import schedule
 from evomerge import simulate, study as study_mod
 from evomerge.errors import ConfigError
@@ -173,17 +173,11 @@ def setup(folder, data_dir):
     return simulate.prepare(study_mod.load(folder / "study.toml"), data_dir=data_dir)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(folder: Path, data_dir, out: Path, *args, world: int = 4, timeout: float = 240,
            env_extra: dict | None = None) -> list[subprocess.CompletedProcess]:
     """The loop on ``world`` processes, as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... set; forked
     from one interpreter that imported torch once, tests/forkranks.py); each rank's exit status and output."""
-    port = _port()
+    port = free_port()
     out.mkdir(parents=True, exist_ok=True)
     argv = ["--study", folder / "study.toml", "--data-dir", data_dir, "--out", out, "--device", DEVICE, *args]
     return run_ranks(LOOP, [argv] * world, logs=out, timeout=timeout,
@@ -896,7 +890,7 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
     import re
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
             str(ROOT / "examples" / "deploy" / "train.py"), "--data-dir", str(data_dir), "--train-size", "2000",
             "--steps", "40", "--batch-size", "32"]
     # as `evomerge export` writes it: with the optimiser and step size it was found with, which the example trains at
@@ -944,7 +938,7 @@ def test_the_deploy_example_says_what_is_wrong_in_one_line_and_never_waits_witho
     r = subprocess.run(script, capture_output=True, text=True, timeout=120, env={k: v for k, v in env.items()
                                                                                   if k != "RANK"})
     assert r.returncode == 2 and r.stderr.startswith("error: RANK: not set: start this script with torchrun"), r.stderr
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            *script[1:]]
     r = subprocess.run(run + ["--train-size", "100", "--steps", "10"], capture_output=True, text=True, timeout=120,
                        env=env)
@@ -952,7 +946,7 @@ def test_the_deploy_example_says_what_is_wrong_in_one_line_and_never_waits_witho
                                   "allowed: at most 50, or more --train-size") in r.stderr, r.stderr[-2000:]
     t0 = time.time()
     alone = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(_port()))
+                 MASTER_PORT=str(free_port()))
     r = subprocess.run(script + ["--timeout", "3"], capture_output=True, text=True, timeout=120, env=alone)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
     assert r.returncode == 1 and lines and lines[-1].startswith("error: the ranks did not all start within --timeout "
@@ -961,7 +955,7 @@ def test_the_deploy_example_says_what_is_wrong_in_one_line_and_never_waits_witho
     # started as netlab starts ranks (RANK and WORLD_SIZE, no LOCAL_WORLD_SIZE): the two share the machine's cores
     # (each took them all: under netlab four ranks on two cores stepped 10x slower and missed their timeout)
     bare = {k: v for k, v in env.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK")}
-    bare.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()))
+    bare.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     ranks = [subprocess.Popen(script + ["--train-size", "200", "--steps", "4", "--batch-size", "16"],
                               env=dict(bare, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]

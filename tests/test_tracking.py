@@ -14,14 +14,8 @@ import urllib.request
 import pytest
 
 import evomerge
-from conftest import write_study
+from conftest import free_port, write_study
 from evomerge import study
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthy(url):

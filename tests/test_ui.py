@@ -3,27 +3,21 @@ SIGTERM or SIGHUP leaves no process of the server's session (mlflow server, uvic
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 
-from conftest import write_study
+from conftest import free_port, write_study
 from procutil import children, in_session, port_free, wait_gone
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ui(tmp_path, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, int]:
     """`evomerge ui` on a study of its own in ``tmp_path``, on a free port, as a user starts it; and the port."""
     f = write_study(tmp_path)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
     return subprocess.Popen([sys.executable, "-m", "evomerge.cli", "ui", "--study", str(f), "--port", str(port)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True), port
