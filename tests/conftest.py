@@ -111,8 +111,8 @@ def free_port() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
     span = 1000
     base = 10000 + span * (int(worker) if worker.isdigit() else 0)
-    start = next(_PORTS)
-    candidates = [base + (start + i) % span for i in range(span)] if base + span <= ephemeral else [0]
+    # each try takes the next port: two threads of one test never try the same one
+    candidates = (base + next(_PORTS) % span for _ in range(span)) if base + span <= ephemeral else [0]
     for port in candidates:
         with socket.socket() as s:
             try:

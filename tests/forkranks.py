@@ -12,6 +12,12 @@ machine, before it does anything; four ranks of a test on two cores paid more fo
 run. The tests of the Merger launch about a hundred ranks. The ranks stay separate processes with their own gloo
 connections, as torchrun's; the torchrun launch itself is tested where a user's command is
 (tests/test_runtime.py's deploy example, tests/test_any_model.py's language model).
+
+The launcher itself is forked too: ``python tests/forkranks.py --serve`` (one per test process, started at its first
+launch) imports once and forks a launcher per launch, which then forks the ranks. A launcher started as a process of
+its own paid the same imports (about 3.9 s of CPU) for each of the suite's sixty-odd launches. A launch whose
+environment differs in a variable torch may read as it is imported (``TORCH_CPP_LOG_LEVEL``: anything but the
+rendezvous variables) is forked from a server of its own; a launch that imports other modules starts a launcher of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
+import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: evomerge importable by the launcher and its ranks
@@ -46,21 +55,144 @@ def run_ranks(script, argv: list[list], *, logs, cwd=None, env: dict | None = No
             "ranks": [{"argv": [str(a) for a in argv[r]], "env": {k: str(v) for k, v in (rank_env or [{}] * n)[r].items()},
                        "stdout": str(logs / f".rank-{r}.out"), "stderr": str(logs / f".rank-{r}.err")} for r in range(n)]}
     (logs / ".ranks.json").write_text(json.dumps(spec))
-    p = subprocess.Popen([sys.executable, __file__, str(logs / ".ranks.json")], cwd=cwd,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                                  **(env or {})),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # the launcher and every rank (one session)
-        p.communicate()
-        raise AssertionError("the ranks did not end in time (a hang)") from None
-    assert p.returncode == 0, f"the launcher failed: {err[-2000:]}"
-    codes = json.loads(out)
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                    **(env or {}))
+    if preload == PRELOAD:
+        imports = {k: v for k, v in full_env.items() if k not in RUNTIME_ENV}  # what torch is imported with
+        server = _SERVERS.setdefault(json.dumps(imports, sort_keys=True), _Server(imports))
+        codes = server.launch(logs, cwd, full_env, timeout)
+    else:
+        p = subprocess.Popen([sys.executable, __file__, str(logs / ".ranks.json")], cwd=cwd, env=full_env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the launcher and every rank (one session)
+            p.communicate()
+            raise AssertionError("the ranks did not end in time (a hang)") from None
+        assert p.returncode == 0, f"the launcher failed: {err[-2000:]}"
+        codes = json.loads(out)
     return [subprocess.CompletedProcess([str(script), *map(str, argv[r])], codes[r],
                                         Path(spec["ranks"][r]["stdout"]).read_text(),
                                         Path(spec["ranks"][r]["stderr"]).read_text()) for r in range(n)]
+
+
+# read when the process group starts, not as torch is imported: a launch that differs in these alone can be forked
+# from a server that imported torch with its own environment (and pytest's name of the test that runs)
+RUNTIME_ENV = {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "PYTEST_CURRENT_TEST"}
+
+
+class _Server:
+    """A fork server (``--serve``) of this test process, for launches whose environment is ``imports`` but for the
+    rendezvous variables; started at its first launch and ended with the process (its stdin closes)."""
+
+    def __init__(self, imports: dict):
+        self.proc = None
+        self.imports = imports
+        self.lock = threading.Lock()
+
+    def launch(self, logs: Path, cwd, env: dict, timeout: float) -> list[int]:
+        result = logs / ".ranks.result.json"
+        result.unlink(missing_ok=True)
+        request = {"spec": str(logs / ".ranks.json"), "cwd": str(cwd or os.getcwd()), "env": env,
+                   "result": str(result), "log": str(logs / ".launcher.err")}
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                             start_new_session=True, env=self.imports)
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        assert line, f"the fork server ended (exit status {self.proc.wait()})"
+        pid = int(line)  # the launcher: the leader of its own session, its ranks in it
+        deadline = time.monotonic() + timeout
+        while not result.exists():
+            if not _alive(pid):
+                if result.exists():
+                    break
+                err = Path(request["log"])
+                raise AssertionError(f"the launcher failed: {err.read_text()[-2000:] if err.exists() else ''}")
+            if time.monotonic() > deadline:
+                _killpg(pid)
+                raise AssertionError("the ranks did not end in time (a hang)")
+            time.sleep(0.02)
+        ends = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < ends:  # the result is its last act: its exit follows
+            time.sleep(0.01)
+        return json.loads(result.read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+_SERVERS: dict[str, _Server] = {}  # by the environment of their imports
+
+
+def serve() -> None:
+    """The fork server: imports once, then per request line on stdin forks a launcher (its pid on stdout) that sets
+    the request's folder and environment, starts the ranks and writes their exit statuses to the request's result
+    file. Its children are not waited for (SIGCHLD ignored: the kernel reaps them); it ends when stdin closes."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    gc.freeze()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _launcher(request)
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+
+
+def _launcher(request: dict) -> None:
+    """In the server's forked child: the launcher of one request. Never returns; its ranks, forked from it, leave
+    through it as a rank does (an exception or SystemExit, up to the interpreter's own exit)."""
+    me, status = os.getpid(), 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its ranks are waited for
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        err = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(err, 1)
+        os.dup2(err, 2)
+        os.close(err)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        with open(request["spec"]) as f:
+            codes = _start(json.load(f))
+        tmp = request["result"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(codes, f)
+        os.replace(tmp, request["result"])
+        status = 0
+    except BaseException:  # noqa: BLE001 - said in its log, which the test shows
+        if os.getpid() != me:
+            raise  # a rank's end
+        traceback.print_exc()
+    finally:
+        if os.getpid() == me:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
 
 
 def _rank(script: str, rank: dict) -> None:
@@ -76,15 +208,23 @@ def _rank(script: str, rank: dict) -> None:
 
 
 def main() -> None:
+    if sys.argv[1] == "--serve":
+        serve()
+        return
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    script = os.path.abspath(spec["script"])
-    sys.path[0] = os.path.dirname(script)  # as `python script.py`: its folder first, not this launcher's
     for name in spec["preload"]:
         importlib.import_module(name)
     # what the imports made is never garbage: kept out of every collection the ranks make (Python's advice for a
     # fork without exec, gc.freeze), which each of them spent walking it again, at its exit too
     gc.freeze()
+    print(json.dumps(_start(spec)), flush=True)
+
+
+def _start(spec: dict) -> list[int]:
+    """Forks the spec's ranks and waits for them: their exit statuses."""
+    script = os.path.abspath(spec["script"])
+    sys.path[0] = os.path.dirname(script)  # as `python script.py`: its folder first, not this launcher's
     ranks = {}
     for r, rank in enumerate(spec["ranks"]):
         sys.stdout.flush()
@@ -98,7 +238,7 @@ def main() -> None:
         pid, status = os.wait()
         if pid in ranks:
             codes[ranks.pop(pid)] = os.waitstatus_to_exitcode(status)
-    print(json.dumps(codes), flush=True)
+    return codes
 
 
 if __name__ == "__main__":
