@@ -25,11 +25,12 @@ def test_the_clock_calibrated_from_a_real_run_predicts_its_time_to_target(tmp_pa
     measured time (within 5% in the full benchmark; with the links fitted on raw transfer durations it was 56%
     too slow). All-reduce's accuracy per step is the same real and simulated, so the time is the clock's alone;
     gossip's time to target also depends on when each payload landed, and near a plateau it spreads by a third
-    between runs, so here it is only required to reach the target."""
+    between runs, so here it is only required to reach the target. Each real run has 14 s: all-reduce's 8.9 s
+    predicted to target took more than the 10 s it had in a full suite on a loaded machine (57 steps, short of it)."""
     need_netlab()
     out = tmp_path / "figures.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_vs_real.py"), "--scenarios", "network",
-                        "--policies", "allreduce", "ring-gossip", "--budget", "10", "--dt", "0.25",
+                        "--policies", "allreduce", "ring-gossip", "--budget", "14", "--dt", "0.25",
                         "--data-dir", str(data_dir), "--out", str(tmp_path / "runs"), "--json", str(out)],
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                        timeout=500)
