@@ -94,7 +94,9 @@ def write_study(directory: Path, name: str = "tiny", *, workers: int = 4, steps:
     return f
 
 
-_PORTS = itertools.count()  # this test process's next port in its range (free_port)
+# this test process's next port in its range (free_port); from its pid on, so that two sessions side by side do not
+# try the same ports in the same order
+_PORTS = itertools.count(os.getpid())
 
 
 def free_port() -> int:
@@ -109,10 +111,12 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         ephemeral = 32768
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-    span = 1000
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    span = min(1000, (ephemeral - 10000) // max(workers, 1))
     base = 10000 + span * (int(worker) if worker.isdigit() else 0)
-    # each try takes the next port: two threads of one test never try the same one
-    candidates = (base + next(_PORTS) % span for _ in range(span)) if base + span <= ephemeral else [0]
+    # each try takes the next port: two threads of one test never try the same one (a machine whose ephemeral
+    # ports start too low for a range per process: bind(0), as before)
+    candidates = (base + next(_PORTS) % span for _ in range(span)) if span >= 20 else [0]
     for port in candidates:
         with socket.socket() as s:
             try:

@@ -17,7 +17,8 @@ The launcher itself is forked too: ``python tests/forkranks.py --serve`` (one pe
 launch) imports once and forks a launcher per launch, which then forks the ranks. A launcher started as a process of
 its own paid the same imports (about 3.9 s of CPU) for each of the suite's sixty-odd launches. A launch whose
 environment differs in a variable torch may read as it is imported (``TORCH_CPP_LOG_LEVEL``: anything but the
-rendezvous variables) is forked from a server of its own; a launch that imports other modules starts a launcher of its own.
+rendezvous variables) is forked from a server of its own; a launch that imports other modules starts a launcher
+of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import importlib
 import json
 import os
 import runpy
+import select
 import signal
 import subprocess
 import sys
@@ -49,7 +51,7 @@ def run_ranks(script, argv: list[list], *, logs, cwd=None, env: dict | None = No
     ``os.environ`` with the project first on PYTHONPATH, ``env`` (read by every rank's imports too:
     TORCH_CPP_LOG_LEVEL, ...) and ``rank_env[r]``. Each rank's exit status and output (kept in folder ``logs``), as
     ``subprocess.run`` gives them; an AssertionError naming a hang after ``timeout`` seconds, every rank killed."""
-    logs = Path(logs)
+    logs = Path(logs).resolve()
     n = len(argv)
     spec = {"script": str(script), "preload": preload,
             "ranks": [{"argv": [str(a) for a in argv[r]], "env": {k: str(v) for k, v in (rank_env or [{}] * n)[r].items()},
@@ -89,6 +91,7 @@ class _Server:
     def __init__(self, imports: dict):
         self.proc = None
         self.imports = imports
+        self.errors = Path(os.devnull)
         self.lock = threading.Lock()
 
     def launch(self, logs: Path, cwd, env: dict, timeout: float) -> list[int]:
@@ -98,25 +101,41 @@ class _Server:
                    "result": str(result), "log": str(logs / ".launcher.err")}
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
-                self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                             start_new_session=True, env=self.imports)
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        assert line, f"the fork server ended (exit status {self.proc.wait()})"
+                self.errors = logs / ".forkserver.err"  # its own errors (an import that fails): the launch's folder
+                with open(self.errors, "w") as err:
+                    self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                                                 stdout=subprocess.PIPE, stderr=err, text=True,
+                                                 start_new_session=True, env=self.imports)
+            proc = self.proc
+            try:  # one request, its one reply line; anything else ends this server (its next reply is not read)
+                proc.stdin.write(json.dumps(request) + "\n")
+                proc.stdin.flush()
+                if not select.select([proc.stdout], [], [], timeout)[0]:
+                    raise AssertionError(f"the fork server did not answer in {timeout} s")
+                line = proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"the fork server ended (exit status {proc.wait(timeout=10)}): "
+                                         f"{self.errors.read_text()[-2000:]}")
+            except BaseException:
+                _killpg(proc.pid)
+                proc.wait()
+                self.proc = None
+                raise
         pid = int(line)  # the launcher: the leader of its own session, its ranks in it
         deadline = time.monotonic() + timeout
-        while not result.exists():
-            if not _alive(pid):
-                if result.exists():
-                    break
-                err = Path(request["log"])
-                raise AssertionError(f"the launcher failed: {err.read_text()[-2000:] if err.exists() else ''}")
-            if time.monotonic() > deadline:
-                _killpg(pid)
-                raise AssertionError("the ranks did not end in time (a hang)")
-            time.sleep(0.02)
+        try:
+            while not result.exists():
+                if not _alive(pid):
+                    if result.exists():
+                        break
+                    err = Path(request["log"])
+                    raise AssertionError(f"the launcher failed: {err.read_text()[-2000:] if err.exists() else ''}")
+                if time.monotonic() > deadline:
+                    raise AssertionError("the ranks did not end in time (a hang)")
+                time.sleep(0.02)
+        except BaseException:  # a hang, a launcher that failed with ranks started, the test interrupted: none left
+            _killpg(pid)
+            raise
         ends = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < ends:  # the result is its last act: its exit follows
             time.sleep(0.01)
@@ -128,13 +147,15 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:  # the number now another user's process: this one has ended
+        return False
     return True
 
 
 def _killpg(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 
@@ -178,7 +199,8 @@ def _launcher(request: dict) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         with open(request["spec"]) as f:
-            codes = _start(json.load(f))
+            spec = json.load(f)
+        codes = _start(spec)
         tmp = request["result"] + ".tmp"
         with open(tmp, "w") as f:
             json.dump(codes, f)
@@ -213,6 +235,7 @@ def main() -> None:
         return
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    sys.path[0] = os.path.dirname(os.path.abspath(spec["script"]))  # as `python script.py`: its folder first
     for name in spec["preload"]:
         importlib.import_module(name)
     # what the imports made is never garbage: kept out of every collection the ranks make (Python's advice for a

@@ -50,3 +50,21 @@ def test_an_xdist_group_runs_on_one_worker_and_computes_its_module_fixture_once(
     assert p.returncode == 0, p.stdout + p.stderr
     assert "9 passed" in p.stdout, p.stdout
     assert len(log.read_text().split()) == 1, "the group's module fixture was computed by more than one worker"
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_never_twice_in_one_process():
+    """(Ports picked with bind(0) and released came from the kernel's ephemeral range, which every test process and
+    every outgoing connection draws from: a test's `evomerge ui` was answered by another test's MLflow server. Three
+    launches of one test, in threads, once got one port.)"""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import free_port
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    with ThreadPoolExecutor(4) as pool:
+        ports = list(pool.map(lambda _: free_port(), range(40)))
+    assert len(set(ports)) == 40 and all(10000 <= p < low for p in ports), ports
+    for port in ports[:5]:  # free when handed out
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
