@@ -657,12 +657,16 @@ def inert_fields(space, fixed: MergePolicy, most: int = 4096) -> dict[str, Any]:
         rng = random.Random(0)
         combos = ([rng.choice(g) for g in grids] for _ in range(most))
     seen: dict[str, set] = {p.name: set() for p in params}
+    open_ = {p.name for p, g in zip(params, grids) if len(set(g)) > 1}  # fields not yet seen to take two values
     for combo in combos:
         out = switch_off_inapplicable(dict(zip((p.name for p in params), combo)), fixed)
-        for p in params:
-            seen[p.name].add(out[p.name])
-    return {p.name: next(iter(seen[p.name])) for p, g in zip(params, grids)
-            if len(set(g)) > 1 and len(seen[p.name]) == 1}
+        for name in list(open_):
+            seen[name].add(out[name])
+            if len(seen[name]) > 1:
+                open_.discard(name)
+        if not open_:  # (most studies: every field takes effect, seen within a few combinations)
+            break
+    return {name: next(iter(seen[name])) for name in open_}
 
 
 # -- rules that need the number of workers ------------------------------------------------
