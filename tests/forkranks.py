@@ -1,11 +1,11 @@
 """Start a user's script as several ranks, forked from one interpreter that has imported torch and evomerge once.
 
-``python tests/forkranks.py SPEC.json``: SPEC names the script, the modules to import first, and per rank its
-arguments, its environment (RANK, ...) and the files its stdout and stderr go to. Each rank is its own process,
-forked before it runs anything of the script: it then sets its environment, runs the script as ``__main__`` (as
-``python script.py ARGS`` would, the script's folder first on ``sys.path``) and ends as that interpreter would (an
-uncaught exception printed, status 1; ``sys.exit``; a signal). The launcher prints the ranks' exit statuses as one
-JSON list, in the form ``subprocess`` gives them (-N for signal N), once every rank has ended.
+``run_ranks`` writes a spec (the script, and per rank its arguments, its environment (RANK, ...) and the files its
+stdout and stderr go to) and has a launcher start it. Each rank is its own process, forked before it runs anything
+of the script: it then sets its environment, runs the script as ``__main__`` (as ``python script.py ARGS`` would,
+the script's folder first on ``sys.path``) and ends as that interpreter would (an uncaught exception printed, status
+1; ``sys.exit``; a signal). The launcher writes the ranks' exit statuses as one JSON list, in the form
+``subprocess`` gives them (-N for signal N), once every rank has ended.
 
 Why: a rank started as ``python script.py`` pays torch's and evomerge's imports, about 2.4 s of CPU on the test
 machine, before it does anything; four ranks of a test on two cores paid more for their imports than for their
@@ -17,8 +17,7 @@ The launcher itself is forked too: ``python tests/forkranks.py --serve`` (one pe
 launch) imports once and forks a launcher per launch, which then forks the ranks. A launcher started as a process of
 its own paid the same imports (about 3.9 s of CPU) for each of the suite's sixty-odd launches. A launch whose
 environment differs in a variable torch may read as it is imported (``TORCH_CPP_LOG_LEVEL``: anything but the
-rendezvous variables) is forked from a server of its own; a launch that imports other modules starts a launcher
-of its own.
+rendezvous variables) is forked from a server of its own.
 """
 
 from __future__ import annotations
@@ -45,35 +44,22 @@ PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "evomerge", "evomerge.
 
 
 def run_ranks(script, argv: list[list], *, logs, cwd=None, env: dict | None = None,
-              rank_env: list[dict] | None = None, timeout: float = 240,
-              preload: list[str] = PRELOAD) -> list[subprocess.CompletedProcess]:
+              rank_env: list[dict] | None = None, timeout: float = 240) -> list[subprocess.CompletedProcess]:
     """``script`` as ``len(argv)`` ranks in folder ``cwd``, rank r with arguments ``argv[r]`` and environment
     ``os.environ`` with the project first on PYTHONPATH, ``env`` (read by every rank's imports too:
     TORCH_CPP_LOG_LEVEL, ...) and ``rank_env[r]``. Each rank's exit status and output (kept in folder ``logs``), as
     ``subprocess.run`` gives them; an AssertionError naming a hang after ``timeout`` seconds, every rank killed."""
     logs = Path(logs).resolve()
     n = len(argv)
-    spec = {"script": str(script), "preload": preload,
+    spec = {"script": str(script),
             "ranks": [{"argv": [str(a) for a in argv[r]], "env": {k: str(v) for k, v in (rank_env or [{}] * n)[r].items()},
                        "stdout": str(logs / f".rank-{r}.out"), "stderr": str(logs / f".rank-{r}.err")} for r in range(n)]}
     (logs / ".ranks.json").write_text(json.dumps(spec))
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                     **(env or {}))
-    if preload == PRELOAD:
-        imports = {k: v for k, v in full_env.items() if k not in RUNTIME_ENV}  # what torch is imported with
-        server = _SERVERS.setdefault(json.dumps(imports, sort_keys=True), _Server(imports))
-        codes = server.launch(logs, cwd, full_env, timeout)
-    else:
-        p = subprocess.Popen([sys.executable, __file__, str(logs / ".ranks.json")], cwd=cwd, env=full_env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)  # the launcher and every rank (one session)
-            p.communicate()
-            raise AssertionError("the ranks did not end in time (a hang)") from None
-        assert p.returncode == 0, f"the launcher failed: {err[-2000:]}"
-        codes = json.loads(out)
+    imports = {k: v for k, v in full_env.items() if k not in RUNTIME_ENV}  # what torch is imported with
+    server = _SERVERS.setdefault(json.dumps(imports, sort_keys=True), _Server(imports))
+    codes = server.launch(logs, cwd, full_env, timeout)
     return [subprocess.CompletedProcess([str(script), *map(str, argv[r])], codes[r],
                                         Path(spec["ranks"][r]["stdout"]).read_text(),
                                         Path(spec["ranks"][r]["stderr"]).read_text()) for r in range(n)]
@@ -168,6 +154,8 @@ def serve() -> None:
     file. Its children are not waited for (SIGCHLD ignored: the kernel reaps them); it ends when stdin closes."""
     for name in PRELOAD:
         importlib.import_module(name)
+    # what the imports made is never garbage: kept out of every collection the ranks make (Python's advice for a
+    # fork without exec, gc.freeze), which each of them spent walking it again, at its exit too
     gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     for line in sys.stdin:
@@ -229,21 +217,6 @@ def _rank(script: str, rank: dict) -> None:
     raise SystemExit(0)  # the script's end: the interpreter's own exit (atexit, flushes), status 0
 
 
-def main() -> None:
-    if sys.argv[1] == "--serve":
-        serve()
-        return
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
-    sys.path[0] = os.path.dirname(os.path.abspath(spec["script"]))  # as `python script.py`: its folder first
-    for name in spec["preload"]:
-        importlib.import_module(name)
-    # what the imports made is never garbage: kept out of every collection the ranks make (Python's advice for a
-    # fork without exec, gc.freeze), which each of them spent walking it again, at its exit too
-    gc.freeze()
-    print(json.dumps(_start(spec)), flush=True)
-
-
 def _start(spec: dict) -> list[int]:
     """Forks the spec's ranks and waits for them: their exit statuses."""
     script = os.path.abspath(spec["script"])
@@ -264,5 +237,5 @@ def _start(spec: dict) -> list[int]:
     return codes
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    serve()
