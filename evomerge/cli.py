@@ -1113,7 +1113,7 @@ def cmd_search(args) -> int:
         print("interrupted: finished trials are kept; run the same command again to resume" if began else
               "interrupted before the first trial; run the same command again to start the search", file=sys.stderr)
         return 130
-    view.summary(result, data_dir=args.data_dir)
+    view.summary(result)
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
         # what to do with the results: the search said where they are stored, not how to see them
         where, me = _stored_at(args, args.study), _prog()

@@ -113,10 +113,27 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
     exp = client.get_experiment_by_name("tiny")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id]
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id]
+    children = [r for r in nested if r.data.tags.get("evomerge.kind") != "baseline"]
     assert [p.info.run_id for p in parents] == [res.parent_run_id]
     assert parents[0].data.params["sampler"] == "random" and parents[0].info.status == "FINISHED"
     assert parents[0].data.params["pruner"] == "none"  # --no-prune
+    # the study's baselines beside the trials: the end screen's rows, under the trial runs' metric names
+    baselines = {r.data.tags["evomerge.baseline"]: r for r in nested if r.data.tags.get("evomerge.kind") == "baseline"}
+    assert sorted(baselines) == ["no-merging", "ring-gossip"] == sorted(b["name"] for b in res.baselines)
+    for row in res.baselines:
+        b = baselines[row["name"]]
+        assert b.info.run_name == f"baseline-{row['name']}" and b.info.status == "FINISHED"
+        assert b.data.metrics["final_val_accuracy"] == pytest.approx(row["val_accuracy"], rel=1e-6)
+        assert b.data.metrics["final_val_accuracy"] == pytest.approx(row["values"][0], rel=1e-6)
+        assert b.data.metrics["final_bytes"] == row["bytes"] and "final_val_accuracy_std" in b.data.metrics
+        assert b.data.params["run.lr"] == str(s.run.lr) and b.data.params["seeds"] == "0,1"
+        assert b.data.params["scheme"] == row["policy"]["scheme"]
+        # the first seed's rounds, at their local steps, as the trial runs log theirs
+        assert [m.step for m in sorted(client.get_metric_history(b.info.run_id, "val_accuracy"), key=lambda m: m.step)] \
+            == [10, 20, 30]
+    assert baselines["no-merging"].data.metrics["final_bytes"] == 0
+    assert baselines["ring-gossip"].data.metrics["final_bytes"] > 0
     assert sorted(int(c.data.tags["optuna.trial_number"]) for c in children) == [0, 1, 2]
     for c in children:
         assert c.data.tags["optuna.trial_state"] == "COMPLETE" and c.info.status == "FINISHED"
@@ -394,7 +411,8 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = client.search_runs([exp.experiment_id])
     parent = client.get_run(res.parent_run_id)
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id and
+                r.data.tags.get("evomerge.kind") != "baseline"]
     by_state = {}
     for c in children:
         by_state.setdefault(c.data.tags["optuna.trial_state"], []).append(c)
@@ -473,6 +491,15 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     assert str(best.data.metrics["final_val_accuracy"]) in shown  # 7 significant digits, as logged
     worst = min(by_state["COMPLETE"], key=lambda c: c.data.metrics["final_val_accuracy"])
     assert text.index(best.info.run_name + "\n") < text.index(worst.info.run_name + "\n")  # sorted by accuracy
+    # the study's baselines are listed among the trials, sorted by the same accuracy
+    rivals = [r for r in runs if r.data.tags.get("evomerge.kind") == "baseline"]
+    assert sorted(r.info.run_name for r in rivals) == ["baseline-no-merging", "baseline-ring-gossip"]
+    at = {r.info.run_name: (r.data.metrics["final_val_accuracy"], text.index(r.info.run_name + "\n"))
+          for r in rivals + by_state["COMPLETE"]}
+    for b in rivals:
+        acc, pos = at[b.info.run_name]
+        for other, (acc2, pos2) in at.items():
+            assert acc2 == acc or (acc2 > acc) == (pos2 < pos), (b.info.run_name, other)
 
 
 def _schema(db) -> tuple:
@@ -516,7 +543,7 @@ def test_a_new_studys_store_is_a_copy_of_the_blank_one_mlflow_made_and_holds_wha
         (e.experiment_id, e.name, e.artifact_location) for e in ours.search_experiments()}
     assert _schema(tmp_path / "b" / "tiny" / "mlflow.db") == _schema(tmp_path / "ref.db")
     exp = ours.get_experiment_by_name("tiny")
-    assert len(ours.search_runs([exp.experiment_id])) == 3  # the search's parent and its 2 trials
+    assert len(ours.search_runs([exp.experiment_id])) == 5  # the search's parent, its 2 trials and 2 baselines
     # a store that exists is left alone; a new one is copied (the same file MLflow's migrations would give)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     assert not new_mlflow_store(f"sqlite:///{tmp_path / 'ref.db'}")
@@ -544,7 +571,7 @@ def test_a_cache_file_that_is_not_a_blank_store_is_made_again(tmp_path, data_dir
             tmp_path / "a", cwd=tmp_path, data_dir=data_dir, env_extra={"XDG_CACHE_HOME": str(cache)})
     assert p.returncode == 0, p.stderr
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'a' / 'tiny' / 'mlflow.db'}")
-    assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == 3
+    assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == 5  # + 2 baselines
     assert _schema(_blank(cache))[1] == _schema(tmp_path / "a" / "tiny" / "mlflow.db")[1]  # MLflow's revision
 
 

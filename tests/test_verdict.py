@@ -193,12 +193,28 @@ def test_the_quick_start_search_prints_stores_and_logs_one_verdict(tmp_path, dat
     assert len(parents) == 1
     assert v["headline"] in parents[0].data.tags["mlflow.note.content"]
     assert parents[0].data.tags["evomerge.verdict"] == v["headline"]
+    # the table's baselines are runs beside the trials, with the values the table printed
+    import re
+
+    def baseline_runs():
+        return {r.data.tags["evomerge.baseline"]: r for r in client.search_runs([exp.experiment_id])
+                if r.data.tags.get("evomerge.kind") == "baseline"}
+
+    logged = baseline_runs()
+    assert set(logged) == set(names)
+    for name, r in logged.items():
+        assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        shown = re.search(rf"│ {re.escape(name)} +│ +([0-9.]+) +│", p.stdout)
+        assert shown and f"{r.data.metrics['final_val_accuracy']:.4f}" == shown.group(1), name
     # the fresh-seed runs are cached: the same command again judges the same values without new trials
     again = cli("search", "--study", "mnist-gossip", "--n-trials", "4", "--seed", "3", "--runs-dir", runs,
                 cwd=tmp_path, data_dir=data_dir)
     assert again.returncode == 0, again.stderr
     ostudy = optuna.load_study(study_name="mnist-gossip", storage=f"sqlite:///{runs / 'mnist-gossip' / 'optuna.db'}")
     assert ostudy.user_attrs["verdict"]["comparisons"] == v["comparisons"]
+    # and logs no second copy of the baselines
+    assert {n: r.info.run_id for n, r in baseline_runs().items()} == {n: r.info.run_id for n, r in logged.items()}
+    assert len([r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("evomerge.kind") == "baseline"]) == 5
 
 
 @pytest.mark.integration

@@ -7,7 +7,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..dburls import shown
-from ..search.baselines import baseline_rows
 from ..search.results import DIVERGED, RUN_STATUS, describe_policy, format_counts, missed, objective_label
 from ..study import Study
 
@@ -134,6 +133,12 @@ class SearchView:
             self.err.print(f"judging: {tune}the picks and {len(study.baselines)} baselines on "
                            + (f"{n} fresh seed{'s' if n > 1 else ''} (runs already made are reused)" if n else
                               "the search's own seeds"), highlight=False)
+        elif kind == "baselines":  # the table's baselines, at the search's end (those not kept already)
+            study, runs = cfg.study, info["runs"]
+            what = (f"each one's step size of lr {list(study.baseline_lr)}" if info["tuning"] else "for the table")
+            self.err.print(f"baselines: {len(study.baselines)} on the study's seeds {list(study.run.seeds)} "
+                           f"{what}, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
+                           highlight=False)
         elif kind == "study":  # the whole study, read at the search's end
             self._take_study(info["study"])
             if self.task is not None:
@@ -172,7 +177,7 @@ class SearchView:
         self.bar.update(self.task, completed=min(self.done, self.cfg.n_trials),
                         info=f"pruned {self.pruned}  failed {self.failed}  {best}")
 
-    def summary(self, result: "SearchResult", data_dir=None) -> None:
+    def summary(self, result: "SearchResult") -> None:
         study = self.cfg.study
         out = console()
         out.print(f"{study.name}: {format_counts(result.counts, result.diverged)}", highlight=False)
@@ -184,16 +189,7 @@ class SearchView:
         if not result.best:
             out.print(no_best_line(result.diverged), highlight=False)
             return
-        baselines = []
-        if not result.interrupted:
-            def announce(runs: int, tuning: bool = False) -> None:
-                what = (f"each one's step size of lr {list(study.baseline_lr)}" if tuning else "for the table")
-                self.err.print(f"baselines: {len(study.baselines)} on the study's seeds {list(study.run.seeds)} "
-                               f"{what}, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
-                               highlight=False)
-
-            baselines = baseline_rows(study, data=result.data, data_dir=data_dir, device=self.cfg.device,
-                                      storage_study=result.optuna_study, announce=announce)
+        baselines = result.baselines or []  # run at the search's end (search.loop.table_baselines)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
         out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} (means over seeds {list(study.run.seeds)})"))
         if result.verdict:

@@ -24,6 +24,9 @@ What a person sees in the MLflow UI (MLflow 3):
   ``evomerge.status`` says the same;
 - the best trial's consensus model is an MLflow 3 logged model (pytorch flavour), output of
   the best trial's run and of the parent run, beside ``policy.json``.
+- the baselines of the search's end screen are runs ``baseline-NAME`` beside the trials (nested
+  under the search's run, tag ``evomerge.kind`` = ``baseline``), with the same ``final_<metric>``
+  names: sorted by an objective, the list shows where each rival falls among the trials.
 """
 
 from __future__ import annotations
@@ -478,6 +481,64 @@ class Tracker:
         self.client.log_text(rid, json.dumps(record["policy"], indent=2), "policy.json")
         self.client.set_terminated(rid, status=status, end_time=int(record["end"] * 1000))
         return rid
+
+    def log_baselines(self, rows: list[dict[str, Any]]) -> list[str]:
+        """Each baseline of the end screen's table (:func:`evomerge.search.baselines.baseline_rows`, on the study's
+        seeds) as a run beside the trials: ``baseline-NAME``, nested under the search's run, its final metrics under
+        the trial runs' names (``final_<metric>``, means over the same seeds), its first seed's rounds, its policy
+        and the step size it ran at (``run.lr``) as params, ``policy.json``. Sorted by an objective, the runs list
+        then shows where each rival falls among the trials. A baseline logged before with the same results (an
+        earlier search of the same study) is not logged again. The run ids, in the rows' order."""
+        import hashlib
+        import time
+
+        from mlflow.entities import Metric
+
+        if self.parent_id is None or self.study is None:
+            return []
+        now = int(time.time() * 1000)
+        from ..search import fingerprint
+
+        study = self.study
+        print_ = fingerprint.of(study)["hash"]
+        ids = []
+        for row in rows:
+            digest = hashlib.sha256(json.dumps({"study": print_, "row": row}, sort_keys=True, default=str)
+                                    .encode()).hexdigest()[:20]
+            earlier = self.client.search_runs([self.experiment_id], max_results=1,
+                                              filter_string=f"tags.`evomerge.baseline_digest` = '{digest}' and "
+                                                            "attributes.status != 'RUNNING'")
+            if earlier:
+                ids.append(earlier[0].info.run_id)
+                continue
+            label = "diverged" if diverged(row) else "complete"
+            lr = row.get("lr")
+            tags = {**self._source_tags(), "mlflow.parentRunId": self.parent_id, "evomerge.kind": "baseline",
+                    "evomerge.baseline": row["name"], "evomerge.status": label, "evomerge.study": study.name,
+                    "evomerge.baseline_digest": digest,
+                    "mlflow.note.content": f"Baseline `{row['name']}` (a rival of the search's trials) on the study's "
+                                           f"seeds {row['seeds']}, at lr {study.run.lr if lr is None else lr:g}"
+                                           + (" (its best of [baselines] lr)" if lr is not None else
+                                              " (the study's step size)") + "."}
+            name = f"baseline-{row['name']}" + ("" if label == "complete" else f" ({label})")
+            rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+            if self._datasets:
+                self.client.log_inputs(rid, datasets=self._datasets)
+            params = self._param_list({**row["policy"], "run.lr": study.run.lr if lr is None else lr,
+                                       "seeds": ",".join(map(str, row["seeds"]))})
+            curve = row.get("history") or {}
+            steps = curve.get("step") or []
+            history = [Metric(k, float(v), now, int(step)) for k in ROUND_METRICS if k in curve
+                       for step, v in zip(steps, curve[k]) if v is not None and v == v and abs(v) != float("inf")]
+            final = self._metric_list({objective_metric(k): v for k, v in row.items()
+                                       if k.removesuffix("_std") in SUMMARY_METRICS})
+            self.client.log_batch(rid, params=params)
+            for i in range(0, len(history) + len(final), 900):
+                self.client.log_batch(rid, metrics=(history + final)[i:i + 900])
+            self.client.log_text(rid, json.dumps(row["policy"], indent=2), "policy.json")
+            self.client.set_terminated(rid, status="FINISHED" if label == "complete" else "FAILED")
+            ids.append(rid)
+        return ids
 
     def trial_run_id(self, number: int) -> str | None:
         """The latest run logged for Optuna trial ``number`` in this experiment (any search invocation)."""

@@ -299,6 +299,7 @@ class SearchResult:
     fatal: list[tuple[str, int]] = field(default_factory=list)  # what stopped a worker process, and its exit status
     warm_start: dict | None = None  # the study's warm start (search/warmstart.py), if it has one
     verdict: dict | None = None  # the picks against the baselines on fresh seeds (search/verdict.py)
+    baselines: list[dict] | None = None  # the baselines on the study's seeds (search/baselines.py): the table's
     data: Any = None  # the study's data (data.Data) as this process loaded it, once
 
     @property
@@ -452,4 +453,33 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
                 result.errors.append(f"the verdict failed: {type(e).__name__}: {e}")
             if result.verdict:
                 tracker.describe_parent(verdict.markdown(result.verdict), result.verdict["headline"])
+        if ended and result.best and not result.interrupted and cfg.study.baselines:
+            table_baselines(cfg, ostudy, data, tracker, progress, result)
     return result
+
+
+def table_baselines(cfg: SearchConfig, ostudy, data, tracker, progress, result: SearchResult) -> None:
+    """The baselines on the study's own seeds (the end screen's table beside the best trials; runs kept in the
+    Optuna study), into ``result.baselines``, and logged in MLflow beside the trials (``Tracker.log_baselines``).
+    A failure is one of the result's errors: the search's trials and verdict stand."""
+    from .baselines import baseline_rows
+
+    def announce(runs: int, tuning: bool = False) -> None:
+        if progress:
+            progress("baselines", runs=runs, tuning=tuning)
+
+    try:
+        result.baselines = baseline_rows(cfg.study, data=data, data_dir=cfg.data_dir, device=cfg.device,
+                                         storage_study=ostudy, announce=announce)
+    except KeyboardInterrupt:  # the trials and the verdict are kept; the table is left out
+        result.interrupted = True
+        result.errors.append("the baselines were interrupted; the same command runs them again")
+        return
+    except Exception as e:  # noqa: BLE001 - never lose the search's end for it
+        result.errors.append(f"the baselines failed: {type(e).__name__}: {e}")
+        return
+    try:
+        with search_lock(cfg, {}):  # processes ending together: one logs them, the others find them logged
+            tracker.log_baselines(result.baselines)
+    except Exception as e:  # noqa: BLE001 - a tracking server gone at the end: the table still stands
+        result.errors.append(f"the baselines' runs were not logged in MLflow: {type(e).__name__}: {e}")
