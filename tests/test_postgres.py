@@ -87,8 +87,11 @@ def test_three_search_processes_one_killed_end_with_exactly_the_asked_trials(tmp
     exp = client.get_experiment_by_name("tiny")
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     parents = {r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags}
-    nested = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    nested = [r for r in runs if "mlflow.parentRunId" in r.data.tags and r.data.tags.get("evomerge.kind") != "baseline"]
     assert len(parents) == 3  # one per process, all in the study's one experiment
+    # the study's baselines logged once, by one of the processes that ended the search together
+    rivals = sorted(r.info.run_name for r in runs if r.data.tags.get("evomerge.kind") == "baseline")
+    assert rivals == ["baseline-no-merging", "baseline-ring-gossip"]
     complete = [r for r in nested if r.data.tags["optuna.trial_state"] == "COMPLETE"]
     assert sorted(int(r.data.tags["optuna.trial_number"]) for r in complete) == sorted(
         t["number"] for t in final if t["state"] == "COMPLETE")

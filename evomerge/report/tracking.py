@@ -482,13 +482,14 @@ class Tracker:
         self.client.set_terminated(rid, status=status, end_time=int(record["end"] * 1000))
         return rid
 
-    def log_baselines(self, rows: list[dict[str, Any]]) -> list[str]:
+    def log_baselines(self, rows: list[dict[str, Any]], study_hash: str) -> list[str]:
         """Each baseline of the end screen's table (:func:`evomerge.search.baselines.baseline_rows`, on the study's
         seeds) as a run beside the trials: ``baseline-NAME``, nested under the search's run, its final metrics under
         the trial runs' names (``final_<metric>``, means over the same seeds), its first seed's rounds, its policy
         and the step size it ran at (``run.lr``) as params, ``policy.json``. Sorted by an objective, the runs list
-        then shows where each rival falls among the trials. A baseline logged before with the same results (an
-        earlier search of the same study) is not logged again. The run ids, in the rows' order."""
+        then shows where each rival falls among the trials. A baseline logged before with the same results for the
+        same study (``study_hash``: its fingerprint; an earlier search of it), policy, step size and seeds is not
+        logged again. The run ids, in the rows' order."""
         import hashlib
         import time
 
@@ -497,14 +498,14 @@ class Tracker:
         if self.parent_id is None or self.study is None:
             return []
         now = int(time.time() * 1000)
-        from ..search import fingerprint
-
         study = self.study
-        print_ = fingerprint.of(study)["hash"]
         ids = []
         for row in rows:
-            digest = hashlib.sha256(json.dumps({"study": print_, "row": row}, sort_keys=True, default=str)
-                                    .encode()).hexdigest()[:20]
+            # what the row depends on (as its cache in the Optuna study), not its results: two processes that ended a
+            # search together may each have run it, with other wall times
+            what = {"study": study_hash, "target": study.target, "name": row["name"], "policy": row["policy"],
+                    "lr": row.get("lr"), "seeds": row["seeds"]}
+            digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
             earlier = self.client.search_runs([self.experiment_id], max_results=1,
                                               filter_string=f"tags.`evomerge.baseline_digest` = '{digest}' and "
                                                             "attributes.status != 'RUNNING'")

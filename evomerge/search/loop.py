@@ -462,6 +462,7 @@ def table_baselines(cfg: SearchConfig, ostudy, data, tracker, progress, result: 
     """The baselines on the study's own seeds (the end screen's table beside the best trials; runs kept in the
     Optuna study), into ``result.baselines``, and logged in MLflow beside the trials (``Tracker.log_baselines``).
     A failure is one of the result's errors: the search's trials and verdict stand."""
+    from . import fingerprint
     from .baselines import baseline_rows
 
     def announce(runs: int, tuning: bool = False) -> None:
@@ -480,6 +481,6 @@ def table_baselines(cfg: SearchConfig, ostudy, data, tracker, progress, result: 
         return
     try:
         with search_lock(cfg, {}):  # processes ending together: one logs them, the others find them logged
-            tracker.log_baselines(result.baselines)
+            tracker.log_baselines(result.baselines, fingerprint.of(cfg.study)["hash"])
     except Exception as e:  # noqa: BLE001 - a tracking server gone at the end: the table still stands
         result.errors.append(f"the baselines' runs were not logged in MLflow: {type(e).__name__}: {e}")
