@@ -644,9 +644,9 @@ class Merger:
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("group", "torch.distributed is not initialised; call dist.init_process_group first "
                                        "(one process per worker, e.g. under torchrun)")
-        for said in (step_size_warning(found, optimizer), model_size_warning(where, model)):
-            if said:
-                warnings.warn(said, stacklevel=2)
+        said = step_size_warning(found, optimizer)  # this rank's optimiser: said by each rank whose differs
+        if said:
+            warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
         self._ended, self._said_ended = None, False  # "finish" or "close" once called
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
@@ -662,9 +662,10 @@ class Merger:
             self.W = n_workers if worker_group is not None else dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         check_policy(p, self.W)
-        said = workers_warning(where, self.W)
-        if said:
-            warnings.warn(said, stacklevel=2)
+        if self.rank == 0:  # the same on every rank (merged models have one size): said once, by rank 0
+            for said in (model_size_warning(where, model), workers_warning(where, self.W)):
+                if said:
+                    warnings.warn(said, stacklevel=2)
         held, held_why = (None, None) if self._follower else _check_holdout(holdout, p, loss_fn, model)
         if loss_fn is not None and not callable(loss_fn):
             raise ConfigError("loss_fn", f"got {type(loss_fn).__name__}; allowed: a function (output, y) -> loss, or None")

@@ -895,8 +895,11 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
             str(ROOT / "examples" / "deploy" / "train.py"), "--data-dir", str(data_dir), "--train-size", "2000",
             "--steps", "40", "--batch-size", "32"]
     # as `evomerge export` writes it: with the optimiser and step size it was found with, which the example trains at
+    # searched with another model and 8 workers: said once, by rank 0, not by every rank
     (tmp_path / "best.json").write_text(json.dumps({"trial": 3, "study": "s", "policy": POLICIES["ring-winner-holdout"],
-                                                    "run": {"optimizer": "sgd", "lr": 0.05, "weight_decay": 0.0}}))
+                                                    "run": {"optimizer": "sgd", "lr": 0.05, "weight_decay": 0.0},
+                                                    "model_bytes": 407_000,
+                                                    "fingerprint": {"summary": {"run.workers": 8}}}))
     r = subprocess.run(base + ["--policy", str(tmp_path / "best.json"), "--slow-rank", "1", "--slow-factor",
                                "3", "--trace", str(tmp_path / "trace")], capture_output=True, text=True, timeout=240,
                        env=env)
@@ -905,6 +908,9 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
                   r"0\.05(; \d+ torch threads? per rank)?\)$", r.stdout, re.M)
     assert m and float(m[1]) > 0.4 and int(m[2]) > 0, r.stdout
     assert "this optimizer's lr" not in r.stderr  # trained at the found step size: no warning
+    assert r.stderr.count("UserWarning: policy: trial 3 of s was searched with a model of 407.0 kB") == 1, r.stderr
+    assert r.stderr.count("UserWarning: policy: trial 3 of s was searched with 8 workers (run.workers); this job has "
+                          "2.") == 1, r.stderr
     for rank in (0, 1):
         recs = [json.loads(ln) for ln in (tmp_path / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert [x["step"] for x in recs if "compute_s" in x] == list(range(1, 41))
@@ -920,6 +926,30 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
     m = re.search(r"consensus val accuracy (0\.\d+) after 40 steps per rank, (\d+) merges on rank 0, .* \(adamw, "
                   r"lr 0\.001(; \d+ torch threads? per rank)?\)$", r.stdout, re.M)
     assert m and float(m[1]) > 0.4 and int(m[2]) == 4, r.stdout  # rank 0 pushes after every 10 of its steps
+    # Ctrl-C, which torchrun passes to every rank: one line from rank 0 and status 130 from each, no rank's traceback
+    # (torchrun's own report of the signal follows)
+    import signal
+
+    job = subprocess.Popen(base[:-2] + ["--steps", "100000", "--policy", str(tmp_path / "best.json"), "--trace",
+                                        str(tmp_path / "ctrl-c")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        def stepping(k):  # a step in the rank's trace
+            f = tmp_path / "ctrl-c" / f"rank-{k}.jsonl"
+            return f.exists() and '"compute_s"' in f.read_text()
+
+        while time.time() < deadline and not (stepping(0) and stepping(1)):
+            time.sleep(0.2)
+        os.killpg(job.pid, signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    said = re.findall(r"^interrupted at local step (\d+) of 100000; stopped$", err, re.M)
+    assert len(said) == 1 and 0 < int(said[0]) < 100000, err[-3000:]
+    assert "KeyboardInterrupt" not in err and "[rank" not in err, err[-3000:]
+    assert re.search(r"exitcode\s*:\s*130|got signal: 2", err), err[-3000:]
     (tmp_path / "bad.json").write_text(json.dumps({"scheme": "gossip", "swap_p": 0.5}))
     bad = [a if a != "2" else "1" for a in base[:6]] + base[6:]  # one process is enough to be refused
     r = subprocess.run(bad + ["--policy", str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=240,

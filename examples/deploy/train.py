@@ -131,11 +131,12 @@ def main() -> int:
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
     optimizer = cls(model.parameters(), lr=lr, **extra)
     scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda")
+    step = 0
     try:
         merger = evomerge.Merger(args.policy, model, optimizer, seed=args.seed, total_steps=steps,
                                  overlap=args.overlap, timeout=args.timeout, trace=args.trace, speeds=args.speeds,
                                  holdout=holdout)
-        t0, step = time.perf_counter(), 0
+        t0 = time.perf_counter()
         while step < steps:
             for x, y in loader:
                 if step == steps:
@@ -163,6 +164,10 @@ def main() -> int:
     except evomerge.MergerError as e:  # a peer died or hangs: one line, and leave the broken group as it is
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(1)
+    except KeyboardInterrupt:  # Ctrl-C, which torchrun passes to every rank: one line, not a traceback per rank
+        if rank == 0:
+            print(f"interrupted at local step {step} of {steps}; stopped", file=sys.stderr, flush=True)
+        os._exit(130)  # every rank stops where it is: nothing to finish the run with (as for a dead peer)
     if rank == 0:
         model.eval()
         with torch.no_grad():
@@ -177,4 +182,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before the training loop (reading the data, the process group's start)
+        if os.environ.get("RANK", "0") == "0":
+            print("interrupted before training; stopped", file=sys.stderr, flush=True)
+        os._exit(130)
