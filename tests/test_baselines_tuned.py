@@ -72,6 +72,8 @@ def test_each_baseline_runs_at_its_best_step_size_in_the_table_the_verdict_and_t
     assert ("best step size at an end of [baselines] lr" in said) == bool(edges), said
     for n in st.baselines:
         assert f"{n} " in said and f"baseline (lr {want[n]:g}, its best)" in said
+    # two seeds: the table says so, and each row's spread over them
+    assert "tiny: best trials (means over seeds [0, 1])" in said and "spread (sd)" in said, said
 
     # `run` of a baseline says at which step size the search judged it, and `--lr` runs it there: the row's figures
     # (it ran at the study's lr in silence, and the verdict's numbers could not be had from it)

@@ -193,6 +193,8 @@ def test_the_quick_start_search_prints_stores_and_logs_one_verdict(tmp_path, dat
     assert len(parents) == 1
     assert v["headline"] in parents[0].data.tags["mlflow.note.content"]
     assert parents[0].data.tags["evomerge.verdict"] == v["headline"]
+    # one seed: the table's figures are that seed's, with no spread column (it held a "-" in every row)
+    assert "mnist-gossip: Pareto set (seed 0)" in p.stdout and "spread" not in p.stdout, p.stdout
     # the table's baselines are runs beside the trials, with the values the table printed
     import re
 

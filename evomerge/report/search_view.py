@@ -42,25 +42,40 @@ def _fmt(study: Study, name: str, v: float) -> str:
 
 
 def best_table(study: Study, best: list[dict], baselines: list[dict], title: str):
+    """The best trials (a ``search.results.trial_summary`` each) and ``baselines`` (rows of
+    ``search.baselines.baseline_rows``): their objectives, the first objective's spread over seeds (a column only
+    where a row has one: one seed has none) and what each policy does."""
     from rich.table import Table
 
+    key = f"{study.objectives[0]}_std"
+    spreads = [b["spread"].get(key) for b in best] + [r.get(key) for r in baselines]
+    shown = any(v is not None for v in spreads)
     t = Table(title=title)
     t.add_column("trial / baseline" if baselines else "trial")
     for o in study.objectives:
         t.add_column(objective_label(o), justify="right")
-    t.add_column("spread (sd)", justify="right")
+    if shown:
+        t.add_column("spread (sd)", justify="right")
     t.add_column("policy")
-    for b in best:
-        spread = b["spread"].get(f"{study.objectives[0]}_std")
-        t.add_row(f"trial {b['number']}", *[_fmt(study, o, v) for o, v in zip(study.objectives, b["values"])],
-                  f"{spread:.4f}" if spread is not None else "-", describe_policy(b["policy"], b.get("run")))
-    for r in baselines:
-        spread = r.get(f"{study.objectives[0]}_std")
+
+    def spread(v) -> list[str]:
+        return [f"{v:.4f}" if v is not None else "-"] if shown else []
+
+    for b, v in zip(best, spreads):
+        t.add_row(f"trial {b['number']}", *[_fmt(study, o, x) for o, x in zip(study.objectives, b["values"])],
+                  *spread(v), describe_policy(b["policy"], b.get("run")))
+    for r, v in zip(baselines, spreads[len(best):]):
         name = r["name"] + (f" ({DIVERGED})" if r.get(RUN_STATUS) == DIVERGED else "")
-        t.add_row(f"[dim]{name}[/dim]", *[_fmt(study, o, v) for o, v in zip(study.objectives, r["values"])],
-                  f"{spread:.4f}" if spread is not None else "-",
+        t.add_row(f"[dim]{name}[/dim]", *[_fmt(study, o, x) for o, x in zip(study.objectives, r["values"])],
+                  *spread(v),
                   f"[dim]baseline{f' (lr {lr:g}, its best)' if (lr := r.get('lr')) is not None else ''}[/dim]")
     return t
+
+
+def seeds_said(seeds) -> str:
+    """The seeds a table's figures are over: "means over seeds [0, 1]", or "seed 0" for one."""
+    seeds = list(seeds)
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"means over seeds {seeds}"
 
 
 def diverged_line(numbers: list[int]) -> str:
@@ -191,7 +206,7 @@ class SearchView:
             return
         baselines = result.baselines or []  # run at the search's end (search.loop.table_baselines)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
-        out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} (means over seeds {list(study.run.seeds)})"))
+        out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} ({seeds_said(study.run.seeds)})"))
         if result.verdict:
             from ..search.verdict import render
 
