@@ -63,7 +63,7 @@ def uses(policy: dict) -> list[str]:
 
 def best_of_search(st, seed: int, trials: int, sampler: str, tmp: str, name: str, data) -> tuple[dict, MergePolicy]:
     """One search of ``st`` (MLflow and Optuna stores under ``tmp``, named ``name``): its best trial and policy."""
-    res = evomerge.search(st, verdict=False, n_trials=trials, sampler=sampler, runs_dir=f"{tmp}/{name}",
+    res = evomerge.search(st, verdict=False, baselines=False, n_trials=trials, sampler=sampler, runs_dir=f"{tmp}/{name}",
                           tracking_uri=f"sqlite:///{tmp}/{name}-mlflow.db", seed=seed, data=data)
     best = res.best[0]
     return best, MergePolicy.from_dict(best["policy"])

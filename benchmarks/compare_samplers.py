@@ -96,7 +96,7 @@ def main(argv=None):
             name, _, pruner = sampler.partition("+")
             for seed in args.search_seeds:
                 t0, wall0 = time.perf_counter(), time.time()
-                res = evomerge.search(s, verdict=False, n_trials=n, sampler=name, pruner=pruner or "median", seed=seed,
+                res = evomerge.search(s, verdict=False, baselines=False, n_trials=n, sampler=name, pruner=pruner or "median", seed=seed,
                                       runs_dir=Path(tmp) / f"{sampler}-{seed}", data=data)
                 trials = res.optuna_study.get_trials(deepcopy=False)
                 searches[(sampler, seed)] = (trials, wall0)

@@ -143,7 +143,7 @@ def main() -> None:
                 t0 = time.time()
                 with tempfile.TemporaryDirectory() as runs:
                     res = evomerge.search(s, n_trials=args.trials, sampler="cmaes", runs_dir=runs, seed=seed,
-                                          verdict=False, data=data)
+                                          verdict=False, baselines=False, data=data)
                     best = res.best[0]
                 policy = MergePolicy.from_dict(best["policy"])
                 ev = reevaluate(base, data, policy, best["run"], args.eval_seeds)

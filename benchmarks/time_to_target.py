@@ -59,7 +59,7 @@ def main(argv=None):
             for sampler in args.samplers:
                 for seed in args.search_seeds:
                     t0 = time.perf_counter()
-                    res = evomerge.search(s, verdict=False, n_trials=n, sampler=sampler, seed=seed,
+                    res = evomerge.search(s, verdict=False, baselines=False, n_trials=n, sampler=sampler, seed=seed,
                                           runs_dir=Path(tmp) / f"{sampler}-{seed}", data=data)
                     best = res.best[0]
                     pol = MergePolicy.from_dict(best["policy"])

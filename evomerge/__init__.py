@@ -115,7 +115,8 @@ def search(study, *, data=None, **options):
     trials the study should hold. ``reevaluate=None`` is the command's default, 3 fresh seeds for the verdict (a
     number other than 0 beside ``verdict=False`` is refused, as ``--reevaluate N --no-verdict`` is). A search that
     ends with a best trial also runs the study's baselines on its seeds, as the command's end screen shows them
-    (``result.baselines``, kept in the study: run once), and logs them in MLflow beside the trials. Optuna's own
+    (``result.baselines``, kept in the study: run once), and logs them in MLflow beside the trials
+    (``baselines=False``: none, and no verdict). Optuna's own
     logging is left as the caller set it.
     """
     from .errors import keyword_names

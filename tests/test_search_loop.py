@@ -399,9 +399,11 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     ended = client.create_run(exp, run_name="search-random-ended", tags=host | {"evomerge.process": mine})
     client.set_terminated(ended.info.run_id, status="FAILED")
     cut = client.create_run(exp, run_name="trial-7", tags={"mlflow.parentRunId": ended.info.run_id})
+    cut_rival = client.create_run(exp, run_name="baseline-fedavg", tags={"mlflow.parentRunId": ended.info.run_id,
+                                                                         "evomerge.kind": "baseline"})
     under_alive = client.create_run(exp, run_name="trial-8", tags={"mlflow.parentRunId": alive.info.run_id})
     t0 = time.monotonic()
-    p = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "1", "--sampler", "random",
+    p = cli("search", "--no-baselines", "--study", str(f), "--n-trials", "1", "--sampler", "random",
             cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     # its trial, left RUNNING, is failed at once and its policy asked again (it waited out the 30 s grace period of
@@ -424,6 +426,13 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     run = client.get_run(cut.info.run_id)
     assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"].startswith(
         "its search ended before this run's logging did")
+    run = client.get_run(cut_rival.info.run_id)  # a baseline's run cut short the same way
+    assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"].startswith(
+        "its search ended before this run's logging did")
     assert client.get_run(under_alive.info.run_id).info.status == "RUNNING"
+    # --no-baselines: no baseline run of its own, and no verdict
+    assert not [r for r in client.search_runs([exp]) if r.data.tags.get("evomerge.kind") == "baseline" and
+                r.info.run_id != cut_rival.info.run_id]
+    assert "verdict" not in p.stdout and "baselines:" not in p.stderr, p.stdout
     parents = [r for r in client.search_runs([exp]) if r.info.run_name.startswith("search-random-2")]
     assert [r.info.status for r in parents if r.info.run_id != killed.info.run_id] == ["FINISHED"]

@@ -124,6 +124,17 @@ def test_fresh_seeds_for_a_verdict_that_is_not_run_are_refused(tmp_path):
     assert (r.returncode, r.stderr) == (2, "error: --reevaluate: 3 given with --no-verdict, which runs no verdict on "
                                            "fresh seeds; allowed: one of them\n"), r.stderr
     assert not (tmp_path / "cli-runs").exists()
+    # no baselines, no verdict: fresh seeds for it refused the same way, in the Python call's words too
+    assert config.make_config(s, baselines=False).verdict is False
+    config.make_config(s, baselines=False, reevaluate=0)
+    r = cli("search", "--study", write_study(tmp_path), "--reevaluate", "2", "--no-baselines", "--runs-dir",
+            tmp_path / "cli-runs", cwd=tmp_path, data_dir=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "error: --reevaluate: 2 given with --no-baselines, which runs no verdict on "
+                                           "fresh seeds (it judges against the baselines); allowed: one of them\n")
+    assert not (tmp_path / "cli-runs").exists()
+    with pytest.raises(ConfigError) as e:
+        evomerge.search(s, reevaluate=2, baselines=False, runs_dir=tmp_path / "runs")
+    assert str(e.value).startswith("reevaluate: 2 given with baselines=False, which runs no verdict")
 
 
 def test_cmaes_settings_with_another_sampler_are_one_line(tmp_path):

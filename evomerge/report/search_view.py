@@ -49,17 +49,17 @@ def best_table(study: Study, best: list[dict], baselines: list[dict], title: str
 
     key = f"{study.objectives[0]}_std"
     spreads = [b["spread"].get(key) for b in best] + [r.get(key) for r in baselines]
-    shown = any(v is not None for v in spreads)
+    with_spread = any(v is not None for v in spreads)
     t = Table(title=title)
     t.add_column("trial / baseline" if baselines else "trial")
     for o in study.objectives:
         t.add_column(objective_label(o), justify="right")
-    if shown:
+    if with_spread:
         t.add_column("spread (sd)", justify="right")
     t.add_column("policy")
 
     def spread(v) -> list[str]:
-        return [f"{v:.4f}" if v is not None else "-"] if shown else []
+        return [f"{v:.4f}" if v is not None else "-"] if with_spread else []
 
     for b, v in zip(best, spreads):
         t.add_row(f"trial {b['number']}", *[_fmt(study, o, x) for o, x in zip(study.objectives, b["values"])],

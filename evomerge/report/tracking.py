@@ -291,7 +291,8 @@ class Tracker:
         if study is not None:
             tags[VIEW_TAG] = json.dumps(review_view(study))
             tags["mlflow.note.content"] = (study.description or f"evomerge study {study.name}") + (
-                "\n\nOne parent run per `evomerge search` that runs trials, one nested run per trial. Objectives: "
+                "\n\nOne parent run per `evomerge search` that runs trials, one nested run per trial, and the study's "
+                "baselines as `baseline-NAME` runs beside them. Objectives: "
                 + ", ".join(f"`{objective_metric(o)}` ({d})" for o, d in zip(study.objectives, study.directions)) + ".")
         if exp is None:
             from mlflow.exceptions import MlflowException
@@ -367,11 +368,10 @@ class Tracker:
                                                                    f"on {host}) was gone; marked by a later search")
             self.client.set_terminated(run.info.run_id, status="KILLED")
             ended.append(run.info.run_id)
-        # a trial's run left RUNNING under a search that has ended (its logging cut short: the tracking server
-        # stopped answering between the run's start and its end)
+        # a trial's or a baseline's run left RUNNING under a search that has ended (its logging cut short: the
+        # tracking server stopped answering between the run's start and its end)
         nested = self.client.search_runs([self.experiment_id], max_results=1000,
-                                         filter_string="attributes.status = 'RUNNING' and attributes.run_name LIKE "
-                                                       "'trial-%'")
+                                         filter_string="attributes.status = 'RUNNING'")
         status: dict[str, str] = {}
         for run in nested:
             parent = run.data.tags.get("mlflow.parentRunId")

@@ -185,6 +185,7 @@ class SearchConfig:
     seed: int
     reevaluate: int  # fresh seeds for the verdict (search/verdict.py); 0: the search's own
     verdict: bool  # end with the verdict
+    baselines: bool  # end with the baselines on the study's seeds (the table, MLflow runs); off: no verdict either
     data_dir: str | None
     device: str | None
     prune: bool
@@ -286,9 +287,14 @@ def make_config(study: Study, **options) -> SearchConfig:
                                      f"--backend {backend}: 1 (or use --backend inprocess)")
     if opts["reevaluate"] is not None and opts["reevaluate"] < 0:
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} is out of range; allowed: [0, inf) fresh seeds")
+    if not opts["baselines"] and opts["reevaluate"] not in (0, None):
+        raise ConfigError("--reevaluate", f"{opts['reevaluate']} given with --no-baselines, which runs no verdict on "
+                                          "fresh seeds (it judges against the baselines); allowed: one of them")
     if not opts["verdict"] and opts["reevaluate"] not in (0, None):  # (None: not given)
         raise ConfigError("--reevaluate", f"{opts['reevaluate']} given with --no-verdict, which runs no verdict on "
                                           "fresh seeds; allowed: one of them")
+    if not opts["baselines"]:  # nothing to judge the picks against
+        opts["verdict"] = False
     if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:
         raise ConfigError("--cmaes-popsize", f"{opts['cmaes_popsize']} is out of range; allowed: 0 (N with --batch N, "
                                              "else 4 + 3 ln d for d numeric fields) or [2, inf)")

@@ -453,7 +453,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
                 result.errors.append(f"the verdict failed: {type(e).__name__}: {e}")
             if result.verdict:
                 tracker.describe_parent(verdict.markdown(result.verdict), result.verdict["headline"])
-        if ended and result.best and not result.interrupted and cfg.study.baselines:
+        if ended and result.best and not result.interrupted and cfg.baselines and cfg.study.baselines:
             table_baselines(cfg, ostudy, data, tracker, progress, result)
     return result
 

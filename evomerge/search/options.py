@@ -80,6 +80,8 @@ OPTIONS: tuple[Option, ...] = (
                                "(paired by seed); 0: the verdict uses the search's own seeds", int, metavar="N",
            shown=str(REEVALUATE)),
     Option("verdict", True, "end without the verdict (the picks against the baselines)", negate=True),
+    Option("baselines", True, "end without the baselines: no rows beside the best trials, no baseline runs in "
+                              "MLflow, and so no verdict (it judges the picks against them)", negate=True),
     Option("data_dir", None, "where the dataset's IDX files are", shown="$EVOMERGE_DATA_DIR, else the user cache",
            common=True),
     Option("device", None, "torch device", shown="cuda when present, else cpu", common=True),

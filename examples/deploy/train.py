@@ -184,7 +184,7 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before the training loop (reading the data, the process group's start)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (reading the data, the start, the evaluation)
         if os.environ.get("RANK", "0") == "0":
-            print("interrupted before training; stopped", file=sys.stderr, flush=True)
+            print("interrupted; stopped", file=sys.stderr, flush=True)
         os._exit(130)
