@@ -427,8 +427,9 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"].startswith(
         "its search ended before this run's logging did")
     run = client.get_run(cut_rival.info.run_id)  # a baseline's run cut short the same way
-    assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"].startswith(
-        "its search ended before this run's logging did")
+    assert run.info.status == "KILLED" and run.data.tags["evomerge.ended"] == (
+        "its search ended before this run's logging did (the next search logs this baseline again); marked by a "
+        "later search")
     assert client.get_run(under_alive.info.run_id).info.status == "RUNNING"
     # --no-baselines: no baseline run of its own, and no verdict
     assert not [r for r in client.search_runs([exp]) if r.data.tags.get("evomerge.kind") == "baseline" and

@@ -134,6 +134,14 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
             == [10, 20, 30]
     assert baselines["no-merging"].data.metrics["final_bytes"] == 0
     assert baselines["ring-gossip"].data.metrics["final_bytes"] > 0
+    # the same search again (nothing left to run) logs no second copy, but logs again a baseline whose run was cut
+    # short (marked KILLED by a later search)
+    client.set_terminated(baselines["ring-gossip"].info.run_id, status="KILLED")
+    evomerge.search(s, verdict=False, n_trials=3, sampler="random", runs_dir=tmp_path / "runs",
+                    tracking_uri=mlflow_server, data_dir=data_dir, prune=False)
+    now = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("evomerge.kind") == "baseline"]
+    assert sorted((r.info.run_name, r.info.status) for r in now) == [
+        ("baseline-no-merging", "FINISHED"), ("baseline-ring-gossip", "FINISHED"), ("baseline-ring-gossip", "KILLED")]
     assert sorted(int(c.data.tags["optuna.trial_number"]) for c in children) == [0, 1, 2]
     for c in children:
         assert c.data.tags["optuna.trial_state"] == "COMPLETE" and c.info.status == "FINISHED"

@@ -384,9 +384,10 @@ class Tracker:
                     status[parent] = "DELETED"
             if status[parent] == "RUNNING":
                 continue
+            where = ("the next search logs this baseline again" if run.data.tags.get("evomerge.kind") == "baseline"
+                     else "see the trial in the Optuna study for its results")
             self.client.set_tag(run.info.run_id, "evomerge.ended", "its search ended before this run's logging did "
-                                                                   "(see the trial in the Optuna study for its results); "
-                                                                   "marked by a later search")
+                                                                   f"({where}); marked by a later search")
             self.client.set_terminated(run.info.run_id, status="KILLED")
             ended.append(run.info.run_id)
         return ended
@@ -508,7 +509,8 @@ class Tracker:
             digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
             earlier = self.client.search_runs([self.experiment_id], max_results=1,
                                               filter_string=f"tags.`evomerge.baseline_digest` = '{digest}' and "
-                                                            "attributes.status != 'RUNNING'")
+                                                            "attributes.status != 'RUNNING' and "
+                                                            "attributes.status != 'KILLED'")  # (cut short: again)
             if earlier:
                 ids.append(earlier[0].info.run_id)
                 continue
