@@ -934,13 +934,13 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
     job = subprocess.Popen(endless + ["--policy", str(tmp_path / "best.json"), "--trace", str(tmp_path / "ctrl-c")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        deadline = time.time() + 120
+        from searchutil import wait_for
+
         def stepping(k):  # a step in the rank's trace
             f = tmp_path / "ctrl-c" / f"rank-{k}.jsonl"
             return f.exists() and '"compute_s"' in f.read_text()
 
-        while time.time() < deadline and not (stepping(0) and stepping(1)):
-            time.sleep(0.2)
+        assert wait_for(lambda: stepping(0) and stepping(1), timeout=120, proc=job), "the ranks never stepped"
         os.killpg(job.pid, signal.SIGINT)
         _, err = job.communicate(timeout=60)
     finally:

@@ -269,6 +269,11 @@ def trial_status(record: dict[str, Any]) -> tuple[str, str]:
     return (state or "unknown").lower(), "KILLED"
 
 
+def _finite(v) -> bool:
+    """A round's value MLflow can hold as a metric (not missing, NaN or infinite)."""
+    return v is not None and v == v and abs(v) != float("inf")
+
+
 def diverged(record_or_attrs: dict[str, Any]) -> bool:
     """A search record's (or an Optuna trial's user attributes') run diverged."""
     return "diverged" in (record_or_attrs.get("status"), record_or_attrs.get("run_status"))
@@ -467,18 +472,10 @@ class Tracker:
                 for key in ROUND_METRICS:
                     if key not in r:  # histories written before a metric existed
                         continue
-                    v = r[key]
-                    if v is not None and v == v and abs(v) != float("inf"):
-                        history.append(Metric(key, float(v), ts, offset + r["step"]))
+                    if _finite(r[key]):
+                        history.append(Metric(key, float(r[key]), ts, offset + r["step"]))
         final = self._metric_list({objective_metric(k): v for k, v in record["final"].items()})
-        if len(params) <= 100 and len(params) + len(history) + len(final) <= 1000:  # MLflow's limits on one batch
-            self.client.log_batch(rid, metrics=history + final, params=params)  # one write, not three
-        else:
-            self.client.log_batch(rid, params=params)
-            for i in range(0, len(history), 900):
-                self.client.log_batch(rid, metrics=history[i:i + 900])
-            if final:
-                self.client.log_batch(rid, metrics=final)
+        self._write(rid, params, history + final)
         self.client.log_text(rid, json.dumps(record["policy"], indent=2), "policy.json")
         self.client.set_terminated(rid, status=status, end_time=int(record["end"] * 1000))
         return rid
@@ -515,29 +512,28 @@ class Tracker:
                 ids.append(earlier[0].info.run_id)
                 continue
             label = "diverged" if diverged(row) else "complete"
-            lr = row.get("lr")
+            tuned = row.get("lr") is not None  # its best of [baselines] lr; else the study's
+            lr = row["lr"] if tuned else study.run.lr
             tags = {**self._source_tags(), "mlflow.parentRunId": self.parent_id, "evomerge.kind": "baseline",
                     "evomerge.baseline": row["name"], "evomerge.status": label, "evomerge.study": study.name,
                     "evomerge.baseline_digest": digest,
                     "mlflow.note.content": f"Baseline `{row['name']}` (a rival of the search's trials) on the study's "
-                                           f"seeds {row['seeds']}, at lr {study.run.lr if lr is None else lr:g}"
-                                           + (" (its best of [baselines] lr)" if lr is not None else
-                                              " (the study's step size)") + "."}
+                                           f"seeds {row['seeds']}, at lr {lr:g}"
+                                           + (" (its best of [baselines] lr)" if tuned else " (the study's step size)")
+                                           + "."}
             name = f"baseline-{row['name']}" + ("" if label == "complete" else f" ({label})")
             rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
             if self._datasets:
                 self.client.log_inputs(rid, datasets=self._datasets)
-            params = self._param_list({**row["policy"], "run.lr": study.run.lr if lr is None else lr,
+            params = self._param_list({**row["policy"], "run.lr": lr,
                                        "seeds": ",".join(map(str, row["seeds"]))})
             curve = row.get("history") or {}
             steps = curve.get("step") or []
             history = [Metric(k, float(v), now, int(step)) for k in ROUND_METRICS if k in curve
-                       for step, v in zip(steps, curve[k]) if v is not None and v == v and abs(v) != float("inf")]
+                       for step, v in zip(steps, curve[k]) if _finite(v)]
             final = self._metric_list({objective_metric(k): v for k, v in row.items()
                                        if k.removesuffix("_std") in SUMMARY_METRICS})
-            self.client.log_batch(rid, params=params)
-            for i in range(0, len(history) + len(final), 900):
-                self.client.log_batch(rid, metrics=(history + final)[i:i + 900])
+            self._write(rid, params, history + final)
             self.client.log_text(rid, json.dumps(row["policy"], indent=2), "policy.json")
             self.client.set_terminated(rid, status="FINISHED" if label == "complete" else "FAILED")
             ids.append(rid)
@@ -655,6 +651,16 @@ class Tracker:
             self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
             raise
         return logged.model_id
+
+    def _write(self, rid: str, params: list, metrics: list) -> None:
+        """A run's params and metrics: one write where they fit MLflow's limits on one batch (100 params, 1000
+        entries), else the params, then the metrics 900 at a time."""
+        if len(params) <= 100 and len(params) + len(metrics) <= 1000:
+            self.client.log_batch(rid, metrics=metrics, params=params)
+            return
+        self.client.log_batch(rid, params=params)
+        for i in range(0, len(metrics), 900):
+            self.client.log_batch(rid, metrics=metrics[i:i + 900])
 
     def _params(self, rid: str, params: dict[str, Any]) -> None:
         self.client.log_batch(rid, params=self._param_list(params))
