@@ -552,6 +552,16 @@ ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster 
                      "order of their times; add an [environment], or use scheme gossip, allreduce or none")
 
 
+def describe_policy(policy: dict, run: dict | None = None) -> str:
+    """A stored policy (a dict) in words, and the run settings a trial searched with it (``; run.lr 0.0123``);
+    "?" for a policy of a later schema, read by an older evomerge. The fields the words leave out take no effect."""
+    searched = "".join(f"; run.{k} {v:.3g}" for k, v in sorted((run or {}).items()))
+    try:
+        return MergePolicy.from_dict(policy).describe() + searched
+    except Exception:
+        return "?" + searched
+
+
 def decides_by_confidence(policy) -> bool:
     """Whether gossip swaps of ``policy`` are decided by the peer's data's confidence."""
     return policy.scheme == "gossip" and bool(policy.swap_p and policy.swap_confidence)

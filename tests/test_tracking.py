@@ -106,6 +106,8 @@ def test_a_trial_run_holds_every_round_param_and_final_value(tmp_path, rounds):
 def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir, mlflow_server):
     from mlflow import MlflowClient
 
+    from evomerge.policy import MergePolicy
+
     s = study.load(write_study(tmp_path, seeds=(0, 1)))
     res = evomerge.search(s, verdict=False, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", tracking_uri=mlflow_server,
                           data_dir=data_dir, prune=False)
@@ -129,10 +131,13 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
         assert b.data.metrics["final_bytes"] == row["bytes"] and "final_val_accuracy_std" in b.data.metrics
         assert b.data.params["run.lr"] == str(s.run.lr) and b.data.params["seeds"] == "0,1"
         assert b.data.params["scheme"] == row["policy"]["scheme"]
+        # the policy in words: which of its params take effect
+        assert b.data.tags["evomerge.policy"] == MergePolicy.from_dict(row["policy"]).describe()
         # the first seed's rounds, at their local steps, as the trial runs log theirs
         assert [m.step for m in sorted(client.get_metric_history(b.info.run_id, "val_accuracy"), key=lambda m: m.step)] \
             == [10, 20, 30]
     assert baselines["no-merging"].data.metrics["final_bytes"] == 0
+    assert baselines["no-merging"].data.tags["evomerge.policy"].startswith("no merging")
     assert baselines["ring-gossip"].data.metrics["final_bytes"] > 0
     # the same search again (nothing left to run) logs no second copy, but logs again a baseline whose run was cut
     # short (marked KILLED by a later search)
@@ -155,6 +160,8 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
         local = client.download_artifacts(c.info.run_id, "policy.json", str(tmp_path))
         policy = json.loads(open(local).read())
         assert policy["topology"] == c.data.params["topology"]
+        assert c.data.tags["evomerge.policy"] == MergePolicy.from_dict(policy).describe()
+        assert f"gossip on {policy['topology']} every" in c.data.tags["evomerge.policy"]
         number = int(c.data.tags["optuna.trial_number"])
         rec = next(r for r in res.records if r["number"] == number)
         assert c.data.metrics["final_val_accuracy"] == pytest.approx(rec["values"][0])
@@ -329,15 +336,16 @@ def _open_review(address: str, tmp_path) -> None:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        text, visible, _, _ = _read_review(browser, address, tmp_path / "ui-review.png")
+        text, visible, _, _, _ = _read_review(browser, address, tmp_path / "ui-review.png")
         browser.close()
     assert visible, "the objective's column is not shown"
     assert "Token Usage" not in text and "Traces\n0" not in text  # not the GenAI overview
 
 
-def _read_review(browser, address: str, shot) -> tuple[str, bool, dict | None, list[str]]:
+def _read_review(browser, address: str, shot) -> tuple[str, bool, dict | None, list[str], dict | None]:
     """The MLflow runs list at ``address`` as a person sees it: the page's text, whether the objective's column header
-    is visible and where, and the rows' texts (a screenshot goes to ``shot``)."""
+    is visible and where, the rows' texts, and where the policy-in-words column's header is (a screenshot goes to
+    ``shot``)."""
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.goto(address)
     page.wait_for_selector("text=trial-", timeout=60_000)
@@ -345,7 +353,9 @@ def _read_review(browser, address: str, shot) -> tuple[str, bool, dict | None, l
     page.screenshot(path=str(shot))
     text = page.inner_text("body")
     header = page.locator(".ag-header-cell", has_text="final_val_accuracy").first
-    return text, header.is_visible(), header.bounding_box(), page.locator(".ag-row").all_inner_texts()
+    words = page.locator(".ag-header-cell", has_text="evomerge.policy").first
+    return (text, header.is_visible(), header.bounding_box(), page.locator(".ag-row").all_inner_texts(),
+            words.bounding_box() if words.count() else None)
 
 
 def _record(number, state, **extra):
@@ -476,7 +486,7 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
     assert url == review_url(mlflow_server, exp.experiment_id)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        text, header_visible, box, cells = _read_review(browser, url, tmp_path / "mlflow-runs.png")
+        text, header_visible, box, cells, words_box = _read_review(browser, url, tmp_path / "mlflow-runs.png")
         run_page = browser.new_page(viewport={"width": 1600, "height": 1000})  # the dashboard's link to the best run
         run_page.goto(page_path.resolve().as_uri())
         with run_page.expect_navigation():
@@ -497,6 +507,9 @@ def test_the_mlflow_ui_lists_the_trials_with_their_validation_accuracy(tmp_path,
         assert c.info.run_name in text
     shown = " ".join(cells)
     assert str(best.data.metrics["final_val_accuracy"]) in shown  # 7 significant digits, as logged
+    assert words_box is not None and words_box["width"] >= 400  # wide enough to read the words' start
+    for c in children:  # each trial's policy in words: which of the param columns take effect
+        assert c.data.tags["evomerge.policy"] in shown, (c.data.tags["evomerge.policy"], cells)
     worst = min(by_state["COMPLETE"], key=lambda c: c.data.metrics["final_val_accuracy"])
     assert text.index(best.info.run_name + "\n") < text.index(worst.info.run_name + "\n")  # sorted by accuracy
     # the study's baselines are listed among the trials, sorted by the same accuracy

@@ -32,6 +32,9 @@ def export_document(summary: dict, study: Study, stored: dict | None = None, mod
         "seeds": list(study.run.seeds),
         "metrics_per_seed": summary["metrics"],
         "spread": summary["spread"],
+        # what the policy does, in words: its fields that the words leave out take no effect (an all-reduce has no
+        # topology; a policy file holds every field)
+        "description": policy.describe(),
         "policy": policy.to_dict(),
         # the step size the policy was judged with: searched ([search.space] run.lr) or the study's own
         "run": {"optimizer": study.run.optimizer} | {k: (summary.get("run") or {}).get(k, getattr(study.run, k))

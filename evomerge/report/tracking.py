@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..dburls import first_line
+from ..policy import describe_policy
 
 
 def default_tracking_uri(runs_dir: Path) -> str:
@@ -187,6 +188,7 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # MLflow's shared-view tag pref
 
 
 MODEL_PENDING = "evomerge.model_pending"  # on a stopped search's run: its best's model is still to be logged
+POLICY_TAG = "evomerge.policy"  # on a trial's or a baseline's run: its policy in words (the fields it leaves out are inert)
 
 
 def objective_metric(objective: str) -> str:
@@ -214,12 +216,14 @@ def review_view(study) -> dict[str, Any]:
     metric also makes the UI list nested runs flat, so the trials are not collapsed under the parent."""
     columns = [_column("metrics", objective_metric(o)) for o in study.objectives]
     columns += [_column("metrics", objective_metric(k)) for k in ("val_accuracy", "bytes") if k not in study.objectives]
+    columns += [_column("tags", POLICY_TAG)]  # the policy in words: which of the params below take effect
     columns += [_column("params", p.name) for p in study.search.space]
     columns += [_column("attributes", a) for a in ("Models", "Dataset", "Source")]
     return {"searchFilter": "", "orderByKey": _column("metrics", objective_metric(study.objectives[0])),
             "orderByAsc": study.directions[0] == "minimize", "startTime": "ALL", "lifecycleFilter": "Active",
             "modelVersionFilter": "All Runs", "datasetsFilter": [], "selectedColumns": columns,
-            "columnOrder": columns}  # the objectives first, the wide dataset column last
+            "columnOrder": columns,  # the objectives first, the wide dataset column last
+            "columnWidths": {_column("tags", POLICY_TAG): 420}}  # the words' first 60 characters, not their first 15
 
 
 def study_datasets(study) -> list:
@@ -447,6 +451,8 @@ class Tracker:
             "evomerge.study": record["study"],
             "evomerge.sampler": record["sampler"],
         }
+        if record.get("policy"):  # what the trial's policy does, in words: the fields it leaves out take no effect
+            tags[POLICY_TAG] = describe_policy(record["policy"], record.get("run"))[:5000]
         if record.get("error"):
             tags["evomerge.error"] = record["error"][:5000]
         if record.get("pruned_at") is not None:
@@ -517,6 +523,7 @@ class Tracker:
             tags = {**self._source_tags(), "mlflow.parentRunId": self.parent_id, "evomerge.kind": "baseline",
                     "evomerge.baseline": row["name"], "evomerge.status": label, "evomerge.study": study.name,
                     "evomerge.baseline_digest": digest,
+                    POLICY_TAG: describe_policy(row["policy"])[:5000],
                     "mlflow.note.content": f"Baseline `{row['name']}` (a rival of the search's trials) on the study's "
                                            f"seeds {row['seeds']}, at lr {lr:g}"
                                            + (" (its best of [baselines] lr)" if tuned else " (the study's step size)")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..dburls import shown
 from ..errors import ConfigError
+from ..policy import describe_policy  # noqa: F401 (the end screen's, the dashboard's and the verdict's)
 from ..sqlitefiles import sqlite_file
 from ..study import ACCURACY_OBJECTIVES, Study
 
@@ -376,18 +377,6 @@ def never_merged(policy, finals: list[dict], workers: int | None = None) -> str 
     steps = max(int(f.get("local_steps", 0)) for f in finals)
     return (f"never merged: a worker's {steps} local steps ended before its first merge ({policy.describe()}), "
             f"so it ran as no-merging")
-
-
-def describe_policy(policy: dict, run: dict | None = None) -> str:
-    """A stored policy in words, and the run settings a trial searched with it (``; run.lr 0.0123``); "?" for a
-    policy of a later schema, read by an older evomerge."""
-    from ..policy import MergePolicy
-
-    searched = "".join(f"; run.{k} {v:.3g}" for k, v in sorted((run or {}).items()))
-    try:
-        return MergePolicy.from_dict(policy).describe() + searched
-    except Exception:
-        return "?" + searched
 
 
 def trial_summary(t, study: Study) -> dict:
