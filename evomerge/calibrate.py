@@ -784,19 +784,33 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                                                     if jobs > 1 else ""), notes=notes)
 
 
+def in_step(recs: list[list[dict]]) -> list[tuple[float, int, float | None]]:
+    """Per rank: its seconds inside ``merger.step()`` (from a step's call, its record's ``t``, to the next step's
+    start, that record's ``t`` less its ``compute_s``), over how many steps, and as a share of its time from its first
+    step to its last (None where that is 0)."""
+    out = []
+    for rows in recs:
+        st = [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
+        gaps = [max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"])) for a, b in zip(st, st[1:])]
+        whole = float(st[-1]["t"]) - float(st[0]["t"]) if st else 0.0
+        out.append((sum(gaps), len(gaps), sum(gaps) / whole if whole > 0 else None))
+    return out
+
+
+def job_in_step(directory: str | os.PathLike, where: str = "--against") -> list[float]:
+    """Each rank's share of its time inside ``merger.step()`` in the last job of a folder of traces (:func:`in_step`)."""
+    files, recs = read_traces(Path(directory), where)
+    recs, _ = last_jobs(files, recs, where)
+    return [share for _, n, share in in_step(recs) if n and share is not None]
+
+
 def _in_step(recs: list[list[dict]]) -> list[str]:
     """Each rank's wall time inside ``merger.step()`` (from a step's call, its record's ``t``, to the next step's
     start, that record's ``t`` less its ``compute_s``): the merges applied and sent, and the waits for peers. The
     clock charges the waits it models (barriers, blocking merges, a push's model back), not the Merger's own work
     around a merge, so a share of it makes the clock's times short (run --against states by how much)."""
-    out = []
-    for r, rows in enumerate(recs):
-        st = [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
-        gaps = [max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"])) for a, b in zip(st, st[1:])]
-        if gaps:
-            whole = float(st[-1]["t"]) - float(st[0]["t"])
-            out.append(f"rank {r}: {_ms(sum(gaps))} over {len(gaps)} steps"
-                       + (f" ({sum(gaps) / whole:.1%} of its time)" if whole > 0 else ""))
+    out = [f"rank {r}: {_ms(inside)} over {n} steps" + (f" ({share:.1%} of its time)" if share is not None else "")
+           for r, (inside, n, share) in enumerate(in_step(recs)) if n]
     if not out:
         return []
     return [f"time inside merger.step() (merges applied and sent, waits for peers): {'; '.join(out)}; the clock "

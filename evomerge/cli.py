@@ -703,6 +703,16 @@ def cmd_run(args) -> int:
             return 1
         print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
+        from .calibrate import job_in_step
+
+        shares = job_in_step(args.against)
+        # the clock's known shortfall, said where the clock is short and the Merger's share large enough to matter: the
+        # least share of the ranks (a rank that waits for slower ones spends the waits, which the clock models, there)
+        if shares and min(shares) >= IN_STEP_SAID and f.sim_time < seconds:
+            print(f"note: --against: every rank spent at least {min(shares):.0%} of its time inside merger.step() "
+                  "(merges applied and sent, the transfers, waits for peers); the clock charges the transfers and "
+                  "waits it models, not the Merger's own work, so a job whose steps are short beside that work comes "
+                  "out short (docs/calibrate.md, How well it predicts)", file=sys.stderr)
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
@@ -961,7 +971,7 @@ def _load_stored(args, ref: str | None = None):
             from .dburls import shown
 
             # the stored studies where this command looks: --storage's, else the runs folder's
-            where = shown(args.storage) if args.storage else args.runs_dir
+            where = shown(args.storage) if args.storage else _runs_dir_said(args.runs_dir)
             stored = storage_names(args.storage) if args.storage else stored_names(args.runs_dir)
             if str(ref) in stored:  # its trials are there, its definition is not (an older evomerge, or Optuna alone)
                 raise ConfigError("--study", f"{str(ref)!r} is stored in {where} without its study file's text "
@@ -1033,7 +1043,7 @@ def _load_target(args):
     if target is None:
         stored = stored_names(args.runs_dir)
         raise ConfigError("--target", f"unknown study {str(args.target)!r}; known: {', '.join(known_studies())}; "
-                                      f"stored in {args.runs_dir}: {', '.join(stored) or 'none'} (or give a path to a "
+                                      f"stored in {_runs_dir_said(args.runs_dir)}: {', '.join(stored) or 'none'} (or give a path to a "
                                       ".toml file)" + study_hint(str(args.target), [*known_studies(), *stored]))
     return target
 
@@ -1304,6 +1314,15 @@ def cmd_calibrate(args) -> int:
     if not args.study:
         raise ConfigError("--study", "is required (the model, batch size and optimiser to time), or --from-trace DIR")
     return calibrate.launch(args)
+
+
+IN_STEP_SAID = 0.05  # run --against: a share of the job's time inside merger.step() said beside the clock's error
+
+
+def _runs_dir_said(runs_dir) -> str:
+    """The runs folder as an unknown study's line names it: a relative one is said to be the current folder's (a
+    command run from another folder found "runs: none" and did not say where it looked)."""
+    return str(runs_dir) if Path(runs_dir).is_absolute() else f"{runs_dir} (--runs-dir, from the current folder)"
 
 
 def cmd_export(args) -> int:

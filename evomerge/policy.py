@@ -562,6 +562,43 @@ def describe_policy(policy: dict, run: dict | None = None) -> str:
         return "?" + searched
 
 
+#: fields that only a gossip merge reads: who the peer is, how the pair moves and what it sends besides
+GOSSIP_FIELDS = ("topology", "degree", "n_communities", "p_intra", "p_intra_schedule", "p_intra_final", "exchange",
+                 "winner_bias", "similarity_bias", "score", "swap_p", "swap_confidence", "swap_recency", "outer_every")
+
+
+def no_effect(policy: dict) -> set[str]:
+    """The fields of ``policy`` (a dict, a policy's ``to_dict()``) that take no effect in it, whatever their values:
+    a gossip field off gossip (an all-reduce's ``topology``), ``degree`` off ``random_regular``, the communities'
+    fields off ``communities``, a schedule's final value on a constant schedule, the outer step's settings without
+    one. Not every inert field: the ones a reader takes for settings that matter (what a policy holds but does not
+    do, as :meth:`MergePolicy.describe` leaves it out)."""
+    d = {**MergePolicy().to_dict(), **policy}
+    out = set()
+    if d["scheme"] != "gossip":
+        out.update(GOSSIP_FIELDS)
+    if d["topology"] != "random_regular":
+        out.add("degree")
+    if d["topology"] != "communities":
+        out.update(("n_communities", "p_intra", "p_intra_schedule", "p_intra_final", "regroup_every"))
+    if d["mixing_schedule"] == "constant":
+        out.add("mixing_weight_final")
+    if d["p_intra_schedule"] == "constant":
+        out.add("p_intra_final")
+    if d["outer_optimizer"] == "none" and d["scheme"] != "async":
+        out.update(("outer_lr", "outer_momentum"))
+    if d["retire_threshold"] == 0:
+        out.add("reserve_rate")
+    if d["stop_tol"] == 0:
+        out.add("stop_patience")
+    if not (d["scheme"] == "gossip" and d["winner_bias"]):
+        out.add("score")
+    if d["scheme"] == "none" and d["outer_optimizer"] == "none":
+        out.update(("mean_interval", "mixing_weight", "mixing_schedule", "mixing_weight_final", "lerp", "payload",
+                    "topk_fraction", "quantize_bits", "optimizer_state", "buffers"))
+    return out
+
+
 def decides_by_confidence(policy) -> bool:
     """Whether gossip swaps of ``policy`` are decided by the peer's data's confidence."""
     return policy.scheme == "gossip" and bool(policy.swap_p and policy.swap_confidence)

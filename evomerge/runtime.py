@@ -425,10 +425,14 @@ def _group_by(values: list) -> dict:
 def _differences(theirs: dict, mine: dict, where: str) -> str:
     """The fields in which two policies (dicts) differ, the first three in words: ``mean_interval 5.0 {where}, 4.0
     here``; the scheme and the topology first (what tells two rules apart: they came last of three, or not at
-    all)."""
+    all), and not the fields that take effect in neither (:func:`evomerge.policy.no_effect`)."""
+    from .policy import no_effect
+
     first = ("scheme", "topology", "exchange")
     fields = sorted((k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k)),
                     key=lambda k: (first.index(k) if k in first else len(first), k))
+    idle = no_effect(theirs) & no_effect(mine)  # a field neither policy reads (an all-reduce's degree) is not named
+    fields = [k for k in fields if k not in idle] or fields  # (unless it is all they differ in)
     return ", ".join(f"{k} {theirs.get(k)!r} {where}, {mine.get(k)!r} here" for k in fields[:3]) + \
         (f" (and {len(fields) - 3} more)" if len(fields) > 3 else "")
 

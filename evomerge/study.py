@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -637,10 +638,11 @@ def _cluster_file(path: Path) -> bool:
 
 def find(ref: str | Path) -> Path:
     p = Path(ref)
-    if p.suffix == ".toml" or p.is_file():
+    if p.suffix == ".toml" or p.is_file() or "/" in str(ref) or os.sep in str(ref):  # (no name has a slash)
         if p.is_file():
             return p
-        raise ConfigError("--study", f"{ref}: no such file")
+        near = p.with_suffix(".toml") if p.suffix != ".toml" and p.with_suffix(".toml").is_file() else None
+        raise ConfigError("--study", f"{ref}: no such file" + (f"; did you mean {near}?" if near else ""))
     for base in (Path.cwd() / "studies", shipped_studies_dir()):
         if (base / f"{ref}.toml").is_file():
             return base / f"{ref}.toml"

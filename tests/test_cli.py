@@ -402,7 +402,10 @@ def test_a_bad_flag_is_one_line_with_the_nearest_good_one(tmp_path, monkeypatch,
      "error: --backend: unknown 'inproces'; allowed: inprocess, distributed; did you mean inprocess?"),
     (["run", "--study", "mnist-gosip", "--policy", "fedavg"],  # run takes a stored study's name too
      "error: --study: unknown study 'mnist-gosip'; known: mnist-gossip, mnist-gossip-64, mnist-skewed, mnist-stragglers, "
-     "mnist-two-sites, tiny-lm; stored in runs: none (or give a path to a .toml file); did you mean mnist-gossip?"),
+     "mnist-two-sites, tiny-lm; stored in runs (--runs-dir, from the current folder): none (or give a path to a .toml file); did you mean mnist-gossip?"),
+    (["search", "--study", "./mnist-gossip.tom"],  # a path with a typo: its file is missing, not a study's name
+     "error: --study: ./mnist-gossip.tom: no such file"),
+    (["status", "--study", "studies/own"], "error: --study: studies/own: no such file"),
     (["run", "--study", "mnist-gossip", "--policy", "fedav"],
      "error: --policy: fedav: no such file or named policy; named: allreduce, allreduce-backup, allreduce-sign, "
      "allreduce-topk, async-diloco, diloco, fedavg, no-merging, ring-gossip, snoo, streaming-diloco; did you mean fedavg?"),
@@ -696,3 +699,12 @@ def test_the_next_line_names_the_baseline_that_beat_every_pick(tmp_path, data_di
     nxt = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
     assert len(nxt) == 1 and re.search(r"deploy that one, evomerge\.Merger\('allreduce', \.\.\.\) at lr 0\.(05|1)\); ",
                                        nxt[0]), p.stderr
+
+
+def test_a_study_path_with_a_typo_names_the_file_beside_it(tmp_path, monkeypatch, capsys):
+    """``--study ./own.tom`` where ``own.toml`` is: the path's own error, with the file meant."""
+    (tmp_path / "own.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    for ref in ("./own.tom", "./own"):
+        assert cli.main(["status", "--study", ref]) == 2
+        assert capsys.readouterr().err == f"error: --study: {ref}: no such file; did you mean own.toml?\n"

@@ -220,6 +220,23 @@ def test_pareto_front_keeps_only_non_dominated_points():
     assert [k for _, _, k in dashboard.pareto_2d(pts)] == ["e", "b", "d"]
 
 
+@pytest.mark.parametrize("fields, said, unsaid", [
+    ({"scheme": "gossip", "mixing_weight": 0.4}, "The weight on the incoming model is 0.4 throughout.",
+     "workers' average"),
+    ({"scheme": "allreduce", "mixing_weight": 0.4}, "The weight on the workers' average is 0.4 throughout.",
+     "incoming"),
+    ({"scheme": "allreduce", "outer_optimizer": "nesterov", "mixing_weight": 1.0}, "outer nesterov step", "weight on"),
+    ({"scheme": "allreduce", "payload": "gradient", "mean_interval": 1, "mixing_weight": 1.0}, "gradient",
+     "weight on")])
+def test_the_policy_section_says_what_a_merge_moves_toward_and_not_a_weight_no_merge_takes(fields, said, unsaid):
+    """An all-reduce lerps toward the workers' average, not an "incoming model"; an outer step and an all-reduce of
+    gradients lerp toward nothing (their mixing_weight is inert)."""
+    from evomerge.policy import MergePolicy
+
+    words = dashboard.policy_words(MergePolicy.from_dict(fields), 100)
+    assert said in words and unsaid not in words, words
+
+
 @pytest.mark.xdist_group("dashboard-searched")  # one worker computes the module fixture they share
 @pytest.mark.system
 def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):

@@ -177,3 +177,46 @@ def test_the_workers_a_policy_needs_in_words_are_those_check_workers_takes(field
     m = re.fullmatch(r"at least (\d+) workers(, an even number)?", words)
     assert m, words
     assert taken == [w for w in range(2, 21) if w >= int(m[1]) and not (m[2] and w % 2)]
+
+
+def _another_value(name: str, value):
+    """Values of field ``name`` other than ``value`` that the policy's own bounds allow."""
+    spec = field_specs()[name]
+    if spec["kind"] == "choice":
+        return [c for c in spec["choices"] if c != value]
+    if isinstance(value, bool):
+        return [not value]
+    low, high = spec["low"], spec["high"]
+    if spec["kind"] == "int":
+        return [v for v in (2, 3) if v != value and low <= v <= high][:1]
+    return [v for v in (0.3, 0.7) if v != value and low <= v <= high and not (spec["low_open"] and v == low)][:1]
+
+
+@pytest.mark.parametrize("fields", [{"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 0.8},
+                                    {"scheme": "gossip", "topology": "ring", "mean_interval": 4},
+                                    {"scheme": "allreduce", "mean_interval": 5, "outer_optimizer": "nesterov",
+                                     "mixing_weight": 1.0},
+                                    {"scheme": "none"}])
+def test_a_field_said_to_take_no_effect_changes_nothing_in_a_run(tmp_path, data_dir, fields):
+    """What no_effect names (the fields `run --against` and a resumed Merger leave out of a difference): set to any
+    other value the policy takes, the same run, bit for bit. (A value the policy refuses there is no policy.)"""
+    import evomerge
+    from conftest import write_study
+    from evomerge.errors import ConfigError
+    from evomerge.policy import no_effect
+
+    st = write_study(tmp_path)
+    base = MergePolicy.from_dict(fields)
+    want = [vars(m) for m in evomerge.run(str(st), base, 0, data_dir=data_dir).history]
+    tried = 0
+    for name in sorted(no_effect(base.to_dict())):
+        for value in _another_value(name, getattr(base, name)):
+            try:
+                other = MergePolicy.from_dict({**base.to_dict(), name: value})
+            except ConfigError:
+                continue
+            got = [vars(m) for m in evomerge.run(str(st), other, 0, data_dir=data_dir).history]
+            assert [{k: v for k, v in m.items() if k != "wall_time"} for m in got] == \
+                [{k: v for k, v in m.items() if k != "wall_time"} for m in want], (name, value)
+            tried += 1
+    assert tried >= 5, tried  # (most of what it names was changed and run)

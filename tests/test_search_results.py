@@ -190,7 +190,7 @@ def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path
                                               "changed since; using the definition stored with its trials\n"), p.stderr
     # an unknown name lists the stored studies too
     p = cli("status", "--study", "nope", cwd=work, data_dir=data_dir)
-    assert p.returncode == 2 and "stored in runs: own-study" in p.stderr
+    assert p.returncode == 2 and "stored in runs (--runs-dir, from the current folder): own-study" in p.stderr
     # the UI by name, through the real command: the printed address is the study's runs list
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}

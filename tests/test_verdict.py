@@ -297,3 +297,7 @@ def test_bytes_read_in_the_unit_that_shows_them():
     assert verdict.difference_text("val_accuracy", [0.9], [0.8], 0.1, 0.0, True) == "+10.00 points val acc"
     assert verdict.difference_text("val_accuracy", [0.9, 0.9], [0.8, 0.8], 0.1, 0.0, True) == \
         "+10.00 ± 0.00 points val acc"
+    # a loss's difference in words: lower or higher, not a sign to read against "loses to"
+    assert verdict.difference_text("val_loss", [0.50, 0.52], [0.52, 0.53], -0.015, 0.005, False) == \
+        "0.015 ± 0.005 lower val loss"
+    assert verdict.difference_text("val_loss", [0.6], [0.5], 0.1, 0.0, False) == "0.1 higher val loss"

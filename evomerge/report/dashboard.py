@@ -450,14 +450,18 @@ def policy_words(policy: MergePolicy, total_steps: int | None) -> str:
         lines.append(f"Each worker merges after a Poisson-distributed number of local steps, {p.mean_interval:.3g} on average{merges}.")
         who = "both workers move towards each other" if p.exchange == "push_pull" else "only the peer moves towards the initiator"
         lines.append(f"In a merge {who}.")
-    if p.scheme != "none":
+    # a lerp toward the peer's model or the workers' average (an outer step or an all-reduce of gradients takes none)
+    lerps = p.scheme == "gossip" or (p.scheme == "allreduce" and p.outer_optimizer == "none" and p.payload != "gradient")
+    if lerps:
+        toward = "the incoming model" if p.scheme == "gossip" else "the workers' average"
         if p.mixing_schedule == "constant":
-            lines.append(f"The weight on the incoming model is {p.mixing_weight:.3g} throughout.")
+            lines.append(f"The weight on {toward} is {p.mixing_weight:.3g} throughout.")
         else:
-            lines.append(f"The weight on the incoming model goes from {p.mixing_weight:.3g} to {p.mixing_weight_final:.3g} "
+            lines.append(f"The weight on {toward} goes from {p.mixing_weight:.3g} to {p.mixing_weight_final:.3g} "
                          f"over the run ({p.mixing_schedule}).")
         if p.lerp == "random":
             lines.append("Each merge scales it by a uniform random draw.")
+    if p.scheme != "none":
         if p.winner_bias > 0 and p.scheme == "gossip":  # a gossip pair's winner test; other schemes carry it unused
             lines.append(f"The worker with the lower validation loss moves {1 - p.winner_bias:.0%} as far as the other.")
         if p.weighting != "uniform":

@@ -74,7 +74,7 @@ def _label(name: str) -> str:
 
 def difference_text(name: str, pick: list[float], base: list[float], mean: float, se: float, maximize: bool) -> str:
     """A paired difference in the metric's unit, from the pick's side: ``+0.3 +- 0.2 points val acc``, ``21% fewer
-    bytes``, ``1.20 +- 0.30 s faster (time to target)``."""
+    bytes``, ``1.20 +- 0.30 s faster (time to target)``, ``0.0013 +- 0.001 lower val loss``."""
     label = _label(name)
     one = len(pick) < 2  # one seed: no spread to say (a "± 0.00" read as one measured)
     if name in POINTS:
@@ -98,7 +98,10 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
         return f"{r:.1f}x the {label}" + (f" (± {rse:.1f}x)" if rse >= 0.05 else "")
     if name in SECONDS and not maximize:
         return f"{abs(mean):.2f}{'' if one else f' ± {se:.2f}'} s {'faster' if mean < 0 else 'slower'} ({label})"
-    return f"{mean:+.4g}{'' if one else f' ± {se:.2g}'} {label}"
+    if mean == 0:
+        return f"the same {label}"
+    # lower or higher in words: a signed difference of a loss ("-0.0013 val loss" on a "loses to" line) read oddly
+    return f"{abs(mean):.4g}{'' if one else f' ± {se:.2g}'} {'lower' if mean < 0 else 'higher'} {label}"
 
 
 def compare(study: Study, pick: list[list[float]], base: list[list[float]], seeds: list[int] | None = None,
