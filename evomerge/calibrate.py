@@ -1345,6 +1345,12 @@ def launch(args) -> int:
         cmd += ["--fit", args.fit]
     port = _free_port()
     threads = os.environ.get("EVOMERGE_THREADS") or str(default_threads())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if N * int(threads) > cores:  # (a warning of steps timed long followed, with no word why)
+        print(f"note: {N} rank{'s' * (N != 1)} of {threads} torch thread{'s' * (threads != '1')} on {cores} CPU "
+              f"core{'s' * (cores != 1)}: the ranks take turns on the cores, so their steps are timed slower and "
+              "less evenly than on hosts of their own; for the job's figures, calibrate on its hosts (under your "
+              "launcher, docs/calibrate.md)", file=sys.stderr)
     root = str(Path(__file__).resolve().parent.parent)
     with tempfile.TemporaryDirectory(prefix="evomerge-calibrate-") as tmp, ProcessGroup(grace=3) as group:
         procs, errs, outs = [], [], []
