@@ -563,8 +563,9 @@ def describe_policy(policy: dict, run: dict | None = None) -> str:
 
 
 #: fields that only a gossip merge reads: who the peer is, how the pair moves and what it sends besides
+#: (not the swap's fields: a confidence-conditioned swap draws the minibatches from a data pool, whatever the scheme)
 GOSSIP_FIELDS = ("topology", "degree", "n_communities", "p_intra", "p_intra_schedule", "p_intra_final", "exchange",
-                 "winner_bias", "similarity_bias", "score", "swap_p", "swap_confidence", "swap_recency", "outer_every")
+                 "winner_bias", "similarity_bias", "score", "outer_every")
 
 
 def no_effect(policy: dict) -> set[str]:
@@ -593,6 +594,16 @@ def no_effect(policy: dict) -> set[str]:
         out.add("stop_patience")
     if not (d["scheme"] == "gossip" and d["winner_bias"]):
         out.add("score")
+    if d["outer_optimizer"] == "none":
+        out.add("outer_every")
+    if d["payload"] not in COMPRESSED:
+        out.update(COMPRESSION_OFF)
+    if d["fragments"] == 1:  # (not its delay or alpha: a whole model streamed takes them)
+        out.add("fragment_pattern")
+    if d["scheme"] != "async":
+        out.update(ASYNC_OFF)
+    if not decides_by_state(SimpleNamespace(**d)):
+        out.add("publish_every")
     if d["scheme"] == "none" and d["outer_optimizer"] == "none":
         out.update(("mean_interval", "mixing_weight", "mixing_schedule", "mixing_weight_final", "lerp", "payload",
                     "topk_fraction", "quantize_bits", "optimizer_state", "buffers"))

@@ -27,11 +27,14 @@ def test_export_then_run_reproduces_the_trials_validation_metrics(tmp_path, data
     assert (tmp_path / "out" / "new" / "best.json").read_text() == (tmp_path / "best.json").read_text()
     doc = json.loads((tmp_path / "best.json").read_text())
     assert doc["study"] == "tiny" and doc["seeds"] == [3, 4] and doc["evomerge_version"] == evomerge.__version__
-    from evomerge.policy import MergePolicy
+    from evomerge.policy import MergePolicy, no_effect
 
     # the policy in words, beside the policy's every field (those it leaves out take no effect)
     assert doc["description"] == MergePolicy.load(tmp_path / "best.json").describe()
     assert f"gossip on {doc['policy']['topology']} every" in doc["description"]
+    # and the fields that take no effect in it (a ring has no degree; no communities)
+    assert doc["no_effect"] == sorted(no_effect(doc["policy"])) and {"degree", "n_communities"} <= set(doc["no_effect"])
+    assert "mean_interval" not in doc["no_effect"] and "topology" not in doc["no_effect"]
     here = resolve_device(None).type
     import torch
 

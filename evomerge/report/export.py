@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..version import __version__
 from ..errors import ConfigError
-from ..policy import EXPORT_FORMAT, MergePolicy  # noqa: F401 (EXPORT_FORMAT: this module's name for it too)
+from ..policy import EXPORT_FORMAT, MergePolicy, no_effect  # noqa: F401 (EXPORT_FORMAT: this module's name for it too)
 from ..search import fingerprint
 from ..study import RUN_SEARCHABLE, Study
 
@@ -35,6 +35,8 @@ def export_document(summary: dict, study: Study, stored: dict | None = None, mod
         # what the policy does, in words: its fields that the words leave out take no effect (an all-reduce has no
         # topology; a policy file holds every field)
         "description": policy.describe(),
+        # the fields that take no effect in it, whatever their values (policy.no_effect): not settings to tune
+        "no_effect": sorted(no_effect(policy.to_dict())),
         "policy": policy.to_dict(),
         # the step size the policy was judged with: searched ([search.space] run.lr) or the study's own
         "run": {"optimizer": study.run.optimizer} | {k: (summary.get("run") or {}).get(k, getattr(study.run, k))
