@@ -437,3 +437,43 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
     assert "verdict" not in p.stdout and "baselines:" not in p.stderr, p.stdout
     parents = [r for r in client.search_runs([exp]) if r.info.run_name.startswith("search-random-2")]
     assert [r.info.status for r in parents if r.info.run_id != killed.info.run_id] == ["FINISHED"]
+
+
+@pytest.mark.integration
+def test_the_runs_at_a_searchs_end_are_counted_on_its_bar(tmp_path, data_dir):
+    """(A 6-trial search of tiny-lm spent 26 of its 31 minutes on the verdict's runs and the table's baselines after
+    its bar stood at 6/6, with no word of how many or how long.) Each phase announces its runs, is told each one, and
+    its bar ends full; a search with every run kept announces none."""
+    from evomerge.report.search_view import SearchView
+    from evomerge.search.config import make_config
+    from evomerge.search.loop import run_search
+
+    s = study.load(write_study(tmp_path, seeds=(0, 1)))
+    cfg = make_config(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", reevaluate=2, data_dir=data_dir)
+    events = []
+    with SearchView(cfg) as view:
+        def progress(kind, **info):
+            view.event(kind, **info)
+            events.append((kind, info.get("what"), info.get("runs")))
+
+        res = run_search(cfg, progress=progress)
+        tasks = {t.description: t for t in view.bar.tasks}
+    phases = [(what, runs) for kind, what, runs in events if kind == "runs"]
+    ran = {}
+    current = None
+    for kind, what, _ in events:
+        current = what if kind == "runs" else current
+        if kind == "ran":
+            ran[current] = ran.get(current, 0) + 1
+    picks = len({c["pick"] for c in res.verdict["comparisons"]})
+    assert picks >= 1
+    # the picks and the baselines, each on the 2 fresh seeds
+    assert sum(r for w, r in phases if w == "judging") == ran["judging"] == 2 * (picks + len(s.baselines)), phases
+    assert sum(r for w, r in phases if w == "baselines") == ran["baselines"] == len(s.baselines) * 2
+    for what in ("judging", "baselines"):
+        assert tasks[what].completed == tasks[what].total == ran[what]
+    # the same search again: every run kept, none announced
+    again = []
+    run_search(make_config(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", reevaluate=2,
+                           data_dir=data_dir), progress=lambda kind, **info: again.append(kind))
+    assert "runs" not in again and "ran" not in again

@@ -93,6 +93,7 @@ class SearchView:
         self.err = console(stderr=True)
         self.bar = None
         self.task = None
+        self.end = None  # the runs at the search's end (the verdict's, the table's baselines): [task, what, total, done, start]
         self.done = self.pruned = self.failed = 0
         self.best: float | None = None
 
@@ -154,6 +155,23 @@ class SearchView:
             self.err.print(f"baselines: {len(study.baselines)} on the study's seeds {list(study.run.seeds)} "
                            f"{what}, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
                            highlight=False)
+        elif kind == "runs" and self.bar is not None and self.task is not None:  # runs at the end, counted on a bar
+            import time
+
+            what, runs = info["what"], info["runs"]
+            if self.end is not None and self.end[1] == what:  # (the verdict's picks, then its baselines: one count)
+                self.end[2] += runs
+            else:
+                self.end = [self.bar.add_task(what, total=runs, info=""), what, runs, 0, time.monotonic()]
+            self.bar.update(self.end[0], total=self.end[2])
+        elif kind == "ran" and self.end is not None:
+            import time
+
+            task, _, total, done, start = self.end
+            self.end[3] = done = done + 1
+            per = (time.monotonic() - start) / done
+            left = max(0, total - done) * per
+            self.bar.update(task, completed=done, info=f"about {_duration(left)} left" if done < total else "")
         elif kind == "study":  # the whole study, read at the search's end
             self._take_study(info["study"])
             if self.task is not None:
@@ -211,3 +229,12 @@ class SearchView:
             from ..search.verdict import render
 
             render(result.verdict, out)
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``3 min``, ``1 h 20 min``: a time left, as a person reads it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {seconds % 3600 / 60:.0f} min"

@@ -55,12 +55,12 @@ def kept_lrs(study: Study, storage_study) -> dict[str, float]:
 
 
 def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study=None, announce=None,
-              setups: dict | None = None, keep_or_not: bool = False) -> dict[str, float]:
+              setups: dict | None = None, keep_or_not: bool = False, ran=None) -> dict[str, float]:
     """Each baseline's step size: of the study's ``[baselines] lr``, the one whose runs on the study's own seeds
     have the best first objective (mean over seeds; the first listed of equals). ``{}`` when the study lists none
     (every baseline runs at ``run.lr``). Kept in the Optuna study's user attributes (``keep_or_not``: unless the
     storage refuses the write: a read-only or locked one, for a command that only reads it). ``setups``: the
-    engine's setups by step size, filled and reused."""
+    engine's setups by step size, filled and reused. ``ran()`` is told after each run."""
     if not study.baseline_lr:
         return {}
     seeds = list(study.run.seeds)
@@ -78,7 +78,7 @@ def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study
         scored = []
         for lr in study.baseline_lr:
             setup = lr_setup(study, lr, setups, data, data_dir)
-            finals = [run(setup, pol, s, device=device, curves=False).metrics() for s in seeds]
+            finals = [_told(run(setup, pol, s, device=device, curves=False).metrics(), ran) for s in seeds]
             v = objective_values(study, finals)[0]
             scored.append((sign * v if v == v else float("inf"), lr))  # NaN (a diverged accuracy): the worst
         out[name] = min(scored, key=lambda x: x[0])[1]  # min keeps the first of equals
@@ -89,6 +89,13 @@ def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study
             if not keep_or_not:
                 raise
     return out
+
+
+def _told(result, ran):
+    """``result``, once ``ran()`` (where given) is told that a run ended: the progress of a search's end."""
+    if ran is not None:
+        ran()
+    return result
 
 
 def lr_setup(study: Study, lr: float | None, setups: dict | None, data=None, data_dir=None):
@@ -106,17 +113,17 @@ def lr_setup(study: Study, lr: float | None, setups: dict | None, data=None, dat
 
 
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None,
-                  seeds=None, announce=None, curves: bool = True) -> list[dict]:
+                  seeds=None, announce=None, curves: bool = True, ran=None) -> list[dict]:
     """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
     (``per_seed``); cached in the Optuna study's user attributes, per list of seeds. ``announce(runs)`` is told
-    before runs that are not cached start. ``curves=False``: the runs evaluate their last round only and the rows
+    before runs that are not cached start, and ``ran()`` after each of them. ``curves=False``: the runs evaluate their last round only and the rows
     carry no ``history`` (the same final metrics, for readers of those alone: the verdict's fresh seeds); cached
     apart from the rows with curves."""
     seeds = list(study.run.seeds if seeds is None else seeds)
     policies = [(name, study.resolve_policy(name)) for name in study.baselines]
     setups: dict = {}
     lrs = tuned_lrs(study, data=data, data_dir=data_dir, device=device, storage_study=storage_study,
-                    announce=announce, setups=setups)
+                    announce=announce, setups=setups, ran=ran)
     # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies and step
     # sizes, the seeds
     key = _key(study, policies, "baselines-v4", seeds, lrs or None) + ("" if curves else ":finals")
@@ -129,7 +136,7 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     rows = []
     for name, pol in policies:
         setup = lr_setup(study, lrs.get(name), setups, data, data_dir)
-        results = [run(setup, pol, s, device=device, curves=curves) for s in seeds]
+        results = [_told(run(setup, pol, s, device=device, curves=curves), ran) for s in seeds]
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
                      "per_seed": [slim(f) for f in finals], "seeds": seeds,

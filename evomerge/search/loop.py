@@ -443,8 +443,10 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
             if progress:
                 progress("verdict", reevaluate=cfg.reevaluate)
             try:
-                result.verdict = verdict.compute(cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir,
-                                                 device=cfg.device)
+                result.verdict = verdict.compute(
+                    cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir, device=cfg.device,
+                    announce=(lambda runs, tuning=False: progress("runs", runs=runs, what="judging")) if progress else None,
+                    ran=(lambda: progress("ran")) if progress else None)
             except KeyboardInterrupt:  # the trials are done and kept; the runs judged so far are cached
                 result.interrupted = True
                 result.errors.append("the verdict was interrupted; the same command judges again (its runs so far "
@@ -468,10 +470,12 @@ def table_baselines(cfg: SearchConfig, ostudy, data, tracker, progress, result: 
     def announce(runs: int, tuning: bool = False) -> None:
         if progress:
             progress("baselines", runs=runs, tuning=tuning)
+            progress("runs", runs=runs, what="baselines")
 
     try:
         result.baselines = baseline_rows(cfg.study, data=data, data_dir=cfg.data_dir, device=cfg.device,
-                                         storage_study=ostudy, announce=announce)
+                                         storage_study=ostudy, announce=announce,
+                                         ran=(lambda: progress("ran")) if progress else None)
     except KeyboardInterrupt:  # the trials and the verdict are kept; the table is left out
         result.interrupted = True
         result.errors.append("the baselines were interrupted; the same command runs them again")

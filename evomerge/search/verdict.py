@@ -316,10 +316,12 @@ def fresh_key(study: Study, seeds: list[int]) -> str:
 
 
 def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
-            on_run: Callable[[int, int], None] | None = None) -> dict[str, Any] | None:
+            announce: Callable[..., None] | None = None, ran: Callable[[], None] | None = None
+            ) -> dict[str, Any] | None:
     """Name the picks, run them and the baselines on ``reevaluate`` fresh seeds (0: the search's own seeds; runs
     are cached in the Optuna study under the study's fingerprint, each pick and each baseline as soon as it ran),
-    judge, and store the verdict with the study (:data:`ATTR`). None when no trial completed."""
+    judge, and store the verdict with the study (:data:`ATTR`). None when no trial completed. ``announce(runs)`` is
+    told before the runs that are not cached start (the picks', then the baselines'), ``ran()`` after each."""
     from ..backends.inprocess import run
     from ..engine.setup import prepare
     from ..policy import MergePolicy
@@ -335,7 +337,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         key = fresh_key(study, seeds)
         cached = dict(ostudy.user_attrs.get(key, {}))
         todo = [p for p in picks if str(p["number"]) not in cached]
-        total, done = len(todo) * len(seeds), 0
+        if todo and announce is not None:
+            announce(len(todo) * len(seeds))
         setups: dict = {}
         for p in todo:
             found = p.get("run") or {}
@@ -346,9 +349,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
             for s in seeds:
                 finals.append(slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device,
                                        curves=False).metrics()))  # only the final values are read
-                done += 1
-                if on_run:
-                    on_run(done, total)
+                if ran is not None:
+                    ran()
             cached[str(p["number"])] = finals
             ostudy.set_user_attr(key, cached)  # kept as it goes: an interrupted verdict resumes from here
         finals_of = {p["number"]: cached[str(p["number"])] for p in picks}
@@ -361,7 +363,7 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     # on fresh seeds only the final values are read; on the search's own, the rows (and their curves) are the end
     # screen's and the dashboard's
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
-                         curves=not reevaluate)
+                         curves=not reevaluate, announce=announce, ran=ran)
     bases = [{"name": r["name"], "lr": r.get("lr"), "per_seed": per_seed(study, r["per_seed"]),
               **_outcomes(study, r["per_seed"], seeds),
               **_idle(r["policy"], r["per_seed"], study)} for r in rows]
