@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -440,7 +441,7 @@ def test_a_killed_searchs_mlflow_run_is_marked_killed_by_the_next_search(tmp_pat
 
 
 @pytest.mark.integration
-def test_the_runs_at_a_searchs_end_are_counted_on_its_bar(tmp_path, data_dir):
+def test_the_runs_at_a_searchs_end_are_counted_on_its_bar(tmp_path, data_dir, capsys):
     """(A 6-trial search of tiny-lm spent 26 of its 31 minutes on the verdict's runs and the table's baselines after
     its bar stood at 6/6, with no word of how many or how long.) Each phase announces its runs, is told each one, and
     its bar ends full; a search with every run kept announces none."""
@@ -472,6 +473,11 @@ def test_the_runs_at_a_searchs_end_are_counted_on_its_bar(tmp_path, data_dir):
     assert sum(r for w, r in phases if w == "baselines") == ran["baselines"] == len(s.baselines) * 2
     for what in ("judging", "baselines"):
         assert tasks[what].completed == tasks[what].total == ran[what]
+    # not a terminal (a log): the bars show at the end only, so the verdict's counts are said as they come
+    judging = [r for w, r in phases if w == "judging"]
+    said = [ln for ln in capsys.readouterr().err.splitlines() if re.match(r"judging: \d", ln)]
+    assert said == [f"judging: {r}{' more' if k else ''} run{'s' * (r != 1)} to make, each about as long as a trial"
+                    for k, r in enumerate(judging)], said
     # the same search again: every run kept, none announced
     again = []
     run_search(make_config(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", reevaluate=2,

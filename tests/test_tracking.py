@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 import evomerge
-from conftest import free_port, write_study
+from conftest import ROOT, free_port, write_study
 from evomerge import study
 
 
@@ -150,6 +150,7 @@ def test_search_logs_parent_and_nested_runs_to_a_real_server(tmp_path, data_dir,
     assert sorted(int(c.data.tags["optuna.trial_number"]) for c in children) == [0, 1, 2]
     for c in children:
         assert c.data.tags["optuna.trial_state"] == "COMPLETE" and c.info.status == "FINISHED"
+        assert c.data.tags["evomerge.kind"] == "trial"  # (a filter for the trials alone: tags.`evomerge.kind` = 'trial')
         assert c.data.tags["evomerge.execution"] == "stacked (the named model)"  # how the workers' steps ran
         assert c.data.tags["evomerge.ran_on"].startswith("in process on ")  # and where their sums ran
         assert c.data.params["topology"] in ("ring", "complete") and c.data.params["seeds"] == "0,1"
@@ -363,6 +364,39 @@ def _record(number, state, **extra):
     return {"number": number, "study": "marks", "sampler": "random", "seeds": [0], "start": now, "end": now,
             "histories": [], "final": {}, "total_steps": 30, "params": {}, "policy": {"topology": "ring"}, "cma": {},
             "state": state, **extra}
+
+
+def test_a_text_studys_runs_name_its_corpus_as_their_dataset(tmp_path):
+    """(Every text study's runs named https://example.invalid/text as their data, with one digest for any corpus.)
+    A real local MLflow store: each study's runs name its own corpus (a file:// address) and differ in digest."""
+    import re
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from evomerge.report.tracking import Tracker, default_tracking_uri
+
+    text = (ROOT / "studies" / "tiny-lm.toml").read_text()
+    seen = {}
+    for name in ("lm-a", "lm-b"):
+        folder = tmp_path / name
+        (folder / "corpus").mkdir(parents=True)
+        (folder / "corpus" / "one.txt").write_text(f"def {name.replace('-', '_')}():\n    return 1\n" * 400)
+        shutil.copy(ROOT / "studies" / "tinylm.py", folder)
+        f = folder / f"{name}.toml"
+        f.write_text(re.sub(r'(?m)^sha256 = .*\n', "", text.replace('name = "tiny-lm"', f'name = "{name}"')
+                            .replace('path = "data/pystdlib/text"', 'path = "corpus"')))
+        s = study.load(f)
+        uri = default_tracking_uri(tmp_path / "store")
+        tracker = Tracker(uri, name, tmp_path / "art", study=s)
+        tracker.start_parent("search", {}, {})
+        run = MlflowClient(tracking_uri=uri).get_run(tracker.log_trial(_record(0, "COMPLETE", study=name,
+                                                                               final={"val_perplexity": 9.0})))
+        inputs = {d.dataset.name: d.dataset for d in run.inputs.dataset_inputs}
+        assert set(inputs) == {"text-training", "text-validation"}
+        assert {json.loads(d.source)["url"] for d in inputs.values()} == {(folder / "corpus").resolve().as_uri()}
+        seen[name] = {k: d.digest for k, d in inputs.items()}
+    assert seen["lm-a"]["text-training"] != seen["lm-b"]["text-training"]
 
 
 def test_pruned_failed_and_diverged_trials_are_told_apart_in_the_runs_list(tmp_path):

@@ -159,11 +159,15 @@ class SearchView:
             import time
 
             what, runs = info["what"], info["runs"]
-            if self.end is not None and self.end[1] == what:  # (the verdict's picks, then its baselines: one count)
+            more = self.end is not None and self.end[1] == what
+            if more:  # (the verdict's picks, then its baselines: one count)
                 self.end[2] += runs
             else:
                 self.end = [self.bar.add_task(what, total=runs, info=""), what, runs, 0, time.monotonic()]
             self.bar.update(self.end[0], total=self.end[2])
+            if not self.err.is_terminal and what == "judging":  # (a log: the bars show only at the end; the count
+                self.err.print(f"judging: {runs}{' more' if more else ''} run{'s' * (runs != 1)} to make, each about "
+                               "as long as a trial", highlight=False)  # now; the baselines' line says theirs)
         elif kind == "ran" and self.end is not None:
             import time
 

@@ -242,6 +242,9 @@ def study_datasets(study) -> list:
     name = d.loader or d.dataset  # a user's loader names its data
     spec = None if d.loader else data_mod.DATASETS.get(d.dataset)
     url = (spec.urls[0] + spec.files[("train", "images")]) if spec and spec.urls else f"https://example.invalid/{name}"
+    if d.dataset == "text" and d.path and not d.loader:  # the corpus where the study names it (a text study showed
+        where = Path(d.path)                             # example.invalid/text, the same for every corpus)
+        url = (where if where.is_absolute() or study.path is None else Path(study.path).parent / where).resolve().as_uri()
     out = []
     for context, desc in (("training", f"train_size={d.train_size or 'rest'} partition={d.partition}"
                                        + (f"(alpha={d.alpha})" if d.partition == "dirichlet" else "")
@@ -249,7 +252,8 @@ def study_datasets(study) -> list:
                           ("validation", f"val_size={d.val_size}")):
         key = json.dumps({"dataset": name, "split": context, "val_size": d.val_size, "train_size": d.train_size,
                           "partition": d.partition, "alpha": d.alpha, "seed": d.seed, "workers": study.run.workers,
-                          "files": dict(sorted(spec.checksums.items())) if spec else {}}, sort_keys=True)
+                          "files": dict(sorted(spec.checksums.items())) if spec else {},
+                          **({"corpus": url, "sha256": d.sha256} if d.dataset == "text" else {})}, sort_keys=True)
         ds = MetaDataset(HTTPDatasetSource(url), name=f"{name}-{context}",
                          digest=hashlib.sha256(key.encode()).hexdigest()[:10])
         out.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context),
@@ -447,6 +451,7 @@ class Tracker:
             "mlflow.parentRunId": self.parent_id or "",
             "optuna.trial_number": str(record["number"]),
             "optuna.trial_state": record["state"],
+            "evomerge.kind": "trial",  # (the baselines' runs beside them: "baseline")
             "evomerge.status": label,
             "evomerge.study": record["study"],
             "evomerge.sampler": record["sampler"],
