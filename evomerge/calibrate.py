@@ -1344,13 +1344,14 @@ def launch(args) -> int:
     if args.fit:
         cmd += ["--fit", args.fit]
     port = _free_port()
-    threads = os.environ.get("EVOMERGE_THREADS") or str(default_threads())
+    threads = str(default_threads())  # (EVOMERGE_THREADS where set: a bad one is its one line)
+    per = max(1, int(threads) // N)  # each rank's share (procs.apply_threads with the ranks on this host)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if N * int(threads) > cores:  # (a warning of steps timed long followed, with no word why)
-        print(f"note: {N} rank{'s' * (N != 1)} of {threads} torch thread{'s' * (threads != '1')} on {cores} CPU "
-              f"core{'s' * (cores != 1)}: the ranks take turns on the cores, so their steps are timed slower and "
-              "less evenly than on hosts of their own; for the job's figures, calibrate on its hosts (under your "
-              "launcher, docs/calibrate.md)", file=sys.stderr)
+    # said beside the file's figures (a warning of steps timed long followed, with no word why); an error is one line
+    turns = (f"note: {N} rank{'s' * (N != 1)} of {per} torch thread{'s' * (per != 1)} on {cores} CPU "
+             f"core{'s' * (cores != 1)}: the ranks take turns on the cores, so their steps are timed slower and "
+             "less evenly than on hosts of their own; for the job's figures, calibrate on its hosts (under your "
+             "launcher, docs/calibrate.md)\n") if N * per > cores else ""
     root = str(Path(__file__).resolve().parent.parent)
     with tempfile.TemporaryDirectory(prefix="evomerge-calibrate-") as tmp, ProcessGroup(grace=3) as group:
         procs, errs, outs = [], [], []
@@ -1394,7 +1395,8 @@ def launch(args) -> int:
         outs[0].seek(0)
         sys.stdout.write(outs[0].read())
         errs[0].seek(0)  # rank 0 wrote the file: its warnings about it
-        sys.stderr.write("".join(ln for ln in errs[0].read().splitlines(keepends=True) if ln.startswith(WARNING)))
+        sys.stderr.write(turns + "".join(ln for ln in errs[0].read().splitlines(keepends=True)
+                                         if ln.startswith(WARNING)))
         for f in outs + errs:
             f.close()
     return 0

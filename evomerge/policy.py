@@ -554,7 +554,7 @@ ASYNC_NEEDS_CLOCK = ("'async' (asynchronous DiLoCo) runs on a simulated cluster 
 
 def describe_policy(policy: dict, run: dict | None = None) -> str:
     """A stored policy (a dict) in words, and the run settings a trial searched with it (``; run.lr 0.0123``);
-    "?" for a policy of a later schema, read by an older evomerge. The fields the words leave out take no effect."""
+    "?" for a policy of a later schema, read by an older evomerge. (What takes no effect: :func:`no_effect`.)"""
     searched = "".join(f"; run.{k} {v:.3g}" for k, v in sorted((run or {}).items()))
     try:
         return MergePolicy.from_dict(policy).describe() + searched
@@ -565,7 +565,7 @@ def describe_policy(policy: dict, run: dict | None = None) -> str:
 #: fields that only a gossip merge reads: who the peer is, how the pair moves and what it sends besides
 #: (not the swap's fields: a confidence-conditioned swap draws the minibatches from a data pool, whatever the scheme)
 GOSSIP_FIELDS = ("topology", "degree", "n_communities", "p_intra", "p_intra_schedule", "p_intra_final", "exchange",
-                 "winner_bias", "similarity_bias", "score", "outer_every")
+                 *GOSSIP_ONLY, "outer_every")
 
 
 def no_effect(policy: dict) -> set[str]:
@@ -573,7 +573,7 @@ def no_effect(policy: dict) -> set[str]:
     a gossip field off gossip (an all-reduce's ``topology``), ``degree`` off ``random_regular``, the communities'
     fields off ``communities``, a schedule's final value on a constant schedule, the outer step's settings without
     one. Not every inert field: the ones a reader takes for settings that matter (what a policy holds but does not
-    do, as :meth:`MergePolicy.describe` leaves it out)."""
+    do). Checked by runs (tests/test_policy.py): each set to another value, the same run, bit for bit."""
     d = {**MergePolicy().to_dict(), **policy}
     out = set()
     if d["scheme"] != "gossip":
@@ -604,6 +604,8 @@ def no_effect(policy: dict) -> set[str]:
         out.update(ASYNC_OFF)
     if not decides_by_state(SimpleNamespace(**d)):
         out.add("publish_every")
+    if d["regroup_every"] and d["topology"] == "communities":  # (regrouped whatever the scheme: the communities are
+        out -= {"topology", "n_communities"}                     # the run's, and its result's)
     if d["scheme"] == "none" and d["outer_optimizer"] == "none":
         out.update(("mean_interval", "mixing_weight", "mixing_schedule", "mixing_weight_final", "lerp", "payload",
                     "topk_fraction", "quantize_bits", "optimizer_state", "buffers"))

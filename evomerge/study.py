@@ -636,12 +636,19 @@ def _cluster_file(path: Path) -> bool:
     return set(raw) == {"environment"} and isinstance(raw["environment"], dict) and "from" not in raw["environment"]
 
 
+def names_a_file(ref) -> bool:
+    """``--study``'s value names a file (whose own error a failed load is), not a study by name: a .toml, a file, or
+    a path with a folder in it (``./seq.tom``: no study's name has a slash)."""
+    text = str(ref)
+    return text.endswith(".toml") or "/" in text or os.sep in text or Path(text).is_file()
+
+
 def find(ref: str | Path) -> Path:
     p = Path(ref)
-    if p.suffix == ".toml" or p.is_file() or "/" in str(ref) or os.sep in str(ref):  # (no name has a slash)
+    if names_a_file(ref):
         if p.is_file():
             return p
-        near = p.with_suffix(".toml") if p.suffix != ".toml" and p.with_suffix(".toml").is_file() else None
+        near = p.with_suffix(".toml") if p.name and p.suffix != ".toml" and p.with_suffix(".toml").is_file() else None
         raise ConfigError("--study", f"{ref}: no such file" + (f"; did you mean {near}?" if near else ""))
     for base in (Path.cwd() / "studies", shipped_studies_dir()):
         if (base / f"{ref}.toml").is_file():

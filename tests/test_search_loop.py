@@ -476,10 +476,17 @@ def test_the_runs_at_a_searchs_end_are_counted_on_its_bar(tmp_path, data_dir, ca
     # not a terminal (a log): the bars show at the end only, so the verdict's counts are said as they come
     judging = [r for w, r in phases if w == "judging"]
     said = [ln for ln in capsys.readouterr().err.splitlines() if re.match(r"judging: \d", ln)]
-    assert said == [f"judging: {r}{' more' if k else ''} run{'s' * (r != 1)} to make, each about as long as a trial"
-                    for k, r in enumerate(judging)], said
+    assert said == [f"judging: {r}{' more' if k else ''} run{'s' * (r != 1)} to make, each about as long as one seed "
+                    "of a trial" for k, r in enumerate(judging)], said
     # the same search again: every run kept, none announced
     again = []
     run_search(make_config(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", reevaluate=2,
                            data_dir=data_dir), progress=lambda kind, **info: again.append(kind))
     assert "runs" not in again and "ran" not in again
+
+
+def test_the_time_left_reads_as_a_person_says_it():
+    from evomerge.report.search_view import _duration
+
+    assert [_duration(s) for s in (45, 100, 3000, 5400, 7190, 7300)] == \
+        ["45 s", "2 min", "50 min", "1 h 30 min", "2 h 0 min", "2 h 2 min"]  # (7190 s read "1 h 60 min")

@@ -301,3 +301,5 @@ def test_bytes_read_in_the_unit_that_shows_them():
     assert verdict.difference_text("val_loss", [0.50, 0.52], [0.52, 0.53], -0.015, 0.005, False) == \
         "0.015 ± 0.005 lower val loss"
     assert verdict.difference_text("val_loss", [0.6], [0.5], 0.1, 0.0, False) == "0.1 higher val loss"
+    assert verdict.difference_text("val_loss", [0.5, 0.6], [0.6, 0.5], 0.0, 0.1, False) == \
+        "the same val loss on average (± 0.1)"

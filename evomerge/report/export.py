@@ -32,8 +32,8 @@ def export_document(summary: dict, study: Study, stored: dict | None = None, mod
         "seeds": list(study.run.seeds),
         "metrics_per_seed": summary["metrics"],
         "spread": summary["spread"],
-        # what the policy does, in words: its fields that the words leave out take no effect (an all-reduce has no
-        # topology; a policy file holds every field)
+        # what the policy does, in words (a policy file holds every field; "no_effect" names those that take none,
+        # as an all-reduce's topology)
         "description": policy.describe(),
         # the fields that take no effect in it, whatever their values (policy.no_effect): not settings to tune
         "no_effect": sorted(no_effect(policy.to_dict())),

@@ -167,7 +167,7 @@ class SearchView:
             self.bar.update(self.end[0], total=self.end[2])
             if not self.err.is_terminal and what == "judging":  # (a log: the bars show only at the end; the count
                 self.err.print(f"judging: {runs}{' more' if more else ''} run{'s' * (runs != 1)} to make, each about "
-                               "as long as a trial", highlight=False)  # now; the baselines' line says theirs)
+                               "as long as one seed of a trial", highlight=False)  # now; the baselines' line says theirs)
         elif kind == "ran" and self.end is not None:
             import time
 
@@ -239,6 +239,5 @@ def _duration(seconds: float) -> str:
     """``45 s``, ``3 min``, ``1 h 20 min``: a time left, as a person reads it."""
     if seconds < 90:
         return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{int(seconds // 3600)} h {seconds % 3600 / 60:.0f} min"
+    minutes = round(seconds / 60)  # (rounded once: 7190 s is 2 h 0 min, not 1 h 60 min)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60} min"

@@ -188,7 +188,7 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # MLflow's shared-view tag pref
 
 
 MODEL_PENDING = "evomerge.model_pending"  # on a stopped search's run: its best's model is still to be logged
-POLICY_TAG = "evomerge.policy"  # on a trial's or a baseline's run: its policy in words (the fields it leaves out are inert)
+POLICY_TAG = "evomerge.policy"  # on a trial's or a baseline's run: its policy in words (its params are every field)
 
 
 def objective_metric(objective: str) -> str:
@@ -243,8 +243,12 @@ def study_datasets(study) -> list:
     spec = None if d.loader else data_mod.DATASETS.get(d.dataset)
     url = (spec.urls[0] + spec.files[("train", "images")]) if spec and spec.urls else f"https://example.invalid/{name}"
     if d.dataset == "text" and d.path and not d.loader:  # the corpus where the study names it (a text study showed
-        where = Path(d.path)                             # example.invalid/text, the same for every corpus)
-        url = (where if where.is_absolute() or study.path is None else Path(study.path).parent / where).resolve().as_uri()
+        from ..text import root_of                       # example.invalid/text, the same for every corpus)
+
+        try:
+            url = root_of(d, Path(study.path).parent if study.path else None).resolve().as_uri()
+        except ConfigError:  # (gone since the study was read: its name, as written)
+            url = f"file:{d.path}"
     out = []
     for context, desc in (("training", f"train_size={d.train_size or 'rest'} partition={d.partition}"
                                        + (f"(alpha={d.alpha})" if d.partition == "dirichlet" else "")
@@ -456,7 +460,7 @@ class Tracker:
             "evomerge.study": record["study"],
             "evomerge.sampler": record["sampler"],
         }
-        if record.get("policy"):  # what the trial's policy does, in words: the fields it leaves out take no effect
+        if record.get("policy"):  # what the trial's policy does, in words (its params hold every field)
             tags[POLICY_TAG] = describe_policy(record["policy"], record.get("run"))[:5000]
         if record.get("error"):
             tags["evomerge.error"] = record["error"][:5000]

@@ -133,12 +133,10 @@ def stored_study(name: str, storage_url: str):
 
 
 def is_path(ref) -> bool:
-    """``--study``'s value names a file (whose own error a failed load is), not a study by name: a .toml, a file, or
-    a path with a folder in it (``./seq.tom``: no study's name has a slash)."""
-    import os
+    """``--study``'s value names a file, not a study by name (:func:`evomerge.study.names_a_file`)."""
+    from ..study import names_a_file
 
-    text = str(ref)
-    return text.endswith(".toml") or "/" in text or os.sep in text or Path(text).is_file()
+    return names_a_file(ref)
 
 
 def load_or_stored(ref, runs_dir=None, storage: str | None = None, on_stored=None):

@@ -98,8 +98,8 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
         return f"{r:.1f}x the {label}" + (f" (± {rse:.1f}x)" if rse >= 0.05 else "")
     if name in SECONDS and not maximize:
         return f"{abs(mean):.2f}{'' if one else f' ± {se:.2f}'} s {'faster' if mean < 0 else 'slower'} ({label})"
-    if mean == 0:
-        return f"the same {label}"
+    if mean == 0:  # (no direction to say: the same on average)
+        return f"the same {label}" if one or not se else f"the same {label} on average (± {se:.2g})"
     # lower or higher in words: a signed difference of a loss ("-0.0013 val loss" on a "loses to" line) read oddly
     return f"{abs(mean):.4g}{'' if one else f' ± {se:.2g}'} {'lower' if mean < 0 else 'higher'} {label}"
 
