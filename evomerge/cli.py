@@ -917,7 +917,10 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
             return f"{vals[0]:.4f}"
         return f"{statistics.fmean(vals):.4f} ± {spread(vals):.4f}"
 
+    from .engine.judge import perplexity
+
     ok = [r for r in results if r.status == "ok"]
+    lm = setup.model.task.classification and setup.model.task.per_position  # (labels per position)
     t = Table(title=f"{study.name}: {policy.name or args.policy} re-evaluated on fresh seeds {seeds}", caption=policy.describe())
     t.add_column("metric")
     t.add_column("mean ± sd" if len(seeds) > 1 else "value (one seed)", justify="right")
@@ -934,6 +937,8 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
                  ("val accuracy (consensus)", ms([r.final.val_accuracy for r in results])),
                  ("mean worker val accuracy" + _worker_samples(study, setup, short=True),
                   ms([r.final.mean_worker_accuracy for r in results]))]
+    if lm:  # a language model's test figure in the unit of its objective
+        rows.append(("test perplexity (consensus)", ms([perplexity(r.test_loss) for r in ok]) if ok else "n/a"))
     rows += [("test loss (consensus)", ms([r.test_loss for r in ok]) if ok else "n/a"),
              ("val loss (consensus)", ms([r.final.val_loss for r in results])),
              ("bytes sent (MB)", ms([r.final.bytes / 1e6 for r in results])),
@@ -945,6 +950,8 @@ def _reevaluate(study, setup, policy, args, run_fn) -> int:
         _write_json(args.json_out, json.dumps({"study": study.name, "seeds": seeds, "policy": policy.to_dict(),
                                                    "runs": [r.to_dict() | {k: v for k in ("test_accuracy", "test_loss")
                                                                                    if (v := getattr(r, k)) is not None}
+                                                            | ({"test_perplexity": perplexity(r.test_loss)}
+                                                               if lm and r.test_loss is not None else {})
                                                             for r in results]}, indent=2))
     return 0 if len(ok) == len(results) else 1
 

@@ -505,6 +505,26 @@ def test_time_to_a_loss_target_and_loss_at_time_on_a_simulated_cluster(folder):
 
 
 @pytest.mark.system
+def test_a_language_models_final_check_reports_its_test_perplexity(folder, tmp_path):
+    """(`run --reevaluate N` on a language model showed a test accuracy and a test loss, no test perplexity: the unit
+    of its objective.) The row, and the JSON's ``test_perplexity``: exp of the run's test loss."""
+    from searchutil import cli
+
+    p = write_study(folder, "my-lm-final", 'dataset = "text"\npath = "corpus"\ncontext = 32', "TinyLM",
+                    metric="val_perplexity", steps=20)
+    r = cli("run", "--study", str(p), "--policy", "fedavg", "--reevaluate", "2", "--json", str(tmp_path / "re.json"),
+            cwd=tmp_path, data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    runs = json.loads((tmp_path / "re.json").read_text())["runs"]
+    assert len(runs) == 2 and all(x["test_perplexity"] == pytest.approx(math.exp(x["test_loss"]), rel=1e-12)
+                                  for x in runs), runs
+    shown = re.search(r"test perplexity \(consensus\)[\s│|]+(\d+\.\d{4}) ± \d+\.\d{4}", r.stdout)
+    assert shown, r.stdout
+    mean = sum(x["test_perplexity"] for x in runs) / 2
+    assert float(shown[1]) == pytest.approx(mean, abs=1e-4) and 1 < mean < 256  # (a byte model: below uniform)
+
+
+@pytest.mark.system
 def test_a_regression_study_goes_through_run_search_verdict_and_dashboard(folder, tmp_path):
     """The commands a user runs, on their own regression study: no accuracy anywhere, the loss instead. The search
     runs as the command does, in a process of its own; the others in this process (``cli.main``), a Python start-up

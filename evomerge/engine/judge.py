@@ -267,6 +267,11 @@ def evaluate_many(model, params: list[torch.Tensor], runs: int, val_x, val_y, n_
     return out
 
 
+def perplexity(loss: float) -> float:
+    """A language model's perplexity from its token-weighted mean negative log-likelihood (capped: exp of 700)."""
+    return math.exp(min(loss, 700.0))
+
+
 def _untaken(model, accuracy: float) -> dict[str, float | None]:
     """A round's validation metrics where no forward gave them: every accuracy ``accuracy`` (None where the task has
     no classes), the loss, perplexity and consensus distance NaN."""
@@ -291,5 +296,5 @@ def _evaluate(model, stack, center, val_x, val_y, n_eval, finite, evaluated=None
     return dict(val_accuracy=acc[0] if classes else None, val_loss=loss[0],
                 mean_worker_accuracy=float(np.mean(wacc)) if classes else None,
                 worst_worker_accuracy=float(np.min(wacc)) if classes else None,
-                val_perplexity=math.exp(min(loss[0], 700.0)) if lm else None,
+                val_perplexity=perplexity(loss[0]) if lm else None,
                 consensus_distance=ops.consensus_distance(stack.rows()[:, :model.n_train], center[:model.n_train]))
