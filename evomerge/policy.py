@@ -581,7 +581,7 @@ def no_effect(policy: dict) -> set[str]:
     if d["topology"] != "random_regular":
         out.add("degree")
     if d["topology"] != "communities":
-        out.update(("n_communities", "p_intra", "p_intra_schedule", "p_intra_final", "regroup_every"))
+        out.update(("n_communities", "p_intra", "p_intra_final", *REGROUP_OFF))
     if d["mixing_schedule"] == "constant":
         out.add("mixing_weight_final")
     if d["p_intra_schedule"] == "constant":

@@ -748,7 +748,8 @@ def _command_for(name: str, study: Study, url: str, default_file: str, flag: str
 def _top_table(study: Study, best: list[dict], runs: dict[int, str], exp_id, tracking_uri: str) -> dict[str, Any]:
     """The top trials for the template: values, status (``diverged`` or ``ok``), policy, MLflow run (a link
     for an HTTP store; for the default local store, how to open it)."""
-    from ..search.results import describe_policy, missed
+    from ..policy import describe_policy
+    from ..search.results import missed
     from .tracking import VIEW_KEY, run_url
 
     http = tracking_uri.startswith(("http://", "https://"))

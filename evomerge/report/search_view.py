@@ -4,10 +4,12 @@ best so far), and a table of the best trials next to the baselines."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from ..dburls import shown
-from ..search.results import DIVERGED, RUN_STATUS, describe_policy, format_counts, missed, objective_label
+from ..policy import describe_policy
+from ..search.results import DIVERGED, RUN_STATUS, format_counts, missed, objective_label
 from ..study import Study
 
 if TYPE_CHECKING:
@@ -156,8 +158,6 @@ class SearchView:
                            f"{what}, {runs} run{'s' * (runs != 1)} (kept with the study for the next time)",
                            highlight=False)
         elif kind == "runs" and self.bar is not None and self.task is not None:  # runs at the end, counted on a bar
-            import time
-
             what, runs = info["what"], info["runs"]
             more = self.end is not None and self.end[1] == what
             if more:  # (the verdict's picks, then its baselines: one count)
@@ -169,8 +169,6 @@ class SearchView:
                 self.err.print(f"judging: {runs}{' more' if more else ''} run{'s' * (runs != 1)} to make, each about "
                                "as long as one seed of a trial", highlight=False)  # now; the baselines' line says theirs)
         elif kind == "ran" and self.end is not None:
-            import time
-
             task, _, total, done, start = self.end
             self.end[3] = done = done + 1
             per = (time.monotonic() - start) / done

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from ..dburls import shown
 from ..errors import ConfigError
-from ..policy import describe_policy  # noqa: F401 (the end screen's, the dashboard's and the verdict's)
 from ..sqlitefiles import sqlite_file
 from ..study import ACCURACY_OBJECTIVES, Study
 

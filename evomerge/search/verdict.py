@@ -327,7 +327,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     from ..policy import MergePolicy
     from ..study import with_run
     from .baselines import baseline_rows, fresh_seeds
-    from .results import describe_policy, slim
+    from ..policy import describe_policy
+    from .results import slim
 
     picks, rule = choose_picks(ostudy, study)
     if not picks:
