@@ -717,17 +717,18 @@ def mlp(hidden=16):
 """
 
 
-def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int, overlap: str | None = None) -> None:
+def merger_job(tmp_path: Path, data_dir, policy: str, world: int, slow_rank: int, overlap: str | None = None,
+               step_sleep: float = 0.01) -> None:
     """The user's loop (tests/merger_loop.py) on ``world`` ranks, as torchrun starts them, on the study
-    ``tmp_path/s.toml`` with the policy file ``tmp_path/policy``: every rank's step sleeps 10 ms, ``slow_rank``'s
-    3x as long; traces in ``tmp_path/out/trace-0``. Every rank must end well."""
+    ``tmp_path/s.toml`` with the policy file ``tmp_path/policy``: every rank's step sleeps ``step_sleep``,
+    ``slow_rank``'s 3x as long; traces in ``tmp_path/out/trace-0``. Every rank must end well."""
     port, procs = free_port(), []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
         procs.append(subprocess.Popen([sys.executable, str(LOOP), "--study", str(tmp_path / "s.toml"), "--data-dir",
                                        str(data_dir), "--policy", str(tmp_path / policy), "--out",
-                                       str(tmp_path / "out"), "--step-sleep", "0.01", "--slow-rank", str(slow_rank),
+                                       str(tmp_path / "out"), "--step-sleep", str(step_sleep), "--slow-rank", str(slow_rank),
                                        "--slow-factor", "3", *(["--overlap", overlap] if overlap else [])],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
@@ -745,13 +746,14 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     traces give the slow rank about a third of the speed, measured links, and a file a study runs on. The slow
     rank sleeps to take 3 x (its compute + the sleep), as `evomerge calibrate` emulates a device: it slept 3 x the
     sleep only, the ratio was (sleep + c) / (3 sleep + c), and a busy machine's few ms of c gave 0.418 (CI,
-    2026-11-28), out of 1/3 +- 20%."""
+    2026-11-28), out of 1/3 +- 20%. Each step sleeps 20 ms: at 10 ms, 3 ranks on CI's 2 busy cores gave 0.396
+    (2026-12-06), the fast ranks' compute stretched by their turns on the cores while the slow one slept."""
     (tmp_path / "user_mlp.py").write_text(USER_MLP)
     (tmp_path / "s.toml").write_text(TRACE_STUDY.format(workers=3, batch=16, environment="").replace(
         "steps = 20", "steps = 40"))
     (tmp_path / "ring.json").write_text(json.dumps({"scheme": "gossip", "topology": "ring", "exchange": "push_pull",
                                                     "mean_interval": 3}))
-    merger_job(tmp_path, data_dir, "ring.json", world=3, slow_rank=2, overlap="nonblocking")
+    merger_job(tmp_path, data_dir, "ring.json", world=3, slow_rank=2, overlap="nonblocking", step_sleep=0.02)
     trace = tmp_path / "out" / "trace-0"
     out = tmp_path / "cluster.toml"
     assert cli.main(["calibrate", "--from-trace", str(trace), "-o", str(out)]) == 0
