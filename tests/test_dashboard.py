@@ -3,6 +3,7 @@
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import evomerge
@@ -409,3 +410,25 @@ def test_the_pages_commands_name_a_shipped_study_by_its_name(tmp_path):
     own = study.load(write_study(tmp_path))  # a user's file, which the name alone would not find
     assert dashboard._command_for("ui", own, "sqlite:///x/m.db", "mlflow.db", "--tracking-uri").startswith(
         f"evomerge ui --study {own.path} ")
+
+
+def test_a_language_models_curves_are_of_its_metric():
+    """A language model's histories hold a next-token accuracy beside its perplexity: the curves follow the
+    study's metric (perplexity), as the trade-off picture does, not the accuracy first found (they did)."""
+    from evomerge.report.dashboard import curves_figure
+
+    def history(ppl):
+        return {"step": [0, 10, 20], "bytes": [0, 1e5, 2e5], "consensus_distance": [0.0, 0.1, 0.05],
+                "val_accuracy": [0.1, 0.2, 0.3], "val_perplexity": ppl, "val_loss": [float(np.log(p)) for p in ppl]}
+
+    best, base = {"number": 3, "history": history([60.0, 30.0, 20.0])}, [{"name": "fedavg", "history": history(
+        [61.0, 33.0, 25.0])}]
+    for prefer, want, title in (("val_perplexity", [60.0, 30.0, 20.0], "validation perplexity"),
+                                ("val_accuracy", [0.1, 0.2, 0.3], "validation accuracy"),
+                                ("time_to_target", [0.1, 0.2, 0.3], "validation accuracy")):  # not a curve: the task's
+        fig = curves_figure(best, base, prefer)
+        assert list(fig.data[0].y) == want and fig.layout.annotations[0].text == title, prefer
+    # a history without the study's metric: the one every history has
+    del best["history"]["val_perplexity"]
+    assert fig.layout.annotations[0].text == "validation accuracy"
+    assert curves_figure(best, base, "val_perplexity").layout.annotations[0].text == "validation accuracy"

@@ -255,15 +255,20 @@ def transfer_text(result: dict) -> str:
             f"{verdict(result.get('spearman'), result.get('top'), result.get('spearman_p')).capitalize()}.")
 
 
-def curves_figure(best: dict, baselines: list[dict]):
+def curves_figure(best: dict, baselines: list[dict], prefer: str = "val_accuracy"):
+    """The best policy's and the baselines' validation curves: of ``prefer`` (the study's metric, e.g. perplexity
+    for a language model, whose histories hold a next-token accuracy too) where every history has it, else of what
+    the task has."""
     from plotly.subplots import make_subplots
 
     from plotly.colors import qualitative
 
     series = [(f"best: trial {best['number']}", best["history"])] + [(b["name"], b["history"]) for b in baselines if b.get("history")]
     series = [(n, h) for n, h in series if h]
-    # the curve of what the task has: accuracy where there are classes, else perplexity (a language model) or loss
-    metric = next((m for m in ("val_accuracy", "val_perplexity", "val_loss")
+    # the curve of the study's metric, else of what the task has: accuracy where there are classes, else
+    # perplexity (a language model) or loss
+    metric = next((m for m in dict.fromkeys((prefer, "val_accuracy", "val_perplexity", "val_loss"))
+                   if m in ("val_accuracy", "val_perplexity", "val_loss")
                    if series and all(any(v is not None for v in h.get(m) or []) for _, h in series)), "val_accuracy")
     what = {"val_accuracy": "accuracy", "val_perplexity": "perplexity", "val_loss": "loss"}[metric]
     fig = make_subplots(rows=1, cols=3, subplot_titles=(f"validation {what}", "consensus distance",
@@ -611,7 +616,7 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                     "The best policy against every baseline, on the study's first seed. Bytes and consensus distance "
                     f"are on log axes: a policy that sends nothing is drawn at the left edge, and distances below "
                     f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
-                    _div(curves_figure(top, baselines), "plot-curves", top=90))
+                    _div(curves_figure(top, baselines, metric), "plot-curves", top=90))
         if study.environment is not None:  # a simulated cluster: what it is, and where the time went
             cluster_and_time(study, policy, top["number"], section, notes, data_dir, problem)
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
