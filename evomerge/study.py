@@ -463,6 +463,28 @@ class Study:
         :meth:`budget_note`, those that apply."""
         return [n for n in (self.model_note(model), self.budget_note(total_steps)) if n]
 
+    def interval_note(self, total_steps: int) -> str | None:
+        """A note when the searched ``mean_interval`` reaches past the run's ``total_steps`` local steps a worker:
+        a policy there merges never (every round(mean_interval) steps) or seldom (gossip's random intervals), and
+        its trial runs much as no merging does. None on a time budget (each worker's steps are its speed's) or
+        where no searched interval is past the steps."""
+        p = next((p for p in self.search.space if p.name == "mean_interval"), None)
+        if p is None or (self.environment is not None and self.environment.time_budget):
+            return None
+        values = list(p.choices) if p.kind == "categorical" else [p.low, p.high]
+        past = [v for v in values if round(float(v)) > total_steps]
+        if not past:
+            return None
+        given = f"{list(p.choices)}" if p.kind == "categorical" else f"[{p.low:g}, {p.high:g}]"
+        every = len(past) == len(values) if p.kind == "categorical" else round(float(p.low)) > total_steps
+        how = ("merges never (every round(mean_interval) steps) or seldom (gossip's random intervals), and runs "
+               "much as no-merging does")
+        if every:
+            return (f"study.search.space.mean_interval: {given} is past the run's {total_steps:,} local steps a "
+                    f"worker: every policy it gives {how}; lower the range, or raise study.run.steps (or epochs)")
+        return (f"study.search.space.mean_interval: {given} reaches past the run's {total_steps:,} local steps a "
+                f"worker: a policy with mean_interval above {total_steps:,} {how}")
+
     def budget_note(self, total_steps: int) -> str | None:
         """A note when ``[environment] time_budget`` gives a worker at ``step_time`` more than 10x the study's step
         budget (``total_steps``): every run simulates those steps, each a real step of the model (a budget written

@@ -498,6 +498,19 @@ def test_baselines_of_a_study_copied_out_of_its_folder_use_the_shipped_policies(
 
 
 @pytest.mark.system
+def test_a_search_says_its_intervals_past_the_runs_steps_at_the_start(tmp_path, data_dir):
+    """The tiny study searches mean_interval in [1, 30]; on 20 local steps a worker, the search's start says that
+    the range's end merges never (its trials said "never merged" only after they ran)."""
+    f = write_study(tmp_path, name="short", steps=20)
+    p = evomerge("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--no-verdict",
+                 "--runs-dir", str(tmp_path / "runs"), data_dir=data_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    said = ("study.search.space.mean_interval: [1, 30] reaches past the run's 20 local steps a worker: a policy with "
+            "mean_interval above 20 merges never")
+    assert said in " ".join(p.stderr.split()), p.stderr  # the start screen wraps to its width
+
+
+@pytest.mark.system
 def test_an_unknown_baseline_is_refused_before_any_trial(tmp_path):
     f = write_study(tmp_path, name="typo")
     f.write_text(f.read_text().replace('"ring-gossip"]', '"ring-gosip"]'))

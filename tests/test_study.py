@@ -297,6 +297,32 @@ def test_a_searched_field_that_never_takes_effect_is_a_note():
         assert not [n for n in study.load(f).notes if "never takes effect" in n], f
 
 
+def test_a_searched_interval_past_the_runs_steps_is_a_note():
+    """(A search's trials with mean_interval past the run's local steps merged never, each said so only after it
+    ran, as "never merged"; the space that gave them was said nothing of.)"""
+    def note(space, steps=100, **raw):
+        return study.from_dict({"run": {"steps": steps}, "search": {"space": {"mean_interval": space}}, **raw}
+                               ).interval_note(steps)
+
+    part = note({"kind": "log-float", "low": 1.0, "high": 200.0})
+    assert part == ("study.search.space.mean_interval: [1, 200] reaches past the run's 100 local steps a worker: a "
+                    "policy with mean_interval above 100 merges never (every round(mean_interval) steps) or seldom "
+                    "(gossip's random intervals), and runs much as no-merging does")
+    every = note({"kind": "categorical", "choices": [150, 400]})
+    assert every.startswith("study.search.space.mean_interval: [150, 400] is past the run's 100 local steps a "
+                            "worker: every policy it gives merges never") and every.endswith(
+        "; lower the range, or raise study.run.steps (or epochs)")
+    assert note({"kind": "float", "low": 101, "high": 300}).startswith(
+        "study.search.space.mean_interval: [101, 300] is past ")
+    # within the steps (round(100.4) is 100), or a time budget's steps (each worker's speed's): no note
+    assert note({"kind": "float", "low": 1.0, "high": 100.4}) is None
+    assert note({"kind": "categorical", "choices": [10, 50]}) is None
+    assert note({"kind": "float", "low": 1.0, "high": 500.0},
+                environment={"step_time": 0.01, "time_budget": 5.0}) is None
+    # the shipped studies' steps: none (mnist-gossip's 2 epochs are 400 or so local steps, its range ends at 200)
+    assert study.load("tiny-lm").interval_note(200) is None
+
+
 def test_baseline_step_sizes_that_are_no_list_of_numbers_say_what_is_allowed():
     """(`lr = 0.1` said "must be a list, got float 0.1", and `["x"]` "must be a number", without the allowed values.)"""
     for v in (0.1, ["x"], [0.05, 0]):

@@ -329,6 +329,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     setup = checked_setup(cfg, data)  # a user's loader or model refused in one line, before anything is stored
     # a cluster file timed for another model; a time budget many times the step budget's work
     model_notes = cfg.study.setup_notes(setup.model, setup.total_steps)
+    model_notes += [n for n in (cfg.study.interval_note(setup.total_steps),) if n]  # (trials that never merge)
     storage = open_storage(cfg.storage)  # a store that cannot be opened leaves no folder behind
     # the study's runs folder holds what is kept on this machine: the default stores, the search's lock file (a store
     # other than PostgreSQL's, whose lock is the server's), a database tracking store's artifacts; not made for a
