@@ -442,7 +442,7 @@ class MergePolicy:
                 return (f"no merging; each worker takes its own outer {self.outer_optimizer} step "
                         f"{self._every()} (lr {self.outer_lr:.3g}, momentum "
                         f"{self.outer_momentum:.3g}; Lookahead/SNOO); the consensus model is the average at the end")
-            return "no merging; the consensus model is the average at the end"
+            return "no merging; the consensus model is the average at the end" + self._describe_extras(merges=False)
         a = f"a={self.mixing_weight:.3g}" if self.mixing_schedule == "constant" else (
             f"a={self.mixing_weight:.3g}->{self.mixing_weight_final:.3g} ({self.mixing_schedule})")
         comp = ""
@@ -462,8 +462,9 @@ class MergePolicy:
                     f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}, every "
                     f"{self.momentum_every or 'W'} arrivals){extra}")
         if self.scheme == "allreduce":
-            if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()):  # Streaming DiLoCo
-                strided = " strided" if self.fragment_pattern == "strided" else ""
+            if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()  # Streaming DiLoCo (one fragment
+                   if k != "fragment_pattern" or self.fragments > 1):        # has no pattern)
+                strided = " strided" if self.fragment_pattern == "strided" and self.fragments > 1 else ""
                 extra = (f", streamed in {self.fragments}{strided} fragment{'s' * (self.fragments != 1)} (delay {self.fragment_delay} step{'s' * (self.fragment_delay != 1)}, "
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
@@ -471,7 +472,8 @@ class MergePolicy:
                 return (f"all workers average {self._every()}, then an outer "
                         f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}), "
                         f"{self.weighting} weighting{comp}{extra}")
-            return (f"all workers average {self._every()}, {a}, "
+            random = "random lerp " if self.lerp == "random" else ""  # (u * a, u drawn per merge event)
+            return (f"all workers average {self._every()}, {random}{a}, "
                     f"{self.weighting} weighting{comp}{extra}")
         topo = self.topology
         if topo == "communities":
@@ -493,7 +495,9 @@ class MergePolicy:
         n = max(1, round(self.mean_interval))
         return "every step" if n == 1 else f"every {n} steps"
 
-    def _describe_extras(self) -> str:
+    def _describe_extras(self, merges: bool = True) -> str:
+        """The words for the fields beside the rule's own; without ``merges`` (no merging) none of what a merge
+        does (its optimiser state, its buffers)."""
         parts = []
         gossip = self.scheme == "gossip"  # the peer's choice and the swap are a gossip pair's; other schemes carry them
         if self.similarity_bias and gossip:
@@ -517,9 +521,9 @@ class MergePolicy:
             parts.append(f"drops the {self.backup_workers} last to arrive at each all-reduce")
         if self.stop_tol:
             parts.append(f"stops when updates stay below {self.stop_tol:.3g} for {self.stop_patience} rounds")
-        if self.optimizer_state != "keep":
+        if self.optimizer_state != "keep" and merges:
             parts.append(f"optimiser state {'averaged' if self.optimizer_state == 'average' else 'reset'} on merge")
-        if self.buffers != "average":
+        if self.buffers != "average" and merges:
             parts.append("buffers kept local")
         return "".join(f", {p}" for p in parts)
 

@@ -196,6 +196,54 @@ def _another_value(name: str, value):
                                     {"scheme": "gossip", "topology": "ring", "mean_interval": 4},
                                     {"scheme": "allreduce", "mean_interval": 5, "outer_optimizer": "nesterov",
                                      "mixing_weight": 1.0},
+                                    {"scheme": "allreduce", "mean_interval": 8, "outer_optimizer": "nesterov",
+                                     "mixing_weight": 1.0, "fragments": 2},
+                                    {"scheme": "none"}])
+def test_the_words_say_no_field_that_takes_no_effect(fields):
+    """describe() (an export's "description", the `evomerge.policy` tag) changes with no field that no_effect names
+    (they said "optimiser state averaged on merge" of no merging, and "streamed in 1 strided fragment" of a
+    DiLoCo whose one fragment has no pattern)."""
+    from evomerge.policy import no_effect
+
+    base = MergePolicy.from_dict(fields)
+    said = []
+    for name in sorted(no_effect(base.to_dict())):
+        value = _another_value(name, base.to_dict()[name])
+        try:
+            other = MergePolicy.from_dict({**base.to_dict(), name: value})
+        except ConfigError:
+            continue
+        if value is not None and other.describe() != base.describe():
+            said.append((name, other.describe()))
+    assert not said, said
+
+
+@pytest.mark.parametrize("fields, change, words", [
+    ({"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 0.8}, {"lerp": "random"}, "random lerp a=0.8"),
+    ({"scheme": "none"}, {"stop_tol": 0.3}, "stops when updates stay below 0.3"),
+    ({"scheme": "none"}, {"data_exchange_k": 2}, "sends its 2 least confident examples"),
+    ({"scheme": "none"}, {"retire_threshold": 0.3}, "retires examples confident above 0.3")])
+def test_the_words_say_what_changes_a_run(tmp_path, data_dir, fields, change, words):
+    """Fields that change a run are in its words (an all-reduce's random lerp, and no merging's stopping rule,
+    data exchange and retiring, were not): the run changes, and so do the words."""
+    import evomerge
+    from conftest import write_study
+
+    st = write_study(tmp_path, steps=12)
+    base, other = MergePolicy.from_dict(fields), MergePolicy.from_dict({**fields, **change})
+
+    def rounds(policy):
+        return [{k: v for k, v in vars(m).items() if k != "wall_time"}
+                for m in evomerge.run(str(st), policy, 0, data_dir=data_dir).history]
+
+    assert rounds(other) != rounds(base)
+    assert words in other.describe() and words not in base.describe(), other.describe()
+
+
+@pytest.mark.parametrize("fields", [{"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 0.8},
+                                    {"scheme": "gossip", "topology": "ring", "mean_interval": 4},
+                                    {"scheme": "allreduce", "mean_interval": 5, "outer_optimizer": "nesterov",
+                                     "mixing_weight": 1.0},
                                     {"scheme": "none"}])
 def test_fields_said_to_take_no_effect_change_nothing_in_a_run(tmp_path, data_dir, fields):
     """What no_effect names (an export's "no_effect"; the fields `run --against` and a resumed Merger leave out of
