@@ -77,6 +77,20 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     assert doc["format"] == 2 and doc["trial"] == best.number
     assert doc["run"] == {"optimizer": "sgd", "lr": best.params["run.lr"], "weight_decay": 0.0, "momentum": 0.0}
     assert doc["run_searched"] == ["lr"]
+    # from Python: the same file (the picked_by rule's trial, its step size), and a replay of the search's best
+    # trial as `found.best` holds it, at its own step size (a policy taken from it alone runs at the study's)
+    again = res.export(tmp_path / "py" / "best.json")
+    assert {k: again[k] for k in ("trial", "run", "run_searched", "policy", "picked_by")} == \
+        {k: doc[k] for k in ("trial", "run", "run_searched", "policy", "picked_by")}
+    assert json.loads((tmp_path / "py" / "best.json").read_text())["trial"] == best.number
+    assert res.export(tmp_path / "t.json", trial=trials[1].number)["run"]["lr"] == trials[1].params["run.lr"]
+    with pytest.raises(ConfigError) as e:
+        res.export(tmp_path / "t.json", trial=99)
+    assert str(e.value).startswith("trial: 'lr' has no trial 99; allowed: the number of a complete trial"), e.value
+    assert res.best[0]["number"] == best.number
+    with pytest.warns(UserWarning, match=f"found with run.lr {best.params['run.lr']:g}"):
+        replay = evomerge.run(s, res.best[0], data_dir=data_dir)
+    assert replay.final.val_accuracy == best.values[0]
     p = cli("run", "--study", str(f), "--policy", "best.json", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert f"found with run.lr {best.params['run.lr']:g} (the study says 0.05)" in p.stdout

@@ -228,7 +228,7 @@ def test_reevaluate_zero_judges_on_the_search_seeds_and_says_so(tmp_path, data_d
             "--runs-dir", tmp_path / "runs", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "verdict: " in p.stdout and "the search's own seeds 0, 1" in p.stdout
-    assert "note: judged on the search's own seeds (--reevaluate 0)" in p.stdout
+    assert "note: judged on the search's own seeds (--reevaluate 0; reevaluate=0 in Python)" in p.stdout
     bad = cli("search", "--study", f, "--reevaluate", "-1", "--runs-dir", tmp_path / "runs", cwd=tmp_path,
               data_dir=data_dir)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [

@@ -267,6 +267,21 @@ def given_lr(lr: float, study, exported: dict | None, changed: str):
     return with_run(study, {"lr": lr}), f"note: run.lr {lr:g} (--lr), where {whose} is {was:g}", changed
 
 
+def found_trial(study, trial: dict) -> dict:
+    """What a replay takes from a search's trial as ``SearchResult.best`` holds it (``number``, ``policy``, the searched
+    ``run`` values) or from an export's document: the export's form (:func:`found_with` reads its searched step size);
+    an export's document as it is."""
+    from ..study import check_found_run
+
+    if "trial" in trial:
+        if "run" in trial:
+            check_found_run(trial["run"], "policy.run")
+        return trial
+    run = check_found_run(trial.get("run") or {}, "policy.run")
+    return {"trial": trial.get("number"), "policy": trial["policy"], "run": {"optimizer": study.run.optimizer} | run,
+            "run_searched": sorted(run)}
+
+
 def run_inputs(study, policy: MergePolicy | dict | str | Path, seed: int | None = None, *,
                backend: str = "inprocess", procs: int | None = None) -> tuple[MergePolicy, int, dict | None]:
     """What one run of ``evomerge run`` / ``evomerge.run()`` needs, checked before any data is read:
@@ -274,7 +289,10 @@ def run_inputs(study, policy: MergePolicy | dict | str | Path, seed: int | None 
     first seed, else the study's first seed) and the exported file's metadata (None for a plain policy);
     the backend must be able to run the policy on the study's workers."""
     exported = None
-    if isinstance(policy, dict):  # as Merger takes it
+    if isinstance(policy, dict) and isinstance(policy.get("policy"), dict):  # a search's trial (found.best[0]), or
+        exported = found_trial(study, policy)            # an export read: the policy at the step size it was found with
+        policy = MergePolicy.from_dict(policy["policy"], "policy.policy")
+    elif isinstance(policy, dict):  # as Merger takes it
         policy = MergePolicy.from_dict(policy)
     elif not isinstance(policy, (MergePolicy, str, Path)):
         raise ConfigError("policy", f"must be a MergePolicy, a dict of its fields, a file or a named policy, got "

@@ -215,13 +215,14 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
              "agrees in sign and the mean exceeds two standard errors; metrics on the validation split (the test set "
              "is not used)"]
     if not fresh:
-        notes.append("judged on the search's own seeds (--reevaluate 0): the picks won on these seeds, so this "
-                     "flatters them; --reevaluate N runs them again on N fresh seeds")
+        notes.append("judged on the search's own seeds (--reevaluate 0; reevaluate=0 in Python): the picks won on "
+                     "these seeds, so this flatters them; --reevaluate N (reevaluate=N) runs them again on N fresh "
+                     "seeds")
     if len(seeds) == 1:
         notes.append("one seed: no spread, so no difference is tested against noise")
     elif len(seeds) in FALSE_CALLS:
         notes.append(f"with {len(seeds)} seeds this rule calls about {FALSE_CALLS[len(seeds)]:.0%} of true ties a "
-                     "difference (more seeds: --reevaluate N)")
+                     "difference (more seeds: --reevaluate N; reevaluate=N in Python)")
     for who, side in [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names]:
         if side.get("never_merged"):  # its interval is longer than the run: what it is compared as is no merging
             notes.append(f"{who} {side['never_merged']}")
