@@ -11,6 +11,7 @@ Rules that need the study (how many workers) are :func:`check_workers` and
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -851,6 +852,24 @@ def parse_json(text: str, where: str) -> Any:
     except json.JSONDecodeError as e:
         # ("Unterminated string starting at" is a sentence its position ends)
         raise ConfigError(where, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+
+
+def policy_hint(ref: str | Path, named) -> str:
+    """``; did you mean X?`` for a policy reference that names nothing: the nearest of the ``named`` policies, else,
+    for a path, the JSON file beside it whose name is nearest (best.json for bset.json); nothing when none is close."""
+    from .errors import did_you_mean, nearest
+
+    hint = did_you_mean(str(ref), named)
+    ref = str(ref)
+    if hint or not ref.strip() or ("/" not in ref and not ref.endswith(".json")):  # (a bare name: a named policy)
+        return hint
+    folder = Path(ref).parent
+    try:  # (by the names before .json: the suffix they share made nope.json near p.json)
+        stems = sorted(f.stem for f in itertools.islice(folder.glob("*.json"), 500))
+    except OSError:
+        return ""
+    near = nearest(Path(ref).stem, stems)
+    return f"; did you mean {folder / (near + '.json')}?" if near else ""
 
 
 def read_json_file(path: str | Path) -> Any:

@@ -156,10 +156,14 @@ def _read_policy(policy) -> tuple[MergePolicy, dict, dict]:
                 raise OSError(0, "an empty name")
             data = json.loads(path.read_text())
         except OSError as e:
+            from .policy import policy_hint
+
             named = sorted(f.stem for f in shipped.glob("*.json"))
-            raise ConfigError("policy", f"cannot read {str(policy)!r}: {e.strerror or e}; allowed: a policy or an "
-                                        f"exported JSON file, a shipped policy's name ({', '.join(named)}), a dict "
-                                        "or a MergePolicy" + did_you_mean(str(policy), named)) from None
+            what = f"{policy}: no such file or shipped policy" if isinstance(e, FileNotFoundError) else \
+                f"cannot read {str(policy)!r}: {e.strerror or e}"  # (as evomerge.run() and run --policy say it)
+            raise ConfigError("policy", f"{what}; allowed: a policy or an exported JSON file, a shipped policy's name "
+                                        f"({', '.join(named)}), a dict or a MergePolicy"
+                                        + policy_hint(policy, named)) from None
         except ValueError as e:
             raise ConfigError("policy", f"{str(path)!r} is not JSON ({e})") from None
         policy = data

@@ -585,9 +585,11 @@ class Study:
         for d in self.policy_dirs():
             if (d / f"{ref}.json").is_file():
                 return load(d / f"{ref}.json")
+        from .policy import policy_hint
+
         named = self.named_policies()
         raise ConfigError(where, f"{ref}: no such file or named policy; named: {', '.join(named) or 'none'}"
-                                 + did_you_mean(str(ref), named))
+                                 + policy_hint(ref, named))
 
     def with_overrides(self, **run_changes: Any) -> "Study":
         return dataclasses.replace(self, run=dataclasses.replace(self.run, **run_changes))

@@ -1005,7 +1005,7 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
     (tmp_path / "best.json").write_text(json.dumps({"policy": p.to_dict(), "trial": 3, "study": "s"}))
     for src in (p, p.to_dict(), tmp_path / "p.json", str(tmp_path / "best.json")):
         assert read_policy(src) == p
-    with pytest.raises(ConfigError, match=r"^policy: cannot read .*nope.json"):
+    with pytest.raises(ConfigError, match=r"^policy: .*nope.json: no such file or shipped policy; allowed: [^?]*$"):
         read_policy(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match=r"^policy: .*bad.json' is not JSON"):
@@ -1016,9 +1016,22 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
         read_policy(3)
     # a shipped policy by name, as evomerge run --policy takes it
     assert read_policy("streaming-diloco") == MergePolicy.load(ROOT / "studies" / "policies" / "streaming-diloco.json")
-    with pytest.raises(ConfigError, match=r"^policy: cannot read 'streaming-dilco'.*shipped policy's name \(.*"
+    with pytest.raises(ConfigError, match=r"^policy: streaming-dilco: no such file or shipped policy; allowed: .*"
+                                          r"shipped policy's name \(.*"
                                           r"streaming-diloco\).*; did you mean streaming-diloco\?$"):
         read_policy("streaming-dilco")
+    # a mistyped file: the file beside it (Merger and evomerge.run() said it in two ways, and neither named it)
+    (tmp_path / "found.json").write_text(json.dumps(p.to_dict()))
+    with pytest.raises(ConfigError, match=rf"^policy: {re.escape(str(tmp_path))}/fuond.json: no such file or shipped "
+                                          rf"policy; .*; did you mean {re.escape(str(tmp_path))}/found.json\?$"):
+        read_policy(str(tmp_path / "fuond.json"))
+    import evomerge
+    from conftest import write_study
+
+    st = study_mod.load(write_study(tmp_path / "st"))
+    with pytest.raises(ConfigError, match=rf"^policy: {re.escape(str(tmp_path))}/fuond.json: no such file or named "
+                                          rf"policy; named: .*; did you mean {re.escape(str(tmp_path))}/found.json\?$"):
+        evomerge.run(st, str(tmp_path / "fuond.json"))  # (refused before any data is read)
     with pytest.raises(ConfigError, match=r"^policy: cannot read '': an empty name; allowed: a policy or an exported"):
         read_policy("")  # (it said "cannot read '.': Is a directory")
     # an exported file whose 'policy' key has a typo: it was read as a policy, and 'format' named as its unknown key

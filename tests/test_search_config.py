@@ -93,9 +93,11 @@ def test_the_options_are_one_table_and_a_keyword_outside_it_is_refused(tmp_path)
     for o in options.OPTIONS:
         assert helps[o.dest].startswith(o.help), o.name
     s = study.load(write_study(tmp_path))
-    with pytest.raises(TypeError, match="make_config\\(\\) got an unexpected keyword argument 'n_trial'"):
+    with pytest.raises(TypeError, match="make_config\\(\\) got an unexpected keyword argument 'n_trial'; did you "
+                                        "mean n_trials\\?"):
         config.make_config(s, n_trial=3)
-    with pytest.raises(TypeError, match="search\\(\\) got an unexpected keyword argument 'pruners'"):
+    with pytest.raises(TypeError, match="search\\(\\) got an unexpected keyword argument 'pruners'; did you mean "
+                                        "pruner\\?"):
         evomerge.search(s, verdict=False, pruners="median", runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()  # refused before anything was made
 

@@ -116,11 +116,11 @@ def check_keywords(fn: str, given: dict) -> None:
     """A keyword that is not an option is a TypeError, as Python says it for a plain signature; a value of the
     wrong type (``n_trials="5"``, ``n_trials=2.5``, ``verdict="no"``) is one ConfigError naming its flag (the Python
     call's :func:`evomerge.errors.keyword_names` names the keyword): the command line's parser converts them."""
-    from ..errors import ConfigError
+    from ..errors import ConfigError, did_you_mean
 
     for name, value in given.items():
-        if name not in DEFAULTS:
-            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+        if name not in DEFAULTS:  # (with the keyword it most likely is: Python's own line names none)
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}" + did_you_mean(name, DEFAULTS))
         o = BY_NAME[name]
         if value is None and o.default is None:
             continue
