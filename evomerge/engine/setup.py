@@ -58,6 +58,12 @@ class RoundMetrics:
 
 @dataclass
 class RunResult:
+    """One run of a policy (``evomerge.run``, ``simulate.simulate``): ``status`` ("ok", or "diverged" where the loss
+    went non-finite), ``history`` (one :class:`RoundMetrics` per round: ``step``, ``val_accuracy``, ``val_loss``,
+    ``bytes``, ``consensus_distance``, ``sim_time`` on a simulated cluster, ...), ``final`` (the last round's),
+    ``test_accuracy`` and ``test_loss`` (with ``evaluate_test=True``), and ``metrics()``, the final metrics flat as
+    the tables and MLflow show them."""
+
     status: str  # "ok" or "diverged"
     seed: int
     policy: dict

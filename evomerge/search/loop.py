@@ -288,6 +288,11 @@ STUDY_EVERY = 2.0  # seconds between two reads of the whole study for the progre
 
 @dataclass
 class SearchResult:
+    """What ``evomerge.search`` returns: ``best`` (the best trials, each a dict with ``number``, ``values``,
+    ``policy``, the searched ``run`` values, ``metrics`` and ``spread``), ``verdict`` (the picks against the tuned
+    baselines on fresh seeds: ``headline``, ``lines``, ``notes``, ``seeds``; None without one), ``baselines``,
+    ``counts`` (trials by state), ``errors``, ``interrupted``, ``optuna_study`` and :meth:`export`."""
+
     config: SearchConfig
     records: list[dict] = field(default_factory=list)
     interrupted: bool = False
