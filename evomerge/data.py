@@ -215,7 +215,7 @@ def locate(spec: DatasetSpec, data_dir: str | Path | None = None, allow_download
         reason = "download disabled"
     raise DataNotFoundError(
         f"data.{spec.name}",
-        f"files not found ({names}); put them in {dirs[0]} or pass --data-dir DIR / set EVOMERGE_DATA_DIR "
+        f"files not found ({names}); put them in {dirs[0]} or pass --data-dir=DIR / set EVOMERGE_DATA_DIR "
         f"(looked in: {', '.join(str(d) for d in dirs)}; {reason})",
     )
 
