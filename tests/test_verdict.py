@@ -144,14 +144,14 @@ def test_the_fresh_seeds_runs_are_kept_apart_for_another_target():
 
     s = study.load("mnist-stragglers")
     assert s.target is not None
-    keys = {verdict.fresh_key(dataclasses.replace(s, **kw), [7, 8]) for kw in (
+    keys = {verdict.fresh_key(dataclasses.replace(s, **kw)) for kw in (
         {}, {"target": s.target / 2}, {"target_metric": "mean_worker_accuracy"})}
     assert len(keys) == 3
     plain = _one_objective()
     from evomerge.search import fingerprint
 
     assert plain.target is None
-    assert verdict.fresh_key(plain, [7, 8]) == f"{verdict.FRESH_ATTR}{fingerprint.of(plain)['hash'][:16]}:7,8"
+    assert verdict.fresh_key(plain) == f"{verdict.FRESH_ATTR}{fingerprint.of(plain)['hash'][:16]}"
 
 
 @pytest.mark.system
@@ -233,6 +233,32 @@ def test_reevaluate_zero_judges_on_the_search_seeds_and_says_so(tmp_path, data_d
               data_dir=data_dir)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --reevaluate: -1 is out of range; allowed: [0, inf) fresh seeds"]
+
+
+@pytest.mark.integration
+def test_more_fresh_seeds_run_only_the_seeds_not_run_before(tmp_path, data_dir):
+    """A verdict on 3 fresh seeds after one on 2 runs the third seed alone, for the picks and the baselines, with
+    the same values on the first two (a new user saw "judging: 15 more runs to make" where 6 were new, and 3 runs
+    again straight after a verdict that had made them); on 2 again, none."""
+    import evomerge
+    from conftest import write_study
+
+    f = write_study(tmp_path)
+    res = evomerge.search(str(f), n_trials=2, sampler="random", prune=False, verdict=False, runs_dir=tmp_path / "runs",
+                          data_dir=data_dir)
+    s, ostudy = study.load(f), res.optuna_study
+    told = []
+    first = verdict.compute(s, ostudy, 2, data_dir=data_dir, announce=lambda n, **kw: told.append(n))
+    sides = len(first["picks"]) + len(first["baselines"])
+    assert sum(told) == 2 * sides, told
+    told.clear()
+    more = verdict.compute(s, ostudy, 3, data_dir=data_dir, announce=lambda n, **kw: told.append(n))
+    assert sum(told) == sides and more["seeds"] == [1000, 1001, 1002], told
+    for a, b in zip(first["picks"] + first["baselines"], more["picks"] + more["baselines"]):
+        assert b["per_seed"][:2] == a["per_seed"], (a, b)
+    told.clear()
+    assert verdict.compute(s, ostudy, 2, data_dir=data_dir, announce=lambda n, **kw: told.append(n))["lines"] == \
+        first["lines"] and told == []
 
 
 @pytest.mark.integration

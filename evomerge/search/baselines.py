@@ -124,9 +124,11 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     setups: dict = {}
     lrs = tuned_lrs(study, data=data, data_dir=data_dir, device=device, storage_study=storage_study,
                     announce=announce, setups=setups, ran=ran)
+    if not curves:
+        return _final_rows(study, policies, lrs, seeds, setups, data, data_dir, device, storage_study, announce, ran)
     # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies and step
     # sizes, the seeds
-    key = _key(study, policies, "baselines-v4", seeds, lrs or None) + ("" if curves else ":finals")
+    key = _key(study, policies, "baselines-v4", seeds, lrs or None)
     if storage_study is not None and key in storage_study.user_attrs:
         return storage_study.user_attrs[key]
     from ..backends.inprocess import run
@@ -140,9 +142,38 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
         finals = [r.metrics() for r in results]
         rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
                      "per_seed": [slim(f) for f in finals], "seeds": seeds,
-                     "history": curve_of([round_dict(h) for h in results[0].history]) if curves else [],
+                     "history": curve_of([round_dict(h) for h in results[0].history]),
                      "policy": pol.to_dict(), "lr": lrs.get(name),
                      RUN_STATUS: DIVERGED if any(r.status == DIVERGED for r in results) else "ok"})
     if storage_study is not None:
         storage_study.set_user_attr(key, rows)
+    return rows
+
+
+def _final_rows(study: Study, policies, lrs: dict, seeds: list[int], setups: dict, data, data_dir, device,
+                storage_study, announce, ran) -> list[dict]:
+    """:func:`baseline_rows` without curves (the verdict's fresh seeds): each baseline's final metrics, kept in the
+    Optuna study by baseline and seed, so that a verdict on 5 fresh seeds runs only the 2 that one on 3 did not (it
+    ran all 5: the runs were kept under the list of seeds)."""
+    key = _key(study, policies, "baselines-finals-v1", [], lrs or None)
+    kept = (storage_study.user_attrs.get(key) or {}) if storage_study is not None else {}
+    cached = {name: dict(v) for name, v in kept.items()}
+    todo = [(name, pol, s) for name, pol in policies for s in seeds if str(s) not in cached.get(name, {})]
+    if todo and announce is not None:
+        announce(len(todo))
+    from ..backends.inprocess import run
+
+    for name, pol, s in todo:
+        setup = lr_setup(study, lrs.get(name), setups, data, data_dir)
+        cached.setdefault(name, {})[str(s)] = slim(run(setup, pol, s, device=device, curves=False).metrics())
+        if storage_study is not None:
+            storage_study.set_user_attr(key, cached)  # kept as it goes: an interrupted verdict resumes from here
+        if ran is not None:
+            ran()
+    rows = []
+    for name, pol in policies:
+        finals = [cached[name][str(s)] for s in seeds]
+        rows.append({"name": name, "values": objective_values(study, finals), **summarise(finals),
+                     "per_seed": finals, "seeds": seeds, "history": [], "policy": pol.to_dict(), "lr": lrs.get(name),
+                     RUN_STATUS: DIVERGED if any(f.get("status") == DIVERGED for f in finals) else "ok"})
     return rows

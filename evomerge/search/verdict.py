@@ -25,7 +25,7 @@ from ..study import Study
 from ..units import size
 
 ATTR = "verdict"  # the Optuna study's user attribute that holds the last verdict
-FRESH_ATTR = "verdict-fresh-v2:"  # + the study's fingerprint and seeds: the picks' runs on fresh seeds, by trial
+FRESH_ATTR = "verdict-fresh-v3:"  # + the study's fingerprint: the picks' runs on fresh seeds, by trial and seed
 MAX_DESCRIPTION = 8000  # MLflow's longest tag value
 PICKS = 2  # at most this many picks of a multi-objective study
 #: how often the tie rule calls a difference where there is none (two-sided, normal differences; measured by
@@ -307,13 +307,15 @@ def _idle(policy: dict, finals: list[dict], study: Study) -> dict:
         return {"saturated": flooded} if flooded else {}
 
 
-def fresh_key(study: Study, seeds: list[int]) -> str:
-    """The user attribute that keeps the picks' runs on fresh ``seeds``: the study's fingerprint and, where it has
-    one, its target (left out of the hash, :data:`fingerprint.UNHASHED`, and a run's time to target depends on it)."""
+def fresh_key(study: Study) -> str:
+    """The user attribute that keeps the picks' runs on fresh seeds, ``{trial: {seed: final metrics}}``: the
+    study's fingerprint and, where it has one, its target (left out of the hash, :data:`fingerprint.UNHASHED`, and a
+    run's time to target depends on it). By seed: a verdict on 5 fresh seeds reuses the 3 a verdict before ran (it
+    ran all 5, the runs kept under the list of seeds)."""
     from . import fingerprint
 
     aim = f"@{study.target_metric}={study.target!r}" if study.target is not None else ""
-    return FRESH_ATTR + fingerprint.of(study)["hash"][:16] + aim + ":" + ",".join(map(str, seeds))
+    return FRESH_ATTR + fingerprint.of(study)["hash"][:16] + aim
 
 
 def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, device=None,
@@ -336,26 +338,24 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         return None
     if reevaluate:
         seeds = fresh_seeds(study, reevaluate)
-        key = fresh_key(study, seeds)
-        cached = dict(ostudy.user_attrs.get(key, {}))
-        todo = [p for p in picks if str(p["number"]) not in cached]
+        key = fresh_key(study)
+        cached = {k: dict(v) for k, v in (ostudy.user_attrs.get(key) or {}).items()}
+        todo = [(p, s) for p in picks for s in seeds if str(s) not in cached.get(str(p["number"]), {})]
         if todo and announce is not None:
-            announce(len(todo) * len(seeds))
+            announce(len(todo))
         setups: dict = {}
-        for p in todo:
+        for p, s in todo:
             found = p.get("run") or {}
             rkey = tuple(sorted(found.items()))
             if rkey not in setups:
                 setups[rkey] = prepare(with_run(study, found), data=data, data_dir=data_dir)
-            finals = []
-            for s in seeds:
-                finals.append(slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device,
-                                       curves=False).metrics()))  # only the final values are read
-                if ran is not None:
-                    ran()
-            cached[str(p["number"])] = finals
+            final = slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device,
+                             curves=False).metrics())  # only the final values are read
+            cached.setdefault(str(p["number"]), {})[str(s)] = final
             ostudy.set_user_attr(key, cached)  # kept as it goes: an interrupted verdict resumes from here
-        finals_of = {p["number"]: cached[str(p["number"])] for p in picks}
+            if ran is not None:
+                ran()
+        finals_of = {p["number"]: [cached[str(p["number"])][str(s)] for s in seeds] for p in picks}
     else:
         seeds = list(study.run.seeds)
         finals_of = {p["number"]: [p["metrics"][str(s)] for s in seeds] for p in picks}
