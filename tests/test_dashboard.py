@@ -432,3 +432,15 @@ def test_a_language_models_curves_are_of_its_metric():
     del best["history"]["val_perplexity"]
     assert fig.layout.annotations[0].text == "validation accuracy"
     assert curves_figure(best, base, "val_perplexity").layout.annotations[0].text == "validation accuracy"
+
+
+@pytest.mark.parametrize("fields, title, edges", [
+    ({"scheme": "async", "outer_optimizer": "nesterov", "mean_interval": 3}, "Each worker pushes to the server", 6),
+    ({"scheme": "allreduce"}, "Everybody averages with everybody", 15),
+    ({"scheme": "gossip", "topology": "ring"}, "Who merges with whom: ring", 6),
+    ({"scheme": "none"}, "No merging until the end", 0)])
+def test_the_policy_graph_draws_who_merges_with_whom(fields, title, edges):
+    """(Asynchronous DiLoCo's best trial, 616 merge events, was drawn as "No merging until the end".)"""
+    fig = dashboard.policy_figure(evomerge.MergePolicy(**fields), 6)
+    assert fig.layout.title.text.startswith(title)
+    assert sum(1 for t in fig.data if t.mode == "lines") == edges

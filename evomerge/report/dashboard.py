@@ -428,6 +428,15 @@ def policy_figure(policy: MergePolicy, workers: int, seed: int = 0):
                 fig.add_scatter(x=[x[i], x[j]], y=[y[i], y[j]], mode="lines", showlegend=False, hoverinfo="skip",
                                 line=dict(width=1, color="rgba(70,110,160,0.4)"))
         title = "Everybody averages with everybody"
+    elif policy.scheme == "async":  # asynchronous DiLoCo: each worker to the server and back, at its own pace
+        groups = np.zeros(workers, dtype=int)
+        for i in range(workers):
+            fig.add_scatter(x=[0.0, x[i]], y=[0.0, y[i]], mode="lines", showlegend=False, hoverinfo="skip",
+                            line=dict(width=1.5, color="rgba(70,110,160,0.55)"))
+        fig.add_scatter(x=[0.0], y=[0.0], mode="markers+text", text=["server"], textposition="bottom center",
+                        marker=dict(size=22, symbol="square", color="white", line=dict(width=1, color="black")),
+                        hovertext=["the server: an outer step on each push"], showlegend=False)
+        title = "Each worker pushes to the server and takes its model back"
     else:
         groups = np.zeros(workers, dtype=int)
         title = "No merging until the end"
