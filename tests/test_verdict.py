@@ -47,7 +47,7 @@ def test_a_win_a_loss_and_a_tie_on_stored_values_lead_with_fedavg_and_ring_gossi
         [1000, 1001, 1002], True, "the best val_accuracy")
     assert v["lines"] == ["trial 7: policy of trial 7",
                           "  beats fedavg: +2.00 ± 0.06 points val acc",
-                          "  ties with ring-gossip: +0.03 ± 0.19 points val acc",
+                          "  ties with ring-gossip: +0.03 ± 0.19 points val acc, higher on 1 of 3 seeds",
                           "  loses to allreduce: -1.07 ± 0.03 points val acc"]
     assert v["beaten_by"] == ["allreduce"]
     assert v["headline"].startswith("A baseline beats the search: allreduce beats trial 7 on fresh seeds 1000, 1001, 1002")
@@ -122,6 +122,27 @@ def test_a_tied_objective_is_marked_and_time_is_in_seconds():
     assert v["lines"][2].startswith("  ties with ring-gossip: ")
     assert any("--reevaluate 0" in n for n in v["notes"])  # judged on the search's own seeds: said
     assert not any("first evaluation" in n for n in v["notes"])
+
+
+@pytest.mark.unit
+def test_sides_that_all_missed_the_target_are_said_to_be_ranked_by_how_close_they_came():
+    """(A time budget of 0.1 s: nothing reached the target, and the verdict said "loses to diloco: 0.00 s slower"
+    with no word that both times were penalties.) The difference has its own digits; the note says why."""
+    s = study.load("mnist-stragglers")
+    budget = s.environment.time_budget
+    pick, base = [[2 * budget - 0.003]], [[2 * budget - 0.0042]]
+    picks, bases = _picks((1, pick)), _bases(diloco=base)
+    picks[0]["missed"], bases[0]["missed"] = [1000], [1000]
+    v = verdict.judge(s, picks, bases, [1000], True, "the best time_to_target")
+    assert v["lines"][1].startswith("  loses to diloco: 0.0012 s slower (time to target), the target not reached by "
+                                    "the pick on 1 of 1 seeds and by the baseline on 1 of 1 seeds"), v["lines"]
+    said = [n for n in v["notes"] if n.startswith("no side reached the target")]
+    assert said == [f"no side reached the target (val_accuracy {s.target:g}) on any seed: each is ranked by how close "
+                    "it came, its penalty time (budget x (2 - best / target)); a longer study.environment.time_budget "
+                    "or an easier study.objectives.target tells them apart by time"], v["notes"]
+    picks[0]["missed"] = []  # the pick reached it: no such note
+    assert not [n for n in verdict.judge(s, picks, bases, [1000], True, "the best time_to_target")["notes"]
+                if n.startswith("no side")]
 
 
 @pytest.mark.unit

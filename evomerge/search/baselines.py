@@ -29,9 +29,10 @@ def _key(study: Study, policies, kind: str, seeds, extra=None) -> str:
     return f"{kind}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds))
 
 
-def edge_note(study: Study, lrs: dict[str, float]) -> str | None:
+def edge_note(study: Study, lrs: dict[str, float], said_tuned: bool = False) -> str | None:
     """Where a baseline's best step size is an end of the study's ``[baselines] lr`` (of two or more), a note: its
-    best may lie beyond, so the rival was not tuned to its best; and what was tuned (the step size alone)."""
+    best may lie beyond, so the rival was not tuned to its best; and what was tuned (the step size alone), unless
+    ``said_tuned`` (the verdict's note before it says so)."""
     grid = sorted(set(study.baseline_lr))
     if len(grid) < 2:
         return None
@@ -41,7 +42,8 @@ def edge_note(study: Study, lrs: dict[str, float]) -> str | None:
     if not said:
         return None
     return (f"best step size at an end of [baselines] lr {grid}: {'; '.join(said)}; a wider grid may find a better "
-            "one (only the step size is tuned: each rule's other settings are its policy file's)")
+            "one" + ("" if said_tuned else " (only the step size is tuned: each rule's other settings are its policy "
+                                           "file's)"))
 
 
 def kept_lrs(study: Study, storage_study) -> dict[str, float]:

@@ -72,6 +72,11 @@ def _label(name: str) -> str:
     return o.label if o else name
 
 
+def _seconds(v: float) -> str:
+    """Seconds to two decimals, or to two significant digits below 0.005 (never 0.00 for a difference that is not)."""
+    return f"{v:.2f}" if v >= 0.005 or v == 0 or not math.isfinite(v) else f"{v:.2g}"
+
+
 def difference_text(name: str, pick: list[float], base: list[float], mean: float, se: float, maximize: bool) -> str:
     """A paired difference in the metric's unit, from the pick's side: ``+0.3 +- 0.2 points val acc``, ``21% fewer
     bytes``, ``1.20 +- 0.30 s faster (time to target)``, ``0.0013 +- 0.001 lower val loss``."""
@@ -96,8 +101,9 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
         if r <= 2:
             return f"{100 * (r - 1):.0f}%{spread} more {label}"
         return f"{r:.1f}x the {label}" + (f" (± {rse:.1f}x)" if rse >= 0.05 else "")
-    if name in SECONDS and not maximize:
-        return f"{abs(mean):.2f}{'' if one else f' ± {se:.2f}'} s {'faster' if mean < 0 else 'slower'} ({label})"
+    if name in SECONDS and not maximize:  # (a difference below 0.005 s: its own digits, not "0.00 s slower")
+        return f"{_seconds(abs(mean))}{'' if one else f' ± {_seconds(se)}'} s {'faster' if mean < 0 else 'slower'} " \
+               f"({label})"
     if mean == 0:  # (no direction to say: the same on average)
         return f"the same {label}" if one or not se else f"the same {label} on average (± {se:.2g})"
     # lower or higher in words: a signed difference of a loss ("-0.0013 val loss" on a "loses to" line) read oddly
@@ -120,9 +126,16 @@ def compare(study: Study, pick: list[list[float]], base: list[list[float]], seed
     for k, (name, direction) in enumerate(zip(study.objectives, study.directions)):
         p, b = [float(v[k]) for v in pick], [float(v[k]) for v in base]
         maximize = direction == "maximize"
-        mean, se, outcome = decide([x - y for x, y in zip(p, b)], maximize)
+        diffs = [x - y for x, y in zip(p, b)]
+        mean, se, outcome = decide(diffs, maximize)
+        text = difference_text(name, p, b, mean, se, maximize)
+        same_sign = sum(1 for d in diffs if d and (d > 0) == (mean > 0))
+        if outcome == "tie" and len(diffs) > 1 and mean and math.isfinite(mean) and same_sign < len(diffs):
+            way = ("faster" if mean < 0 else "slower") if name in SECONDS and not maximize else \
+                ("more" if mean > 0 else "fewer") if name in RATIO else ("higher" if mean > 0 else "lower")
+            text += f", {way} on {same_sign} of {len(diffs)} seeds"  # why a tie: the seeds that disagree
         objs.append({"name": name, "pick": p, "baseline": b, "mean": mean, "se": se, "outcome": outcome,
-                     "text": difference_text(name, p, b, mean, se, maximize)})
+                     "text": text})
     outcome = combine([o["outcome"] for o in objs])
     # where a tie on one objective stands beside the one that decided: each one's part ("loses to X: +0.5 points
     # (a tie), 27x the bytes (worse)"; a "loses to" beside a plus sign read oddly)
@@ -228,6 +241,13 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
             notes.append(f"{who} {side['never_merged']}")
         if side.get("saturated"):  # its payloads mostly never landed: a real run would wait for them at its end
             notes.append(f"{who} {side['saturated']}")
+    sides = [p for p in picks] + [base[n] for n in names]
+    if study.target is not None and sides and all(len(x.get("missed") or ()) == len(seeds) for x in sides):
+        from ..engine.judge import penalty_words
+
+        notes.append(f"no side reached the target ({study.target_metric} {study.target:g}) on any seed: each is "
+                     f"ranked by how close it came, its penalty time ({penalty_words(study.target_metric)}); a longer "
+                     "study.environment.time_budget or an easier study.objectives.target tells them apart by time")
     first_round = _at_first_round(study, [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names])
     if first_round:
         notes.append(first_round)
@@ -237,10 +257,11 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
         notes.append(f"each baseline ran at its best step size of lr {list(study.baseline_lr)} on the study's seeds "
                      f"({', '.join(f'{n} {v:g}' for n, v in tuned)})"
                      + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched
-                        else f"; the picks at the study's lr {study.run.lr:g}"))
+                        else f"; the picks at the study's lr {study.run.lr:g}")
+                     + "; only the step size is tuned: each rule's other settings are its policy file's")
         from .baselines import edge_note
 
-        edge = edge_note(study, dict(tuned))
+        edge = edge_note(study, dict(tuned), said_tuned=True)
         if edge:
             notes.append(edge)
     else:
