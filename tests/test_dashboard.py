@@ -428,6 +428,10 @@ def test_a_language_models_curves_are_of_its_metric():
                                 ("time_to_target", [0.1, 0.2, 0.3], "validation accuracy")):  # not a curve: the task's
         fig = curves_figure(best, base, prefer)
         assert list(fig.data[0].y) == want and fig.layout.annotations[0].text == title, prefer
+    # a tuned baseline's step size is in its name ([baselines] lr: each at its best)
+    base[0]["lr"] = 0.2
+    assert [t.name for t in curves_figure(best, base).data if t.showlegend is not False] == ["best: trial 3",
+                                                                                              "fedavg (lr 0.2)"]
     # a history without the study's metric: the one every history has
     del best["history"]["val_perplexity"]
     assert fig.layout.annotations[0].text == "validation accuracy"

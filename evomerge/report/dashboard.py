@@ -263,7 +263,10 @@ def curves_figure(best: dict, baselines: list[dict], prefer: str = "val_accuracy
 
     from plotly.colors import qualitative
 
-    series = [(f"best: trial {best['number']}", best["history"])] + [(b["name"], b["history"]) for b in baselines if b.get("history")]
+    # a tuned baseline's step size beside its name ([baselines] lr: each ran at its best)
+    series = [(f"best: trial {best['number']}", best["history"])] + [
+        (b["name"] + (f" (lr {b['lr']:g})" if b.get("lr") is not None else ""), b["history"])
+        for b in baselines if b.get("history")]
     series = [(n, h) for n, h in series if h]
     # the curve of the study's metric, else of what the task has: accuracy where there are classes, else
     # perplexity (a language model) or loss
