@@ -366,7 +366,7 @@ def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     assert p.returncode == 0, p.stderr
     times = [r["final"]["time_to_target"] for r in json.loads((tmp_path / "re.json").read_text())["runs"]]
     row = next(ln for ln in p.stdout.splitlines() if "the study's objective" in ln)
-    assert "time to target (s, min)" in row and f"{sum(times) / 2:.4f} ± " in row, (row, times)
+    assert "time to target, s (min)" in row and f"{sum(times) / 2:.4f} ± " in row, (row, times)
 
 
 @pytest.mark.system

@@ -69,7 +69,7 @@ class Objective:
     direction: str
     label: str
     from_round: Callable[[Any], float]
-    unit: str = ""  # shown in tables' headers beside the direction: "time to target (s, min)"
+    unit: str = ""  # shown in tables' headers beside the direction: "time to target, s (min)"
 
 
 OBJECTIVES: dict[str, Objective] = {

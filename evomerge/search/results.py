@@ -445,7 +445,7 @@ def objective_label(name: str) -> str:
     o = OBJECTIVES.get(name)
     label, unit = (o.label, o.unit) if o else (name, "")
     way = "max" if (o.direction if o else "maximize") == "maximize" else "min"
-    return f"{label} ({unit + ', ' if unit else ''}{way})"
+    return f"{label}{', ' + unit if unit else ''} ({way})"  # ("time to target (s, min)" read as seconds and minutes)
 
 
 def missed(study, name: str, value: float) -> str:
