@@ -114,6 +114,10 @@ def test_dashboard_renders_every_section_in_chromium(searched, data_dir, tmp_pat
     assert all(line.strip() in text for line in stored["lines"])
     assert "tpe: best so far" in page.read_text() and "random: best so far" in page.read_text()
     assert shot.stat().st_size > 50_000
+    # importances from a handful of trials are said to be unsteady (a reader took 5 trials' bars at their word)
+    complete = sum(1 for t in optuna.load_study(study_name="tiny", storage=default_storage(study_dir)).trials
+                   if t.state.name == "COMPLETE")
+    assert f"From {complete} complete trials: too few to rank the fields firmly" in text
     # learning curves: accuracy against MB on a log axis (nothing sent: drawn at a positive floor, said so);
     # consensus distance floored at 1e-6 and the axis says so
     curves = probed["curves"]

@@ -27,6 +27,7 @@ from ..study import Study
 from ..units import size
 from .tracking import diverged
 
+FEW_FOR_IMPORTANCE = 20  # complete trials below which the importances are said to be unsteady
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
 TIME_SECTIONS = ("cluster", "timeline")  # a study with an [environment] adds these
 DISTANCE_FLOOR = 1e-6  # consensus distances below this are floating-point noise (all-reduce sits at ~1e-12)
@@ -606,9 +607,12 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                 "Every trial's value in the order it was asked; the line is the best so far for each sampler."
                 + (" Diverged trials are marked and left out of the best so far." if n_diverged else ""),
                 _div(history_figure(ostudy, study), "plot-history"))
+        complete = sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.name == "COMPLETE")
+        few = (f" From {complete} complete trials: too few to rank the fields firmly (PED-ANOVA sets the best 10% "
+               f"against the rest; a few dozen trials steady it)." if complete < FEW_FOR_IMPORTANCE else "")
         for sid, title, fn, text in (
             ("importance", "Parameter importances", importance_figure,
-             "How much each searched policy field explains the objective (PED-ANOVA, Optuna)."),
+             "How much each searched policy field explains the objective (PED-ANOVA, Optuna)." + few),
             ("parallel", "Searched policy fields", parallel_figure,
              "Each line is a completed trial through its policy fields, coloured by the objective: the darker, the "
              "better (Optuna)."),
