@@ -464,26 +464,42 @@ class Study:
         return [n for n in (self.model_note(model), self.budget_note(total_steps)) if n]
 
     def interval_note(self, total_steps: int) -> str | None:
-        """A note when the searched ``mean_interval`` reaches past the run's ``total_steps`` local steps a worker:
-        a policy there merges never (every round(mean_interval) steps) or seldom (gossip's random intervals), and
-        its trial runs much as no merging does. None on a time budget (each worker's steps are its speed's) or
-        where no searched interval is past the steps."""
+        """A note when the searched ``mean_interval`` reaches past the local steps a worker takes: the run's
+        ``total_steps``, or on a time budget those a worker at ``step_time`` takes in it (with its slow spells and
+        jitter): a policy there merges never (every round(mean_interval) steps) or seldom (gossip's random
+        intervals), and its trial runs much as no merging does. None where no searched interval is past them."""
         p = next((p for p in self.search.space if p.name == "mean_interval"), None)
-        if p is None or (self.environment is not None and self.environment.time_budget):
+        if p is None:
             return None
+        env = self.environment
+        steps, them = total_steps, f"the run's {total_steps:,} local steps a worker"
+        remedy = "raise study.run.steps (or epochs)"
+        if env is not None and env.time_budget and env.step_budget != "per_worker":
+            steps = int(env.time_budget / self._mean_step())  # (the time budget ends the run, not run.steps)
+            them = (f"the {steps:,} local steps a worker at step_time {env.step_time:.3g} s takes in "
+                    f"study.environment.time_budget {env.time_budget:g} s")
+            remedy = "raise the time budget"
         values = list(p.choices) if p.kind == "categorical" else [p.low, p.high]
-        past = [v for v in values if round(float(v)) > total_steps]
+        past = [v for v in values if round(float(v)) > steps]
         if not past:
             return None
         given = f"{list(p.choices)}" if p.kind == "categorical" else f"[{p.low:g}, {p.high:g}]"
-        every = len(past) == len(values) if p.kind == "categorical" else round(float(p.low)) > total_steps
+        every = len(past) == len(values) if p.kind == "categorical" else round(float(p.low)) > steps
         how = ("merges never (every round(mean_interval) steps) or seldom (gossip's random intervals), and runs "
                "much as no-merging does")
         if every:
-            return (f"study.search.space.mean_interval: {given} is past the run's {total_steps:,} local steps a "
-                    f"worker: every policy it gives {how}; lower the range, or raise study.run.steps (or epochs)")
-        return (f"study.search.space.mean_interval: {given} reaches past the run's {total_steps:,} local steps a "
-                f"worker: a policy with mean_interval above {total_steps:,} {how}")
+            return (f"study.search.space.mean_interval: {given} is past {them}: every policy it gives {how}; lower "
+                    f"the range, or {remedy}")
+        return (f"study.search.space.mean_interval: {given} reaches past {them}: a policy with mean_interval above "
+                f"{steps:,} {how}")
+
+    def _mean_step(self) -> float:
+        """A speed-1 worker's mean step on the simulated cluster: step_time, times the slow spells' share (a
+        two-state chain: a step is in a spell with the chain's stationary chance p L / (1 + p L)) and the jitter's
+        mean (a lognormal's)."""
+        env = self.environment
+        pl = env.straggle_p * env.straggle_length
+        return env.step_time * (1 + pl / (1 + pl) * (env.straggle_factor - 1)) * math.exp(env.jitter ** 2 / 2)
 
     def budget_note(self, total_steps: int) -> str | None:
         """A note when ``[environment] time_budget`` gives a worker at ``step_time`` more than 10x the study's step
@@ -492,11 +508,9 @@ class Study:
         env = self.environment
         if env is None or not env.time_budget or env.step_budget == "per_worker":  # (there each stops at its steps)
             return None
-        # a speed-1 worker's mean step: step_time, times the slow spells' share (a two-state chain: a step is in a
-        # spell with the chain's stationary chance p L / (1 + p L)) and the jitter's mean (a lognormal's), so the
-        # estimate is of the steps the run takes (it said 2,873 where a run with slow spells took 500)
-        pl = env.straggle_p * env.straggle_length
-        mean_step = env.step_time * (1 + pl / (1 + pl) * (env.straggle_factor - 1)) * math.exp(env.jitter ** 2 / 2)
+        # a speed-1 worker's mean step, so that the estimate is of the steps the run takes (it said 2,873 where a
+        # run with slow spells took 500)
+        mean_step = self._mean_step()
         slowed = mean_step > env.step_time * 1.001
         steps = env.time_budget / mean_step
         if env.time_budget / env.step_time < 1:  # (a run said its slowest worker did 0 steps "and the others waited for it")

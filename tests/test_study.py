@@ -314,11 +314,18 @@ def test_a_searched_interval_past_the_runs_steps_is_a_note():
         "; lower the range, or raise study.run.steps (or epochs)")
     assert note({"kind": "float", "low": 101, "high": 300}).startswith(
         "study.search.space.mean_interval: [101, 300] is past ")
-    # within the steps (round(100.4) is 100), or a time budget's steps (each worker's speed's): no note
+    # within the steps (round(100.4) is 100): no note
     assert note({"kind": "float", "low": 1.0, "high": 100.4}) is None
     assert note({"kind": "categorical", "choices": [10, 50]}) is None
+    # on a time budget: the steps a worker at step_time takes in it (a budget of 0.1 s: every trial said "never
+    # merged" after it ran, and the search's start said nothing)
     assert note({"kind": "float", "low": 1.0, "high": 500.0},
-                environment={"step_time": 0.01, "time_budget": 5.0}) is None
+                environment={"step_time": 0.01, "time_budget": 5.0}) is None  # (500 steps in it: none past them)
+    assert note({"kind": "log-float", "low": 4.0, "high": 40.0}, environment={"step_time": 0.05, "time_budget": 0.1}) \
+        == ("study.search.space.mean_interval: [4, 40] is past the 2 local steps a worker at step_time 0.05 s takes "
+            "in study.environment.time_budget 0.1 s: every policy it gives merges never (every round(mean_interval) "
+            "steps) or seldom (gossip's random intervals), and runs much as no-merging does; lower the range, or "
+            "raise the time budget")
     # the shipped studies' steps: none (mnist-gossip's 2 epochs are 400 or so local steps, its range ends at 200)
     assert study.load("tiny-lm").interval_note(200) is None
 
