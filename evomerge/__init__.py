@@ -7,8 +7,8 @@ from .version import __version__  # noqa: E402,F401
 
 from .errors import ConfigError  # noqa: E402
 
-__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "rank_device", "ranks_on_this_machine", "run",
-           "search"]
+__all__ = ["ConfigError", "MergePolicy", "Merger", "MergerError", "__version__", "export", "rank_device",
+           "ranks_on_this_machine", "run", "search"]
 
 
 def __getattr__(name: str):
@@ -133,6 +133,40 @@ def search(study, *, data=None, **options):
         check_given(study)  # a name, a path or a Study: else one line naming `study`
         st = study if isinstance(study, Study) else load(study)
         return run_search(make_config(st, **options), data=data)
+
+
+def export(study, path="best.json", *, trial: int | None = None, runs_dir=None, storage: str | None = None) -> dict:
+    """Write the policy to deploy to ``path`` as ``evomerge export`` does and return the document written: the
+    trial its rule picks (the rule under ``"picked_by"``), or trial number ``trial``; with the step size the policy
+    was found with. It is the file ``Merger(path, ...)``, ``evomerge.run(study, path)`` and ``evomerge run
+    --policy`` take. ``study``: what ``evomerge.search`` returned (its stores), or a study's name, path or Study
+    whose search stored its trials under ``runs_dir`` (default ``$EVOMERGE_RUNS_DIR`` or ``runs``) or in
+    ``storage``. A folder that does not exist is made."""
+    from pathlib import Path
+
+    from .errors import ConfigError, keyword_names
+
+    with keyword_names(["trial", "study", "storage", "runs_dir"]):  # (export's lines name --trial, --study)
+        from .report.export import export_best, export_trial
+        from .search.config import default_runs_dir
+        from .search.loop import SearchResult
+        from .search.results import load_or_stored
+        from .search.storage import default_storage
+        from .study import Study, check_given, load
+
+        if isinstance(study, SearchResult):
+            st, url = study.config.study, study.config.storage
+        else:
+            check_given(study)
+            st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
+            url = storage or default_storage(Path(runs_dir or default_runs_dir()) / st.name)
+        out = Path(path)
+        if out.is_dir():
+            raise ConfigError("path", f"{str(out)!r} is a folder; allowed: a file to write the policy to (e.g. "
+                                      f"{out / 'best.json'})")
+        if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool) or trial < 0):
+            raise ConfigError("trial", f"{trial!r}; allowed: a trial number >= 0")
+        return export_trial(st, url, out, trial) if trial is not None else export_best(st, url, out)
 
 
 def _search_signature():

@@ -79,14 +79,21 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     assert doc["run_searched"] == ["lr"]
     # from Python: the same file (the picked_by rule's trial, its step size), and a replay of the search's best
     # trial as `found.best` holds it, at its own step size (a policy taken from it alone runs at the study's)
-    again = res.export(tmp_path / "py" / "best.json")
+    again = evomerge.export(res, tmp_path / "py" / "best.json")
     assert {k: again[k] for k in ("trial", "run", "run_searched", "policy", "picked_by")} == \
         {k: doc[k] for k in ("trial", "run", "run_searched", "policy", "picked_by")}
     assert json.loads((tmp_path / "py" / "best.json").read_text())["trial"] == best.number
-    assert res.export(tmp_path / "t.json", trial=trials[1].number)["run"]["lr"] == trials[1].params["run.lr"]
+    # by the study's file and runs folder, as `evomerge export` finds it
+    assert evomerge.export(str(f), tmp_path / "t.json", trial=trials[1].number, runs_dir=tmp_path / "runs")[
+        "run"]["lr"] == trials[1].params["run.lr"]
     with pytest.raises(ConfigError) as e:
-        res.export(tmp_path / "t.json", trial=99)
+        evomerge.export(res, tmp_path / "t.json", trial=99)
     assert str(e.value).startswith("trial: 'lr' has no trial 99; allowed: the number of a complete trial"), e.value
+    with pytest.raises(ConfigError) as e:
+        evomerge.export(str(f), tmp_path / "t.json", runs_dir=tmp_path / "elsewhere")
+    assert str(e.value).startswith("study: no search results for 'lr' in sqlite:") and str(e.value).endswith(
+        "say where it stored them (runs_dir or $EVOMERGE_RUNS_DIR, storage)"), e.value
+    assert not (tmp_path / "elsewhere").exists()  # (nothing made where nothing was)
     assert res.best[0]["number"] == best.number
     with pytest.warns(UserWarning, match=f"found with run.lr {best.params['run.lr']:g}"):
         replay = evomerge.run(s, res.best[0], data_dir=data_dir)

@@ -291,7 +291,8 @@ class SearchResult:
     """What ``evomerge.search`` returns: ``best`` (the best trials, each a dict with ``number``, ``values``,
     ``policy``, the searched ``run`` values, ``metrics`` and ``spread``), ``verdict`` (the picks against the tuned
     baselines on fresh seeds: ``headline``, ``lines``, ``notes``, ``seeds``; None without one), ``baselines``,
-    ``counts`` (trials by state), ``errors``, ``interrupted``, ``optuna_study`` and :meth:`export`."""
+    ``counts`` (trials by state), ``errors``, ``interrupted`` and ``optuna_study``; ``evomerge.export(result)`` writes
+    the policy to deploy."""
 
     config: SearchConfig
     records: list[dict] = field(default_factory=list)
@@ -312,31 +313,6 @@ class SearchResult:
         import optuna
 
         return optuna.load_study(study_name=self.config.study.name, storage=open_storage(self.config.storage))
-
-    def export(self, path="best.json", *, trial: int | None = None) -> dict:
-        """Write the policy to deploy to ``path`` as ``evomerge export`` does (the trial its rule picks, the rule
-        under ``"picked_by"``; or trial number ``trial``) and return the document written: the file that
-        ``Merger(path, ...)``, ``evomerge.run(study, path)`` and ``evomerge run --policy`` take, with the step size
-        the policy was found with. A folder that does not exist is made."""
-        from pathlib import Path
-
-        from ..errors import keyword_names
-
-        with keyword_names(["trial"]):  # (export's lines name --trial)
-            return self._export(Path(path), trial)
-
-    def _export(self, out, trial: int | None) -> dict:
-        from ..errors import ConfigError
-        from ..report.export import export_best, export_trial
-
-        if out.is_dir():
-            raise ConfigError("path", f"{str(out)!r} is a folder; allowed: a file to write the policy to (e.g. "
-                                      f"{out / 'best.json'})")
-        if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool) or trial < 0):
-            raise ConfigError("trial", f"{trial!r}; allowed: a trial number >= 0")
-        if trial is not None:
-            return export_trial(self.config.study, self.config.storage, out, trial)
-        return export_best(self.config.study, self.config.storage, out)
 
 
 def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> SearchResult:
