@@ -777,3 +777,17 @@ def test_the_line_for_a_tracking_server_gone_masks_a_password_in_its_address(mon
     assert said is not None and "s3cret" not in said and "alice:***@127.0.0.1" in said, said
     assert said.endswith("failed: Connection refused"), said
     assert _tracking_gone(ValueError("API request to http://x failed with exception Max retries exceeded")) is None
+
+
+def test_the_review_shows_a_searched_step_size_beside_the_objectives():
+    """(A new user found run.lr past the 420 px of the policy's words, off the screen.) The searched run values
+    come right after the metrics, before the words; the policy's fields after them."""
+    from evomerge import study as study_mod
+    from evomerge.report.tracking import review_view
+
+    s = study_mod.from_dict({"search": {"space": {
+        "mean_interval": {"kind": "float", "low": 1.0, "high": 8.0},
+        "run.lr": {"kind": "log-float", "low": 0.01, "high": 0.5}}}})
+    cols = review_view(s)["selectedColumns"]
+    assert cols.index("params.`run.lr`") < cols.index("tags.`evomerge.policy`") < cols.index("params.`mean_interval`")
+    assert all(c.startswith("metrics.") for c in cols[:cols.index("params.`run.lr`")])

@@ -41,6 +41,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from ..dburls import first_line
 from ..policy import describe_policy
+from ..study import RUN_PREFIX
 
 
 def default_tracking_uri(runs_dir: Path) -> str:
@@ -216,8 +217,10 @@ def review_view(study) -> dict[str, Any]:
     metric also makes the UI list nested runs flat, so the trials are not collapsed under the parent."""
     columns = [_column("metrics", objective_metric(o)) for o in study.objectives]
     columns += [_column("metrics", objective_metric(k)) for k in ("val_accuracy", "bytes") if k not in study.objectives]
+    # a searched step size beside the objectives (it was past the 420 px of words, off the screen)
+    columns += [_column("params", p.name) for p in study.search.space if p.name.startswith(RUN_PREFIX)]
     columns += [_column("tags", POLICY_TAG)]  # the policy in words: which of the params below take effect
-    columns += [_column("params", p.name) for p in study.search.space]
+    columns += [_column("params", p.name) for p in study.search.space if not p.name.startswith(RUN_PREFIX)]
     columns += [_column("attributes", a) for a in ("Models", "Dataset", "Source")]
     return {"searchFilter": "", "orderByKey": _column("metrics", objective_metric(study.objectives[0])),
             "orderByAsc": study.directions[0] == "minimize", "startTime": "ALL", "lifecycleFilter": "Active",
