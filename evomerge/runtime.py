@@ -78,7 +78,7 @@ from . import registry
 from .backends.pending import Pending as _Pending
 from .backends import progress as progress_mod
 from .engine import kernel, plan as plan_mod
-from .errors import ConfigError, RunError, did_you_mean
+from .errors import ConfigError, RunError
 from .policy import GOSSIP_ONLY, STREAMING_OFF, MergePolicy, check_workers
 
 OVERLAPS = ("nonblocking", "blocking", "lockstep")
