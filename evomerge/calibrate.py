@@ -834,8 +834,8 @@ def queued(transfers: list[tuple[int, int, int, float, float]]) -> list[tuple[in
 
 def alone_times(transfers: list[tuple[int, int, int, float, float]]) -> list[float]:
     """For each transfer ``(sender, receiver, bytes, start, arrival)``: how long it would have taken with its
-    ends to itself. Transfers in flight together share their senders' uplinks, their receivers' downlinks and
-    their pairs' connections as the simulated clock shares them (:func:`evomerge.engine.clock.fair_shares`: an
+    ends to itself. Transfers in flight together share their senders' uplinks and their receivers' downlinks as
+    the simulated clock shares them (:func:`evomerge.engine.clock.fair_shares`: an
     equal share of the most crowded end, every end taken as equally fast), so a transfer's time alone is the integral of its share over
     its flight: its own duration when it had its ends to itself. Fitting on
     raw durations would count the sharing twice, since the simulated clock adds it by itself (measured under

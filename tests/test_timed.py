@@ -242,6 +242,9 @@ def test_a_push_run_deciding_with_the_state_keeps_no_answer_and_moves_p_intra_ov
     tl = driver.timeline
     landed = {a.event for acts in tl.actions for a in acts if a.kind == clock.LAND}
     assert len(driver.snaps) <= sum(1 for acts in tl.actions for a in acts if a.kind == clock.SEND) - len(landed)
+    # every action the clock recorded was applied: a landing due at a step the work's end dropped too (the clock
+    # moved it to the boundary before after the replay had taken it in, and it was never applied)
+    assert driver.ptr == [len(acts) for acts in tl.actions], (driver.ptr, [len(acts) for acts in tl.actions])
     assert all(kind == clock.LAND for _, kind in driver.snaps)
     T = s.total_steps
     assert backend.sched.total_steps > T

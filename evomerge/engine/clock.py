@@ -20,13 +20,14 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   lockstep ones.
 - **network**: a send of ``B`` bytes from ``i`` to ``j`` starts at once and moves at its share
   (:func:`fair_shares`) of ``bandwidth[i, j]``: the transfers in flight together share their
-  senders' uplinks, their receivers' downlinks and their pairs' connections (a pair's two directions
-  share one), and each moves at an equal share of its most crowded end, as TCP flows share a link;
-  the shares change whenever a transfer starts or ends. Alone it takes ``B / bandwidth[i, j]``, and
-  it lands ``latency[i, j]`` after its last byte left. Measured
+  senders' uplinks and their receivers' downlinks (a pair's two directions are two, as a link
+  carries both ways at once), and each moves at an equal share of its most crowded end, as TCP flows
+  share a link; the shares change whenever a transfer starts or ends. Alone it takes
+  ``B / bandwidth[i, j]``, and it lands ``latency[i, j]`` after its last byte left. Measured
   under netlab (each rank its own 50 Mbit/s link, gloo, 407 KB): one send 68 ms, two into one
-  receiver 139 ms, a pair both ways at once 122 ms, one rank sending and receiving with two
-  others 75 ms (``benchmarks/sim_vs_real.py`` holds the clock against real runs). First come, first
+  receiver 139 ms, one rank sending and receiving with two others 75 ms; a pair both ways at once
+  94-138 ms for one message each way, and 6 each way 1.6-1.9x the bytes of one way
+  (``benchmarks/sim_vs_real.py`` holds the clock against real runs). First come, first
   served (each transfer holding its three ends until done) queued gossip 2-3x longer than the real
   runs did (ring gossip: median 0.27 s from send to landing, real 0.11 s). Links are per
   site (``sites`` contiguous groups, split as topology communities are: intra and inter values)
@@ -237,9 +238,11 @@ class Network:
 
 
 def flow_ends(i: int, j: int) -> tuple[tuple, ...]:
-    """What a transfer from ``i`` to ``j`` shares with others in flight: ``i``'s uplink, ``j``'s downlink and the
-    pair's connection (both directions: gloo keeps one connection per pair)."""
-    return ("out", i), ("in", j), ("pair", min(i, j), max(i, j))
+    """What a transfer from ``i`` to ``j`` shares with others in flight: ``i``'s uplink and ``j``'s downlink. A
+    pair's two directions do not share (a link carries both ways at once): counted as one connection, they made a
+    2-rank push-pull gossip job under netlab +84% on the clock (-3% without), and 6 messages each way at once moved
+    1.6-1.9x the bytes of one way (``benchmarks/RESULTS.md``)."""
+    return ("out", i), ("in", j)
 
 
 def share(counts: dict, ends: tuple) -> float:
@@ -370,6 +373,9 @@ class Simulation:
         self.at_end: dict[tuple, set[int]] = {}  # end (flow_ends) -> the transfers in flight through it
         self.counts: dict[tuple, int] = {}
         self.actions: list[list[Action]] = [[] for _ in range(W)]
+        # (worker, its action there, the Action it replaced) for each action moved to an earlier boundary after it
+        # was recorded (a step dropped at the work's end): a reader of the running clock's actions takes the new one
+        self.moved: list[tuple[int, int, Action]] = []
         self.sends: list[tuple[float, int]] = []  # (time, bytes) of every merge started
         self.barrier: dict[int, float] = {}
         self.barrier_bytes = 0  # each worker's share of the open barrier's all-reduce
@@ -611,6 +617,7 @@ class Simulation:
         for i, a in enumerate(acts):
             if a.boundary == k + 1 and a.time == end:
                 acts[i] = Action(a.worker, k, t, a.event, a.kind, a.sent, a.landed, a.late)
+                self.moved.append((w, i, a))
         moved = False
         for i, x in enumerate(self.heap):
             # its answers (push-pull), and, at the server (asynchronous DiLoCo), the pushes deferred to that step's end

@@ -167,6 +167,7 @@ class Timed:
             self.landing = None  # not known before it happens: every payload is kept until it lands or the run ends
             self.acts: list[list[clock.Action]] = [[] for _ in range(self.W)]
             self._seen = [0] * self.W
+            self._moved = 0  # the running clock's moved actions taken in (_collect)
             self._pending: list[list] = [[] for _ in range(self.W)]
             self._loss = torch.zeros((), device=backend.state.params.device)
             self.live_peers = backend.live_peers  # the clock asks for peers drawn during the run
@@ -243,6 +244,18 @@ class Timed:
         are all known when the clock is at ``t``, and come first in that order (a worker's boundaries follow time)."""
         import heapq
 
+        # an action the clock moved after this replay took it in (a landing due at a step that the work's end
+        # dropped, applied at the boundary before): the pending copy gives way to the new one (the copy's boundary
+        # was never reached, and the landing was never applied while the clock counted it)
+        for w, i, old in self.live.moved[self._moved:]:
+            if i < self._seen[w]:
+                q = self._pending[w]
+                kept = [x for x in q if x[1] is not old]
+                if len(kept) < len(q):
+                    a = self.live.actions[w][i]
+                    q[:] = kept + [((a.boundary, *a.key), a)]
+                    heapq.heapify(q)
+        self._moved = len(self.live.moved)
         for w in range(self.W):
             new = self.live.actions[w][self._seen[w]:]
             self._seen[w] += len(new)
