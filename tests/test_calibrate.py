@@ -1074,7 +1074,7 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         print(f"job {job} s, clock {clock} s, {off:+.1f}%")
     assert abs(off) < 50, out  # (the same steps, on the job's own calibration: far off is a wrong clock, not load)
     # the Merger's own share of the job's time (the least of the ranks', read from the traces here): said beside a
-    # clock that is short, where it is 5% or more
+    # clock that is 10% short or more, where it is 5% or more
     def least_share(folder) -> float:
         shares = []
         for f in sorted(folder.glob("rank-*.jsonl")):
@@ -1084,7 +1084,7 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         return min(shares)
 
     said = [ln for ln in got.err.splitlines() if "inside merger.step()" in ln]
-    short = doc["clock_seconds"] < doc["job_seconds"]  # (unrounded, as the command compares them)
+    short = doc["clock_seconds"] < 0.9 * doc["job_seconds"]  # (unrounded, as the command compares them: 10% short)
     assert said == [] if least_share(trace) < 0.05 or not short else len(said) == 1, got.err
     # the same job with half of each step's compute spent inside merger.step() instead, and finished 10 s later (the
     # clock short): the least share of the ranks said
