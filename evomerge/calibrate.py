@@ -498,6 +498,9 @@ def summary(env: dict[str, Any], W: int, out) -> str:
 def read_traces(d: Path, where: str) -> tuple[dict[int, Path], list[list[dict]]]:
     """A ``Merger`` run's traces (``DIR/rank-R.jsonl``, ranks 0..W-1): each rank's file and its records; one line
     naming ``where`` (the flag that gave the folder) when they cannot be read."""
+    if d.is_file():  # (a rank's file given for its folder: "no such folder" of a path that is there)
+        raise ConfigError(where, f"{d}: a file, not a folder; allowed: the folder of the job's traces "
+                                 f"({d.parent})")
     if not d.is_dir():
         raise ConfigError(where, f"{d}: no such folder")
     files = {}
@@ -550,6 +553,11 @@ def last_jobs(files: dict[int, Path], recs: list[list[dict]], where: str) -> tup
                                  f"ranks 0..{len(last) - 1} have traces); allowed: a folder of every rank's trace")
     if isinstance(ranks, int) and 0 < ranks <= len(last):
         last, cut = last[:ranks], cut[:ranks]
+    if last and all(seg and not any("compute_s" in x for x in seg) for seg in last):  # (refused at its start: it read
+        # "its last job ended before the folder's last job began" of a rank that had written its first record)
+        raise ConfigError(where, f"{files[0].parent}: its last job ran no step (every rank wrote its first record "
+                                 "and none a step: refused or stopped at its start); allowed: the traces of a job that "
+                                 "ran (a trace= folder of its own)")
     starts = [seg[0].get("t") if seg else None for seg in last]
     if all(isinstance(t, (int, float)) for t in starts):
         began = max(starts)  # the last rank to make its Merger in the last job

@@ -1225,3 +1225,22 @@ def test_a_trace_folder_of_jobs_of_other_sizes_reads_the_last_and_names_a_rank_t
     with pytest.raises(ConfigError, match=r"^--against: .*rank-2.jsonl: its last job ended before the folder's last "
                                           r"job began \(rank 2 wrote no trace of it\)"):
         calibrate.job_time(dead)
+
+
+def test_a_trace_folder_of_a_refused_job_or_a_file_given_for_it_says_so(tmp_path):
+    """(A job whose ranks ran other policies was refused at its start, each rank's Merger having written its first
+    record: `run --against` said "its last job ended before the folder's last job began (rank 0 wrote no trace of
+    it)". A rank's file given for the folder said "no such folder".)"""
+    d = tmp_path / "trx"
+    d.mkdir()
+    for r in range(2):
+        (d / f"rank-{r}.jsonl").write_text(json.dumps({"model_bytes": 1000, "ranks": 2, "t": 100.0 + r}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        calibrate.job_time(d)
+    assert str(e.value) == (f"--against: {d}: its last job ran no step (every rank wrote its first record and none a "
+                            "step: refused or stopped at its start); allowed: the traces of a job that ran (a trace= "
+                            "folder of its own)")
+    with pytest.raises(ConfigError) as e:
+        calibrate.job_time(d / "rank-0.jsonl")
+    assert str(e.value) == f"--against: {d / 'rank-0.jsonl'}: a file, not a folder; allowed: the folder of the job's " \
+                           f"traces ({d})"
