@@ -812,6 +812,22 @@ def job_in_step(directory: str | os.PathLike, where: str = "--against") -> list[
     return [share for _, n, share in in_step(recs) if n and share is not None]
 
 
+def job_step_medians(directory: str | os.PathLike, where: str = "--against",
+                     warmup: int = DEFAULTS["warmup"]) -> list[float]:
+    """Each rank's median compute a step (the loop's own work between two ``merger.step()`` calls, its first
+    ``warmup`` steps left out, as the calibration leaves them out) in the last job of a folder of traces."""
+    import numpy as np
+
+    files, recs = read_traces(Path(directory), where)
+    recs, _ = last_jobs(files, recs, where)
+    out = []
+    for rows in recs:
+        times = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]
+        if times:
+            out.append(float(np.median(times[warmup:] or times)))
+    return out
+
+
 def _in_step(recs: list[list[dict]]) -> list[str]:
     """Each rank's wall time inside ``merger.step()`` (from a step's call, its record's ``t``, to the next step's
     start, that record's ``t`` less its ``compute_s``): the merges applied and sent, and the waits for peers. The

@@ -703,8 +703,18 @@ def cmd_run(args) -> int:
             return 1
         print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
-        from .calibrate import job_in_step
+        from .calibrate import _ms, job_in_step, job_step_medians
 
+        # the job's own compute against the cluster's: a file timed on another device or model explains an error
+        # by itself (a user's job of 12.4 ms steps on a file of 30.2 ms was +99%, with nothing said of why)
+        medians, env = job_step_medians(args.against), study.environment
+        if medians and env is not None and env.step_time > 0:
+            ratio = min(medians) / env.step_time
+            if not 1 / STEP_SAID <= ratio <= STEP_SAID:
+                print(f"note: --against: the job's fastest rank computed a median {_ms(min(medians))} a step, the "
+                      f"study's [environment] step_time is {_ms(env.step_time)} ({ratio:.2f}x): the clock times "
+                      f"another device or model (`evomerge calibrate --from-trace {args.against}` fits this job's)",
+                      file=sys.stderr)
         shares = job_in_step(args.against)
         # the clock's known shortfall, said where the clock is short by SHORT_SAID or more (it was said of a clock
         # 0.4% short) and the Merger's share large enough to matter: the least share of the ranks (a rank that waits
@@ -1326,6 +1336,7 @@ def cmd_calibrate(args) -> int:
 
 IN_STEP_SAID = 0.05  # run --against: a share of the job's time inside merger.step() said beside the clock's error
 SHORT_SAID = 0.10  # ... where the clock is at least this much short of the job (within it: the clock's usual error)
+STEP_SAID = 1.5  # run --against: the job's step against the cluster's step_time said beyond this ratio either way
 
 
 def _runs_dir_said(runs_dir) -> str:

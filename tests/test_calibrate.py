@@ -1084,6 +1084,7 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         return min(shares)
 
     said = [ln for ln in got.err.splitlines() if "inside merger.step()" in ln]
+    assert "computed a median" not in got.err  # (calibrated from this job: its step is the file's)
     short = doc["clock_seconds"] < 0.9 * doc["job_seconds"]  # (unrounded, as the command compares them: 10% short)
     assert said == [] if least_share(trace) < 0.05 or not short else len(said) == 1, got.err
     # the same job with half of each step's compute spent inside merger.step() instead, and finished 10 s later (the
@@ -1101,6 +1102,13 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
                      "--data-dir", str(data_dir), "--quiet", "--against", str(edited)]) == 0
     got = capsys.readouterr()
+    # its compute halved: half the step the file says, and said (a job on a file of another device was +99%, and
+    # nothing said why)
+    step_time = tomllib.loads((tmp_path / "cluster.toml").read_text())["environment"]["step_time"]
+    assert re.search(r"^note: --against: the job's fastest rank computed a median [\d.]+ ms a step, the study's "
+                     rf"\[environment\] step_time is [\d.]+ ms \(0\.[3-6]\dx\): the clock times another device or "
+                     rf"model \(`evomerge calibrate --from-trace {re.escape(str(edited))}` fits this job's\)$",
+                     got.err, re.M), (got.err, step_time)
     assert least_share(edited) >= 0.05
     assert [ln for ln in got.err.splitlines() if "inside merger.step()" in ln] == [
         f"note: --against: every rank spent at least {least_share(edited):.0%} of its time inside merger.step() "
