@@ -1217,8 +1217,9 @@ def main(argv: list[str] | None = None) -> int:
 
         dev, backend = rank_device()
         told = "LOCAL_WORLD_SIZE" in os.environ  # torchrun and --procs say how many ranks share this machine
+        local = int(os.environ["LOCAL_WORLD_SIZE"]) if told else 1  # the ranks on this machine (below, where untold)
         if dev.type == "cpu" and told:
-            apply_threads(int(os.environ["LOCAL_WORLD_SIZE"]))
+            apply_threads(local)
         if "MASTER_ADDR" not in os.environ:  # one process alone
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
         progress = Progress(rank)
@@ -1247,7 +1248,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if dev.type == "cpu" and not told:  # a launcher that does not say (netlab, a script of one's own): before
             with _talking():                 # the data are prepared, as the steps that time them
-                apply_threads(ranks_on_this_machine())
+                local = ranks_on_this_machine()
+                apply_threads(local)
         if refused is None:  # the study and its data: every rank reads them alike, and each says whether it can
             try:
                 st, setup = load(args)
@@ -1267,6 +1269,10 @@ def main(argv: list[str] | None = None) -> int:
         if m is not None:
             env, warned = write(m, args.output, args.fit)
             print(summary(env, len(m.step_times), args.output), flush=True)
+            if progress.file is None and dev.type == "cpu":  # under a launcher of the user's (--procs says its own)
+                note = turns_note(local, torch.get_num_threads())
+                if note:
+                    print(note, file=sys.stderr, end="", flush=True)
             for w in warned:
                 print(w, file=sys.stderr, flush=True)
     except ConfigError as e:
@@ -1290,6 +1296,18 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(PEER_GONE)
     dist.destroy_process_group()
     return 0
+
+
+def turns_note(ranks: int, threads: int, more: str = "; for the job's figures, calibrate on its hosts") -> str:
+    """A ``note:`` line (with its newline) where ``ranks`` ranks of ``threads`` torch threads each outnumber this
+    machine's cores: they take turns on them, so their steps are timed slower and less evenly than on hosts of
+    their own (a warning of steps timed long followed, with no word why); else ''."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if ranks * threads <= cores:
+        return ""
+    return (f"note: {ranks} rank{'s' * (ranks != 1)} of {threads} torch thread{'s' * (threads != 1)} on {cores} CPU "
+            f"core{'s' * (cores != 1)}: the ranks take turns on the cores, so their steps are timed slower and less "
+            f"evenly than on hosts of their own{more}\n")
 
 
 def _stop_at(seconds: float, rank: int, timeout: float, progress: Progress):
@@ -1370,12 +1388,8 @@ def launch(args) -> int:
     port = _free_port()
     threads = str(default_threads())  # (EVOMERGE_THREADS where set: a bad one is its one line)
     per = max(1, int(threads) // N)  # each rank's share (procs.apply_threads with the ranks on this host)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # said beside the file's figures (a warning of steps timed long followed, with no word why); an error is one line
-    turns = (f"note: {N} rank{'s' * (N != 1)} of {per} torch thread{'s' * (per != 1)} on {cores} CPU "
-             f"core{'s' * (cores != 1)}: the ranks take turns on the cores, so their steps are timed slower and "
-             "less evenly than on hosts of their own; for the job's figures, calibrate on its hosts (under your "
-             "launcher, docs/calibrate.md)\n") if N * per > cores else ""
+    turns = turns_note(N, per, "; for the job's figures, calibrate on its hosts (under your launcher, docs/calibrate.md)")
     root = str(Path(__file__).resolve().parent.parent)
     with tempfile.TemporaryDirectory(prefix="evomerge-calibrate-") as tmp, ProcessGroup(grace=3) as group:
         procs, errs, outs = [], [], []

@@ -473,20 +473,27 @@ def test_a_rank_that_fails_is_named_in_one_line(tmp_path, data_dir):
 @pytest.mark.system
 def test_ranks_of_a_launcher_that_does_not_say_how_many_share_the_machine_share_its_threads(tmp_path, data_dir):
     """netlab and a user's own script set RANK and WORLD_SIZE, not torchrun's LOCAL_WORLD_SIZE: the ranks count
-    those on their machine, and two of them given 2 threads take 1 each (each took both: four ranks on two cores
-    measured two of them 55x slower)."""
-    (tmp_path / "s.toml").write_text(study_text(workers=2))
+    those on their machine, and three of them given 2 threads take 1 each (each took both: four ranks on two cores
+    measured two of them 55x slower). Where they outnumber the cores, rank 0 says so beside the file, as --procs
+    does (3 ranks on 2 cores under netlab said nothing of it)."""
+    (tmp_path / "s.toml").write_text(study_text(workers=3))
     out = tmp_path / "c.toml"
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
-    env.update(EVOMERGE_THREADS="2", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+    env.update(EVOMERGE_THREADS="2", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), PYTHONPATH=str(ROOT))
     procs = [subprocess.Popen([sys.executable, "-m", "evomerge.calibrate", "--study", str(tmp_path / "s.toml"), "-o",
                                str(out), "--data-dir", str(data_dir), "--steps", "5", "--warmup", "1", "--repeats",
                                "2", "--timeout", "90"], env=dict(env, RANK=str(r)), cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
     outs = [p.communicate(timeout=150) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-2000:] for _, e in outs]
     assert "torch threads per rank: 1\n" in out.read_text(), out.read_text()
+    cores = len(os.sched_getaffinity(0))
+    said = [ln for ln in outs[0][1].splitlines() if "take turns on the cores" in ln]
+    assert said == ([f"note: 3 ranks of 1 torch thread on {cores} CPU core{'s' * (cores != 1)}: the ranks take "
+                     "turns on the cores, so their steps are timed slower and less evenly than on hosts of their "
+                     "own; for the job's figures, calibrate on its hosts"] if 3 > cores else []), outs[0][1]
+    assert outs[0][0].startswith(f"wrote {out}: 3 ranks")  # (the file's line first, the note beside it)
 
 
 def _child_rank(parent: int, rank: int) -> int | None:
