@@ -1147,7 +1147,10 @@ def cmd_search(args) -> int:
         where, me = _stored_at(args, args.study), _prog()
         deploy = "the policy to deploy"
         beaten_by = (result.verdict or {}).get("beaten_by") or []
-        if beaten_by:  # (the verdict said diloco beats every pick; the next line still called the export the one)
+        if (result.verdict or {}).get("none_reached"):  # (it named a baseline to deploy, ranked on penalty times)
+            deploy = ("the search's best; no policy reached the target on the verdict's seeds: a longer "
+                      "study.environment.time_budget or an easier study.objectives.target first")
+        elif beaten_by:  # (the verdict said diloco beats every pick; the next line still called the export the one)
             lrs = {b.get("name"): b.get("lr") for b in result.verdict.get("baselines") or ()}
             ways = " or ".join(f"evomerge.Merger({_policy_ref(study, n)!r}, ...)"
                                + (f" at lr {lrs[n]:g}" if isinstance(lrs.get(n), (int, float)) else "")

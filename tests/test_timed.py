@@ -396,6 +396,15 @@ def test_a_time_budget_many_times_the_step_budgets_work_is_said_by_run_and_searc
         "worker of speed 1 trains no step in it",
         "note: allreduce never merged: the time ran out before any worker's first local step (all workers average "
         "every step, a=1, uniform weighting)"], p.stderr
+    # a search of it: nothing reaches the target, so its next line names no policy to deploy (it named a baseline
+    # the verdict ranked by penalty times), and the verdict says why
+    p = cli("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--reevaluate", "1", "--runs-dir",
+            str(tmp_path / "short-runs"), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    flat = " ".join(p.stderr.split())
+    assert "(the search's best; no policy reached the target on the verdict's seeds: a longer " \
+           "study.environment.time_budget or an easier study.objectives.target first)" in flat, p.stderr
+    assert "no side reached the target" in " ".join(p.stdout.split()), p.stdout
 
 
 @pytest.mark.system

@@ -242,7 +242,9 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
         if side.get("saturated"):  # its payloads mostly never landed: a real run would wait for them at its end
             notes.append(f"{who} {side['saturated']}")
     sides = [p for p in picks] + [base[n] for n in names]
-    if study.target is not None and sides and all(len(x.get("missed") or ()) == len(seeds) for x in sides):
+    none_reached = study.target is not None and bool(sides) and all(len(x.get("missed") or ()) == len(seeds)
+                                                                    for x in sides)
+    if none_reached:
         from ..engine.judge import penalty_words
 
         notes.append(f"no side reached the target ({study.target_metric} {study.target:g}) on any seed: each is "
@@ -271,7 +273,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
             "picks": [{k: p[k] for k in ("number", "describe", "per_seed", "diverged") if k in p} for p in picks],
             "baselines": [{k: base[n][k] for k in ("name", "per_seed", "diverged", "lr") if base[n].get(k) is not None}
                           for n in names],  # (lr: a baseline's tuned step size, where [baselines] lr tunes it)
-            "beaten_by": beaten_by, "comparisons": comparisons, "objectives": list(study.objectives)}
+            "beaten_by": beaten_by, "comparisons": comparisons, "objectives": list(study.objectives),
+            "none_reached": none_reached}  # (no side reached the time target on any seed: nothing to deploy yet)
 
 
 # -- choosing and running ------------------------------------------------------------------------------
