@@ -150,7 +150,7 @@ def export(study, path="best.json", *, trial: int | None = None, runs_dir=None, 
         from .report.export import export_best, export_trial
         from .search.config import default_runs_dir
         from .search.loop import SearchResult
-        from .search.results import load_or_stored
+        from .search.results import load_or_stored, stored_study
         from .search.storage import default_storage
         from .study import Study, check_given, load
 
@@ -160,13 +160,20 @@ def export(study, path="best.json", *, trial: int | None = None, runs_dir=None, 
             check_given(study)
             st = study if isinstance(study, Study) else load_or_stored(study, runs_dir, storage) or load(study)
             url = storage or default_storage(Path(runs_dir or default_runs_dir()) / st.name)
+            got = stored_study(st.name, url)  # the definition its trials were searched with, as the command reads it
+            st = got[0] if got is not None else st  # (a file changed since would rank them by its new objectives)
         out = Path(path)
         if out.is_dir():
             raise ConfigError("path", f"{str(out)!r} is a folder; allowed: a file to write the policy to (e.g. "
                                       f"{out / 'best.json'})")
         if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool) or trial < 0):
             raise ConfigError("trial", f"{trial!r}; allowed: a trial number >= 0")
-        return export_trial(st, url, out, trial) if trial is not None else export_best(st, url, out)
+        try:
+            doc = export_trial(st, url, out, trial) if trial is not None else export_best(st, url, out)
+        except OSError as e:  # a folder that cannot be made or a file that cannot be written: one line, as the command
+            raise ConfigError("path", f"cannot write {e.filename or out}: {e.strerror or e}") from None
+        doc.pop("verdict_note", None)  # (what the command says beside the file, not in it)
+        return doc
 
 
 def _search_signature():

@@ -868,7 +868,7 @@ def policy_hint(ref: str | Path, named) -> str:
         stems = sorted(f.stem for f in itertools.islice(folder.glob("*.json"), 500))
     except OSError:
         return ""
-    near = nearest(Path(ref).stem, stems)
+    near = nearest(Path(ref).stem, [x for x in stems if x != Path(ref).stem])  # (a folder named x.json: not itself)
     return f"; did you mean {folder / (near + '.json')}?" if near else ""
 
 

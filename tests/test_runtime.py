@@ -1025,6 +1025,10 @@ def test_read_policy_takes_objects_dicts_policy_files_and_exports(tmp_path):
     with pytest.raises(ConfigError, match=rf"^policy: {re.escape(str(tmp_path))}/fuond.json: no such file or shipped "
                                           rf"policy; .*; did you mean {re.escape(str(tmp_path))}/found.json\?$"):
         read_policy(str(tmp_path / "fuond.json"))
+    (tmp_path / "dir.json").mkdir()  # a folder named like a file: not offered as what it meant
+    with pytest.raises(ConfigError) as e:
+        read_policy(str(tmp_path / "dir.json"))
+    assert "did you mean" not in str(e.value), e.value
     import evomerge
     from conftest import write_study
 

@@ -94,6 +94,9 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     assert str(e.value).startswith("study: no search results for 'lr' in sqlite:") and str(e.value).endswith(
         "say where it stored them (runs_dir or $EVOMERGE_RUNS_DIR, storage)"), e.value
     assert not (tmp_path / "elsewhere").exists()  # (nothing made where nothing was)
+    with pytest.raises(ConfigError) as e:  # a path under a file: one line, as the command says it
+        evomerge.export(res, tmp_path / "best.json" / "x.json")
+    assert str(e.value).startswith(f"path: cannot write {tmp_path / 'best.json'}"), e.value
     assert res.best[0]["number"] == best.number
     with pytest.warns(UserWarning, match=f"found with run.lr {best.params['run.lr']:g}"):
         replay = evomerge.run(s, res.best[0], data_dir=data_dir)

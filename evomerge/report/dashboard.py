@@ -632,7 +632,8 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                     "The best policy against every baseline, on the study's first seed. Bytes and consensus distance "
                     f"are on log axes: a policy that sends nothing is drawn at the left edge, and distances below "
                     f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
-                    _div(curves_figure(top, baselines, metric), "plot-curves", top=90))
+                    _div(curves_figure(top, baselines, metric if metric in ("val_accuracy", "val_perplexity", "val_loss")
+                                       else study.target_metric), "plot-curves", top=90))  # (time: the target's)
         if study.environment is not None:  # a simulated cluster: what it is, and where the time went
             cluster_and_time(study, policy, top["number"], section, notes, data_dir, problem)
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])
