@@ -27,6 +27,7 @@ from ..study import Study
 from ..units import size
 from .tracking import diverged
 
+CURVE_METRICS = ("val_accuracy", "val_perplexity", "val_loss")  # a learning curve's: the first a task has
 FEW_FOR_IMPORTANCE = 20  # complete trials below which the importances are said to be unsteady
 SECTIONS = ("history", "importance", "parallel", "tradeoff", "curves", "policy")
 TIME_SECTIONS = ("cluster", "timeline")  # a study with an [environment] adds these
@@ -271,8 +272,7 @@ def curves_figure(best: dict, baselines: list[dict], prefer: str = "val_accuracy
     series = [(n, h) for n, h in series if h]
     # the curve of the study's metric, else of what the task has: accuracy where there are classes, else
     # perplexity (a language model) or loss
-    metric = next((m for m in dict.fromkeys((prefer, "val_accuracy", "val_perplexity", "val_loss"))
-                   if m in ("val_accuracy", "val_perplexity", "val_loss")
+    metric = next((m for m in dict.fromkeys((prefer, *CURVE_METRICS)) if m in CURVE_METRICS
                    if series and all(any(v is not None for v in h.get(m) or []) for _, h in series)), "val_accuracy")
     what = {"val_accuracy": "accuracy", "val_perplexity": "perplexity", "val_loss": "loss"}[metric]
     fig = make_subplots(rows=1, cols=3, subplot_titles=(f"validation {what}", "consensus distance",
@@ -632,8 +632,8 @@ def build(study: Study, storage_url: str, tracking_uri: str, out_dir: Path, *, d
                     "The best policy against every baseline, on the study's first seed. Bytes and consensus distance "
                     f"are on log axes: a policy that sends nothing is drawn at the left edge, and distances below "
                     f"{DISTANCE_FLOOR:g} (floating-point noise, e.g. right after an all-reduce) are drawn at {DISTANCE_FLOOR:g}.",
-                    _div(curves_figure(top, baselines, metric if metric in ("val_accuracy", "val_perplexity", "val_loss")
-                                       else study.target_metric), "plot-curves", top=90))  # (time: the target's)
+                    _div(curves_figure(top, baselines, metric if metric in CURVE_METRICS else study.target_metric),
+                         "plot-curves", top=90))  # (a time objective: its target's metric)
         if study.environment is not None:  # a simulated cluster: what it is, and where the time went
             cluster_and_time(study, policy, top["number"], section, notes, data_dir, problem)
         words = policy_words(policy, top_full.user_attrs.get("history", {}).get("step", [None])[-1])

@@ -152,26 +152,41 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     return rows
 
 
+def runs_by_seed(storage_study, key: str, sides: list[str], seeds: list[int], run_one, announce=None,
+                 ran=None) -> dict[str, dict[str, dict]]:
+    """``{side: {seed: final metrics}}`` for each of ``sides`` on each of ``seeds``: what the Optuna study keeps
+    under ``key``, and the runs it lacks made (``run_one(side, seed)``), each kept as soon as it ran (an interrupted
+    verdict resumes from there). By seed: a verdict on 5 fresh seeds runs only the 2 that one on 3 did not (it ran
+    all 5, the runs kept under the list of seeds). ``announce(runs)`` is told first of the runs to make, ``ran()``
+    after each. The verdict's picks and its baselines."""
+    kept = (storage_study.user_attrs.get(key) or {}) if storage_study is not None else {}
+    runs = {side: dict(v) for side, v in kept.items()}
+    todo = [(side, s) for side in sides for s in seeds if str(s) not in runs.get(side, {})]
+    if todo and announce is not None:
+        announce(len(todo))
+    for side, s in todo:
+        runs.setdefault(side, {})[str(s)] = run_one(side, s)
+        if storage_study is not None:
+            storage_study.set_user_attr(key, runs)
+        if ran is not None:
+            ran()
+    return runs
+
+
 def _final_rows(study: Study, policies, lrs: dict, seeds: list[int], setups: dict, data, data_dir, device,
                 storage_study, announce, ran) -> list[dict]:
     """:func:`baseline_rows` without curves (the verdict's fresh seeds): each baseline's final metrics, kept in the
-    Optuna study by baseline and seed, so that a verdict on 5 fresh seeds runs only the 2 that one on 3 did not (it
-    ran all 5: the runs were kept under the list of seeds)."""
-    key = _key(study, policies, "baselines-finals-v1", [], lrs or None)
-    kept = (storage_study.user_attrs.get(key) or {}) if storage_study is not None else {}
-    cached = {name: dict(v) for name, v in kept.items()}
-    todo = [(name, pol, s) for name, pol in policies for s in seeds if str(s) not in cached.get(name, {})]
-    if todo and announce is not None:
-        announce(len(todo))
+    Optuna study by baseline and seed (:func:`runs_by_seed`)."""
     from ..backends.inprocess import run
 
-    for name, pol, s in todo:
+    by_name = dict(policies)
+
+    def run_one(name: str, seed: int) -> dict:
         setup = lr_setup(study, lrs.get(name), setups, data, data_dir)
-        cached.setdefault(name, {})[str(s)] = slim(run(setup, pol, s, device=device, curves=False).metrics())
-        if storage_study is not None:
-            storage_study.set_user_attr(key, cached)  # kept as it goes: an interrupted verdict resumes from here
-        if ran is not None:
-            ran()
+        return slim(run(setup, by_name[name], seed, device=device, curves=False).metrics())
+
+    cached = runs_by_seed(storage_study, _key(study, policies, "baselines-finals-v1", [], lrs or None),
+                          [name for name, _ in policies], seeds, run_one, announce, ran)
     rows = []
     for name, pol in policies:
         finals = [cached[name][str(s)] for s in seeds]

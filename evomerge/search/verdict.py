@@ -353,7 +353,7 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     from ..engine.setup import prepare
     from ..policy import MergePolicy
     from ..study import with_run
-    from .baselines import baseline_rows, fresh_seeds
+    from .baselines import baseline_rows, fresh_seeds, runs_by_seed
     from ..policy import describe_policy
     from .results import slim
 
@@ -362,23 +362,19 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
         return None
     if reevaluate:
         seeds = fresh_seeds(study, reevaluate)
-        key = fresh_key(study)
-        cached = {k: dict(v) for k, v in (ostudy.user_attrs.get(key) or {}).items()}
-        todo = [(p, s) for p in picks for s in seeds if str(s) not in cached.get(str(p["number"]), {})]
-        if todo and announce is not None:
-            announce(len(todo))
         setups: dict = {}
-        for p, s in todo:
+        by_number = {str(p["number"]): p for p in picks}
+
+        def run_one(number: str, seed: int) -> dict:
+            p = by_number[number]
             found = p.get("run") or {}
             rkey = tuple(sorted(found.items()))
             if rkey not in setups:
                 setups[rkey] = prepare(with_run(study, found), data=data, data_dir=data_dir)
-            final = slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), s, device=device,
-                             curves=False).metrics())  # only the final values are read
-            cached.setdefault(str(p["number"]), {})[str(s)] = final
-            ostudy.set_user_attr(key, cached)  # kept as it goes: an interrupted verdict resumes from here
-            if ran is not None:
-                ran()
+            return slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), seed, device=device,
+                            curves=False).metrics())  # only the final values are read
+
+        cached = runs_by_seed(ostudy, fresh_key(study), list(by_number), seeds, run_one, announce, ran)
         finals_of = {p["number"]: [cached[str(p["number"])][str(s)] for s in seeds] for p in picks}
     else:
         seeds = list(study.run.seeds)
