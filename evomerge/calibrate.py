@@ -27,8 +27,9 @@ What is measured (every rank at once, as in the real job: ranks that share a hos
 - **all-reduce**: a ring all-reduce of the model's floats (torch.distributed's), timed and written as a
   comment beside the time the fitted links predict for it.
 
-What is written (:func:`fit`): ``step_time`` (the median step time of the fastest rank), ``speeds`` (that over
-each rank's median: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step noise: 1.4826 x the
+What is written (:func:`fit`): ``step_time`` (the step of the fastest rank: its mean step over what the noise
+adds on average, so that the clock's steps take each rank's measured mean), ``speeds`` (that over each rank's
+step: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step noise: 1.4826 x the
 median absolute deviation of log(step / the rank's median), slow spells left out), ``straggle_*`` when the
 step times have a clear tail (steps over :data:`SPELL` x their rank's median, in at least :data:`MIN_SPELLS`
 spells, at most :data:`MAX_SLOW` of the steps; else no slow spells), and the links: ``sites`` with inside and
@@ -219,34 +220,7 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
     for r, t in enumerate(step_times):
         notes.append(f"  rank {r}: {_ms(med[r])} ({_ms(_quantile(t, 0.1))}, {_ms(_quantile(t, 0.9))}, "
                      f"{_ms(max(t))}) over {len(t)} steps")
-    fastest = float(med.min())
-    if fit is None:
-        env["step_time"] = _num(fastest)
-        env["speeds"] = [_num(fastest / m) for m in med]
-        notes.append(f"step_time: the median of the fastest rank ({int(np.argmin(med))}); speeds: step_time over "
-                     "each rank's median")
-    elif fit == "lognormal":
-        logs = np.log(med)
-        sigma = float(np.std(logs, ddof=1)) if W > 1 else 0.0
-        env["step_time"] = _num(float(np.exp(logs.mean())))
-        env["speeds"], env["sigma"] = "lognormal", _num(sigma)
-        notes.append(f"speeds fitted as lognormal over {W} ranks: step_time is the geometric mean of the ranks' "
-                     f"medians, sigma the standard deviation of their logs; measured speeds "
-                     f"{[_num(fastest / m, 3) for m in med]}")
-    else:  # pareto: multipliers 1 + Pareto(alpha) over the fastest rank; log(m) ~ Exponential(alpha)
-        logs = np.log(med / fastest)
-        env["step_time"] = _num(fastest)
-        if logs.sum() > 0:
-            env["speeds"], env["alpha"] = "pareto", _num(float(np.clip(W / logs.sum(), 0.1, 100.0)))
-        else:
-            env["speeds"] = "equal"
-        notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's median, alpha the "
-                     f"maximum-likelihood fit of log(median / step_time); measured speeds "
-                     f"{[_num(fastest / m, 3) for m in med]}")
-    if fit is not None and W < FIT_FROM:
-        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} median"
-                     f"{'s' * (W != 1)} is a rough guess; fit from {FIT_FROM} ranks or more")
-    # slow spells: the steps over SPELL x their rank's median, in runs
+    # the noise first: slow spells (the steps over SPELL x their rank's median, in runs) and the jitter of the rest
     ratios = [np.asarray(t) / m for t, m in zip(step_times, med)]
     slow = [r > SPELL for r in ratios]
     n_steps = sum(len(r) for r in ratios)
@@ -254,48 +228,85 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
     spells = sum(int(s[0]) + int((s[1:] & ~s[:-1]).sum()) for s in slow if len(s))
     logs = np.concatenate([np.log(r[~s]) for r, s in zip(ratios, slow)])
     jitter = 1.4826 * float(np.median(np.abs(logs - np.median(logs)))) if len(logs) else 0.0
-    env["jitter"] = _num(jitter)
-    notes.append(f"jitter: 1.4826 x the median absolute deviation of log(step / rank median) over {len(logs)} steps")
     clear = spells >= MIN_SPELLS and n_slow <= MAX_SLOW * n_steps and math.log(SPELL) > 3 * jitter
+    noise: dict[str, Any] = {"jitter": _num(jitter)}
     if clear:
         slow_ratios = np.concatenate([r[s] for r, s in zip(ratios, slow)])
-        env["straggle_p"] = _num(spells / max(1, n_steps - n_slow))
-        env["straggle_factor"] = _num(max(1.0, float(np.median(slow_ratios))))
-        env["straggle_length"] = _num(max(1.0, n_slow / spells))
+        noise["straggle_p"] = _num(spells / max(1, n_steps - n_slow))
+        noise["straggle_factor"] = _num(max(1.0, float(np.median(slow_ratios))))
+        noise["straggle_length"] = _num(max(1.0, n_slow / spells))
+    else:
+        noise["straggle_p"] = 0.0
+    # each rank's step: its mean step less what the noise adds on average (a run's time is the sum of its steps, so
+    # the mean is what a simulated time is made of: a rank's median x exp(jitter^2 / 2) fell 38-46% short of a new
+    # user's small LSTM's mean steps, whose long steps were no clear tail, and the clock 54% short of the job)
+    adds = math.exp(jitter ** 2 / 2) * (1 + (n_slow / n_steps if clear and n_steps else 0.0)
+                                        * (noise.get("straggle_factor", 1.0) - 1))
+    means = np.array([float(np.mean(t)) for t in step_times])
+    step = means / adds
+    fastest = float(step.min())
+    if fit is None:
+        env["step_time"] = _num(fastest)
+        env["speeds"] = [_num(fastest / m) for m in step]
+        notes.append(f"step_time: the step of the fastest rank ({int(np.argmin(step))}); speeds: step_time over each "
+                     "rank's step; a rank's step is its mean step over what the noise below adds on average "
+                     "(exp(jitter^2 / 2), and its slow spells' share at straggle_factor), so that the clock's steps "
+                     "take the rank's measured mean")
+    elif fit == "lognormal":
+        logs_ = np.log(step)
+        sigma = float(np.std(logs_, ddof=1)) if W > 1 else 0.0
+        env["step_time"] = _num(float(np.exp(logs_.mean())))
+        env["speeds"], env["sigma"] = "lognormal", _num(sigma)
+        notes.append(f"speeds fitted as lognormal over {W} ranks: step_time is the geometric mean of the ranks' "
+                     f"steps (each its mean step over what the noise below adds on average), sigma the standard "
+                     f"deviation of their logs; measured speeds {[_num(fastest / m, 3) for m in step]}")
+    else:  # pareto: multipliers 1 + Pareto(alpha) over the fastest rank; log(m) ~ Exponential(alpha)
+        logs_ = np.log(step / fastest)
+        env["step_time"] = _num(fastest)
+        if logs_.sum() > 0:
+            env["speeds"], env["alpha"] = "pareto", _num(float(np.clip(W / logs_.sum(), 0.1, 100.0)))
+        else:
+            env["speeds"] = "equal"
+        notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's step (its mean step "
+                     f"over what the noise below adds on average), alpha the maximum-likelihood fit of log(step / "
+                     f"step_time); measured speeds {[_num(fastest / m, 3) for m in step]}")
+    if fit is not None and W < FIT_FROM:
+        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} median"
+                     f"{'s' * (W != 1)} is a rough guess; fit from {FIT_FROM} ranks or more")
+    env.update(noise)
+    notes.append(f"jitter: 1.4826 x the median absolute deviation of log(step / rank median) over {len(logs)} steps")
+    if clear:
         notes.append(f"slow spells: {n_slow} of {n_steps} steps over {SPELL:g} x their rank's median, in {spells} "
                      f"spells: straggle_p = spells / other steps, straggle_factor = the slow steps' median ratio, "
                      f"straggle_length = the mean spell")
     else:
-        env["straggle_p"] = 0.0
         notes.append(f"slow spells: none written ({n_slow} of {n_steps} steps over {SPELL:g} x their rank's median, "
                      f"in {spells} spells; a clear tail needs {MIN_SPELLS} spells, at most {MAX_SLOW:.0%} of the "
                      f"steps, and jitter below log({SPELL:g}) / 3)")
-    notes += _mean_check(step_times, med, jitter, n_slow / n_steps if clear and n_steps else 0.0,
-                         env.get("straggle_factor", 1.0), fit)
+    notes += _mean_check(means, med * adds, clear)
     return env, notes
 
 
-def _mean_check(step_times, med, jitter: float, slow_share: float, slow_factor: float, fit: str | None) -> list[str]:
-    """Each rank's mean step against the mean the written fields give it (its median x exp(jitter^2 / 2), and its
-    share of slow steps at straggle_factor): a run's time is the sum of its steps, so a mean the fit falls short of
-    (a few long steps that are no clear tail) makes every time the clock predicts short by about as much. A note
-    per rank; a warning where one is more than :data:`MEAN_OFF` off."""
+def _mean_check(means, from_median, spells: bool) -> list[str]:
+    """Each rank's mean step against the mean its median and the noise give (its median x exp(jitter^2 / 2), and
+    its share of slow steps at straggle_factor). The fields are set from the means (a run's time is the sum of its
+    steps), so a rank whose mean is far from that has steps whose spread the noise does not describe: the clock's
+    steps take as long on average, and vary otherwise. A line for the file; a note on the terminal where a rank
+    is more than :data:`MEAN_OFF` off."""
     import numpy as np
 
-    if fit is not None:  # (a speed model: the ranks' own medians are not written)
-        return []
-    model = np.asarray(med) * math.exp(jitter ** 2 / 2) * (1 + slow_share * (slow_factor - 1))
-    means = np.array([float(np.mean(t)) for t in step_times])
-    off = means / model - 1
-    each = ", ".join(f"rank {r}: {_ms(a)} vs {_ms(b)} ({o:+.1%})" for r, (a, b, o) in enumerate(zip(means, model, off)))
-    out = [f"mean step, measured vs what the fields above give: {each}; a rank whose steps take longer on average "
-           "than its fields give is simulated short by about that much"]
-    for r in np.flatnonzero(np.abs(off) > MEAN_OFF):
-        why = ("; the slow spells, fitted over every rank, are drawn for every rank" if slow_share else
-               "; a few long steps that are no clear tail of slow spells" if off[r] > 0 else "")
-        out.append(f"{WARNING}rank {r}'s steps take {_ms(means[r])} on average, {off[r]:+.0%} against the "
-                   f"{_ms(model[r])} the written fields give it (its median x exp(jitter^2 / 2){why}): the simulated "
-                   f"times of its steps come out about {abs(off[r]):.0%} {'short' if off[r] > 0 else 'long'}")
+    off = np.asarray(means) / np.asarray(from_median) - 1
+    each = ", ".join(f"rank {r}: {_ms(a)} vs {_ms(b)} ({o:+.1%})" for r, (a, b, o) in
+                     enumerate(zip(means, from_median, off)))
+    out = [f"mean step, measured vs its median and the noise above: {each}; the fields take the measured means"]
+    far = np.flatnonzero(np.abs(off) > MEAN_OFF)
+    if len(far):
+        why = ("the slow spells, fitted over every rank, are drawn for every rank" if spells else
+               "long steps that are no clear tail of slow spells" if off[far].max() > 0 else "")
+        ranks = ", ".join(f"rank {r}'s {_ms(means[r])} is {off[r]:+.0%}" for r in far)
+        out.append(f"{NOTE}mean step against its median x exp(jitter^2 / 2): {ranks}{f' ({why})' if why else ''}: "
+                   "step_time and speeds are set from the means, so the clock's steps take as long on average as "
+                   "the job's, with a spread unlike theirs")
     return out
 
 
@@ -410,6 +421,8 @@ def fit_links(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list
 
 CHECK_OFF = 2.0  # the fitted links' ring all-reduce this many times off the measured one: a warning
 WARNING = "warning: "  # a note that starts so is also printed when the file is written
+NOTE = "note: "  # so is one that starts so
+SAID = (WARNING, NOTE)
 
 
 def fit(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list[str]]:
@@ -469,7 +482,7 @@ def write(m: Measured, out: str | os.PathLike, fit_kind: str | None = None) -> t
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
-    return env, [n for n in notes if n.startswith(WARNING)]
+    return env, [n for n in notes if n.startswith(SAID)]
 
 
 def summary(env: dict[str, Any], W: int, out) -> str:
@@ -812,10 +825,11 @@ def job_in_step(directory: str | os.PathLike, where: str = "--against") -> list[
     return [share for _, n, share in in_step(recs) if n and share is not None]
 
 
-def job_step_medians(directory: str | os.PathLike, where: str = "--against",
-                     warmup: int = DEFAULTS["warmup"]) -> list[float]:
-    """Each rank's median compute a step (the loop's own work between two ``merger.step()`` calls, its first
-    ``warmup`` steps left out, as the calibration leaves them out) in the last job of a folder of traces."""
+def job_step_means(directory: str | os.PathLike, where: str = "--against",
+                   warmup: int = DEFAULTS["warmup"]) -> list[float]:
+    """Each rank's mean compute a step (the loop's own work between two ``merger.step()`` calls, its first
+    ``warmup`` steps left out, as the calibration leaves them out) in the last job of a folder of traces: what the
+    calibration's fields give the clock's steps on average."""
     import numpy as np
 
     files, recs = read_traces(Path(directory), where)
@@ -824,7 +838,7 @@ def job_step_medians(directory: str | os.PathLike, where: str = "--against",
     for rows in recs:
         times = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]
         if times:
-            out.append(float(np.median(times[warmup:] or times)))
+            out.append(float(np.mean(times[warmup:] or times)))
     return out
 
 
@@ -1434,7 +1448,7 @@ def launch(args) -> int:
         sys.stdout.write(outs[0].read())
         errs[0].seek(0)  # rank 0 wrote the file: its warnings about it
         sys.stderr.write(turns + "".join(ln for ln in errs[0].read().splitlines(keepends=True)
-                                         if ln.startswith(WARNING)))
+                                         if ln.startswith(SAID)))
         for f in outs + errs:
             f.close()
     return 0

@@ -703,24 +703,26 @@ def cmd_run(args) -> int:
             return 1
         print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
-        from .calibrate import _ms, job_in_step, job_step_medians
+        from .calibrate import _ms, job_in_step, job_step_means
 
         # the job's own compute against the cluster's: a file timed on another device or model explains an error
         # by itself (a user's job of 12.4 ms steps on a file of 30.2 ms was +99%, with nothing said of why)
-        medians, env = job_step_medians(args.against), study.environment
-        if medians and env is not None and env.step_time > 0:
-            from .engine.clock import speed_factors
+        means, env = job_step_means(args.against), study.environment
+        if means and env is not None and env.step_time > 0:
+            import numpy as np
 
-            # the clock's fastest worker: step_time times its multiplier (a speeds list of [2, 1] steps in half)
-            fastest = env.step_time * float(min(speed_factors(env, W, seed)))
-            ratio = min(medians) / fastest
+            from .engine.clock import Compute
+
+            # the clock's fastest worker's mean step, as it draws them (its speed, jitter and slow spells), as the
+            # calibration's fields give each rank's measured mean
+            drawn = Compute(env, W, seed)
+            fastest = min(float(np.mean([drawn.duration(w, k) for k in range(1, 2001)])) for w in range(W))
+            ratio = min(means) / fastest
             if not 1 / STEP_SAID <= ratio <= STEP_SAID:
-                said = _ms(env.step_time) + ("" if fastest == env.step_time else
-                                             f" (its fastest worker's step {_ms(fastest)})")
-                print(f"note: --against: the job's fastest rank computed a median {_ms(min(medians))} a step, the "
-                      f"study's [environment] step_time is {said} ({ratio:.2f}x): the clock times "
-                      f"another device or model (`evomerge calibrate --from-trace {args.against}` fits this job's)",
-                      file=sys.stderr)
+                print(f"note: --against: the job's fastest rank computed {_ms(min(means))} a step on average, the "
+                      f"clock's fastest worker {_ms(fastest)} (the study's [environment], step_time "
+                      f"{_ms(env.step_time)}; {ratio:.2f}x): the clock times another device or model (`evomerge "
+                      f"calibrate --from-trace {args.against}` fits this job's)", file=sys.stderr)
         shares = job_in_step(args.against)
         # the clock's known shortfall, said where the clock is short by SHORT_SAID or more (it was said of a clock
         # 0.4% short) and the Merger's share large enough to matter: the least share of the ranks (a rank that waits
