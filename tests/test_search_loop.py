@@ -490,3 +490,30 @@ def test_the_time_left_reads_as_a_person_says_it():
 
     assert [_duration(s) for s in (45, 100, 3000, 5400, 7190, 7300)] == \
         ["45 s", "2 min", "50 min", "1 h 30 min", "2 h 0 min", "2 h 2 min"]  # (7190 s read "1 h 60 min")
+
+
+def test_a_ctrl_c_after_the_study_was_told_keeps_the_trial_complete_in_its_record(tmp_path):
+    """(Under --jobs 2 a Ctrl-C came between a trial's `tell` and its record's update: the study held it COMPLETE,
+    MLflow logged it as interrupted, KILLED, with its final metrics.) The record keeps what the study holds; a trial
+    still running fails as interrupted."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from evomerge.report.tracking import trial_status
+    from evomerge.search.trial import TrialRun
+
+    ostudy = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s",
+                                 directions=["maximize"])
+    cfg = SimpleNamespace(study=SimpleNamespace(name="s", run=SimpleNamespace(seeds=[0])), sampler="tpe")
+    told, running_ = ostudy.ask(), ostudy.ask()
+    runs = [TrialRun(t, ostudy, SimpleNamespace(total_steps=10), cfg, None) for t in (told, running_)]
+    ostudy.tell(told, [0.9])  # as TrialRun.complete tells it, before its record says so
+    for r in runs:
+        r.interrupted()
+    assert runs[0].record["state"] == "COMPLETE" and runs[0].record["values"] == [0.9]
+    assert trial_status(runs[0].record)[0] != "interrupted"
+    assert runs[1].record["state"] == "FAIL" and trial_status(runs[1].record) == ("interrupted", "KILLED")
+    states_ = {t.number: t.state.name for t in ostudy.get_trials()}
+    assert states_ == {0: "COMPLETE", 1: "FAIL"}
+    assert ostudy.get_trials()[1].user_attrs["failure"] == "interrupted"

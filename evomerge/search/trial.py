@@ -335,10 +335,15 @@ class TrialRun:
         self.record.update(state="FAIL", failure="taken over", error="failed by another process (heartbeat missed)")
 
     def interrupted(self) -> None:
-        """A Ctrl-C: the trial fails as interrupted (asked again when the search resumes)."""
+        """A Ctrl-C: the trial fails as interrupted (asked again when the search resumes). One the study was told
+        of before the Ctrl-C came (between ``tell`` and the record's own update) keeps what the study holds: under
+        --jobs 2 a trial complete in the study was logged to MLflow as interrupted, with its final metrics."""
         if not self.ended:
-            mark_interrupted(self.ostudy, self.trial)
-            self.record.update(state="FAIL", failure="interrupted", end=time.time())
+            if mark_interrupted(self.ostudy, self.trial):
+                self.record.update(state="FAIL", failure="interrupted", end=time.time())
+            else:
+                told = self.ostudy._storage.get_trial(self.trial._trial_id)
+                self.record.update(state=told.state.name, values=told.values, end=time.time())
             self.ended = True
 
     def finish(self) -> dict:
