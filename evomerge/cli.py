@@ -1245,15 +1245,16 @@ def cmd_transfer(args) -> int:
 
 def _stored_at(args, study, tracking: bool = True) -> str:
     """``study`` and the flags that find its stores as this command was given them, for a command it suggests (the
-    default runs folder said by none; an address that holds a password as ``...``, where the terminal would show
-    it; ``tracking``: with --tracking-uri, for a command that takes it: not export)."""
+    default runs folder said by none; an address that holds a password with it masked, ``user:***@host``: which
+    store, not its password (a line of ``...`` did not say which host and database); ``tracking``: with
+    --tracking-uri, for a command that takes it: not export)."""
     import shlex
 
     from .dburls import shown
     from .search.options import BY_NAME
 
     def address(url) -> str:
-        return shlex.quote(str(url)) if shown(str(url)) == str(url) else "..."
+        return shlex.quote(shown(str(url)))
 
     runs_dir = getattr(args, "runs_dir", None)
     runs_dir = runs_dir if runs_dir != BY_NAME["runs_dir"].cli_default() else None

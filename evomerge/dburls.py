@@ -89,10 +89,43 @@ def shown(url: str) -> str:
         if end >= 0:  # the user as written, the rest as written: only the password goes
             return f"{prefix}{url[len(prefix):].split(':', 1)[0]}:***{url[end:]}"
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", url, re.DOTALL)
+    if not m and "@" in url:  # no address as written (postgresql:/user:password@host/db): whatever a user:password
+        # before its last '@' holds goes all the same (it was printed whole, in a line that offered it as a file)
+        head, tail = url.rsplit("@", 1)
+        cut = head.rfind("/") + 1
+        if ":" in head[cut:]:
+            return f"{head[:cut]}{head[cut:].split(':', 1)[0]}:***@{tail}"
     if not m or "@" not in m[2]:
         return url
     user, host = m[2].rsplit("@", 1)
     return f"{m[1]}{user.split(':', 1)[0] + ':***' if ':' in user else user}@{host}{m[3]}"
+
+
+# the schemes a mistyped address is read as (a folder named postgresql: is not what a user means; file:/PATH is an
+# address MLflow takes)
+SCHEMES = ("postgresql", "postgres", "mysql", "mssql", "sqlite", "http", "https")
+
+
+def mistyped(text: str) -> str | None:
+    """For an address whose scheme lost a slash or its colon (``postgresql:/u@h/db``, ``http//h:5000``): the address
+    it means, its password masked; else None. Such a text was taken for a folder (MLflow's file store, a SQLite file
+    made in it) and printed whole, password and all."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9.-]*)(\+[A-Za-z0-9_]+)?(:/?|//)(?!/)(.*)$", text, re.DOTALL)
+    if not m or m[1].lower() not in SCHEMES:
+        return None
+    scheme = m[1] + (m[2] or "")
+    if m[1].lower() == "sqlite":  # its path as written after the colon (sqlite:/tmp/x.db: the file /tmp/x.db)
+        return shown(f"{scheme}:///{text[len(scheme) + 1:]}" if m[3].startswith(":") else f"{scheme}:///{m[4]}")
+    return shown(f"{scheme}://{m[4]}")
+
+
+def check_mistyped(url: str, option: str, allowed: str) -> None:
+    """A ConfigError naming ``option`` for an address whose scheme lost a slash or its colon (:func:`mistyped`)."""
+    if (meant := mistyped(url)) is not None:
+        from .errors import ConfigError
+
+        raise ConfigError(option, f"{shown(url)} is not an address (its scheme wants '://'); did you mean {meant}? "
+                                  f"allowed: {allowed}")
 
 
 def connect_args(url: str, seconds: float) -> dict:
@@ -143,14 +176,32 @@ def check_database(url: str, option: str, allowed: str, seconds: float) -> None:
         with engine.connect():
             pass
     except Exception as e:  # noqa: BLE001 (refused, no such database, timed out, bad password)
-        raise ConfigError(option, f"cannot reach the database at {said} ({first_line(getattr(e, 'orig', None) or e)}); "
-                                  f"start it or pass another {option}") from None
+        why = first_line(getattr(e, "orig", None) or e)
+        raise ConfigError(option, f"cannot reach the database at {said} ({why}); {_reach_advice(why, url)} or pass "
+                                  f"another {option}") from None
     finally:
         engine.dispose()
 
 
+def _reach_advice(why: str, url: str) -> str:
+    """What to do about a database that answered no, by its driver's reason (a wrong password or database was told
+    to start it)."""
+    low = why.lower()
+    if "authentication failed" in low or "access denied" in low or "login failed" in low or "no password" in low:
+        return ("check the user and its password (PGPASSWORD or ~/.pgpass give libpq one and keep it out of the "
+                "address)" if url.startswith("postgres") else "check the user and its password")
+    if "does not exist" in low or "unknown database" in low:
+        db = _parsed(url)
+        name = getattr(db, "database", None) or "DB"
+        return f"create it (createdb {name})" if url.startswith("postgres") else "create it"
+    return "start it"
+
+
 def _as_file(text: str) -> str:
-    """For a path given where an address belongs: the SQLite address of a file there."""
+    """For a path given where an address belongs: the SQLite address of a file there (for a mistyped address: the
+    address it means)."""
+    if (meant := mistyped(text)) is not None:
+        return f"did you mean {meant}? "
     if "://" in text or not text.strip():
         return ""
     from pathlib import Path

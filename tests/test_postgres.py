@@ -133,6 +133,9 @@ def test_a_database_that_is_not_there_is_one_line_in_seconds(tmp_path, data_dir,
             lines = p.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: --storage: cannot reach the database at ")
             assert why in lines[0] and not (tmp_path / "runs").exists()
+            # what to do, by the reason (a missing database was told to start it)
+            assert lines[0].endswith("; create it (createdb nosuchdb) or pass another --storage" if "nosuchdb" in uri
+                                     else "; start it or pass another --storage"), lines[0]
     finally:
         closed.close()
 
@@ -152,6 +155,9 @@ def test_a_password_in_the_addresses_is_never_shown(tmp_path, data_dir, postgres
             "--no-verdict", "--no-prune", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "hunter2" not in p.stdout + p.stderr and "postgres:***@" in p.stdout + p.stderr
+    # its next: line says which store (it said `--storage ...`: not which host, nor which database)
+    (nxt,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    assert f"--storage '{storage.replace('hunter2', '***')}' -o best.json" in nxt, nxt
     runs = MlflowClient(tracking_uri=tracking).search_runs(
         [MlflowClient(tracking_uri=tracking).get_experiment_by_name("pw").experiment_id])
     parent = [r for r in runs if "storage" in r.data.params]

@@ -570,3 +570,53 @@ def test_the_source_digest_of_a_users_package_skips_what_is_not_its_code(tmp_pat
     (pkg / "__init__.py").write_bytes(b"WIDTH = 32\n")
     assert source_digest("mypkg:make", tmp_path) != before
     assert source_digest("json:loads", tmp_path) is None  # from sys.path: not the user's to hash
+
+
+@pytest.mark.parametrize("given, meant", [
+    ("postgresql:/evo:secretpw@127.0.0.1:55432/optuna", "postgresql://evo:***@127.0.0.1:55432/optuna"),
+    ("postgresql:evo:secretpw@h/db", "postgresql://evo:***@h/db"),
+    ("postgresql+psycopg:/evo:secretpw@h/db", "postgresql+psycopg://evo:***@h/db"),
+    ("sqlite:/tmp/o.db", "sqlite:////tmp/o.db"),
+])
+def test_an_address_whose_scheme_lost_a_slash_is_one_line_that_shows_none_of_its_password(tmp_path, given, meant):
+    """(A user's `postgresql:/evo:secretpw@...` was taken for a folder: the line offered a SQLite file there and
+    printed the password whole; `sqlite:/tmp/o.db` made a folder named sqlite:.) The address it means, masked, and
+    nothing made."""
+    from pathlib import Path
+
+    from evomerge.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        storage.check_storage(given)
+    with pytest.raises(ConfigError) as opened:
+        storage.open_storage(given)
+    for err in (e.value, opened.value):
+        assert err.field == "--storage" and "secretpw" not in str(err) and "\n" not in str(err)
+        assert f"(its scheme wants '://'); did you mean {meant}? allowed: sqlite:///PATH" in str(err), str(err)
+    assert not list(tmp_path.iterdir()) and not Path("sqlite:").exists()
+
+
+def test_a_tracking_address_whose_scheme_lost_its_colon_is_not_taken_for_a_folder(tmp_path, data_dir):
+    """(`--tracking-uri http//127.0.0.1:5055` was a folder MLflow would not write, and the line advised
+    MLFLOW_ALLOW_FILE_STORE=true, which would have written runs into a folder named http.) As a user types it."""
+    for given, meant in (("http//127.0.0.1:5055", "http://127.0.0.1:5055"),
+                         ("postgresql:/evo:secretpw@127.0.0.1:1/mlflow", "postgresql://evo:***@127.0.0.1:1/mlflow")):
+        p = cli("search", "--study", write_study(tmp_path), "--tracking-uri", given, "--n-trials", "1", "--no-verdict",
+                cwd=tmp_path, data_dir=data_dir)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "secretpw" not in p.stderr, p.stderr
+        assert p.stderr.startswith("error: --tracking-uri: ") and f"did you mean {meant}?" in p.stderr, p.stderr
+        assert "MLFLOW_ALLOW_FILE_STORE" not in p.stderr
+        assert not (tmp_path / "runs").exists() and not (tmp_path / "http").exists()
+
+
+@pytest.mark.parametrize("why, advice", [
+    ('connection failed: FATAL:  password authentication failed for user "evo"',
+     "check the user and its password (PGPASSWORD or ~/.pgpass give libpq one and keep it out of the address)"),
+    ('connection failed: FATAL:  database "optuna_shar" does not exist', "create it (createdb optuna_shar)"),
+    ("connection failed: Connection refused", "start it"),
+])
+def test_a_database_that_answers_no_is_told_what_to_do_by_its_reason(why, advice):
+    """(A wrong password and a missing database were told to start it.)"""
+    from evomerge.dburls import _reach_advice
+
+    assert _reach_advice(why, "postgresql://evo:pw@127.0.0.1:1/optuna_shar") == advice

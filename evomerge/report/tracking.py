@@ -69,9 +69,10 @@ def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> No
     a missing database driver, a SQLite file in a folder that cannot be made or written, a scheme neither MLflow nor
     an installed MLflow plugin knows, or a folder MLflow will not write (MLflow 3's file store). Nothing is written.
     ``reading`` (the dashboard, which only reads): a server's or a database's answer alone (MLflow would retry for minutes)."""
-    from ..dburls import check_database, shown
+    from ..dburls import check_database, check_mistyped, shown
 
     said = shown(uri)  # never a password in a message
+    check_mistyped(uri, "--tracking-uri", ALLOWED_URIS)  # (http//HOST was a folder MLflow would not write)
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     base = scheme.split("+", 1)[0]
     if base in DATABASES:

@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..dburls import check_database, connect_args, driver_missing, normalise_url, shown  # noqa: F401 (normalise_url: this module's name)
+from ..dburls import check_database, check_mistyped, connect_args, driver_missing, normalise_url, shown  # noqa: F401 (normalise_url: this module's name)
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # config imports this module, not the other way round
@@ -68,6 +68,7 @@ def check_storage(url: str) -> None:
     """What :func:`open_storage` would refuse about a database server's address (unreadable, no such dialect or
     driver, a server that refuses or does not answer), said before a search reads its data: one connection, nothing
     written. A SQLite file is left to :func:`open_storage`, which makes its folder."""
+    check_mistyped(url, "--storage", STORAGE_URLS)
     if not url.startswith("sqlite:"):
         check_database(url, "--storage", STORAGE_URLS, 10)
 
@@ -77,6 +78,7 @@ def open_storage(url: str, grace_period: int = GRACE_PERIOD, study: str | None =
     died) is retried: its parameters are enqueued again, marked ``retry_of``."""
     import optuna
 
+    check_mistyped(url, "--storage", STORAGE_URLS)  # (sqlite:/tmp/x.db made a folder named sqlite:)
     kwargs: dict[str, Any] = {}
     if study is not None:
         kwargs["heartbeat_stale_trial_callback"] = _retry_stale
