@@ -316,6 +316,20 @@ def load_spec(d, data_dir: str | Path | None = None, base_dir: str | Path | None
     return load(d.dataset, data_dir, val_size=d.val_size, train_size=d.train_size, split_seed=d.seed)
 
 
+def load_study(study, data_dir: str | Path | None = None) -> Data:
+    """The data a study's runs read, split as they split it, for a loop of your own that deploys its policy:
+    ``study`` is a name, a path or a Study (``evomerge.study.load``); ``train_x`` and ``train_y`` are its training
+    examples (a named dataset's raw images, a user's loader's tensors, a text corpus's windows: ``train_x`` the
+    inputs, ``train_y`` the next bytes), ``val_x`` and ``val_y`` the validation examples its runs are judged by,
+    ``test()`` its test set. A user's loader and a corpus are found relative to the study's file, as a search finds
+    them; ``data_dir`` (or ``EVOMERGE_DATA_DIR``) where a named dataset's files are."""
+    from .study import Study, check_given, load as load_study_file
+
+    check_given(study)  # a name, a path or a Study: else one line naming `study`
+    st = study if isinstance(study, Study) else load_study_file(study)
+    return load_spec(st.data, data_dir, st.path.parent if st.path is not None else None)
+
+
 def _is_dataset(obj) -> bool:
     return hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not hasattr(obj, "shape")
 

@@ -127,3 +127,36 @@ def test_a_neighbour_imported_inside_the_loader_is_said_to_be_importable_only_at
                                           r"folder is importable only while the study's module loads: import "
                                           r"loader_helpers at the top of that module\)$"):
         data.load_user("user_loaders:lazy", folder, val_size=20)
+
+
+def test_a_studys_data_for_a_loop_of_ones_own_is_what_its_runs_read(folder, tmp_path, monkeypatch):
+    """(A new user deploying tiny-lm re-implemented its corpus's split from the docs' prose, and could not reproduce
+    its seeded validation windows.) `evomerge.data.load_study` gives a study's data as its runs split it: a corpus
+    copied elsewhere as tiny-lm.md says, and a user's loader beside the user's study file, from another folder."""
+    import shutil
+    from pathlib import Path
+
+    from evomerge import study as study_mod
+    from evomerge.engine.setup import prepare
+
+    shipped = study_mod.load("tiny-lm")
+    mine = tmp_path / "my-lm"
+    mine.mkdir()
+    text = shipped.path.read_text().replace('name = "tiny-lm"', 'name = "my-lm"').replace(
+        'path = "data/pystdlib/text"', f'path = "{shipped.path.parent / "data/pystdlib/text"}"')
+    (mine / "tiny-lm.toml").write_text(text)
+    shutil.copy(shipped.path.parent / "tinylm.py", mine)
+    monkeypatch.chdir(tmp_path)  # (not the study's folder: the corpus and loader are found from the study file)
+    for ref in ("tiny-lm", mine / "tiny-lm.toml", str(mine / "tiny-lm.toml")):
+        got = data.load_study(ref)
+        want = prepare(study_mod.load(ref)).data
+        for k in ("train_x", "train_y", "val_x", "val_y"):
+            assert torch.equal(getattr(got, k), getattr(want, k)), (ref, k)
+        assert got.val_x.shape == (500, 64) and got.train_x.dtype == torch.int64
+    (folder / "s.toml").write_text('[study]\nname = "u"\n[data]\nloader = "user_loaders:tensors"\nval_size = 20\n'
+                                   '[model]\nfactory = "user_loaders:net"\n[run]\nworkers = 2\nsteps = 4\n')
+    got, want = data.load_study(Path(folder / "s.toml")), prepare(study_mod.load(folder / "s.toml")).data
+    assert torch.equal(got.val_x, want.val_x) and torch.equal(got.train_y, want.train_y) and len(got.val_y) == 20
+    with pytest.raises(ConfigError) as e:
+        data.load_study(3)
+    assert e.value.field == "study"
