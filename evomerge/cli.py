@@ -1153,19 +1153,20 @@ def cmd_search(args) -> int:
     if not args.quiet and not result.interrupted and not result.fatal and result.counts.get("COMPLETE"):
         # what to do with the results: the search said where they are stored, not how to see them
         where, me = _stored_at(args, args.study), _prog()
-        deploy = "the policy to deploy"
+        deploy, first = "the policy to deploy", ""
         beaten_by = (result.verdict or {}).get("beaten_by") or []
         if (result.verdict or {}).get("none_reached"):  # (it named a baseline to deploy, ranked on penalty times)
             deploy = ("the search's best; no policy reached the target on the verdict's seeds: a longer "
                       "study.environment.time_budget or an easier study.objectives.target first")
-        elif beaten_by:  # (the verdict said diloco beats every pick; the next line still called the export the one)
+        elif beaten_by:  # (the verdict said diloco beats every pick; the next line still called the export the one,
+            # and then named the baseline after it: a user who ran the line's first command deployed the loser)
             lrs = {b.get("name"): b.get("lr") for b in result.verdict.get("baselines") or ()}
             ways = " or ".join(f"evomerge.Merger({_policy_ref(study, n)!r}, ...)"
                                + (f" at lr {lrs[n]:g}" if isinstance(lrs.get(n), (int, float)) else "")
                                for n in beaten_by)
-            deploy = (f"the search's best; the verdict found {' and '.join(beaten_by)} better than every pick: deploy "
-                      f"{'that one' if len(beaten_by) == 1 else 'one of them'}, {ways}")
-        print(f"next: {me} export --study {_stored_at(args, args.study, tracking=False)} -o best.json ({deploy}); "
+            first = (f"deploy {' or '.join(beaten_by)}, which the verdict found better than every pick: {ways}; ")
+            deploy = "the search's best, which lost"
+        print(f"next: {first}{me} export --study {_stored_at(args, args.study, tracking=False)} -o best.json ({deploy}); "
               f"{me} ui --study {where} (its runs in MLflow); {me} dashboard --study {where}", file=sys.stderr)
     if args.json_out:
         _write_json(args.json_out, json.dumps({"study": study.name, "counts": result.counts, "best": result.best,

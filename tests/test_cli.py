@@ -702,16 +702,18 @@ def test_the_next_line_names_the_baseline_that_beat_every_pick(tmp_path, data_di
     assert p.returncode == 0, p.stderr
     assert "verdict: A baseline beats the search: allreduce beats trial 0" in " ".join(p.stdout.split()), p.stdout
     nxt = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
-    assert len(nxt) == 1 and "-o best.json (the search's best; the verdict found allreduce better than every pick: " \
-                               "deploy that one, evomerge.Merger('allreduce', ...)); " in nxt[0], p.stderr
+    # the baseline first (a user who ran the line's first command, export, deployed the pick that lost)
+    assert len(nxt) == 1 and nxt[0].startswith(
+        "next: deploy allreduce, which the verdict found better than every pick: evomerge.Merger('allreduce', ...); "
+        "evomerge export --study ") and "-o best.json (the search's best, which lost); " in nxt[0], p.stderr
     # tuned by [baselines] lr, it won at its own step size: the line says which
     f.write_text(f.read_text().replace('policies = ["allreduce"]', 'policies = ["allreduce"]\nlr = [0.05, 0.1]'))
     p = run_cli("search", "--study", f, "--reevaluate", "0", "--runs-dir", tmp_path / "runs2", cwd=tmp_path,
                 data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     nxt = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
-    assert len(nxt) == 1 and re.search(r"deploy that one, evomerge\.Merger\('allreduce', \.\.\.\) at lr 0\.(05|1)\); ",
-                                       nxt[0]), p.stderr
+    assert len(nxt) == 1 and re.search(r"^next: deploy allreduce, which the verdict found better than every pick: "
+                                       r"evomerge\.Merger\('allreduce', \.\.\.\) at lr 0\.(05|1); ", nxt[0]), p.stderr
 
 
 def test_a_study_path_with_a_typo_names_the_file_beside_it(tmp_path, monkeypatch, capsys):

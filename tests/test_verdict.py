@@ -347,7 +347,10 @@ def test_bytes_read_in_the_unit_that_shows_them():
         "+10.00 ± 0.00 points val acc"
     # a loss's difference in words: lower or higher, not a sign to read against "loses to"
     assert verdict.difference_text("val_loss", [0.50, 0.52], [0.52, 0.53], -0.015, 0.005, False) == \
-        "0.015 ± 0.005 lower val loss"
-    assert verdict.difference_text("val_loss", [0.6], [0.5], 0.1, 0.0, False) == "0.1 higher val loss"
+        "0.015 ± 0.005 lower val loss (by 2.9%)"  # (of the baseline's 0.525: a regression's loss said no scale)
+    assert verdict.difference_text("val_loss", [0.6], [0.5], 0.1, 0.0, False) == "0.1 higher val loss (by 20%)"
+    # a ratio's spread beside its figure ("5.2x the bytes (± 0.1x) (worse)" read as two asides)
+    assert verdict.difference_text("bytes", [5200.0, 5400.0], [1000.0, 1000.0], 0.0, 0.0, False) == \
+        "5.3x ± 0.1x the bytes"
     assert verdict.difference_text("val_loss", [0.5, 0.6], [0.6, 0.5], 0.0, 0.1, False) == \
         "the same val loss on average (± 0.1)"
