@@ -58,7 +58,9 @@ from .userdirs import check_writable
 SPELL = 2.0  # a step slower than this many times its rank's median is part of a slow spell
 MIN_SPELLS = 3  # fewer spells than this are no clear tail: no straggle_* fields
 MAX_SLOW = 0.3  # nor when more than this fraction of the steps are slow (the median itself is then unclear)
-MEAN_OFF = 0.1  # a rank's mean step this far from what the written fields give it: a warning on the terminal
+MEAN_OFF = 0.1  # a rank's mean step this far from its median and noise: a note on the terminal (the fields take the mean)
+PAUSE = 10.0  # a step over this many times its rank's median, one of fewer than MIN_SPELLS such: a pause, left out of
+# the rank's mean (one 1 s pause among 50 steps of 10 ms made a rank's speed 0.34)
 SITE_GAP = 1.5  # sites: every inside link this many times better than every between link (latency or bandwidth)
 FITS = ("lognormal", "pareto")
 LONE_ENOUGH = 3  # a link with this many transfers that had both ends to themselves is fitted on those alone
@@ -69,7 +71,7 @@ PEER_GONE = 3  # a rank's exit status when another rank failed (the launcher nam
 # do not all join the process group within --timeout are named as such first
 GRACE = 2.0
 FAIL_RANK = "EVOMERGE_CALIBRATE_FAIL_RANK"  # for the tests: this rank fails after timing its steps
-FIT_FROM = 4  # --fit from fewer ranks than this: a warning (a spread fitted to 2 or 3 medians)
+FIT_FROM = 4  # --fit from fewer ranks than this: a warning (a spread fitted to 2 or 3 ranks' steps)
 PROGRESS = "EVOMERGE_CALIBRATE_PROGRESS"  # the launcher's folder where each rank says which collective it is at
 DEFAULTS = dict(steps=50, warmup=5, repeats=5, all_pairs_up_to=16, seed=0, timeout=600.0, step_sleep=0.0,
                 slow_rank=-1, slow_factor=1.0)
@@ -242,7 +244,15 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
     # user's small LSTM's mean steps, whose long steps were no clear tail, and the clock 54% short of the job)
     adds = math.exp(jitter ** 2 / 2) * (1 + (n_slow / n_steps if clear and n_steps else 0.0)
                                         * (noise.get("straggle_factor", 1.0) - 1))
-    means = np.array([float(np.mean(t)) for t in step_times])
+    means, paused = [], []
+    for r, t in enumerate(step_times):
+        t = np.asarray(t)
+        long_ = t > PAUSE * med[r]
+        if 0 < long_.sum() < MIN_SPELLS:
+            paused.append(f"rank {r}: {', '.join(_ms(x) for x in t[long_])}")
+            t = t[~long_]
+        means.append(float(np.mean(t)))
+    means = np.array(means)
     step = means / adds
     fastest = float(step.min())
     if fit is None:
@@ -271,8 +281,8 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
                      f"over what the noise below adds on average), alpha the maximum-likelihood fit of log(step / "
                      f"step_time); measured speeds {[_num(fastest / m, 3) for m in step]}")
     if fit is not None and W < FIT_FROM:
-        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} median"
-                     f"{'s' * (W != 1)} is a rough guess; fit from {FIT_FROM} ranks or more")
+        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} "
+                     f"{'rank' + chr(39) + 's' if W == 1 else 'ranks' + chr(39)} steps is a rough guess; fit from {FIT_FROM} ranks or more")
     env.update(noise)
     notes.append(f"jitter: 1.4826 x the median absolute deviation of log(step / rank median) over {len(logs)} steps")
     if clear:
@@ -284,6 +294,10 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
                      f"in {spells} spells; a clear tail needs {MIN_SPELLS} spells, at most {MAX_SLOW:.0%} of the "
                      f"steps, and jitter below log({SPELL:g}) / 3)")
     notes += _mean_check(means, med * adds, clear)
+    if paused:
+        notes.append(f"{NOTE}steps over {PAUSE:g} x their rank's median, fewer than {MIN_SPELLS} a rank, left out of "
+                     f"its mean as pauses, not its steps ({'; '.join(paused)}): a run's time has them only where they "
+                     "recur")
     return env, notes
 
 

@@ -89,28 +89,42 @@ def shown(url: str) -> str:
         if end >= 0:  # the user as written, the rest as written: only the password goes
             return f"{prefix}{url[len(prefix):].split(':', 1)[0]}:***{url[end:]}"
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", url, re.DOTALL)
-    if not m and "@" in url:  # no address as written (postgresql:/user:password@host/db): whatever a user:password
-        # before its last '@' holds goes all the same (it was printed whole, in a line that offered it as a file)
-        head, tail = url.rsplit("@", 1)
-        cut = head.rfind("/") + 1
-        if ":" in head[cut:]:
-            return f"{head[:cut]}{head[cut:].split(':', 1)[0]}:***@{tail}"
-    if not m or "@" not in m[2]:
-        return url
+    if not m:  # no address as written (postgresql:/user:password@host/db, user:password@host): a password, if any,
+        # is somewhere before the last '@' (it was printed whole, in a line that offered it as a file)
+        return _query_masked(_userinfo_masked(url))
+    if "@" not in m[2]:  # (postgresql:///user:password@host/db: an empty host, the user in the path)
+        return _query_masked(m[1] + m[2] + _userinfo_masked(m[3]) if not m[2] else url)
     user, host = m[2].rsplit("@", 1)
-    return f"{m[1]}{user.split(':', 1)[0] + ':***' if ':' in user else user}@{host}{m[3]}"
+    return _query_masked(f"{m[1]}{user.split(':', 1)[0] + ':***' if ':' in user else user}@{host}{m[3]}")
+
+
+def _userinfo_masked(text: str) -> str:
+    """``text`` with everything before its last ``@`` masked, but a scheme it starts with, where that part holds a
+    ``:`` (a user and a password, however mistyped); else as it is (a folder whose name holds an ``@``)."""
+    if "@" not in text:
+        return text
+    m = re.match(r"^(\s*[A-Za-z][A-Za-z0-9+.-]*:/{0,3}(?=[^:/]*:))?(.*)@([^@]*)$", text, re.DOTALL)
+    if not m or ":" not in m[2]:
+        return text
+    return f"{m[1] or ''}***@{m[3]}"
+
+
+def _query_masked(url: str) -> str:
+    """A ``password=`` in an address's query (libpq takes one there) masked."""
+    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&#]*", r"\1***", url)
 
 
 # the schemes a mistyped address is read as (a folder named postgresql: is not what a user means; file:/PATH is an
 # address MLflow takes)
-SCHEMES = ("postgresql", "postgres", "mysql", "mssql", "sqlite", "http", "https")
+SCHEMES = ("postgresql", "postgres", "mysql", "mariadb", "mssql", "oracle", "sqlite", "http", "https")
 
 
 def mistyped(text: str) -> str | None:
     """For an address whose scheme lost a slash or its colon (``postgresql:/u@h/db``, ``http//h:5000``): the address
     it means, its password masked; else None. Such a text was taken for a folder (MLflow's file store, a SQLite file
     made in it) and printed whole, password and all."""
-    m = re.match(r"^([A-Za-z][A-Za-z0-9.-]*)(\+[A-Za-z0-9_]+)?(:/?|//)(?!/)(.*)$", text, re.DOTALL)
+    text = text.strip()
+    m = re.match(r"^([A-Za-z][A-Za-z0-9.-]*)(\+[A-Za-z0-9_]+)?(:/?|/{2,3})(?!/)(.*)$", text, re.DOTALL)
     if not m or m[1].lower() not in SCHEMES:
         return None
     scheme = m[1] + (m[2] or "")
@@ -187,13 +201,15 @@ def _reach_advice(why: str, url: str) -> str:
     """What to do about a database that answered no, by its driver's reason (a wrong password or database was told
     to start it)."""
     low = why.lower()
-    if "authentication failed" in low or "access denied" in low or "login failed" in low or "no password" in low:
+    if ("authentication failed" in low or "access denied" in low or "login failed" in low or "no password" in low
+            or re.search(r'role "[^"]*" does not exist', low)):
         return ("check the user and its password (PGPASSWORD or ~/.pgpass give libpq one and keep it out of the "
                 "address)" if url.startswith("postgres") else "check the user and its password")
-    if "does not exist" in low or "unknown database" in low:
-        db = _parsed(url)
-        name = getattr(db, "database", None) or "DB"
-        return f"create it (createdb {name})" if url.startswith("postgres") else "create it"
+    if re.search(r'database "[^"]*" does not exist', low) or "unknown database" in low:
+        import shlex
+
+        name = getattr(_parsed(url), "database", None) or "DB"
+        return f"create it (createdb {shlex.quote(name)})" if url.startswith("postgres") else "create it"
     return "start it"
 
 
@@ -202,7 +218,7 @@ def _as_file(text: str) -> str:
     address it means)."""
     if (meant := mistyped(text)) is not None:
         return f"did you mean {meant}? "
-    if "://" in text or not text.strip():
+    if "://" in text or not text.strip() or "@" in text:  # (an address's user, mistyped: no file of it, said whole)
         return ""
     from pathlib import Path
 

@@ -134,7 +134,7 @@ def test_a_speed_model_fitted_from_few_ranks_is_a_warning(tmp_path):
         lat, bw = links(len(speeds), lambda i, j: 1e-4, lambda i, j: 1e8)
         m = calibrate.Measured(made_up(speeds, n=50), lat, bw, source="made up")
         _, warned = calibrate.write(m, tmp_path / "c.toml", fit)
-        line = (f"warning: --fit {fit} from {len(speeds)} ranks: a spread fitted to {len(speeds)} medians is a rough "
+        line = (f"warning: --fit {fit} from {len(speeds)} ranks: a spread fitted to {len(speeds)} ranks' steps is a rough "
                 "guess; fit from 4 ranks or more")
         assert line in warned and "# " + line in (tmp_path / "c.toml").read_text()
     lat, bw = links(4, lambda i, j: 1e-4, lambda i, j: 1e8)
@@ -1045,6 +1045,16 @@ def test_each_ranks_fields_give_its_measured_mean_step_and_a_far_one_is_said(tmp
                      "clock's steps take as long on average as the job's, with a spread unlike theirs"), noted
     _, notes = calibrate.fit_compute([even, even])
     assert not any(n.startswith(("note: ", "warning: ")) for n in notes)
+    # one pause among a calibration's steps is no rank's speed (one 1 s pause among 50 steps of 10 ms made it 0.34);
+    # three or more recur, and count
+    paused = [0.01] * 49 + [1.0]
+    env, notes = calibrate.fit_compute([[0.01] * 50, paused])
+    assert env["speeds"] == [1.0, 1.0], env
+    assert [n for n in notes if n.startswith("note: ")] == [
+        "note: steps over 10 x their rank's median, fewer than 3 a rank, left out of its mean as pauses, not its steps "
+        "(rank 1: 1 s): a run's time has them only where they recur"]
+    env, _ = calibrate.fit_compute([[0.01] * 50, [0.01] * 47 + [0.5] * 3])
+    assert env["speeds"][1] == pytest.approx(0.01 / (0.01 * 47 / 50 + 0.5 * 3 / 50), rel=0.01), env
     # steps as the clock draws them from fitted fields (jitter, slow spells): fitted again, their means are what
     # the fields give, and the clock's steps from the refit take those means
     env = {"step_time": 0.01, "speeds": (1.0, 0.5), "jitter": 0.2, "straggle_p": 0.02, "straggle_length": 3.0,

@@ -578,13 +578,16 @@ def test_the_source_digest_of_a_users_package_skips_what_is_not_its_code(tmp_pat
     ("postgresql+psycopg:/evo:secretpw@h/db", "postgresql+psycopg://evo:***@h/db"),
     ("sqlite:/tmp/o.db", "sqlite:////tmp/o.db"),
 ])
-def test_an_address_whose_scheme_lost_a_slash_is_one_line_that_shows_none_of_its_password(tmp_path, given, meant):
+def test_an_address_whose_scheme_lost_a_slash_is_one_line_that_shows_none_of_its_password(tmp_path, given, meant,
+                                                                                          monkeypatch):
     """(A user's `postgresql:/evo:secretpw@...` was taken for a folder: the line offered a SQLite file there and
     printed the password whole; `sqlite:/tmp/o.db` made a folder named sqlite:.) The address it means, masked, and
     nothing made."""
     from pathlib import Path
 
     from evomerge.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)  # (a folder made from the address would be made here)
 
     with pytest.raises(ConfigError) as e:
         storage.check_storage(given)
@@ -609,10 +612,36 @@ def test_a_tracking_address_whose_scheme_lost_its_colon_is_not_taken_for_a_folde
         assert not (tmp_path / "runs").exists() and not (tmp_path / "http").exists()
 
 
+@pytest.mark.parametrize("given", [
+    "postgresql///evo:secretpw@h/db", " postgresql:/evo:secretpw@h/db", "psql:/evo:secretpw@h/db",
+    "pg:/evo:secretpw@h/db", "evo:secretpw@h/db", "postgresql:/evo:sec/retpw@host/db",
+    "postgresql:/evo:secretpw@h/d/b@x", "postgresql:///evo:secretpw@h/db", "postgresql://evo@h/db?password=secretpw",
+    "mariadb:/evo:secretpw@h/db", "postgresql://evo:secretpw@h/db#src"])
+def test_no_mistyped_address_shows_its_password_in_any_commands_line(tmp_path, given, monkeypatch, capsys):
+    """(A second read found addresses the first fix missed: a third slash, a leading space, a scheme that is no
+    database's, a password holding '/', the user in an empty host's path, a password in the query; and
+    --warm-start-from, whose lines and MLflow parameter printed it as given.) Each command's line, as a user sees it."""
+    from evomerge import cli as cli_mod
+
+    monkeypatch.chdir(tmp_path)
+    f = write_study(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for argv in (["status", "--study", str(f), "--storage", given], ["export", "--study", str(f), "--storage", given, "-o", "best.json"],
+                 ["search", "--study", str(f), "--tracking-uri", given, "--n-trials", "1"],
+                 ["search", "--study", str(f), "--warm-start-from", given, "--n-trials", "1"]):
+        rc = cli_mod.main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and "secretpw" not in err and "sec/retpw" not in err, (argv, err)
+        assert err.count("\n") == 1 and err.startswith("error: "), (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing made
+
+
 @pytest.mark.parametrize("why, advice", [
     ('connection failed: FATAL:  password authentication failed for user "evo"',
      "check the user and its password (PGPASSWORD or ~/.pgpass give libpq one and keep it out of the address)"),
     ('connection failed: FATAL:  database "optuna_shar" does not exist', "create it (createdb optuna_shar)"),
+    ('connection failed: FATAL:  role "evo" does not exist',  # (a missing role was told to create the database)
+     "check the user and its password (PGPASSWORD or ~/.pgpass give libpq one and keep it out of the address)"),
     ("connection failed: Connection refused", "start it"),
 ])
 def test_a_database_that_answers_no_is_told_what_to_do_by_its_reason(why, advice):

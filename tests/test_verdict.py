@@ -349,6 +349,8 @@ def test_bytes_read_in_the_unit_that_shows_them():
     assert verdict.difference_text("val_loss", [0.50, 0.52], [0.52, 0.53], -0.015, 0.005, False) == \
         "0.015 ± 0.005 lower val loss (by 2.9%)"  # (of the baseline's 0.525: a regression's loss said no scale)
     assert verdict.difference_text("val_loss", [0.6], [0.5], 0.1, 0.0, False) == "0.1 higher val loss (by 20%)"
+    assert verdict.difference_text("val_loss", [0.9], [0.3], 0.6, 0.0, False) == "0.6 higher val loss (by 200%)"
+    assert verdict.difference_text("val_loss", [1.0], [1.0], 1e-7, 0.0, False) == "1e-07 higher val loss (by <0.01%)"
     # a ratio's spread beside its figure ("5.2x the bytes (± 0.1x) (worse)" read as two asides)
     assert verdict.difference_text("bytes", [5200.0, 5400.0], [1000.0, 1000.0], 0.0, 0.0, False) == \
         "5.3x ± 0.1x the bytes"

@@ -363,7 +363,7 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         {"sampler": cfg.sampler, "pruner": cfg.pruner_used, "n_trials": cfg.n_trials,
          "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": shown(cfg.storage),
          "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
-         "warm_start_from": (warm or {}).get("spec", ""), "warm_start_trials": (warm or {}).get("trials", 0),
+         "warm_start_from": shown((warm or {}).get("spec", "")), "warm_start_trials": (warm or {}).get("trials", 0),
          "study_file": str(cfg.study.path or "")},
         {"evomerge.version": __version__, "evomerge.study": cfg.study.name})
     result = SearchResult(cfg, parent_run_id=parent, warm_start=warm)

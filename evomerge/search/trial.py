@@ -339,11 +339,12 @@ class TrialRun:
         of before the Ctrl-C came (between ``tell`` and the record's own update) keeps what the study holds: under
         --jobs 2 a trial complete in the study was logged to MLflow as interrupted, with its final metrics."""
         if not self.ended:
-            if mark_interrupted(self.ostudy, self.trial):
-                self.record.update(state="FAIL", failure="interrupted", end=time.time())
-            else:
-                told = self.ostudy._storage.get_trial(self.trial._trial_id)
+            told = None if mark_interrupted(self.ostudy, self.trial) else \
+                self.ostudy._storage.get_trial(self.trial._trial_id)
+            if told is not None and told.state.is_finished():
                 self.record.update(state=told.state.name, values=told.values, end=time.time())
+            else:  # (still running where telling it failed otherwise: not "running" in MLflow)
+                self.record.update(state="FAIL", failure="interrupted", end=time.time())
             self.ended = True
 
     def finish(self) -> dict:

@@ -77,6 +77,11 @@ def _seconds(v: float) -> str:
     return f"{v:.2f}" if v >= 0.005 or v == 0 or not math.isfinite(v) else f"{v:.2g}"
 
 
+def _percent(x: float) -> str:
+    """A share in percent as a person writes it: ``190%``, ``19%``, ``2.9%``, ``0.05%``, ``<0.01%`` (never 2e+02%)."""
+    return f"{x:.0f}%" if x >= 10 else f"{x:.2g}%" if x >= 0.01 else "<0.01%"
+
+
 def difference_text(name: str, pick: list[float], base: list[float], mean: float, se: float, maximize: bool) -> str:
     """A paired difference in the metric's unit, from the pick's side: ``+0.3 +- 0.2 points val acc``, ``21% fewer
     bytes``, ``1.20 +- 0.30 s faster (time to target)``, ``0.0013 +- 0.001 lower val loss``."""
@@ -109,7 +114,7 @@ def difference_text(name: str, pick: list[float], base: list[float], mean: float
     # lower or higher in words: a signed difference of a loss ("-0.0013 val loss" on a "loses to" line) read oddly;
     # and by how much of the baseline's (a regression's "0.0008115 ± 9.4e-05 lower val loss" said nothing of scale)
     ref = statistics.fmean(base) if base else 0.0
-    rel = f" (by {100 * abs(mean) / ref:.2g}%)" if ref > 0 and math.isfinite(ref) and math.isfinite(mean) else ""
+    rel = f" (by {_percent(100 * abs(mean) / ref)})" if ref > 0 and math.isfinite(ref) and math.isfinite(mean) else ""
     return f"{abs(mean):.4g}{'' if one else f' ± {se:.2g}'} {'lower' if mean < 0 else 'higher'} {label}{rel}"
 
 

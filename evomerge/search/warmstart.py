@@ -47,7 +47,7 @@ def parse_source(spec: str, runs_dir: Path) -> tuple[str, str | None]:
         url, _, name = spec.partition("#")
         return normalise_url(url), name or None
     if not spec or "/" in spec or "#" in spec:
-        raise ConfigError(FIELD, f"{spec!r} is neither a study name nor STORAGE_URL#NAME")
+        raise ConfigError(FIELD, f"{shown(spec)!r} is neither a study name nor STORAGE_URL#NAME")
     return default_storage(Path(runs_dir) / spec), spec
 
 
@@ -144,8 +144,8 @@ def apply(cfg: "SearchConfig", ostudy) -> dict[str, Any] | None:
         return stored
     if stored:
         if stored["spec"] != cfg.warm_start_from:
-            raise ConfigError(FIELD, f"study {cfg.study.name} started from {stored['spec']!r}; it cannot start again "
-                                     f"from {cfg.warm_start_from!r} (use another [study] name or --runs-dir)")
+            raise ConfigError(FIELD, f"study {cfg.study.name} started from {shown(stored['spec'])!r}; it cannot start "
+                                     f"again from {shown(cfg.warm_start_from)!r} (use another [study] name or --runs-dir)")
         return stored
     n_have = len(ostudy.get_trials(deepcopy=False))
     if n_have:
