@@ -533,15 +533,17 @@ def _child_rank(parent: int, rank: int) -> int | None:
 
 @pytest.mark.system
 def test_a_rank_that_hangs_is_named_when_the_time_is_up(tmp_path, data_dir):
-    """Rank 1 stopped (SIGSTOP) as it starts: the others wait for it at their first collective, and the line names
-    rank 1, not every rank still running."""
+    """Rank 1 stopped (SIGSTOP) as it starts: the others wait for it at a collective, and the line names rank 1, not
+    every rank still running. (Each step sleeps 1 s: on a loaded machine the ranks had finished their 5 steps before
+    the test found rank 1 to stop, and the line said it did not finish.)"""
     import signal
     import time
 
     (tmp_path / "s.toml").write_text(study_text())
     p = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "calibrate", "--study", str(tmp_path / "s.toml"),
                           "--procs", "3", "-o", str(tmp_path / "c.toml"), "--data-dir", str(data_dir), "--steps", "5",
-                          "--timeout", "30"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--step-sleep", "1", "--timeout", "30"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 20
         while (pid := _child_rank(p.pid, 1)) is None and time.monotonic() < end:
