@@ -215,3 +215,31 @@ def test_a_batch_of_a_forced_stacked_model_with_dropout_says_its_trials_differ(t
     assert not res.errors and len(res.records) == 2
     said = [str(w.message) for w in got if str(w.message).startswith("--batch: the model has random layers")]
     assert len(said) == (1 if execution == "stacked" else 0), said
+
+
+@pytest.mark.system
+def test_a_cmaes_study_resumed_with_another_batch_keeps_its_generations(tmp_path, data_dir):
+    """(A user's CMA-ES search of 6 trials at the default generation of 7, resumed with --batch 4: the generations
+    were replayed at 4 candidates, and trials' scores credited to points never run.) The study keeps its first CMA-ES
+    search's generation size and seed: a resume with --batch 2 draws what one search without it draws, and says so;
+    an explicit other --cmaes-popsize is one line."""
+    f = write_study(tmp_path, steps=20)
+    base = ["search", "--study", str(f), "--sampler", "cmaes", "--seed", "4", "--no-prune", "--no-verdict",
+            "--no-baselines"]
+    a = cli(*base, "--n-trials", "8", "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert a.returncode == 0, a.stderr
+    b = cli(*base, "--n-trials", "3", "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir)  # 2 fields: 6 a generation
+    assert b.returncode == 0, b.stderr
+    assert "note: cmaes: --n-trials 3 is less than one generation of 6 candidates" in b.stderr, b.stderr
+    b = cli(*base, "--n-trials", "8", "--batch", "2", "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir)
+    assert b.returncode == 0, b.stderr
+    assert ("note: cmaes: study tiny's generations are of 6 candidates, as its first CMA-ES search drew them (its "
+            "trials hold their places in them), asked 2 at a time") in b.stderr, b.stderr
+    pa, pb = cma_points(tmp_path / "runs-a" / "tiny" / "optuna.db"), cma_points(tmp_path / "runs-b" / "tiny" / "optuna.db")
+    assert len(pa) == len(pb) == 8 and max(pa)[0] == 1  # into the second generation: told the first's values
+    assert pa == pb
+    c = cli(*base, "--n-trials", "9", "--cmaes-popsize", "3", "--runs-dir", "runs-b", cwd=tmp_path, data_dir=data_dir)
+    assert c.returncode == 2 and c.stderr.strip().splitlines() == [
+        "error: --cmaes-popsize: 3; study tiny's CMA-ES generations are of 6 candidates (its first CMA-ES search's: "
+        "its trials hold their places in them); allowed: 6 or 0, or another [study] name or --runs-dir to start "
+        "afresh"], c.stderr

@@ -31,6 +31,11 @@ class Candidate:
     x: list[float]  # in [0, 1]^d
 
 
+def default_popsize(dim: int) -> int:
+    """pycma's generation size for ``dim`` coordinates: 4 + 3 ln d."""
+    return 4 + int(3 * np.log(dim))
+
+
 class CmaDriver:
     def __init__(self, dim: int, *, seed: int = 0, sigma0: float = 0.3, popsize: int | None = None,
                  restarts: int = 0, maximize: bool = True, x0: list[float] | None = None, stds: list[float] | None = None):
@@ -43,7 +48,7 @@ class CmaDriver:
                 raise ValueError(f"{name} has {len(v)} coordinates; the search space has {dim} numeric fields")
         self.dim, self.seed, self.sigma0 = dim, seed, sigma0
         self.x0, self.stds = list(x0) if x0 is not None else [0.5] * dim, stds
-        self.popsize = popsize or 4 + int(3 * np.log(dim))
+        self.popsize = popsize or default_popsize(dim)
         self.restarts, self.sign = restarts, -1.0 if maximize else 1.0
 
     def _es(self, restart: int):

@@ -59,7 +59,42 @@ def checked_setup(cfg: SearchConfig, data=None):
 
 
 # -- the worker loop ---------------------------------------------------------------------------
-MODEL_BYTES = "model_bytes"  # the Optuna study's user attribute: one worker's parameters and buffers in float32
+MODEL_BYTES = "model_bytes"
+# the Optuna study's user attribute: its CMA-ES generations' size and seed, fixed by its first CMA-ES search (a
+# resume with another --batch replayed generations of another size: trials were credited to points never run)
+CMA_ATTR = "cmaes"
+
+
+def cmaes_fixed(cfg: SearchConfig, ostudy) -> list[str]:
+    """A CMA-ES search's generations: the size and seed the study's first CMA-ES search drew them with, kept with the
+    study (its trials' places in them are stored, and replayed); a resume that would draw others uses those, and
+    says so. An explicit --cmaes-popsize of another size is one line naming it. Notes for the search's start."""
+    from . import space as space_mod
+    from .cmaes import default_popsize
+
+    dim = len(space_mod.numeric(cfg.study.search.space))
+    want = {"popsize": cfg.cmaes_popsize or (cfg.batch if cfg.batch > 1 else default_popsize(dim)), "seed": cfg.seed}
+    have = ostudy.user_attrs.get(CMA_ATTR)
+    notes = []
+    if have is None:
+        ostudy.set_user_attr(CMA_ATTR, want)
+        have = want
+    elif cfg.cmaes_popsize and cfg.cmaes_popsize != have["popsize"]:
+        raise ConfigError("--cmaes-popsize", f"{cfg.cmaes_popsize}; study {cfg.study.name}'s CMA-ES generations are of "
+                                             f"{have['popsize']} candidates (its first CMA-ES search's: its trials "
+                                             f"hold their places in them); allowed: {have['popsize']} or 0, or another "
+                                             "[study] name or --runs-dir to start afresh")
+    elif have != want:
+        asked = f", asked {cfg.batch} at a time" if cfg.batch > 1 and cfg.batch != have["popsize"] else ""
+        seed = f" and seed {have['seed']}" if have["seed"] != want["seed"] else ""
+        notes.append(f"cmaes: study {cfg.study.name}'s generations are of {have['popsize']} candidates{seed}, as its "
+                     f"first CMA-ES search drew them (its trials hold their places in them){asked}")
+    done = len([t for t in ostudy.get_trials(deepcopy=False) if "cma_generation" in t.user_attrs])
+    if cfg.n_trials < have["popsize"] and not done:
+        notes.append(f"cmaes: --n-trials {cfg.n_trials} is less than one generation of {have['popsize']} candidates: "
+                     "CMA-ES learns from a generation once all of it is done, so every trial is a draw from its "
+                     "start (more trials, or a smaller --cmaes-popsize)")
+    return notes  # the Optuna study's user attribute: one worker's parameters and buffers in float32
 
 
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
@@ -105,7 +140,9 @@ def _work(cfg, worker, on_record, data, should_stop, keeper=None, setup=None, st
         warm = ostudy.user_attrs.get(ATTR_WARM) or {}  # a warm-started study replays from its stored start
         # with --batch N a generation is N candidates unless --cmaes-popsize says otherwise
         popsize = cfg.cmaes_popsize or (cfg.batch if cfg.batch > 1 else None)
-        driver = CmaDriver(len(space_mod.numeric(space)), seed=cfg.seed, popsize=popsize,
+        fixed = ostudy.user_attrs.get(CMA_ATTR) or {}  # the study's generations, as its first CMA-ES search drew them
+        driver = CmaDriver(len(space_mod.numeric(space)), seed=fixed.get("seed", cfg.seed),
+                           popsize=fixed.get("popsize", popsize),
                            restarts=cfg.cmaes_restarts, maximize=cfg.study.directions[0] == "maximize",
                            **{k: warm[k] for k in ("x0", "sigma0", "stds") if k in warm})
         if cfg.cmaes_categoricals == "fixed":
@@ -346,6 +383,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
         warm = warmstart.apply(cfg, ostudy)
         start_notes = fail_gone(ostudy)  # a killed search's trials: failed and asked again now, not after the grace period
+        if cfg.sampler == "cmaes":
+            start_notes += cmaes_fixed(cfg, ostudy)
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)
