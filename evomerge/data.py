@@ -377,6 +377,11 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
         out = (*_materialise(out[0], "training", ref), *_materialise(out[1], "test", ref))
     if not isinstance(out, (tuple, list)) or len(out) != 4:
         got = f"a {len(out)}-tuple" if isinstance(out, (tuple, list)) else type(out).__name__
+        loaders = [type(o).__name__ for o in (out if isinstance(out, (tuple, list)) else (out,))
+                   if hasattr(o, "dataset") and hasattr(o, "batch_size")]  # (a 2-tuple of DataLoaders read as right)
+        if loaders:
+            got += f" of {loaders[0]}s" if len(loaders) > 1 else f" holding a {loaders[0]}"
+            want += "; a DataLoader's .dataset is its Dataset (the runs batch the examples themselves)"
         raise ConfigError(LOADER, f"{ref} returned {got}; expected {want}")
     names = ("train_x", "train_y", "test_x", "test_y")
     ts = []

@@ -49,6 +49,11 @@ def lazy():  # a neighbour imported in the function's body, not at the top of th
 def net():  # 4 logits: classes 0..3
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(15, 4))
 
+def dataloaders():
+    from torch.utils.data import DataLoader
+
+    return DataLoader(TensorDataset(X, Y), batch_size=8), DataLoader(TensorDataset(TX, TY), batch_size=8)
+
 def inf_targets():  # regression targets, one of the test set's too large for float32
     y = X.sum(dim=(1, 2))
     ty = TX.sum(dim=(1, 2)).double()
@@ -160,3 +165,14 @@ def test_a_studys_data_for_a_loop_of_ones_own_is_what_its_runs_read(folder, tmp_
     with pytest.raises(ConfigError) as e:
         data.load_study(3)
     assert e.value.field == "study"
+
+
+def test_a_loader_that_returns_dataloaders_is_told_to_return_their_datasets(folder):
+    """(A user's loader returned (DataLoader, DataLoader) and was told it "returned a 2-tuple; expected ... or
+    (train_dataset, test_dataset)": two things, as asked, it read.)"""
+    with pytest.raises(ConfigError) as e:
+        data.load_user("user_loaders:dataloaders", folder)
+    assert e.value.field == "study.data.loader" and str(e.value) == (
+        "study.data.loader: user_loaders:dataloaders returned a 2-tuple of DataLoaders; expected (train_x, train_y, "
+        "test_x, test_y) tensors or (train_dataset, test_dataset); a DataLoader's .dataset is its Dataset (the runs "
+        "batch the examples themselves)"), str(e.value)

@@ -148,6 +148,11 @@ def test_a_ranking_is_judged_only_over_enough_policies():
     assert verdict(0.7, 5, 0.233) == ("the rankings look alike, but over 5 policies chance alone would give this "
                                       "often (p 0.23): --top more to tell")
     assert verdict(0.9, 5, 0.0167).endswith("searching it is a sound proxy")
+    # and a low rho over few policies is no disagreement either (6 at rho 0.14, p 0.8: "does not rank as the target")
+    assert verdict(0.143, 6, 0.803) == ("the rankings do not agree over 6 policies, but so few tell little either way "
+                                        "(p 0.8; an agreement of 0.7 over 6 is often missed): --top more, or more "
+                                        "--seeds, to tell")
+    assert verdict(0.1, 12, 0.76).startswith("the source study does not rank policies")
 
 
 def test_a_target_that_does_not_measure_the_source_objective_is_named():

@@ -241,6 +241,7 @@ def stored(ostudy) -> list[dict[str, Any]]:
 #: below this many policies a rank correlation cannot tell agreement from chance (with 4, even a perfect one has
 #: Spearman's p = 0.083 one-sided, and 1 in 24 random orders gives it)
 MIN_RANKED = 5
+FEW_RANKED = 10  # fewer policies than this whose rho is no agreement (p over AGREEMENT_P): no disagreement said either
 
 
 #: the p-value of Spearman's rho under which an agreement is called one (above it, chance could give it)
@@ -259,6 +260,11 @@ def verdict(rho: float | None, n: int | None = None, p: float | None = None) -> 
                 "--top more to tell")
     if rho >= 0.7:
         return "the source study ranks policies much as the target does: searching it is a sound proxy"
+    if p is not None and p == p and p > AGREEMENT_P and n is not None and n < FEW_RANKED:
+        # (6 policies at rho 0.14, p 0.8, were called a source that does not rank as the target: so few tell little)
+        return (f"the rankings {'agree only roughly' if rho >= 0.3 else 'do not agree'} over {n} policies, but so few "
+                f"tell little either way (p {p:.2g}; an agreement of 0.7 over {n} is often missed): --top more, or "
+                "more --seeds, to tell")
     if rho >= 0.3:
         return "the rankings agree only roughly: re-check the source study's best few on the target before choosing"
     return "the source study does not rank policies as the target does: search a study closer to the target run"
