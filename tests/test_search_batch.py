@@ -243,3 +243,20 @@ def test_a_cmaes_study_resumed_with_another_batch_keeps_its_generations(tmp_path
         "error: --cmaes-popsize: 3; study tiny's CMA-ES generations are of 6 candidates (its first CMA-ES search's: "
         "its trials hold their places in them); allowed: 6 or 0, or another [study] name or --runs-dir to start "
         "afresh"], c.stderr
+
+
+@pytest.mark.system
+def test_the_search_says_how_its_workers_steps_run_and_on_how_many_threads(tmp_path, data_dir):
+    """(A user's dropout model under --batch: nothing the search printed said whether its workers' steps ran as a
+    loop, whose masks are each worker's own, or on how many torch threads, on which a replay's match depends.)"""
+    f = write_study(tmp_path, name="drop", steps=10)
+    (tmp_path / "dropnet.py").write_text(
+        "import torch.nn as nn\n\n\ndef net():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 10))\n")
+    f.write_text(f.read_text().replace('name = "mlp"\nhidden = [16]', 'factory = "dropnet:net"'))
+    p = cli("search", "--study", str(f), "--n-trials", "2", "--batch", "2", "--no-verdict", "--no-baselines",
+            cwd=tmp_path, data_dir=data_dir, env_extra={"EVOMERGE_THREADS": "1"}, process=True)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert lines[1].startswith("  workers' steps: loop (random layers") and \
+        lines[1].endswith("; trials in process on cpu with 1 torch thread"), lines[:3]

@@ -135,8 +135,10 @@ class SearchView:
             warm = describe(info.get("warm_start"))
             done = (f"{self.done} of {cfg.n_trials} trials already finished" if self.done < cfg.n_trials else
                     f"{self.done} trials already finished, {cfg.n_trials} asked: none to run")
+            ran = "; ".join(x for x in (f"workers' steps: {info['steps']}" if info.get("steps") else None,
+                                        f"trials {info['where']}" if info.get("where") else None) if x)
             msg = (f"{cfg.study.name}: {done}; sampler {cfg.sampler}"
-                   f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") +
+                   f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") + (f"  {ran}\n" if ran else "") +
                    f"  optuna: {shown(info['storage'])}\n  mlflow: {shown(info['tracking_uri'])}" +
                    "".join(f"\n  note: {n}" for n in [*cfg.study.notes, *info.get("notes", ())]))  # ranges clamped
             self.err.print(msg, highlight=False)

@@ -408,8 +408,17 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     result = SearchResult(cfg, parent_run_id=parent, warm_start=warm)
     if progress:
         prior = best_trials(ostudy, cfg.study, 1)  # the study's best so far: a resumed bar starts from it
+        from ..backends import ran_on
+        from ..engine.setup import resolve_device
+
+        # how the workers' steps run and where (a user's dropout model under --batch: whether its masks are each
+        # worker's own; the torch threads a trial's sums split over), as each trial keeps them, said once here
+        steps = (f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"
+                 if getattr(setup.model, "execution", None) else None)
+        where = ran_on(cfg.backend, cfg.procs, cfg.study.run.workers, resolve_device(cfg.device).type) \
+            if cfg.jobs == 1 else None
         progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm,
-                 notes=[*model_notes, *start_notes],
+                 notes=[*model_notes, *start_notes], steps=steps, where=where,
                  best=prior[0]["values"][0] if prior else None)
 
     def on_record(rec: dict) -> None:
