@@ -452,3 +452,15 @@ def test_the_policy_graph_draws_who_merges_with_whom(fields, title, edges):
     fig = dashboard.policy_figure(evomerge.MergePolicy(**fields), 6)
     assert fig.layout.title.text.startswith(title)
     assert sum(1 for t in fig.data if t.mode == "lines") == edges
+
+
+def test_baselines_at_one_point_share_one_label():
+    """(No-merging and a FedAvg that never merged, both at no bytes and the same accuracy, had their labels printed
+    over each other: "nofedavg (0 bytes)".)"""
+    base = [{"name": "no-merging", "bytes": 0, "val_accuracy": 0.61}, {"name": "fedavg", "bytes": 0, "val_accuracy": 0.61},
+            {"name": "ring-gossip", "bytes": 0, "val_accuracy": 0.70},
+            {"name": "diloco", "bytes": 2e6, "val_accuracy": 0.8}]
+    fig = dashboard.tradeoff_figure([], base)
+    (stars,) = [t for t in fig.data if t.name == "baselines"]
+    assert list(stars.text) == ["no-merging, fedavg (0 bytes)", "ring-gossip (0 bytes)", "diloco"]
+    assert list(stars.textposition) == ["top center", "bottom center", "top center"]  # (two at one x: apart)

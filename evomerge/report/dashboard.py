@@ -206,9 +206,19 @@ def tradeoff_figure(summaries: list[dict], baselines: list[dict], metric: str = 
                     marker=dict(size=11))
     shown = [b for b in baselines if b.get(metric) is not None]
     if shown:
-        fig.add_scatter(x=[mb(b["bytes"]) for b in shown], y=[b[metric] for b in shown],
-                        mode="markers+text", name="baselines", textposition="top center",
-                        text=[b["name"] + (" (0 bytes)" if b["bytes"] == 0 else "") for b in shown],
+        # baselines at one point share one label (no-merging and a FedAvg that never merged, both at no bytes, were
+        # printed over each other: "nofedavg (0 bytes)"); others at one x alternate above and below
+        at: dict[tuple, list[dict]] = {}
+        for b in shown:
+            at.setdefault((mb(b["bytes"]), b[metric]), []).append(b)
+        where, count = [], {}
+        for x, _ in at:
+            where.append("top center" if count.get(x, 0) % 2 == 0 else "bottom center")
+            count[x] = count.get(x, 0) + 1
+        fig.add_scatter(x=[x for x, _ in at], y=[y for _, y in at], mode="markers+text", name="baselines",
+                        textposition=where,
+                        text=[", ".join(b["name"] for b in group) + (" (0 bytes)" if group[0]["bytes"] == 0 else "")
+                              for group in at.values()],
                         marker=dict(symbol="star", size=14, color="black"))
     label = OBJECTIVES_LABEL.get(metric, metric)
     fig.update_layout(title=f"{label[0].upper() + label[1:]} against bytes communicated",
