@@ -1395,6 +1395,17 @@ try:
         merger.close()
         other = dict(policy, mean_interval=4) if case == "resume-policy" else policy
         evomerge.Merger(other, model, seed=0, total_steps=10, timeout=60).load_state_dict(saved)
+    elif case == "resume-early":  # torch's habit: the model's state loaded first, then the Merger built (which
+        policy = {"scheme": "allreduce", "mean_interval": 5}  # starts every rank from rank 0's model: the resumed
+        merger = evomerge.Merger(policy, model, seed=0, total_steps=10, timeout=60)  # run went otherwise, in silence)
+        with torch.no_grad():
+            model.weight.fill_(float(rank))  # each rank's own model by its checkpoint (no merge due yet)
+        for t in range(2):
+            merger.step()
+        saved, weights = merger.state_dict(), {k: v.clone() for k, v in model.state_dict().items()}
+        merger.close()
+        model.load_state_dict(weights)
+        evomerge.Merger(policy, model, seed=0, total_steps=10, timeout=60).load_state_dict(saved)
     elif case == "worker-group":  # every rank builds the group of ranks 0 and 2, and passes it: rank 1 is outside
         group = dist.new_group([0, 2])
         evomerge.Merger({"scheme": "allreduce"}, model, seed=0, total_steps=10, timeout=60, worker_group=group)
@@ -1429,6 +1440,12 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
     # (each rank went on from its own step: merge events paired that were not the same)
     ("resume", ["error: state_dict.step: the checkpoints are of different steps (ranks 0, 1 at step 2; rank 2 at step "
                 "3); allowed: the state_dicts every rank saved at the same step"] * 3),
+    ("resume-early", ["error: state_dict: ranks 1, 2 refused their checkpoints (its own line says why); allowed: the "
+                      "state_dict each rank saved, on every rank"]
+     + [f"error: load_state_dict: rank {r}'s model is rank 0's as the Merger made it when it was built, not the one "
+        "this rank saved: its state was loaded before the Merger was built (which starts every rank from rank 0's "
+        "model), or not at all; allowed: build the Merger, then load the model's, the optimiser's and the Merger's "
+        "state dicts" for r in (1, 2)]),
     # (the line held both policies whole: 2 kB of two dicts)
     ("resume-policy", ["error: state_dict.policy: the checkpoint's policy differs from this Merger's: mean_interval "
                        "5.0 in the checkpoint, 4.0 here; allowed: the policy the checkpoint was saved with"] * 3),
