@@ -457,6 +457,15 @@ def _callers_level() -> int:
     return level
 
 
+def _user_line() -> tuple[str, int] | None:
+    """(file, line) of the first frame outside evomerge and torch: the user's line that called in."""
+    inside = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (sys.modules[__package__], torch))
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(inside):
+        f = f.f_back
+    return (f.f_code.co_filename, f.f_lineno) if f is not None else None
+
+
 def _done_by(work: _Pending, deadline: float, tick=None) -> bool:
     """Poll ``work`` until it is done (True) or ``deadline`` (``time.perf_counter()``) passes or its connection closes
     (False); ``tick()`` between polls, if given."""
@@ -540,9 +549,14 @@ def _unfinished_warning(self: "Merger", ending: BaseException | None) -> None:
     rank with its own model, not the consensus, and nothing else would say so. Not where the process ends on an
     error (``ending``: the loop's error is the story) or after a stop on a failure (the failure was said)."""
     if ending is None and self.t >= self.T and not self._stop_out:
-        warnings.warn(f"rank {self.rank}'s Merger ran its {self.T} steps but was neither finished nor closed: this "
-                      "rank's model is its own, not the consensus; call merger.finish() after the loop (or "
-                      "merger.close() to leave without the final average)", RuntimeWarning, stacklevel=2)
+        said = (f"rank {self.rank}'s Merger ran its {self.T} steps but was neither finished nor closed: this rank's "
+                "model is its own, not the consensus; call merger.finish() after the loop (or merger.close() to leave "
+                "without the final average)")
+        where = getattr(self, "_built_at", None)
+        if where is None:
+            warnings.warn(said, RuntimeWarning, stacklevel=2)
+        else:  # at the exit no frame of the loop is left: the line that built the Merger (it showed evomerge's own)
+            warnings.warn_explicit(said, RuntimeWarning, *where)
 
 
 def _holds_this_rank(group) -> bool:
@@ -663,6 +677,7 @@ class Merger:
             warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
         self._ended, self._said_ended = None, False  # "finish" or "close" once called
+        self._built_at = _user_line()  # the loop's line that built it: where a warning at the exit points
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
             group, self._follower, self._leader, n_workers = _leaders(worker_group, group)

@@ -1331,6 +1331,10 @@ def test_a_loop_that_runs_every_step_but_never_calls_finish_is_warned(tmp_path):
               f"RuntimeWarning: rank {r}'s Merger ran its 40 steps but was neither finished nor closed: this rank's "
               "model is its own, not the consensus; call merger.finish() after the loop" in e]
     assert warned and all(procs[r].returncode == 0 for r in warned), [e[-1500:] for _, e in outs]
+    # at the loop's line that built the Merger (it pointed at evomerge's own runtime.py)
+    for r in warned:
+        (line,) = [ln for ln in outs[r][1].splitlines() if "neither finished nor closed" in ln]
+        assert line.startswith(f"{tmp_path / 'ranks.py'}:") and "evomerge" not in line.split(": RuntimeWarning")[0], line
     for r, (o, e) in enumerate(outs):
         if r not in warned:
             m = re.fullmatch(r"error: rank ([\d, ]+) left the run without finish\(\) or close\(\) \(rank \d at local step \d+\); "
