@@ -27,9 +27,9 @@ What is measured (every rank at once, as in the real job: ranks that share a hos
 - **all-reduce**: a ring all-reduce of the model's floats (torch.distributed's), timed and written as a
   comment beside the time the fitted links predict for it.
 
-What is written (:func:`fit`): ``step_time`` (the step of the fastest rank: its mean step over what the noise
-adds on average, so that the clock's steps take each rank's measured mean), ``speeds`` (that over each rank's
-step: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step noise: 1.4826 x the
+What is written (:func:`fit`): ``step_time`` (the median step of the fastest rank, scaled by one factor so that
+the ranks' steps, with what the noise adds on average, take their measured means in total), ``speeds`` (the
+fastest rank's median over each rank's: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step noise: 1.4826 x the
 median absolute deviation of log(step / the rank's median), slow spells left out), ``straggle_*`` when the
 step times have a clear tail (steps over :data:`SPELL` x their rank's median, in at least :data:`MIN_SPELLS`
 spells, at most :data:`MAX_SLOW` of the steps; else no slow spells), and the links: ``sites`` with inside and
@@ -239,9 +239,11 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
         noise["straggle_length"] = _num(max(1.0, n_slow / spells))
     else:
         noise["straggle_p"] = 0.0
-    # each rank's step: its mean step less what the noise adds on average (a run's time is the sum of its steps, so
-    # the mean is what a simulated time is made of: a rank's median x exp(jitter^2 / 2) fell 38-46% short of a new
-    # user's small LSTM's mean steps, whose long steps were no clear tail, and the clock 54% short of the job)
+    # each rank's step: its median, all of them scaled by one factor so that, with what the noise adds on average,
+    # the ranks' steps take their measured means in total (a run's time is the sum of its steps: a rank's median x
+    # exp(jitter^2 / 2) fell 38-46% short of a new user's small LSTM's mean steps, whose long steps were no clear
+    # tail, and the clock 54% short of the job). One factor, not each rank's own mean: the ranks' speeds stay their
+    # medians' ratios, which a loaded machine's noise moves less (each rank's own mean made a 3x slower rank 0.42)
     adds = math.exp(jitter ** 2 / 2) * (1 + (n_slow / n_steps if clear and n_steps else 0.0)
                                         * (noise.get("straggle_factor", 1.0) - 1))
     means, paused = [], []
@@ -253,22 +255,23 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
             t = t[~long_]
         means.append(float(np.mean(t)))
     means = np.array(means)
-    step = means / adds
+    scale = max(1e-12, float(means.sum() / (med * adds).sum()))
+    step = med * scale
     fastest = float(step.min())
     if fit is None:
         env["step_time"] = _num(fastest)
         env["speeds"] = [_num(fastest / m) for m in step]
-        notes.append(f"step_time: the step of the fastest rank ({int(np.argmin(step))}); speeds: step_time over each "
-                     "rank's step; a rank's step is its mean step over what the noise below adds on average "
-                     "(exp(jitter^2 / 2), and its slow spells' share at straggle_factor), so that the clock's steps "
-                     "take the rank's measured mean")
+        notes.append(f"step_time: the fastest rank's ({int(np.argmin(step))}) median x {scale:.3g}; speeds: its "
+                     "median over each rank's; the factor makes the ranks' steps, with what the noise below adds on "
+                     "average (exp(jitter^2 / 2), and the slow spells' share at straggle_factor), take their measured "
+                     "means in total")
     elif fit == "lognormal":
         logs_ = np.log(step)
         sigma = float(np.std(logs_, ddof=1)) if W > 1 else 0.0
         env["step_time"] = _num(float(np.exp(logs_.mean())))
         env["speeds"], env["sigma"] = "lognormal", _num(sigma)
         notes.append(f"speeds fitted as lognormal over {W} ranks: step_time is the geometric mean of the ranks' "
-                     f"steps (each its mean step over what the noise below adds on average), sigma the standard "
+                     f"medians x {scale:.3g} (the factor above: their steps take their measured means in total), sigma the standard "
                      f"deviation of their logs; measured speeds {[_num(fastest / m, 3) for m in step]}")
     else:  # pareto: multipliers 1 + Pareto(alpha) over the fastest rank; log(m) ~ Exponential(alpha)
         logs_ = np.log(step / fastest)
@@ -277,9 +280,9 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
             env["speeds"], env["alpha"] = "pareto", _num(float(np.clip(W / logs_.sum(), 0.1, 100.0)))
         else:
             env["speeds"] = "equal"
-        notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's step (its mean step "
-                     f"over what the noise below adds on average), alpha the maximum-likelihood fit of log(step / "
-                     f"step_time); measured speeds {[_num(fastest / m, 3) for m in step]}")
+        notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's median x {scale:.3g} "
+                     f"(their steps take their measured means in total), alpha the maximum-likelihood fit of log(median "
+                     f"/ the fastest's); measured speeds {[_num(fastest / m, 3) for m in step]}")
     if fit is not None and W < FIT_FROM:
         notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} "
                      f"{'rank' + chr(39) + 's' if W == 1 else 'ranks' + chr(39)} steps is a rough guess; fit from {FIT_FROM} ranks or more")
@@ -312,15 +315,15 @@ def _mean_check(means, from_median, spells: bool) -> list[str]:
     off = np.asarray(means) / np.asarray(from_median) - 1
     each = ", ".join(f"rank {r}: {_ms(a)} vs {_ms(b)} ({o:+.1%})" for r, (a, b, o) in
                      enumerate(zip(means, from_median, off)))
-    out = [f"mean step, measured vs its median and the noise above: {each}; the fields take the measured means"]
+    out = [f"mean step, measured vs its median and the noise above: {each}; step_time is scaled by their total"]
     far = np.flatnonzero(np.abs(off) > MEAN_OFF)
     if len(far):
         why = ("the slow spells, fitted over every rank, are drawn for every rank" if spells else
                "long steps that are no clear tail of slow spells" if off[far].max() > 0 else "")
         ranks = ", ".join(f"rank {r}'s {_ms(means[r])} is {off[r]:+.0%}" for r in far)
         out.append(f"{NOTE}mean step against its median x exp(jitter^2 / 2): {ranks}{f' ({why})' if why else ''}: "
-                   "step_time and speeds are set from the means, so the clock's steps take as long on average as "
-                   "the job's, with a spread unlike theirs")
+                   "step_time is scaled so that the ranks' steps take their measured means in total, with a spread "
+                   "unlike theirs")
     return out
 
 
