@@ -58,7 +58,7 @@ from .userdirs import check_writable
 SPELL = 2.0  # a step slower than this many times its rank's median is part of a slow spell
 MIN_SPELLS = 3  # fewer spells than this are no clear tail: no straggle_* fields
 MAX_SLOW = 0.3  # nor when more than this fraction of the steps are slow (the median itself is then unclear)
-MEAN_OFF = 0.1  # a rank's mean step this far from its median and noise: a note on the terminal (the fields take the mean)
+MEAN_OFF = 0.1  # a rank's mean step this far from its median and noise: a note on the terminal
 PAUSE = 10.0  # a step over this many times its rank's median, one of fewer than MIN_SPELLS such: a pause, left out of
 # the rank's mean (one 1 s pause among 50 steps of 10 ms made a rank's speed 0.34)
 SITE_GAP = 1.5  # sites: every inside link this many times better than every between link (latency or bandwidth)
@@ -306,9 +306,9 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
 
 def _mean_check(means, from_median, spells: bool) -> list[str]:
     """Each rank's mean step against the mean its median and the noise give (its median x exp(jitter^2 / 2), and
-    its share of slow steps at straggle_factor). The fields are set from the means (a run's time is the sum of its
-    steps), so a rank whose mean is far from that has steps whose spread the noise does not describe: the clock's
-    steps take as long on average, and vary otherwise. A line for the file; a note on the terminal where a rank
+    its share of slow steps at straggle_factor). step_time is scaled so that the ranks' steps take their means in
+    total (a run's time is the sum of its steps), so a rank whose mean is far from that has steps whose spread the
+    noise does not describe. A line for the file; a note on the terminal where a rank
     is more than :data:`MEAN_OFF` off."""
     import numpy as np
 

@@ -380,7 +380,8 @@ def load_user(ref: str, base_dir: str | Path | None = None, *, val_size: int = 5
         loaders = [type(o).__name__ for o in (out if isinstance(out, (tuple, list)) else (out,))
                    if hasattr(o, "dataset") and hasattr(o, "batch_size")]  # (a 2-tuple of DataLoaders read as right)
         if loaders:
-            got += f" of {loaders[0]}s" if len(loaders) > 1 else f" holding a {loaders[0]}"
+            got += (f" of {loaders[0]}s" if len(loaders) > 1 else f" holding a {loaders[0]}") \
+                if isinstance(out, (tuple, list)) else ""  # (a bare one: "returned DataLoader")
             want += "; a DataLoader's .dataset is its Dataset (the runs batch the examples themselves)"
         raise ConfigError(LOADER, f"{ref} returned {got}; expected {want}")
     names = ("train_x", "train_y", "test_x", "test_y")

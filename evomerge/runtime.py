@@ -387,10 +387,16 @@ def _winner_biased(policy: MergePolicy) -> bool:
     return policy.scheme == "gossip" and policy.winner_bias > 0
 
 
-def _checksum(flat: torch.Tensor) -> tuple[float, float]:
-    """A model's numbers told apart cheaply (their sum and sum of squares, in float64): not a copy of the model."""
-    d = flat.detach().double()
-    return float(d.sum()), float(d.square().sum())
+def _checksum(blocks) -> tuple[float, float]:
+    """A model's numbers told apart cheaply (their sum and sum of squares, in float64, block by block): not a copy of
+    the model."""
+    s1 = s2 = 0.0
+    with torch.no_grad():
+        for b in blocks:
+            s1 += float(b.sum(dtype=torch.float64))
+            x = b if b.is_floating_point() else b.double()  # (a step counter: an integer buffer)
+            s2 += float(torch.linalg.vector_norm(x, dtype=torch.float64) ** 2)
+    return s1, s2
 
 
 def _async_local_steps(policy: MergePolicy, workers: int, speeds, worker_group) -> list[int] | None:
@@ -1081,12 +1087,13 @@ class Merger:
                                                    f"{key} the checkpoint was saved with")
         self._same_model_as_saved(state)
         if getattr(self, "_start_sum", None) is not None and int(state.get("step", 0)) > 0 and \
-                _checksum(self._flat()) == self._start_sum:
+                _checksum(self.blocks) == self._start_sum:
             raise ConfigError("load_state_dict", f"rank {self._ranks([self.rank])}'s model is rank 0's as the Merger "
                                                  "made it when it was built, not the one this rank saved: its state "
                                                  "was loaded before the Merger was built (which starts every rank from "
-                                                 "rank 0's model), or not at all; allowed: build the Merger, then load "
-                                                 "the model's, the optimiser's and the Merger's state dicts")
+                                                 "rank 0's model), or not yet; allowed: build the Merger, then load "
+                                                 "the model's, the optimiser's and the Merger's state dicts, in that "
+                                                 "order")
         if state.get("rank", self.rank) != self.rank:  # (another rank's ran on with its public copies and counters)
             raise ConfigError("state_dict.rank", f"the checkpoint is rank {self._ranks([state['rank']])}'s; this is "
                                                  f"rank {self._ranks([self.rank])}; allowed: each rank's own "
@@ -1384,15 +1391,15 @@ class Merger:
                 self._state(t, "step").fill_(x)
 
     def _broadcast_start(self) -> None:
+        before = _checksum(self.blocks) if self.rank != 0 else None  # (on the model's own device, block by block)
         flat = self._flat().to(self.wire_dev)
-        before = _checksum(flat) if self.rank != 0 else None
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         self._collective(lambda: dist.broadcast(flat, src=src, group=self.group, async_op=True), "the start")
         for blk, (o, n) in zip(self.blocks, self.layout.offsets):
             blk.copy_(flat[o:o + n].view(1, -1).to(blk.dtype))
         # where the start replaced this rank's model with rank 0's: the model as it made it, for a resume to tell a
         # model restored before the Merger was built (replaced here in silence: the resumed run went otherwise)
-        after = _checksum(self._flat()) if before is not None else None
+        after = _checksum(self.blocks) if before is not None else None
         self._start_sum = after if after is not None and after != before else None
 
     def _gather_squares(self, optimizer, args, kwargs) -> None:

@@ -1448,8 +1448,8 @@ except evomerge.ConfigError as e:  # as deploy.md's loop does: one line, exit 2
                       "state_dict each rank saved, on every rank"]
      + [f"error: load_state_dict: rank {r}'s model is rank 0's as the Merger made it when it was built, not the one "
         "this rank saved: its state was loaded before the Merger was built (which starts every rank from rank 0's "
-        "model), or not at all; allowed: build the Merger, then load the model's, the optimiser's and the Merger's "
-        "state dicts" for r in (1, 2)]),
+        "model), or not yet; allowed: build the Merger, then load the model's, the optimiser's and the Merger's "
+        "state dicts, in that order" for r in (1, 2)]),
     # (the line held both policies whole: 2 kB of two dicts)
     ("resume-policy", ["error: state_dict.policy: the checkpoint's policy differs from this Merger's: mean_interval "
                        "5.0 in the checkpoint, 4.0 here; allowed: the policy the checkpoint was saved with"] * 3),

@@ -134,3 +134,35 @@ def test_a_users_study_of_one_numeric_field_searches_with_cmaes(tmp_path, data_d
 
     with sqlite3.connect(tmp_path / "runs" / "tiny" / "optuna.db") as c:
         assert c.execute("select count(*) from trials where state = 'COMPLETE'").fetchone() == (6,)
+
+
+def test_a_study_whose_cmaes_trials_came_before_the_kept_size_is_given_the_size_they_show(tmp_path):
+    """(The generation size was not kept with a study: one resumed with another --batch replayed its generations at
+    that size.) A study whose CMA-ES trials predate the kept size gets the size its trials show; one with no trial
+    yet binds nothing until it has one."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from conftest import write_study
+    from evomerge import study as study_mod
+    from evomerge.search.loop import CMA_ATTR, cmaes_fixed
+
+    st = study_mod.load(write_study(tmp_path))  # 2 numeric fields: 6 a generation by default
+    o = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="tiny")
+
+    def cfg(batch=1, popsize=0):
+        return SimpleNamespace(study=st, cmaes_popsize=popsize, batch=batch, seed=0, n_trials=20)
+
+    assert cmaes_fixed(cfg(batch=4), o) == [] and o.user_attrs[CMA_ATTR]["popsize"] == 4
+    assert cmaes_fixed(cfg(batch=3), o) == [] and o.user_attrs[CMA_ATTR]["popsize"] == 3  # no trial yet: rebound
+    o.set_user_attr(CMA_ATTR, None)
+    for i in range(5):  # the first search's trials, placed in a generation of 6 (before the size was kept)
+        t = o.ask()
+        for k, v in (("cma_restart", 0), ("cma_generation", 0), ("cma_index", i)):
+            t.set_user_attr(k, v)
+        o.tell(t, 0.5)
+    notes = cmaes_fixed(cfg(batch=2), o)
+    assert o.user_attrs[CMA_ATTR] == {"popsize": 6, "seed": 0}
+    assert notes == ["cmaes: study tiny's trials are placed in generations of 6 candidates (taken from them; the seed "
+                     "taken as --seed 0)"], notes

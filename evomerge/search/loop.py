@@ -59,24 +59,37 @@ def checked_setup(cfg: SearchConfig, data=None):
 
 
 # -- the worker loop ---------------------------------------------------------------------------
-MODEL_BYTES = "model_bytes"
-# the Optuna study's user attribute: its CMA-ES generations' size and seed, fixed by its first CMA-ES search (a
+MODEL_BYTES = "model_bytes"  # the Optuna study's user attribute: one worker's parameters and buffers in float32
+# the Optuna study's user attribute: its CMA-ES generations' size and seed, fixed by its first CMA-ES trials (a
 # resume with another --batch replayed generations of another size: trials were credited to points never run)
 CMA_ATTR = "cmaes"
 
 
 def cmaes_fixed(cfg: SearchConfig, ostudy) -> list[str]:
-    """A CMA-ES search's generations: the size and seed the study's first CMA-ES search drew them with, kept with the
-    study (its trials' places in them are stored, and replayed); a resume that would draw others uses those, and
-    says so. An explicit --cmaes-popsize of another size is one line naming it. Notes for the search's start."""
+    """A CMA-ES search's generations: the size and seed the study's CMA-ES trials were drawn with, kept with the study
+    once it holds any (their places in them are stored, and replayed); a resume that would draw others uses those,
+    and says so. An explicit --cmaes-popsize of another size is one line naming it. A study whose CMA-ES trials came
+    before the attribute: the size its trials show (a whole first generation's, else at least its places). Notes
+    for the search's start."""
     from . import space as space_mod
-    from .cmaes import default_popsize
+    from .cmaes import ATTR_GEN, ATTR_INDEX, ATTR_RESTART, default_popsize
 
     dim = len(space_mod.numeric(cfg.study.search.space))
     want = {"popsize": cfg.cmaes_popsize or (cfg.batch if cfg.batch > 1 else default_popsize(dim)), "seed": cfg.seed}
-    have = ostudy.user_attrs.get(CMA_ATTR)
+    placed = [t.user_attrs for t in ostudy.get_trials(deepcopy=False) if ATTR_GEN in t.user_attrs]
+    have = ostudy.user_attrs.get(CMA_ATTR) if placed else None  # (binding once a trial holds its place)
     notes = []
-    if have is None:
+    if have is None and placed:  # trials from before the attribute: the size they show
+        first = {a[ATTR_INDEX] for a in placed if a[ATTR_RESTART] == 0 and a[ATTR_GEN] == 0}
+        later = any(a[ATTR_RESTART] == 0 and a[ATTR_GEN] > 0 for a in placed)
+        size = len(first) if later else (want["popsize"] if want["popsize"] > max(first, default=-1) else
+                                         max(max(first) + 1, default_popsize(dim)))
+        have = {"popsize": size, "seed": cfg.seed}
+        ostudy.set_user_attr(CMA_ATTR, have)
+        if size != want["popsize"]:
+            notes.append(f"cmaes: study {cfg.study.name}'s trials are placed in generations of {size} candidates "
+                         f"(taken from them; the seed taken as --seed {cfg.seed})")
+    elif have is None:
         ostudy.set_user_attr(CMA_ATTR, want)
         have = want
     elif cfg.cmaes_popsize and cfg.cmaes_popsize != have["popsize"]:
@@ -89,12 +102,11 @@ def cmaes_fixed(cfg: SearchConfig, ostudy) -> list[str]:
         seed = f" and seed {have['seed']}" if have["seed"] != want["seed"] else ""
         notes.append(f"cmaes: study {cfg.study.name}'s generations are of {have['popsize']} candidates{seed}, as its "
                      f"first CMA-ES search drew them (its trials hold their places in them){asked}")
-    done = len([t for t in ostudy.get_trials(deepcopy=False) if "cma_generation" in t.user_attrs])
-    if cfg.n_trials < have["popsize"] and not done:
+    if cfg.n_trials < have["popsize"] and not placed:
         notes.append(f"cmaes: --n-trials {cfg.n_trials} is less than one generation of {have['popsize']} candidates: "
                      "CMA-ES learns from a generation once all of it is done, so every trial is a draw from its "
                      "start (more trials, or a smaller --cmaes-popsize)")
-    return notes  # the Optuna study's user attribute: one worker's parameters and buffers in float32
+    return notes
 
 
 def work(cfg: SearchConfig, worker: int, on_record: Callable[[dict], None], data=None, should_stop=lambda: False,
@@ -381,10 +393,10 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         cfg.study_dir.mkdir(parents=True, exist_ok=True)
     ostudy = load_or_create(cfg, storage)
     with search_lock(cfg, {}):  # before any worker asks: the source's trials are enqueued first
+        cma_notes = cmaes_fixed(cfg, ostudy) if cfg.sampler == "cmaes" else []  # (a refusal: before anything changes)
         warm = warmstart.apply(cfg, ostudy)
         start_notes = fail_gone(ostudy)  # a killed search's trials: failed and asked again now, not after the grace period
-        if cfg.sampler == "cmaes":
-            start_notes += cmaes_fixed(cfg, ostudy)
+        start_notes += cma_notes
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)
@@ -415,6 +427,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         # worker's own; the torch threads a trial's sums split over), as each trial keeps them, said once here
         steps = (f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"
                  if getattr(setup.model, "execution", None) else None)
+        if steps and resolve_device(cfg.device).type != "cpu":  # (auto is timed again on the trials' device)
+            steps += f", as timed on the cpu; chosen again on {resolve_device(cfg.device).type}"
         where = ran_on(cfg.backend, cfg.procs, cfg.study.run.workers, resolve_device(cfg.device).type) \
             if cfg.jobs == 1 else None
         progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm,
