@@ -29,8 +29,8 @@ What is measured (every rank at once, as in the real job: ranks that share a hos
 
 What is written (:func:`fit`): ``step_time`` (the median step of the fastest rank, scaled by one factor so that
 the ranks' steps, with what the noise adds on average, take their measured means in total), ``speeds`` (the
-fastest rank's median over each rank's: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step noise: 1.4826 x the
-median absolute deviation of log(step / the rank's median), slow spells left out), ``straggle_*`` when the
+fastest rank's median over each rank's: the fastest is 1.0), ``jitter`` (the lognormal sigma of the per-step
+noise: 1.4826 x the median absolute deviation of log(step / the rank's median), slow spells left out), ``straggle_*`` when the
 step times have a clear tail (steps over :data:`SPELL` x their rank's median, in at least :data:`MIN_SPELLS`
 spells, at most :data:`MAX_SLOW` of the steps; else no slow spells), and the links: ``sites`` with inside and
 between values when the links form clear contiguous groups (:func:`find_sites`), else ``latency_matrix`` and
@@ -271,8 +271,9 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
         env["step_time"] = _num(float(np.exp(logs_.mean())))
         env["speeds"], env["sigma"] = "lognormal", _num(sigma)
         notes.append(f"speeds fitted as lognormal over {W} ranks: step_time is the geometric mean of the ranks' "
-                     f"medians x {scale:.3g} (the factor above: their steps take their measured means in total), sigma the standard "
-                     f"deviation of their logs; measured speeds {[_num(fastest / m, 3) for m in step]}")
+                     f"medians x {scale:.3g} (the factor above: their steps take their measured means in total), "
+                     f"sigma the standard deviation of their logs; measured speeds "
+                     f"{[_num(fastest / m, 3) for m in step]}")
     else:  # pareto: multipliers 1 + Pareto(alpha) over the fastest rank; log(m) ~ Exponential(alpha)
         logs_ = np.log(step / fastest)
         env["step_time"] = _num(fastest)
@@ -281,11 +282,12 @@ def fit_compute(step_times: list[list[float]], fit: str | None = None) -> tuple[
         else:
             env["speeds"] = "equal"
         notes.append(f"speeds fitted as pareto over {W} ranks: step_time is the fastest rank's median x {scale:.3g} "
-                     f"(their steps take their measured means in total), alpha the maximum-likelihood fit of log(median "
-                     f"/ the fastest's); measured speeds {[_num(fastest / m, 3) for m in step]}")
+                     f"(their steps take their measured means in total), alpha the maximum-likelihood fit of "
+                     f"log(median / the fastest's); measured speeds {[_num(fastest / m, 3) for m in step]}")
     if fit is not None and W < FIT_FROM:
-        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} "
-                     f"{'rank' + chr(39) + 's' if W == 1 else 'ranks' + chr(39)} steps is a rough guess; fit from {FIT_FROM} ranks or more")
+        whose = "rank's" if W == 1 else "ranks'"
+        notes.append(f"{WARNING}--fit {fit} from {W} rank{'s' * (W != 1)}: a spread fitted to {W} {whose} steps is a "
+                     f"rough guess; fit from {FIT_FROM} ranks or more")
     env.update(noise)
     notes.append(f"jitter: 1.4826 x the median absolute deviation of log(step / rank median) over {len(logs)} steps")
     if clear:
@@ -835,28 +837,22 @@ def in_step(recs: list[list[dict]]) -> list[tuple[float, int, float | None]]:
     return out
 
 
-def job_in_step(directory: str | os.PathLike, where: str = "--against") -> list[float]:
-    """Each rank's share of its time inside ``merger.step()`` in the last job of a folder of traces (:func:`in_step`)."""
-    files, recs = read_traces(Path(directory), where)
-    recs, _ = last_jobs(files, recs, where)
-    return [share for _, n, share in in_step(recs) if n and share is not None]
-
-
-def job_step_means(directory: str | os.PathLike, where: str = "--against",
-                   warmup: int = DEFAULTS["warmup"]) -> list[float]:
-    """Each rank's mean compute a step (the loop's own work between two ``merger.step()`` calls, its first
-    ``warmup`` steps left out, as the calibration leaves them out) in the last job of a folder of traces: what the
-    calibration's fields give the clock's steps on average."""
+def job_figures(directory: str | os.PathLike, where: str = "--against",
+                warmup: int = DEFAULTS["warmup"]) -> tuple[list[float], list[float]]:
+    """From one read of the last job in a folder of traces: each rank's share of its time inside ``merger.step()``
+    (:func:`in_step`), and each rank's mean compute a step (the loop's own work between two ``merger.step()``
+    calls, its first ``warmup`` steps left out, as the calibration leaves them out)."""
     import numpy as np
 
     files, recs = read_traces(Path(directory), where)
     recs, _ = last_jobs(files, recs, where)
-    out = []
+    shares = [share for _, n, share in in_step(recs) if n and share is not None]
+    means = []
     for rows in recs:
         times = [float(x["compute_s"]) for x in rows if "compute_s" in x and "kind" not in x]
         if times:
-            out.append(float(np.mean(times[warmup:] or times)))
-    return out
+            means.append(float(np.mean(times[warmup:] or times)))
+    return shares, means
 
 
 def _in_step(recs: list[list[dict]]) -> list[str]:

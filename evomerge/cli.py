@@ -703,27 +703,25 @@ def cmd_run(args) -> int:
             return 1
         print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
-        from .calibrate import _ms, job_in_step, job_step_means
+        from .calibrate import _ms, job_figures
 
+        shares, means = job_figures(args.against)
         # the job's own compute against the cluster's: a file timed on another device or model explains an error
         # by itself (a user's job of 12.4 ms steps on a file of 30.2 ms was +99%, with nothing said of why)
-        means, env = job_step_means(args.against), study.environment
+        env = study.environment
         if means and env is not None and env.step_time > 0:
-            import numpy as np
-
             from .engine.clock import Compute
 
-            # the ranks' mean steps together against the clock's workers' (as it draws them: their speeds, jitter
-            # and slow spells), the sum the calibration's step_time is scaled to (one rank's own was not its mean)
-            drawn = Compute(env, W, seed)
-            clock = [float(np.mean([drawn.duration(w, k) for k in range(1, 2001)])) for w in range(W)]
-            ratio = sum(means) / sum(clock) if len(means) == len(clock) else min(means) / min(clock)
+            # the ranks' mean steps against the clock's workers' (as it draws them: their speeds, jitter and slow
+            # spells), on average: what the calibration's step_time is scaled to (one rank's own was not its mean)
+            drawn, n = Compute(env, W, seed), 2000
+            clock = sum(float(drawn.free_completions(w, n)[-1]) / n for w in range(W)) / W
+            ratio = sum(means) / len(means) / clock
             if not 1 / STEP_SAID <= ratio <= STEP_SAID:
                 print(f"note: --against: the job's ranks computed {_ms(sum(means) / len(means))} a step on average, "
-                      f"the clock's workers {_ms(sum(clock) / len(clock))} (the study's [environment], step_time "
+                      f"the clock's workers {_ms(clock)} (the study's [environment], step_time "
                       f"{_ms(env.step_time)}; {ratio:.2f}x): the clock times another device or model (`evomerge "
                       f"calibrate --from-trace {args.against}` fits this job's)", file=sys.stderr)
-        shares = job_in_step(args.against)
         # the clock's known shortfall, said where the clock is short by SHORT_SAID or more (it was said of a clock
         # 0.4% short) and the Merger's share large enough to matter: the least share of the ranks (a rank that waits
         # for slower ones spends the waits, which the clock models, there)

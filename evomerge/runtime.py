@@ -453,22 +453,25 @@ def _differences(theirs: dict, mine: dict, where: str) -> str:
         (f" (and {len(fields) - 3} more)" if len(fields) > 3 else "")
 
 
-def _callers_level() -> int:
-    """The ``stacklevel`` of a warning raised where the caller of this function stands that points at the user's
-    line: the first frame outside evomerge and torch (whose no_grad wrapper a Merger's methods go through)."""
+def _users_frame(skip: int = 2):
+    """(the first frame outside evomerge and torch, whose no_grad wrapper a Merger's methods go through, and its
+    ``stacklevel`` counted from the caller of this function's caller): the user's line that called in."""
     inside = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (sys.modules[__package__], torch))
-    f, level = sys._getframe(1), 1
+    f, level = sys._getframe(skip), 1
     while f is not None and f.f_code.co_filename.startswith(inside):
         f, level = f.f_back, level + 1
-    return level
+    return f, level
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of a warning raised where the caller of this function stands that points at the user's
+    line."""
+    return _users_frame()[1]
 
 
 def _user_line() -> tuple[str, int] | None:
-    """(file, line) of the first frame outside evomerge and torch: the user's line that called in."""
-    inside = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (sys.modules[__package__], torch))
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(inside):
-        f = f.f_back
+    """(file, line) of the user's line that called in."""
+    f = _users_frame()[0]
     return (f.f_code.co_filename, f.f_lineno) if f is not None else None
 
 

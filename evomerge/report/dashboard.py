@@ -212,11 +212,10 @@ def tradeoff_figure(summaries: list[dict], baselines: list[dict], metric: str = 
         for b in shown:
             at.setdefault((mb(b["bytes"]), b[metric]), []).append(b)
         # at one x, from the highest down: above, below, above ... (the highest's label above it, the lowest's below)
-        rank = {key: i for i, key in enumerate(sorted(at, key=lambda k: (k[0], -k[1])))}
-        first = {}
-        for key in sorted(at, key=lambda k: (k[0], -k[1])):
-            first.setdefault(key[0], rank[key])
-        where = ["top center" if (rank[key] - first[key[0]]) % 2 == 0 else "bottom center" for key in at]
+        nth, count = {}, {}
+        for x, y in sorted(at, key=lambda k: (k[0], -k[1])):
+            nth[x, y] = count[x] = count.get(x, -1) + 1
+        where = ["top center" if nth[key] % 2 == 0 else "bottom center" for key in at]
         fig.add_scatter(x=[x for x, _ in at], y=[y for _, y in at], mode="markers+text", name="baselines",
                         textposition=where,
                         text=[", ".join(b["name"] for b in group) + (" (0 bytes)" if group[0]["bytes"] == 0 else "")

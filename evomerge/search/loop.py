@@ -82,8 +82,9 @@ def cmaes_fixed(cfg: SearchConfig, ostudy) -> list[str]:
     if have is None and placed:  # trials from before the attribute: the size they show
         first = {a[ATTR_INDEX] for a in placed if a[ATTR_RESTART] == 0 and a[ATTR_GEN] == 0}
         later = any(a[ATTR_RESTART] == 0 and a[ATTR_GEN] > 0 for a in placed)
-        size = len(first) if later else (want["popsize"] if want["popsize"] > max(first, default=-1) else
-                                         max(max(first) + 1, default_popsize(dim)))
+        least = max(first, default=-1) + 1  # (a first generation not yet whole: at least its places)
+        size = (len(first) if later else want["popsize"] if want["popsize"] >= least else
+                max(least, default_popsize(dim)))
         have = {"popsize": size, "seed": cfg.seed}
         ostudy.set_user_attr(CMA_ATTR, have)
         if size != want["popsize"]:
@@ -425,12 +426,12 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
 
         # how the workers' steps run and where (a user's dropout model under --batch: whether its masks are each
         # worker's own; the torch threads a trial's sums split over), as each trial keeps them, said once here
+        dev = resolve_device(cfg.device).type
         steps = (f"{setup.model.execution} ({getattr(setup.model, 'execution_reason', 'the named model')})"
                  if getattr(setup.model, "execution", None) else None)
-        if steps and resolve_device(cfg.device).type != "cpu":  # (auto is timed again on the trials' device)
-            steps += f", as timed on the cpu; chosen again on {resolve_device(cfg.device).type}"
-        where = ran_on(cfg.backend, cfg.procs, cfg.study.run.workers, resolve_device(cfg.device).type) \
-            if cfg.jobs == 1 else None
+        if steps and dev != "cpu":  # (auto is timed again on the trials' device)
+            steps += f", as timed on the cpu; chosen again on {dev}"
+        where = ran_on(cfg.backend, cfg.procs, cfg.study.run.workers, dev) if cfg.jobs == 1 else None
         progress("start", before=before, storage=cfg.storage, tracking_uri=uri, warm_start=warm,
                  notes=[*model_notes, *start_notes], steps=steps, where=where,
                  best=prior[0]["values"][0] if prior else None)
