@@ -170,6 +170,7 @@ class Measured:
     samples: list[list[int]] | None = None  # [W][W] transfers behind each link's figures
     allreduce: tuple[float, int] | None = None  # (seconds, bytes) of a measured ring all-reduce
     links_from_allreduce: bool = False  # a trace of all-reduces only: every link the rate its all-reduces took
+    merge_time: float | None = None  # a rank's own seconds at a step with a merge (from a Merger's trace)
 
 
 def _median(xs) -> float:
@@ -450,12 +451,15 @@ def fit(m: Measured, fit: str | None = None) -> tuple[dict[str, Any], list[str]]
         raise ConfigError("--fit", f"{fit!r}; allowed: {', '.join(FITS)}")
     env, notes = fit_compute(m.step_times, fit)
     links, link_notes = fit_links(m, fit)
+    if m.merge_time:
+        links["merge_time"] = _num(m.merge_time)
     return env | links, [m.source, *m.notes, *notes, *link_notes]
 
 
 # -- the file -----------------------------------------------------------------------------------------------
 ORDER = ("step_time", "speeds", "sigma", "alpha", "jitter", "straggle_p", "straggle_factor", "straggle_length",
-         "sites", "latency", "bandwidth", "latency_inter", "bandwidth_inter", "latency_matrix", "bandwidth_matrix")
+         "merge_time", "sites", "latency", "bandwidth", "latency_inter", "bandwidth_inter", "latency_matrix",
+         "bandwidth_matrix")
 
 
 def _toml_value(v: Any) -> str:
@@ -790,19 +794,32 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                 if isinstance(x.get("landed_step"), int) and x["landed_step"] > x.get("step", x["landed_step"]):
                     streamed += 1  # a streamed fragment's time runs to its landing, steps later: no link's time
                     continue
-                events.setdefault(int(x["event"]), []).append((float(x["seconds"]), int(x["bytes"])))
+                # the collective's own time (wire_s: its waits on the others and the wire; the rank's work around
+                # it is merge_time's), or, in a trace from before wire_s, the whole merge's
+                events.setdefault(int(x["event"]), []).append((float(x.get("wire_s", x["seconds"])), int(x["bytes"])))
     if streamed:
         notes.append(f"{streamed} streamed fragments' all-reduces left out (their time runs from the send to the "
                      "landing, fragment_delay steps later, the loop's compute in it)")
+    # a compressed change on the all-reduce scheme is all-gathered (each rank's encoded change, `bytes` in its record,
+    # goes to every other): the ring all-reduce that moves as much is of W x bytes / 2 (fitted as one of its own
+    # bytes, a 4-rank job's links came out 0.36x their rate)
+    policy, _ = job_policy(recs[0][0] if recs and recs[0] else {})
+    gathered = bool(policy) and policy.get("scheme") == "allreduce" and policy.get("payload") == "delta"
     if events:
         shortest = [min(v) for v in events.values() if len(v) == W]  # the last rank to arrive waited least
         if shortest:  # the largest messages' (fragments of other sizes, a counter's: the bandwidth is in the largest)
             nbytes = max(b for _, b in shortest)
             shortest = [(s, b) for s, b in shortest if b == nbytes]
             seconds = _median([s for s, _ in shortest])
+            if gathered and W > 1:
+                notes.append(f"all-gathers of each rank's encoded change (payload delta on the all-reduce scheme): "
+                             f"{len(shortest)}, median of each one's shortest time {_ms(seconds)} for {nbytes} bytes "
+                             f"a rank, as a ring all-reduce of {W} x {nbytes} / 2 bytes (what it moves)")
+                nbytes = int(round(W * nbytes / 2))
+            else:
+                notes.append(f"all-reduces: {len(shortest)}, median of each one's shortest time {_ms(seconds)} for "
+                             f"{nbytes} bytes")
             allreduce = (seconds, nbytes)
-            notes.append(f"all-reduces: {len(shortest)}, median of each one's shortest time {_ms(seconds)} for "
-                         f"{nbytes} bytes")
             if not per_link and W > 1 and seconds > 0:
                 b = 2 * (W - 1) / W * nbytes / seconds
                 for i in range(W):
@@ -813,12 +830,16 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                 notes.append("no point-to-point transfers: every link gets latency 0 and the bandwidth that gives "
                              "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
     notes += notes_in_step
+    merge_time, base, merge_notes = merge_work(recs, warmup)
+    notes += merge_notes
+    if base:  # the Merger's own time at every step is part of each step the job took
+        steps = [[x + b for x in t] for t, b in zip(steps, base)]
     sizes = {int(x["model_bytes"]) for rows in recs for x in rows if isinstance(x.get("model_bytes"), int)}
     if len(sizes) == 1:  # (as calibrate --study says it, batch and optimiser aside: a trace does not hold them)
         notes.append(f"model: {sizes.pop()} bytes of float32 parameters and buffers")
     n_steps = sum(len(t) for t in steps)
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
-                    links_from_allreduce=not per_link and allreduce is not None and W > 1,
+                    links_from_allreduce=not per_link and allreduce is not None and W > 1, merge_time=merge_time,
                     source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps (the first {warmup} "
                            f"of each rank left out)" + (f", the last of the {jobs} jobs the traces hold (a Merger appends)"
                                                     if jobs > 1 else ""), notes=notes)
@@ -835,6 +856,58 @@ def in_step(recs: list[list[dict]]) -> list[tuple[float, int, float | None]]:
         whole = float(st[-1]["t"]) - float(st[0]["t"]) if st else 0.0
         out.append((sum(gaps), len(gaps), sum(gaps) / whole if whole > 0 else None))
     return out
+
+
+MERGE_KINDS = ("send", "recv", "allreduce")  # a trace's records of a merge (their step, or landed_step: where it was worked)
+
+
+def merge_work(recs: list[list[dict]], warmup: int = DEFAULTS["warmup"]
+               ) -> tuple[float | None, list[float] | None, list[str]]:
+    """A rank's own time inside ``merger.step()`` at a step (from a step's call to the next step's start,
+    :func:`in_step`, less the seconds it waited there on peers and the network, the next record's ``wait_s``): its
+    median at the steps without a merge, per rank (part of every step the job took: added to the rank's steps), and
+    ``merge_time``, the median at its steps with a merge (a record of a send, a receive applied, an all-reduce) less
+    that, the median over the ranks (their own work is alike; the waits, which differ, are out). None (with a note)
+    where the trace has no ``wait_s`` (a Merger from before 2026-12-07); ``merge_time`` None where too few steps had
+    a merge."""
+    per_rank, merged, plain, base, old = [], [], [], [], False
+    for rows in recs:
+        st = [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
+        if not st or any("wait_s" not in x for x in st):
+            old = bool(st)
+            break
+        at = set()
+        for x in rows:
+            if x.get("kind") in MERGE_KINDS:
+                for key in ("step", "landed_step"):
+                    if isinstance(x.get(key), int):
+                        at.add(x[key])
+        own = {int(a["step"]): max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"]) - float(b["wait_s"]))
+               for a, b in zip(st, st[1:]) if isinstance(a.get("step"), int) and a["step"] > warmup}
+        m = [v for k, v in own.items() if k in at]
+        p = [v for k, v in own.items() if k not in at]
+        base.append(_median(p) if len(p) >= MIN_TIMED else 0.0)
+        if len(m) >= MIN_TIMED:
+            per_rank.append(max(0.0, _median(m) - base[-1]))
+            merged.append(_median(m))
+            plain.append(base[-1] if len(p) >= MIN_TIMED else None)
+    if old:
+        return None, None, ["merge_time not fitted: the trace has no wait_s (a Merger from before 2026-12-07: its "
+                            "steps' waits on peers cannot be told from its own work); a new job's trace fits it"]
+    if len(base) != len(recs):
+        return None, None, []
+    notes = []
+    if any(base):
+        notes.append("steps: each rank's compute_s plus its own time inside merger.step() at a step without a merge "
+                     f"(medians: {', '.join(_ms(b) for b in base)}), as the job's steps took them")
+    if not per_rank:
+        return None, base, notes
+    ranks = "; ".join(f"{_ms(m)} at a merge, " + (f"{_ms(p)} without" if p is not None else "no step without")
+                      for m, p in zip(merged, plain))
+    return _median(per_rank), base, notes + [
+        f"merge_time: a rank's own time inside merger.step() at a step with a merge (its time there less its waits "
+        f"on peers and the network), less that at a step without, the median over the ranks (medians per rank: "
+        f"{ranks}); the clock adds it to a worker's step after each boundary where it merged"]
 
 
 def job_figures(directory: str | os.PathLike, where: str = "--against",
@@ -859,14 +932,14 @@ def _in_step(recs: list[list[dict]]) -> list[str]:
     """Each rank's wall time inside ``merger.step()`` (from a step's call, its record's ``t``, to the next step's
     start, that record's ``t`` less its ``compute_s``): the merges applied and sent, and the waits for peers. The
     clock charges the waits it models (barriers, blocking merges, a push's model back), not the Merger's own work
-    around a merge, so a share of it makes the clock's times short (run --against states by how much)."""
+    at a merge only as ``merge_time`` (:func:`merge_work`), its time at other steps not at all."""
     out = [f"rank {r}: {_ms(inside)} over {n} steps" + (f" ({share:.1%} of its time)" if share is not None else "")
            for r, (inside, n, share) in enumerate(in_step(recs)) if n]
     if not out:
         return []
     return [f"time inside merger.step() (merges applied and sent, waits for peers): {'; '.join(out)}; the clock "
-            "charges the waits it models (barriers, blocking merges), not the Merger's own work around a merge: a "
-            "share of it makes simulated times short"]
+            "charges the waits it models (barriers, blocking merges) and, for the Merger's own work at a merge, "
+            "merge_time (below)"]
 
 
 def queued(transfers: list[tuple[int, int, int, float, float]]) -> list[tuple[int, int, int, float, float]]:

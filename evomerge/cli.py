@@ -726,10 +726,15 @@ def cmd_run(args) -> int:
         # 0.4% short) and the Merger's share large enough to matter: the least share of the ranks (a rank that waits
         # for slower ones spends the waits, which the clock models, there)
         if shares and min(shares) >= IN_STEP_SAID and f.sim_time < seconds * (1 - SHORT_SAID):
+            mt = env.merge_time if env is not None else 0.0
             print(f"note: --against: every rank spent at least {min(shares):.0%} of its time inside merger.step() "
                   "(merges applied and sent, the transfers, waits for peers); the clock charges the transfers and "
-                  "waits it models, not the Merger's own work, so a job whose steps are short beside that work comes "
-                  "out short (docs/calibrate.md, How well it predicts)", file=sys.stderr)
+                  "waits it models and " + (f"merge_time ({_ms(mt)} at a step where a worker merged)" if mt else
+                                            "no merge_time (the study's [environment] has none: the Merger's own work "
+                                            f"at a merge is free; `evomerge calibrate --from-trace {args.against}` "
+                                            "fits it)")
+                  + ", so a job whose steps are short beside that work comes out short (docs/calibrate.md, How well "
+                  "it predicts)", file=sys.stderr)
     if exported and exported.get("study") not in (None, study.name):  # another study's trial: nothing to match
         print(f"note: the policy is trial {exported.get('trial')} of study {exported['study']}; this run is of "
               f"{study.name}, so its figures are not compared with the trial's", file=sys.stderr)
@@ -1403,6 +1408,12 @@ def _other_studys_export(out: Path, name: str) -> str | None:
     return f"study {doc['study']}'s" + (f" trial {doc['trial']}" if isinstance(doc.get("trial"), int) else " export")
 
 
+def _files(paths) -> str:
+    names = [p.name for p in paths]
+    return f"{names[0]}" if len(names) == 1 else \
+        f"{len(names)} files ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+
+
 def _export(args, study, url, out: Path) -> int:
     from .report.export import export_best, export_pareto, export_trial
 
@@ -1417,9 +1428,15 @@ def _export(args, study, url, out: Path) -> int:
         _policy_notes(doc, study)
         _merger_note(MergePolicy.from_dict(doc["policy"]), study)
     elif args.pareto:
-        paths = export_pareto(study, url, out)
+        paths, removed, others = export_pareto(study, url, out)
         print(f"wrote {len(paths)} Pareto-optimal {'policy' if len(paths) == 1 else 'policies'} to {out}/"
               + (" (one objective: the best trial)" if len(study.objectives) == 1 else ""))
+        if removed:
+            print(f"removed {_files(removed)} an earlier export of {study.name} wrote there: "
+                  f"{'its trial is' if len(removed) == 1 else 'their trials are'} no longer Pareto-optimal")
+        if others:
+            print(f"note: {out}/ also holds {_files(others)} not exported from {study.name}, left as "
+                  f"{'it is' if len(others) == 1 else 'they are'}", file=sys.stderr)
     else:
         if args.tolerance is not None:
             from .search.results import read_tolerance

@@ -686,6 +686,9 @@ class Merger:
             warnings.warn(said, stacklevel=2)
         self.worker_group, self._follower, self._version, self._synced = worker_group, False, 0, 0
         self._ended, self._said_ended = None, False  # "finish" or "close" once called
+        # seconds waited on peers and the network (collectives, payloads, answers) since the last step's record: the
+        # trace's wait_s, which calibrate --from-trace takes from a step's time inside merger.step() (merge_time)
+        self._wait_s = 0.0
         self._built_at = _user_line()  # the loop's line that built it: where a warning at the exit points
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
@@ -917,7 +920,8 @@ class Merger:
                 torch.tensor([float(loss)], device=self.dev)
             kernel.score_step_(self.score, self.score_weight, value.to(self.dev))
         if self._trace is not None:  # (t: the wall clock as the loop's compute ended, for run --against)
-            rec = {"step": self.t, "compute_s": now - self._t_last, "t": time.time()}
+            rec = {"step": self.t, "compute_s": now - self._t_last, "t": time.time(), "wait_s": round(self._wait_s, 7)}
+            self._wait_s = 0.0
             if loss is not None:
                 rec["loss"] = float(loss.detach().float().mean()) if isinstance(loss, torch.Tensor) else float(loss)
             self._write(rec)
@@ -1671,12 +1675,16 @@ class Merger:
         t0, pause = time.perf_counter(), 0.0
         pr = self._progress if awaited is not None else None
         t_watch, t_prev = -float("inf"), t0
+        served = 0.0  # (the payloads applied meanwhile: this rank's own work, not a wait)
         while True:
             out = ready()
             if out is not None:
+                self._wait_s += time.perf_counter() - t0 - served
                 return out
             if self.overlap != "lockstep" and not self._closing:
+                t_s = time.perf_counter()
                 self._service()
+                served += time.perf_counter() - t_s
             self._check_stops(what[0])
             self._waiting()
             try:
@@ -1697,6 +1705,7 @@ class Merger:
             if late:
                 out = ready()  # (what the service above applied may have been the last of it)
                 if out is not None:
+                    self._wait_s += time.perf_counter() - t0 - served
                     return out
                 # a pair's peer; else (the end, a checkpoint, a collective) every rank: the late are those still stepping
                 peer = what[1]() if callable(what[1]) else what[1]
@@ -2341,7 +2350,7 @@ class Merger:
             t.copy_(wire)
             sent[0] += wire.numel() * wire.element_size()
 
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), self._wait_s
         if self._opt_keys or self._opt_steps:  # before the supports merge, with the parameters' supports
             self._opt_average(s, weight, reduce_)
         if self.delta:  # every rank's compressed change goes to all (all-gather); the average of the public copies
@@ -2373,7 +2382,7 @@ class Merger:
         self._version += 1
         if self._trace is not None:
             self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": sent[0],
-                         "seconds": time.perf_counter() - t0})
+                         "seconds": time.perf_counter() - t0, "wire_s": self._wait_s - waited})
 
     # -- Streaming DiLoCo: a fragment's all-reduce runs while the loop trains ------------------------------------
     def _stream_start(self, ev: int) -> None:
@@ -2439,6 +2448,7 @@ class Merger:
             try:
                 if work.is_completed():
                     work.wait()
+                    self._wait_s += time.perf_counter() - t0
                     return
             except RuntimeError:
                 raise self._fail(what) from None
@@ -2448,6 +2458,7 @@ class Merger:
                 # refused on every rank): this rank's part lands a moment later; the next collective names them
                 try:
                     work.wait()
+                    self._wait_s += time.perf_counter() - t0
                     return
                 except RuntimeError:
                     raise self._fail(what) from None

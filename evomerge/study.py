@@ -314,6 +314,7 @@ class EnvSpec:
     straggle_p: float = Field(0.0, ge=0, le=1)  # chance per step of entering a slow spell
     straggle_factor: float = Field(4.0, ge=1)
     straggle_length: float = Field(10.0, ge=1)  # mean length of a slow spell, in steps
+    merge_time: float = Field(0.0, ge=0)  # a worker's own seconds at a step boundary where it merges (before its next step)
     latency: float = Field(0.0, ge=0)  # seconds per message on a link inside a site
     bandwidth: float = Field(0.0, ge=0)  # bytes per second on a link inside a site; 0 = unlimited
     sites: int = Field(1, ge=1)  # workers in contiguous sites (racks), as topology communities split them
@@ -747,6 +748,27 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
 _TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "baselines", "environment")
 
 
+def _fixed_policy(raw: dict) -> MergePolicy:
+    """``[policy]``, the fields every trial shares. One that needs a field the search draws (SlowMo's
+    ``outer_optimizer`` over gossip needs ``outer_every``, searched) takes the field's first value there (its
+    ``low``, or its first choice) to be checked: each trial's own value replaces it (it was refused, naming the field
+    as though it were not searched)."""
+    fixed = dict(_table(raw, "policy"))
+    space = _table(raw, "search").get("space", {})
+    space = space if isinstance(space, dict) else {}
+    for _ in range(len(space) + 1):
+        try:
+            return MergePolicy.from_dict(fixed, "study.policy")
+        except ConfigError as e:
+            name = e.field.removeprefix("study.policy.")
+            spec = space.get(name)
+            first = (spec.get("low", (spec.get("choices") or [None])[0]) if isinstance(spec, dict) else None)
+            if name in fixed or first is None:
+                raise
+            fixed[name] = first
+    return MergePolicy.from_dict(fixed, "study.policy")
+
+
 def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", calibrating: bool = False) -> Study:
     """A study from its TOML tables; every setting is checked here, before any data is read."""
     _no_unknown(raw, _TOP, "study")
@@ -754,7 +776,7 @@ def from_dict(raw: dict, path: Path | None = None, default_name: str = "study", 
     d = _data(_table(raw, "data"))
     model = _model(dict(_table(raw, "model")))
     r = settings.build(RunSpec, _table(raw, "run"), "study.run")
-    policy = MergePolicy.from_dict(_table(raw, "policy"), "study.policy")
+    policy = _fixed_policy(raw)
 
     s = dict(_table(raw, "search"))
     space_raw = s.pop("space", {})

@@ -352,6 +352,59 @@ def write_trace(d: Path, transfers, steps: int = 20) -> None:
         (d / f"rank-{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in xs))
 
 
+def merge_steps_trace(d: Path, wait_s: bool = True) -> None:
+    """Made-up traces of 2 ranks, 40 steps of 10 ms: at every 4th step an all-reduce, where a rank spends 3 ms of
+    its own and waits (rank 0: 5 ms, rank 1: 1 ms); 0.5 ms inside merger.step() at the other steps."""
+    d.mkdir()
+    for r in range(2):
+        rows, t = [], 100.0
+        for k in range(1, 41):
+            t += 0.01
+            rec = {"step": k, "compute_s": 0.01, "t": t}
+            if wait_s:
+                rec["wait_s"] = (0.005 if r == 0 else 0.001) if k > 1 and (k - 1) % 4 == 0 else 0.0
+            rows.append(rec)
+            merge = k % 4 == 0
+            if merge:
+                rows.append({"event": k // 4, "kind": "allreduce", "step": k, "bytes": 4000, "seconds": 0.004,
+                             "wire_s": 0.001})
+            t += (0.0035 + (0.005 if r == 0 else 0.001)) if merge else 0.0005
+        (d / f"rank-{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+
+
+def test_from_trace_fits_merge_time_the_ranks_own_work_at_a_merge_less_their_waits(tmp_path):
+    """merge_time: a rank's own time inside merger.step() at a step with a merge (3.5 ms here, its waits of 5 ms or
+    1 ms out) less that at a step without (0.5 ms): 3 ms on both ranks, whatever each waited. The file says it, a
+    study takes it, and its clock adds it to the step after each merge."""
+    merge_steps_trace(tmp_path / "tr")
+    m = calibrate.from_trace(tmp_path / "tr")
+    assert m.merge_time == pytest.approx(0.003, rel=1e-6)
+    # the time at a step without a merge is part of every step: each rank's compute plus its median there
+    assert all(x == pytest.approx(0.0105) for t in m.step_times for x in t), m.step_times
+    assert "steps: each rank's compute_s plus its own time inside merger.step() at a step without a merge (medians: " \
+           "0.5 ms, 0.5 ms), as the job's steps took them" in m.notes, m.notes
+    env, notes = calibrate.fit(m)
+    assert env["merge_time"] == pytest.approx(0.003)
+    assert any(n.startswith("merge_time: a rank's own time inside merger.step() at a step with a merge") and
+               "3.5 ms at a merge, 0.5 ms without; 3.5 ms at a merge, 0.5 ms without" in n for n in notes), notes
+    # the all-reduces' links are fitted on their time on the wire (wire_s), not the merge's whole time
+    assert m.allreduce == (0.001, 4000)
+    out = tmp_path / "cluster.toml"
+    calibrate.write(m, out)
+    assert re.search(r"^merge_time = 0\.003$", out.read_text(), re.M), out.read_text()
+    (tmp_path / "user_mlp.py").write_text(USER_MLP)
+    (tmp_path / "run.toml").write_text(TRACE_STUDY.format(workers=2, batch=16, environment=(
+        f'[environment]\nfrom = "{out.name}"')))
+    study = study_mod.load(tmp_path / "run.toml")
+    assert study.environment.merge_time == pytest.approx(0.003)
+    # a trace from before wait_s: not fitted, and the file says why
+    merge_steps_trace(tmp_path / "old", wait_s=False)
+    m = calibrate.from_trace(tmp_path / "old")
+    assert m.merge_time is None
+    assert any(n.startswith("merge_time not fitted: the trace has no wait_s") for n in m.notes), m.notes
+    assert "merge_time" not in calibrate.fit(m)[0]
+
+
 def test_from_trace_fits_links_on_the_time_transfers_would_take_alone(tmp_path):
     """1 MB at 1e7 B/s takes 0.1 s alone, and two at once into the same receiver 0.2 s each: both give the link's
     rate (the clock adds the sharing itself); fitted on their durations, the links would be 1.5x too slow."""
@@ -801,6 +854,10 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     assert re.search(r"^# time inside merger\.step\(\) \(merges applied and sent, waits for peers\): rank 0: [\d.]+ "
                      r"(us|ms|s) over 39 steps \([\d.]+% of its time\); rank 1: .*; rank 2: ", out.read_text(), re.M), \
         out.read_text()
+    # the Merger's own work at a merge (a gossip step's send, an applied payload), its waits out: charged by the clock
+    assert 0 < env["merge_time"] < 0.05, env
+    assert re.search(r"^# merge_time: a rank's own time inside merger\.step\(\) at a step with a merge .*\(medians per "
+                     r"rank: [\d.]+ (us|ms) at a merge, [\d.]+ (us|ms) without; ", out.read_text(), re.M), out.read_text()
     # the model it timed, as the Merger's trace says it: a study of another model is told (it was not)
     timed = re.search(r"^# model: (\d+) bytes of float32 parameters and buffers$", out.read_text(), re.MULTILINE)
     assert timed, out.read_text()
@@ -928,6 +985,27 @@ def test_a_trace_of_all_reduces_only_says_its_links_were_not_measured_point_to_p
     assert "links: 6 of 6 directed links given the rate of the all-reduces of 400000 bytes (none measured point " \
            "to point)" in notes, notes
     assert not any("model-sized messages" in n for n in notes)
+
+
+def test_a_compressed_diloco_jobs_all_gathers_fit_links_on_the_bytes_they_move(tmp_path):
+    """(A compressed DiLoCo job's records hold one rank's encoded change, 26 kB, which the Merger all-gathers: fitted
+    as a ring all-reduce of 26 kB, a 4-rank job's 50 Mbit/s links came out 0.36x their rate.) 4 ranks, 100 kB each,
+    0.048 s at the last rank in: (W - 1) x 100 kB reach each rank in that time."""
+    write_trace(tmp_path / "tr", [])
+    for r in range(3):
+        f = tmp_path / "tr" / f"rank-{r}.jsonl"
+        rows = f.read_text().splitlines()
+        head = {"model_bytes": 400_000, "policy": {"scheme": "allreduce", "payload": "delta", "topk_fraction": 0.1,
+                                                   "outer_optimizer": "nesterov"}, "seed": 0, "ranks": 3}
+        recs = [json.dumps({"event": ev, "kind": "allreduce", "step": 5 * ev + 5, "bytes": 100_000,
+                            "seconds": 0.05 + 0.02 * r, "wire_s": 0.048 + 0.02 * r}) for ev in range(4)]
+        f.write_text("\n".join([json.dumps(head), *rows, *recs]) + "\n")
+    m = calibrate.from_trace(tmp_path / "tr")
+    assert m.allreduce == (0.048, 150_000)  # 3 x 100 kB / 2: the ring all-reduce that moves as much
+    assert m.bandwidth[0][1] == pytest.approx(2 * 100_000 / 0.048)  # (W - 1) x 100 kB in 0.048 s
+    assert any(n.startswith("all-gathers of each rank's encoded change (payload delta on the all-reduce scheme): 4, "
+                            "median of each one's shortest time 48 ms for 100000 bytes a rank, as a ring all-reduce of "
+                            "3 x 100000 / 2 bytes") for n in m.notes), m.notes
 
 
 def test_a_streaming_jobs_trace_fits_links_on_its_all_reduces_not_its_fragments_flights(tmp_path):
@@ -1150,6 +1228,9 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     # its compute halved: half the step the file says, and said (a job on a file of another device was +99%, and
     # nothing said why)
     step_time = tomllib.loads((tmp_path / "cluster.toml").read_text())["environment"]["step_time"]
+    # the Merger's own work at a merge, fitted from the job's trace (its records' wait_s): the clock charges it
+    merge_time = tomllib.loads((tmp_path / "cluster.toml").read_text())["environment"]["merge_time"]
+    assert 0 < merge_time < 0.05, merge_time
     assert re.search(r"^note: --against: the job's ranks computed [\d.]+ ms a step on average, the clock's "
                      rf"workers [\d.]+ ms \(the study's \[environment\], step_time {step_time * 1e3:.3g} ms; "
                      rf"0\.[3-6]\dx\): the clock times another device or "
@@ -1159,8 +1240,8 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
     assert [ln for ln in got.err.splitlines() if "inside merger.step()" in ln] == [
         f"note: --against: every rank spent at least {least_share(edited):.0%} of its time inside merger.step() "
         "(merges applied and sent, the transfers, waits for peers); the clock charges the transfers and waits it "
-        "models, not the Merger's own work, so a job whose steps are short beside that work comes out short "
-        "(docs/calibrate.md, How well it predicts)"], got.err
+        f"models and merge_time ({calibrate._ms(merge_time)} at a step where a worker merged), so a job whose steps "
+        "are short beside that work comes out short (docs/calibrate.md, How well it predicts)"], got.err
     # refused, one line each: a policy other than the job's (its trace says it), no clock
     (tmp_path / "h7.json").write_text(json.dumps({"scheme": "allreduce", "mean_interval": 7}))
     for policy_arg, study_file, words in [

@@ -143,6 +143,25 @@ def test_push_pull_answers_when_the_peer_applies_the_request():
     assert tl.completions[0][1] == pytest.approx(2.0 + l + 1.0)
 
 
+def test_merge_time_is_added_to_the_step_after_each_boundary_where_a_worker_merged():
+    """A worker's own work at a merge (merge_time) delays its next step: the initiator's after its send, the
+    receiver's after it applied the payload; a worker that took no part pays nothing."""
+    m = 0.25
+    env = EnvSpec(step_time=1.0, merge_time=m, latency=0.5)
+    tl, _ = timeline(env, MergePolicy(exchange="push"), 3, 3, events=[(1, 0, 1)])
+    assert tl.completions[0].tolist() == pytest.approx([1.0, 2.0 + m, 3.0 + m])  # sent at its 1st boundary
+    assert tl.completions[1].tolist() == pytest.approx([1.0, 2.0, 3.0 + m])  # landed at 1.5 s: applied at its 2nd
+    assert tl.completions[2].tolist() == pytest.approx([1.0, 2.0, 3.0])  # no part in it
+    env = EnvSpec(step_time=1.0, merge_time=m)
+    # an all-reduce every 2 steps: every worker pays it after each average (the last one ends the run)
+    ar = MergePolicy(scheme="allreduce", mean_interval=2.0)
+    free, _ = timeline(EnvSpec(step_time=1.0), ar, 4, 6)
+    paid, _ = timeline(env, ar, 4, 6)
+    assert free.end == pytest.approx(6.0)
+    assert paid.end == pytest.approx(6.0 + 2 * m)  # after steps 2 and 4 (the average after step 6 ends it)
+    assert all(c.tolist() == pytest.approx([1, 2, 3 + m, 4 + m, 5 + 2 * m, 6 + 2 * m]) for c in paid.completions)
+
+
 def test_one_straggler_slows_synchronous_allreduce_4x_but_not_nonblocking_gossip():
     W, T = 8, 60
     homo, straggler = EnvSpec(step_time=0.1), EnvSpec(step_time=0.1, slow_workers=(5,), slow_factor=4.0)

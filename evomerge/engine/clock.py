@@ -13,6 +13,10 @@ The model (``[environment]``, :class:`evomerge.study.EnvSpec`):
   ``exp(sigma z)``, Pareto multipliers ``1 + Pareto(alpha)``, or a list / file of speeds;
   ``slow_workers`` times ``slow_factor``), per-step lognormal jitter, and slow spells (a
   two-state chain: enter with ``straggle_p`` per step, leave with ``1/straggle_length``).
+- **a worker's own merge work**: ``merge_time`` simulated seconds at each step boundary where the worker took part
+  in a merge (sent a payload, applied one, averaged, pushed, took a fragment or a model back), added to its next
+  step, as :class:`evomerge.Merger`'s own work at such a step (encoding, applying, copying: not the waits, which
+  the clock models) delays the loop's next step. 0 (the default): merges cost the worker no time of its own.
 - **merge timers count the worker's own local steps** (the schedule of :mod:`evomerge.engine.schedule`,
   unchanged): a policy's ``mean_interval`` keeps its meaning (merge every ~k local steps, as
   local SGD and gossip implementations trigger), a slow worker merges less often per second
@@ -381,6 +385,8 @@ class Simulation:
         self.barrier_bytes = 0  # each worker's share of the open barrier's all-reduce
         self.barrier_at: tuple[int, int] | None = None  # (event, boundary) of the all-reduce being waited for
         self.step_seq = [0] * W  # each worker's step number: an "end" event of a dropped step is stale
+        self.merge_time = float(getattr(env, "merge_time", 0.0) or 0.0)
+        self.charged = [0] * W  # merge_time: each worker's actions up to here have been charged to a step
         check_backup_workers(policy, W)
         self.backups = policy.backup_workers
         self.dropped: dict[int, tuple[int, ...]] = {}  # all-reduce event -> the late workers left out of it
@@ -458,6 +464,9 @@ class Simulation:
                 self.idle_since[w] = t
             return
         d = self.compute.duration(w, self.done[w] + 1)
+        if self.merge_time and len(self.actions[w]) > self.charged[w]:  # it merged at this boundary (or while idle
+            d += self.merge_time                                         # before it): its own work, then the step
+            self.charged[w] = len(self.actions[w])
         if t + d > self.budget:
             self.finished[w] = True
             return

@@ -84,6 +84,8 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
     _flat("environment", _plain(env) if env is not None else "none", out)
     if out.get("environment.step_budget") == "shared":  # (the default, as every study before the field ran: their
         del out["environment.step_budget"]              # hashes, and the runs kept by them, stay)
+    if out.get("environment.merge_time") == 0.0:  # (likewise: the default, before the field)
+        del out["environment.merge_time"]
     policy = what_merges(_plain(study.policy))
     _flat("policy", policy, out)
     for p in study.search.space:
