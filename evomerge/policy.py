@@ -379,7 +379,9 @@ class MergePolicy:
             for name, off in COMPRESSION_OFF.items():
                 if getattr(self, name) != off:
                     raise ConfigError(f"policy.{name}", f"{getattr(self, name)} needs payload 'delta' or 'gradient' "
-                                                        "(compression applies to deltas and gradients)")
+                                                        "(compression applies to deltas and gradients); allowed: "
+                                                        f"{off!r} with payload {self.payload!r}, or payload 'delta' or "
+                                                        "'gradient'")
         if self.payload == "gradient":
             for name, value in GRADIENT_NEEDS.items():
                 if getattr(self, name) != value:

@@ -194,6 +194,18 @@ def test_one_objective_export_honours_limit_and_says_what_pareto_wrote(tmp_path,
     assert p.returncode == 0 and p.stdout.strip() == "wrote 1 Pareto-optimal policy to front/ (one objective: the best " \
                                                      "trial)", p.stdout
     assert [x.name for x in (tmp_path / "front").iterdir()] == ["trial-0000.json"]
+    # a trial an earlier export wrote that is no longer on the front is removed, and said (a folder of "the Pareto
+    # set" kept a dominated trial's policy); another study's file and the user's own are left, and said
+    stale = json.loads((tmp_path / "front" / "trial-0000.json").read_text()) | {"trial": 9}
+    (tmp_path / "front" / "trial-0009.json").write_text(json.dumps(stale))
+    (tmp_path / "front" / "trial-0003.json").write_text(json.dumps(stale | {"study": "another"}))
+    (tmp_path / "front" / "notes.json").write_text("{}")
+    p = cli(*base, "--pareto", "-o", "front", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and p.stdout.splitlines()[1:] == [
+        "removed trial-0009.json an earlier export of tiny wrote there: its trial is no longer Pareto-optimal"], p.stdout
+    assert p.stderr.strip() == "note: front/ also holds trial-0003.json not exported from tiny, left as it is", p.stderr
+    assert sorted(x.name for x in (tmp_path / "front").iterdir()) == ["notes.json", "trial-0000.json",
+                                                                     "trial-0003.json"]
 
 
 def test_export_to_a_folder_or_an_unwritable_path_is_one_line_naming_output(tmp_path, data_dir):

@@ -178,3 +178,51 @@ def test_a_storage_without_its_driver_says_what_to_install():
                 "psycopg 3 (pip install \"evomerge[postgres]\")") in str(e.value)
     else:
         assert "Connection refused" in str(e.value) or "connection" in str(e.value).lower()
+
+
+@pytest.mark.integration
+def test_an_nsga2_study_keeps_its_generation_size_when_resumed_with_more_trials(tmp_path):
+    """(Its generations were a third of each search's --n-trials: 4 at 10 trials, then 5 when resumed to 16, and the
+    first generation's breeding took in trials drawn at the new size.) The size binds as the first trials are asked,
+    in a real SQLite study; a resume with more trials breeds on at that size, and says so."""
+    import optuna
+
+    from evomerge.search import loop, storage
+
+    s = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
+    first = config.make_config(s, sampler="nsga2", n_trials=4, runs_dir=tmp_path / "runs")
+    first.study_dir.mkdir(parents=True)
+    store = storage.open_storage(first.storage)
+    ostudy = storage.load_or_create(first, store, asking=True)
+    assert ostudy.user_attrs[storage.NSGA_ATTR] == {"population": 4}
+    assert loop.nsga2_notes(first, ostudy) == [
+        "nsga2: --n-trials 4 is at most one generation of 4 trials: NSGA-II breeds from a generation once it is done, "
+        "so every trial is a random draw (more trials)"]
+    dists = {"mixing_weight": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    for k in range(4):  # the first generation, done
+        t = ostudy.ask(dists)
+        ostudy.tell(t, [0.5 + 0.01 * k, 100.0 - k])
+    more = config.make_config(s, sampler="nsga2", n_trials=30, runs_dir=tmp_path / "runs")  # a third of 30: 10
+    again = storage.load_or_create(more, storage.open_storage(more.storage), asking=True)
+    t = again.ask(dists)
+    gen = again.get_trials(deepcopy=False)[t.number].system_attrs[storage.NSGA_GENERATION]
+    assert gen == 1  # bred from the 4 (at 10 a generation: still the first)
+    assert loop.nsga2_notes(more, again) == [
+        "nsga2: study tiny's generations are of 4 trials, as its first NSGA-II search drew them (a third of its "
+        "--n-trials, 4 to 20; its trials hold their places in them)"]
+    # asked for another size: one line, before anything changes
+    other = config.make_config(s, sampler="nsga2", n_trials=30, nsga2_population=6, runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError) as e:
+        storage.load_or_create(other, storage.open_storage(other.storage), asking=True)
+    assert str(e.value) == ("--nsga2-population: 6; study tiny's NSGA-II generations are of 4 trials (its first NSGA-II "
+                            "search's: its trials hold their places in them); allowed: 4 or 0, or another [study] name "
+                            "or --runs-dir to start afresh")
+    for kwargs, line in (({"sampler": "nsga2", "nsga2_population": 1}, "--nsga2-population: 1 is out of range; "
+                                                                        "allowed: 0 (a third of --n-trials, 4 to 20) "
+                                                                        "or [2, inf)"),
+                         ({"sampler": "random", "nsga2_population": 8}, "--nsga2-population: 8 applies with --sampler "
+                                                                         "nsga2; this search's sampler is random; "
+                                                                         "allowed: --sampler nsga2, or leave it out")):
+        with pytest.raises(ConfigError) as e:
+            config.make_config(s, **kwargs)
+        assert str(e.value) == line

@@ -78,3 +78,21 @@ def test_a_converged_sampler_stops_the_search_in_one_line(tmp_path, data_dir):
     from searchutil import states
 
     assert states(tmp_path / "runs" / "one" / "optuna.db") == {"COMPLETE": 11}  # 1 trained, 10 reused, then stopped
+
+
+@pytest.mark.unit
+def test_policies_apart_only_in_fields_that_take_no_effect_share_a_key():
+    """(NSGA-II bred a trial apart from an earlier one only in p_intra on a complete graph, and an all-reduce apart
+    only in its topology's p_intra: both were trained again, and shown as two Pareto points.) The fields that take no
+    effect in a policy (evomerge.policy.no_effect, checked bit for bit by runs) do not part two keys."""
+    from evomerge.policy import MergePolicy
+    from evomerge.search.trial import policy_key
+
+    def key(**fields):
+        return policy_key(MergePolicy(**fields).to_dict(), {}, [0])
+
+    assert key(topology="complete", p_intra=0.66) == key(topology="complete", p_intra=0.99)
+    assert key(scheme="allreduce", topology="communities", p_intra=0.86) == key(scheme="allreduce", p_intra=0.93)
+    assert key(topology="communities", p_intra=0.66) != key(topology="communities", p_intra=0.99)
+    assert key(topology="complete", mixing_weight=0.5) != key(topology="complete", mixing_weight=0.6)
+    assert policy_key(MergePolicy().to_dict(), {"lr": 0.1}, [0]) != policy_key(MergePolicy().to_dict(), {}, [0])

@@ -360,3 +360,19 @@ def test_a_per_worker_step_budget_takes_no_note_of_a_long_time_budget():
     assert "every run takes them" in shared.budget_note(100)
     each = study.from_dict(_raw(environment={"time_budget": 1000.0, "step_time": 0.1, "step_budget": "per_worker"}))
     assert each.environment.step_budget == "per_worker" and each.budget_note(100) is None
+
+
+def test_a_fixed_policy_that_needs_a_searched_field_takes_the_search_s_values(tmp_path):
+    """(SlowMo's outer step fixed in [policy] with outer_every searched was refused: "study.policy.outer_every: 0 with
+    outer_optimizer 'sgd' over a gossip base ...; allowed: >= 1", the field named as though nothing drew it.) The
+    search's values fill it; unsearched, it is refused as before."""
+    base = ('[study]\nname = "s"\n[run]\nworkers = 4\nsteps = 20\n[policy]\nscheme = "gossip"\nouter_optimizer = "sgd"\n'
+            '[objectives]\nmetrics = ["val_accuracy"]\n')
+    f = tmp_path / "s.toml"
+    f.write_text(base + '[search.space]\nouter_every = { kind = "int", low = 2, high = 10 }\n')
+    s = study.load(f)
+    assert [p.name for p in s.search.space] == ["outer_every"] and s.policy.outer_every == 2
+    f.write_text(base + '[search.space]\nmixing_weight = { kind = "float", low = 0.1, high = 0.9 }\n')
+    with pytest.raises(ConfigError) as e:
+        study.load(f)
+    assert e.value.field == "study.policy.outer_every" and "allowed: >= 1, or scheme allreduce" in str(e.value)

@@ -127,7 +127,11 @@ def export_trial(study: Study, storage_url: str, out: Path, number: int) -> dict
     return doc | {"verdict_note": verdict_note(ostudy, number)}
 
 
-def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
+def export_pareto(study: Study, storage_url: str, out_dir: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """One file per Pareto-optimal trial (``trial-NNNN.json``); the files this study's earlier exports left there
+    for trials that are no longer on the front are removed (a folder of "the Pareto set" that kept a dominated
+    trial's policy was deployed as one). Returns the files written, those removed, and the ``trial-*.json`` files
+    of other studies, left as they are."""
     from ..search.results import pareto_trials, trial_summary
 
     ostudy = load_study_trials(study, storage_url)
@@ -141,7 +145,20 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> list[Path]:
         p.write_text(json.dumps(export_document(trial_summary(t, study), study, ostudy.user_attrs.get(fingerprint.ATTR),
                                                 ostudy.user_attrs.get("model_bytes")), indent=2))
         paths.append(p)
-    return paths
+    removed, others = [], []
+    for p in sorted(out_dir.glob("trial-*.json")):
+        if p in paths or not p.is_file():
+            continue
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("study") == study.name and "policy" in doc:
+            p.unlink()
+            removed.append(p)
+        else:
+            others.append(p)
+    return paths, removed, others
 
 
 def _diverged_note(ostudy) -> str:

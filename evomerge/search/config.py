@@ -19,7 +19,7 @@ from ..study import OBJECTIVES as _DIRECTIONS
 from ..study import Study
 from . import options as options_mod
 from .options import DEFAULTS, GRACE_PERIOD  # noqa: F401
-from .storage import HEARTBEAT_INTERVAL, default_storage, normalise_url  # noqa: F401
+from .storage import HEARTBEAT_INTERVAL, NSGA_ATTR, default_storage, normalise_url  # noqa: F401
 
 CMAES_CATEGORICALS = ("independent", "fixed")
 
@@ -40,10 +40,17 @@ def _tpe(cfg, seed):
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
 
 
+def nsga2_population(n_trials: int) -> int:
+    """NSGA-II's generation size for a first search of ``n_trials`` (a third of them, 4 to 20); a study keeps its
+    first NSGA-II search's (:data:`NSGA_ATTR`)."""
+    return max(4, min(20, n_trials // 3))
+
+
 def _nsga2(cfg, seed):
     import optuna
 
-    return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, cfg.n_trials // 3)))
+    return optuna.samplers.NSGAIISampler(seed=seed, population_size=cfg.nsga2_population or
+                                         nsga2_population(cfg.n_trials))
 
 
 def _random(cfg, seed):
@@ -197,6 +204,7 @@ class SearchConfig:
     grace_period: int
     backend: str  # how each trial's runs execute: backends.BACKENDS
     procs: int | None
+    nsga2_population: int = 0  # NSGA-II's generation size (a study keeps its first: search.storage); 0: from n_trials
 
     @property
     def study_dir(self) -> Path:
@@ -298,6 +306,12 @@ def make_config(study: Study, **options) -> SearchConfig:
     if opts["cmaes_popsize"] < 0 or opts["cmaes_popsize"] == 1:
         raise ConfigError("--cmaes-popsize", f"{opts['cmaes_popsize']} is out of range; allowed: 0 (N with --batch N, "
                                              "else 4 + 3 ln d for d numeric fields) or [2, inf)")
+    if opts["nsga2_population"] < 0 or opts["nsga2_population"] == 1:
+        raise ConfigError("--nsga2-population", f"{opts['nsga2_population']} is out of range; allowed: 0 (a third of "
+                                                "--n-trials, 4 to 20) or [2, inf)")
+    if opts["nsga2_population"] and sampler != "nsga2":
+        raise ConfigError("--nsga2-population", f"{opts['nsga2_population']} applies with --sampler nsga2; this "
+                                                f"search's sampler is {sampler}; allowed: --sampler nsga2, or leave it out")
     if opts["cmaes_restarts"] < 0:
         raise ConfigError("--cmaes-restarts", f"{opts['cmaes_restarts']} is out of range; allowed: [0, inf) restarts")
     if grace_period < 2:

@@ -58,6 +58,26 @@ def checked_setup(cfg: SearchConfig, data=None):
     return setup
 
 
+def nsga2_notes(cfg: SearchConfig, ostudy) -> list[str]:
+    """An NSGA-II search's generations (a third of the first search's --n-trials, 4 to 20, kept with the study:
+    :func:`evomerge.search.storage.kept_population`): said where this search's own --n-trials would give another
+    size, and where the search is one generation or less (every trial then a random draw)."""
+    from .config import nsga2_population
+    from .storage import kept_population
+
+    trials = ostudy.get_trials(deepcopy=False)
+    held = kept_population(ostudy.user_attrs, trials) if trials else None
+    size = held or cfg.nsga2_population or nsga2_population(cfg.n_trials)
+    notes = []
+    if held and held != (cfg.nsga2_population or nsga2_population(cfg.n_trials)):
+        notes.append(f"nsga2: study {cfg.study.name}'s generations are of {held} trials, as its first NSGA-II search "
+                     f"drew them (a third of its --n-trials, 4 to 20; its trials hold their places in them)")
+    if cfg.n_trials <= size:
+        notes.append(f"nsga2: --n-trials {cfg.n_trials} is at most one generation of {size} trials: NSGA-II breeds "
+                     "from a generation once it is done, so every trial is a random draw (more trials)")
+    return notes
+
+
 # -- the worker loop ---------------------------------------------------------------------------
 MODEL_BYTES = "model_bytes"  # the Optuna study's user attribute: one worker's parameters and buffers in float32
 # the Optuna study's user attribute: its CMA-ES generations' size and seed, fixed by its first CMA-ES trials (a
@@ -398,6 +418,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         warm = warmstart.apply(cfg, ostudy)
         start_notes = fail_gone(ostudy)  # a killed search's trials: failed and asked again now, not after the grace period
         start_notes += cma_notes
+        if cfg.sampler == "nsga2":
+            start_notes += nsga2_notes(cfg, ostudy)
     before = count_states(ostudy.get_trials(deepcopy=False))
     tracker = retry_setup(lambda: Tracker(uri, cfg.study.name, cfg.study_dir / "mlartifacts", study=cfg.study))
     finished = before.get("COMPLETE", 0) + before.get("PRUNED", 0)

@@ -95,6 +95,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("cmaes_categoricals", "independent", "cmaes: 'independent' (sampled at random) or 'fixed' (study values)"),
     Option("cmaes_restarts", 0, "cmaes: IPOP restarts with doubled population", int),
     Option("cmaes_popsize", 0, "cmaes: population size", int, shown="0, meaning --batch N's N, else 4 + 3 ln d for d numeric fields"),
+    Option("nsga2_population", 0, "nsga2: generation size", int,
+           shown="0, meaning a third of the first search's --n-trials, 4 to 20; a study keeps its first search's"),
     Option("grace_period", GRACE_PERIOD, "seconds without a heartbeat before another process fails a running trial "
                                          "and retries it", int),
     Option("backend", "inprocess", "inprocess (all workers in one process) or distributed (one process per worker, "

@@ -233,6 +233,21 @@ def file_lock(path: Path):
 
 
 # -- the study ----------------------------------------------------------------------------------
+def kept_population(attrs: dict, trials) -> int | None:
+    """The NSGA-II generation size of a stored study (``attrs``: its user attributes): its attribute, or (a study
+    searched before it was kept) the trials of its first generation where a later one began; None where neither
+    says."""
+    held = (attrs.get(NSGA_ATTR) or {}).get("population")
+    if held:
+        return int(held)
+    gens = [t.system_attrs.get(NSGA_GENERATION) for t in trials]
+    if any(isinstance(g, int) and g >= 1 for g in gens):
+        return sum(1 for g in gens if g == 0) or None
+    return None
+
+
+NSGA_GENERATION = "NSGAIISampler:generation"  # Optuna's trial system attribute
+NSGA_ATTR = "nsga2"  # the study's user attribute: {"population": its NSGA-II generations' size}
 STARTS = "starts"  # the study's user attribute: processes started per (trials then, worker), for their samplers' seeds
 
 
@@ -263,6 +278,17 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
         if [d.name.lower() for d in held.directions] != directions:
             optuna.delete_study(study_name=cfg.study.name, storage=storage)
             exists = False
+    if cfg.sampler == "nsga2" and exists:  # its generations keep their size (a resume with more trials grew them)
+        import dataclasses
+
+        held = kept_population(storage.get_study_user_attrs(storage.get_study_id_from_name(cfg.study.name)), trials)
+        if held and cfg.nsga2_population and cfg.nsga2_population != held:
+            raise ConfigError("--nsga2-population", f"{cfg.nsga2_population}; study {cfg.study.name}'s NSGA-II "
+                                                    f"generations are of {held} trials (its first NSGA-II search's: "
+                                                    f"its trials hold their places in them); allowed: {held} or 0, or "
+                                                    "another [study] name or --runs-dir to start afresh")
+        if held:
+            cfg = dataclasses.replace(cfg, nsga2_population=held)
     sampler, pruner = cfg.make_sampler(worker, resumed_at), cfg.make_pruner(total_steps)
     if exists:
         study = optuna.load_study(study_name=cfg.study.name, storage=storage, sampler=sampler, pruner=pruner)
@@ -285,6 +311,10 @@ def load_or_create(cfg: "SearchConfig", storage, worker: int = 0, total_steps: i
             before = int(starts.get(key, 0))
             starts[key] = before + 1
             study.set_user_attr(STARTS, starts)
+            if cfg.sampler == "nsga2" and not study.user_attrs.get(NSGA_ATTR):  # bound as its first trials are asked
+                from .config import nsga2_population
+
+                study.set_user_attr(NSGA_ATTR, {"population": cfg.nsga2_population or nsga2_population(cfg.n_trials)})
         if before:  # the first start of each keeps the seed a lone search has always had
             study.sampler = cfg.make_sampler(worker, resumed_at, before)
     if worker == 0:

@@ -418,10 +418,16 @@ def complete_trials(ostudy) -> list:
 
 def policy_key(policy: dict, run: dict, seeds) -> str:
     """What a trial's results depend on within one study (its fingerprint is the study's): the canonical
-    policy (fields that do not apply switched off, fitted to the workers), the searched run settings and the
-    seeds. Two trials with one key would train the same runs."""
+    policy (fields that do not apply switched off, fitted to the workers; the fields that take no effect in it,
+    :func:`evomerge.policy.no_effect`, at their defaults: a complete graph's ``p_intra`` changes nothing, and two
+    trials apart only there were both trained), the searched run settings and the seeds. Two trials with one key
+    would train the same runs."""
     import hashlib
     import json
 
-    doc = {"policy": {k: v for k, v in policy.items() if k != "name"}, "run": run, "seeds": list(seeds)}
+    from ..policy import MergePolicy, no_effect
+
+    idle, default = no_effect(policy), MergePolicy().to_dict()
+    canon = {k: (default[k] if k in idle and k in default else v) for k, v in policy.items() if k != "name"}
+    doc = {"policy": canon, "run": run, "seeds": list(seeds)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
