@@ -398,7 +398,9 @@ class _Objectives:
     @model_validator(mode="after")
     def _distinct(self) -> "_Objectives":
         if len(set(self.metrics)) != len(self.metrics):
-            raise ConfigError("study.objectives.metrics", "must list one or more distinct metrics")
+            twice = next(m for m in self.metrics if self.metrics.count(m) > 1)
+            raise ConfigError("study.objectives.metrics", f"lists {twice!r} more than once; allowed: one or more "
+                                                          "distinct metrics")
         return self
 
 
@@ -718,7 +720,7 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(str(path), f"invalid TOML: {e}") from None
+        raise ConfigError(str(path), f"invalid TOML: {e}{_toml_line(text, e)}") from None
     if _cluster_file(path):  # what evomerge calibrate writes: a cluster, not a study of the defaults on it
         raise ConfigError(str(path), "holds only an [environment] table: a cluster (as evomerge calibrate writes), not a "
                                      f"study; a study reads it with [environment] from = \"{path.name}\"")
@@ -746,6 +748,19 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
 
 
 _TOP = ("study", "data", "model", "run", "policy", "search", "objectives", "baselines", "environment")
+
+
+def _toml_line(text: str, e: Exception) -> str:
+    """The line a TOML error points at (``: line 31 reads 'speeds = [1, 2]'``), which names the key (a second
+    ``speeds`` was "Cannot overwrite a value (at line 31, column 12)", no key named)."""
+    import re
+
+    m = re.search(r"at line (\d+), column \d+", str(e))
+    lines = text.splitlines()
+    if not m or not 1 <= int(m[1]) <= len(lines) or not lines[int(m[1]) - 1].strip():
+        return ""
+    line = lines[int(m[1]) - 1].strip()
+    return f": line {m[1]} reads {line[:80] + ('...' if len(line) > 80 else '')!r}"
 
 
 def _fixed_policy(raw: dict) -> MergePolicy:

@@ -376,3 +376,19 @@ def test_a_fixed_policy_that_needs_a_searched_field_takes_the_search_s_values(tm
     with pytest.raises(ConfigError) as e:
         study.load(f)
     assert e.value.field == "study.policy.outer_every" and "allowed: >= 1, or scheme allreduce" in str(e.value)
+
+
+def test_a_key_given_twice_and_a_metric_listed_twice_are_named(tmp_path):
+    """(A second `speeds` was "invalid TOML: Cannot overwrite a value (at line 4, column 1)", and a metric listed twice
+    "must list one or more distinct metrics": neither named what was twice.)"""
+    f = tmp_path / "s.toml"
+    f.write_text('[study]\nname = "s"\n[environment]\nspeeds = "lognormal"\nspeeds = [1.0, 2.0]\n')
+    with pytest.raises(ConfigError) as e:
+        study.load(f)
+    assert str(e.value).endswith("invalid TOML: Cannot overwrite a value (at line 5, column 20): line 5 reads "
+                                 "'speeds = [1.0, 2.0]'"), str(e.value)
+    f.write_text('[study]\nname = "s"\n[objectives]\nmetrics = ["val_accuracy", "bytes", "bytes"]\n')
+    with pytest.raises(ConfigError) as e:
+        study.load(f)
+    assert str(e.value) == ("study.objectives.metrics: lists 'bytes' more than once; allowed: one or more distinct "
+                            "metrics")

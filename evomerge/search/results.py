@@ -287,10 +287,12 @@ def pick_one(ostudy, study: Study, tolerance: float | str | None = None, limits:
             raise ConfigError("--limit", f"{name}={bound:g} is out of range; allowed: [0, 1] for {name}, a fraction "
                                          f"(0.95, not 95)")
         k = names.index(name)
+        had = front
         front = [t for t in front if (t.values[k] <= bound if dirs[k] == "minimize" else t.values[k] >= bound)]
         if not front:
+            best = (min if dirs[k] == "minimize" else max)(t.values[k] for t in had)
             raise ConfigError("--limit", f"{name}={bound:g}: no {'complete' if len(names) == 1 else 'Pareto-optimal'} "
-                                         f"trial meets it")
+                                         f"trial meets it (the best has {name} {best:.4g})")
     bound_words = {"minimize": "at most", "maximize": "at least"}  # (a lower bound read "val_accuracy limited to 0.9")
     limited = (f", with {', '.join(f'{k} {bound_words[dirs[names.index(k)]]} {v:g}' for k, v in limits.items())}"
                if limits else "")
