@@ -488,6 +488,13 @@ def cmd_policy_validate(args) -> int:
     read_export(path)  # an exported file's "run": the optimiser and step size it was found with
     print(f"ok: {pol.describe()}")
     _merger_note(pol)
+    doc = json.loads(path.read_text())
+    fields = doc.get("policy", doc) if isinstance(doc, dict) else {}
+    if pol.scheme == "allreduce" and pol.outer_optimizer == "none" and isinstance(fields, dict) and \
+            "mixing_weight" not in fields:  # (a user's "average every 10 steps" took half of FedAvg's step, unsaid)
+        print(f"note: mixing_weight is not given: {pol.mixing_weight:g}, the default, moves each worker "
+              f"{'halfway' if pol.mixing_weight == 0.5 else 'part of the way'} to the average at each all-reduce; "
+              "complete averaging (FedAvg, the shipped fedavg and allreduce) is mixing_weight 1", file=sys.stderr)
     if pol.fragments > 1:  # (said "ok" to 8 fragments of a model of 4 tensors, which run then refused)
         strided = pol.fragment_pattern == "strided"
         print(f"note: {pol.fragments} {'strided ' * strided}fragments need a model of at least {pol.fragments} "

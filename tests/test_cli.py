@@ -246,6 +246,21 @@ def test_validate_describes_a_good_policy(tmp_path):
     assert cli.main(["policy", "validate", str(f)]) == 0
 
 
+def test_validate_says_an_all_reduce_without_mixing_weight_moves_halfway(tmp_path, capsys):
+    """(A user's {"scheme": "allreduce", "mean_interval": 10}, read as FedAvg, moved each worker halfway: the
+    gossip default 0.5, described as "a=0.5" and nothing more.)"""
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"scheme": "allreduce", "mean_interval": 10}))
+    assert cli.main(["policy", "validate", str(f)]) == 0
+    assert capsys.readouterr().err == ("note: mixing_weight is not given: 0.5, the default, moves each worker halfway "
+                                       "to the average at each all-reduce; complete averaging (FedAvg, the shipped "
+                                       "fedavg and allreduce) is mixing_weight 1\n")
+    for given in ({"mixing_weight": 0.5}, {"mixing_weight": 1.0}, {"outer_optimizer": "sgd"}):
+        f.write_text(json.dumps({"scheme": "allreduce", "mean_interval": 10} | given))
+        assert cli.main(["policy", "validate", str(f)]) == 0 and capsys.readouterr().err == ""
+    assert cli.main(["policy", "validate", "fedavg"]) == 0 and capsys.readouterr().err == ""
+
+
 def test_validate_takes_a_shipped_policys_name_as_run_does(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no file of that name here
     assert cli.main(["policy", "validate", "diloco"]) == 0
