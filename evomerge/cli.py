@@ -727,8 +727,9 @@ def cmd_run(args) -> int:
             if not 1 / STEP_SAID <= ratio <= STEP_SAID:
                 print(f"note: --against: the job's ranks computed {_ms(sum(means) / len(means))} a step on average, "
                       f"the clock's workers {_ms(clock)} (the study's [environment], step_time "
-                      f"{_ms(env.step_time)}; {ratio:.2f}x): the clock times another device or model (`evomerge "
-                      f"calibrate --from-trace {args.against}` fits this job's)", file=sys.stderr)
+                      f"{_ms(env.step_time)}; {ratio:.2f}x): the clock times steps other than this job's: another "
+                      f"device or model, or another job's load on the machine (`evomerge calibrate --from-trace "
+                      f"{args.against}` fits this job's)", file=sys.stderr)
         # the clock's known shortfall, said where the clock is short by SHORT_SAID or more (it was said of a clock
         # 0.4% short) and the Merger's share large enough to matter: the least share of the ranks (a rank that waits
         # for slower ones spends the waits, which the clock models, there)

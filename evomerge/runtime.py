@@ -689,6 +689,7 @@ class Merger:
         # seconds waited on peers and the network (collectives, payloads, answers) since the last step's record: the
         # trace's wait_s, which calibrate --from-trace takes from a step's time inside merger.step() (merge_time)
         self._wait_s = 0.0
+        self._wait_in_step = 0.0  # _wait_s as the last step() ended (waits after it, a checkpoint's drain, are out)
         self._built_at = _user_line()  # the loop's line that built it: where a warning at the exit points
         self.arrivals: list[list[int]] = []  # asynchronous DiLoCo, rank 0: the ranks of each batch of pushes it served
         if worker_group is not None:
@@ -920,11 +921,12 @@ class Merger:
                 torch.tensor([float(loss)], device=self.dev)
             kernel.score_step_(self.score, self.score_weight, value.to(self.dev))
         if self._trace is not None:  # (t: the wall clock as the loop's compute ended, for run --against)
-            rec = {"step": self.t, "compute_s": now - self._t_last, "t": time.time(), "wait_s": round(self._wait_s, 7)}
-            self._wait_s = 0.0
+            rec = {"step": self.t, "compute_s": now - self._t_last, "t": time.time(),
+                   "wait_s": round(self._wait_in_step, 7)}  # (the waits inside the last step(), whose time ends at _t_last)
             if loss is not None:
                 rec["loss"] = float(loss.detach().float().mean()) if isinstance(loss, torch.Tensor) else float(loss)
             self._write(rec)
+        self._wait_s = self._wait_in_step = 0.0
         self._check_stops("", waiting=False)
         if self._progress is not None:  # (a rank waiting for this one at the end or a checkpoint sees it move)
             self._progress.beat(self.t)
@@ -933,7 +935,7 @@ class Merger:
                 warnings.warn(f"step: called more than total_steps ({self.T}) times; the policy's merges stop there "
                               "(its schedule spans total_steps): give Merger(total_steps=) the loop's iterations",
                               stacklevel=5)  # the loop's line (_step, _leading, step, torch.no_grad's wrapper)
-            self._t_last = time.perf_counter()
+            self._t_last, self._wait_in_step = time.perf_counter(), self._wait_s
             return
         s = self.sched
         if s.scheme == "allreduce" and self.streaming:
@@ -966,7 +968,7 @@ class Merger:
             if plan_mod.slowmo_due(self.p, self.t):  # SlowMo: after this step's gossip, the
                 self._drain(final=False, meet=False)  # merges due by now done on every rank, an exact average and the outer step
                 self._allreduce(plan_mod.OUTER_AVERAGE, self.t, 1.0)
-        self._t_last = time.perf_counter()
+        self._t_last, self._wait_in_step = time.perf_counter(), self._wait_s
 
     @torch.no_grad()
     def finish(self) -> torch.nn.Module:
@@ -2406,6 +2408,7 @@ class Merger:
         """The fragment's sum has arrived (waited for here, within the timeout): its average, the outer step on it,
         and every block of the fragment moves ``1 - fragment_alpha`` of the way there; counters take the sum."""
         work, wire, frag, t0, sent = self._in_flight.pop(ev)
+        waited = self._wait_s
         if work is not None:
             self._collective(lambda: work, f"merge event {ev}")
         step, lay = int(self.sched.step[ev]), self.layout
@@ -2427,7 +2430,7 @@ class Merger:
         if self._trace is not None:
             self._write({"event": int(ev), "kind": "allreduce", "step": step, "bytes": 4 * wire.numel(),
                          "fragment": None if self.fragments is None else int(self.sched.fragment[ev]),
-                         "landed_step": self.t, "seconds": time.perf_counter() - t0})
+                         "landed_step": self.t, "seconds": time.perf_counter() - t0, "wire_s": self._wait_s - waited})
 
     def _settle_streams(self) -> None:
         """Wait (within the timeout) for every fragment in flight, without landing it: a checkpoint keeps the sums,

@@ -771,16 +771,20 @@ def _fixed_policy(raw: dict) -> MergePolicy:
     fixed = dict(_table(raw, "policy"))
     space = _table(raw, "search").get("space", {})
     space = space if isinstance(space, dict) else {}
+    filled: set[str] = set()
     for _ in range(len(space) + 1):
         try:
             return MergePolicy.from_dict(fixed, "study.policy")
         except ConfigError as e:
             name = e.field.removeprefix("study.policy.")
+            if name in filled:  # the search's own first value refused: said of the space, not as the user's [policy]
+                raise ConfigError(f"study.search.space.{name}", f"its first value {fixed[name]!r}, taken to check "
+                                                                f"[policy]: {e.message}") from None
             spec = space.get(name)
             first = (spec.get("low", (spec.get("choices") or [None])[0]) if isinstance(spec, dict) else None)
             if name in fixed or first is None:
                 raise
-            fixed[name] = first
+            fixed[name], _ = first, filled.add(name)
     return MergePolicy.from_dict(fixed, "study.policy")
 
 

@@ -152,7 +152,11 @@ def test_merge_time_is_added_to_the_step_after_each_boundary_where_a_worker_merg
     assert tl.completions[0].tolist() == pytest.approx([1.0, 2.0 + m, 3.0 + m])  # sent at its 1st boundary
     assert tl.completions[1].tolist() == pytest.approx([1.0, 2.0, 3.0 + m])  # landed at 1.5 s: applied at its 2nd
     assert tl.completions[2].tolist() == pytest.approx([1.0, 2.0, 3.0])  # no part in it
+    # landing as the receiver's step ends (no latency): applied at that boundary, and the step after it pays, once
+    # for that boundary's merges (it was charged a boundary late, sharing the next merge's charge)
     env = EnvSpec(step_time=1.0, merge_time=m)
+    tl, _ = timeline(env, MergePolicy(exchange="push"), 2, 4, events=[(1, 0, 1), (2, 1, 0)])
+    assert tl.completions[1].tolist() == pytest.approx([1.0, 2.0 + m, 3.0 + 2 * m, 4.0 + 2 * m])
     # an all-reduce every 2 steps: every worker pays it after each average (the last one ends the run)
     ar = MergePolicy(scheme="allreduce", mean_interval=2.0)
     free, _ = timeline(EnvSpec(step_time=1.0), ar, 4, 6)
@@ -160,6 +164,24 @@ def test_merge_time_is_added_to_the_step_after_each_boundary_where_a_worker_merg
     assert free.end == pytest.approx(6.0)
     assert paid.end == pytest.approx(6.0 + 2 * m)  # after steps 2 and 4 (the average after step 6 ends it)
     assert all(c.tolist() == pytest.approx([1, 2, 3 + m, 4 + m, 5 + 2 * m, 6 + 2 * m]) for c in paid.completions)
+
+
+def test_merge_time_charges_the_asynchronous_server_for_the_pushes_it_serves():
+    """Asynchronous DiLoCo's server (worker 0) does the work of each push it serves at its step boundary, as rank 0
+    of a Merger does: the step after that boundary pays merge_time (it was not charged, and ran as fast as a
+    worker that serves nothing)."""
+    m = 0.25
+    policy = MergePolicy(scheme="async", mean_interval=2.0, mixing_weight=1.0, outer_optimizer="nesterov",
+                         outer_lr=0.7, outer_momentum=0.9)
+    env = EnvSpec(step_time=1.0, speeds=(1.0, 1.0 / 1.5), latency=0.01, step_budget="per_worker")
+    free, _ = timeline(env, policy, 2, 6)
+    paid, _ = timeline(dataclasses.replace(env, merge_time=m), policy, 2, 6)
+    served = [a for a in paid.actions[1] if a.kind == clock.ASYNC]
+    assert served, paid.actions
+    # worker 0 pays at its own pushes before its last step's end, and at a boundary where it served worker 1's alone
+    own = [a.boundary for a in paid.actions[0] if a.kind == clock.ASYNC and a.boundary < 6]
+    extra = paid.completions[0][-1] - free.completions[0][-1]
+    assert extra > m * len(own) + 1e-9 and extra / m == pytest.approx(round(extra / m)), (extra, own)
 
 
 def test_one_straggler_slows_synchronous_allreduce_4x_but_not_nonblocking_gossip():

@@ -209,12 +209,16 @@ def test_one_objective_export_honours_limit_and_says_what_pareto_wrote(tmp_path,
     (tmp_path / "front" / "trial-0009.json").write_text(json.dumps(stale))
     (tmp_path / "front" / "trial-0003.json").write_text(json.dumps(stale | {"study": "another"}))
     (tmp_path / "front" / "notes.json").write_text("{}")
+    # the user's own --trial export there, and a --pareto file of another definition of the name: left, and said
+    (tmp_path / "front" / "trial-0007.json").write_text(json.dumps(stale | {"trial": 7, "picked_by": "--trial 7"}))
+    (tmp_path / "front" / "trial-0008.json").write_text(json.dumps(stale | {"trial": 8, "fingerprint": {"hash": "x"}}))
     p = cli(*base, "--pareto", "-o", "front", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0 and p.stdout.splitlines()[1:] == [
         "removed trial-0009.json an earlier export of tiny wrote there: its trial is no longer Pareto-optimal"], p.stdout
-    assert p.stderr.strip() == "note: front/ also holds trial-0003.json not exported from tiny, left as it is", p.stderr
-    assert sorted(x.name for x in (tmp_path / "front").iterdir()) == ["notes.json", "trial-0000.json",
-                                                                     "trial-0003.json"]
+    assert p.stderr.strip() == ("note: front/ also holds 3 files (trial-0003.json, trial-0007.json, trial-0008.json) "
+                                "not exported from tiny, left as they are"), p.stderr
+    assert sorted(x.name for x in (tmp_path / "front").iterdir()) == ["notes.json", "trial-0000.json", "trial-0003.json",
+                                                                     "trial-0007.json", "trial-0008.json"]
 
 
 def test_export_to_a_folder_or_an_unwritable_path_is_one_line_naming_output(tmp_path, data_dir):

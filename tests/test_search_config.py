@@ -226,3 +226,29 @@ def test_an_nsga2_study_keeps_its_generation_size_when_resumed_with_more_trials(
         with pytest.raises(ConfigError) as e:
             config.make_config(s, **kwargs)
         assert str(e.value) == line
+
+
+@pytest.mark.integration
+def test_an_nsga2_study_searched_before_its_size_was_kept_is_given_the_size_its_trials_show(tmp_path):
+    """A study whose NSGA-II trials came before the attribute: its first generation's complete trials (a failed one
+    in it is not counted: Optuna closes a generation at that many complete trials)."""
+    import optuna
+
+    from evomerge.search import storage
+
+    s = study.load(write_study(tmp_path, objectives=("val_accuracy", "bytes")))
+    cfg = config.make_config(s, sampler="nsga2", n_trials=12, runs_dir=tmp_path / "runs")
+    cfg.study_dir.mkdir(parents=True)
+    url = cfg.storage
+    old = optuna.create_study(study_name="tiny", storage=url, directions=["maximize", "minimize"],
+                              sampler=optuna.samplers.NSGAIISampler(seed=0, population_size=4))
+    dists = {"mixing_weight": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    t = old.ask(dists)
+    old.tell(t, state=optuna.trial.TrialState.FAIL)
+    for k in range(5):
+        t = old.ask(dists)
+        old.tell(t, [0.5 + 0.01 * k, 100.0 - k])
+    trials = old.get_trials(deepcopy=False)
+    assert [x.system_attrs[storage.NSGA_GENERATION] for x in trials] == [0, 0, 0, 0, 0, 1]
+    assert storage.kept_population({}, trials) == 4
+    assert storage.kept_population({storage.NSGA_ATTR: {"population": 7}}, trials) == 7

@@ -376,6 +376,11 @@ def test_a_fixed_policy_that_needs_a_searched_field_takes_the_search_s_values(tm
     with pytest.raises(ConfigError) as e:
         study.load(f)
     assert e.value.field == "study.policy.outer_every" and "allowed: >= 1, or scheme allreduce" in str(e.value)
+    f.write_text(base + '[search.space]\nouter_every = { kind = "int", low = 0, high = 10 }\n')
+    with pytest.raises(ConfigError) as e:
+        study.load(f)
+    assert e.value.field == "study.search.space.outer_every" and str(e.value).startswith(
+        "study.search.space.outer_every: its first value 0, taken to check [policy]: 0 with outer_optimizer 'sgd'"), e.value
 
 
 def test_a_key_given_twice_and_a_metric_listed_twice_are_named(tmp_path):

@@ -386,7 +386,8 @@ class Simulation:
         self.barrier_at: tuple[int, int] | None = None  # (event, boundary) of the all-reduce being waited for
         self.step_seq = [0] * W  # each worker's step number: an "end" event of a dropped step is stale
         self.merge_time = float(getattr(env, "merge_time", 0.0) or 0.0)
-        self.charged = [0] * W  # merge_time: each worker's actions up to here have been charged to a step
+        self.owed = [False] * W  # merge_time: the worker merged at a boundary whose step has not paid for it yet
+        self.charged_at = [-1] * W  # the last boundary whose merge work a step paid for
         check_backup_workers(policy, W)
         self.backups = policy.backup_workers
         self.dropped: dict[int, tuple[int, ...]] = {}  # all-reduce event -> the late workers left out of it
@@ -448,6 +449,24 @@ class Simulation:
         self.cancelled: set[int] = set()  # swaps whose peer had given its model away: the model went back
 
     # -- what the events do ---------------------------------------------------------------------------------
+    def _act(self, a: Action) -> None:
+        """Record worker ``a.worker``'s action; it owes ``merge_time`` for that boundary's work (:meth:`_owe`)."""
+        self.actions[a.worker].append(a)
+        self._owe(a.worker, a.boundary)
+
+    def _owe(self, w: int, boundary: int) -> None:
+        """Worker ``w`` worked at a merge at ``boundary``: the step after it pays ``merge_time``, once per boundary.
+        Where that step is already under way (it began at this instant, as a payload landed there), it ends later."""
+        if not self.merge_time or boundary <= self.charged_at[w]:
+            return
+        if self.busy[w] and boundary == self.done[w]:  # (the step under way began at this boundary, at this instant)
+            self.step_end[w] += self.merge_time
+            self.step_seq[w] += 1  # its end event moves: the one pushed is stale
+            self.push(self.step_end[w], "end", (w, self.step_seq[w]))
+            self.charged_at[w] = boundary
+        else:
+            self.owed[w] = True
+
     def push(self, t, kind, data) -> None:
         heapq.heappush(self.heap, (t, self.seq, kind, data))
         self.seq += 1
@@ -464,9 +483,9 @@ class Simulation:
                 self.idle_since[w] = t
             return
         d = self.compute.duration(w, self.done[w] + 1)
-        if self.merge_time and len(self.actions[w]) > self.charged[w]:  # it merged at this boundary (or while idle
-            d += self.merge_time                                         # before it): its own work, then the step
-            self.charged[w] = len(self.actions[w])
+        if self.owed[w]:  # it merged at this boundary (or at the one before, applied at its step's end): that work first
+            d += self.merge_time
+            self.owed[w], self.charged_at[w] = False, self.done[w]
         if t + d > self.budget:
             self.finished[w] = True
             return
@@ -672,7 +691,7 @@ class Simulation:
             at, boundary = t, self.done[j]
         if at > self.end or (self.busy[j] and at > self.budget):
             return
-        self.actions[j].append(Action(j, boundary, at, e, what, sent=t_sent, landed=t, late=int(held)))
+        self._act(Action(j, boundary, at, e, what, sent=t_sent, landed=t, late=int(held)))
         swap = e in self.swaps
         if swap and self.policy.swap_recency and e not in self.cancelled:
             heapq.heappush(self.swap_steps, (at, e, what, j, boundary))
@@ -720,7 +739,7 @@ class Simulation:
             if not self.env.time_budget and self.total >= self.need:
                 self.work_done(t)  # the step budget's work is done (the late workers' steps count)
         for v in range(W):
-            self.actions[v].append(Action(v, k, t_done, e, ALLREDUCE))
+            self._act(Action(v, k, t_done, e, ALLREDUCE))
             self.idle_spans[v].append((self.barrier[v], t_done))
             self.send_spans[v].append((t_all, t_done))
         self.barrier.clear()
@@ -746,7 +765,9 @@ class Simulation:
             heap[:] = [x for x in heap if not (x[0] == t and x[2] in ("server", "serve"))]
             heapq.heapify(heap)
         for e, w, k, t_sent in sorted([data] + [x[3] for x in now], key=lambda b: b[1]):
-            self.actions[w].append(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
+            self._act(Action(w, k, t, e, ASYNC, sent=t_sent, landed=t))
+            if w != S:  # the server's own work at its boundary (its step ending now: the one after it)
+                self._owe(S, self.done[S] + (1 if self.busy[S] and self.step_end[S] <= t else 0))
             if w == S:
                 self.push(t, "pulled", w)
             else:
@@ -765,7 +786,7 @@ class Simulation:
                 else:
                     self.parked.setdefault(e, []).append(w)
                 return
-            self.actions[w].append(Action(w, k, t, e, AR_APPLY))
+            self._act(Action(w, k, t, e, AR_APPLY))
         evs = self.fire.get((w, k), ())
         if self.asynchronous and evs:  # push the model to the server (worker 0's node) over this worker's link to it
             e, S = evs[0], self.SERVER
@@ -779,7 +800,7 @@ class Simulation:
         if self.allreduce and evs and self.delay:  # Streaming DiLoCo: the fragment travels while training goes on
             e = evs[0]
             frag = int(sched.fragment[e]) if sched.fragment is not None else None
-            self.actions[w].append(Action(w, k, t, e, AR_SEND))
+            self._act(Action(w, k, t, e, AR_SEND))
             self.due_landing[(w, k + self.delay)] = e
             bar = self.streams.setdefault(e, {})
             bar[w] = t
@@ -817,7 +838,7 @@ class Simulation:
                     if a.boundary == k and a.time == t and a.event > e and a.kind in (LAND, REPLY):
                         late = 1
                         break
-            self.actions[w].append(Action(w, k, t, e, SEND, late=late))
+            self._act(Action(w, k, t, e, SEND, late=late))
             self.sends.append((t, (cost.swap() if swap else cost.pair(w, j)) + cost.data
                                + (cost.gather(self.W) if self.gathers else 0)))
             # decided by similarity: the payload (taken now) leaves once the others' sketches are in
@@ -904,7 +925,7 @@ class Simulation:
                 self.at_boundary(w, t)
             elif kind == "landed":  # a streamed fragment a worker waited for has landed: apply it, go on
                 w, e = data
-                self.actions[w].append(Action(w, self.done[w], t, e, AR_APPLY))
+                self._act(Action(w, self.done[w], t, e, AR_APPLY))
                 self.idle_spans[w].append((self.parked_at.pop(w), t))
                 self.at_boundary(w, t, applied=True)
             elif kind == "server":  # a push has landed: served at worker 0's next step boundary (now if between steps)

@@ -146,6 +146,8 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> tuple[list[P
                                                 ostudy.user_attrs.get("model_bytes")), indent=2))
         paths.append(p)
     removed, others = [], []
+    stored = ostudy.user_attrs.get(fingerprint.ATTR)  # (the fingerprint export_document writes)
+    mine = (stored if isinstance(stored, dict) and "summary" in stored else fingerprint.of(study)).get("hash")
     for p in sorted(out_dir.glob("trial-*.json")):
         if p in paths or not p.is_file():
             continue
@@ -153,7 +155,10 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> tuple[list[P
             doc = json.loads(p.read_text())
         except (OSError, ValueError):
             doc = None
-        if isinstance(doc, dict) and doc.get("study") == study.name and "policy" in doc:
+        # an earlier --pareto's file of this stored study (not a --trial or best export, which names its pick; not
+        # another study of the name, in another store or of another definition)
+        if isinstance(doc, dict) and doc.get("study") == study.name and "policy" in doc and "picked_by" not in doc \
+                and mine is not None and (doc.get("fingerprint") or {}).get("hash") == mine:
             p.unlink()
             removed.append(p)
         else:

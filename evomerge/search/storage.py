@@ -235,14 +235,15 @@ def file_lock(path: Path):
 # -- the study ----------------------------------------------------------------------------------
 def kept_population(attrs: dict, trials) -> int | None:
     """The NSGA-II generation size of a stored study (``attrs``: its user attributes): its attribute, or (a study
-    searched before it was kept) the trials of its first generation where a later one began; None where neither
+    searched before it was kept) the complete trials of its first generation where a later one began (Optuna closes a
+    generation at that many complete trials: pruned, failed and running ones do not count); None where neither
     says."""
     held = (attrs.get(NSGA_ATTR) or {}).get("population")
     if held:
         return int(held)
     gens = [t.system_attrs.get(NSGA_GENERATION) for t in trials]
     if any(isinstance(g, int) and g >= 1 for g in gens):
-        return sum(1 for g in gens if g == 0) or None
+        return sum(1 for t, g in zip(trials, gens) if g == 0 and t.state.name == "COMPLETE") or None
     return None
 
 
