@@ -627,6 +627,16 @@ def job_start(directory: str | os.PathLike, where: str = "--against") -> dict:
     return recs[0][0] if recs[0] else {}
 
 
+def jobs_held(directory: str | os.PathLike) -> int:
+    """How many jobs rank 0's trace in a folder holds (a ``Merger`` appends: each job's first record holds its
+    ``model_bytes``); 0 where it cannot be read."""
+    try:
+        with open(Path(directory) / "rank-0.jsonl", encoding="utf-8") as f:
+            return sum(1 for line in f if '"model_bytes"' in line)
+    except OSError:
+        return 0
+
+
 def job_policy(first: dict) -> tuple[dict | None, int | None]:
     """The policy (its fields) and seed a ``Merger`` job ran, from its traces' first record (:func:`job_start`);
     None for a trace of an evomerge that did not write them."""

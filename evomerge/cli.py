@@ -710,7 +710,11 @@ def cmd_run(args) -> int:
             return 1
         print(f"against {args.against}: the job took {seconds:.4g} s for {T} steps a rank on {W} ranks (its first "
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
-        from .calibrate import _ms, job_figures
+        from .calibrate import _ms, job_figures, jobs_held
+
+        if jobs_held(args.against) > 1:  # (calibrate said it; run --against did not)
+            print(f"note: --against: {args.against} holds {jobs_held(args.against)} jobs (a Merger appends): the last "
+                  "one is held to the clock", file=sys.stderr)
 
         shares, means = job_figures(args.against)
         # the job's own compute against the cluster's: a file timed on another device or model explains an error
@@ -829,8 +833,13 @@ def _against(args, study, policy, seed):
             theirs = None  # (a policy of another evomerge's fields: not compared)
         mine = what_merges(policy.to_dict())
         if theirs is not None and theirs != mine:  # (one rule with the Merger's resume: what two policies share)
-            raise ConfigError("--against", f"the job ran another policy ({_differences(theirs, mine, 'in the job')}): "
-                                           "its time is not the job's; allowed: --policy the policy the job ran")
+            from .calibrate import jobs_held
+
+            n = jobs_held(args.against)
+            held = f" (the folder holds {n} jobs, a Merger appending: the last one's)" if n > 1 else ""
+            raise ConfigError("--against", f"the job{held} ran another policy "
+                                           f"({_differences(theirs, mine, 'in the job')}): its time is not the job's; "
+                                           "allowed: --policy the policy the job ran")
     if ran_seed is not None and ran_seed != seed:
         print(f"note: --against: the job ran seed {ran_seed}, this run seed {seed}: its merges are drawn otherwise "
               "(without --seed it takes the job's)", file=sys.stderr)
@@ -841,7 +850,8 @@ def _against(args, study, policy, seed):
                                        f"{policy.scheme!r}; allowed: a job of overlap 'nonblocking' or 'blocking'")
     if overlap in ("nonblocking", "blocking") and overlap != env.overlap and policy.scheme == "gossip":
         print(f"note: --against: the job's Merger ran overlap {overlap!r}; the clock takes it (the study's "
-              f"[environment] says {env.overlap!r})", file=sys.stderr)
+              f"[environment] has {env.overlap!r}, {'the default' if env.overlap == 'nonblocking' else 'its own'})",
+              file=sys.stderr)
         env = dataclasses.replace(env, overlap=overlap)
     if isinstance(env.speeds, str) and env.speeds != "equal":  # (calibrate --fit: a model of many clusters' speeds)
         print(f"note: --against: the study's speeds are drawn from a model ({env.speeds}), not the job's ranks' own: "

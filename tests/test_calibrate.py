@@ -889,7 +889,7 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
     first = json.loads((trace / "rank-0.jsonl").read_text().splitlines()[0])
     assert first["overlap"] == "nonblocking" and first["ranks"] == 3 and first["policy"]["topology"] == "ring"
     for overlap, rc, said in (("blocking", 0, "note: --against: the job's Merger ran overlap 'blocking'; the clock "
-                                              "takes it (the study's [environment] says 'nonblocking')"),
+                                              "takes it (the study's [environment] has 'nonblocking', the default)"),
                               ("lockstep", 2, "error: --against: the job's Merger ran overlap 'lockstep' (every "
                                               "rank merges at the same steps, waiting for the others), which the "
                                               "clock does not model for scheme 'gossip'")):
@@ -1287,6 +1287,14 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
         later = [{k: (v + 3600 if k in ("t", "end") else v) for k, v in x.items()} for x in again]
         f.write_text(f.read_text() + "".join(json.dumps(x) + "\n" for x in later))
     assert calibrate.job_time(trace) == (2, [60, 60], pytest.approx(seconds))
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
+                     "--data-dir", str(data_dir), "--quiet", "--against", str(trace)]) == 0
+    assert f"note: --against: {trace} holds 2 jobs (a Merger appends): the last one is held to the clock" in \
+        capsys.readouterr().err
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", "ring-gossip", "--data-dir",
+                     str(data_dir), "--quiet", "--against", str(trace)]) == 2
+    assert one_line_error(capsys).startswith("error: --against: the job (the folder holds 2 jobs, a Merger appending: "
+                                             "the last one's) ran another policy (scheme 'allreduce' in the job")
     (trace / "rank-1.jsonl").write_text("".join(ln + "\n" for ln in (trace / "rank-1.jsonl").read_text().splitlines()
                                                 if '"end"' not in ln))
     assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
