@@ -162,7 +162,7 @@ def test_merge_time_is_added_to_the_step_after_each_boundary_where_a_worker_merg
     free, _ = timeline(EnvSpec(step_time=1.0), ar, 4, 6)
     paid, _ = timeline(env, ar, 4, 6)
     assert free.end == pytest.approx(6.0)
-    assert paid.end == pytest.approx(6.0 + 2 * m)  # after steps 2 and 4 (the average after step 6 ends it)
+    assert paid.end == pytest.approx(6.0 + 3 * m)  # after steps 2 and 4, and the average after step 6 before the end
     assert all(c.tolist() == pytest.approx([1, 2, 3 + m, 4 + m, 5 + 2 * m, 6 + 2 * m]) for c in paid.completions)
 
 

@@ -663,6 +663,10 @@ class Simulation:
         """Nothing is left in flight after the work was done: the run ends at the last merge applied (at the work's
         end if none was in flight), and so does its last round."""
         last = max((a.time for acts in self.actions for a in acts), default=self.t_work)
+        if self.merge_time:  # the work of a worker's last merges, which no step after them paid for (as a Merger's
+            # step() does it before finish())
+            last = max([last] + [self.actions[w][-1].time + self.merge_time for w in range(self.W)
+                                 if self.owed[w] and self.actions[w]])
         # and the last global model back at a worker (asynchronous DiLoCo: Merger's step() waits for it), and the
         # last streamed fragment's all-reduce (Merger.finish() settles those in flight)
         self.end = max(self.t_work, last, self.t_pulled, max(self.t_landed.values(), default=0.0))
