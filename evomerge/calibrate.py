@@ -785,7 +785,8 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
             bw[i][j] = math.sqrt(ends[0] * ends[1])
             n_pooled += 1
     n_alone = sum(1 for (_, _, _, t0, t1), tau in zip(transfers, alone) if tau >= (t1 - t0) * (1 - 1e-9))
-    notes = [f"transfers: a receive's arrival less the later of its send, its posting and the arrival of the one "
+    notes = [] if not transfers and not timeless else [  # (none at all: an all-reduce job's, said below)
+        f"transfers: a receive's arrival less the later of its send, its posting and the arrival of the one "
              f"before it on its link (wall clock), per link, counted as alone (the transfers in flight together share their ends as the clock shares them); {n_alone} of "
              f"{len(transfers)} had both ends to themselves; {n_lone_links} of {len(per_link)} links had "
              f"{LONE_ENOUGH} or more such and are fitted on those alone, {n_pooled} on the transfers at their two "
@@ -851,8 +852,9 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
     n_steps = sum(len(t) for t in steps)
     return Measured(steps, lat, bw, payload=payload, samples=samples if per_link else None, allreduce=allreduce,
                     links_from_allreduce=not per_link and allreduce is not None and W > 1, merge_time=merge_time,
-                    source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps (the first {warmup} "
-                           f"of each rank left out)" + (f", the last of the {jobs} jobs the traces hold (a Merger appends)"
+                    source=f"evomerge calibrate --from-trace {d}: {W} rank{'s' * (W != 1)}, {n_steps} steps ("
+                           + (f"{', '.join(str(len(t)) for t in steps)} a rank; " if W > 1 else "")
+                           + f"the first {warmup} of each rank left out)" + (f", the last of the {jobs} jobs the traces hold (a Merger appends)"
                                                     if jobs > 1 else ""), notes=notes)
 
 
@@ -931,7 +933,8 @@ def merge_work(recs: list[list[dict]], warmup: int = DEFAULTS["warmup"]
         return None, None, []
     notes = []
     if any(base):
-        notes.append("steps: each rank's compute_s plus its own time inside merger.step() at a step without a merge "
+        notes.append("steps (step_time, speeds and jitter are fitted on them): each rank's compute_s plus its own time "
+                     "inside merger.step() at a step without a merge "
                      f"(means: {', '.join(f'rank {r}: {_ms(b)}' for r, b in enumerate(base))}), as the job's steps "
                      "took them")
     if not per_rank:

@@ -310,7 +310,7 @@ def test_from_trace_refuses_a_trace_with_too_few_timed_steps_naming_what_to_chan
     assert not (tmp_path / "c.toml").exists()
     assert cli.main(["calibrate", "--from-trace", str(tmp_path / "ok"), "-o", str(tmp_path / "c.toml"),
                      "--warmup", "17"]) == 0
-    assert "3 timed steps" not in capsys.readouterr().err and "9 steps (the first 17 of each rank left out)" in \
+    assert "3 timed steps" not in capsys.readouterr().err and "9 steps (3, 3, 3 a rank; the first 17 of each rank left out)" in \
         (tmp_path / "c.toml").read_text()
     # what times a live calibration is refused with --from-trace (--steps, --slow-rank ... were ignored in silence)
     for extra in (["--steps", "80"], ["--slow-rank", "1", "--slow-factor", "3"], ["--study", "mnist-gossip"],
@@ -381,7 +381,8 @@ def test_from_trace_fits_merge_time_the_ranks_own_work_at_a_merge_less_their_wai
     assert m.merge_time == pytest.approx(0.003, rel=1e-6)
     # the time at a step without a merge is part of every step: each rank's compute plus its median there
     assert all(x == pytest.approx(0.0105) for t in m.step_times for x in t), m.step_times
-    assert "steps: each rank's compute_s plus its own time inside merger.step() at a step without a merge (means: " \
+    assert "steps (step_time, speeds and jitter are fitted on them): each rank's compute_s plus its own time inside " \
+           "merger.step() at a step without a merge (means: " \
            "rank 0: 0.5 ms, rank 1: 0.5 ms), as the job's steps took them" in m.notes, m.notes
     env, notes = calibrate.fit(m)
     assert env["merge_time"] == pytest.approx(0.003)

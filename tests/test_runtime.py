@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import re
 import os
 import subprocess
@@ -915,6 +916,23 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
         recs = [json.loads(ln) for ln in (tmp_path / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert [x["step"] for x in recs if "compute_s" in x] == list(range(1, 41))
         assert all(x["bytes"] > 0 for x in recs if x.get("kind") in ("send", "recv"))
+    # the job held to the clock as the example's job.toml says (a copy beside its train.py): calibrated from its own
+    # traces, its model the example's CNN (a user had to write a study and wrap the CNN to get there)
+    ex = tmp_path / "ex"
+    ex.mkdir()
+    for name in ("train.py", "job.toml"):
+        shutil.copy(ROOT / "examples" / "deploy" / name, ex / name)
+    cmd = [sys.executable, "-m", "evomerge.cli"]
+    r = subprocess.run(cmd + ["calibrate", "--from-trace", str(tmp_path / "trace"), "-o", str(ex / "cluster.toml")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "merge_time = " in (ex / "cluster.toml").read_text(), r.stderr
+    r = subprocess.run(cmd + ["run", "--study", str(ex / "job.toml"), "--policy", str(tmp_path / "best.json"),
+                              "--data-dir", str(data_dir), "--quiet", "--against", str(tmp_path / "trace")],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"^against .*: the job took ([\d.]+) s for 40 steps a rank on 2 ranks .* the clock says ([\d.]+) s, "
+                  r"([+-][\d.]+)% off$", r.stdout, re.M)
+    assert m and abs(float(m[3])) < 60, r.stdout  # (its own calibration: far off is a wrong clock, not load)
     # asynchronous DiLoCo found with dynamic local updates: the same example, each rank's speed on the command line;
     # found with SGD at 0.05 and trained with --optimizer adamw: AdamW's own default step size, not SGD's
     (tmp_path / "async.json").write_text(json.dumps({"trial": 4, "study": "s", "policy": POLICIES["async-diloco"] | {

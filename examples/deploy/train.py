@@ -29,7 +29,10 @@ from evomerge.runtime import read_policy_and_run
 
 
 def cnn() -> nn.Module:
+    """The example's model, on images of [N, 28, 28] as evomerge's studies give them (``job.toml`` beside this file
+    names it, so that ``evomerge run --against`` can hold this job's traces to the clock)."""
     return nn.Sequential(
+        nn.Unflatten(1, (1, 28)),  # [N, 28, 28] -> [N, 1, 28, 28]
         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10),
@@ -104,8 +107,8 @@ def main() -> int:
     holdout = None
     if evomerge.Merger.needs_holdout(policy):  # the winner test's examples, kept out of training
         held, mine = mine[:args.holdout_size], mine[args.holdout_size:]
-        holdout = (((data.train_x[held].float() / 255 - mean) / std).unsqueeze(1).to(dev), data.train_y[held].to(dev))
-    x_train = ((data.train_x[mine].float() / 255 - mean) / std).unsqueeze(1)
+        holdout = (((data.train_x[held].float() / 255 - mean) / std).to(dev), data.train_y[held].to(dev))
+    x_train = (data.train_x[mine].float() / 255 - mean) / std
     y_train = data.train_y[mine]
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=args.batch_size,
                                          shuffle=True, drop_last=True,
@@ -171,7 +174,7 @@ def main() -> int:
     if rank == 0:
         model.eval()
         with torch.no_grad():
-            xv = ((data.val_x.float() / 255 - mean) / std).unsqueeze(1).to(dev)
+            xv = ((data.val_x.float() / 255 - mean) / std).to(dev)
             acc = (model(xv).argmax(1).cpu() == data.val_y).float().mean().item()
         print(f"consensus val accuracy {acc:.4f} after {steps} steps per rank, {merger.merges} merges on rank 0, "
               f"{seconds:.1f} s to the consensus on {world} ranks ({kind}, lr {lr:g}"
