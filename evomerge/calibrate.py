@@ -858,14 +858,25 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                                                     if jobs > 1 else ""), notes=notes)
 
 
+def _step_records(rows: list[dict]) -> list[dict]:
+    """A rank's step records that say when the loop's compute ended (``t``)."""
+    return [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
+
+
+def _gaps(st: list[dict]) -> list[tuple[dict, float]]:
+    """Each step record with the rank's seconds inside ``merger.step()`` after it: from the record's ``t`` to the next
+    step's start (the next record's ``t`` less its ``compute_s``)."""
+    return [(a, max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"]))) for a, b in zip(st, st[1:])]
+
+
 def in_step(recs: list[list[dict]]) -> list[tuple[float, int, float | None]]:
     """Per rank: its seconds inside ``merger.step()`` (from a step's call, its record's ``t``, to the next step's
     start, that record's ``t`` less its ``compute_s``), over how many steps, and as a share of its time from its first
     step to its last (None where that is 0)."""
     out = []
     for rows in recs:
-        st = [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
-        gaps = [max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"])) for a, b in zip(st, st[1:])]
+        st = _step_records(rows)
+        gaps = [gap for _, gap in _gaps(st)]
         whole = float(st[-1]["t"]) - float(st[0]["t"]) if st else 0.0
         out.append((sum(gaps), len(gaps), sum(gaps) / whole if whole > 0 else None))
     return out
@@ -907,7 +918,7 @@ def merge_work(recs: list[list[dict]], warmup: int = DEFAULTS["warmup"]
     2026-12-07); ``merge_time`` None where too few steps had a merge."""
     per_rank, merged, plain, base, old = [], [], [], [], False
     for rows in recs:
-        st = [x for x in rows if "compute_s" in x and "kind" not in x and isinstance(x.get("t"), (int, float))]
+        st = _step_records(rows)
         if not st or any("wait_s" not in x for x in st):
             old = bool(st)
             break
@@ -917,8 +928,8 @@ def merge_work(recs: list[list[dict]], warmup: int = DEFAULTS["warmup"]
                 for key in ("step", "landed_step"):
                     if isinstance(x.get(key), int):
                         at.add(x[key])
-        own = {int(a["step"]): max(0.0, (float(b["t"]) - float(b["compute_s"])) - float(a["t"]) - float(b["wait_s"]))
-               for a, b in zip(st, st[1:]) if isinstance(a.get("step"), int) and a["step"] > warmup}
+        own = {int(a["step"]): max(0.0, gap - float(b["wait_s"]))  # (b: the next record, whose wait_s is a's step's)
+               for (a, gap), b in zip(_gaps(st), st[1:]) if isinstance(a.get("step"), int) and a["step"] > warmup}
         m = [v for k, v in own.items() if k in at]
         p = [v for k, v in own.items() if k not in at]
         base.append(_mean_of(p) if len(p) >= MIN_TIMED else 0.0)

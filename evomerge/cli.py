@@ -712,9 +712,10 @@ def cmd_run(args) -> int:
               f"step to its last finish()); the clock says {f.sim_time:.4g} s, {f.sim_time / seconds - 1:+.1%} off")
         from .calibrate import _ms, job_figures, jobs_held
 
-        if jobs_held(args.against) > 1:  # (calibrate said it; run --against did not)
-            print(f"note: --against: {args.against} holds {jobs_held(args.against)} jobs (a Merger appends): the last "
-                  "one is held to the clock", file=sys.stderr)
+        held = jobs_held(args.against)
+        if held > 1:  # (calibrate said it; run --against did not)
+            print(f"note: --against: {args.against} holds {held} jobs (a Merger appends): the last one is held to the "
+                  "clock", file=sys.stderr)
 
         shares, means = job_figures(args.against)
         # the job's own compute against the cluster's: a file timed on another device or model explains an error

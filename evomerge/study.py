@@ -784,7 +784,8 @@ def _fixed_policy(raw: dict) -> MergePolicy:
             first = (spec.get("low", (spec.get("choices") or [None])[0]) if isinstance(spec, dict) else None)
             if name in fixed or first is None:
                 raise
-            fixed[name], _ = first, filled.add(name)
+            fixed[name] = first
+            filled.add(name)
     return MergePolicy.from_dict(fixed, "study.policy")
 
 

@@ -48,10 +48,15 @@ def export_document(summary: dict, study: Study, stored: dict | None = None, mod
         "ran_on": summary.get("ran_on"),
         # what the trial's results depend on (the study's fingerprint): a replay of a study changed since says what
         # changed instead of holding its figures to the trial's
-        "fingerprint": stored if isinstance(stored, dict) and "summary" in stored else fingerprint.of(study),
+        "fingerprint": _fingerprint(study, stored),
         # one worker's parameters and buffers in float32: the model whose merges the search timed
         **({"model_bytes": int(model_bytes)} if isinstance(model_bytes, int) else {}),
     }
+
+
+def _fingerprint(study: Study, stored) -> dict:
+    """The fingerprint an export carries: the one kept with the Optuna study, else the study file's now."""
+    return stored if isinstance(stored, dict) and "summary" in stored else fingerprint.of(study)
 
 
 def _optimizer_settings(study: Study) -> dict:
@@ -146,8 +151,7 @@ def export_pareto(study: Study, storage_url: str, out_dir: Path) -> tuple[list[P
                                                 ostudy.user_attrs.get("model_bytes")), indent=2))
         paths.append(p)
     removed, others = [], []
-    stored = ostudy.user_attrs.get(fingerprint.ATTR)  # (the fingerprint export_document writes)
-    mine = (stored if isinstance(stored, dict) and "summary" in stored else fingerprint.of(study)).get("hash")
+    mine = _fingerprint(study, ostudy.user_attrs.get(fingerprint.ATTR)).get("hash")  # (what export_document writes)
     for p in sorted(out_dir.glob("trial-*.json")):
         if p in paths or not p.is_file():
             continue

@@ -56,6 +56,10 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+#: fields added to a study after studies were stored, left out of the summary at their defaults
+ADDED_LATER = {"environment.step_budget": "shared", "environment.merge_time": 0.0}
+
+
 def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
     """``corpus``: with the digest of a text study's corpus (read whole; left out where only the files beside the
     study are looked at)."""
@@ -82,10 +86,9 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
                 out[f"{field}_imports"] = f"{more[1][:16]} ({', '.join(more[0])})"
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
-    if out.get("environment.step_budget") == "shared":  # (the default, as every study before the field ran: their
-        del out["environment.step_budget"]              # hashes, and the runs kept by them, stay)
-    if out.get("environment.merge_time") == 0.0:  # (likewise: the default, before the field)
-        del out["environment.merge_time"]
+    for key, default in ADDED_LATER.items():  # at its default, as every study before the field ran: their hashes,
+        if key in out and out[key] == default:  # and the runs kept by them, stay
+            del out[key]
     policy = what_merges(_plain(study.policy))
     _flat("policy", policy, out)
     for p in study.search.space:
