@@ -1233,6 +1233,21 @@ def behind(folder: str | os.PathLike, ranks: list[int]) -> tuple[list[int], str]
     return (late, furthest[1]) if late else None
 
 
+def hung_line(codes: list[int | None], folder: str | os.PathLike, timeout: float) -> str:
+    """The line when the time is up (or the ranks still running are all the others gave up waiting on, their own
+    ``--timeout`` a moment before the launcher's): the ranks that have not reached the collective the others waited
+    at (those still running and those that left on their own timeout, exit ``PEER_GONE``), else those unfinished."""
+    hung = [r for r, c in enumerate(codes) if c is None]
+    late = behind(folder, [r for r, c in enumerate(codes) if c in (None, PEER_GONE)])
+    if late:  # the others wait for these at a collective they have not reached
+        waiting = [r for r, c in enumerate(codes) if c in (None, PEER_GONE) and r not in late[0]]
+        return (f"calibration rank{'s' if len(late[0]) > 1 else ''} {', '.join(map(str, late[0]))} did not reach "
+                f"{late[1]} within --timeout {timeout:g} s (rank{'s' if len(waiting) > 1 else ''} "
+                f"{', '.join(map(str, waiting))} waited there); stopped")
+    return (f"calibration rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} did not finish within "
+            f"--timeout {timeout:g} s; stopped")
+
+
 class PeerGone(Exception):
     """A collective or message failed: another rank is gone (its own failure is what to report)."""
 
@@ -1559,8 +1574,10 @@ def launch(args) -> int:
                 break
             if any(c not in (None, 0) for c in codes) and failed_at is None:
                 failed_at = time.monotonic()  # let the others find out and leave, briefly
-            if failed_at is not None and (all(c is not None for c in codes) or time.monotonic() - failed_at > 2):
-                own = [r for r, c in enumerate(codes) if c not in (None, 0, PEER_GONE)]
+            own = [r for r, c in enumerate(codes) if c not in (None, 0, PEER_GONE)]
+            gave_up = not own and None in codes and PEER_GONE in codes  # the others' own timeouts, on those running
+            if failed_at is not None and not gave_up and (all(c is not None for c in codes)
+                                                          or time.monotonic() - failed_at > 2):
                 r = own[0] if own else next(r for r, c in enumerate(codes) if c not in (None, 0))
                 last = _last_line(errs[r]) or f"exit status {codes[r]}"
                 if codes[r] == 2 and last.startswith("error: "):
@@ -1568,17 +1585,8 @@ def launch(args) -> int:
                 how = f"killed by signal {-codes[r]}" if codes[r] < 0 else f"exit {codes[r]}"
                 last = last.removeprefix("error: ").removeprefix(f"rank {r}: ")
                 raise RunError(f"calibration rank {r} failed ({how}): {last}")
-            if time.monotonic() > deadline:
-                hung = [r for r, c in enumerate(codes) if c is None]
-                late = behind(tmp, hung)
-                if late:  # the others wait for these at a collective they have not reached
-                    waiting = [r for r in hung if r not in late[0]]
-                    raise RunError(f"calibration rank{'s' if len(late[0]) > 1 else ''} {', '.join(map(str, late[0]))} "
-                                   f"did not reach {late[1]} within --timeout {args.timeout:g} s (rank"
-                                   f"{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} waited there); "
-                                   "stopped")
-                raise RunError(f"calibration rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} did not "
-                               f"finish within --timeout {args.timeout:g} s; stopped")
+            if time.monotonic() > deadline or (gave_up and time.monotonic() - failed_at > 2):
+                raise RunError(hung_line(codes, tmp, args.timeout))
             time.sleep(0.05)
         outs[0].seek(0)
         sys.stdout.write(outs[0].read())
