@@ -54,15 +54,24 @@ def unknown(value, allowed, more: str = "", noun: str = "") -> str:
     """The message for a value that is not one of ``allowed``: ``unknown 'x'; allowed: a, b`` (``noun``: ``unknown
     key 'x'``; ``more`` after the list), with the nearest allowed value when one is close (``; did you mean a?``)."""
     allowed = [str(a) for a in allowed]
-    return f"unknown {noun + ' ' if noun else ''}{value!r}; allowed: {', '.join(allowed)}{more}" + \
-        did_you_mean(value, allowed)
+    near = did_you_mean(value, allowed)
+    what = f"unknown {noun + ' ' if noun else ''}{value!r}"
+    if near and len(allowed) > LONG_LIST:  # the nearest before a long list, where it is read
+        return f"{what}{near} allowed: {', '.join(allowed)}{more}"
+    return f"{what}; allowed: {', '.join(allowed)}{more}{near}"
+
+
+LONG_LIST = 20  # allowed values past which the nearest comes first (a policy's 48 fields made it a 900-character line)
 
 
 def unknown_key(key: str, allowed) -> str:
     """The message for a key that is not one of ``allowed``, when the field's name already says which:
-    ``unknown key; allowed: a, b`` and the nearest."""
+    ``unknown key; allowed: a, b`` and the nearest (first, before a long list)."""
     allowed = [str(a) for a in allowed]
-    return f"unknown key; allowed: {', '.join(allowed)}" + did_you_mean(key, allowed)
+    near = did_you_mean(key, allowed)
+    if near and len(allowed) > LONG_LIST:
+        return f"unknown key{near} allowed: {', '.join(allowed)}"
+    return f"unknown key; allowed: {', '.join(allowed)}{near}"
 
 
 @contextlib.contextmanager
