@@ -1057,6 +1057,28 @@ def test_a_streaming_jobs_trace_fits_links_on_its_all_reduces_not_its_fragments_
     assert any(n.startswith("12 streamed fragments' all-reduces left out") for n in m.notes), m.notes
 
 
+def test_a_trace_of_streamed_fragments_alone_says_on_the_terminal_that_its_links_are_free(tmp_path, capsys):
+    """(A new user's Streaming DiLoCo job: the terminal said "no links" and the search on the file charged its
+    merges nothing for the network.) One note says why and where measured links go; the file has no link keys."""
+    write_trace(tmp_path / "tr", [])
+    for r in range(3):
+        with open(tmp_path / "tr" / f"rank-{r}.jsonl", "a") as f:
+            for ev in range(4):
+                f.write(json.dumps({"event": ev, "kind": "allreduce", "step": 4 * ev + 3, "bytes": 200_000,
+                                    "fragment": ev % 2, "landed_step": 4 * ev + 4, "seconds": 0.03}) + "\n")
+    assert cli.main(["calibrate", "--from-trace", str(tmp_path / "tr"), "-o", str(tmp_path / "c.toml")]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("no links"), out
+    assert err.count("\n") == 1 and err.startswith(
+        "note: links: the traces measure none (its merges are streamed fragments, whose all-reduces ran behind the "
+        "loop's compute): the file's links are free"), err
+    env = tomllib.loads((tmp_path / "c.toml").read_text())["environment"]
+    assert not {"latency", "bandwidth", "latency_matrix", "bandwidth_matrix"} & env.keys(), env
+    write_trace(tmp_path / "tr2", [(0, 1, 100_000, 1.0, 1.01)] * 3)  # a trace with a link: no such note
+    assert cli.main(["calibrate", "--from-trace", str(tmp_path / "tr2"), "-o", str(tmp_path / "c2.toml")]) == 0
+    assert "measure none" not in capsys.readouterr().err
+
+
 def test_from_trace_leaves_out_transfers_that_came_before_their_receive_was_posted(tmp_path):
     """A policy that sends faster than its link carries (gossip every step on 50 Mbit/s): a rank posts its receives
     a few events ahead, and a message whose bytes came before its receive was posted "arrives" at the posting, in no
