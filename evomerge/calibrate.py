@@ -841,7 +841,7 @@ def from_trace(directory: str | os.PathLike, warmup: int = DEFAULTS["warmup"]) -
                 payload = nbytes
                 notes.append("no point-to-point transfers: every link gets latency 0 and the bandwidth that gives "
                              "the all-reduce's time (2 (W-1)/W bytes / bandwidth)")
-    if W > 1 and not per_link and allreduce is None:  # the file's links are free: said where it is written
+    if W > 1 and not per_link and allreduce is None and not timeless:  # free links: said where it is written
         why = (f"its merges are streamed fragments, whose all-reduces ran behind the loop's compute" if streamed
                else "none of its merges went over the network")
         notes.append(f"{NOTE}links: the traces measure none ({why}): the file's links are free (no latency, "

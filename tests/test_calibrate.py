@@ -1155,6 +1155,24 @@ def test_a_recalibrated_cluster_file_is_named_in_one_short_line_by_search_status
         assert len(notes) == 1 and notes[0].startswith(
             "note: study 'calnet' changed since its trials ran: environment.from cluster.toml changed ("), notes
         assert notes[0].endswith("; its trials' figures are from before"), notes
+    # the [environment] written out in the study file instead, and (another study) the other way round: said so (it
+    # said "environment.from cluster.toml changed" of a study whose trials never read that file)
+    inline = f.read_text().replace('from = "cluster.toml"\n', "step_time = 0.01\n")
+    f.write_text(inline)
+    assert cli.main(["search", "--study", str(f), "--n-trials", "4", "--runs-dir", runs, "--quiet"]) == 2
+    line = one_line_error(capsys)
+    assert line.startswith("error: study calnet: [environment] is now written in the study file, not from "
+                           "cluster.toml ("), line
+    g = tmp_path / "other.toml"
+    g.write_text(inline.replace('name = "calnet"', 'name = "calnet2"'))
+    assert cli.main(["search", "--study", str(g), "--n-trials", "1", "--runs-dir", runs, "--quiet"]) == 0
+    g.write_text(g.read_text().replace("step_time = 0.01\n", 'from = "cluster.toml"\n'))
+    capsys.readouterr()
+    assert cli.main(["search", "--study", str(g), "--n-trials", "2", "--runs-dir", runs, "--quiet"]) == 2
+    line = one_line_error(capsys)
+    assert re.fullmatch(r"error: study calnet2: \[environment\] is now from cluster\.toml, not written in the study "
+                        r"file \((\w+, ){3}\w+ and \d+ more differ\) since its 1 stored trial; use another \[study\] "
+                        r"name or --runs-dir to start afresh", line), line
 
 
 def test_each_ranks_fields_give_its_measured_mean_step_and_a_far_one_is_said(tmp_path, capsys):

@@ -68,7 +68,7 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
     p = cli(*args, "--n-trials", "2", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 2
     assert p.stderr == ("error: study tiny: model.factory_source changed (slowmlp.py edited) since its 1 stored "
-                        "trials; use another [study] name or --runs-dir to start afresh\n"), p.stderr
+                        "trial; use another [study] name or --runs-dir to start afresh\n"), p.stderr
     assert states(db) == {"COMPLETE": 1}
     # an export made after the edit carries what the trials ran under: its replay names the change
     p = cli("export", "--study", str(f), "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
@@ -96,7 +96,7 @@ def test_a_users_model_file_changed_under_the_old_study_name_is_refused(tmp_path
     (d / "slowhelp.py").write_text("WIDTH = 16\n")
     p = cli(*args[:2], str(f), *args[3:], "--n-trials", "2", cwd=d, data_dir=data_dir)
     assert p.returncode == 2 and p.stderr == ("error: study tiny: model.factory_imports changed (slowhelp.py edited) "
-                                              "since its 1 stored trials; use another [study] name or --runs-dir to "
+                                              "since its 1 stored trial; use another [study] name or --runs-dir to "
                                               "start afresh\n"), p.stderr
 
 
@@ -144,7 +144,7 @@ def test_a_stored_study_with_a_trial_still_running_is_not_taken_for_one_whose_tr
     o.ask()  # RUNNING (another process's)
     edit_study(f, "score_samples = 8", "score_samples = 8\nlr = 0.5")
     cfg = make_config(study.load(f), runs_dir=tmp_path / "runs")
-    with pytest.raises(ConfigError, match=r"run.lr changed \(0.05 -> 0.5\) since its 1 stored trials; use another"):
+    with pytest.raises(ConfigError, match=r"run.lr changed \(0.05 -> 0.5\) since its 1 stored trial; use another"):
         storage.load_or_create(cfg, storage.open_storage(cfg.storage))
 
 

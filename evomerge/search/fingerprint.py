@@ -56,6 +56,9 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+#: the summary's name of the file an [environment] was read from (``from``), "" where the study file writes it
+FROM_FILE = "environment.from_file"
+
 #: fields added to a study after studies were stored, left out of the summary at their defaults
 ADDED_LATER = {"environment.step_budget": "shared", "environment.merge_time": 0.0}
 
@@ -86,6 +89,9 @@ def summary(study: "Study", corpus: bool = True) -> dict[str, Any]:
                 out[f"{field}_imports"] = f"{more[1][:16]} ({', '.join(more[0])})"
     env = getattr(study, "environment", None)
     _flat("environment", _plain(env) if env is not None else "none", out)
+    if env is not None:  # the file it was read from ("" where the study file writes it): words for the line that
+        src = getattr(study, "environment_from", None)  # says what changed, not hashed (a *_file)
+        out["environment.from_file"] = src[0] if src is not None else ""
     for key, default in ADDED_LATER.items():  # at its default, as every study before the field ran: their hashes,
         if key in out and out[key] == default:  # and the runs kept by them, stay
             del out[key]
@@ -153,10 +159,11 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
 
     env = getattr(study, "environment", None)
     unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
-    diff = changes(stored, now, unused)
+    diff = changes(stored, now, unused | {FROM_FILE})
     src = getattr(study, "environment_from", None)
-    if src is not None:  # a recalibrated cluster file: its name and the keys that moved, not each matrix in full
-        ref, own = src  # (own: the keys set beside `from`; every other one is the file's, dropped ones too)
+    was = stored.get(FROM_FILE)  # None: a study stored before the file was kept
+    if src is not None or was:  # the cluster file's keys that moved, not each matrix in full
+        ref, own = src if src is not None else ("", ())  # (own: the keys set beside `from`; the others the file's)
 
         def key_of(d: str) -> str | None:
             k = d.split(" ", 1)[0].removeprefix("environment.").split(".", 1)[0]
@@ -164,7 +171,11 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
         moved = [key_of(d) for d in diff if key_of(d)]
         if moved:
             said = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
-            diff = [f"environment.from {ref} changed ({said})"] + [d for d in diff if not key_of(d)]
+            head = (f"environment.from {ref} changed ({said})" if was is None or was == ref else
+                    f"[environment] is now from {ref}, not written in the study file ({said} differ)" if was == "" else
+                    f"[environment] is now written in the study file, not from {was} ({said} differ)" if not ref else
+                    f"environment.from changed ({was} -> {ref}: {said} differ)")
+            diff = [head] + [d for d in diff if not key_of(d)]
     return ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
 
 
@@ -190,6 +201,6 @@ def check(ostudy, cfg: "SearchConfig", n_trials: int, failed: int = 0) -> None:
                   "(they failed): the search goes on with the study as it is now", file=sys.stderr)
         elif shown and n_trials:
             afresh = "--runs-dir" if cfg.default_store else "--storage"
-            raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trials; "
+            raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trial{'s' * (n_trials != 1)}; "
                                                          f"use another [study] name or {afresh} to start afresh")
     ostudy.set_user_attr(ATTR, current)
