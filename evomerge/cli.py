@@ -1318,7 +1318,7 @@ def _print_transfer(result: dict) -> None:
 
 def cmd_status(args) -> int:
     from .search.results import best_trials, count_line, diverged, load_study
-    from .report.search_view import best_table, diverged_line, no_best_line
+    from .report.search_view import best_table, diverged_line, missed_line, no_best_line
 
     _quiet_libraries(mlflow=False)
     study = _load_stored(args)
@@ -1338,6 +1338,8 @@ def cmd_status(args) -> int:
     title = (f"{study.name}: top {len(best)}" if len(study.objectives) == 1
              else f"{study.name}: the {len(best)} Pareto-optimal trial{'s' if len(best) > 1 else ''}")
     _console().print(best_table(study, best, [], title=title))
+    if missed_line(study, best):
+        print(missed_line(study, best))
     stored = ostudy.user_attrs.get("verdict")  # the last search's verdict (search/verdict.py)
     if stored:
         from .search.verdict import render

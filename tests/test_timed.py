@@ -482,6 +482,14 @@ def test_a_target_never_reached_is_marked_missed_where_the_search_status_and_exp
     assert "(missed)" in p.stdout, p.stdout
     st = cli("status", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
     assert st.returncode == 0 and "(missed)" in st.stdout, st.stdout
+    # every trial in the table missed: the search and status say so once, and what tells them apart by time (a new
+    # user's search of 3 trials, each "(missed)", said nothing of it)
+    budget = study_mod.load(f).environment.time_budget
+    said = (f"note: no trial in the table reached val_accuracy 0.999 within the time budget ({budget:g} s) on every "
+            "seed: each is ranked by its penalty time (budget x (2 - best / target)), how close it came; a longer "
+            "study.environment.time_budget or an easier study.objectives.target tells them apart by time")
+    for out in (p.stdout, st.stdout):
+        assert " ".join(out.split()).count(said) == 1, out
     e = cli("export", "--study", str(f), "-o", str(tmp_path / "best.json"), cwd=tmp_path, data_dir=data_dir)
     assert e.returncode == 0 and re.search(r"wrote trial 0 \(time_to_target [\d.]+ \(missed\)\)", e.stdout), e.stdout
     budget = study_mod.load(f).environment.time_budget
@@ -503,6 +511,10 @@ def test_a_target_never_reached_is_marked_missed_where_the_search_status_and_exp
     s = study_mod.load(ok)
     assert missed(s, "time_to_target", 1.5) == "" and missed(s, "time_to_target", 2.5) == " (missed)"
     assert missed(s, "bytes", 2.5) == ""
+    from evomerge.report.search_view import missed_line
+
+    assert missed_line(s, [{"values": [2.5]}, {"values": [1.5]}]) == ""  # one reached it: no note
+    assert missed_line(s, [{"values": [2.5]}, {"values": [3.0]}]).startswith("note: no trial in the table reached")
 
 
 @pytest.mark.system

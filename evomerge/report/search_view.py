@@ -85,6 +85,22 @@ def diverged_line(numbers: list[int]) -> str:
             "(a loss went non-finite; kept off the best trials and the Pareto set)")
 
 
+def missed_line(study: Study, best: list[dict]) -> str:
+    """A note where every best trial's time to target is past the budget (the table's "(missed)" on each): ranked by
+    how close they came, and how to tell them apart by time; '' otherwise."""
+    if "time_to_target" not in study.objectives or not best:
+        return ""
+    at = study.objectives.index("time_to_target")
+    if not all(missed(study, "time_to_target", b["values"][at]) for b in best):
+        return ""
+    from ..engine.judge import penalty_words
+
+    return (f"note: no trial in the table reached {study.target_metric} {study.target:g} within the time budget "
+            f"({study.environment.time_budget:g} s) on every seed: each is ranked by its penalty time "
+            f"({penalty_words(study.target_metric)}), how close it came; a longer study.environment.time_budget or "
+            "an easier study.objectives.target tells them apart by time")
+
+
 def no_best_line(n_diverged: int) -> str:
     return "no completed trial yet" + (f" that did not diverge ({n_diverged} {DIVERGED})" if n_diverged else "")
 
@@ -229,6 +245,9 @@ class SearchView:
         baselines = result.baselines or []  # run at the search's end (search.loop.table_baselines)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
         out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} ({seeds_said(study.run.seeds)})"))
+        said = missed_line(study, result.best)
+        if said:
+            out.print(said, highlight=False)
         if result.verdict:
             from ..search.verdict import render
 
