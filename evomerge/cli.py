@@ -426,14 +426,19 @@ def _tracking_gone(e: BaseException) -> str | None:
 def _prog() -> str:
     """This command as its user can type it again: ``evomerge`` where that is the one the shell finds, else the
     path it was started by (the quick start's ``.venv/bin/evomerge``, its environment not activated: a printed
-    ``evomerge export ...`` was "command not found")."""
+    ``evomerge export ...`` was "command not found"), or ``python -m evomerge`` where it was started so."""
     import shlex
     import shutil
 
     argv0 = sys.argv[0] if sys.argv else ""
-    if Path(argv0).name != "evomerge":  # python -m evomerge.cli, or a caller's own main()
-        return "evomerge"
     found = shutil.which("evomerge")
+    if Path(argv0).name in ("cli.py", "__main__.py") and Path(argv0).parent.name == "evomerge":  # python -m
+        # evomerge(.cli): the environment's own script where the shell finds that one, else this interpreter's -m
+        if found and Path(found).parent == Path(sys.executable).parent:
+            return "evomerge"
+        return f"{shlex.quote(sys.executable)} -m evomerge"
+    if Path(argv0).name != "evomerge":  # a caller's own main()
+        return "evomerge"
     if found and Path(found).resolve() == Path(argv0).resolve():
         return "evomerge"
     return shlex.quote(argv0)

@@ -696,6 +696,17 @@ def test_the_next_commands_run_as_printed_where_evomerge_is_not_on_the_path(tmp_
     assert shlex.split(export)[:2] == [str(exe), "export"], line
     q = subprocess.run(export, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert q.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["policy"], q.stderr[-2000:]
+    # started as `python -m evomerge.cli` (no script on the PATH): the line says `python -m evomerge`, which runs
+    # (it said `evomerge export`, and `python -m evomerge` had no __main__)
+    (tmp_path / "best.json").unlink()
+    p = subprocess.run([sys.executable, "-m", "evomerge.cli", "search", "--study", str(tiny_study_file), "--n-trials",
+                        "1", "--no-verdict"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
+    export = re.sub(r" \(.*\)$", "", line.removeprefix("next: ").split("; ")[0])
+    assert shlex.split(export)[:4] == [sys.executable, "-m", "evomerge", "export"], line
+    q = subprocess.run(export, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert q.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["policy"], q.stderr[-2000:]
 
 
 @pytest.mark.integration
