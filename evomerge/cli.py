@@ -1157,6 +1157,13 @@ def cmd_search(args) -> int:
     _quiet_libraries(mlflow=False)
     study = _search_study(args)
     cfg = make_config(study, **from_args(args))  # every flag checked before seconds of importing MLflow and torch
+    if cfg.default_store:  # a new study here, whose search ran beside its file: it would start anew, unsaid
+        from .search.results import runs_beside
+
+        beside = runs_beside(study, cfg.storage)
+        if beside:
+            print(f"note: the runs folder beside the study file holds a search of {study.name!r}; this one starts "
+                  f"anew in {shown(cfg.storage)} (--runs-dir {beside} resumes that one)", file=sys.stderr)
     began = False
 
     def progress(event: str, **info) -> None:

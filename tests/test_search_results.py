@@ -161,6 +161,29 @@ def test_clamped_ranges_are_printed_by_search_and_status(tmp_path, data_dir):
     assert p.returncode == 0 and all(f"note: {n}" in p.stdout for n in s.notes), p.stdout
 
 
+def test_a_search_run_beside_its_study_file_is_found_from_the_folder_above(tmp_path, data_dir):
+    """(A new user searched in mine/, then ran `export --study mine/seq.toml` from the folder above: "no search
+    results ...; run `evomerge search` first", which would have started anew.) The line names the runs folder
+    beside the study file, which then works as said; a search from there says it starts anew and how to resume."""
+    f = write_study(tmp_path / "mine", name="beside")
+    assert cli("search", "--no-verdict", "--no-baselines", "--study", f.name, "--n-trials", "1", "--sampler", "random",
+               "--quiet", cwd=f.parent, data_dir=data_dir).returncode == 0
+    p = cli("export", "--study", "mine/beside.toml", "-o", "best.json", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 2 and p.stderr == (
+        f"error: --study: no search results for 'beside' in sqlite:///{tmp_path / 'runs' / 'beside' / 'optuna.db'}; the "
+        "runs folder beside the study file holds them: --runs-dir mine/runs (without it, runs/ in the folder the "
+        "command runs in)\n"), p.stderr
+    assert not (tmp_path / "runs").exists()  # (nothing made where the command ran)
+    p = cli("export", "--study", "mine/beside.toml", "--runs-dir", "mine/runs", "-o", "best.json", cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0 and json.loads((tmp_path / "best.json").read_text())["study"] == "beside", p.stderr
+    p = cli("search", "--no-verdict", "--no-baselines", "--study", "mine/beside.toml", "--n-trials", "1", "--sampler",
+            "random", "--quiet", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and p.stderr.startswith(
+        "note: the runs folder beside the study file holds a search of 'beside'; this one starts anew in "
+        f"sqlite:///{tmp_path / 'runs' / 'beside' / 'optuna.db'} (--runs-dir mine/runs resumes that one)\n"), p.stderr
+
+
 @pytest.mark.system
 def test_a_study_searched_from_its_own_file_elsewhere_is_opened_by_name(tmp_path, data_dir):
     """After `search --study /elsewhere/own.toml`, status, export, dashboard and ui take --study own-study; the

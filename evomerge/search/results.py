@@ -33,15 +33,41 @@ def load_study(study: Study, storage_url: str):
 
     from .storage import open_storage
 
-    missing = ConfigError("--study", f"no search results for {study.name!r} in {shown(storage_url)}; run `evomerge search` "
-                                     "first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)")
+    def missing() -> ConfigError:
+        beside = runs_beside(study, storage_url)
+        return ConfigError("--study", f"no search results for {study.name!r} in {shown(storage_url)}; " + (
+            f"the runs folder beside the study file holds them: --runs-dir {beside} (without it, runs/ in the folder "
+            "the command runs in)" if beside else
+            "run `evomerge search` first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)"))
+
     if not _may_hold(storage_url, study.name):
-        raise missing  # (opening it would write Optuna's tables, or a new file, behind a command that only reads)
+        raise missing()  # (opening it would write Optuna's tables, or a new file, behind a command that only reads)
     storage = open_storage(storage_url)
     try:
         return optuna.load_study(study_name=study.name, storage=storage)
     except KeyError:
-        raise missing from None
+        raise missing() from None
+
+
+def runs_beside(study: Study, storage_url: str) -> str | None:
+    """The ``runs`` folder beside the study's file, as the user can give it to ``--runs-dir``, where it holds the
+    study and ``storage_url`` (a SQLite file, as ``--runs-dir`` makes) is another that does not: the search ran in
+    the file's folder, this command elsewhere (a new user's export from the folder above said "run evomerge search
+    first", and a search there would have started anew)."""
+    import os
+
+    db = sqlite_file(storage_url)
+    if db is None or study.path is None or _may_hold(storage_url, study.name):
+        return None
+    runs = Path(study.path).parent / "runs"
+    there = runs / study.name / "optuna.db"
+    if not there.is_file() or there.resolve() == Path(db).resolve():
+        return None
+    names = _sqlite_studies(there)
+    if not names or study.name not in names:
+        return None
+    rel = os.path.relpath(runs)
+    return rel if not rel.startswith("..") else str(runs.resolve())
 
 
 def _may_hold(storage_url: str, name: str) -> bool:
