@@ -460,7 +460,8 @@ class MergePolicy:
             return (f"all workers average every local step's gradient before their update"
                     f"{comp.replace(', delta payload', ', compressed') if squeezed else ''}{extra}")
         if self.scheme == "async":
-            return (f"asynchronous DiLoCo: each worker pushes after {max(1, round(self.mean_interval))} local steps"
+            n = max(1, round(self.mean_interval))
+            return (f"asynchronous DiLoCo: each worker pushes after {'every local step' if n == 1 else f'{n} local steps'}"
                     f"{' (scaled by its speed)' if self.local_steps_by_speed else ''}, the server takes an outer "
                     f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}, every "
                     f"{self.momentum_every or 'W'} arrivals){extra}")
@@ -468,7 +469,8 @@ class MergePolicy:
             if any(getattr(self, k) != off for k, off in STREAMING_OFF.items()  # Streaming DiLoCo (one fragment
                    if k != "fragment_pattern" or self.fragments > 1):        # has no pattern)
                 strided = " strided" if self.fragment_pattern == "strided" and self.fragments > 1 else ""
-                extra = (f", streamed in {self.fragments}{strided} fragment{'s' * (self.fragments != 1)} (delay {self.fragment_delay} step{'s' * (self.fragment_delay != 1)}, "
+                how = f"in {self.fragments}{strided} fragments" if self.fragments > 1 else "whole"
+                extra = (f", streamed {how} (delay {self.fragment_delay} step{'s' * (self.fragment_delay != 1)}, "
                          f"alpha {self.fragment_alpha:.3g})") + extra
             if self.outer_optimizer != "none":  # DiLoCo / SlowMo
                 comp = comp.replace("delta payload", "compressed outer gradients")

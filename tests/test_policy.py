@@ -218,9 +218,18 @@ def test_the_words_say_no_field_that_takes_no_effect(fields):
     assert not said, said
 
 
+def test_asynchronous_diloco_pushing_after_every_step_says_so():
+    words = MergePolicy.from_dict({"scheme": "async", "outer_optimizer": "nesterov", "mean_interval": 1}).describe()
+    assert "each worker pushes after every local step, the server" in words, words
+    words = MergePolicy.from_dict({"scheme": "async", "outer_optimizer": "nesterov", "mean_interval": 4}).describe()
+    assert "each worker pushes after 4 local steps, the server" in words, words
+
+
 @pytest.mark.parametrize("fields, change, words", [
     ({"scheme": "allreduce", "mean_interval": 5, "mixing_weight": 0.8}, {"lerp": "random"}, "random lerp a=0.8"),
     ({"scheme": "none"}, {"stop_tol": 0.3}, "stops when updates stay below 0.3"),
+    # (a new user read "streamed in 1 fragment" and "pushes after 1 local steps")
+    ({"scheme": "allreduce", "outer_optimizer": "nesterov"}, {"fragment_alpha": 0.2}, "streamed whole (delay 0 steps"),
     ({"scheme": "none"}, {"data_exchange_k": 2}, "sends its 2 least confident examples"),
     ({"scheme": "none"}, {"retire_threshold": 0.3}, "retires examples confident above 0.3")])
 def test_the_words_say_what_changes_a_run(tmp_path, data_dir, fields, change, words):
