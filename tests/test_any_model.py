@@ -733,6 +733,9 @@ def test_a_search_on_a_users_recurrent_model_prints_no_warning_of_torchs_export(
                        cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
     assert r.returncode == 0, r.stderr
     assert "_flat_weights" not in r.stderr and "Warning:" not in r.stderr, r.stderr
+    # the header's line of how the steps run is one line in a log, however long vmap's refusal (it broke at 160)
+    (steps,) = [ln for ln in r.stderr.splitlines() if ln.startswith("  workers' steps: loop (vmap cannot batch it")]
+    assert len(steps) > 160 and "; trials in process on cpu" in steps, r.stderr
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'my-lstm-search' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("my-lstm-search")
     models = client.search_logged_models([exp.experiment_id])

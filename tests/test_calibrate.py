@@ -917,6 +917,7 @@ def test_from_trace_fits_a_merger_runs_traces(tmp_path, data_dir, capsys):
 
 
 @pytest.mark.system
+@pytest.mark.timeout(420)  # (two jobs of up to 150 s each, where the first is off)
 def test_a_gossip_jobs_trace_under_netlab_gives_the_tbf_rate(tmp_path, data_dir):
     """4 ranks of a Merger job (push-pull ring gossip every 10 steps, rank 3 a device 3x slower), each in its own
     network namespace with its own 50 Mbit/s link: the links fitted from the job's own trace are at the tbf rate,
@@ -956,10 +957,9 @@ def test_a_gossip_jobs_trace_under_netlab_gives_the_tbf_rate(tmp_path, data_dir)
         return abs(np.median(got) - rate) <= 0.1 * rate and all(abs(v - rate) <= 0.35 * rate for v in got)
 
     got = fitted(0)
-    if not near(got):  # a busy core delays a rank's wake-up, and a transfer only ever looks slower for it (one link
-        # came out 0.615x the rate beside a full suite's other worker): the faster of two runs, per link (timeit's
-        # min), and the bounds as they were
-        got = [max(a, b) for a, b in zip(got, fitted(1))]
+    if not near(got):  # a busy core delays a rank's wake-up and the transfers it times (one link came out 0.615x the
+        # rate beside a full suite's other worker): the job again, held to the same bounds
+        got = fitted(1)
     assert abs(np.median(got) - rate) <= 0.1 * rate, got
     for v in got:
         assert abs(v - rate) <= 0.35 * rate, got
@@ -1163,6 +1163,10 @@ def test_a_recalibrated_cluster_file_is_named_in_one_short_line_by_search_status
     line = one_line_error(capsys)
     assert line.startswith("error: study calnet: [environment] is now written in the study file, not from "
                            "cluster.toml ("), line
+    f.write_text(inline[:inline.index("[environment]")])  # none at all: not "written in the study file"
+    assert cli.main(["search", "--study", str(f), "--n-trials", "4", "--runs-dir", runs, "--quiet"]) == 2
+    line = one_line_error(capsys)
+    assert "written in the study file" not in line and "-> absent)" in line, line
     g = tmp_path / "other.toml"
     g.write_text(inline.replace('name = "calnet"', 'name = "calnet2"'))
     assert cli.main(["search", "--study", str(g), "--n-trials", "1", "--runs-dir", runs, "--quiet"]) == 0

@@ -92,7 +92,7 @@ def test_a_trial_runs_at_its_own_step_size_and_the_export_replays_it(tmp_path, d
     with pytest.raises(ConfigError) as e:
         evomerge.export(str(f), tmp_path / "t.json", runs_dir=tmp_path / "elsewhere")
     assert str(e.value).startswith("study: no search results for 'lr' in sqlite:") and str(e.value).endswith(
-        "say where it stored them (runs_dir or $EVOMERGE_RUNS_DIR, storage)"), e.value
+        f"the runs folder beside the study file holds them: runs_dir {tmp_path / 'runs'}"), e.value  # (the keyword)
     assert not (tmp_path / "elsewhere").exists()  # (nothing made where nothing was)
     with pytest.raises(ConfigError) as e:  # a path under a file: one line, as the command says it
         evomerge.export(res, tmp_path / "best.json" / "x.json")

@@ -538,7 +538,7 @@ BAD = [
     ("speeds", '"gauss"', "allowed: equal, lognormal, pareto"),
     ("speeds", "[1.0, 2.0]", "needs 4 positive speeds"),
     ("speeds", "[1.0, -1.0, 0.8, 1.2]", "speeds[1]: -1.0 is out of range; allowed: a speed > 0"),
-    ("frm", '"cluster.toml"', "time_budget, step_budget, from; did you mean from?"),
+    ("frm", '"cluster.toml"', "unknown key; did you mean from? allowed: "),  # (23 keys: the nearest first)
     ("latency_matrix", "[[0.0, 1.0], [1.0, 0.0]]", "must be 4 x 4"),
     ("overlap", '"sometimes"', "allowed: nonblocking, blocking"),
     ("step_budget", '"each"', "allowed: shared, per_worker"),

@@ -186,7 +186,10 @@ def test_a_search_on_a_tracking_server_prints_its_own_links_not_mlflows(tmp_path
     import shlex
 
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
-    export, ui, _ = (shlex.split(re.sub(r" \(.*\)$", "", c))[1:] for c in line.removeprefix("next: ").split("; "))
+    # (each command's words after the program, which is `python -m evomerge` where no evomerge is on the PATH)
+    export, ui, _ = ((t := shlex.split(re.sub(r" \(.*\)$", "", c)))[next(i for i, w in enumerate(t) if w in
+                                                                          ("export", "ui", "dashboard")):]
+                     for c in line.removeprefix("next: ").split("; "))
     assert "--tracking-uri" not in export and ui[-2:] == ["--tracking-uri", mlflow_server], line
     q = cli(*export, cwd=tmp_path, data_dir=data_dir)
     assert q.returncode == 0 and (tmp_path / "best.json").is_file(), q.stderr

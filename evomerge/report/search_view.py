@@ -157,7 +157,7 @@ class SearchView:
                    f"{extra}; {cfg.jobs} job(s)\n" + (f"  {warm}\n" if warm else "") + (f"  {ran}\n" if ran else "") +
                    f"  optuna: {shown(info['storage'])}\n  mlflow: {shown(info['tracking_uri'])}" +
                    "".join(f"\n  note: {n}" for n in [*cfg.study.notes, *info.get("notes", ())]))  # ranges clamped
-            self.err.print(msg, highlight=False)
+            self.err.print(msg, highlight=False, soft_wrap=True)  # (a log broke a long line of it at 160 columns)
             if self.bar is not None:
                 self.bar.__enter__()
                 self.task = self.bar.add_task("trials", total=cfg.n_trials, completed=min(self.done, cfg.n_trials), info="")

@@ -162,7 +162,7 @@ def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -
     diff = changes(stored, now, unused | {FROM_FILE})
     src = getattr(study, "environment_from", None)
     was = stored.get(FROM_FILE)  # None: a study stored before the file was kept
-    if src is not None or was:  # the cluster file's keys that moved, not each matrix in full
+    if env is not None and (src is not None or was):  # the cluster file's keys that moved, not each matrix in full
         ref, own = src if src is not None else ("", ())  # (own: the keys set beside `from`; the others the file's)
 
         def key_of(d: str) -> str | None:
@@ -197,7 +197,7 @@ def check(ostudy, cfg: "SearchConfig", n_trials: int, failed: int = 0) -> None:
         if shown and n_trials and failed == n_trials:
             import sys
 
-            print(f"note: study {cfg.study.name}: {shown} since its {n_trials} stored trials, none of which finished "
+            print(f"note: study {cfg.study.name}: {shown} since its {n_trials} stored trial{'s' * (n_trials != 1)}, none of which finished "
                   "(they failed): the search goes on with the study as it is now", file=sys.stderr)
         elif shown and n_trials:
             afresh = "--runs-dir" if cfg.default_store else "--storage"

@@ -36,8 +36,7 @@ def load_study(study: Study, storage_url: str):
     def missing() -> ConfigError:
         beside = runs_beside(study, storage_url)
         return ConfigError("--study", f"no search results for {study.name!r} in {shown(storage_url)}; " + (
-            f"the runs folder beside the study file holds them: --runs-dir {beside} (without it, runs/ in the folder "
-            "the command runs in)" if beside else
+            f"the runs folder beside the study file holds them: --runs-dir {beside}" if beside else
             "run `evomerge search` first, or say where it stored them (--runs-dir or $EVOMERGE_RUNS_DIR, --storage)"))
 
     if not _may_hold(storage_url, study.name):
@@ -56,9 +55,13 @@ def runs_beside(study: Study, storage_url: str) -> str | None:
     first", and a search there would have started anew)."""
     import os
 
+    import shlex
+
     db = sqlite_file(storage_url)
     if db is None or study.path is None or _may_hold(storage_url, study.name):
         return None
+    if Path(db).name != "optuna.db" or Path(db).parent.name != study.name:  # --storage's own file: --runs-dir
+        return None                                                          # would not be read
     runs = Path(study.path).parent / "runs"
     there = runs / study.name / "optuna.db"
     if not there.is_file() or there.resolve() == Path(db).resolve():
@@ -67,7 +70,7 @@ def runs_beside(study: Study, storage_url: str) -> str | None:
     if not names or study.name not in names:
         return None
     rel = os.path.relpath(runs)
-    return rel if not rel.startswith("..") else str(runs.resolve())
+    return shlex.quote(rel if not rel.startswith("..") else str(runs.resolve()))
 
 
 def _may_hold(storage_url: str, name: str) -> bool:
