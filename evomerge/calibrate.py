@@ -1586,6 +1586,8 @@ def launch(args) -> int:
             gave_up = not own and None in codes and PEER_GONE in codes  # the others' own timeouts, on those running
             if failed_at is not None and not gave_up and (all(c is not None for c in codes)
                                                           or time.monotonic() - failed_at > 2):
+                if not own and behind(tmp, [r for r, c in enumerate(codes) if c in (None, PEER_GONE)]):
+                    raise RunError(hung_line(codes, tmp, args.timeout))  # all gave up: on the ranks behind them
                 r = own[0] if own else next(r for r, c in enumerate(codes) if c not in (None, 0))
                 last = _last_line(errs[r]) or f"exit status {codes[r]}"
                 if codes[r] == 2 and last.startswith("error: "):

@@ -596,6 +596,7 @@ def test_the_rank_the_others_gave_up_on_is_named_whichever_timeout_came_first(tm
             "there); stopped")
     assert calibrate.hung_line([calibrate.PEER_GONE, None, calibrate.PEER_GONE], tmp_path, 30) == want
     assert calibrate.hung_line([None, None, None], tmp_path, 30) == want
+    assert calibrate.hung_line([calibrate.PEER_GONE] * 3, tmp_path, 30) == want  # rank 1 gave up too, stopped late
     assert calibrate.hung_line([0, None, 0], tmp_path, 30) == \
         "calibration rank 1 did not finish within --timeout 30 s; stopped"
 
