@@ -520,6 +520,8 @@ def summary(env: dict[str, Any], W: int, out) -> str:
         # 0 is an unlimited link
         bw = [v or math.inf for i, r in enumerate(env["bandwidth_matrix"]) for j, v in enumerate(r) if i != j]
         link = f"links {_us(_median(lat))}, {_rate(_median(bw))} (median)"
+        if not any(lat):  # (a trace's one message size: a new user read 0 us and a few MB/s on loopback as wrong)
+            link += "; latency 0: one message size cannot tell it apart, its cost is in the bandwidth"
     elif "latency" in env:
         link = f"links {_us(env['latency'])}, {_rate(env['bandwidth'] or math.inf)}"
         if "sites" in env:
