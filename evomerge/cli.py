@@ -1414,6 +1414,9 @@ def cmd_export(args) -> int:
                                       f"{out / 'best.json'}), or a folder with --pareto")
     if args.pareto and out.exists() and not out.is_dir():
         raise ConfigError("--output", f"{str(out)!r} is a file; allowed: a folder for --pareto's files")
+    if args.pareto and not out.exists() and out.suffix.lower() == ".json":  # (a new user's -o p.json made a folder)
+        raise ConfigError("--output", f"{str(out)!r} names a JSON file; allowed: a folder for --pareto's files, one "
+                                      f"per trial (e.g. {out.with_suffix('')})")
     folder = out if args.pareto else out.parent
     missing = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)  # the first to make
     replaced = None if args.pareto else _other_studys_export(out, study.name)

@@ -231,12 +231,15 @@ def test_export_to_a_folder_or_an_unwritable_path_is_one_line_naming_output(tmp_
         (str(tmp_path / "afile"), ["--pareto"], f"error: --output: {str(tmp_path / 'afile')!r} is a file; allowed: a "
                                                 f"folder for --pareto's files"),
         (str(tmp_path / "afile" / "x.json"), [], None),  # under a file: the folder cannot be made
+        (str(tmp_path / "p.json"), ["--pareto"], f"error: --output: {str(tmp_path / 'p.json')!r} names a JSON file; "
+                                                 f"allowed: a folder for --pareto's files, one per trial (e.g. "
+                                                 f"{tmp_path / 'p'})"),  # (it made a folder p.json/)
     ]:
         p = cli(*base, "-o", out, *extra, cwd=tmp_path, data_dir=data_dir)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1, p.stderr
         assert lines[0] == line if line else lines[0].startswith("error: --output: cannot write "), p.stderr
-    assert (tmp_path / "afile").read_text() == "x"  # nothing lost
+    assert (tmp_path / "afile").read_text() == "x" and not (tmp_path / "p.json").exists()  # nothing lost or made
 
 
 @pytest.mark.integration
