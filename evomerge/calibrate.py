@@ -45,6 +45,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -91,7 +92,8 @@ def add_options(p: argparse.ArgumentParser, launcher: bool) -> None:
     if launcher:
         p.add_argument("--procs", type=int, default=None,
                        help="ranks to start on this host (gloo on 127.0.0.1, a free port) (default: none; needed "
-                            "with --study)")
+                            "with --study, unless ranks are started by a launcher: python -m evomerge.calibrate under "
+                            "torchrun or netlab)")
         p.add_argument("--from-trace", default=None, metavar="DIR",
                        help="fit from a Merger's traces instead (DIR/rank-R.jsonl, trace=DIR) (default: none)")
     p.add_argument("--data-dir", default=None,
@@ -120,8 +122,9 @@ def add_options(p: argparse.ArgumentParser, launcher: bool) -> None:
                    help=f"every rank's step takes S seconds longer (it sleeps), as a device that slow (default: "
                         f"{d['step_sleep']})")
     p.add_argument("--slow-rank", type=int, default=d["slow_rank"], metavar="R",
-                   help=f"this rank sleeps after each step to take --slow-factor times its step (default: "
-                        f"{d['slow_rank']}, none)")
+                   help=f"this rank sleeps after each step to take --slow-factor times its step; ranks that "
+                        f"share a host's cores want a --step-sleep beside it, or the sleep speeds the others up "
+                        f"(default: {d['slow_rank']}, none)")
     p.add_argument("--slow-factor", type=float, default=d["slow_factor"], metavar="F",
                    help=f"see --slow-rank (default: {d['slow_factor']})")
 
@@ -1356,8 +1359,14 @@ class _RankParser(argparse.ArgumentParser):
     status in silence (not one usage per rank)."""
 
     def error(self, message):
-        if os.environ.get("RANK", "0") == "0":
-            super().error(message)
+        if os.environ.get("RANK", "0") == "0":  # one line, as the evomerge command's (it printed argparse's usage)
+            flag = re.match(r"unrecognized arguments: (-[\w-]+)", message)
+            if flag and flag[1] in ("--procs", "--from-trace"):  # (the launcher's flags: "needed with --study")
+                message = (f"{flag[1]}: {self.prog} is one rank under a launcher (torchrun, netlab), which starts the "
+                           f"ranks; allowed: without it here, or evomerge calibrate {flag[1]} ...")
+            else:
+                message += f"; see {self.prog} --help"
+            print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
@@ -1513,8 +1522,6 @@ def _peer_failed(e: BaseException, timeout: float) -> str:
 
 def _one_line(e: BaseException) -> str:
     """The error's first line, less gloo's source location (``[/__w/pytorch/.../pair.cc:553] ``)."""
-    import re
-
     s = str(e).strip().splitlines()
     return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", s[0]) if s else type(e).__name__
 
