@@ -1785,7 +1785,7 @@ def cmd_baselines(args) -> int:
     run_fn = _runner(args, study)
     setup = _prepare(study, args)
     _setup_notes(study, setup)
-    lrs, setups = {}, {None: setup}
+    lrs, setups, ties = {}, {None: setup}, {}
     if study.baseline_lr:  # [baselines] lr: each baseline at its best step size, found on the study's seeds
         from .search.baselines import tuned_lrs
 
@@ -1796,7 +1796,7 @@ def cmd_baselines(args) -> int:
         searched, told = _searched(study, args, create=True), []  # (kept for the search, as it keeps its own)
         lrs = tuned_lrs(study, data=setup.data, data_dir=args.data_dir, device=args.device,
                         announce=lambda runs, tuning=True: (told.append(runs), announce(runs)), setups=setups,
-                        storage_study=searched, keep_or_not=True)
+                        storage_study=searched, keep_or_not=True, ties=ties)
         if not told:
             print(f"tuning: each baseline's step size as chosen on the study's seeds {list(study.run.seeds)} and "
                   f"kept with the trials of {study.name}", file=sys.stderr)
@@ -1856,7 +1856,7 @@ def cmd_baselines(args) -> int:
     if lrs:
         from .search.baselines import edge_note
 
-        edge = edge_note(study, lrs)
+        edge = edge_note(study, lrs, ties=ties)
         if edge:
             print(f"note: {edge}", file=sys.stderr)
     else:  # (the search's verdict says it; the table had no word of which step size its rules ran at)

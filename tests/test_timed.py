@@ -349,6 +349,26 @@ def write(tmp_path, name="tiny-timed", **changes):
     return f
 
 
+def test_baselines_whose_step_sizes_tie_are_said_tied_not_tuned_to_the_grids_lowest(tmp_path, data_dir):
+    """(A new user's rivals all reached the target at the first evaluation: each "best" step size was the grid's
+    first of a tie, and the note said "at the grid's lowest (0.05); a wider grid may find a better one".) A target
+    every run reaches at its first evaluation: the ties are said, and no end of the grid."""
+    f = write(tmp_path)
+    f.write_text(f.read_text().replace("target = 0.5", "target = 0.02").replace(
+        'policies = ["no-merging", "allreduce", "ring-gossip"]', 'policies = ["allreduce"]\nlr = [0.05, 0.1]'))
+    p = cli("baselines", "--study", str(f), cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    (note,) = [ln for ln in p.stderr.splitlines() if "tied" in ln]
+    assert note.startswith("note: allreduce tied at lr 0.05, 0.1 on time_to_target (the first of them taken): the "
+                           "step size was not told apart, as where the target is reached at the first evaluation"), note
+    assert "at an end of" not in p.stderr, p.stderr
+    from evomerge.search.baselines import edge_note
+
+    s = study_mod.load(f)  # an end of the grid, where no tie: as before
+    assert edge_note(s, {"allreduce": 0.05}).startswith("best step size at an end of [baselines] lr [0.05, 0.1]: "
+                                                        "allreduce at the grid's lowest (0.05)")
+
+
 @pytest.mark.system
 def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     f = write(tmp_path)

@@ -29,21 +29,33 @@ def _key(study: Study, policies, kind: str, seeds, extra=None) -> str:
     return f"{kind}:{hashlib.sha256(what.encode()).hexdigest()[:16]}:" + ",".join(map(str, seeds))
 
 
-def edge_note(study: Study, lrs: dict[str, float], said_tuned: bool = False) -> str | None:
+def edge_note(study: Study, lrs: dict[str, float], said_tuned: bool = False,
+              ties: dict[str, list[float]] | None = None) -> str | None:
     """Where a baseline's best step size is an end of the study's ``[baselines] lr`` (of two or more), a note: its
     best may lie beyond, so the rival was not tuned to its best; and what was tuned (the step size alone), unless
-    ``said_tuned`` (the verdict's note before it says so)."""
+    ``said_tuned`` (the verdict's note before it says so). ``ties``: the baselines whose best was shared by several
+    step sizes (:func:`tuned_lrs`), said as such, not as an end."""
     grid = sorted(set(study.baseline_lr))
     if len(grid) < 2:
         return None
-    ends = {"highest": [n for n, v in lrs.items() if v == grid[-1]], "lowest": [n for n, v in lrs.items() if v == grid[0]]}
+    ties = {n: v for n, v in (ties or {}).items() if n in lrs}
+    ends = {"highest": [n for n, v in lrs.items() if v == grid[-1] and n not in ties],
+            "lowest": [n for n, v in lrs.items() if v == grid[0] and n not in ties]}
     said = [f"{', '.join(names)} at the grid's {end} ({grid[-1] if end == 'highest' else grid[0]:g})"
             for end, names in ends.items() if names]
-    if not said:
+    out = []
+    if said:
+        out.append(f"best step size at an end of [baselines] lr {grid}: {'; '.join(said)}; a wider grid may find a "
+                   "better one")
+    if ties:  # (a new user's rivals all reached the target at the first evaluation: "tuned" to the grid's first)
+        out.append("; ".join(f"{n} tied at lr {', '.join(f'{v:g}' for v in vs)}" for n, vs in ties.items())
+                   + f" on {study.objectives[0]} (the first of them taken): the step size was not told apart"
+                   + (", as where the target is reached at the first evaluation (a harder study.objectives.target, "
+                      "or evaluations more often, tells them apart)" if study.target is not None else ""))
+    if not out:
         return None
-    return (f"best step size at an end of [baselines] lr {grid}: {'; '.join(said)}; a wider grid may find a better "
-            "one" + ("" if said_tuned else " (only the step size is tuned: each rule's other settings are its policy "
-                                           "file's)"))
+    return "; ".join(out) + ("" if said_tuned else " (only the step size is tuned: each rule's other settings are "
+                                                   "its policy file's)")
 
 
 def kept_lrs(study: Study, storage_study) -> dict[str, float]:
@@ -56,26 +68,33 @@ def kept_lrs(study: Study, storage_study) -> dict[str, float]:
                                                   list(study.baseline_lr)), {}))
 
 
+TIES = ":ties"  # beside a tuning's kept step sizes: the baselines whose best several step sizes shared
+
+
 def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study=None, announce=None,
-              setups: dict | None = None, keep_or_not: bool = False, ran=None) -> dict[str, float]:
+              setups: dict | None = None, keep_or_not: bool = False, ran=None,
+              ties: dict | None = None) -> dict[str, float]:
     """Each baseline's step size: of the study's ``[baselines] lr``, the one whose runs on the study's own seeds
     have the best first objective (mean over seeds; the first listed of equals). ``{}`` when the study lists none
     (every baseline runs at ``run.lr``). Kept in the Optuna study's user attributes (``keep_or_not``: unless the
     storage refuses the write: a read-only or locked one, for a command that only reads it). ``setups``: the
-    engine's setups by step size, filled and reused. ``ran()`` is told after each run."""
+    engine's setups by step size, filled and reused. ``ran()`` is told after each run. ``ties``: filled with the
+    baselines whose best value several step sizes shared, and those step sizes."""
     if not study.baseline_lr:
         return {}
     seeds = list(study.run.seeds)
     policies = [(name, study.resolve_policy(name)) for name in study.baselines]
     key = _key(study, policies, "baseline-lr-v1", seeds, list(study.baseline_lr))
     if storage_study is not None and key in storage_study.user_attrs:
+        if ties is not None:
+            ties.update(storage_study.user_attrs.get(key + TIES, {}))
         return storage_study.user_attrs[key]
     from ..backends.inprocess import run
 
     if announce is not None:
         announce(len(policies) * len(study.baseline_lr) * len(seeds), tuning=True)
     sign = 1.0 if study.directions[0] == "minimize" else -1.0
-    out = {}
+    out, tied = {}, {}
     for name, pol in policies:
         scored = []
         for lr in study.baseline_lr:
@@ -84,8 +103,14 @@ def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study
             v = objective_values(study, finals)[0]
             scored.append((sign * v if v == v else float("inf"), lr))  # NaN (a diverged accuracy): the worst
         out[name] = min(scored, key=lambda x: x[0])[1]  # min keeps the first of equals
+        best = min(v for v, _ in scored)
+        if sum(1 for v, _ in scored if v == best) > 1:
+            tied[name] = [lr for v, lr in scored if v == best]
+    if ties is not None:
+        ties.update(tied)
     if storage_study is not None:
         try:
+            storage_study.set_user_attr(key + TIES, tied)
             storage_study.set_user_attr(key, out)
         except Exception:  # noqa: BLE001 - whatever the storage's driver raises
             if not keep_or_not:
@@ -115,7 +140,7 @@ def lr_setup(study: Study, lr: float | None, setups: dict | None, data=None, dat
 
 
 def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_study=None,
-                  seeds=None, announce=None, curves: bool = True, ran=None) -> list[dict]:
+                  seeds=None, announce=None, curves: bool = True, ran=None, ties: dict | None = None) -> list[dict]:
     """Every baseline on ``seeds`` (default: the study's), their means over seeds and each seed's final metrics
     (``per_seed``); cached in the Optuna study's user attributes, per list of seeds. ``announce(runs)`` is told
     before runs that are not cached start, and ``ran()`` after each of them. ``curves=False``: the runs evaluate their last round only and the rows
@@ -125,7 +150,7 @@ def baseline_rows(study: Study, data=None, data_dir=None, device=None, storage_s
     policies = [(name, study.resolve_policy(name)) for name in study.baselines]
     setups: dict = {}
     lrs = tuned_lrs(study, data=data, data_dir=data_dir, device=device, storage_study=storage_study,
-                    announce=announce, setups=setups, ran=ran)
+                    announce=announce, setups=setups, ran=ran, ties=ties)  # (ties: filled for the verdict's note)
     if not curves:
         return _final_rows(study, policies, lrs, seeds, setups, data, data_dir, device, storage_study, announce, ran)
     # what the rows depend on: the study (its fingerprint; the target too), the baselines' policies and step

@@ -271,7 +271,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
                      + "; only the step size is tuned: each rule's other settings are its policy file's")
         from .baselines import edge_note
 
-        edge = edge_note(study, dict(tuned), said_tuned=True)
+        edge = edge_note(study, dict(tuned), said_tuned=True,
+                         ties={n: base[n]["lr_tied"] for n in names if base[n].get("lr_tied")})
         if edge:
             notes.append(edge)
     else:
@@ -279,7 +280,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
                      + (f"; the picks at their searched {', '.join('run.' + k for k in searched)}" if searched else ""))
     return {"headline": headline, "lines": lines, "notes": notes, "seeds": list(seeds), "fresh": fresh,
             "picks": [{k: p[k] for k in ("number", "describe", "per_seed", "diverged") if k in p} for p in picks],
-            "baselines": [{k: base[n][k] for k in ("name", "per_seed", "diverged", "lr") if base[n].get(k) is not None}
+            "baselines": [{k: base[n][k] for k in ("name", "per_seed", "diverged", "lr", "lr_tied")
+                           if base[n].get(k) is not None}
                           for n in names],  # (lr: a baseline's tuned step size, where [baselines] lr tunes it)
             "beaten_by": beaten_by, "comparisons": comparisons, "objectives": list(study.objectives),
             "none_reached": none_reached}  # (no side reached the time target on any seed: nothing to deploy yet)
@@ -392,9 +394,10 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
                  **_outcomes(study, finals_of[p["number"]], seeds), **_idle(p["policy"], finals_of[p["number"]], study))
     # on fresh seeds only the final values are read; on the search's own, the rows (and their curves) are the end
     # screen's and the dashboard's
+    ties: dict = {}
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
-                         curves=not reevaluate, announce=announce, ran=ran)
-    bases = [{"name": r["name"], "lr": r.get("lr"), "per_seed": per_seed(study, r["per_seed"]),
+                         curves=not reevaluate, announce=announce, ran=ran, ties=ties)
+    bases = [{"name": r["name"], "lr": r.get("lr"), "lr_tied": ties.get(r["name"]), "per_seed": per_seed(study, r["per_seed"]),
               **_outcomes(study, r["per_seed"], seeds),
               **_idle(r["policy"], r["per_seed"], study)} for r in rows]
     verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
