@@ -369,6 +369,19 @@ def test_baselines_whose_step_sizes_tie_are_said_tied_not_tuned_to_the_grids_low
                                                         "allreduce at the grid's lowest (0.05)")
 
 
+def test_a_comparison_where_both_sides_missed_on_every_seed_says_its_seconds_are_penalties(tmp_path):
+    """("beats allreduce: 0.04 ± 0.01 s faster (time to target)" of two sides that never reached the target: a
+    difference of penalty times, read as seconds.)"""
+    from evomerge.search.verdict import compare
+
+    s = study_mod.load(write(tmp_path))
+    both = compare(s, [[3.0], [3.1], [3.05]], [[3.3], [3.4], [3.35]], [0, 1, 2], pick_missed=[0, 1, 2],
+                   base_missed=[0, 1, 2])["text"]
+    assert both.endswith("(the difference is of penalty times, how close each came, not of seconds)"), both
+    one = compare(s, [[1.0], [1.1], [1.05]], [[3.3], [3.4], [3.35]], [0, 1, 2], base_missed=[0, 1, 2])["text"]
+    assert one.endswith("(a miss counts as its penalty time)"), one
+
+
 @pytest.mark.system
 def test_run_and_baselines_print_simulated_time(tmp_path, data_dir):
     f = write(tmp_path)

@@ -154,7 +154,10 @@ def compare(study: Study, pick: list[list[float]], base: list[list[float]], seed
     missed = [f"by the {who} on {len(ss)} of {n} seeds" for who, ss in (("pick", pick_missed),
                                                                         ("baseline", base_missed)) if ss]
     if missed:  # a miss counts as the penalty time it is ranked as: say so
-        marked.append("the target not reached " + " and ".join(missed) + " (a miss counts as its penalty time)")
+        both = len(pick_missed) == n and len(base_missed) == n  # (read as seconds by a new user)
+        marked.append("the target not reached " + " and ".join(missed) + (
+            " (the difference is of penalty times, how close each came, not of seconds)" if both else
+            " (a miss counts as its penalty time)"))
     return {"outcome": outcome, "objectives": objs, "text": ", ".join(marked)}
 
 
