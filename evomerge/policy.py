@@ -461,7 +461,8 @@ class MergePolicy:
                     f"{comp.replace(', delta payload', ', compressed') if squeezed else ''}{extra}")
         if self.scheme == "async":
             n = max(1, round(self.mean_interval))
-            return (f"asynchronous DiLoCo: each worker pushes after {'every local step' if n == 1 else f'{n} local steps'}"
+            after = "every local step" if n == 1 else f"{n} local steps"
+            return (f"asynchronous DiLoCo: each worker pushes after {after}"
                     f"{' (scaled by its speed)' if self.local_steps_by_speed else ''}, the server takes an outer "
                     f"{self.outer_optimizer} step (lr {self.outer_lr:.3g}, momentum {self.outer_momentum:.3g}, every "
                     f"{self.momentum_every or 'W'} arrivals){extra}")

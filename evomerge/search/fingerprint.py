@@ -197,10 +197,12 @@ def check(ostudy, cfg: "SearchConfig", n_trials: int, failed: int = 0) -> None:
         if shown and n_trials and failed == n_trials:
             import sys
 
-            print(f"note: study {cfg.study.name}: {shown} since its {n_trials} stored trial{'s' * (n_trials != 1)}, none of which finished "
+            print(f"note: study {cfg.study.name}: {shown} since its {n_trials} stored trial{'s' * (n_trials != 1)}, "
+                  "none of which finished "
                   "(they failed): the search goes on with the study as it is now", file=sys.stderr)
         elif shown and n_trials:
             afresh = "--runs-dir" if cfg.default_store else "--storage"
-            raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored trial{'s' * (n_trials != 1)}; "
+            raise ConfigError(f"study {cfg.study.name}", f"{shown} since its {n_trials} stored "
+                                                         f"trial{'s' * (n_trials != 1)}; "
                                                          f"use another [study] name or {afresh} to start afresh")
     ostudy.set_user_attr(ATTR, current)

@@ -400,7 +400,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     ties: dict = {}
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
                          curves=not reevaluate, announce=announce, ran=ran, ties=ties)
-    bases = [{"name": r["name"], "lr": r.get("lr"), "lr_tied": ties.get(r["name"]), "per_seed": per_seed(study, r["per_seed"]),
+    bases = [{"name": r["name"], "lr": r.get("lr"), "lr_tied": ties.get(r["name"]),
+              "per_seed": per_seed(study, r["per_seed"]),
               **_outcomes(study, r["per_seed"], seeds),
               **_idle(r["policy"], r["per_seed"], study)} for r in rows]
     verdict = judge(study, picks, bases, seeds, bool(reevaluate), rule)
