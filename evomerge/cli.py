@@ -1350,8 +1350,9 @@ def cmd_status(args) -> int:
     title = (f"{study.name}: top {len(best)}" if len(study.objectives) == 1
              else f"{study.name}: the {len(best)} Pareto-optimal trial{'s' if len(best) > 1 else ''}")
     _console().print(best_table(study, best, [], title=title))
-    if missed_line(study, best):
-        print(missed_line(study, best))
+    said = missed_line(study, best)
+    if said:
+        print(said)
     stored = ostudy.user_attrs.get("verdict")  # the last search's verdict (search/verdict.py)
     if stored:
         from .search.verdict import render

@@ -53,25 +53,25 @@ def did_you_mean(word, options) -> str:
 def unknown(value, allowed, more: str = "", noun: str = "") -> str:
     """The message for a value that is not one of ``allowed``: ``unknown 'x'; allowed: a, b`` (``noun``: ``unknown
     key 'x'``; ``more`` after the list), with the nearest allowed value when one is close (``; did you mean a?``)."""
-    allowed = [str(a) for a in allowed]
-    near = did_you_mean(value, allowed)
-    what = f"unknown {noun + ' ' if noun else ''}{value!r}"
-    if near and len(allowed) > LONG_LIST:  # the nearest before a long list, where it is read
-        return f"{what}{near} allowed: {', '.join(allowed)}{more}"
-    return f"{what}; allowed: {', '.join(allowed)}{more}{near}"
+    return _listed(f"unknown {noun + ' ' if noun else ''}{value!r}", value, allowed, more)
 
 
 LONG_LIST = 20  # allowed values past which the nearest comes first (a policy's 48 fields made it a 900-character line)
 
 
+def _listed(what: str, word, allowed, more: str = "") -> str:
+    """``what; allowed: a, b`` and the nearest after it, or, before a list longer than :data:`LONG_LIST`, first."""
+    allowed = [str(a) for a in allowed]
+    near = did_you_mean(word, allowed)
+    if near and len(allowed) > LONG_LIST:  # the nearest before a long list, where it is read
+        return f"{what}{near} allowed: {', '.join(allowed)}{more}"
+    return f"{what}; allowed: {', '.join(allowed)}{more}{near}"
+
+
 def unknown_key(key: str, allowed) -> str:
     """The message for a key that is not one of ``allowed``, when the field's name already says which:
     ``unknown key; allowed: a, b`` and the nearest (first, before a long list)."""
-    allowed = [str(a) for a in allowed]
-    near = did_you_mean(key, allowed)
-    if near and len(allowed) > LONG_LIST:
-        return f"unknown key{near} allowed: {', '.join(allowed)}"
-    return f"unknown key; allowed: {', '.join(allowed)}{near}"
+    return _listed("unknown key", key, allowed)
 
 
 @contextlib.contextmanager

@@ -110,7 +110,8 @@ def tuned_lrs(study: Study, data=None, data_dir=None, device=None, storage_study
         ties.update(tied)
     if storage_study is not None:
         try:
-            storage_study.set_user_attr(key + TIES, tied)
+            if tied:  # (none kept: none read back)
+                storage_study.set_user_attr(key + TIES, tied)
             storage_study.set_user_attr(key, out)
         except Exception:  # noqa: BLE001 - whatever the storage's driver raises
             if not keep_or_not:
