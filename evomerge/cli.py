@@ -91,9 +91,12 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str], argv:
         hint = f"a flag of evomerge {args.command} goes after it (evomerge {args.command} {flag} ...)"
     elif flag.startswith("--") and others:
         hint = f"{flag} is for evomerge {', '.join(others)}; see {sub.prog} --help"
-    elif others and not flag.startswith("--") and did_you_mean(_long_form(parser, flag), known):
-        # another command's short flag (export's -o): this command's nearest to its long form (dashboard's --out)
-        hint = f"{did_you_mean(_long_form(parser, flag), known)[2:]} ({flag} is evomerge {', '.join(others)}'s)"
+    elif others and not flag.startswith("--"):
+        # another command's short flag (export's -o): this command's nearest to its long form, spelt as the short
+        # one (transfer's --top is no -o)
+        near = did_you_mean(_long_form(parser, flag), known)[2:]
+        near = near if near.startswith(f"did you mean --{flag[1:]}") else f"see {sub.prog} --help"
+        hint = f"{near} ({flag} is evomerge {', '.join(others)}'s)"
     else:
         hint = did_you_mean(flag, known)[2:] or f"see {sub.prog} --help"
     return f"{flag}: {sub.prog} does not take it ({' '.join(shown(x) for x in extra)}); {hint}"
@@ -214,7 +217,7 @@ def add_dashboard(sub):
                 "evomerge dashboard --study mnist-gossip --open")
     _study(p)
     _store(p)
-    p.add_argument("--out", default=None, help="folder for index.html (default: dashboards/STUDY)")
+    p.add_argument("-o", "--out", default=None, help="folder for index.html (default: dashboards/STUDY)")
     _data_dir(p, " (for running the baselines, if the search has not yet)")
     p.add_argument("--no-baselines", action="store_true", help="leave the baselines out (no runs at all)")
     p.add_argument("--open", action="store_true", help="open the page in the web browser")
@@ -1545,6 +1548,9 @@ def _check_out_folder(out: Path) -> None:
 
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{str(out)!r} is a file; allowed: a folder for index.html (made if missing)")
+    if not out.exists() and out.suffix.lower() in (".html", ".htm"):  # (it made a folder dash.html/, index.html in it)
+        raise ConfigError("--out", f"{str(out)!r} names a page; allowed: a folder for index.html and plotly.min.js "
+                                   f"(made if missing), e.g. {str(out.with_suffix(''))!r}")
     refused = cannot_write_in(out)
     if refused is not None:
         raise ConfigError("--out", f"cannot write in {str(refused[0])!r} ({refused[1]}); allowed: a folder this user "

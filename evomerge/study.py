@@ -412,7 +412,16 @@ def _step_sizes(v: Any) -> Any:
     ok = isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                               and math.isfinite(x) and x > 0 for x in v)
     if not ok or len(set(v)) != len(v):
-        raise settings.Invalid(f"{settings.show(list(v) if isinstance(v, tuple) else v)}; allowed: {BASELINE_LRS}")
+        shown = settings.show(list(v) if isinstance(v, tuple) else v)
+        if isinstance(v, (list, tuple)):  # the element at fault, in a list of several (it named the list alone)
+            bad = next((x for x in v if not (isinstance(x, (int, float)) and not isinstance(x, bool)
+                                             and math.isfinite(x) and x > 0)), None)
+            twice = next((x for i, x in enumerate(v) if x in v[:i]), None) if bad is None else None
+            if bad is not None:
+                shown += f": {settings.show(bad)} is not a step size > 0"
+            elif twice is not None:
+                shown += f": {twice!r} is listed twice"
+        raise settings.Invalid(f"{shown}; allowed: {BASELINE_LRS}")
     return tuple(float(x) for x in v)
 
 
@@ -744,6 +753,7 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
             return s
         raise
     _check_used(raw, s.environment)
+    _check_target_used(raw, s)
     return s
 
 
@@ -958,6 +968,24 @@ def _check_used(raw: dict, spec: EnvSpec | None) -> None:
     for key in given:
         if key in ignored:
             raise ConfigError(f"study.environment.{key}", f"{ignored[key]}: it would be ignored; remove it")
+
+
+def _check_target_used(raw: dict, s: Study) -> None:
+    """One line for an ``[objectives] target`` nothing waits for (no simulated clock), or a ``target_metric`` with no
+    target (a new user's regression study ran with both, in silence). Checked on the files a user writes, as
+    :func:`_check_used` is."""
+    given = raw.get("objectives")
+    if not isinstance(given, dict):
+        return
+    if s.target is not None and s.environment is None:  # (a time objective without one is refused before)
+        raise ConfigError("study.objectives.target", f"{s.target:g} has no effect: time to target is measured on a "
+                                                     "simulated cluster, and the study has no [environment]; allowed: "
+                                                     "an [environment] with time_to_target in metrics, or no target")
+    if "target_metric" in given and s.target is None:
+        raise ConfigError("study.objectives.target_metric", f"{s.target_metric!r} has no effect without "
+                                                            "study.objectives.target; allowed: a target beside it "
+                                                            "(time_to_target, with an [environment]), or no "
+                                                            "target_metric")
 
 
 # the line evomerge calibrate writes into its file: what the timed steps trained (calibrate.measure)

@@ -114,8 +114,13 @@ class Task:
                                                          f"class {top}; expected at least {top + 1}")
             return
         if self.fn is None and tuple(out.shape) != tuple(y.shape):
+            o, t = tuple(out.shape), tuple(y.shape)  # (a new user's [N] targets beside [B, 1] outputs: no allowed)
+            how = (" (y.unsqueeze(1) gives targets [N, 1]; out.squeeze(1) in the model's forward, outputs [B])"
+                   if o == t + (1,) else " (y.squeeze(1) gives targets [N])" if t == o + (1,) else "")
             raise ConfigError(FIELD, f"{self.loss!r}: the model's outputs have shape {list(out.shape)} and the "
-                                     f"targets {list(y.shape)}; they must match exactly (no broadcasting)")
+                                     f"targets {list(y.shape)}; they must match exactly (no broadcasting); allowed: "
+                                     f"targets from study.data of the outputs' shape, or a study.model.factory whose "
+                                     f"outputs have the targets'{how}")
         if self.fn is not None:  # the user's function takes what it takes (float targets, or classes)
             try:
                 got = self.fn(out.float(), y)

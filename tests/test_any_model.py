@@ -76,6 +76,12 @@ def halves():
     return (*f(tx), *f(sx))
 
 
+def flat_halves():
+    """halves() with targets [N], beside a model's outputs [B, 1]."""
+    tx, ty, sx, sy = halves()
+    return tx, ty.squeeze(1), sx, sy.squeeze(1)
+
+
 def float_labels():
     tx, ty, sx, sy = _mnist()
     return tx, ty.float(), sx, sy.float()
@@ -293,6 +299,11 @@ def test_stacked_and_loop_give_the_same_run_for_a_model_without_random_layers(fo
      r"'cross_entropy' takes integer class labels; the data's labels are torch.float32"),
     (dict(data='loader = "mydata:two_labels"', loss="mse", metric="val_loss"), "study.run.loss",
      r"the model's outputs have shape \[4, 10\] and the targets \[4, 2\]; they must match exactly"),
+    # (a new user's [N] targets: the line had no allowed part, and named only the loss)
+    (dict(data='loader = "mydata:flat_halves"', factory="regressor", loss="mse", metric="val_loss"), "study.run.loss",
+     r"outputs have shape \[4, 1\] and the targets \[4\]; they must match exactly \(no broadcasting\); allowed: "
+     r"targets from study.data of the outputs' shape, or a study.model.factory whose outputs have the targets' "
+     r"\(y.unsqueeze\(1\) gives targets \[N, 1\]; out.squeeze\(1\) in the model's forward, outputs \[B\]\)$"),
     (dict(data='loader = "mydata:halves"', factory="regressor", loss="mse"), "study.objectives.metrics",
      r"'val_accuracy' needs class labels; the study's loss is 'mse'; allowed here: val_loss, bytes, and with an "
      r"\[environment\] time_to_target, loss_at_time, sim_time$"),  # (it said "and the time metrics": accuracy_at_time too)

@@ -395,8 +395,10 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
      "error: --seed: given with --reevaluate, which runs 2 fresh seeds past the study's; allowed: one of --seed (one "
      "run), --reevaluate"),
     # another command's short flag: this command's own for it (it said "see evomerge dashboard --help")
-    (["dashboard", "--study", "mnist-gossip", "-o", "d"],
-     "error: -o: evomerge dashboard does not take it (-o d); did you mean --out? (-o is evomerge export, calibrate's)"),
+    # (dashboard takes -o for its --out now; transfer's nearest, --top, was offered for it)
+    (["transfer", "--study", "mnist-gossip", "--target", "mnist-gossip-64", "-o", "d"],
+     "error: -o: evomerge transfer does not take it (-o d); see evomerge transfer --help (-o is evomerge export, "
+     "dashboard, calibrate's)"),
     (["policy", "validat", "p.json"], "error: command: unknown 'validat'; allowed: schema, validate; did you mean "
                                       "validate?"),
 ])

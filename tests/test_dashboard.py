@@ -259,7 +259,7 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     # next in this process, cli.main: the command's code without a Python start-up each)
     from searchutil import cli
 
-    p = cli("dashboard", "--study", s.path, "--runs-dir", d / "runs", "--out", tmp_path / "dead", "--no-baselines",
+    p = cli("dashboard", "--study", s.path, "--runs-dir", d / "runs", "-o", tmp_path / "dead", "--no-baselines",
             "--tracking-uri", "http://127.0.0.1:9", cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     assert "MLflow runs not read: --tracking-uri: cannot reach the MLflow server at http://127.0.0.1:9" in \
@@ -291,12 +291,16 @@ def test_dashboard_command_writes_the_page(searched, tmp_path, data_dir):
     (tmp_path / "best.json").write_text("{}")
     for out, said in ((tmp_path / "best.json", f"{str(tmp_path / 'best.json')!r} is a file; allowed: a folder"),
                       (tmp_path / "best.json" / "dash", f"cannot write in {str(tmp_path / 'best.json')!r} (not a "
-                                                        "folder); allowed: a folder this user can write in")):
+                                                        "folder); allowed: a folder this user can write in"),
+                      # (a page's name: it made a folder dash.html, and wrote dash.html/index.html)
+                      (tmp_path / "dash.html", f"{str(tmp_path / 'dash.html')!r} names a page; allowed: a folder for "
+                                               f"index.html and plotly.min.js (made if missing), e.g. "
+                                               f"{str(tmp_path / 'dash')!r}")):
         p = cli("dashboard", "--study", s.path, "--runs-dir", d / "runs", "--out", out, "--no-baselines",
                 cwd=tmp_path, data_dir=data_dir)
         assert p.returncode == 2 and p.stderr.startswith(f"error: --out: {said}") and len(p.stderr.splitlines()) == 1, \
             p.stderr
-    assert (tmp_path / "best.json").read_text() == "{}"
+    assert (tmp_path / "best.json").read_text() == "{}" and not (tmp_path / "dash.html").exists()
 
 
 @pytest.mark.system

@@ -476,8 +476,10 @@ def test_the_runs_at_a_searchs_end_are_counted_on_its_bar(tmp_path, data_dir, ca
     # not a terminal (a log): the bars show at the end only, so the verdict's counts are said as they come
     judging = [r for w, r in phases if w == "judging"]
     said = [ln for ln in capsys.readouterr().err.splitlines() if re.match(r"judging: \d", ln)]
-    assert said == [f"judging: {r}{' more' if k else ''} run{'s' * (r != 1)} to make, each about as long as one seed "
-                    "of a trial" for k, r in enumerate(judging)], said
+    # each count says what it is of (a new user's log read "6 runs to make", "12 more", "12 more")
+    parts = ["the picks", "the baselines"]
+    assert said == [f"judging: {r}{' more' if k else ''} run{'s' * (r != 1)} to make ({parts[k]}), each about as long "
+                    "as one seed of a trial" for k, r in enumerate(judging)], said
     # the same search again: every run kept, none announced
     again = []
     run_search(make_config(s, n_trials=3, sampler="random", runs_dir=tmp_path / "runs", reevaluate=2,
@@ -517,3 +519,22 @@ def test_a_ctrl_c_after_the_study_was_told_keeps_the_trial_complete_in_its_recor
     states_ = {t.number: t.state.name for t in ostudy.get_trials()}
     assert states_ == {0: "COMPLETE", 1: "FAIL"}
     assert ostudy.get_trials()[1].user_attrs["failure"] == "interrupted"
+
+
+@pytest.mark.unit
+def test_a_pareto_trial_that_a_baseline_in_the_table_dominates_is_said_to_be():
+    """(A new user asked why a trial that no-merging beat on loss and bytes was listed as Pareto-optimal.)"""
+    from evomerge import study
+    from evomerge.report.search_view import dominated_line
+
+    s = study.load("mnist-gossip")  # val_accuracy (max), bytes (min)
+    best = [{"number": 2, "values": [0.80, 3.7e6]}, {"number": 5, "values": [0.95, 9e7]}]
+    bases = [{"name": "no-merging", "values": [0.85, 0]}, {"name": "fedavg", "values": [0.90, 5e7]},
+             {"name": "allreduce", "values": [0.99, 1e6], "run_status": "diverged"}]
+    assert dominated_line(s, best, bases) == (
+        "note: a baseline in the table does as well on every objective and better on one: trial 2 by no-merging "
+        "(the Pareto set is of the trials alone)")
+    assert dominated_line(s, best[1:], bases) == ""  # better on accuracy than each: no note
+    assert dominated_line(s, [{"number": 2, "values": [0.85, 0]}], bases[:1]) == ""  # the same values: not beaten
+    assert dominated_line(study.load("mnist-skewed"), [{"number": 1, "values": [0.5]}], [
+        {"name": "fedavg", "values": [0.9]}]) == ""  # one objective: the verdict says it

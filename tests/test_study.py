@@ -111,10 +111,37 @@ def test_error_lines_name_the_field_and_what_is_allowed():
         assert str(e.value) == line
 
 
+def test_a_target_or_its_metric_that_nothing_waits_for_is_one_line(tmp_path):
+    """(A new user's regression study ran with `target` and `target_metric` and no [environment], in silence: no
+    clock, no time to target.) A study's file is checked; a stored definition, accepted when it was searched, reads."""
+    f = _copy_of_mnist_gossip(tmp_path)
+    text = f.read_text()
+    assert 'metrics = ["val_accuracy", "bytes"]' in text
+    for extra, line in [("target = 0.5",
+                         "study.objectives.target: 0.5 has no effect: time to target is measured on a simulated "
+                         "cluster, and the study has no [environment]; allowed: an [environment] with time_to_target in "
+                         "metrics, or no target"),
+                        ('target_metric = "val_loss"',
+                         "study.objectives.target_metric: 'val_loss' has no effect without study.objectives.target; "
+                         "allowed: a target beside it (time_to_target, with an [environment]), or no target_metric")]:
+        f.write_text(text.replace('metrics = ["val_accuracy", "bytes"]', f'metrics = ["val_accuracy", "bytes"]\n{extra}'))
+        with pytest.raises(ConfigError) as e:
+            study.load(f)
+        assert str(e.value) == line
+        import tomllib
+
+        assert study.from_dict(tomllib.loads(f.read_text())).objectives == ("val_accuracy", "bytes")  # as stored
+    # with a clock, a target is reported (run's table, each round's time to target) without being an objective
+    timed = f.read_text().replace('target_metric = "val_loss"', "target = 0.5") + "\n[environment]\ntime_budget = 5.0\n"
+    f.write_text(timed)
+    assert study.load(f).target == 0.5
+
+
 def test_a_key_other_tools_spell_otherwise_is_met_with_the_name_evomerge_uses():
     """(`run.learning_rate` got the list of keys, and no hint: nothing in it is spelt alike.)"""
     for over, line in [({"run": {"learning_rate": 0.1}}, "; did you mean lr?"),
-                       ({"run": {"num_workers": 8}}, "; did you mean workers?")]:
+                       ({"run": {"num_workers": 8}}, "; did you mean workers?"),
+                       ({"run": {"lerning_rate": 0.1}}, "; did you mean lr?")]:  # (a synonym misspelt: no hint)
         with pytest.raises(ConfigError) as e:
             study.from_dict(_raw(**over))
         assert str(e.value).startswith(f"study.run.{next(iter(over['run']))}: unknown key; allowed: ") and \
@@ -338,6 +365,12 @@ def test_baseline_step_sizes_that_are_no_list_of_numbers_say_what_is_allowed():
         assert str(e.value).endswith("; allowed: distinct step sizes > 0, e.g. [0.025, 0.05, 0.1, 0.2] (each baseline "
                                      "runs at its best)"), str(e.value)
     assert study.from_dict(_raw(baselines={"lr": [0.05, 1]})).baseline_lr == (0.05, 1.0)
+    # the element at fault is named (a new user's [-0.01, 0.01] was named as the list alone)
+    for v, said in (([-0.01, 0.01], "list [-0.01, 0.01]: float -0.01 is not a step size > 0; allowed: "),
+                    ([0.1, 0.1], "list [0.1, 0.1]: 0.1 is listed twice; allowed: ")):
+        with pytest.raises(ConfigError) as e:
+            study.from_dict(_raw(baselines={"lr": v}))
+        assert str(e.value).startswith(f"study.baselines.lr: {said}"), str(e.value)
 
 
 def test_a_regressions_target_is_its_loss_unless_the_study_names_another_metric():

@@ -47,7 +47,7 @@ def test_a_win_a_loss_and_a_tie_on_stored_values_lead_with_fedavg_and_ring_gossi
         [1000, 1001, 1002], True, "the best val_accuracy")
     assert v["lines"] == ["trial 7: policy of trial 7",
                           "  beats fedavg: +2.00 ± 0.06 points val acc",
-                          "  ties with ring-gossip: +0.03 ± 0.19 points val acc, higher on 1 of 3 seeds",
+                          "  ties with ring-gossip: +0.03 ± 0.19 points val acc, higher on only 1 of 3 seeds",
                           "  loses to allreduce: -1.07 ± 0.03 points val acc"]
     assert v["beaten_by"] == ["allreduce"]
     assert v["headline"].startswith("A baseline beats the search: allreduce beats trial 7 on fresh seeds 1000, 1001, 1002")
@@ -59,6 +59,25 @@ def test_a_win_a_loss_and_a_tie_on_stored_values_lead_with_fedavg_and_ring_gossi
     assert v["headline"] == ("A baseline beats the search: fedavg and allreduce beat trial 7 on fresh seeds 1000, "
                              "1001, 1002 (against fedavg: -2.07 ± 0.03 points val acc)"), v["headline"]
     assert any("lr 0.05" in n and "not tuned" in n for n in v["notes"])
+
+
+@pytest.mark.unit
+def test_a_headline_against_tuned_baselines_says_the_picks_step_size_was_not():
+    """(A new user read "A baseline beats the search" as a search of no use: the baselines had run at their tuned
+    step sizes, the picks at the study's, and only the fourth note said so.)"""
+    s = _one_objective()
+    bases = _bases(fedavg=[[0.930], [0.936]], ring_gossip=[[0.90], [0.91]])
+    for b in bases:
+        b["lr"] = 0.2
+    v = verdict.judge(s, _picks((7, [[0.920], [0.925]])), bases, [1000, 1001], True, "the best val_accuracy")
+    assert v["headline"].startswith("A baseline beats the search: fedavg beats trial 7")
+    assert v["headline"].endswith("; the baselines at their tuned step sizes, the picks at the study's lr 0.05 "
+                                  "(search run.lr to tune theirs)"), v["headline"]
+    picks = _picks((7, [[0.920], [0.925]]))
+    picks[0]["run"] = {"lr": 0.1}  # searched with the policy: each side at its own best
+    assert "tuned step sizes" not in verdict.judge(s, picks, bases, [1000, 1001], True, "x")["headline"]
+    won = verdict.judge(s, _picks((7, [[0.95], [0.96]])), bases, [1000, 1001], True, "x")["headline"]
+    assert won.startswith("trial 7 beats every baseline") and "tuned" not in won  # a win at a handicap stands
 
 
 @pytest.mark.unit

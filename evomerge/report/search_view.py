@@ -101,6 +101,30 @@ def missed_line(study: Study, best: list[dict]) -> str:
             "an easier study.objectives.target tells them apart by time")
 
 
+def dominated_line(study: Study, best: list[dict], baselines: list[dict]) -> str:
+    """A note for each trial of the Pareto set that a baseline in the table does at least as well as on every
+    objective, and better on one (a new user asked why a trial that no-merging beat on loss and bytes was "Pareto-
+    optimal": the set is of the trials alone); '' where none is."""
+    if len(study.objectives) < 2:
+        return ""
+    signs = [1.0 if d == "maximize" else -1.0 for d in study.directions]
+
+    def beats(a, b) -> bool:  # a dominates b, on the table's values
+        pa, pb = [s * float(x) for s, x in zip(signs, a)], [s * float(x) for s, x in zip(signs, b)]
+        return all(x >= y for x, y in zip(pa, pb)) and any(x > y for x, y in zip(pa, pb))
+
+    said = []
+    for b in best:
+        by = [r["name"] for r in baselines if r.get(RUN_STATUS) != DIVERGED and r.get("values") is not None
+              and beats(r["values"], b["values"])]
+        if by:
+            said.append(f"trial {b['number']} by {', '.join(by)}")
+    if not said:
+        return ""
+    return (f"note: a baseline in the table does as well on every objective and better on one: {'; '.join(said)} "
+            "(the Pareto set is of the trials alone)")
+
+
 def no_best_line(n_diverged: int) -> str:
     return "no completed trial yet" + (f" that did not diverge ({n_diverged} {DIVERGED})" if n_diverged else "")
 
@@ -184,8 +208,10 @@ class SearchView:
                 self.end = [self.bar.add_task(what, total=runs, info=""), what, runs, 0, time.monotonic()]
             self.bar.update(self.end[0], total=self.end[2])
             if not self.err.is_terminal and what == "judging":  # (a log: the bars show only at the end; the count
-                self.err.print(f"judging: {runs}{' more' if more else ''} run{'s' * (runs != 1)} to make, each about "
-                               "as long as one seed of a trial", highlight=False)  # now; the baselines' line says theirs)
+                part = f" ({info['part']})" if info.get("part") else ""  # (6, 12 more, 12 more: of what, unsaid)
+                self.err.print(f"judging: {runs}{' more' if more else ''} run{'s' * (runs != 1)} to make{part}, each "
+                               "about as long as one seed of a trial", highlight=False)  # now; the baselines' line
+                # says theirs)
         elif kind == "ran" and self.end is not None:
             task, _, total, done, start = self.end
             self.end[3] = done = done + 1
@@ -245,9 +271,9 @@ class SearchView:
         baselines = result.baselines or []  # run at the search's end (search.loop.table_baselines)
         kind = "best trials" if len(study.objectives) == 1 else "Pareto set"
         out.print(best_table(study, result.best, baselines, f"{study.name}: {kind} ({seeds_said(study.run.seeds)})"))
-        said = missed_line(study, result.best)
-        if said:
-            out.print(said, highlight=False)
+        for said in (missed_line(study, result.best), dominated_line(study, result.best, baselines)):
+            if said:
+                out.print(said, highlight=False)
         if result.verdict:
             from ..search.verdict import render
 

@@ -537,7 +537,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
             try:
                 result.verdict = verdict.compute(
                     cfg.study, ostudy, cfg.reevaluate, data=data, data_dir=cfg.data_dir, device=cfg.device,
-                    announce=(lambda runs, tuning=False: progress("runs", runs=runs, what="judging")) if progress else None,
+                    announce=(lambda runs, part="": progress("runs", runs=runs, what="judging", part=part))
+                    if progress else None,
                     ran=(lambda: progress("ran")) if progress else None)
             except KeyboardInterrupt:  # the trials are done and kept; the runs judged so far are cached
                 result.interrupted = True

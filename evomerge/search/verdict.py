@@ -141,7 +141,7 @@ def compare(study: Study, pick: list[list[float]], base: list[list[float]], seed
         if outcome == "tie" and len(diffs) > 1 and mean and math.isfinite(mean) and same_sign < len(diffs):
             way = ("faster" if mean < 0 else "slower") if name in SECONDS and not maximize else \
                 ("more" if mean > 0 else "fewer") if name in RATIO else ("higher" if mean > 0 else "lower")
-            text += f", {way} on {same_sign} of {len(diffs)} seeds"  # why a tie: the seeds that disagree
+            text += f", {way} on only {same_sign} of {len(diffs)} seeds"  # why a tie: the seeds that disagree
         objs.append({"name": name, "pick": p, "baseline": b, "mean": mean, "se": se, "outcome": outcome,
                      "text": text})
     outcome = combine([o["outcome"] for o in objs])
@@ -228,6 +228,12 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
             groups.setdefault(by[first, n]["outcome"], []).append(n)
         parts = [f"{WORDS[o]} {_join(groups[o])}" for o in ("better", "tie", "trade-off", "worse") if o in groups]
         headline = f"trial {first} " + "; ".join(parts) + f" (on {where})"
+    searched = sorted({k for p in picks for k in (p.get("run") or {})})
+    tuned = [(n, base[n]["lr"]) for n in names if base[n].get("lr") is not None]
+    if tuned and "lr" not in searched and not headline.startswith(f"trial {first} beats every"):
+        # (a new user read "a baseline beats the search" as a search of no use; the fourth note said why)
+        headline += f"; the baselines at their tuned step sizes, the picks at the study's lr {study.run.lr:g} " \
+                    "(search run.lr to tune theirs)"
     lines = []
     for p in picks:
         lines.append(f"trial {p['number']}: {p['describe']}")
@@ -264,8 +270,6 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     first_round = _at_first_round(study, [(f"trial {p['number']}", p) for p in picks] + [(n, base[n]) for n in names])
     if first_round:
         notes.append(first_round)
-    searched = sorted({k for p in picks for k in (p.get("run") or {})})
-    tuned = [(n, base[n]["lr"]) for n in names if base[n].get("lr") is not None]
     if tuned:
         notes.append(f"each baseline ran at its best step size of lr {list(study.baseline_lr)} on the study's seeds "
                      f"({', '.join(f'{n} {v:g}' for n, v in tuned)})"
@@ -360,8 +364,9 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
             ) -> dict[str, Any] | None:
     """Name the picks, run them and the baselines on ``reevaluate`` fresh seeds (0: the search's own seeds; runs
     are cached in the Optuna study under the study's fingerprint, each pick and each baseline as soon as it ran),
-    judge, and store the verdict with the study (:data:`ATTR`). None when no trial completed. ``announce(runs)`` is
-    told before the runs that are not cached start (the picks', then the baselines'), ``ran()`` after each."""
+    judge, and store the verdict with the study (:data:`ATTR`). None when no trial completed. ``announce(runs, part=)`` is
+    told before the runs that are not cached start (``part``: the picks', then the baselines', in words), ``ran()``
+    after each."""
     from ..backends.inprocess import run
     from ..engine.setup import prepare
     from ..policy import MergePolicy
@@ -387,7 +392,8 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
             return slim(run(setups[rkey], MergePolicy.from_dict(p["policy"]), seed, device=device,
                             curves=False).metrics())  # only the final values are read
 
-        cached = runs_by_seed(ostudy, fresh_key(study), list(by_number), seeds, run_one, announce, ran)
+        told = (lambda runs: announce(runs, part="the picks")) if announce is not None else None
+        cached = runs_by_seed(ostudy, fresh_key(study), list(by_number), seeds, run_one, told, ran)
         finals_of = {p["number"]: [cached[str(p["number"])][str(s)] for s in seeds] for p in picks}
     else:
         seeds = list(study.run.seeds)
@@ -399,7 +405,10 @@ def compute(study: Study, ostudy, reevaluate: int, *, data=None, data_dir=None, 
     # screen's and the dashboard's
     ties: dict = {}
     rows = baseline_rows(study, data=data, data_dir=data_dir, device=device, storage_study=ostudy, seeds=seeds,
-                         curves=not reevaluate, announce=announce, ran=ran, ties=ties)
+                         curves=not reevaluate, ran=ran, ties=ties,
+                         announce=(lambda runs, tuning=False: announce(runs, part="tuning the baselines' step sizes"
+                                                                        if tuning else "the baselines"))
+                         if announce is not None else None)
     bases = [{"name": r["name"], "lr": r.get("lr"), "lr_tied": ties.get(r["name"]),
               "per_seed": per_seed(study, r["per_seed"]),
               **_outcomes(study, r["per_seed"], seeds),
