@@ -961,7 +961,11 @@ def merge_work(recs: list[list[dict]], warmup: int = DEFAULTS["warmup"]
                      "inside merger.step() at a step without a merge "
                      f"(means: {', '.join(f'rank {r}: {_ms(b)}' for r, b in enumerate(base))}), as the job's steps "
                      "took them")
-    if not per_rank:
+    if not per_rank:  # (a 60-step job averaging every 21 steps wrote no merge_time, and nothing said why)
+        most = max((len([1 for x in rows if x.get("kind") in MERGE_KINDS]) for rows in recs), default=0)
+        if most:
+            notes.append(f"merge_time not fitted: no rank merged at {MIN_TIMED} or more timed steps (after --warmup "
+                         f"{warmup}); a longer job's trace, or one that merges more often, fits it")
         return None, base, notes
     ranks = "; ".join(f"rank {r}: {_ms(m)} at a merge, " + (f"{_ms(p)} without" if p is not None else
                                                                "no step without") for (r, m), p in zip(merged, plain))

@@ -248,9 +248,10 @@ def add_run(sub):
     _common(p)
     _store(p, tracking=False)  # where a study named by --study alone was searched
     _emulate(p)
-    p.add_argument("--policy", required=True,
+    p.add_argument("--policy", default=None,
                    help="policy JSON file (or exported file), or a named policy: the study's policies/NAME.json, "
-                        f"else a shipped one ({_shipped_policies()}); required")
+                        f"else a shipped one ({_shipped_policies()}); required, but with --against (default: the job's "
+                        "policy, as its traces say)")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: an exported file's first seed, else the study's first seed)")
     p.add_argument("--reevaluate", type=int, default=0, metavar="N",
@@ -260,7 +261,7 @@ def add_run(sub):
                         "(default: an exported file's searched run.lr, else the study's run.lr)")
     p.add_argument("--against", default=None, metavar="DIR",
                    help="hold the simulated clock against a Merger job's traces (trace=DIR): --policy the policy the "
-                        "job ran, on every worker the job's steps, as each rank took them, with the job's seed (unless "
+                        "job ran (without it, the traces' own), on every worker the job's steps, as each rank took them, with the job's seed (unless "
                         "--seed); its simulated time is printed beside the job's wall time, with the error (default: none)")
     p.set_defaults(handler=cmd_run)
 
@@ -630,13 +631,21 @@ def cmd_run(args) -> int:
         raise ConfigError("--seed", f"given with --reevaluate, which runs {args.reevaluate} fresh seeds past the "
                                     "study's; allowed: one of --seed (one run), --reevaluate")
     # every input is checked before data is read (the same checks as evomerge.run())
-    job_seed = None
-    if args.against is not None and args.seed is None:  # the seed the job ran: its merges as the job drew them
-        from .calibrate import job_policy, job_start
+    job_seed, given = None, args.policy
+    if args.against is not None and (args.seed is None or given is None):  # the seed the job ran: its merges as the
+        from .calibrate import job_policy, job_start  # job drew them; its policy, where --policy is not given
 
-        job_seed = job_policy(job_start(args.against))[1]
-    policy, seed, exported = run_inputs(study, args.policy, args.seed if job_seed is None else job_seed,
+        ran, ran_seed = job_policy(job_start(args.against))
+        job_seed = ran_seed if args.seed is None else None
+        if given is None and ran is not None:  # (a new user gave --policy the file the traces already name)
+            given = ran
+    if given is None:
+        raise ConfigError("--policy", "required" + ("; the traces of --against do not name the job's policy (an "
+                                                    "older evomerge's Merger)" if args.against is not None else "")
+                          + "; see evomerge run --help")  # (argparse's own line for a required flag)
+    policy, seed, exported = run_inputs(study, given, args.seed if job_seed is None else job_seed,
                                         backend=args.backend, procs=args.procs)
+    label = policy.name or (str(given) if isinstance(given, (str, Path)) else "the job's policy")
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     # the step size the policy was found with (--lr's own line says the trial's)
     study, note = found_with(study, exported, ("lr",) if args.lr is not None else ())
@@ -675,11 +684,11 @@ def cmd_run(args) -> int:
     check_model(args.backend, setup.model)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)
-    res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, policy.name or Path(args.policy).stem)
+    res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, Path(label).stem)
     from rich.table import Table
 
     f = res.final
-    t = Table(title=f"{study.name}: {policy.name or args.policy} (seed {seed})", caption=policy.describe())
+    t = Table(title=f"{study.name}: {label} (seed {seed})", caption=policy.describe())
     t.add_column("metric")
     t.add_column("value", justify="right")
     backend = args.backend + (f" ({args.procs or study.run.workers} processes)" if args.backend == "distributed" else "")
@@ -709,7 +718,14 @@ def cmd_run(args) -> int:
     from .search.results import policy_notes
 
     for words in (policy_notes(policy, [res.metrics()], study) if res.status == "ok" else {}).values():
-        print(f"note: {policy.name or args.policy} {words}", file=sys.stderr)
+        print(f"note: {label} {words}", file=sys.stderr)
+    env = study.environment
+    if job is None and f.sim_time is not None and env.time_budget and env.step_budget == "shared" and \
+            (f.steps_min, f.steps_max) != (res.total_steps, res.total_steps):  # (a new user gave a Merger run.steps)
+        took = f"{f.steps_min}" if f.steps_min == f.steps_max else f"{f.steps_min} to {f.steps_max}"
+        print(f"note: on the clock the run ends at the time budget (study.environment.time_budget {env.time_budget:g} "
+              f"s): its workers took {took} local steps; the study's step budget ({res.total_steps} steps a worker) does not "
+              "end a run with a time budget (docs/time.md); a Merger's total_steps is your job's own", file=sys.stderr)
     if job is not None and f.sim_time is not None:
         W, T, seconds, _ = job
         if not f.steps_min == f.steps_max == T:  # (the checks above keep it from happening: said, never hidden)
@@ -939,7 +955,10 @@ def _time_rows(study, f) -> list[tuple[str, str]]:
         rows.append((f"time to {study.target:g} {what}", f"{f.time_to_target:.4g} s" if reached else
                      f"not reached (ranked as {f.time_to_target:.4g} s)"))
     at = "the " + (f"{env.time_budget:g} s budget" if env.time_budget else "end")
-    for name, v in (("accuracy", f.accuracy_at_time), ("perplexity", f.perplexity_at_time), ("loss", f.loss_at_time)):
+    at_time = [("accuracy", f.accuracy_at_time), ("perplexity", f.perplexity_at_time), ("loss", f.loss_at_time)]
+    # the study's own objective first (a language model's perplexity_at_time study showed its accuracy at the budget)
+    at_time.sort(key=lambda x: f"{x[0]}_at_time" not in study.objectives)
+    for name, v in at_time:
         if v is not None:
             rows.append((f"{name} at {at}", f"{v:.4f}"))
             break

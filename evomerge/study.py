@@ -391,8 +391,11 @@ class _Objectives:
         """One range per metric, said the same way for a value below it and above it."""
         accuracy = self.target_metric.endswith("accuracy")
         if self.target is not None and not (0 <= self.target <= (1 if accuracy else float("inf"))):
+            hint = (' (a perplexity or a loss to reach: target_metric = "val_perplexity" or "val_loss")'
+                    if accuracy and self.target > 1 else "")  # (a language model's target 8 said nothing of how)
             raise ConfigError("study.objectives.target", f"{self.target} is out of range; allowed: "
-                                                         f"{'[0, 1]' if accuracy else '[0, inf)'} for {self.target_metric}")
+                                                         f"{'[0, 1]' if accuracy else '[0, inf)'} for {self.target_metric}"
+                                                         f"{hint}")
         return self
 
     @model_validator(mode="after")
@@ -913,6 +916,13 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
     for k in keys:
         if k not in EnvSpec.__pydantic_fields__:
             raise ConfigError(where, f"{path}: " + unknown(k, EnvSpec.__pydantic_fields__, noun="key"))
+    # a key beside `from` wins over the file's way of giving the same thing: one bandwidth or latency for every link
+    # over the file's measured matrix, speeds over its speeds_file and the other way round (a new user's
+    # `bandwidth = 1e6` beside a calibrated file was "overridden by bandwidth_matrix: it would be ignored")
+    for mine, theirs in (("bandwidth", "bandwidth_matrix"), ("latency", "latency_matrix"), ("speeds", "speeds_file"),
+                         ("speeds_file", "speeds")):
+        if mine in own and theirs in keys and theirs not in own:
+            keys = {k: v for k, v in keys.items() if k != theirs}
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
         keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
     try:

@@ -251,6 +251,13 @@ def test_written_file_loads_as_a_studys_environment(tmp_path):
     # keys beside from override the file's
     (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\njitter = 0.1'))
     assert study_mod.load(tmp_path / "s.toml").environment.jitter == 0.1
+    # one bandwidth or latency beside from, for every link: over the file's measured matrix (a new user's "what if my
+    # links were 8 Mbit/s" was refused: "is overridden by bandwidth_matrix: it would be ignored; remove it")
+    (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\nbandwidth = 1e6\n'
+                                                            'latency = 0.05'))
+    e = study_mod.load(tmp_path / "s.toml").environment
+    assert (e.bandwidth, e.latency, e.bandwidth_matrix, e.latency_matrix) == (1e6, 0.05, (), ())
+    assert e.speeds == tuple(env["speeds"])  # the rest is the file's
 
 
 def test_a_fitted_file_drives_any_number_of_workers(tmp_path):
@@ -352,7 +359,7 @@ def write_trace(d: Path, transfers, steps: int = 20) -> None:
         (d / f"rank-{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in xs))
 
 
-def merge_steps_trace(d: Path, wait_s: bool = True) -> None:
+def merge_steps_trace(d: Path, wait_s: bool = True, every: int = 4) -> None:
     """Made-up traces of 2 ranks, 40 steps of 10 ms: at every 4th step an all-reduce, where a rank spends 3 ms of
     its own and waits (rank 0: 5 ms, rank 1: 1 ms); 0.5 ms inside merger.step() at the other steps."""
     d.mkdir()
@@ -362,11 +369,11 @@ def merge_steps_trace(d: Path, wait_s: bool = True) -> None:
             t += 0.01
             rec = {"step": k, "compute_s": 0.01, "t": t}
             if wait_s:
-                rec["wait_s"] = (0.005 if r == 0 else 0.001) if k > 1 and (k - 1) % 4 == 0 else 0.0
+                rec["wait_s"] = (0.005 if r == 0 else 0.001) if k > 1 and (k - 1) % every == 0 else 0.0
             rows.append(rec)
-            merge = k % 4 == 0
+            merge = k % every == 0
             if merge:
-                rows.append({"event": k // 4, "kind": "allreduce", "step": k, "bytes": 4000, "seconds": 0.004,
+                rows.append({"event": k // every, "kind": "allreduce", "step": k, "bytes": 4000, "seconds": 0.004,
                              "wire_s": 0.001})
             t += (0.0035 + (0.005 if r == 0 else 0.001)) if merge else 0.0005
         (d / f"rank-{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
@@ -405,6 +412,11 @@ def test_from_trace_fits_merge_time_the_ranks_own_work_at_a_merge_less_their_wai
     assert m.merge_time is None
     assert any(n.startswith("merge_time not fitted: the trace has no wait_s") for n in m.notes), m.notes
     assert "merge_time" not in calibrate.fit(m)[0]
+    # two merges a rank (a new user's 60-step job averaging every 21): not fitted, and why
+    merge_steps_trace(tmp_path / "few", every=20)
+    m = calibrate.from_trace(tmp_path / "few")
+    assert m.merge_time is None and "merge_time not fitted: no rank merged at 3 or more timed steps (after --warmup " \
+        "5); a longer job's trace, or one that merges more often, fits it" in m.notes, m.notes
 
 
 def test_from_trace_fits_links_on_the_time_transfers_would_take_alone(tmp_path):
@@ -1303,9 +1315,11 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
             if isinstance(r.get("end"), (int, float)):
                 r["end"] += 10.0
         (edited / f.name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--policy", str(tmp_path / "ar.json"),
-                     "--data-dir", str(data_dir), "--quiet", "--against", str(edited)]) == 0
+    # without --policy: the one the traces name (a new user gave --policy the file the traces already held)
+    assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--data-dir", str(data_dir), "--quiet",
+                     "--against", str(edited)]) == 0
     got = capsys.readouterr()
+    assert ": the job's policy (seed 0)" in got.out and f"against {edited}: the job took" in got.out, got.out
     # its compute halved: half the step the file says, and said (a job on a file of another device was +99%, and
     # nothing said why)
     step_time = tomllib.loads((tmp_path / "cluster.toml").read_text())["environment"]["step_time"]

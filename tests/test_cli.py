@@ -375,6 +375,7 @@ def test_a_bad_seed_or_device_is_one_line_before_anything_runs(tmp_path, monkeyp
     (["serch", "--study", "mnist-gossip"], "error: command: unknown 'serch'; allowed: search, transfer, status, export, "
                                            "dashboard, ui, run, baselines, calibrate, policy; did you mean search?"),
     (["run", "--policy", "fedavg"], "error: --study: required; see evomerge run --help"),
+    (["run", "--study", "mnist-gossip"], "error: --policy: required; see evomerge run --help"),  # (but with --against)
     (["--bogus", "search", "--study", "mnist-gossip"], "error: --bogus: evomerge does not take it (--bogus); see "
                                                         "evomerge --help"),
     # a negative percentage was taken for a flag: "--tolerance: needs a value"

@@ -33,7 +33,9 @@ def test_run_keywords_are_the_run_command_options_with_the_same_defaults():
     assert set(opts) - cli_only == set(params) - api_only, "an option exists in `evomerge run` or in evomerge.run() only"
     for name in set(opts) - cli_only:
         p, a = params[name], opts[name]
-        if p.default is inspect.Parameter.empty:
+        if name == "policy":  # required, but with --against, which evomerge.run() has not (the job's policy)
+            assert p.default is inspect.Parameter.empty and a.default is None and "required, but with --against" in a.help
+        elif p.default is inspect.Parameter.empty:
             assert a.required, f"{name}: required in evomerge.run(), optional in the command"
         elif name == "runs_dir":  # the command's default is $EVOMERGE_RUNS_DIR else runs, read when it starts; the
             assert p.default is None and a.default == str(default_runs_dir())  # function's None reads it when called

@@ -101,7 +101,8 @@ def test_error_lines_name_the_field_and_what_is_allowed():
         ({"objectives": {"metrics": ["time_to_target"], "target": -0.2}, "environment": {"time_budget": 2.0}},
          "study.objectives.target: -0.2 is out of range; allowed: [0, 1] for val_accuracy"),
         ({"objectives": {"metrics": ["time_to_target"], "target": 1.5}, "environment": {"time_budget": 2.0}},
-         "study.objectives.target: 1.5 is out of range; allowed: [0, 1] for val_accuracy"),
+         "study.objectives.target: 1.5 is out of range; allowed: [0, 1] for val_accuracy (a perplexity or a loss to "
+         'reach: target_metric = "val_perplexity" or "val_loss")'),
         ({"objectives": {"metrics": ["time_to_target"], "target": -1, "target_metric": "val_loss"},
           "environment": {"time_budget": 2.0}}, "study.objectives.target: -1.0 is out of range; allowed: [0, inf) for val_loss"),
     ]

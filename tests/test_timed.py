@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import subprocess
+import tomllib
 import sys
 
 import numpy as np
@@ -643,6 +644,42 @@ def test_bad_environment_values_exit_2_naming_the_field(tmp_path, key, value, wh
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and f"study.environment.{key}" in lines[0] and why in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_run_says_the_time_budget_ended_the_run_not_the_step_budget(tmp_path, data_dir):
+    """(A new user's study said steps = 60; on the clock its workers took 42 to 72, nothing said why, and the user
+    guessed which number to give a Merger's total_steps.)"""
+    f = write(tmp_path)
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", "--json", str(tmp_path / "r.json"), cwd=tmp_path,
+            data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    fin = json.loads((tmp_path / "r.json").read_text())["final"]
+    assert (fin["steps_min"], fin["steps_max"]) != (30, 30)
+    took = f"{fin['steps_min']} to {fin['steps_max']}" if fin["steps_min"] != fin["steps_max"] else fin["steps_min"]
+    assert (f"note: on the clock the run ends at the time budget (study.environment.time_budget 2 s): its workers took "
+            f"{took} local steps; the study's step budget (30 steps a worker) does not end a run with a time budget "
+            "(docs/time.md); a Merger's total_steps is your job's own") in p.stderr.replace("\n", " "), p.stderr
+    # each worker takes its steps and no more: nothing to say
+    f.write_text(f.read_text().replace("time_budget = 2.0", 'time_budget = 2.0\nstep_budget = "per_worker"'))
+    p = cli("run", "--study", str(f), "--policy", "ring-gossip", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0 and "does not end a run" not in p.stderr, p.stderr
+
+
+def test_run_shows_the_studys_own_metric_at_the_time_budget():
+    """(A language model's perplexity_at_time study showed its next-token accuracy at the budget, not perplexity.)"""
+    from types import SimpleNamespace
+
+    from evomerge import study as study_mod
+    from evomerge.cli import _time_rows
+
+    raw = tomllib.loads((study_mod.shipped_studies_dir() / "tiny-lm.toml").read_text())
+    raw["environment"], raw["objectives"] = {"time_budget": 1.0}, {"metrics": ["perplexity_at_time", "bytes"]}
+    s = study_mod.from_dict(raw)
+    f = SimpleNamespace(sim_time=1.0, idle_fraction=0.1, staleness=0.0, time_to_target=None, accuracy_at_time=0.31,
+                        perplexity_at_time=7.25, loss_at_time=1.98)
+    assert _time_rows(s, f)[-1] == ("perplexity at the 1 s budget", "7.2500")
+    raw["objectives"] = {"metrics": ["accuracy_at_time"]}
+    assert _time_rows(study_mod.from_dict(raw), f)[-1] == ("accuracy at the 1 s budget", "0.3100")
 
 
 @pytest.mark.system
