@@ -638,7 +638,13 @@ def cmd_run(args) -> int:
         ran, ran_seed = job_policy(job_start(args.against))
         job_seed = ran_seed if args.seed is None else None
         if given is None and ran is not None:  # (a new user gave --policy the file the traces already name)
-            given = ran
+            from .policy import MergePolicy
+
+            try:  # (one of another evomerge's fields was named "policy.x", of a --policy never given)
+                given = MergePolicy.from_dict(ran)
+            except ConfigError as e:
+                raise ConfigError("--against", f"the job's policy, as its traces say, is not one this evomerge reads "
+                                               f"({e}); allowed: --policy the policy the job ran") from None
     if given is None:
         raise ConfigError("--policy", "required" + ("; the traces of --against do not name the job's policy (an "
                                                     "older evomerge's Merger)" if args.against is not None else "")
@@ -646,6 +652,7 @@ def cmd_run(args) -> int:
     policy, seed, exported = run_inputs(study, given, args.seed if job_seed is None else job_seed,
                                         backend=args.backend, procs=args.procs)
     label = policy.name or (str(given) if isinstance(given, (str, Path)) else "the job's policy")
+    short = policy.name or (Path(given).stem if isinstance(given, (str, Path)) else "the job's policy")
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     # the step size the policy was found with (--lr's own line says the trial's)
     study, note = found_with(study, exported, ("lr",) if args.lr is not None else ())
@@ -653,7 +660,7 @@ def cmd_run(args) -> int:
     if args.lr is not None:  # (after the found values: a searched weight decay stays, and is said)
         study, given, changed = given_lr(args.lr, study, exported, changed)
     elif not exported:
-        note = _baseline_lr_note(study, args)
+        note = _baseline_lr_note(study, given, args)
     for line in (note, given):
         if line:
             print(line)
@@ -684,7 +691,7 @@ def cmd_run(args) -> int:
     check_model(args.backend, setup.model)
     if args.reevaluate:
         return _reevaluate(study, setup, policy, args, run_fn)
-    res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, Path(label).stem)
+    res = _run_with_progress(run_fn, setup, policy, seed, args.device, args.quiet, short)
     from rich.table import Table
 
     f = res.final
@@ -907,11 +914,13 @@ def _against(args, study, policy, seed):
     return study, (W, steps[0], seconds, first.get("model_bytes"))
 
 
-def _baseline_lr_note(study, args) -> str | None:
+def _baseline_lr_note(study, given, args) -> str | None:
     """``run --policy NAME`` of one of the study's baselines, where its search chose the baseline's step size
     (``[baselines] lr``) other than the study's: the verdict judged it there, and this run is at the study's."""
-    name = str(args.policy)
-    if name not in study.baselines or not study.baseline_lr or Path(name).is_file():
+    from .policy import MergePolicy
+
+    name = given.name if isinstance(given, MergePolicy) else str(given)  # (a policy the traces of --against name)
+    if not name or name not in study.baselines or not study.baseline_lr or Path(name).is_file():
         return None
     from .search.baselines import kept_lrs
 

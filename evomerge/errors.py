@@ -47,7 +47,7 @@ def did_you_mean(word, options) -> str:
     near = None
     if isinstance(word, str):
         near = SYNONYMS.get(word.lower()) if SYNONYMS.get(word.lower()) in options else nearest(word, options)
-        if near is None:  # a synonym misspelt ("lerning_rate": lr)
+        if near is None and len(word) >= 4:  # a synonym misspelt ("lerning_rate": lr; "w" is none)
             alike = nearest(word.lower(), [k for k, v in SYNONYMS.items() if v in options])
             near = SYNONYMS[alike] if alike else None
     return f"; did you mean {near}?" if near else ""

@@ -756,7 +756,8 @@ def load(ref: str | Path, calibrating: bool = False) -> Study:
             return s
         raise
     _check_used(raw, s.environment)
-    _check_target_used(raw, s)
+    if not calibrating:  # (calibrate reads a study without its cluster as on one: its target is the search's)
+        _check_target_used(raw, s)
     return s
 
 
@@ -919,8 +920,7 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
     # a key beside `from` wins over the file's way of giving the same thing: one bandwidth or latency for every link
     # over the file's measured matrix, speeds over its speeds_file and the other way round (a new user's
     # `bandwidth = 1e6` beside a calibrated file was "overridden by bandwidth_matrix: it would be ignored")
-    for mine, theirs in (("bandwidth", "bandwidth_matrix"), ("latency", "latency_matrix"), ("speeds", "speeds_file"),
-                         ("speeds_file", "speeds")):
+    for mine, theirs in FROM_REPLACES:
         if mine in own and theirs in keys and theirs not in own:
             keys = {k: v for k, v in keys.items() if k != theirs}
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
@@ -945,6 +945,11 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
     m = MEASURED_WITH.search(text)
     return spec, _measured_with(path, text, run), ((str(path), int(m[1])) if m else None), \
         (ref, tuple(sorted(own)))
+
+
+#: a key beside `from` and the file's key it replaces (the file's is not read: no change of the study's if it moves)
+FROM_REPLACES = (("bandwidth", "bandwidth_matrix"), ("latency", "latency_matrix"), ("speeds", "speeds_file"),
+                 ("speeds_file", "speeds"))
 
 
 def ignored_keys(spec: EnvSpec) -> dict[str, str]:
@@ -990,7 +995,7 @@ def _check_target_used(raw: dict, s: Study) -> None:
     if s.target is not None and s.environment is None:  # (a time objective without one is refused before)
         raise ConfigError("study.objectives.target", f"{s.target:g} has no effect: time to target is measured on a "
                                                      "simulated cluster, and the study has no [environment]; allowed: "
-                                                     "an [environment] with time_to_target in metrics, or no target")
+                                                     "an [environment] (time to target is timed there), or no target")
     if "target_metric" in given and s.target is None:
         raise ConfigError("study.objectives.target_metric", f"{s.target_metric!r} has no effect without "
                                                             "study.objectives.target; allowed: a target beside it "

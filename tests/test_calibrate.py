@@ -250,14 +250,20 @@ def test_written_file_loads_as_a_studys_environment(tmp_path):
     assert after.environment.jitter == 0.5 and fingerprint.of(after)["hash"] != before
     # keys beside from override the file's
     (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\njitter = 0.1'))
-    assert study_mod.load(tmp_path / "s.toml").environment.jitter == 0.1
+    jittered = study_mod.load(tmp_path / "s.toml")
+    assert jittered.environment.jitter == 0.1
     # one bandwidth or latency beside from, for every link: over the file's measured matrix (a new user's "what if my
     # links were 8 Mbit/s" was refused: "is overridden by bandwidth_matrix: it would be ignored; remove it")
-    (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\nbandwidth = 1e6\n'
-                                                            'latency = 0.05'))
-    e = study_mod.load(tmp_path / "s.toml").environment
+    (tmp_path / "s.toml").write_text(study_text(environment='[environment]\nfrom = "cluster.toml"\njitter = 0.1\n'
+                                                            'bandwidth = 1e6\nlatency = 0.05'))
+    slower = study_mod.load(tmp_path / "s.toml")
+    e = slower.environment
     assert (e.bandwidth, e.latency, e.bandwidth_matrix, e.latency_matrix) == (1e6, 0.05, (), ())
     assert e.speeds == tuple(env["speeds"])  # the rest is the file's
+    # a search stored before: the keys beside from are the change, not the file (which did not change)
+    said = fingerprint.changed_since(fingerprint.of(jittered)["summary"], fingerprint.of(slower)["summary"], slower)
+    assert "environment.bandwidth changed" in said and "environment.latency changed" in said, said
+    assert "cluster.toml changed" not in said and "matrix" not in said, said
 
 
 def test_a_fitted_file_drives_any_number_of_workers(tmp_path):
@@ -1320,6 +1326,22 @@ def test_run_against_a_merger_jobs_traces_states_the_clocks_error(tmp_path, data
                      "--against", str(edited)]) == 0
     got = capsys.readouterr()
     assert ": the job's policy (seed 0)" in got.out and f"against {edited}: the job took" in got.out, got.out
+    # traces that do not name it (an older Merger's), or name a field this evomerge does not read: one line each
+    for change, said in (({"policy": None}, "error: --policy: required; the traces of --against do not name the job's "
+                                            "policy (an older evomerge's Merger); see evomerge run --help"),
+                         ({"policy": {"scheme": "allreduce", "bogus_field": 1}},
+                          "error: --against: the job's policy, as its traces say, is not one this evomerge reads "
+                          "(policy.bogus_field: unknown key; allowed: ")):
+        other = tmp_path / f"other-{len(said)}"
+        other.mkdir()
+        for f in trace.glob("rank-*.jsonl"):
+            rows = [json.loads(line) for line in f.read_text().splitlines()]
+            rows[0] = {k: v for k, v in (rows[0] | change).items() if v is not None}
+            (other / f.name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert cli.main(["run", "--study", str(tmp_path / "run.toml"), "--data-dir", str(data_dir), "--quiet",
+                         "--against", str(other)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(said) and len(err.splitlines()) == 1, err
     # its compute halved: half the step the file says, and said (a job on a file of another device was +99%, and
     # nothing said why)
     step_time = tomllib.loads((tmp_path / "cluster.toml").read_text())["environment"]["step_time"]

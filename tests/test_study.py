@@ -1,3 +1,5 @@
+import tomllib
+
 import pytest
 
 from evomerge import study
@@ -120,8 +122,8 @@ def test_a_target_or_its_metric_that_nothing_waits_for_is_one_line(tmp_path):
     assert 'metrics = ["val_accuracy", "bytes"]' in text
     for extra, line in [("target = 0.5",
                          "study.objectives.target: 0.5 has no effect: time to target is measured on a simulated "
-                         "cluster, and the study has no [environment]; allowed: an [environment] with time_to_target in "
-                         "metrics, or no target"),
+                         "cluster, and the study has no [environment]; allowed: an [environment] (time to target is timed "
+                         "there), or no target"),
                         ('target_metric = "val_loss"',
                          "study.objectives.target_metric: 'val_loss' has no effect without study.objectives.target; "
                          "allowed: a target beside it (time_to_target, with an [environment]), or no target_metric")]:
@@ -129,9 +131,17 @@ def test_a_target_or_its_metric_that_nothing_waits_for_is_one_line(tmp_path):
         with pytest.raises(ConfigError) as e:
             study.load(f)
         assert str(e.value) == line
-        import tomllib
-
         assert study.from_dict(tomllib.loads(f.read_text())).objectives == ("val_accuracy", "bytes")  # as stored
+    # a search stored with such a target (before this check) goes on once it is taken out: no change of the study
+    from evomerge.search import fingerprint
+
+    stored = fingerprint.of(study.from_dict(tomllib.loads(text.replace('metrics = ["val_accuracy", "bytes"]',
+                                                                       'metrics = ["val_accuracy", "bytes"]\ntarget = 0.5'))))
+    now = study.load(_copy_of_mnist_gossip(tmp_path / "now"))
+    assert fingerprint.changed_since(stored["summary"], fingerprint.of(now)["summary"], now) == ""
+    # calibrate reads the study as on a cluster: its target is not refused there
+    f.write_text(text.replace('metrics = ["val_accuracy", "bytes"]', 'metrics = ["val_accuracy", "bytes"]\ntarget = 0.5'))
+    assert study.load(f, calibrating=True).target == 0.5
     # with a clock, a target is reported (run's table, each round's time to target) without being an objective
     timed = f.read_text().replace('target_metric = "val_loss"', "target = 0.5") + "\n[environment]\ntime_budget = 5.0\n"
     f.write_text(timed)
@@ -147,6 +157,9 @@ def test_a_key_other_tools_spell_otherwise_is_met_with_the_name_evomerge_uses():
             study.from_dict(_raw(**over))
         assert str(e.value).startswith(f"study.run.{next(iter(over['run']))}: unknown key; allowed: ") and \
             str(e.value).endswith(line), str(e.value)
+    with pytest.raises(ConfigError) as e:  # a letter is no misspelt synonym ("w" was "did you mean weight_decay?")
+        study.from_dict(_raw(run={"w": 1}))
+    assert "did you mean" not in str(e.value), str(e.value)
 
 
 def test_a_bad_policy_file_in_the_baselines_is_named_with_the_field_that_lists_it(tmp_path):

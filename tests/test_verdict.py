@@ -76,6 +76,10 @@ def test_a_headline_against_tuned_baselines_says_the_picks_step_size_was_not():
     picks = _picks((7, [[0.920], [0.925]]))
     picks[0]["run"] = {"lr": 0.1}  # searched with the policy: each side at its own best
     assert "tuned step sizes" not in verdict.judge(s, picks, bases, [1000, 1001], True, "x")["headline"]
+    for b in bases:  # tuned to the study's own lr: both sides ran there, no handicap to say
+        b["lr"] = s.run.lr
+    assert "tuned step sizes" not in verdict.judge(s, _picks((7, [[0.920], [0.925]])), bases, [1000, 1001], True,
+                                                   "x")["headline"]
     won = verdict.judge(s, _picks((7, [[0.95], [0.96]])), bases, [1000, 1001], True, "x")["headline"]
     assert won.startswith("trial 7 beats every baseline") and "tuned" not in won  # a win at a handicap stands
 

@@ -155,12 +155,16 @@ def _show(v: Any) -> str:
 def changed_since(stored: dict[str, Any], now: dict[str, Any], study: "Study") -> str:
     """What changed from the summary ``stored`` to ``now`` (``study``'s), in words (the first three and how many more;
     an ``[environment]`` key the study's environment ignores may have left the file: no change); empty if nothing."""
-    from ..study import ignored_keys
+    from ..study import FROM_REPLACES, ignored_keys
 
     env = getattr(study, "environment", None)
     unused = frozenset(f"environment.{k}" for k in ignored_keys(env)) if env is not None else frozenset()
-    diff = changes(stored, now, unused | {FROM_FILE})
+    if env is None:  # a target with no clock waited for nothing (a file's, refused since; taken out: no change)
+        unused |= {"objectives.target", "objectives.target_metric"}
     src = getattr(study, "environment_from", None)
+    if src is not None:  # the file's keys a key beside `from` replaces: not read (the key beside it is the change)
+        unused |= {f"environment.{theirs}" for mine, theirs in FROM_REPLACES if mine in src[1]}
+    diff = changes(stored, now, unused | {FROM_FILE})
     was = stored.get(FROM_FILE)  # None: a study stored before the file was kept
     if env is not None and (src is not None or was):  # the cluster file's keys that moved, not each matrix in full
         ref, own = src if src is not None else ("", ())  # (own: the keys set beside `from`; the others the file's)

@@ -230,7 +230,8 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
         headline = f"trial {first} " + "; ".join(parts) + f" (on {where})"
     searched = sorted({k for p in picks for k in (p.get("run") or {})})
     tuned = [(n, base[n]["lr"]) for n in names if base[n].get("lr") is not None]
-    if tuned and "lr" not in searched and not headline.startswith(f"trial {first} beats every"):
+    if any(v != study.run.lr for _, v in tuned) and "lr" not in searched and \
+            not headline.startswith(f"trial {first} beats every"):
         # (a new user read "a baseline beats the search" as a search of no use; the fourth note said why)
         headline += f"; the baselines at their tuned step sizes, the picks at the study's lr {study.run.lr:g} " \
                     "(search run.lr to tune theirs)"
