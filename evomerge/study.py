@@ -924,7 +924,9 @@ def _environment(table: dict, run: RunSpec, base: Path | None, calibrating: bool
         if mine in own and theirs in keys and theirs not in own:
             keys = {k: v for k, v in keys.items() if k != theirs}
     if isinstance(keys.get("speeds_file"), str) and not Path(keys["speeds_file"]).is_absolute():
-        keys = keys | {"speeds_file": str(path.parent / keys["speeds_file"])}  # beside the file that names it
+        # beside the file that names it (absolute: check() joins a relative one to the study's folder again, and a
+        # study given as b/s.toml read b/b/speeds.txt)
+        keys = keys | {"speeds_file": str((path.parent / keys["speeds_file"]).absolute())}
     try:
         spec = settings.build(EnvSpec, keys | own, "study.environment").check(workers, base)
     except ConfigError as e:

@@ -720,6 +720,18 @@ def test_speeds_from_a_file_beside_the_study(tmp_path):
     assert study_mod.load(f).environment.speeds == (1.0, 0.5, 2.0, 1.0)
 
 
+def test_a_speeds_file_named_in_a_from_file_is_read_beside_that_file_from_any_folder(tmp_path, monkeypatch):
+    """(A study given as b/s.toml, whose cluster file named speeds.txt, read b/b/speeds.txt.)"""
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "speeds.txt").write_text("1.0\n0.5\n2.0\n1.0\n")
+    (b / "cluster.toml").write_text('[environment]\nstep_time = 0.05\nspeeds_file = "speeds.txt"\n')
+    f = write(b, speeds=None, step_time=None)
+    f.write_text(f.read_text().replace("[environment]\n", '[environment]\nfrom = "cluster.toml"\n'))
+    monkeypatch.chdir(tmp_path)
+    assert study_mod.load(f"b/{f.name}").environment.speeds == (1.0, 0.5, 2.0, 1.0)
+
+
 # -- the distributed backend replays the same clock ----------------------------------------------------
 UNEVEN = EnvSpec(step_time=0.1, speeds=(1.0, 0.7, 1.3, 0.25), jitter=0.1, latency=0.03, bandwidth=2e6, overlap="blocking")
 
