@@ -794,3 +794,29 @@ def test_the_review_shows_a_searched_step_size_beside_the_objectives():
     cols = review_view(s)["selectedColumns"]
     assert cols.index("params.`run.lr`") < cols.index("tags.`evomerge.policy`") < cols.index("params.`mean_interval`")
     assert all(c.startswith("metrics.") for c in cols[:cols.index("params.`run.lr`")])
+
+
+@pytest.mark.integration
+def test_a_tracking_server_that_does_not_answer_is_said_while_mlflow_retries(tmp_path, capfd, monkeypatch):
+    """(A tracking server stopped mid-search froze the bar for 8 minutes of MLflow's retries, without a word.) A
+    server that takes the connection and never answers: a note once the call has waited, then MLflow's own error."""
+    import socket
+
+    from evomerge.report.tracking import Tracker
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are taken into the backlog; nothing ever answers them
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # this test's own process: MLflow's settings
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    try:
+        with pytest.raises(Exception):  # MLflow's own, after its timeout (the command says it in one line)
+            Tracker(url, "s", slow_after=0.5)
+    finally:
+        silent.close()
+    err = capfd.readouterr().err
+    assert err.count("note: the MLflow tracking server at") == 1 and \
+        f"at {url} has not answered for 0.5 s; MLflow retries a request for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and " \
+        "MLFLOW_HTTP_REQUEST_TIMEOUT set them) before the search stops; Ctrl-C stops it now, its finished trials kept" \
+        in err, err

@@ -295,8 +295,54 @@ def diverged(record_or_attrs: dict[str, Any]) -> bool:
     return "diverged" in (record_or_attrs.get("status"), record_or_attrs.get("run_status"))
 
 
+#: seconds one call to a tracking server may wait before the search says so (MLflow's own retries take minutes)
+SLOW_SERVER_S = 30.0
+
+
+class _Watched:
+    """An ``MlflowClient`` whose calls say, once, that the server has not answered for ``after`` seconds (a server
+    stopped mid-search froze the bar for 8 minutes of MLflow's retries, without a word, before the one line)."""
+
+    def __init__(self, client, uri: str, after: float):
+        self._client, self._uri, self._after, self._said = client, uri, after, False
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # (not the client's: copy and pickle look these up first)
+            raise AttributeError(name)
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            import threading
+
+            timer = threading.Timer(self._after, self._say)
+            timer.daemon = True
+            timer.start()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                timer.cancel()
+        return call
+
+    def _say(self) -> None:
+        if self._said:
+            return
+        self._said = True
+        import sys
+
+        from ..dburls import shown
+
+        print(f"note: the MLflow tracking server at {shown(self._uri)} has not answered for {self._after:g} s; MLflow "
+              "retries a request for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and MLFLOW_HTTP_REQUEST_TIMEOUT set "
+              "them) before the search stops; Ctrl-C stops it now, its finished trials kept", file=sys.stderr,
+              flush=True)
+
+
 class Tracker:
-    def __init__(self, uri: str, study_name: str, artifact_dir: Path | None = None, study=None):
+    def __init__(self, uri: str, study_name: str, artifact_dir: Path | None = None, study=None,
+                 slow_after: float = SLOW_SERVER_S):
+        """``slow_after``: seconds one call to a tracking server (not a local file) waits before a note says so."""
         from mlflow import MlflowClient
 
         from ..sqlitefiles import new_mlflow_store, sqlite_wal
@@ -305,6 +351,8 @@ class Tracker:
         self.study = study
         new_mlflow_store(uri)  # a new SQLite store: a copy of the blank one MLflow made before (sqlitefiles.py)
         self.client = MlflowClient(tracking_uri=uri)
+        if not uri.startswith(("sqlite:", "file:", "/", ".")):  # a server, which can stop answering
+            self.client = _Watched(self.client, uri, slow_after)
         exp = self.client.get_experiment_by_name(study_name)
         if uri.startswith("sqlite:"):  # the file MLflow has just made, in WAL mode as the study's (sqlitefiles.py)
             sqlite_wal(uri)
