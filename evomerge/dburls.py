@@ -183,7 +183,12 @@ def check_database(url: str, option: str, allowed: str, seconds: float) -> None:
     except Exception as e:  # noqa: BLE001 (a missing driver, an unknown dialect)
         hint = driver_missing(url, e)
         if hint is not None and hint.startswith("SQLAlchemy has no"):
-            mean = "; did you mean postgresql://?" if url.startswith("postgres://") else ""  # Heroku's and libpq's
+            from .errors import nearest
+
+            base = url.split("://", 1)[0].split("+", 1)[0].lower()  # (postgres://: Heroku's and libpq's; postgresq://)
+            near = "postgresql" if base == "postgres" else nearest(base, ("postgresql", "sqlite", "mysql", "mssql",
+                                                                          "oracle"))
+            mean = f"; did you mean {near}://?" if near and near != base else ""
             raise ConfigError(option, f"{said} is not a database address ({hint}); allowed: {allowed}{mean}") from None
         raise ConfigError(option, f"cannot open {said}: {hint or first_line(e)}") from None
     try:
@@ -210,7 +215,20 @@ def _reach_advice(why: str, url: str) -> str:
 
         name = getattr(_parsed(url), "database", None) or "DB"
         return f"create it (createdb {shlex.quote(name)})" if url.startswith("postgres") else "create it"
-    return "start it"
+    return host_advice(why) or "start it"
+
+
+def host_advice(why: str) -> str | None:
+    """What to do where a server's address is at fault, not the server (a host no name server knows, a port where
+    something else answers: both were told to "start it")."""
+    low = why.lower()
+    if any(s in low for s in ("name or service not known", "could not translate host name", "nodename nor servname",
+                              "temporary failure in name resolution", "no address associated", "getaddrinfo failed")):
+        return "check the host name in the address"
+    if "remote end closed connection" in low or "connection reset" in low or "badstatusline" in low or \
+            "server closed the connection unexpectedly" in low:
+        return "something else answers at that port: check the address's port"
+    return None
 
 
 def _as_file(text: str) -> str:

@@ -131,6 +131,8 @@ def test_ctrl_c_mid_trial_then_resume_ends_with_exactly_the_asked_trials(tmp_pat
         values = dict(c.execute("select t.number, v.value from trial_values v join trials t using (trial_id) "
                                 "where t.state = 'COMPLETE'"))
     assert parent.info.status == "KILLED"
+    # named by its process too (two machines' searches that started in the same second had one name)
+    assert re.fullmatch(rf"search-random-\d{{8}}-\d{{6}}-{proc.pid}", parent.info.run_name), parent.info.run_name
     assert values[int(parent.data.tags["evomerge.best_trial"])] == max(values.values())  # (the first of equals)
     assert parent.data.metrics["final_val_accuracy"] == pytest.approx(max(values.values()))
     assert "evomerge.model_pending" in parent.data.tags and not parent.outputs.model_outputs

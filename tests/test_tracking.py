@@ -820,3 +820,43 @@ def test_a_tracking_server_that_does_not_answer_is_said_while_mlflow_retries(tmp
         f"at {url} has not answered for 0.5 s; MLflow retries a request for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and " \
         "MLFLOW_HTTP_REQUEST_TIMEOUT set them) before the search stops; Ctrl-C stops it now, its finished trials kept" \
         in err, err
+
+
+def test_an_address_at_fault_is_told_to_be_checked_not_its_server_started(tmp_path):
+    """(A host no name server knows, and a port where something else answers, were both told "start it"; a
+    `postgresq://` storage got no hint where `postgres://` got one.)"""
+    import socket
+    import threading
+
+    from evomerge.errors import ConfigError
+    from evomerge.report.tracking import check_reachable
+    from evomerge.search import storage
+
+    other = socket.socket()  # something that is no MLflow server: it takes a request and hangs up
+    other.bind(("127.0.0.1", 0))
+    other.listen(4)
+
+    def hang_up():
+        while True:
+            try:
+                c, _ = other.accept()
+            except OSError:
+                return
+            c.recv(1000)
+            c.close()
+    threading.Thread(target=hang_up, daemon=True).start()
+    cases = [("http://nosuchhost.invalid:5000", "; check the host name in the address or pass another --tracking-uri"),
+             (f"http://127.0.0.1:{other.getsockname()[1]}",
+              "; something else answers at that port: check the address's port or pass another --tracking-uri")]
+    try:
+        for uri, said in cases:
+            with pytest.raises(ConfigError) as e:
+                check_reachable(uri)
+            assert str(e.value).startswith(f"--tracking-uri: cannot reach the MLflow server at {uri} (") and \
+                str(e.value).endswith(said), str(e.value)
+    finally:
+        other.close()
+    with pytest.raises(ConfigError) as e:
+        storage.open_storage("postgresq://me@127.0.0.1:1/evo")
+    assert str(e.value).startswith("--storage: postgresq://me@127.0.0.1:1/evo is not a database address") and \
+        str(e.value).endswith("; did you mean postgresql://?"), str(e.value)

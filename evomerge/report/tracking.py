@@ -83,8 +83,11 @@ def check_reachable(uri: str, timeout: float = 5.0, reading: bool = False) -> No
                 if r.status != 200:
                     raise ConfigError("--tracking-uri", f"{said} answered /health with HTTP {r.status}")
         except (urllib.error.URLError, OSError, TimeoutError) as e:
-            raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {said} ({getattr(e, 'reason', e)}); "
-                                                "start it or pass another --tracking-uri") from None
+            from ..dburls import host_advice
+
+            why = str(getattr(e, "reason", e))
+            raise ConfigError("--tracking-uri", f"cannot reach the MLflow server at {said} ({why}); "
+                                                f"{host_advice(why) or 'start it'} or pass another --tracking-uri") from None
     elif reading:
         return
     elif base == "sqlite":

@@ -433,7 +433,8 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
     parent = tracker.reopen_parent() if finished >= cfg.n_trials else None
     reopened = parent is not None
     parent = parent or tracker.start_parent(
-        f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}",
+        # (the process too: two machines' searches of a shared study that started in the same second had one name)
+        f"search-{cfg.sampler}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
         {"sampler": cfg.sampler, "pruner": cfg.pruner_used, "n_trials": cfg.n_trials,
          "jobs": cfg.jobs, "batch": cfg.batch, "seed": cfg.seed, "storage": shown(cfg.storage),
          "objectives": ",".join(cfg.study.objectives), "cmaes_categoricals": cfg.cmaes_categoricals if cfg.sampler == "cmaes" else "",
