@@ -818,7 +818,8 @@ def test_a_tracking_server_that_does_not_answer_is_said_while_mlflow_retries(tmp
     err = capfd.readouterr().err
     assert err.count("note: the MLflow tracking server at") == 1 and \
         f"at {url} has not answered for 0.5 s; MLflow retries a request for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and " \
-        "MLFLOW_HTTP_REQUEST_TIMEOUT set them) before the search stops; Ctrl-C stops it now, its finished trials kept" \
+        "MLFLOW_HTTP_REQUEST_TIMEOUT set them) before it gives up; Ctrl-C stops the command now (a search keeps its " \
+        "finished trials)" \
         in err, err
 
 

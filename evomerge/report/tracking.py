@@ -338,8 +338,8 @@ class _Watched:
 
         print(f"note: the MLflow tracking server at {shown(self._uri)} has not answered for {self._after:g} s; MLflow "
               "retries a request for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and MLFLOW_HTTP_REQUEST_TIMEOUT set "
-              "them) before the search stops; Ctrl-C stops it now, its finished trials kept", file=sys.stderr,
-              flush=True)
+              "them) before it gives up; Ctrl-C stops the command now (a search keeps its finished trials)",
+              file=sys.stderr, flush=True)
 
 
 class Tracker:
