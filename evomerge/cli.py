@@ -631,28 +631,28 @@ def cmd_run(args) -> int:
         raise ConfigError("--seed", f"given with --reevaluate, which runs {args.reevaluate} fresh seeds past the "
                                     "study's; allowed: one of --seed (one run), --reevaluate")
     # every input is checked before data is read (the same checks as evomerge.run())
-    job_seed, given = None, args.policy
-    if args.against is not None and (args.seed is None or given is None):  # the seed the job ran: its merges as the
+    job_seed, chosen = None, args.policy
+    if args.against is not None and (args.seed is None or chosen is None):  # the seed the job ran: its merges as the
         from .calibrate import job_policy, job_start  # job drew them; its policy, where --policy is not given
 
         ran, ran_seed = job_policy(job_start(args.against))
         job_seed = ran_seed if args.seed is None else None
-        if given is None and ran is not None:  # (a new user gave --policy the file the traces already name)
+        if chosen is None and ran is not None:  # (a new user gave --policy the file the traces already name)
             from .policy import MergePolicy
 
             try:  # (one of another evomerge's fields was named "policy.x", of a --policy never given)
-                given = MergePolicy.from_dict(ran)
+                chosen = MergePolicy.from_dict(ran)
             except ConfigError as e:
                 raise ConfigError("--against", f"the job's policy, as its traces say, is not one this evomerge reads "
                                                f"({e}); allowed: --policy the policy the job ran") from None
-    if given is None:
+    if chosen is None:
         raise ConfigError("--policy", "required" + ("; the traces of --against do not name the job's policy (an "
                                                     "older evomerge's Merger)" if args.against is not None else "")
                           + "; see evomerge run --help")  # (argparse's own line for a required flag)
-    policy, seed, exported = run_inputs(study, given, args.seed if job_seed is None else job_seed,
+    policy, seed, exported = run_inputs(study, chosen, args.seed if job_seed is None else job_seed,
                                         backend=args.backend, procs=args.procs)
-    label = policy.name or (str(given) if isinstance(given, (str, Path)) else "the job's policy")
-    short = policy.name or (Path(given).stem if isinstance(given, (str, Path)) else "the job's policy")
+    label = policy.name or (str(chosen) if isinstance(chosen, (str, Path)) else "the job's policy")
+    short = policy.name or (Path(chosen).stem if isinstance(chosen, (str, Path)) else "the job's policy")
     changed = _changed_since(exported, study) if exported else ""  # the study as its file says, against the trial's
     # the step size the policy was found with (--lr's own line says the trial's)
     study, note = found_with(study, exported, ("lr",) if args.lr is not None else ())
@@ -660,7 +660,7 @@ def cmd_run(args) -> int:
     if args.lr is not None:  # (after the found values: a searched weight decay stays, and is said)
         study, given, changed = given_lr(args.lr, study, exported, changed)
     elif not exported:
-        note = _baseline_lr_note(study, given, args)
+        note = _baseline_lr_note(study, chosen, args)
     for line in (note, given):
         if line:
             print(line)
@@ -714,7 +714,7 @@ def cmd_run(args) -> int:
         ("bytes sent", _mb(f.bytes)),
         ("merge events", f"{f.merges}"),
         ("local steps", f"{f.step} of {res.total_steps}" if f.sim_time is None else
-         f"{f.steps_min} / {f.steps_mean:.1f} / {f.steps_max} (slowest / mean / fastest worker)"),
+         f"{f.steps_min} / {f.steps_mean:.1f} / {f.steps_max} (slowest / mean / fastest worker{_in_budget(study)})"),
         *_time_rows(study, f),
         ("wall time", f"{res.wall_time:.2f} s"),
         ("backend", backend),
@@ -726,13 +726,6 @@ def cmd_run(args) -> int:
 
     for words in (policy_notes(policy, [res.metrics()], study) if res.status == "ok" else {}).values():
         print(f"note: {label} {words}", file=sys.stderr)
-    env = study.environment
-    if job is None and f.sim_time is not None and env.time_budget and env.step_budget == "shared" and \
-            (f.steps_min, f.steps_max) != (res.total_steps, res.total_steps):  # (a new user gave a Merger run.steps)
-        took = f"{f.steps_min}" if f.steps_min == f.steps_max else f"{f.steps_min} to {f.steps_max}"
-        print(f"note: on the clock the run ends at the time budget (study.environment.time_budget {env.time_budget:g} "
-              f"s): its workers took {took} local steps; the study's step budget ({res.total_steps} steps a worker) does not "
-              "end a run with a time budget (docs/time.md); a Merger's total_steps is your job's own", file=sys.stderr)
     if job is not None and f.sim_time is not None:
         W, T, seconds, _ = job
         if not f.steps_min == f.steps_max == T:  # (the checks above keep it from happening: said, never hidden)
@@ -948,6 +941,15 @@ REPLAY_WORDS = {"val_accuracy": "validation accuracy", "val_loss": "validation l
                 "val_perplexity": "validation perplexity", "mean_worker_accuracy": "mean worker accuracy",
                 "time_to_target": "time to target", "accuracy_at_time": "accuracy at the time budget",
                 "loss_at_time": "loss at the time budget", "perplexity_at_time": "perplexity at the time budget"}
+
+
+def _in_budget(study) -> str:
+    """Where a timed run's steps come from: its time budget, not run.steps (a new user's study said steps = 60, its
+    workers took 42 to 72, and the user guessed which number to give a Merger's total_steps)."""
+    env = study.environment
+    if env is None or not env.time_budget or env.step_budget != "shared":  # (per_worker: each takes run's steps)
+        return ""
+    return f", in the {env.time_budget:g} s time budget"
 
 
 def _time_rows(study, f) -> list[tuple[str, str]]:
