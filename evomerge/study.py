@@ -412,13 +412,14 @@ BASELINE_LRS = "distinct step sizes > 0, e.g. [0.025, 0.05, 0.1, 0.2] (each base
 
 def _step_sizes(v: Any) -> Any:
     """``[baselines] lr``: a list of distinct step sizes > 0 (a number alone, or a word in it, said so)."""
-    ok = isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                              and math.isfinite(x) and x > 0 for x in v)
+    def step(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+    ok = isinstance(v, (list, tuple)) and all(step(x) for x in v)
     if not ok or len(set(v)) != len(v):
         shown = settings.show(list(v) if isinstance(v, tuple) else v)
         if isinstance(v, (list, tuple)):  # the element at fault, in a list of several (it named the list alone)
-            bad = next((x for x in v if not (isinstance(x, (int, float)) and not isinstance(x, bool)
-                                             and math.isfinite(x) and x > 0)), None)
+            bad = next((x for x in v if not step(x)), None)
             twice = next((x for i, x in enumerate(v) if x in v[:i]), None) if bad is None else None
             if bad is not None:
                 shown += f": {settings.show(bad)} is not a step size > 0"

@@ -107,16 +107,12 @@ def dominated_line(study: Study, best: list[dict], baselines: list[dict]) -> str
     optimal": the set is of the trials alone); '' where none is."""
     if len(study.objectives) < 2:
         return ""
-    signs = [1.0 if d == "maximize" else -1.0 for d in study.directions]
-
-    def beats(a, b) -> bool:  # a dominates b, on the table's values
-        pa, pb = [s * float(x) for s, x in zip(signs, a)], [s * float(x) for s, x in zip(signs, b)]
-        return all(x >= y for x, y in zip(pa, pb)) and any(x > y for x, y in zip(pa, pb))
+    from ..search.results import dominated_count
 
     said = []
     for b in best:
         by = [r["name"] for r in baselines if r.get(RUN_STATUS) != DIVERGED and r.get("values") is not None
-              and beats(r["values"], b["values"])]
+              and dominated_count(tuple(b["values"]), [tuple(r["values"])], study.directions)]
         if by:
             said.append(f"trial {b['number']} by {', '.join(by)}")
     if not said:

@@ -206,6 +206,7 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
     seed_s = f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
     where = f"fresh {seed_s}" if fresh else f"the search's own {seed_s}"
     every = "every pick" if len(picks) > 1 else f"trial {first}"
+    won = bool(names) and all(by[first, n]["outcome"] == "better" for n in names)  # (then none beat it)
     if not names:
         headline = f"trial {first}: no baselines to compare with (the study's [baselines] policies is empty)"
     elif beaten_by:
@@ -220,7 +221,7 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
             figures = f"{' '.join(whose)}: {figures}"
         headline = (f"A baseline beats the search: {_join(beaten_by)} {'beat' if len(beaten_by) > 1 else 'beats'} "
                     f"{every} on {where} ({figures})")
-    elif all(by[first, n]["outcome"] == "better" for n in names):
+    elif won:
         headline = f"trial {first} beats every baseline ({_join(names)}) on {where}"
     else:
         groups = {}
@@ -230,8 +231,7 @@ def judge(study: Study, picks: list[dict], baselines: list[dict], seeds: list[in
         headline = f"trial {first} " + "; ".join(parts) + f" (on {where})"
     searched = sorted({k for p in picks for k in (p.get("run") or {})})
     tuned = [(n, base[n]["lr"]) for n in names if base[n].get("lr") is not None]
-    if any(v != study.run.lr for _, v in tuned) and "lr" not in searched and \
-            not headline.startswith(f"trial {first} beats every"):
+    if any(v != study.run.lr for _, v in tuned) and "lr" not in searched and not won:
         # (a new user read "a baseline beats the search" as a search of no use; the fourth note said why)
         headline += f"; the baselines at their tuned step sizes, the picks at the study's lr {study.run.lr:g} " \
                     "(search run.lr to tune theirs)"
