@@ -459,7 +459,7 @@ def test_search_marks_a_trial_whose_rank_died_failed_and_goes_on(tmp_path, data_
     slow.write_text("")
     env = dict(os.environ, EVOMERGE_DATA_DIR=str(data_dir), SLOWMLP_DELAY="0.01", SLOWMLP_WHILE=str(slow))
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([*EVOMERGE, "search", "--study", str(study), "--backend", "distributed", "--n-trials", "1",
+    proc = subprocess.Popen([*EVOMERGE, "search", "--no-log-model", "--study", str(study), "--backend", "distributed", "--n-trials", "1",
                              "--sampler", "random", "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

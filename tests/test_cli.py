@@ -522,7 +522,7 @@ def test_a_search_says_its_intervals_past_the_runs_steps_at_the_start(tmp_path, 
     """The tiny study searches mean_interval in [1, 30]; on 20 local steps a worker, the search's start says that
     the range's end merges never (its trials said "never merged" only after they ran)."""
     f = write_study(tmp_path, name="short", steps=20)
-    p = evomerge("search", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--no-verdict",
+    p = evomerge("search", "--no-log-model", "--study", str(f), "--n-trials", "1", "--sampler", "random", "--no-verdict",
                  "--runs-dir", str(tmp_path / "runs"), data_dir=data_dir, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     said = ("study.search.space.mean_interval: [1, 30] reaches past the run's 20 local steps a worker: a policy with "
@@ -611,7 +611,7 @@ def test_a_reader_of_stderr_that_leaves_ends_the_command_quietly(tmp_path, data_
     no word (rich's own handling), where stdout's closed pipe ends with 141."""
     from searchutil import cli as in_process
 
-    args = ("search", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict", "--runs-dir", str(tmp_path))
+    args = ("search", "--no-log-model", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict", "--runs-dir", str(tmp_path))
     assert in_process(*args, data_dir=data_dir, cwd=tmp_path).returncode == 0  # the study, searched (the one to see)
     r, w = os.pipe()
     os.close(r)
@@ -691,7 +691,7 @@ def test_the_next_commands_run_as_printed_where_evomerge_is_not_on_the_path(tmp_
     assert exe.is_file(), exe
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "EVOMERGE_RUNS_DIR")}
     env |= {"PATH": "/usr/bin:/bin", "EVOMERGE_DATA_DIR": str(data_dir)}
-    p = subprocess.run([str(exe), "search", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict"],
+    p = subprocess.run([str(exe), "search", "--study", str(tiny_study_file), "--n-trials", "1", "--no-verdict", "--no-log-model"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
@@ -703,7 +703,7 @@ def test_the_next_commands_run_as_printed_where_evomerge_is_not_on_the_path(tmp_
     # (it said `evomerge export`, and `python -m evomerge` had no __main__)
     (tmp_path / "best.json").unlink()
     p = subprocess.run([sys.executable, "-m", "evomerge.cli", "search", "--study", str(tiny_study_file), "--n-trials",
-                        "1", "--no-verdict"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+                        "1", "--no-verdict", "--no-log-model"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("next: ")]
     export = re.sub(r" \(.*\)$", "", line.removeprefix("next: ").split("; ")[0])

@@ -140,7 +140,7 @@ def test_batched_cmaes_interrupted_and_resumed_proposes_what_an_uninterrupted_on
     # the interrupted search's populations last 4.5 s (the model's delay, 30 ms a forward): the signal lands inside
     # one; the others run the same arithmetic without the delay (150 steps: a third of the CPU of 450 at 10 ms)
     f = write_study(tmp_path, steps=150, slow=True)
-    args = ["search", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--cmaes-popsize", "2",
+    args = ["search", "--no-log-model", "--study", str(f), "--sampler", "cmaes", "--batch", "2", "--cmaes-popsize", "2",
             "--n-trials", "6", "--seed", "4", "--no-verdict"]  # the verdict: a minute; categoricals drawn, independent
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
@@ -254,7 +254,7 @@ def test_the_search_says_how_its_workers_steps_run_and_on_how_many_threads(tmp_p
         "import torch.nn as nn\n\n\ndef net():\n"
         "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 10))\n")
     f.write_text(f.read_text().replace('name = "mlp"\nhidden = [16]', 'factory = "dropnet:net"'))
-    p = cli("search", "--study", str(f), "--n-trials", "2", "--batch", "2", "--no-verdict", "--no-baselines",
+    p = cli("search", "--no-log-model", "--study", str(f), "--n-trials", "2", "--batch", "2", "--no-verdict", "--no-baselines",
             cwd=tmp_path, data_dir=data_dir, env_extra={"EVOMERGE_THREADS": "1"}, process=True)
     assert p.returncode == 0, p.stderr
     lines = p.stderr.splitlines()

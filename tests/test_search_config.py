@@ -66,6 +66,7 @@ def test_api_keywords_and_cli_options_are_one_set_with_equal_defaults(monkeypatc
     cli_opts["prune"] = not cli_opts.pop("no_prune")  # --no-prune is prune=False
     cli_opts["verdict"] = not cli_opts.pop("no_verdict")  # --no-verdict is verdict=False
     cli_opts["baselines"] = not cli_opts.pop("no_baselines")  # --no-baselines is baselines=False
+    cli_opts["log_model"] = not cli_opts.pop("no_log_model")  # --no-log-model is log_model=False
     api = {n: p.default for n, p in inspect.signature(evomerge.search).parameters.items()
            if p.kind is inspect.Parameter.KEYWORD_ONLY}
     make = {n: p.default for n, p in inspect.signature(config.make_config).parameters.items()

@@ -164,7 +164,7 @@ def test_cmaes_resumes_from_its_state_not_from_scratch(tmp_path, data_dir):
     # --no-verdict: the verdict judges picks and baselines on fresh seeds, a minute here, and says nothing of CMA-ES
     # the categoricals drawn too (independent, the default): each candidate's from its own place, so they resume as the
     # numbers do (from the sampler's one stream, the resumed run drew other topologies)
-    args = ["search", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3",
+    args = ["search", "--no-log-model", "--study", str(f), "--sampler", "cmaes", "--cmaes-popsize", "3",
             "--n-trials", "7", "--seed", "4", "--no-prune", "--no-verdict"]
     a = cli(*args, "--runs-dir", "runs-a", "--quiet", cwd=tmp_path, data_dir=data_dir)
     assert a.returncode == 0, a.stderr
@@ -209,7 +209,7 @@ def test_sigterm_stops_parallel_jobs_keeps_finished_trials_and_leaves_no_worker(
 
     f = write_study(tmp_path, steps=300, slow=True)  # with the delay, trials of 12 s: the signal lands inside both
     db = tmp_path / "runs" / "tiny" / "optuna.db"
-    proc = cli("search", "--no-verdict", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
+    proc = cli("search", "--no-log-model", "--no-verdict", "--study", str(f), "--n-trials", "6", "--jobs", "2", "--no-prune", "--sampler", "random",
                "--quiet", cwd=tmp_path, data_dir=data_dir, wait=False, env_extra={"SLOWMLP_DELAY": "0.04"})
     try:
         assert wait_for(lambda: running(db) == 2, timeout=900, proc=proc), proc.communicate(timeout=5)
@@ -333,7 +333,7 @@ def test_a_trial_left_running_with_no_heartbeat_is_failed_and_asked_again(tmp_pa
 
     f = write_study(tmp_path)
     db = tmp_path / "runs" / "tiny" / "optuna.db"
-    args = ["search", "--no-verdict", "--study", str(f), "--sampler", "random", "--quiet"]
+    args = ["search", "--no-log-model", "--no-verdict", "--study", str(f), "--sampler", "random", "--quiet"]
     assert cli(*args, "--n-trials", "1", cwd=tmp_path, data_dir=data_dir).returncode == 0
     st = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
     asked = datetime.datetime.now() - datetime.timedelta(minutes=5)

@@ -111,7 +111,7 @@ def test_a_search_stopped_by_its_trials_errors_goes_on_once_the_user_fixed_the_m
     module.write_text(good.replace("    def forward(self, x):\n", "    def forward(self, x):\n"
                                    "        if x.shape[0] == 16:  # the user's bug: every training batch\n"
                                    "            raise IndexError('index out of range in self')\n"))
-    args = ["search", "--study", str(f), "--sampler", "random", "--quiet", "--no-verdict", "--n-trials", "2"]
+    args = ["search", "--no-log-model", "--study", str(f), "--sampler", "random", "--quiet", "--no-verdict", "--n-trials", "2"]
     p = cli(*args, cwd=tmp_path, data_dir=data_dir)
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
         "error: search stopped: the last 10 trials failed with an error (the last: IndexError: index out of range in "
@@ -523,6 +523,7 @@ def test_a_search_sharing_its_study_counts_every_process_trials_on_its_bar(tmp_p
     monkeypatch.setenv("SLOWMLP_DELAY", "0.01")
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     other = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "search", "--study", str(f), "--storage", url,
+                              "--no-log-model",
                               "--runs-dir", "runs-b", "--n-trials", "8", "--sampler", "random", "--seed", "1",
                               "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path,
                              env=os.environ | {"EVOMERGE_DATA_DIR": str(data_dir)}, stdout=subprocess.PIPE,

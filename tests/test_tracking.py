@@ -177,7 +177,7 @@ def test_a_search_on_a_tracking_server_prints_its_own_links_not_mlflows(tmp_path
     from searchutil import cli
 
     f = write_study(tmp_path, name="links")
-    p = cli("search", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--no-verdict", "--tracking-uri",
+    p = cli("search", "--no-log-model", "--study", str(f), "--n-trials", "2", "--sampler", "random", "--no-verdict", "--tracking-uri",
             mlflow_server, cwd=tmp_path, data_dir=data_dir, process=True)
     assert p.returncode == 0, p.stderr
     assert "View run" not in p.stdout + p.stderr and "View experiment" not in p.stdout + p.stderr, p.stdout
@@ -861,3 +861,31 @@ def test_an_address_at_fault_is_told_to_be_checked_not_its_server_started(tmp_pa
         storage.open_storage("postgresq://me@127.0.0.1:1/evo")
     assert str(e.value).startswith("--storage: postgresq://me@127.0.0.1:1/evo is not a database address") and \
         str(e.value).endswith("; did you mean postgresql://?"), str(e.value)
+
+
+def test_a_search_told_not_to_log_the_model_says_so_on_its_run_and_the_next_search_logs_it(tmp_path, data_dir):
+    """`--no-log-model` (as `mlflow.autolog(log_models=False)`): the parent run has the best's values and policy and a
+    tag saying why it holds no model; the same search without the flag, nothing left to run, takes that run up again
+    and logs the model (its tag read as "held already" would have left it without one)."""
+    from mlflow import MlflowClient
+
+    from searchutil import cli
+
+    f = write_study(tmp_path)
+    args = ("search", "--study", f, "--n-trials", "2", "--sampler", "random", "--no-verdict", "--quiet")
+    p = cli(*args, "--no-log-model", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    (parent,) = client.search_runs([exp], filter_string="attributes.run_name LIKE 'search-%'")
+    assert "--no-log-model" in parent.data.tags["evomerge.model_not_logged"], parent.data.tags
+    assert "evomerge.best_trial" in parent.data.tags and "final_val_accuracy" in parent.data.metrics
+    assert not parent.outputs.model_outputs and not client.search_logged_models([exp])
+    p = cli(*args, cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    again = client.get_run(parent.info.run_id)
+    assert "evomerge.model_not_logged" not in again.data.tags and len(again.outputs.model_outputs) == 1
+    (model,) = client.search_logged_models([exp])
+    assert model.tags["evomerge.trial"] == again.data.tags["evomerge.best_trial"]
+    with pytest.raises(evomerge.ConfigError, match=r"^log_model: 'no' is not True or False; allowed: True, False$"):
+        evomerge.search(str(f), log_model="no", runs_dir=tmp_path / "runs", data_dir=data_dir)

@@ -193,6 +193,7 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # MLflow's shared-view tag pref
 
 
 MODEL_PENDING = "evomerge.model_pending"  # on a stopped search's run: its best's model is still to be logged
+MODEL_NOT_LOGGED = "evomerge.model_not_logged"  # on a run of a search told not to log the model (--no-log-model)
 POLICY_TAG = "evomerge.policy"  # on a trial's or a baseline's run: its policy in words (its params are every field)
 
 
@@ -482,7 +483,8 @@ class Tracker:
             return None
         tags = self.client.get_run(self.parent_id).data.tags
         # a stopped search's run names its best but holds no model of it yet: not "held already"
-        return None if MODEL_PENDING in tags else tags.get("evomerge.best_trial")
+        # (nor one whose search was told not to log the model: a search without --no-log-model logs it)
+        return None if MODEL_PENDING in tags or MODEL_NOT_LOGGED in tags else tags.get("evomerge.best_trial")
 
     def end_parent(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
         if self.parent_id is None:
@@ -616,12 +618,14 @@ class Tracker:
                                        order_by=["attributes.start_time DESC"], max_results=1)
         return runs[0].info.run_id if runs else None
 
-    def log_best(self, best: dict[str, Any], *, model: Callable[[], Any] | None = None) -> str | None:
+    def log_best(self, best: dict[str, Any], *, model: Callable[[], Any] | None = None,
+                 not_logged: str | None = None) -> str | None:
         """Put the best trial on the parent run: its objective values under the trial runs' metric names
         (``final_<objective>``), its number and run as tags, its policy as ``best/policy.json``; and, given
         ``model`` (called only when a model is to be logged: the search's :func:`evomerge.search.consensus.consensus`),
         its consensus model as a logged pytorch model, output of the best trial's run and of the parent. ``best`` is
-        a ``search.results.trial_summary`` dict. Returns the logged model's id (or None)."""
+        a ``search.results.trial_summary`` dict; ``not_logged``: why no model is logged (a search's
+        ``--no-log-model``), kept as a tag on the parent. Returns the logged model's id (or None)."""
         if self.parent_id is None or self.study is None:
             return None
         study, pid = self.study, self.parent_id
@@ -642,13 +646,18 @@ class Tracker:
         if diverged(best):  # every trial diverged: its weights are not a model
             self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
             return None
+        if not_logged is not None:
+            self.client.set_tag(pid, MODEL_NOT_LOGGED, not_logged)
+            return None
         if model is None:  # a stopped search: the search that goes on logs it (logged_best says it is not held)
             self.client.set_tag(pid, MODEL_PENDING, "the search stopped before the best trial's model was logged; "
                                                     "the same command, going on, logs the best's model at its end (on "
                                                     "this run where no trial is left to run, else on its own)")
             return None
-        if MODEL_PENDING in self.client.get_run(pid).data.tags:
-            self.client.delete_tag(pid, MODEL_PENDING)
+        tags = self.client.get_run(pid).data.tags
+        for tag in (MODEL_PENDING, MODEL_NOT_LOGGED):
+            if tag in tags:
+                self.client.delete_tag(pid, tag)
         try:
             kept = self._logged_model_of(best_rid)  # an earlier search (nothing left to run) logged it: linked again
             if kept is not None:

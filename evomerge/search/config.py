@@ -193,6 +193,7 @@ class SearchConfig:
     reevaluate: int  # fresh seeds for the verdict (search/verdict.py); 0: the search's own
     verdict: bool  # end with the verdict
     baselines: bool  # end with the baselines on the study's seeds (the table, MLflow runs); off: no verdict either
+    log_model: bool  # end by logging the best trial's consensus model to MLflow (report.tracking.Tracker.log_best)
     data_dir: str | None
     device: str | None
     prune: bool

@@ -520,7 +520,10 @@ def run_search(cfg: SearchConfig, *, data=None, progress=None, stop=None) -> Sea
         best = result.best[0] if result.best else None
         if reopened and best is not None and tracker.logged_best() == str(best["number"]):
             best = None  # the run taken up again holds this best already
-        if best is not None and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
+        if best is not None and not result.interrupted and not cfg.log_model:  # its values and policy, no model
+            tracker.log_best(best, not_logged="the search was told not to log it (--no-log-model; log_model=False in "
+                                              "Python); the same search without it logs the best's model")
+        elif best is not None and not result.interrupted:  # the best trial's values, policy and consensus model on the parent
             from .consensus import consensus
 
             with search_lock(cfg, {}):  # processes ending together: the first logs the model, the others link it

@@ -82,6 +82,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("verdict", True, "end without the verdict (the picks against the baselines)", negate=True),
     Option("baselines", True, "end without the baselines: no rows beside the best trials, no baseline runs in "
                               "MLflow, and so no verdict (it judges the picks against them)", negate=True),
+    Option("log_model", True, "end without logging the best trial's consensus model to MLflow (its values and policy "
+                               "are logged; the model is an MLflow pytorch model, saved with torch.export, which takes "
+                               "seconds to import); a later search without it logs the model", negate=True),
     Option("data_dir", None, "where the dataset's IDX files are", shown="$EVOMERGE_DATA_DIR, else the user cache",
            common=True),
     Option("device", None, "torch device", shown="cuda when present, else cpu", common=True),
