@@ -922,13 +922,12 @@ def test_the_deploy_example_runs_a_found_policy_under_torchrun(folder, data_dir,
     ex.mkdir()
     for name in ("train.py", "job.toml"):
         shutil.copy(ROOT / "examples" / "deploy" / name, ex / name)
-    cmd = [sys.executable, "-m", "evomerge.cli"]
-    r = subprocess.run(cmd + ["calibrate", "--from-trace", str(tmp_path / "trace"), "-o", str(ex / "cluster.toml")],
-                       capture_output=True, text=True, timeout=120, env=env)
+    from searchutil import cli  # (the commands' own code in this process: no Python start-up per command)
+
+    r = cli("calibrate", "--from-trace", tmp_path / "trace", "-o", ex / "cluster.toml", cwd=tmp_path, data_dir=data_dir)
     assert r.returncode == 0 and "merge_time = " in (ex / "cluster.toml").read_text(), r.stderr
-    r = subprocess.run(cmd + ["run", "--study", str(ex / "job.toml"), "--policy", str(tmp_path / "best.json"),
-                              "--data-dir", str(data_dir), "--quiet", "--against", str(tmp_path / "trace")],
-                       capture_output=True, text=True, timeout=240, env=env)
+    r = cli("run", "--study", ex / "job.toml", "--policy", tmp_path / "best.json", "--data-dir", data_dir, "--quiet",
+            "--against", tmp_path / "trace", cwd=tmp_path, data_dir=data_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     m = re.search(r"^against .*: the job took ([\d.]+) s for 40 steps a rank on 2 ranks .* the clock says ([\d.]+) s, "
                   r"([+-][\d.]+)% off$", r.stdout, re.M)
