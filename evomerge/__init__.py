@@ -197,8 +197,11 @@ def _search_keywords() -> str:
         return repr(o.default)
 
     lines = [f"    {o.name}: {'False: ' if o.negate else ''}{o.help} (default: {default(o)})" for o in OPTIONS]
-    return "\n\n    Keywords (``evomerge search``'s flags, with ``_`` for ``-``; ``verdict=False`` and ``prune=False`` are " \
-           "``--no-verdict`` and ``--no-prune``):\n\n" + "\n".join(lines) + "\n"
+    switches = [o for o in OPTIONS if o.negate]
+    said = ", ".join(f"``{o.name}=False``" for o in switches[:-1]) + f" and ``{switches[-1].name}=False``"
+    flags = ", ".join(f"``{o.flag}``" for o in switches[:-1]) + f" and ``{switches[-1].flag}``"
+    return "\n\n    Keywords (``evomerge search``'s flags, with ``_`` for ``-``; " + said + " are " + flags + "):\n\n" \
+        + "\n".join(lines) + "\n"
 
 
 search.__doc__ = (search.__doc__ or "") + _search_keywords()

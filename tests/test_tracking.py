@@ -887,5 +887,21 @@ def test_a_search_told_not_to_log_the_model_says_so_on_its_run_and_the_next_sear
     assert "evomerge.model_not_logged" not in again.data.tags and len(again.outputs.model_outputs) == 1
     (model,) = client.search_logged_models([exp])
     assert model.tags["evomerge.trial"] == again.data.tags["evomerge.best_trial"]
+    # a third search, one trial more, told again, its trial a copy of the worse one (the best stays): a new run, to
+    # which the best's model, already logged, is linked (it said "not logged" beside a model that was)
+    import optuna
+
+    ostudy = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'runs' / 'tiny' / 'optuna.db'}")
+    worse = min(ostudy.trials, key=lambda t: t.values[0])
+    assert str(worse.number) != again.data.tags["evomerge.best_trial"], [t.values for t in ostudy.trials]
+    ostudy.enqueue_trial(worse.params)
+    p = cli(*[a if a != "2" else "3" for a in args], "--no-log-model", cwd=tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr
+    (third,) = [r for r in client.search_runs([exp], filter_string="attributes.run_name LIKE 'search-%'")
+                if r.info.run_id != parent.info.run_id]
+    assert third.data.tags["evomerge.best_trial"] == model.tags["evomerge.trial"], third.data.tags
+    assert "evomerge.model_not_logged" not in third.data.tags
+    assert [o.model_id for o in third.outputs.model_outputs] == [model.model_id]
+    assert len(client.search_logged_models([exp])) == 1
     with pytest.raises(evomerge.ConfigError, match=r"^log_model: 'no' is not True or False; allowed: True, False$"):
         evomerge.search(str(f), log_model="no", runs_dir=tmp_path / "runs", data_dir=data_dir)

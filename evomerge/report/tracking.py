@@ -647,8 +647,17 @@ class Tracker:
             self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
             return None
         if not_logged is not None:
-            self.client.set_tag(pid, MODEL_NOT_LOGGED, not_logged)
-            return None
+            try:  # an earlier search logged this best's model: linked to this run too, which then holds one
+                kept = self._logged_model_of(best_rid)
+            except Exception:  # noqa: BLE001 - a store that refuses the query: said as not logged
+                kept = None
+            if kept is None:
+                self.client.set_tag(pid, MODEL_NOT_LOGGED, not_logged)
+                return None
+            from mlflow.entities import LoggedModelOutput
+
+            self.client.log_outputs(pid, [LoggedModelOutput(kept, step=0)])
+            return kept
         if model is None:  # a stopped search: the search that goes on logs it (logged_best says it is not held)
             self.client.set_tag(pid, MODEL_PENDING, "the search stopped before the best trial's model was logged; "
                                                     "the same command, going on, logs the best's model at its end (on "
