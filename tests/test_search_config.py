@@ -100,6 +100,10 @@ def test_the_options_are_one_table_and_a_keyword_outside_it_is_refused(tmp_path)
     with pytest.raises(TypeError, match="search\\(\\) got an unexpected keyword argument 'pruners'; did you mean "
                                         "pruner\\?"):
         evomerge.search(s, verdict=False, pruners="median", runs_dir=tmp_path / "runs")
+    # a switch spelt as its flag (--no-log-model): the keyword and its value
+    with pytest.raises(TypeError, match="search\\(\\) got an unexpected keyword argument 'no_log_model'; did you mean "
+                                        "log_model=False\\?$"):
+        evomerge.search(s, no_log_model=True, runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()  # refused before anything was made
 
 

@@ -125,7 +125,10 @@ def check_keywords(fn: str, given: dict) -> None:
 
     for name, value in given.items():
         if name not in DEFAULTS:  # (with the keyword it most likely is: Python's own line names none)
-            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}" + did_you_mean(name, DEFAULTS))
+            switch = BY_NAME.get(name.removeprefix("no_"))  # no_verdict=True, spelt as the flag --no-verdict
+            hint = f"; did you mean {switch.name}=False?" if name.startswith("no_") and switch is not None \
+                and switch.negate else did_you_mean(name, DEFAULTS)
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}" + hint)
         o = BY_NAME[name]
         if value is None and o.default is None:
             continue
