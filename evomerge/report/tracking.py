@@ -656,6 +656,8 @@ class Tracker:
                 return None
             from mlflow.entities import LoggedModelOutput
 
+            if MODEL_NOT_LOGGED in self.client.get_run(pid).data.tags:  # (a run taken up again: it holds one now)
+                self.client.delete_tag(pid, MODEL_NOT_LOGGED)
             self.client.log_outputs(pid, [LoggedModelOutput(kept, step=0)])
             return kept
         if model is None:  # a stopped search: the search that goes on logs it (logged_best says it is not held)
