@@ -523,7 +523,6 @@ def test_a_search_sharing_its_study_counts_every_process_trials_on_its_bar(tmp_p
     monkeypatch.setenv("SLOWMLP_DELAY", "0.01")
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     other = subprocess.Popen([sys.executable, "-m", "evomerge.cli", "search", "--study", str(f), "--storage", url,
-                              "--no-log-model",
                               "--runs-dir", "runs-b", "--n-trials", "8", "--sampler", "random", "--seed", "1",
                               "--no-prune", "--no-verdict", "--quiet"], cwd=tmp_path,
                              env=os.environ | {"EVOMERGE_DATA_DIR": str(data_dir)}, stdout=subprocess.PIPE,
