@@ -646,21 +646,8 @@ class Tracker:
         if diverged(best):  # every trial diverged: its weights are not a model
             self.client.set_tag(pid, "evomerge.model_error", "the best trial diverged; no consensus model logged")
             return None
-        if not_logged is not None:
-            try:  # an earlier search logged this best's model: linked to this run too, which then holds one
-                kept = self._logged_model_of(best_rid)
-            except Exception:  # noqa: BLE001 - a store that refuses the query: said as not logged
-                kept = None
-            if kept is None:
-                self.client.set_tag(pid, MODEL_NOT_LOGGED, not_logged)
-                return None
-            from mlflow.entities import LoggedModelOutput
-
-            if MODEL_NOT_LOGGED in self.client.get_run(pid).data.tags:  # (a run taken up again: it holds one now)
-                self.client.delete_tag(pid, MODEL_NOT_LOGGED)
-            self.client.log_outputs(pid, [LoggedModelOutput(kept, step=0)])
-            return kept
-        if model is None:  # a stopped search: the search that goes on logs it (logged_best says it is not held)
+        if model is None and not_logged is None:  # a stopped search: the search that goes on logs it (logged_best
+            # says it is not held)
             self.client.set_tag(pid, MODEL_PENDING, "the search stopped before the best trial's model was logged; "
                                                     "the same command, going on, logs the best's model at its end (on "
                                                     "this run where no trial is left to run, else on its own)")
@@ -676,6 +663,9 @@ class Tracker:
 
                 self.client.log_outputs(pid, [LoggedModelOutput(kept, step=0)])
                 return kept
+            if not_logged is not None:  # (told not to log one, and none logged for this best before)
+                self.client.set_tag(pid, MODEL_NOT_LOGGED, not_logged)
+                return None
             return self.log_consensus_model(best, best_rid, model())
         except Exception as e:  # data missing here, a store that refuses models: the search's results stand
             self.client.set_tag(pid, "evomerge.model_error", f"{type(e).__name__}: {e}"[:5000])
